@@ -1,0 +1,1 @@
+"""CLI sub-command groups; each module exposes ``register(app: typer.Typer)``."""
