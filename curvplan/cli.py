@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from curvplan.commands import engine, service
+from curvplan.commands import engine, service, worker
 
 app = typer.Typer(
     name="curvplan",
@@ -19,6 +19,7 @@ app = typer.Typer(
 )
 
 service.register(app)
+worker.register(app)
 engine.register(app)
 
 
