@@ -1,0 +1,1 @@
+"""Artifacts: uploaded checkpoints and datasets (safetensors only), content-addressed."""

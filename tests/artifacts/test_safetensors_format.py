@@ -1,0 +1,142 @@
+"""The streaming safetensors validator against the reference implementation (safetensors)."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import struct
+import zipfile
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from app.artifacts.safetensors_format import (
+    InvalidSafetensors,
+    SafetensorsValidator,
+    validate_file,
+)
+
+
+def _validate(data: bytes, chunk: int = 7):
+    v = SafetensorsValidator()
+    for i in range(0, len(data), chunk):
+        v.feed(data[i : i + chunk])
+    return v.finish()
+
+
+def _raw(header: dict, buffer: bytes) -> bytes:
+    h = json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + buffer
+
+
+def _sample_file() -> bytes:
+    rng = np.random.default_rng(0)
+    return st_save(
+        {
+            "layers.0.attn.q.weight": rng.standard_normal((4, 3)).astype(np.float32),
+            "inputs": rng.integers(0, 9, size=(5, 6)).astype(np.int64),
+            "flag": np.array([True, False]),
+        },
+        metadata={"format": "pt"},
+    )
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 64, 1 << 20])
+def test_reference_file_accepted_with_declared_tensors(chunk: int) -> None:
+    data = _sample_file()
+    info = _validate(data, chunk)
+    reference = st_load(data)
+    assert set(info.tensors) == set(reference)
+    for name, arr in reference.items():
+        assert info.tensors[name].shape == arr.shape
+    assert info.tensors["inputs"].dtype == "I64"
+    assert info.metadata == {"format": "pt"}
+    assert info.total_bytes == len(data)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shapes=st.lists(st.lists(st.integers(0, 4), min_size=0, max_size=3), min_size=1, max_size=4),
+    dtype=st.sampled_from([np.float32, np.float64, np.int64, np.int8, np.float16, np.uint8]),
+    chunk=st.integers(1, 50),
+)
+def test_any_reference_file_roundtrips(shapes, dtype, chunk) -> None:
+    tensors = {f"t{i}": np.zeros(s, dtype=dtype) for i, s in enumerate(shapes)}
+    data = st_save(tensors)
+    info = _validate(data, chunk)
+    assert {n: t.shape for n, t in info.tensors.items()} == {n: a.shape for n, a in tensors.items()}
+
+
+def test_pickle_is_refused_without_loading_it() -> None:
+    class Boom:
+        def __reduce__(self):  # would run on unpickling
+            return (pytest.fail, ("unpickled!",))
+
+    with pytest.raises(InvalidSafetensors, match="pickle"):
+        _validate(pickle.dumps(Boom(), protocol=4))
+
+
+def test_zip_checkpoint_is_refused() -> None:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("archive/data.pkl", b"x")
+    with pytest.raises(InvalidSafetensors, match="zip"):
+        _validate(buf.getvalue())
+
+
+def test_every_truncation_is_refused() -> None:
+    data = _sample_file()
+    for cut in range(len(data)):
+        with pytest.raises(InvalidSafetensors):
+            _validate(data[:cut])
+
+
+def test_trailing_bytes_are_refused() -> None:
+    with pytest.raises(InvalidSafetensors, match="after the last tensor"):
+        _validate(_sample_file() + b"\0")
+
+
+@pytest.mark.parametrize(
+    ("header", "buffer", "match"),
+    [
+        ({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}}, b"\0" * 12, "needs 16"),
+        ({"w": {"dtype": "F99", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, "unknown dtype"),
+        ({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, "shape"),
+        ({"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, "hole"),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
+            },
+            b"\0" * 8,
+            "overlaps",
+        ),
+        ({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0]}}, b"\0" * 4, "data_offsets"),
+        ({"__metadata__": {"a": 1}}, b"", "__metadata__"),
+    ],
+)
+def test_lying_headers_are_refused_and_name_the_tensor(header, buffer, match) -> None:
+    with pytest.raises(InvalidSafetensors, match=match) as err:
+        _validate(_raw(header, buffer))
+    if "w" in header:
+        assert err.value.tensor == "w"
+
+
+def test_header_not_json_or_absurd_length() -> None:
+    with pytest.raises(InvalidSafetensors, match="JSON"):
+        _validate(struct.pack("<Q", 4) + b"{{{{")
+    with pytest.raises(InvalidSafetensors, match="out of range"):
+        _validate(struct.pack("<Q", 1 << 40) + b"{}")
+    with pytest.raises(InvalidSafetensors, match="empty"):
+        _validate(b"")
+
+
+def test_validate_file_on_disk(tmp_path) -> None:
+    path = tmp_path / "ok.safetensors"
+    path.write_bytes(_sample_file())
+    assert "inputs" in validate_file(str(path)).tensors
