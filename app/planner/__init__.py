@@ -1,0 +1,9 @@
+"""curvplan planner: curvature measurements → data budget (numpy/scipy only).
+
+Public entry point: `make_plan(measurements, targets, *, seed=0) -> Recommendation`.
+"""
+
+from app.planner.plan import make_plan
+from app.planner.schemas import Measurements, Recommendation, Targets
+
+__all__ = ["Measurements", "Recommendation", "Targets", "make_plan"]

@@ -1,0 +1,474 @@
+"""Input and output models of the planner (design.md §4; the field names are an API contract).
+
+Inputs (`Measurements`, `Targets`) are validated strictly: unknown fields, NaN/inf, negative
+counts, empty arrays, mismatched lengths and non-positive tolerances raise a pydantic
+`ValidationError` whose `loc` names the failing field. Cross-field checks are field validators
+on the later field, so the error points at the field that disagrees with an earlier one.
+
+The output (`Recommendation`) holds, for every section, either values or a `NotComputed`
+object with the reason; every number carries the formula that produced it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+# --------------------------------------------------------------------------- scalar types
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+PosInt = Annotated[int, Field(gt=0)]
+
+MAX_ORDERINGS = 10_000
+MAX_BOOTSTRAP = 100_000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# --------------------------------------------------------------------------- measurements
+class PerturbedLosses(_Strict):
+    """Per-sample losses at P perturbed points w* + r·u (digest §6.4, §8 item 3)."""
+
+    radius: PosFloat
+    losses: Annotated[list[Annotated[list[NonNegFloat], Field(min_length=1)]], Field(min_length=1)]
+    kind: Literal["random", "top_eigenspace"] = "random"
+
+    @field_validator("losses")
+    @classmethod
+    def _rows_same_length(cls, rows: list[list[float]]) -> list[list[float]]:
+        n = len(rows[0])
+        for i, row in enumerate(rows):
+            if len(row) != n:
+                raise ValueError(
+                    f"every perturbed point needs one loss per sample: row {i} has "
+                    f"{len(row)} losses, row 0 has {n}"
+                )
+        return rows
+
+
+class DirectNoiseStats(_Strict):
+    """Direct gradient-noise statistics (McCandlish et al. 2018, §2.2 / eq. 2.6-2.8).
+
+    B_simple needs `grad_sq_norm` and `trace_sigma`; B_noise needs `gHg` and `trace_h_sigma`.
+    Standard errors (`*_se`) give intervals; without them the values are reported as points.
+    """
+
+    grad_sq_norm: NonNegFloat | None = None
+    trace_sigma: NonNegFloat | None = None
+    gHg: FiniteFloat | None = None
+    trace_h_sigma: FiniteFloat | None = None
+    grad_sq_norm_se: NonNegFloat | None = None
+    trace_sigma_se: NonNegFloat | None = None
+    gHg_se: NonNegFloat | None = None
+    trace_h_sigma_se: NonNegFloat | None = None
+    n_samples: PosInt | None = None
+
+    @model_validator(mode="after")
+    def _pairs_complete(self) -> DirectNoiseStats:
+        simple = (self.grad_sq_norm, self.trace_sigma)
+        noise = (self.gHg, self.trace_h_sigma)
+        if all(v is None for v in (*simple, *noise)):
+            raise ValueError(
+                "direct gradient_noise needs grad_sq_norm and trace_sigma (B_simple) "
+                "and/or gHg and trace_h_sigma (B_noise)"
+            )
+        for a, b, na, nb in (
+            (*simple, "grad_sq_norm", "trace_sigma"),
+            (*noise, "gHg", "trace_h_sigma"),
+        ):
+            if (a is None) != (b is None):
+                raise ValueError(f"{na} and {nb} must be given together")
+        return self
+
+
+class TwoBatchNoiseSeries(_Strict):
+    """Series of squared gradient norms at two batch sizes (McCandlish et al. 2018, App. A).
+
+    `grad_sq_norm_small[t]` is |G_{B_small}|² (mean over micro-batches) and
+    `grad_sq_norm_big[t]` is |G_{B_big}|² at the same step t. Optional `gHg_small/gHg_big`
+    series of G_Bᵀ H G_B (H from an independent batch) give B_noise (digest §7.1 DERIVED).
+    """
+
+    b_small: PosInt
+    b_big: PosInt
+    grad_sq_norm_small: Annotated[list[NonNegFloat], Field(min_length=1)]
+    grad_sq_norm_big: Annotated[list[NonNegFloat], Field(min_length=1)]
+    gHg_small: Annotated[list[FiniteFloat], Field(min_length=1)] | None = None
+    gHg_big: Annotated[list[FiniteFloat], Field(min_length=1)] | None = None
+
+    @field_validator("b_big")
+    @classmethod
+    def _distinct_batch_sizes(cls, b_big: int, info: ValidationInfo) -> int:
+        if info.data.get("b_small") == b_big:
+            raise ValueError(
+                "b_big must differ from b_small (the estimator divides by B_big − B_small)"
+            )
+        return b_big
+
+    @field_validator("grad_sq_norm_big", "gHg_small", "gHg_big")
+    @classmethod
+    def _same_length(cls, series: list[float] | None, info: ValidationInfo) -> list[float] | None:
+        ref = info.data.get("grad_sq_norm_small")
+        if series is not None and ref is not None and len(series) != len(ref):
+            raise ValueError(
+                f"{info.field_name} has {len(series)} entries but grad_sq_norm_small has "
+                f"{len(ref)}: the series must be paired step by step"
+            )
+        return series
+
+    @model_validator(mode="after")
+    def _ghg_pair(self) -> TwoBatchNoiseSeries:
+        if (self.gHg_small is None) != (self.gHg_big is None):
+            raise ValueError("gHg_small and gHg_big must be given together")
+        return self
+
+
+_TWO_BATCH_KEYS = frozenset(TwoBatchNoiseSeries.model_fields)
+
+
+def _noise_form(value: object) -> str:
+    if isinstance(value, dict):
+        return "two_batch" if _TWO_BATCH_KEYS & set(value) else "direct"
+    return "two_batch" if isinstance(value, TwoBatchNoiseSeries) else "direct"
+
+
+class StepsPoint(_Strict):
+    batch_size: PosInt
+    steps: PosFloat
+
+
+class LossPoint(_Strict):
+    n_samples: PosFloat
+    loss: NonNegFloat
+
+
+class BlockCurvature(_Strict):
+    """Per-block Hessian curvature at w* from the engine (digest §8 items 1, 7)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    lambda_max: FiniteFloat
+    lambda_min: FiniteFloat
+    spectral_norm: NonNegFloat
+    trace: FiniteFloat | None = None
+
+    @field_validator("lambda_min")
+    @classmethod
+    def _ordered(cls, lambda_min: float, info: ValidationInfo) -> float:
+        lambda_max = info.data.get("lambda_max")
+        if lambda_max is not None and lambda_min > lambda_max:
+            raise ValueError(f"lambda_min ({lambda_min}) exceeds lambda_max ({lambda_max})")
+        return lambda_min
+
+
+class Measurements(_Strict):
+    """The `measurements` object of a plan job (design.md §4). Every group is optional."""
+
+    per_sample_losses: Annotated[list[NonNegFloat], Field(min_length=1)] | None = None
+    perturbed_losses: PerturbedLosses | None = None
+    loss_bound: PosFloat | None = None
+    hessian_norm_bound: NonNegFloat | None = None
+    per_sample_hessian_norms: Annotated[list[NonNegFloat], Field(min_length=1)] | None = None
+    gradient_noise: (
+        Annotated[
+            Annotated[DirectNoiseStats, Tag("direct")]
+            | Annotated[TwoBatchNoiseSeries, Tag("two_batch")],
+            Discriminator(_noise_form),
+        ]
+        | None
+    ) = None
+    steps_to_target: Annotated[list[StepsPoint], Field(min_length=1)] | None = None
+    loss_vs_data: Annotated[list[LossPoint], Field(min_length=1)] | None = None
+    blocks: Annotated[list[BlockCurvature], Field(min_length=1)] | None = None
+    gradient_norm_at_w_star: NonNegFloat | None = None
+    available_samples: PosInt | None = None
+
+    @field_validator("perturbed_losses")
+    @classmethod
+    def _perturbed_matches_n(
+        cls, value: PerturbedLosses | None, info: ValidationInfo
+    ) -> PerturbedLosses | None:
+        losses = info.data.get("per_sample_losses")
+        if value is not None and losses is not None and len(value.losses[0]) != len(losses):
+            raise ValueError(
+                f"perturbed_losses rows have {len(value.losses[0])} losses but "
+                f"per_sample_losses has {len(losses)}: they must be the same samples"
+            )
+        return value
+
+    @field_validator("loss_bound")
+    @classmethod
+    def _bound_covers_losses(cls, value: float | None, info: ValidationInfo) -> float | None:
+        losses = info.data.get("per_sample_losses")
+        if value is not None and losses is not None and max(losses) > value:
+            raise ValueError(
+                f"loss_bound {value} is below the largest per-sample loss {max(losses)}; "
+                "Theorem 7 needs 0 ≤ l_i ≤ ℓ_max"
+            )
+        return value
+
+    @field_validator("per_sample_hessian_norms")
+    @classmethod
+    def _norms_within_bound(
+        cls, value: list[float] | None, info: ValidationInfo
+    ) -> list[float] | None:
+        bound = info.data.get("hessian_norm_bound")
+        if value is not None and bound is not None and max(value) > bound:
+            raise ValueError(
+                f"a per-sample Hessian norm ({max(value)}) exceeds hessian_norm_bound ({bound})"
+            )
+        return value
+
+    @field_validator("steps_to_target")
+    @classmethod
+    def _unique_batch_sizes(cls, value: list[StepsPoint] | None) -> list[StepsPoint] | None:
+        if value is not None:
+            sizes = [p.batch_size for p in value]
+            if len(set(sizes)) != len(sizes):
+                raise ValueError("steps_to_target lists a batch_size twice; give one row each")
+        return value
+
+    @field_validator("blocks")
+    @classmethod
+    def _unique_block_names(cls, value: list[BlockCurvature] | None) -> list[BlockCurvature] | None:
+        if value is not None:
+            names = [b.name for b in value]
+            if len(set(names)) != len(names):
+                raise ValueError("block names must be unique")
+        return value
+
+
+# --------------------------------------------------------------------------- targets
+class Targets(_Strict):
+    """The `targets` object of a plan job (design.md §4)."""
+
+    tolerances: Annotated[list[PosFloat], Field(min_length=1)] | None = None
+    radius: NonNegFloat | None = None
+    target_loss: NonNegFloat | None = None
+    confidence: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = 0.95
+    orderings: Annotated[int, Field(ge=2, le=MAX_ORDERINGS)] = 100
+    bootstrap: Annotated[int, Field(ge=0, le=MAX_BOOTSTRAP)] = 1000
+    fit_window: tuple[PosInt, PosInt] | None = None
+    seed: Annotated[int, Field(ge=0)] | None = None
+
+    @field_validator("fit_window")
+    @classmethod
+    def _window_ordered(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and value[0] >= value[1]:
+            raise ValueError("fit_window must be [k_min, k_max] with k_min < k_max")
+        return value
+
+
+# --------------------------------------------------------------------------- recommendation
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+Interval = tuple[float, float]
+
+
+class NotComputed(_Out):
+    status: Literal["not_computed"] = "not_computed"
+    reason: str
+
+
+class Missing(_Out):
+    item: str
+    reason: str
+
+
+WarningCode = Literal[
+    "b_simple_undefined",
+    "b_noise_undefined",
+    "fit_window_too_short",
+    "alpha_far_from_theory",
+    "target_below_irreducible_loss",
+    "negative_curvature",
+    "assumption1_gradient_norm",
+    "insufficient_samples",
+    "poor_fit",
+    "available_samples_insufficient",
+    "b_crit_outside_measured_range",
+    "b_crit_cross_check_disagrees",
+    "extrapolation",
+    "noise_estimate_negative",
+]
+
+
+class PlanWarning(_Out):
+    code: WarningCode
+    section: str
+    detail: str
+
+
+class PowerLawFit(_Out):
+    """Δ_k ≈ C·k^(−α) fitted in log space; intervals are bootstrap percentiles over orderings."""
+
+    C: float
+    alpha: float
+    C_ci: Interval | None = None
+    alpha_ci: Interval | None = None
+    r2: float
+    window: tuple[int, int]
+    n_points: int
+    theory_alpha: float
+    formula: str
+
+
+class Curve(_Out):
+    k: list[int]
+    delta: list[float]
+    delta_sq: list[float]
+
+
+class SampleSizeValue(_Out):
+    k: int | None
+    ci: tuple[int | None, int | None] | None = None
+    formula: str
+    note: str | None = None
+
+
+class PerTolerance(_Out):
+    tolerance: float
+    empirical: SampleSizeValue | NotComputed
+    theoretical: SampleSizeValue | NotComputed
+    theoretical_tight: SampleSizeValue | NotComputed
+    squared: SampleSizeValue | NotComputed
+    available_is_enough: bool | None = None
+
+
+class BoundValue(_Out):
+    value: float
+    source: str
+
+
+class OffMinimumFit(_Out):
+    radius: float
+    kind: str
+    n_points: int
+    fit: PowerLawFit | NotComputed
+    fit_squared: PowerLawFit | NotComputed
+
+
+class SampleSizeSection(_Out):
+    status: Literal["computed"] = "computed"
+    n_losses: int
+    orderings: int
+    bootstrap: int
+    confidence: float
+    fit: PowerLawFit | NotComputed
+    fit_squared: PowerLawFit | NotComputed
+    curve: Curve | None = None
+    loss_bound: BoundValue | None = None
+    hessian_norm_bound: BoundValue | None = None
+    radius: float | None = None
+    available_samples: int | None = None
+    off_minimum: list[OffMinimumFit] = Field(default_factory=list)
+    per_tolerance: list[PerTolerance] = Field(default_factory=list)
+    missing: list[Missing] = Field(default_factory=list)
+
+
+class Estimate(_Out):
+    value: float
+    ci: Interval | None = None
+    se: float | None = None
+    formula: str
+
+
+class BCrit(_Out):
+    value: float
+    ci: Interval | None = None
+    s_min: float
+    s_min_ci: Interval | None = None
+    e_min: float
+    e_min_ci: Interval | None = None
+    r2: float | None = None
+    formula: str
+    cross_check: dict[str, float | str] | None = None
+    b_20pct_overhead: float | None = None
+    b_20pct_overhead_formula: str | None = None
+
+
+class LrScaling(_Out):
+    formula: str
+    b_noise: float
+    epsilon_max: float | None = None
+    factor_at_recommended: float | None = None
+    epsilon_opt_at_recommended: float | None = None
+
+
+class BatchSizeSection(_Out):
+    status: Literal["computed"] = "computed"
+    grad_sq_norm: Estimate | NotComputed | None = None
+    trace_sigma: Estimate | NotComputed | None = None
+    b_simple: Estimate | NotComputed
+    b_noise: Estimate | NotComputed
+    b_crit: BCrit | NotComputed
+    recommended: int | None
+    recommended_basis: str | None = None
+    recommended_formula: str | None = None
+    lr_scaling: LrScaling | NotComputed
+    missing: list[Missing] = Field(default_factory=list)
+
+
+class ScalingSection(_Out):
+    status: Literal["computed"] = "computed"
+    E: float
+    A: float
+    beta: float
+    E_ci: Interval | None = None
+    A_ci: Interval | None = None
+    beta_ci: Interval | None = None
+    r2: float | None = None
+    n_points: int
+    formula: str
+    target_loss: float | None = None
+    n_for_target_loss: float | Literal["unreachable"] | None = None
+    n_for_target_loss_ci: tuple[float | None, float | None] | None = None
+    n_for_target_loss_formula: str | None = None
+    missing: list[Missing] = Field(default_factory=list)
+
+
+class BlockSummary(_Out):
+    name: str
+    spectral_norm: float
+    lambda_max: float
+    lambda_min: float
+    share_of_total_norm: float
+    lr_ceiling: float | None
+    negative_curvature: bool
+    trace: float | None = None
+
+
+class CurvatureSection(_Out):
+    status: Literal["computed"] = "computed"
+    blocks: list[BlockSummary] = Field(default_factory=list)
+    top_blocks: list[str] = Field(default_factory=list)
+    heterogeneity_ratio: float | None = None
+    heterogeneity_formula: str | None = None
+    lr_ceiling_formula: str | None = None
+    gradient_norm_at_w_star: float | None = None
+    missing: list[Missing] = Field(default_factory=list)
+
+
+class Recommendation(_Out):
+    """`result.recommendation` (design.md §4)."""
+
+    sample_size: SampleSizeSection | NotComputed
+    batch_size: BatchSizeSection | NotComputed
+    scaling: ScalingSection | NotComputed
+    curvature: CurvatureSection | NotComputed
+    warnings: list[PlanWarning] = Field(default_factory=list)
+    seed: int
