@@ -1,0 +1,92 @@
+"""Service settings: the one place where the environment is read.
+
+Every process (API, worker, CLI) builds a :class:`Settings` from the environment;
+nothing else reads ``os.environ`` for configuration.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def normalise_database_url(url: str) -> str:
+    """Return ``url`` with the psycopg 3 driver spelled out.
+
+    Accepts ``postgres://``, ``postgresql://`` and ``postgresql+psycopg2://`` (what
+    Heroku-style platforms and libpq users write) and rewrites them to
+    ``postgresql+psycopg://`` so that SQLAlchemy uses psycopg 3.
+    """
+    for prefix in ("postgres://", "postgresql://", "postgresql+psycopg2://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def libpq_url(url: str) -> str:
+    """Return ``url`` as a plain libpq URL (``postgresql://``) for psycopg.connect."""
+    url = normalise_database_url(url)
+    return "postgresql://" + url[len("postgresql+psycopg://") :]
+
+
+class Settings(BaseSettings):
+    """Configuration for the API, the workers and the CLI (environment variables)."""
+
+    model_config = SettingsConfigDict(env_prefix="CURVPLAN_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None,
+        validation_alias="DATABASE_URL",
+        description="PostgreSQL URL; unset means `curvplan dev` starts an embedded server.",
+    )
+    data_dir: Path = Field(default=Path("./.curvplan"), description="Files: blobs, embedded PG.")
+    auth_disabled: bool = Field(
+        default=False,
+        description="Serve /v1 without API keys (all requests act as project `default`). "
+        "Only for local experiments; must be switched on explicitly.",
+    )
+    log_format: Literal["json", "console"] = "console"
+    log_level: str = "INFO"
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    db_pool_size: int = Field(default=10, gt=0)
+    db_max_overflow: int = Field(default=10, ge=0)
+
+    # Jobs and workers (design.md §5).
+    lease_seconds: float = Field(default=30.0, gt=0)
+    heartbeat_seconds: float = Field(default=5.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+    retry_backoff_base_seconds: float = Field(default=2.0, ge=0)
+    retry_backoff_max_seconds: float = Field(default=300.0, ge=0)
+    worker_stale_seconds: float = Field(
+        default=60.0, gt=0, description="A worker without heartbeat for this long is not live."
+    )
+    long_poll_max_seconds: float = Field(default=60.0, gt=0)
+    long_poll_interval_seconds: float = Field(default=0.2, gt=0)
+    default_page_size: int = Field(default=50, ge=1)
+    max_page_size: int = Field(default=500, ge=1)
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        return normalise_database_url(value)
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        """The database URL to connect to; raises if none is configured."""
+        if self.database_url is None:
+            raise RuntimeError(
+                "DATABASE_URL is not set; set it, or run `curvplan dev` for an embedded server"
+            )
+        return self.database_url
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """Settings from the environment, read once per process."""
+    return Settings()

@@ -1,0 +1,77 @@
+"""Database engine, sessions and the declarative base.
+
+The API gets a session per request through :data:`SessionDep`; the session is
+committed after the endpoint returns and rolled back if it raises. Workers and
+CLI commands build their own engine with :func:`make_engine`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy import Engine, MetaData, create_engine
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+
+from app.config import Settings, normalise_database_url
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every table; constraint names follow NAMING_CONVENTION."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def make_engine(
+    settings_or_url: Settings | str, *, pool_size: int = 5, max_overflow: int = 5
+) -> Engine:
+    """Create a psycopg 3 engine for ``settings_or_url`` (URL normalised to postgresql+psycopg)."""
+    if isinstance(settings_or_url, Settings):
+        url = settings_or_url.sqlalchemy_url
+        pool_size = settings_or_url.db_pool_size
+        max_overflow = settings_or_url.db_max_overflow
+    else:
+        url = normalise_database_url(settings_or_url)
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_pre_ping=True,
+        future=True,
+    )
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    """A session factory that keeps loaded attributes usable after commit."""
+    return sessionmaker(bind=engine, expire_on_commit=False, autoflush=False)
+
+
+def get_db(request: Request) -> Iterator[Session]:
+    """FastAPI dependency: one session per request, committed on success, rolled back on error.
+
+    The session factory lives on ``request.app.state.sessionmaker`` (set by
+    ``create_app``); tests override this dependency to bind a per-test transaction.
+    """
+    factory: sessionmaker[Session] = request.app.state.sessionmaker
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+# scope="function": commit BEFORE the response is sent, so a 2xx means the row is durable.
+SessionDep = Annotated[Session, Depends(get_db, scope="function")]

@@ -1,0 +1,59 @@
+"""Programmatic Alembic: find the migrations shipped with the project and run them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, text
+
+from alembic import command
+from app.config import normalise_database_url
+
+
+def project_root() -> Path:
+    """The directory holding ``alembic.ini`` and ``alembic/`` (the clone / install root)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def alembic_config(database_url: str) -> Config:
+    """An Alembic config for ``database_url`` that works from any working directory."""
+    root = project_root()
+    ini = root / "alembic.ini"
+    cfg = Config(str(ini)) if ini.exists() else Config()
+    cfg.set_main_option("script_location", str(root / "alembic"))
+    # '%' must be escaped for ConfigParser interpolation (passwords may contain it).
+    cfg.set_main_option("sqlalchemy.url", normalise_database_url(database_url).replace("%", "%%"))
+    cfg.attributes["configure_logger"] = False
+    return cfg
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    """Run ``alembic upgrade <revision>`` against ``database_url``."""
+    command.upgrade(alembic_config(database_url), revision)
+
+
+def downgrade(database_url: str, revision: str = "base") -> None:
+    """Run ``alembic downgrade <revision>`` against ``database_url``."""
+    command.downgrade(alembic_config(database_url), revision)
+
+
+def head_revisions() -> set[str]:
+    """The head revision ids of the shipped migration scripts."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(project_root() / "alembic"))
+    return set(ScriptDirectory.from_config(cfg).get_heads())
+
+
+def current_revisions(connection: Connection) -> set[str]:
+    """The revisions recorded in the database's ``alembic_version`` table."""
+    return set(MigrationContext.configure(connection).get_current_heads())
+
+
+def is_at_head(engine: Engine) -> bool:
+    """True when the database is reachable and migrated to the shipped head."""
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+        return current_revisions(conn) == head_revisions()
