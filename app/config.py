@@ -49,6 +49,9 @@ class Settings(BaseSettings):
         description="Serve /v1 without API keys (all requests act as project `default`). "
         "Only for local experiments; must be switched on explicitly.",
     )
+    auth_cache_seconds: float = Field(
+        default=5.0, ge=0, description="Cache key lookups this long (revocation delay)."
+    )
     log_format: Literal["json", "console"] = "console"
     log_level: str = "INFO"
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)

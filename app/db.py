@@ -7,10 +7,11 @@ CLI commands build their own engine with :func:`make_engine`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import Engine, MetaData, create_engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -55,22 +56,30 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(bind=engine, expire_on_commit=False, autoflush=False)
 
 
-def get_db(request: Request) -> Iterator[Session]:
+async def get_db(request: Request) -> AsyncIterator[Session]:
     """FastAPI dependency: one session per request, committed on success, rolled back on error.
 
     The session factory lives on ``request.app.state.sessionmaker`` (set by
-    ``create_app``); tests override this dependency to bind a per-test transaction.
+    ``create_app``); tests override this dependency to bind a per-test
+    transaction. Creating a session does no I/O (the connection is taken on first
+    use), so this runs on the event loop and only the commit/rollback go to a
+    worker thread.
     """
     factory: sessionmaker[Session] = request.app.state.sessionmaker
     session = factory()
     try:
         yield session
-        session.commit()
+        if session.in_transaction():
+            await run_in_threadpool(session.commit)
     except BaseException:
-        session.rollback()
+        if session.in_transaction():
+            await run_in_threadpool(session.rollback)
         raise
     finally:
-        session.close()
+        if session.in_transaction():
+            await run_in_threadpool(session.close)
+        else:
+            session.close()
 
 
 # scope="function": commit BEFORE the response is sent, so a 2xx means the row is durable.

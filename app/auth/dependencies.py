@@ -1,0 +1,80 @@
+"""The bearer-key dependency every /v1 route uses: :data:`ProjectDep`."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
+
+from app.auth.keys import AuthContext, get_or_create_project, hash_key, lookup_key
+from app.db import SessionDep
+from app.problems import Problem
+
+DEFAULT_PROJECT = "default"
+
+
+def _unauthorized(detail: str, error: str | None = None) -> Problem:
+    challenge = 'Bearer realm="curvplan"'
+    if error:
+        challenge += f', error="{error}"'
+    return Problem(401, detail, title="Unauthorized", headers={"WWW-Authenticate": challenge})
+
+
+class KeyCache:
+    """A small per-process cache of key hash → project, for ``ttl`` seconds.
+
+    It saves one database round trip per request on the hot path; a revoked key
+    stops working within ``ttl`` seconds (0 disables the cache).
+    """
+
+    def __init__(self, ttl: float, max_entries: int = 10_000) -> None:
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._entries: dict[str, tuple[float, AuthContext]] = {}
+
+    def get(self, key: str) -> AuthContext | None:
+        if self.ttl <= 0:
+            return None
+        hit = self._entries.get(key)
+        if hit is None or hit[0] < time.monotonic():
+            return None
+        return hit[1]
+
+    def put(self, key: str, ctx: AuthContext) -> None:
+        if self.ttl <= 0:
+            return
+        if len(self._entries) >= self.max_entries:
+            self._entries.clear()
+        self._entries[key] = (time.monotonic() + self.ttl, ctx)
+
+
+async def require_project(request: Request, session: SessionDep) -> AuthContext:
+    """Resolve ``Authorization: Bearer <key>`` to its project, or answer 401.
+
+    With ``CURVPLAN_AUTH_DISABLED=true`` every request acts as project ``default``.
+    """
+    settings = request.app.state.settings
+    if settings.auth_disabled:
+        project = await run_in_threadpool(get_or_create_project, session, DEFAULT_PROJECT)
+        return AuthContext(project.id, project.name)
+    header = request.headers.get("authorization")
+    if not header:
+        raise _unauthorized("missing Authorization header: send 'Authorization: Bearer <key>'")
+    scheme, _, key = header.partition(" ")
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key:
+        raise _unauthorized("the Authorization header must be 'Bearer <key>'", "invalid_request")
+    cache: KeyCache = request.app.state.key_cache
+    digest = hash_key(key)
+    ctx = cache.get(digest)
+    if ctx is None:
+        ctx = await run_in_threadpool(lookup_key, session, key)
+        if ctx is None:
+            raise _unauthorized("invalid or revoked API key", "invalid_token")
+        cache.put(digest, ctx)
+    return ctx
+
+
+ProjectDep = Annotated[AuthContext, Depends(require_project)]

@@ -1,0 +1,67 @@
+"""Liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from app.metrics import render_metrics
+from app.migrations import current_revisions, head_revisions
+from app.problems import PROBLEM_RESPONSES, problem_response
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", name="healthz", summary="Liveness: the process answers")
+def healthz() -> dict[str, str]:
+    """Always 200 while the process serves requests (no dependency checks)."""
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    name="readyz",
+    summary="Readiness: database reachable and migrated to head",
+    responses={503: PROBLEM_RESPONSES[409] | {"description": "Not ready"}},
+)
+async def readyz(request: Request) -> Response:
+    """200 when PostgreSQL answers and its Alembic revision is the shipped head, else 503."""
+    engine = request.app.state.engine
+    expected = head_revisions()
+    try:
+        current = await run_in_threadpool(_current, engine)
+    except Exception as exc:
+        log.warning("readiness: database unreachable: %s", type(exc).__name__)
+        return problem_response(
+            503,
+            title="Service Unavailable",
+            detail="the database is unreachable",
+            extra={"checks": {"database": "unreachable"}},
+        )
+    if current != expected:
+        return problem_response(
+            503,
+            title="Service Unavailable",
+            detail=f"database schema is at {sorted(current) or 'no revision'}, "
+            f"expected {sorted(expected)}; run `curvplan db upgrade`",
+            extra={"checks": {"database": "ok", "migrations": "pending"}},
+        )
+    return JSONResponse({"status": "ready", "checks": {"database": "ok", "migrations": "ok"}})
+
+
+def _current(engine: object) -> set[str]:
+    with engine.connect() as conn:  # type: ignore[attr-defined]
+        return current_revisions(conn)
+
+
+@router.get("/metrics", name="metrics", summary="Prometheus metrics")
+def metrics(request: Request) -> Response:
+    """HTTP request metrics and queue gauges (read from the database at scrape time)."""
+    return Response(
+        render_metrics(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST
+    )

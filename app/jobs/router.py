@@ -1,0 +1,246 @@
+"""HTTP routes of the job resource (design.md §4)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from app.auth.dependencies import ProjectDep
+from app.db import SessionDep
+from app.jobs import service
+from app.jobs.models import TERMINAL_STATUSES
+from app.jobs.schemas import JOB_CREATE_ADAPTER, JobOut, JobPage
+from app.problems import (
+    PROBLEM_RESPONSES,
+    Problem,
+    field_errors_from_pydantic,
+    validation_problem,
+)
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+_JSON_MEDIA = ("application/json", "application/problem+json")
+
+
+
+def _check_content_type(request: Request) -> None:
+    content_type = request.headers.get("content-type", "")
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media and not (media in _JSON_MEDIA or media.endswith("+json")):
+        raise Problem(
+            415,
+            f"send the job as JSON (Content-Type: application/json), not {media!r}",
+            title="Unsupported Media Type",
+        )
+
+
+def _validate_body(raw: bytes) -> dict[str, Any]:
+    if not raw.strip():
+        raise validation_problem(
+            [
+                {
+                    "field": "body",
+                    "loc": ["body"],
+                    "message": "a JSON body is required",
+                    "type": "missing",
+                }
+            ]
+        )
+    try:
+        model = JOB_CREATE_ADAPTER.validate_json(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        if any(e["type"] == "json_invalid" for e in errors):
+            raise Problem(
+                400,
+                f"the request body is not valid JSON: {errors[0]['msg']}",
+                title="Malformed JSON",
+            ) from None
+        if any(e["type"] == "model_type" and not e["loc"] for e in errors):
+            raise validation_problem(
+                [
+                    {
+                        "field": "body",
+                        "loc": ["body"],
+                        "message": "the body must be a JSON object",
+                        "type": "model_type",
+                    }
+                ]
+            ) from None
+        raise validation_problem(field_errors_from_pydantic(errors, prefix=("body",))) from None
+    return model.model_dump(mode="json", exclude_unset=True)
+
+
+def _job_response(job: dict[str, Any], status_code: int, **headers: str) -> JSONResponse:
+    return JSONResponse(job, status_code=status_code, headers=headers or None)
+
+
+@router.post(
+    "",
+    name="create_job",
+    status_code=202,
+    response_model=JobOut,
+    summary="Submit a job",
+    responses={**PROBLEM_RESPONSES},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobCreate"}}},
+        }
+    },
+)
+async def create_job(
+    request: Request,
+    session: SessionDep,
+    auth: ProjectDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="Retry-safe submission: the same key and body replay the first "
+            "response; the same key with another body is a 422.",
+        ),
+    ] = None,
+) -> JSONResponse:
+    """Queue a job. Answers 202 with the job and its ``Location``."""
+    _check_content_type(request)
+    if idempotency_key is not None and not (0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_LENGTH):
+        raise validation_problem(
+            [
+                {
+                    "field": "header.Idempotency-Key",
+                    "loc": ["header", "Idempotency-Key"],
+                    "message": f"must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} characters",
+                    "type": "string_length",
+                }
+            ]
+        )
+    body = _validate_body(await request.body())
+    settings = request.app.state.settings
+    created = await run_in_threadpool(
+        service.create_job,
+        session,
+        auth.project_id,
+        body,
+        default_max_attempts=settings.max_attempts,
+        idempotency_key=idempotency_key,
+    )
+    headers = {"Location": created.job["links"]["self"]}
+    if created.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return _job_response(created.job, 202, **headers)
+
+
+@router.get(
+    "",
+    name="list_jobs",
+    response_model=JobPage,
+    summary="List jobs (newest first, cursor pagination)",
+    responses={**PROBLEM_RESPONSES},
+)
+def list_jobs(
+    request: Request,
+    session: SessionDep,
+    auth: ProjectDep,
+    status: Annotated[
+        list[str] | None, Query(description="Repeat or comma-separate: status=queued,running")
+    ] = None,
+    kind: Annotated[str | None, Query()] = None,
+    name: Annotated[str | None, Query()] = None,
+    tag: Annotated[list[str] | None, Query(description="key:value; repeatable (AND)")] = None,
+    page_size: Annotated[int | None, Query(ge=1)] = None,
+    page_token: Annotated[str | None, Query()] = None,
+) -> JSONResponse:
+    """Jobs of the caller's project matching every filter given."""
+    settings = request.app.state.settings
+    size = min(page_size or settings.default_page_size, settings.max_page_size)
+    filters = service.parse_filters(status, kind, name, tag)
+    items, next_token = service.list_jobs(
+        session, auth.project_id, filters, page_size=size, page_token=page_token
+    )
+    return JSONResponse({"items": items, "next_page_token": next_token})
+
+
+@router.get(
+    "/{job_id}",
+    name="get_job",
+    response_model=JobOut,
+    summary="Get a job; ?wait=N long-polls",
+    responses={**PROBLEM_RESPONSES},
+)
+async def get_job(
+    request: Request,
+    job_id: uuid.UUID,
+    session: SessionDep,
+    auth: ProjectDep,
+    wait: Annotated[
+        float,
+        Query(
+            ge=0,
+            description="Seconds to wait for the status to change or become terminal "
+            "(capped by the server, default 0: answer at once).",
+        ),
+    ] = 0,
+) -> JSONResponse:
+    """The job. With ``wait`` the answer comes when its status changes or ends, or at timeout."""
+    settings = request.app.state.settings
+    job = await run_in_threadpool(service.get_job, session, auth.project_id, job_id)
+    wait = min(wait, settings.long_poll_max_seconds)
+    if wait <= 0 or job["status"] in TERMINAL_STATUSES:
+        return _job_response(job, 200)
+    await run_in_threadpool(session.commit)  # hand the connection back while waiting
+    initial = job["status"]
+    deadline = time.monotonic() + wait
+    interval = settings.long_poll_interval_seconds
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or await request.is_disconnected():
+            break
+        await asyncio.sleep(min(interval, remaining))
+        status = await run_in_threadpool(_probe_status, session, auth.project_id, job_id)
+        if status is None or status != initial:
+            break
+    job = await run_in_threadpool(service.get_job, session, auth.project_id, job_id)
+    return _job_response(job, 200)
+
+
+def _probe_status(session: Any, project_id: uuid.UUID, job_id: uuid.UUID) -> str | None:
+    try:
+        return service.job_status(session, project_id, job_id)
+    finally:
+        session.commit()
+
+
+@router.post(
+    "/{job_id}/cancel",
+    name="cancel_job",
+    response_model=JobOut,
+    summary="Cancel a job",
+    responses={**PROBLEM_RESPONSES},
+)
+def cancel_job(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> JSONResponse:
+    """Queued → ``cancelled`` at once (200); running → ``cancelling`` (202); terminal → 409."""
+    job = service.cancel_job(session, auth.project_id, job_id)
+    return _job_response(job, 200 if job["status"] == "cancelled" else 202)
+
+
+@router.get(
+    "/{job_id}/recommendation",
+    name="get_job_recommendation",
+    response_model=dict[str, Any],
+    summary="The recommendation of a succeeded plan/analyze job",
+    responses={**PROBLEM_RESPONSES},
+)
+def get_job_recommendation(
+    job_id: uuid.UUID, session: SessionDep, auth: ProjectDep
+) -> JSONResponse:
+    """``result.recommendation``; a 409 problem while the job has not succeeded."""
+    return JSONResponse(service.get_recommendation(session, auth.project_id, job_id))

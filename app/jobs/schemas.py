@@ -1,0 +1,130 @@
+"""Request and response models of the job resource (design.md §4).
+
+The create body is a discriminated union on ``kind``. Only ``plan`` exists now;
+to add a kind, define ``XJobCreate`` with ``kind: Literal["x"]`` and append it to
+:data:`JOB_CREATE_TYPES` (the union, the OpenAPI schema and the queue mapping in
+``app.jobs.models.QUEUE_OF_KIND`` follow).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from functools import reduce
+from operator import or_
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from app.planner.schemas import Measurements, Targets
+
+TagKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
+TagValue = Annotated[str, Field(max_length=256)]
+MAX_TAGS = 32
+
+
+class _JobCreateBase(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        default=None, description="A label to find the job by (not unique)."
+    )
+    tags: Annotated[dict[TagKey, TagValue], Field(max_length=MAX_TAGS)] = Field(
+        default_factory=dict, description="Free-form string labels, filterable as tag=key:value."
+    )
+    max_attempts: Annotated[int, Field(ge=1, le=10)] | None = Field(
+        default=None, description="Attempts before the job fails for good (default: server's)."
+    )
+
+
+class PlanJobCreate(_JobCreateBase):
+    """Plan a data budget from measurements the client already has (CPU, seconds)."""
+
+    kind: Literal["plan"]
+    measurements: Measurements
+    targets: Targets = Field(default_factory=Targets)
+
+
+JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = (PlanJobCreate,)
+
+
+def _union(types: tuple[type[_JobCreateBase], ...]) -> Any:
+    if len(types) == 1:
+        return types[0]
+    return Annotated[reduce(or_, types), Field(discriminator="kind")]
+
+
+JobCreate = _union(JOB_CREATE_TYPES)
+JOB_CREATE_ADAPTER: TypeAdapter[Any] = TypeAdapter(JobCreate)
+
+
+class Progress(BaseModel):
+    """Where a running job is: fraction in [0, 1], stage name, human message."""
+
+    fraction: float | None = None
+    stage: str | None = None
+    message: str | None = None
+
+
+class JobError(BaseModel):
+    """Why a job failed: a stable type (e.g. ``worker-lost``), a title, a detail."""
+
+    type: str
+    title: str | None = None
+    detail: str | None = None
+
+
+class JobLinks(BaseModel):
+    self: str
+    cancel: str
+    recommendation: str
+
+
+class JobOut(BaseModel):
+    """The job resource as the API returns it."""
+
+    id: uuid.UUID
+    kind: str
+    queue: str
+    status: Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
+    name: str | None
+    tags: dict[str, str]
+    progress: Progress | None
+    attempt: int
+    max_attempts: int
+    cancel_requested: bool
+    result: dict[str, Any] | None
+    error: JobError | None
+    request: dict[str, Any] | None = Field(
+        default=None, description="The validated body (omitted in list pages)."
+    )
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    links: JobLinks
+
+
+class JobPage(BaseModel):
+    """One page of jobs, newest first; pass ``next_page_token`` back to get the next."""
+
+    items: list[JobOut]
+    next_page_token: str | None
+
+
+class WorkerOut(BaseModel):
+    """A worker process and whether its heartbeat is fresh."""
+
+    id: str
+    hostname: str
+    pid: int
+    queues: list[str]
+    status: str
+    live: bool
+    started_at: datetime
+    last_heartbeat_at: datetime
+    current_job_id: uuid.UUID | None
+
+
+class WorkerList(BaseModel):
+    items: list[WorkerOut]

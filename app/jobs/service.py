@@ -1,0 +1,336 @@
+"""Job store operations on the ``job`` table (SQLAlchemy Core: one round trip per call).
+
+Every function is scoped to a project: a job of another project is "not found".
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Row, and_, case, func, or_, select, tuple_, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from app.jobs.models import JOB_KINDS, JOB_STATUSES, QUEUE_OF_KIND, TERMINAL_STATUSES, Job
+from app.problems import Problem, conflict, not_found, validation_problem
+
+JOB = Job.__table__
+_OUT_COLUMNS = [
+    JOB.c.id,
+    JOB.c.kind,
+    JOB.c.queue,
+    JOB.c.status,
+    JOB.c.name,
+    JOB.c.tags,
+    JOB.c.progress,
+    JOB.c.attempt,
+    JOB.c.max_attempts,
+    JOB.c.cancel_requested,
+    JOB.c.result,
+    JOB.c.error,
+    JOB.c.created_at,
+    JOB.c.updated_at,
+    JOB.c.started_at,
+    JOB.c.finished_at,
+]
+_OUT_WITH_REQUEST = [*_OUT_COLUMNS, JOB.c.request, JOB.c.request_hash]
+
+
+def canonical_hash(body: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON (sorted keys, no spaces) of a validated body."""
+    blob = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def job_to_json(row: Row[Any] | Any) -> dict[str, Any]:
+    """The API representation of a job row (see ``app.jobs.schemas.JobOut``)."""
+    m = row._mapping
+    job_id = str(m["id"])
+    base = f"/v1/jobs/{job_id}"
+    out: dict[str, Any] = {
+        "id": job_id,
+        "kind": m["kind"],
+        "queue": m["queue"],
+        "status": m["status"],
+        "name": m["name"],
+        "tags": m["tags"] or {},
+        "progress": m["progress"],
+        "attempt": m["attempt"],
+        "max_attempts": m["max_attempts"],
+        "cancel_requested": m["cancel_requested"],
+        "result": m["result"],
+        "error": m["error"],
+        "created_at": _iso(m["created_at"]),
+        "updated_at": _iso(m["updated_at"]),
+        "started_at": _iso(m["started_at"]),
+        "finished_at": _iso(m["finished_at"]),
+        "links": {
+            "self": base,
+            "cancel": f"{base}/cancel",
+            "recommendation": f"{base}/recommendation",
+        },
+    }
+    if "request" in m:
+        out["request"] = m["request"]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """Outcome of :func:`create_job`: the job and whether it is an idempotent replay."""
+
+    job: dict[str, Any]
+    replayed: bool
+
+
+def create_job(
+    session: Session,
+    project_id: uuid.UUID,
+    body: dict[str, Any],
+    *,
+    default_max_attempts: int,
+    idempotency_key: str | None = None,
+) -> Created:
+    """Insert a queued job (one statement); with an idempotency key, replay or refuse reuse.
+
+    ``body`` is the validated request (JSON-ready dict). Same key + same body
+    returns the original job (``replayed=True``); same key + another body raises
+    a 422 problem (draft-ietf-httpapi-idempotency-key-header §2.7).
+    """
+    request_hash = canonical_hash(body)
+    kind = body["kind"]
+    values = {
+        "id": uuid.uuid4(),
+        "project_id": project_id,
+        "kind": kind,
+        "queue": QUEUE_OF_KIND[kind],
+        "name": body.get("name"),
+        "tags": body.get("tags") or {},
+        "status": "queued",
+        "request": body,
+        "request_hash": request_hash,
+        "idempotency_key": idempotency_key,
+        "max_attempts": body.get("max_attempts") or default_max_attempts,
+    }
+    stmt = (
+        insert(JOB)
+        .values(**values)
+        .on_conflict_do_nothing(constraint="uq_job_project_id_idempotency_key")
+        .returning(*_OUT_WITH_REQUEST)
+    )
+    row = session.execute(stmt).first()
+    if row is not None:
+        return Created(job_to_json(row), replayed=False)
+    existing = session.execute(
+        select(*_OUT_WITH_REQUEST).where(
+            JOB.c.project_id == project_id, JOB.c.idempotency_key == idempotency_key
+        )
+    ).one()
+    if existing.request_hash != request_hash:
+        raise Problem(
+            422,
+            "this Idempotency-Key was already used with a different request body; "
+            "use a new key for a new request",
+            title="Idempotency Key Reused",
+            errors=[
+                {
+                    "field": "header.Idempotency-Key",
+                    "loc": ["header", "Idempotency-Key"],
+                    "message": "key already used with a different body",
+                    "type": "idempotency_key_reused",
+                }
+            ],
+            extra={"job_id": str(existing.id)},
+        )
+    return Created(job_to_json(existing), replayed=True)
+
+
+def get_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> dict[str, Any]:
+    """The job, or a 404 problem (also for another project's job)."""
+    row = session.execute(
+        select(*_OUT_WITH_REQUEST).where(JOB.c.id == job_id, JOB.c.project_id == project_id)
+    ).first()
+    if row is None:
+        raise not_found("job")
+    return job_to_json(row)
+
+
+def job_status(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> str | None:
+    """Only the status column (cheap long-poll probe); None when the job is gone."""
+    return session.execute(
+        select(JOB.c.status).where(JOB.c.id == job_id, JOB.c.project_id == project_id)
+    ).scalar_one_or_none()
+
+
+# --------------------------------------------------------------------------- listing
+@dataclass(frozen=True, slots=True)
+class JobFilters:
+    """Validated list filters; ``fingerprint`` ties a page token to them."""
+
+    statuses: tuple[str, ...] = ()
+    kind: str | None = None
+    name: str | None = None
+    tags: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def fingerprint(self) -> str:
+        blob = json.dumps([self.statuses, self.kind, self.name, self.tags])
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def query_field_error(field: str, message: str) -> Problem:
+    loc: list[str | int] = ["query", field]
+    return validation_problem(
+        [{"field": f"query.{field}", "loc": loc, "message": message, "type": "value_error"}]
+    )
+
+
+def parse_filters(
+    status: list[str] | None, kind: str | None, name: str | None, tag: list[str] | None
+) -> JobFilters:
+    """Check the list query parameters; a bad one is a 422 naming it."""
+    statuses: list[str] = []
+    for raw in status or []:
+        for part in raw.split(","):
+            part = part.strip()
+            if part not in JOB_STATUSES:
+                raise query_field_error("status", f"unknown status {part!r}; one of {JOB_STATUSES}")
+            statuses.append(part)
+    if kind is not None and kind not in JOB_KINDS:
+        raise query_field_error("kind", f"unknown kind {kind!r}; one of {JOB_KINDS}")
+    tags: list[tuple[str, str]] = []
+    for raw in tag or []:
+        key, sep, value = raw.partition(":")
+        if not sep or not key:
+            raise query_field_error("tag", f"tag filter {raw!r} must look like key:value")
+        tags.append((key, value))
+    return JobFilters(tuple(sorted(set(statuses))), kind, name, tuple(sorted(tags)))
+
+
+def encode_page_token(created_at: datetime, job_id: uuid.UUID, filters: JobFilters) -> str:
+    """Opaque cursor: the (created_at, id) of the last item, bound to the filters."""
+    blob = json.dumps({"c": created_at.isoformat(), "i": str(job_id), "f": filters.fingerprint})
+    return base64.urlsafe_b64encode(blob.encode()).decode().rstrip("=")
+
+
+def decode_page_token(token: str, filters: JobFilters) -> tuple[datetime, uuid.UUID]:
+    """Inverse of :func:`encode_page_token`; a foreign or damaged token is a 422."""
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        data = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        created_at = datetime.fromisoformat(data["c"])
+        job_id = uuid.UUID(data["i"])
+        fingerprint = data["f"]
+    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise query_field_error("page_token", "invalid page token") from None
+    if fingerprint != filters.fingerprint:
+        raise query_field_error("page_token", "this page token was issued for other filters")
+    return created_at, job_id
+
+
+def list_jobs(
+    session: Session,
+    project_id: uuid.UUID,
+    filters: JobFilters,
+    *,
+    page_size: int,
+    page_token: str | None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of the project's jobs, newest first, and the token of the next page."""
+    conditions = [JOB.c.project_id == project_id]
+    if filters.statuses:
+        conditions.append(JOB.c.status.in_(filters.statuses))
+    if filters.kind is not None:
+        conditions.append(JOB.c.kind == filters.kind)
+    if filters.name is not None:
+        conditions.append(JOB.c.name == filters.name)
+    if filters.tags:
+        wanted: dict[str, Any] = {}
+        for key, value in filters.tags:
+            wanted.setdefault(key, set()).add(value)
+        for key, values in wanted.items():
+            # several values for one key: any of them (OR); different keys: all (AND)
+            conditions.append(or_(*[JOB.c.tags.contains({key: v}) for v in sorted(values)]))
+    if page_token:
+        created_at, last_id = decode_page_token(page_token, filters)
+        conditions.append(tuple_(JOB.c.created_at, JOB.c.id) < tuple_(created_at, last_id))
+    rows = session.execute(
+        select(*_OUT_COLUMNS)
+        .where(and_(*conditions))
+        .order_by(JOB.c.created_at.desc(), JOB.c.id.desc())
+        .limit(page_size + 1)
+    ).all()
+    items = [job_to_json(r) for r in rows[:page_size]]
+    next_token = None
+    if len(rows) > page_size:
+        last = rows[page_size - 1]
+        next_token = encode_page_token(last.created_at, last.id, filters)
+    return items, next_token
+
+
+# --------------------------------------------------------------------------- cancel
+def cancel_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> dict[str, Any]:
+    """Cancel: queued → cancelled at once; running → cancelling (the worker stops it).
+
+    Cancelling a job that is already ``cancelling`` is a no-op; a terminal job is a 409.
+    """
+    row = session.execute(
+        update(JOB)
+        .where(
+            JOB.c.id == job_id,
+            JOB.c.project_id == project_id,
+            JOB.c.status.in_(("queued", "running")),
+        )
+        .values(
+            status=case((JOB.c.status == "queued", "cancelled"), else_="cancelling"),
+            cancel_requested=True,
+            finished_at=case((JOB.c.status == "queued", func.now()), else_=JOB.c.finished_at),
+            lease_expires_at=case((JOB.c.status == "queued", None), else_=JOB.c.lease_expires_at),
+            updated_at=func.now(),
+        )
+        .returning(*_OUT_WITH_REQUEST)
+    ).first()
+    if row is not None:
+        return job_to_json(row)
+    job = get_job(session, project_id, job_id)  # 404 when missing
+    if job["status"] == "cancelling":
+        return job
+    raise conflict(
+        f"job is already {job['status']}; only queued or running jobs can be cancelled",
+        job_status=job["status"],
+    )
+
+
+def get_recommendation(
+    session: Session, project_id: uuid.UUID, job_id: uuid.UUID
+) -> dict[str, Any]:
+    """``result.recommendation`` of a succeeded job; 409 problem while it is not succeeded."""
+    row = session.execute(
+        select(JOB.c.status, JOB.c.result, JOB.c.error).where(
+            JOB.c.id == job_id, JOB.c.project_id == project_id
+        )
+    ).first()
+    if row is None:
+        raise not_found("job")
+    if row.status != "succeeded":
+        detail = f"job is {row.status}; the recommendation exists once it has succeeded"
+        if row.status in TERMINAL_STATUSES:
+            detail = f"job is {row.status} and has no recommendation"
+        raise conflict(detail, job_status=row.status)
+    recommendation = (row.result or {}).get("recommendation")
+    if recommendation is None:
+        raise conflict(
+            "the job succeeded but its result holds no recommendation", job_status=row.status
+        )
+    return recommendation

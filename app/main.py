@@ -1,0 +1,88 @@
+"""The FastAPI application: ``create_app(settings)``.
+
+Run with ``curvplan serve`` or ``uvicorn --factory app.main:create_app``.
+This module never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+from prometheus_client import CollectorRegistry
+
+from app.auth.dependencies import KeyCache
+from app.config import Settings, get_settings
+from app.db import make_engine, make_sessionmaker
+from app.health.router import router as health_router
+from app.jobs.router import router as jobs_router
+from app.jobs.schemas import JOB_CREATE_ADAPTER
+from app.metrics import QueueCollector
+from app.middleware import BodySizeLimitMiddleware, MetricsMiddleware
+from app.problems import install_problem_handlers
+from app.workers_api.router import router as workers_router
+
+API_VERSION = "0.1.0"
+
+
+def _operation_id(route: APIRoute) -> str:
+    return route.name
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the API for ``settings`` (default: from the environment)."""
+    settings = settings or get_settings()
+    engine = make_engine(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.dispose()
+
+    app = FastAPI(
+        title="curvplan",
+        version=API_VERSION,
+        description="Data-budgeting planner for Transformers: jobs that turn curvature "
+        "measurements into sample sizes and critical batch sizes.",
+        generate_unique_id_function=_operation_id,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.key_cache = KeyCache(settings.auth_cache_seconds)
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(QueueCollector(engine, settings.worker_stale_seconds))
+    app.state.metrics_registry = registry
+
+    install_problem_handlers(app)
+    app.include_router(health_router)
+    app.include_router(jobs_router)
+    app.include_router(workers_router)
+    # Outermost last: metrics see every request, including 413s from the size limit.
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware)
+    _install_openapi(app)
+    return app
+
+
+def _install_openapi(app: FastAPI) -> None:
+    """Add the job-create body schema (validated by hand for speed) to the OpenAPI document."""
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = default_openapi()
+        body_schema = JOB_CREATE_ADAPTER.json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for name, definition in body_schema.pop("$defs", {}).items():
+            components.setdefault(name, definition)
+        components["JobCreate"] = body_schema
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,222 @@
+"""RFC 9457 problem details (``application/problem+json``) for every error response.
+
+Raise :class:`Problem` (or one of its helpers) from service code; the handlers
+installed by :func:`install_problem_handlers` also turn FastAPI/Starlette errors
+(validation, unknown route, wrong method, oversized body, unexpected exceptions)
+into problem documents. A body never contains a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+PROBLEM_TYPE_BASE = "https://curvplan.dev/problems/"
+
+
+class FieldError(BaseModel):
+    """One failing input field: where it is, what went wrong, the pydantic error type."""
+
+    field: str = Field(description="Dotted path of the failing input, e.g. body.targets.radius")
+    loc: list[str | int]
+    message: str
+    type: str
+
+
+class ProblemDocument(BaseModel):
+    """The RFC 9457 body; ``errors`` is present on validation failures."""
+
+    type: str
+    title: str
+    status: int
+    detail: str | None = None
+    instance: str | None = None
+    errors: list[FieldError] | None = None
+
+
+class Problem(Exception):
+    """An error that becomes an ``application/problem+json`` response."""
+
+    def __init__(
+        self,
+        status: int,
+        detail: str | None = None,
+        *,
+        type: str | None = None,
+        title: str | None = None,
+        errors: Sequence[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(detail or title or str(status))
+        self.status = status
+        self.detail = detail
+        self.title = title or _default_title(status)
+        self.type = type or _slug(self.title)
+        self.errors = list(errors) if errors is not None else None
+        self.headers = headers or {}
+        self.extra = extra or {}
+
+
+def _default_title(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def _slug(title: str) -> str:
+    return PROBLEM_TYPE_BASE + "-".join(title.lower().replace("'", "").split())
+
+
+def problem_response(
+    status: int,
+    *,
+    title: str | None = None,
+    detail: str | None = None,
+    type: str | None = None,
+    instance: str | None = None,
+    errors: Sequence[dict[str, Any]] | None = None,
+    headers: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> JSONResponse:
+    """Build the problem+json response itself."""
+    title = title or _default_title(status)
+    body: dict[str, Any] = {"type": type or _slug(title), "title": title, "status": status}
+    if detail is not None:
+        body["detail"] = detail
+    if instance is not None:
+        body["instance"] = instance
+    if errors is not None:
+        body["errors"] = list(errors)
+    if extra:
+        body.update(extra)
+    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_MEDIA_TYPE)
+
+
+# --------------------------------------------------------------------------- helpers
+def not_found(what: str = "resource") -> Problem:
+    """404 for a missing resource (also for another project's resource: no existence leak)."""
+    return Problem(404, f"{what} not found", title="Not Found")
+
+
+def conflict(detail: str, **extra: Any) -> Problem:
+    """409: the request is valid but the resource's state does not allow it."""
+    return Problem(409, detail, title="Conflict", extra=extra)
+
+
+def field_errors_from_pydantic(
+    errors: Sequence[Any], prefix: Sequence[str | int] = ()
+) -> list[dict[str, Any]]:
+    """Convert pydantic ``ValidationError.errors()`` into ``[{field, loc, message, type}]``."""
+    out: list[dict[str, Any]] = []
+    for err in errors:
+        loc = [*prefix, *[p for p in err.get("loc", ()) if not _is_union_tag(p)]]
+        out.append(
+            {
+                "field": ".".join(str(p) for p in loc) or "body",
+                "loc": loc,
+                "message": str(err.get("msg", "invalid value")),
+                "type": str(err.get("type", "value_error")),
+            }
+        )
+    return out
+
+
+def _is_union_tag(part: Any) -> bool:
+    # pydantic inserts the union member tag (e.g. 'plan', 'function-after[...]') into loc.
+    return isinstance(part, str) and ("[" in part or part.startswith("function-"))
+
+
+def validation_problem(errors: list[dict[str, Any]], detail: str | None = None) -> Problem:
+    """422 naming the failing fields."""
+    fields = ", ".join(sorted({e["field"] for e in errors}))
+    return Problem(
+        422,
+        detail or f"invalid input: {fields}",
+        title="Validation Failed",
+        type=PROBLEM_TYPE_BASE + "validation-failed",
+        errors=errors,
+    )
+
+
+# --------------------------------------------------------------------------- handlers
+async def _problem_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Problem)
+    return problem_response(
+        exc.status,
+        title=exc.title,
+        detail=exc.detail,
+        type=exc.type,
+        instance=request.url.path,
+        errors=exc.errors,
+        headers=exc.headers,
+        extra=exc.extra,
+    )
+
+
+async def _http_exception_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    status = exc.status_code
+    detail = exc.detail if isinstance(exc.detail, str) else None
+    if status == 404 and detail == "Not Found":
+        detail = f"no route matches {request.method} {request.url.path}"
+    elif status == 405:
+        detail = f"method {request.method} is not allowed on {request.url.path}"
+    return problem_response(
+        status, detail=detail, instance=request.url.path, headers=dict(exc.headers or {})
+    )
+
+
+async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    raw = list(exc.errors())
+    if any(e.get("type") == "json_invalid" for e in raw):
+        return problem_response(
+            400,
+            title="Malformed JSON",
+            detail="the request body is not valid JSON",
+            instance=request.url.path,
+        )
+    errors = field_errors_from_pydantic(raw)
+    problem = validation_problem(errors)
+    return await _problem_handler(request, problem)
+
+
+async def _unhandled_handler(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return problem_response(
+        500,
+        title="Internal Server Error",
+        detail="an unexpected error occurred; it has been logged",
+        instance=request.url.path,
+    )
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Register the problem+json handlers on ``app``."""
+    app.add_exception_handler(Problem, _problem_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_exception_handler)
+    app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(Exception, _unhandled_handler)
+
+
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {
+        "model": ProblemDocument,
+        "content": {PROBLEM_MEDIA_TYPE: {}},
+        "description": _default_title(code),
+    }
+    for code in (400, 401, 404, 409, 413, 415, 422)
+}

@@ -1,0 +1,68 @@
+"""``GET /v1/workers``: the worker processes and their heartbeats."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import func, select
+
+from app.auth.dependencies import ProjectDep
+from app.db import SessionDep
+from app.jobs.schemas import WorkerList
+from app.jobs.service import query_field_error
+from app.problems import PROBLEM_RESPONSES
+from app.workers_api.models import WORKER_STATUSES, Worker
+
+router = APIRouter(prefix="/v1/workers", tags=["workers"])
+
+
+@router.get(
+    "",
+    name="list_workers",
+    response_model=WorkerList,
+    summary="List workers with their heartbeat",
+    responses={**PROBLEM_RESPONSES},
+)
+def list_workers(
+    request: Request,
+    session: SessionDep,
+    auth: ProjectDep,
+    status: Annotated[str | None, Query(description="running | stopping | stopped")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> JSONResponse:
+    """Workers (shared by all projects), most recent heartbeat first.
+
+    ``live`` is true for a running worker whose heartbeat is younger than
+    ``CURVPLAN_WORKER_STALE_SECONDS``.
+    """
+    del auth  # authenticated, but workers are not project-scoped
+    stale = request.app.state.settings.worker_stale_seconds
+    stmt = select(
+        Worker,
+        (
+            (Worker.status == "running")
+            & (Worker.last_heartbeat_at > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale))
+        ).label("live"),
+    )
+    if status is not None:
+        if status not in WORKER_STATUSES:
+            raise query_field_error("status", f"unknown worker status {status!r}")
+        stmt = stmt.where(Worker.status == status)
+    rows = session.execute(stmt.order_by(Worker.last_heartbeat_at.desc()).limit(limit)).all()
+    items = [
+        {
+            "id": w.id,
+            "hostname": w.hostname,
+            "pid": w.pid,
+            "queues": list(w.queues),
+            "status": w.status,
+            "live": bool(live),
+            "started_at": w.started_at.isoformat(),
+            "last_heartbeat_at": w.last_heartbeat_at.isoformat(),
+            "current_job_id": str(w.current_job_id) if w.current_job_id else None,
+        }
+        for w, live in rows
+    ]
+    return JSONResponse({"items": items})
