@@ -1,0 +1,132 @@
+"""One attempt's child process, seen from the worker parent."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+from dataclasses import dataclass
+from multiprocessing.context import BaseContext
+from typing import Any
+
+from workers.child import EXIT_WORKER_GONE, ChildTask, child_main
+from workers.kinds import modules_for_queues
+
+
+def make_context(start_method: str, queues: list[str]) -> BaseContext:
+    """A multiprocessing context for attempt children.
+
+    With ``forkserver`` (the default) the server preloads the kind modules of
+    ``queues`` (numpy, scipy, the planner; torch only for a gpu queue's kinds) once,
+    and each attempt child is forked from it in milliseconds. The worker parent
+    itself never imports those modules.
+    """
+    ctx = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(["__main__", "workers.child", *modules_for_queues(queues)])
+    return ctx
+
+
+@dataclass(frozen=True)
+class Progress:
+    fraction: float
+    stage: str
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"fraction": self.fraction, "stage": self.stage, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Final:
+    """How the child said the attempt ended: ``result``, ``error`` or ``cancelled``."""
+
+    kind: str
+    payload: dict[str, Any] | None = None
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """Human words for a child's exit code (negative: killed by a signal)."""
+    if exitcode is None:
+        return "the process did not exit"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        hint = " (the out-of-memory killer sends SIGKILL)" if -exitcode == signal.SIGKILL else ""
+        return f"the job's process was killed by {name}{hint}"
+    if exitcode == EXIT_WORKER_GONE:
+        return "the job's process exited because its worker went away"
+    return f"the job's process exited with code {exitcode} without reporting a result"
+
+
+class AttemptProcess:
+    """Start the child for ``task`` and talk to it: progress, final message, cancel, kill."""
+
+    def __init__(self, mp_context: BaseContext, task: ChildTask) -> None:
+        self._results, results_w = mp_context.Pipe(duplex=False)
+        lifeline_r, self._lifeline = mp_context.Pipe(duplex=False)
+        self.cancel_event = mp_context.Event()
+        self.process = mp_context.Process(  # type: ignore[attr-defined]
+            target=child_main,
+            args=(task, results_w, lifeline_r, self.cancel_event),
+            name=f"curvplan-attempt-{task.job_id}-{task.attempt}",
+        )
+        self.process.start()
+        # Keep only our ends, so EOF on either pipe means the other side is gone.
+        results_w.close()
+        lifeline_r.close()
+        self.pid: int = self.process.pid
+        self._eof = False
+
+    def receive(self, timeout: float) -> list[Progress | Final]:
+        """Messages that arrive within ``timeout`` seconds (empty list if none)."""
+        messages: list[Progress | Final] = []
+        if self._eof:
+            return messages
+        if not self._results.poll(timeout):
+            return messages
+        while not self._eof and self._results.poll(0):
+            try:
+                message = self._results.recv()
+            except (EOFError, OSError):
+                self._eof = True
+                break
+            tag = message[0]
+            if tag == "progress":
+                messages.append(Progress(*message[1:]))
+            elif tag in ("result", "error"):
+                messages.append(Final(tag, message[1]))
+            elif tag == "cancelled":
+                messages.append(Final("cancelled"))
+        return messages
+
+    @property
+    def finished_talking(self) -> bool:
+        """True once the child closed its end of the result pipe (it exited or is exiting)."""
+        return self._eof
+
+    def request_cancel(self) -> None:
+        """Ask the kind to stop at its next progress report."""
+        self.cancel_event.set()
+
+    def kill(self) -> None:
+        """SIGKILL the child (no clean-up needed: it holds no database state)."""
+        if self.process.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def join(self, timeout: float | None = None) -> int | None:
+        """Wait for the child to exit; its exit code (None if still running)."""
+        self.process.join(timeout)
+        return self.process.exitcode
+
+    def close(self) -> None:
+        """Release the pipes (closing the lifeline makes a still-running child exit)."""
+        self._lifeline.close()
+        self._results.close()
+        if self.process.exitcode is not None:
+            self.process.close()

@@ -1,0 +1,113 @@
+"""The attempt child process: runs one job kind and reports to the worker through a pipe.
+
+The child never touches the database; the worker parent does every (fenced) write.
+Messages on the result pipe, in order:
+
+* ``("progress", fraction, stage, message)`` any number of times, then at most one of
+* ``("result", dict)``, ``("error", {type, title, detail})``, ``("cancelled",)``.
+
+A child that exits without a final message crashed (signal, ``os._exit``, out of
+memory). The child also watches a *lifeline* pipe whose other end only the worker
+holds: when the worker dies (even by SIGKILL) the lifeline reads EOF and the child
+exits at once, so an orphaned attempt never keeps running or writing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from workers.errors import JobCancelled, JobError, error_dict
+from workers.kinds import JobContext, load_run
+
+log = logging.getLogger("curvplan.worker.child")
+
+EXIT_WORKER_GONE = 75
+MAX_DETAIL_CHARS = 300
+
+
+@dataclass(frozen=True)
+class ChildTask:
+    """Everything the child needs to run one attempt (pickled to the child)."""
+
+    kind: str
+    job_id: str
+    attempt: int
+    worker_id: str
+    request: dict[str, Any]
+    data_dir: str
+    log_format: str
+    log_level: str
+
+
+def _watch_lifeline(lifeline: Connection) -> None:
+    try:
+        lifeline.poll(None)  # returns on EOF: the worker closed it or died
+    finally:
+        os._exit(EXIT_WORKER_GONE)
+
+
+def _short_detail(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 1] + "…"
+
+
+def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[Any, ...]:
+    def send_progress(fraction: float, stage: str, message: str) -> None:
+        results.send(("progress", fraction, stage, message))
+
+    ctx = JobContext(
+        job_id=task.job_id,
+        attempt=task.attempt,
+        data_dir=Path(task.data_dir),
+        send_progress=send_progress,
+        is_cancelled=cancel_event.is_set,
+    )
+    try:
+        result = load_run(task.kind)(task.request, ctx)
+        if not isinstance(result, dict):
+            raise TypeError(f"kind {task.kind!r} returned {type(result).__name__}, not a dict")
+        json.dumps(result, allow_nan=False)  # must be storable as jsonb
+        return ("result", result)
+    except JobCancelled:
+        log.info("attempt stopped: cancellation requested")
+        return ("cancelled",)
+    except JobError as exc:
+        log.info("job failed: %s", exc)
+        return ("error", exc.as_dict())
+    except MemoryError as exc:
+        log.exception("job ran out of memory")
+        return ("error", error_dict("out-of-memory", "The job ran out of memory", str(exc)))
+    except Exception as exc:
+        log.exception("job raised an unexpected exception")
+        return (
+            "error",
+            error_dict(
+                "internal-error", "Internal error while running the job", _short_detail(exc)
+            ),
+        )
+
+
+def child_main(
+    task: ChildTask, results: Connection, lifeline: Connection, cancel_event: Any
+) -> None:
+    """Entry point of the attempt child (the target of the multiprocessing.Process)."""
+    # The worker parent owns shutdown: a Ctrl-C on the terminal must not kill the attempt.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
+
+    from app.logging import bind, configure_logging
+
+    configure_logging(task.log_format, task.log_level)  # type: ignore[arg-type]
+    with bind(job_id=task.job_id, attempt=task.attempt, worker_id=task.worker_id):
+        final = _run_kind(task, results, cancel_event)
+        results.send(final)
+    results.close()

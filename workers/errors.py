@@ -1,0 +1,33 @@
+"""Exceptions that job kinds raise and the worker understands."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class JobError(Exception):
+    """A failure the job kind diagnosed itself: the job fails with this error, no retry.
+
+    ``type`` is a short machine-readable slug (e.g. ``invalid-request``), ``title`` a
+    human summary that does not change between occurrences, ``detail`` the specifics
+    of this occurrence (RFC 9457 vocabulary, as the API reports it).
+    """
+
+    def __init__(self, type: str, title: str, detail: str) -> None:
+        super().__init__(f"{type}: {title}: {detail}")
+        self.type = type
+        self.title = title
+        self.detail = detail
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``job.error`` JSON object."""
+        return {"type": self.type, "title": self.title, "detail": self.detail}
+
+
+class JobCancelled(Exception):
+    """Raised by ``JobContext.report_progress`` once the job's cancellation was requested."""
+
+
+def error_dict(type: str, title: str, detail: str) -> dict[str, str]:
+    """A ``job.error`` object built by the worker itself (worker-lost, internal-error, …)."""
+    return {"type": type, "title": title, "detail": detail}

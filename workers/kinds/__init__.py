@@ -1,0 +1,99 @@
+"""Job kinds: ``kind name → run(request: dict, ctx: JobContext) -> dict``.
+
+A kind module exposes ``run``. It is imported lazily, in the child process that runs
+the attempt (and preloaded in the forkserver), never in the worker parent, so a kind
+may import torch without the parent paying for it.
+
+A kind reports progress with ``ctx.report_progress(fraction, stage, message)``; that
+call raises :class:`workers.errors.JobCancelled` once the job's cancellation was
+requested, which is how cancel reaches a running job (cooperatively). A kind raises
+:class:`workers.errors.JobError` for a failure it diagnosed (bad input, …): the job
+fails with that error and is not retried.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workers.errors import JobCancelled
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """Where a kind's code lives and which queue its jobs go to."""
+
+    name: str
+    queue: str
+    module: str
+
+
+KINDS: dict[str, KindSpec] = {
+    "plan": KindSpec(name="plan", queue="cpu", module="workers.kinds.plan"),
+}
+
+
+class UnknownKindError(LookupError):
+    """The job names a kind this worker does not know."""
+
+
+class JobContext:
+    """What a running kind sees of its job: ids, data directory, progress and cancel."""
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        attempt: int,
+        data_dir: Path,
+        send_progress: Callable[[float, str, str], None],
+        is_cancelled: Callable[[], bool],
+    ) -> None:
+        self.job_id = job_id
+        self.attempt = attempt
+        self.data_dir = data_dir
+        self._send_progress = send_progress
+        self._is_cancelled = is_cancelled
+
+    def report_progress(self, fraction: float, stage: str, message: str = "") -> None:
+        """Publish progress (``0 ≤ fraction ≤ 1``); raise JobCancelled if cancel was requested."""
+        if not (isinstance(fraction, int | float) and math.isfinite(fraction)):
+            raise ValueError(f"progress fraction must be a finite number, got {fraction!r}")
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"progress fraction must lie in [0, 1], got {fraction}")
+        self.check_cancelled()
+        self._send_progress(float(fraction), str(stage), str(message))
+
+    def check_cancelled(self) -> None:
+        """Raise JobCancelled if the job's cancellation was requested (no progress sent)."""
+        if self._is_cancelled():
+            raise JobCancelled()
+
+
+RunFunction = Callable[[dict[str, Any], JobContext], dict[str, Any]]
+
+
+def kind_spec(name: str) -> KindSpec:
+    """The spec of kind ``name``; UnknownKindError if there is none."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise UnknownKindError(
+            f"unknown job kind {name!r}; this worker runs {sorted(KINDS)}"
+        ) from None
+
+
+def load_run(name: str) -> RunFunction:
+    """Import kind ``name`` and return its ``run`` function."""
+    module = importlib.import_module(kind_spec(name).module)
+    return module.run
+
+
+def modules_for_queues(queues: Iterable[str]) -> list[str]:
+    """The kind modules serving ``queues`` (what the forkserver preloads)."""
+    wanted = set(queues)
+    return [spec.module for spec in KINDS.values() if spec.queue in wanted]

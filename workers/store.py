@@ -1,0 +1,427 @@
+"""The SQL of the queue: claim, heartbeat, fenced writes, reaper, worker rows (design.md §5).
+
+Every statement uses the database clock (``now()``), so workers on machines with
+skewed clocks agree on leases. Every write to a job after its claim is *fenced*: it
+matches the row only while ``(worker_id, attempt)`` are still the claimer's and the
+job is ``running`` or ``cancelling``. A write that matches nothing means the lease
+was lost (the reaper re-queued the job, or another worker holds it now); the caller
+must abandon the attempt and never write its result.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import Connection, text
+
+from workers.errors import error_dict
+
+ACTIVE = "('running', 'cancelling')"
+FENCE = f"id = :job_id AND worker_id = :worker_id AND attempt = :attempt AND status IN {ACTIVE}"
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The claim a worker holds on a job: every later write must match it."""
+
+    job_id: uuid.UUID
+    worker_id: str
+    attempt: int
+
+    def params(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "worker_id": self.worker_id, "attempt": self.attempt}
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """A job this worker has just claimed (status ``running``)."""
+
+    fence: Fence
+    kind: str
+    queue: str
+    request: dict[str, Any]
+    max_attempts: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """What a fenced heartbeat saw: whether the job's cancellation was requested."""
+
+    status: str
+    cancel_requested: bool
+
+
+@dataclass(frozen=True)
+class ReapedJob:
+    """A job whose lease had expired, and what the reaper made of it."""
+
+    job_id: uuid.UUID
+    attempt: int
+    lost_worker_id: str | None
+    status: str
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, allow_nan=False)
+
+
+def backoff_seconds(attempt: int, base: float, cap: float) -> float:
+    """Retry delay after ``attempt`` failed: ``min(cap, base·2^(attempt−1))``."""
+    return min(cap, base * 2.0 ** max(attempt - 1, 0))
+
+
+# --------------------------------------------------------------------------- worker rows
+def register_worker(
+    conn: Connection, worker_id: str, hostname: str, pid: int, queues: list[str]
+) -> None:
+    """Insert the worker's row (status ``running``)."""
+    conn.execute(
+        text(
+            "INSERT INTO worker (id, hostname, pid, queues, status, started_at, last_heartbeat_at)"
+            " VALUES (:id, :hostname, :pid, :queues, 'running', now(), now())"
+        ),
+        {"id": worker_id, "hostname": hostname, "pid": pid, "queues": queues},
+    )
+
+
+def touch_worker(
+    conn: Connection,
+    worker_id: str,
+    status: Literal["running", "stopping"],
+    current_job_id: uuid.UUID | None,
+) -> None:
+    """Record a worker heartbeat (also revives a row the reaper had marked stale)."""
+    conn.execute(
+        text(
+            "UPDATE worker SET last_heartbeat_at = now(), status = :status,"
+            " current_job_id = :job_id WHERE id = :id"
+        ),
+        {"id": worker_id, "status": status, "job_id": current_job_id},
+    )
+
+
+def stop_worker(conn: Connection, worker_id: str) -> None:
+    """Mark the worker ``stopped`` (at exit)."""
+    conn.execute(
+        text(
+            "UPDATE worker SET status = 'stopped', current_job_id = NULL,"
+            " last_heartbeat_at = now() WHERE id = :id"
+        ),
+        {"id": worker_id},
+    )
+
+
+def mark_stale_workers(conn: Connection, stale_seconds: float) -> list[str]:
+    """Mark workers without a heartbeat for ``stale_seconds`` as ``stopped``; return their ids.
+
+    A worker that was only paused (not dead) sets itself back to ``running`` at its
+    next heartbeat (:func:`touch_worker`).
+    """
+    rows = conn.execute(
+        text(
+            "UPDATE worker SET status = 'stopped', current_job_id = NULL"
+            " WHERE status <> 'stopped'"
+            " AND last_heartbeat_at < now() - make_interval(secs => :stale)"
+            " RETURNING id"
+        ),
+        {"stale": float(stale_seconds)},
+    )
+    return [row.id for row in rows]
+
+
+# --------------------------------------------------------------------------- claim
+CLAIM_SQL = text(
+    """
+    WITH claimed AS (
+        UPDATE job SET
+            status = 'running',
+            attempt = attempt + 1,
+            worker_id = :worker_id,
+            lease_expires_at = now() + make_interval(secs => :lease),
+            started_at = coalesce(started_at, now()),
+            updated_at = now(),
+            progress = NULL
+        WHERE id = (
+            SELECT id FROM job
+            WHERE status = 'queued' AND queue = ANY(:queues) AND run_after <= now()
+            ORDER BY priority DESC, created_at
+            FOR UPDATE SKIP LOCKED
+            LIMIT 1
+        )
+        RETURNING id, kind, queue, request, attempt, max_attempts
+    ),
+    attempt_row AS (
+        INSERT INTO job_attempt (job_id, attempt, worker_id, claimed_at)
+        SELECT id, attempt, :worker_id, now() FROM claimed
+    ),
+    worker_row AS (
+        UPDATE worker SET current_job_id = (SELECT id FROM claimed), last_heartbeat_at = now()
+        WHERE id = :worker_id AND EXISTS (SELECT 1 FROM claimed)
+    )
+    SELECT * FROM claimed
+    """
+)
+
+
+def claim(
+    conn: Connection, worker_id: str, queues: list[str], lease_seconds: float
+) -> ClaimedJob | None:
+    """Claim the next runnable job of ``queues`` (one statement, SKIP LOCKED) or None.
+
+    The same statement records the ``job_attempt`` row and the worker's current job,
+    so a claim is never visible without its attempt row.
+    """
+    row = conn.execute(
+        CLAIM_SQL, {"worker_id": worker_id, "queues": queues, "lease": float(lease_seconds)}
+    ).one_or_none()
+    if row is None:
+        return None
+    return ClaimedJob(
+        fence=Fence(job_id=row.id, worker_id=worker_id, attempt=row.attempt),
+        kind=row.kind,
+        queue=row.queue,
+        request=row.request,
+        max_attempts=row.max_attempts,
+    )
+
+
+# --------------------------------------------------------------------------- fenced writes
+def heartbeat(
+    conn: Connection,
+    fence: Fence,
+    lease_seconds: float,
+    progress: dict[str, Any] | None,
+) -> Heartbeat | None:
+    """Renew the lease and write progress (fenced); None means the lease was lost."""
+    row = conn.execute(
+        text(
+            "UPDATE job SET lease_expires_at = now() + make_interval(secs => :lease),"
+            " progress = coalesce(CAST(:progress AS jsonb), progress), updated_at = now()"
+            f" WHERE {FENCE} RETURNING status, cancel_requested"
+        ),
+        {**fence.params(), "lease": float(lease_seconds), "progress": _json(progress)},
+    ).one_or_none()
+    if row is None:
+        return None
+    return Heartbeat(status=row.status, cancel_requested=row.cancel_requested)
+
+
+AttemptOutcome = Literal["succeeded", "failed", "cancelled", "crashed", "released"]
+
+
+def _end_attempt(conn: Connection, fence: Fence, outcome: str) -> None:
+    conn.execute(
+        text(
+            "UPDATE job_attempt SET outcome = :outcome, ended_at = now()"
+            " WHERE job_id = :job_id AND attempt = :attempt AND worker_id = :worker_id"
+            " AND outcome IS NULL"
+        ),
+        {**fence.params(), "outcome": outcome},
+    )
+
+
+def _clear_current_job(conn: Connection, fence: Fence) -> None:
+    conn.execute(
+        text(
+            "UPDATE worker SET current_job_id = NULL"
+            " WHERE id = :worker_id AND current_job_id = :job_id"
+        ),
+        fence.params(),
+    )
+
+
+def finish(
+    conn: Connection,
+    fence: Fence,
+    outcome: Literal["succeeded", "failed", "cancelled"],
+    *,
+    result: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    progress: dict[str, Any] | None = None,
+) -> str | None:
+    """End the attempt with a terminal job status (fenced); return it, or None if fenced out.
+
+    A job in ``cancelling`` always ends ``cancelled`` (the client asked for that; a
+    result that arrived after the request is dropped), whatever the attempt produced.
+    """
+    row = conn.execute(
+        text(
+            "UPDATE job SET"
+            " status = CASE WHEN status = 'cancelling' THEN 'cancelled' ELSE :outcome END,"
+            " result = CASE WHEN status = 'cancelling' THEN NULL"
+            "               ELSE CAST(:result AS jsonb) END,"
+            " error = CASE WHEN status = 'cancelling' THEN NULL ELSE CAST(:error AS jsonb) END,"
+            " progress = coalesce(CAST(:progress AS jsonb), progress),"
+            " lease_expires_at = NULL, finished_at = now(), updated_at = now()"
+            f" WHERE {FENCE} RETURNING status"
+        ),
+        {
+            **fence.params(),
+            "outcome": outcome,
+            "result": _json(result),
+            "error": _json(error),
+            "progress": _json(progress),
+        },
+    ).one_or_none()
+    if row is None:
+        return None
+    _end_attempt(conn, fence, "cancelled" if row.status == "cancelled" else outcome)
+    _clear_current_job(conn, fence)
+    return row.status
+
+
+def end_crashed(
+    conn: Connection,
+    fence: Fence,
+    *,
+    detail: str,
+    backoff_base: float,
+    backoff_max: float,
+) -> str | None:
+    """The attempt's child died without a result (crash, signal, out of memory); fenced.
+
+    A crash may be transient (the out-of-memory killer, a lost GPU), so the job is
+    re-queued with backoff like a lost lease while attempts remain; after
+    ``max_attempts`` it fails with error type ``worker-crashed``. A ``cancelling`` job
+    becomes ``cancelled``. Returns the job's new status, or None if fenced out.
+    """
+    row = conn.execute(
+        text(f"SELECT status, attempt, max_attempts FROM job WHERE {FENCE} FOR UPDATE"),
+        fence.params(),
+    ).one_or_none()
+    if row is None:
+        return None
+    error = None
+    run_after_delay = 0.0
+    if row.status == "cancelling":
+        status = "cancelled"
+    elif row.attempt < row.max_attempts:
+        status = "queued"
+        run_after_delay = backoff_seconds(row.attempt, backoff_base, backoff_max)
+    else:
+        status = "failed"
+        error = error_dict(
+            "worker-crashed",
+            "The job's process crashed",
+            f"{detail}; attempt {row.attempt} of {row.max_attempts}, no attempts left",
+        )
+    conn.execute(
+        text(
+            "UPDATE job SET status = :status, error = CAST(:error AS jsonb),"
+            " worker_id = CASE WHEN :status = 'queued' THEN NULL ELSE worker_id END,"
+            " run_after = CASE WHEN :status = 'queued'"
+            "   THEN now() + make_interval(secs => :delay) ELSE run_after END,"
+            " finished_at = CASE WHEN :status = 'queued' THEN NULL ELSE now() END,"
+            " lease_expires_at = NULL, updated_at = now()"
+            f" WHERE {FENCE}"
+        ),
+        {**fence.params(), "status": status, "error": _json(error), "delay": run_after_delay},
+    )
+    _end_attempt(conn, fence, "crashed")
+    _clear_current_job(conn, fence)
+    return status
+
+
+def release(conn: Connection, fence: Fence) -> str | None:
+    """Give the job back without finishing it (graceful shutdown); fenced.
+
+    The job is ``queued`` again at once and its ``max_attempts`` grows by one, so a
+    release does not count against the retry budget. A ``cancelling`` job becomes
+    ``cancelled``. Returns the new status, or None if fenced out.
+    """
+    row = conn.execute(
+        text(
+            "UPDATE job SET"
+            " status = CASE WHEN status = 'cancelling' THEN 'cancelled' ELSE 'queued' END,"
+            " max_attempts = CASE WHEN status = 'cancelling' THEN max_attempts"
+            "                     ELSE max_attempts + 1 END,"
+            " finished_at = CASE WHEN status = 'cancelling' THEN now() ELSE NULL END,"
+            " worker_id = CASE WHEN status = 'cancelling' THEN worker_id ELSE NULL END,"
+            " run_after = now(), lease_expires_at = NULL, updated_at = now()"
+            f" WHERE {FENCE} RETURNING status"
+        ),
+        fence.params(),
+    ).one_or_none()
+    if row is None:
+        return None
+    _end_attempt(conn, fence, "released")
+    _clear_current_job(conn, fence)
+    return row.status
+
+
+# --------------------------------------------------------------------------- reaper
+REAP_SQL = text(
+    """
+    WITH expired AS (
+        SELECT id, status, attempt, max_attempts, worker_id
+        FROM job
+        WHERE status IN ('running', 'cancelling') AND lease_expires_at < now()
+        ORDER BY lease_expires_at
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED
+    ),
+    decided AS (
+        SELECT e.*,
+            CASE WHEN e.status = 'cancelling' THEN 'cancelled'
+                 WHEN e.attempt >= e.max_attempts THEN 'failed'
+                 ELSE 'queued' END AS new_status
+        FROM expired e
+    ),
+    reaped AS (
+        UPDATE job AS j SET
+            status = d.new_status,
+            error = CASE WHEN d.new_status = 'failed' THEN jsonb_build_object(
+                        'type', 'worker-lost',
+                        'title', 'The worker running the job was lost',
+                        'detail', format(
+                            'worker %s stopped renewing its lease during attempt %s of %s;'
+                            ' no attempts left', d.worker_id, d.attempt, d.max_attempts))
+                    ELSE j.error END,
+            run_after = CASE WHEN d.new_status = 'queued'
+                        THEN now() + make_interval(secs => least(
+                            CAST(:backoff_max AS float8),
+                            CAST(:backoff_base AS float8)
+                              * power(2.0::float8, CAST(d.attempt - 1 AS float8))))
+                        ELSE j.run_after END,
+            worker_id = CASE WHEN d.new_status = 'queued' THEN NULL ELSE j.worker_id END,
+            finished_at = CASE WHEN d.new_status = 'queued' THEN NULL ELSE now() END,
+            lease_expires_at = NULL,
+            updated_at = now()
+        FROM decided d
+        WHERE j.id = d.id
+        RETURNING j.id, d.attempt, d.worker_id AS lost_worker_id, j.status
+    ),
+    ended AS (
+        UPDATE job_attempt a SET outcome = 'lease-lost', ended_at = now()
+        FROM reaped r
+        WHERE a.job_id = r.id AND a.attempt = r.attempt AND a.outcome IS NULL
+    )
+    SELECT * FROM reaped
+    """
+)
+
+
+def reap_expired(
+    conn: Connection, *, backoff_base: float, backoff_max: float, batch: int = 100
+) -> list[ReapedJob]:
+    """Recover jobs whose lease expired (one statement; safe to run in many workers at once).
+
+    ``running`` jobs go back to ``queued`` after ``min(max, base·2^(attempt−1))``
+    seconds, or become ``failed`` with error type ``worker-lost`` when the attempt was
+    the last one; ``cancelling`` jobs become ``cancelled``. The attempt row gets
+    outcome ``lease-lost``. Rows locked by a concurrent reaper or their (live) owner
+    are skipped, not waited for.
+    """
+    rows = conn.execute(
+        REAP_SQL,
+        {"backoff_base": float(backoff_base), "backoff_max": float(backoff_max), "batch": batch},
+    )
+    return [
+        ReapedJob(
+            job_id=row.id, attempt=row.attempt, lost_worker_id=row.lost_worker_id, status=row.status
+        )
+        for row in rows
+    ]

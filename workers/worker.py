@@ -1,0 +1,491 @@
+"""The worker: claim a job, run the attempt in a child, heartbeat, write the outcome (fenced).
+
+One :class:`WorkerSlot` runs one job at a time: its main loop claims and supervises
+attempts, its heartbeat thread renews the lease, writes the latest progress, reads
+the cancel flag, keeps the ``worker`` row fresh and runs the reaper periodically.
+``curvplan worker --concurrency N`` runs N slots (N worker rows) in one process;
+on a GPU machine run one worker process (one slot) per GPU.
+
+Decisions (documented in tests/queue):
+
+* Child crash (signal, ``os._exit``, out of memory): attempt outcome ``crashed``;
+  the job is re-queued with the same backoff as a lost lease while attempts remain,
+  then fails with error type ``worker-crashed``.
+* Job errors (``JobError``) and unexpected exceptions fail the job at once (no retry):
+  they are deterministic in the request.
+* Cancel: the parent sets the child's cancel event when a heartbeat sees
+  ``cancel_requested``; a child that does not stop within ``cancel_grace_seconds`` is
+  killed. Either way the job ends ``cancelled``.
+* Shutdown (SIGTERM/SIGINT): stop claiming, let the running attempt finish within
+  ``shutdown_grace_seconds``, else kill it and release the job (queued again, its
+  ``max_attempts`` raised by one so the release is not counted). A second signal
+  releases at once. Exit code 0.
+* Stale workers (no heartbeat for ``worker_stale_seconds``) are marked ``stopped``
+  by the reaper; a paused worker that comes back marks itself ``running`` again.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import FrameType
+from typing import Literal
+
+from sqlalchemy import Engine
+
+from app.config import Settings
+from app.db import make_engine
+from app.logging import bind, configure_logging
+from workers import store
+from workers.attempt import AttemptProcess, Final, Progress, describe_exit, make_context
+from workers.child import ChildTask
+from workers.errors import error_dict
+from workers.kinds import KINDS
+
+log = logging.getLogger("curvplan.worker")
+
+VALID_QUEUES = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """Tuning of a worker process; :meth:`from_settings` fills it from the environment."""
+
+    database_url: str
+    queues: tuple[str, ...]
+    data_dir: Path
+    concurrency: int = 1
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 5.0
+    poll_interval: float = 1.0
+    reaper_interval: float = 5.0
+    backoff_base: float = 2.0
+    backoff_max: float = 300.0
+    worker_stale_seconds: float = 60.0
+    cancel_grace_seconds: float = 10.0
+    shutdown_grace_seconds: float = 30.0
+    start_method: str = "forkserver"
+    log_format: str = "console"
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.queues) - set(VALID_QUEUES))
+        if not self.queues or unknown:
+            raise ValueError(f"queues must be a non-empty subset of {VALID_QUEUES}, got {unknown}")
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.lease_seconds <= 0 or self.poll_interval <= 0 or self.reaper_interval <= 0:
+            raise ValueError("lease_seconds, poll_interval and reaper_interval must be positive")
+        if not 0 < self.heartbeat_seconds <= self.lease_seconds / 2:
+            raise ValueError(
+                f"heartbeat_seconds ({self.heartbeat_seconds}) must be positive and at most "
+                f"half of lease_seconds ({self.lease_seconds}), or leases expire between beats"
+            )
+        for name in ("cancel_grace_seconds", "shutdown_grace_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, queues: list[str], **overrides: object
+    ) -> WorkerOptions:
+        """Options from ``Settings`` (environment), then ``overrides`` that are not None.
+
+        When only ``lease_seconds`` is overridden, the heartbeat defaults to a third of
+        the lease (never more than the configured heartbeat).
+        """
+        given = {k: v for k, v in overrides.items() if v is not None}
+        lease = float(given.get("lease_seconds", settings.lease_seconds))  # type: ignore[arg-type]
+        heartbeat = given.get("heartbeat_seconds", min(settings.heartbeat_seconds, lease / 3))
+        base = cls(
+            database_url=settings.sqlalchemy_url,
+            queues=tuple(queues),
+            data_dir=settings.data_dir,
+            lease_seconds=lease,
+            heartbeat_seconds=float(heartbeat),  # type: ignore[arg-type]
+            reaper_interval=min(5.0, lease / 2),
+            backoff_base=settings.retry_backoff_base_seconds,
+            backoff_max=settings.retry_backoff_max_seconds,
+            worker_stale_seconds=max(settings.worker_stale_seconds, 2 * lease),
+            log_format=settings.log_format,
+            log_level=settings.log_level,
+        )
+        rest = {k: v for k, v in given.items() if k not in ("lease_seconds", "heartbeat_seconds")}
+        return replace(base, **rest)  # type: ignore[arg-type]
+
+
+def new_worker_id() -> str:
+    """``<hostname>-<pid>-<random4>``: unique across machines and restarts."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+@dataclass
+class _Current:
+    """The attempt a slot runs now, shared by its main loop and its heartbeat thread."""
+
+    fence: store.Fence
+    pid: int
+    progress: Progress | None = None
+    progress_written: Progress | None = None
+    cancel_requested: bool = False
+    lease_lost: bool = False
+
+
+@dataclass
+class _SlotState:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    current: _Current | None = None
+    beat_now: threading.Event = field(default_factory=threading.Event)
+
+
+class WorkerSlot:
+    """Claims and runs one job at a time; owns one ``worker`` row."""
+
+    def __init__(
+        self,
+        options: WorkerOptions,
+        engine: Engine,
+        mp_context: object,
+        stop: threading.Event,
+        hurry: threading.Event,
+        worker_id: str | None = None,
+    ) -> None:
+        self.options = options
+        self.engine = engine
+        self.mp_context = mp_context
+        self.stop = stop
+        self.hurry = hurry
+        self.worker_id = worker_id or new_worker_id()
+        self.state = _SlotState()
+        self._heartbeat_done = threading.Event()
+        self._last_reap = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> None:
+        """Register, loop until stopped, mark the row stopped."""
+        with bind(worker_id=self.worker_id):
+            with self.engine.begin() as conn:
+                store.register_worker(
+                    conn,
+                    self.worker_id,
+                    socket.gethostname(),
+                    os.getpid(),
+                    list(self.options.queues),
+                )
+            log.info("worker started", extra={"queues": ",".join(self.options.queues)})
+            beat = threading.Thread(
+                target=contextvars.copy_context().run,
+                args=(self._heartbeat_loop,),
+                name=f"heartbeat-{self.worker_id}",
+                daemon=True,
+            )
+            beat.start()
+            try:
+                self._claim_loop()
+            finally:
+                self._heartbeat_done.set()
+                self.state.beat_now.set()
+                beat.join(timeout=10)
+                with self.engine.begin() as conn:
+                    store.stop_worker(conn, self.worker_id)
+                log.info("worker stopped")
+
+    def _claim_loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                with self.engine.begin() as conn:
+                    job = store.claim(
+                        conn, self.worker_id, list(self.options.queues), self.options.lease_seconds
+                    )
+            except Exception:
+                log.exception("claim failed; retrying after the poll interval")
+                self.stop.wait(self.options.poll_interval)
+                continue
+            if job is None:
+                self.stop.wait(self.options.poll_interval)
+                continue
+            with bind(job_id=str(job.fence.job_id), attempt=job.fence.attempt):
+                self._run_attempt(job)
+
+    # ------------------------------------------------------------------ one attempt
+    def _run_attempt(self, job: store.ClaimedJob) -> None:
+        fence = job.fence
+        if job.kind not in KINDS:
+            log.error("claimed a job of unknown kind %r", job.kind)
+            self._write_final(
+                fence,
+                Final(
+                    "error",
+                    error_dict(
+                        "unknown-kind",
+                        "Unknown job kind",
+                        f"this worker runs {sorted(KINDS)}, not {job.kind!r}",
+                    ),
+                ),
+            )
+            return
+        task = ChildTask(
+            kind=job.kind,
+            job_id=str(fence.job_id),
+            attempt=fence.attempt,
+            worker_id=self.worker_id,
+            request=job.request,
+            data_dir=str(self.options.data_dir),
+            log_format=self.options.log_format,
+            log_level=self.options.log_level,
+        )
+        started = time.monotonic()
+        child = AttemptProcess(self.mp_context, task)  # type: ignore[arg-type]
+        current = _Current(fence=fence, pid=child.pid)
+        with self.state.lock:
+            self.state.current = current
+        log.info("attempt started", extra={"kind": job.kind, "child_pid": child.pid})
+        try:
+            self._supervise(child, current, started)
+        finally:
+            child.kill()
+            child.join(timeout=5)
+            child.close()
+            with self.state.lock:
+                self.state.current = None
+
+    def _supervise(self, child: AttemptProcess, current: _Current, started: float) -> None:
+        opts = self.options
+        final: Final | None = None
+        cancel_sent_at: float | None = None
+        shutdown_deadline: float | None = None
+        tick = min(0.05, opts.heartbeat_seconds / 4)
+        while True:
+            for message in child.receive(tick):
+                if isinstance(message, Progress):
+                    with self.state.lock:
+                        current.progress = message
+                else:
+                    final = message
+            with self.state.lock:
+                lease_lost = current.lease_lost
+                cancel_requested = current.cancel_requested
+            if lease_lost:
+                child.kill()
+                log.warning("lease lost: attempt abandoned, its result will not be written")
+                return
+            if final is not None or child.finished_talking or not child.process.is_alive():
+                break
+            now = time.monotonic()
+            if cancel_requested and cancel_sent_at is None:
+                log.info("cancellation requested: asking the job to stop")
+                child.request_cancel()
+                cancel_sent_at = now
+            if cancel_sent_at is not None and now - cancel_sent_at > opts.cancel_grace_seconds:
+                log.warning(
+                    "job ignored cancellation for %.1f s: killing it", opts.cancel_grace_seconds
+                )
+                child.kill()
+                child.join(timeout=5)
+                final = Final("cancelled")
+                break
+            if self.stop.is_set():
+                if shutdown_deadline is None:
+                    shutdown_deadline = now + opts.shutdown_grace_seconds
+                    log.info(
+                        "shutting down: waiting up to %.1f s for the attempt",
+                        opts.shutdown_grace_seconds,
+                    )
+                if now >= shutdown_deadline or self.hurry.is_set():
+                    child.kill()
+                    child.join(timeout=5)
+                    self._release(current.fence)
+                    return
+        if final is None:
+            # The pipe closed or the process exited: drain what is left, then decide.
+            for message in child.receive(0):
+                if isinstance(message, Final):
+                    final = message
+        exitcode = child.join(timeout=5)
+        elapsed = time.monotonic() - started
+        if final is None:
+            self._write_crash(current.fence, describe_exit(exitcode), exitcode)
+            return
+        with self.state.lock:
+            progress = current.progress
+        self._write_final(current.fence, final, progress=progress, elapsed=elapsed)
+
+    # ------------------------------------------------------------------ fenced writes
+    def _write_final(
+        self,
+        fence: store.Fence,
+        final: Final,
+        *,
+        progress: Progress | None = None,
+        elapsed: float | None = None,
+    ) -> None:
+        outcome: Literal["succeeded", "failed", "cancelled"]
+        result = error = None
+        if final.kind == "result":
+            outcome, result = "succeeded", final.payload
+        elif final.kind == "error":
+            outcome, error = "failed", final.payload
+        else:
+            outcome = "cancelled"
+        written_progress = progress.as_dict() if progress is not None else None
+        with self.engine.begin() as conn:
+            status = store.finish(
+                conn, fence, outcome, result=result, error=error, progress=written_progress
+            )
+        if status is None:
+            log.warning("lease lost before the outcome was written; %s result discarded", outcome)
+            return
+        log.info(
+            "attempt ended",
+            extra={
+                "status": status,
+                "error_type": (error or {}).get("type"),
+                "seconds": None if elapsed is None else round(elapsed, 3),
+            },
+        )
+
+    def _write_crash(self, fence: store.Fence, detail: str, exitcode: int | None) -> None:
+        with self.engine.begin() as conn:
+            status = store.end_crashed(
+                conn,
+                fence,
+                detail=detail,
+                backoff_base=self.options.backoff_base,
+                backoff_max=self.options.backoff_max,
+            )
+        if status is None:
+            log.warning("lease lost before the crash was recorded")
+            return
+        log.error("attempt crashed: %s", detail, extra={"exitcode": exitcode, "status": status})
+
+    def _release(self, fence: store.Fence) -> None:
+        with self.engine.begin() as conn:
+            status = store.release(conn, fence)
+        if status is None:
+            log.warning("lease lost before the job could be released")
+        else:
+            log.info("job released at shutdown", extra={"status": status})
+
+    # ------------------------------------------------------------------ heartbeat thread
+    def _heartbeat_loop(self) -> None:
+        while not self._heartbeat_done.is_set():
+            try:
+                self._beat()
+                if time.monotonic() - self._last_reap >= self.options.reaper_interval:
+                    self._reap()
+            except Exception:
+                log.error("heartbeat failed: %s", traceback.format_exc(limit=3))
+            self.state.beat_now.wait(self.options.heartbeat_seconds)
+            self.state.beat_now.clear()
+
+    def _beat(self) -> None:
+        with self.state.lock:
+            current = self.state.current
+            progress = current.progress if current else None
+        status: Literal["running", "stopping"] = "stopping" if self.stop.is_set() else "running"
+        with self.engine.begin() as conn:
+            if current is not None and not current.lease_lost:
+                changed = progress is not None and progress != current.progress_written
+                seen = store.heartbeat(
+                    conn,
+                    current.fence,
+                    self.options.lease_seconds,
+                    progress.as_dict() if changed and progress else None,
+                )
+                with self.state.lock:
+                    if seen is None:
+                        current.lease_lost = True
+                    else:
+                        current.progress_written = progress
+                        current.cancel_requested = seen.cancel_requested
+            store.touch_worker(
+                conn, self.worker_id, status, current.fence.job_id if current else None
+            )
+
+    def _reap(self) -> None:
+        self._last_reap = time.monotonic()
+        # Two transactions: the reaper locks job rows, the stale check worker rows;
+        # holding both at once could deadlock with a revived worker's heartbeat.
+        with self.engine.begin() as conn:
+            reaped = store.reap_expired(
+                conn, backoff_base=self.options.backoff_base, backoff_max=self.options.backoff_max
+            )
+        with self.engine.begin() as conn:
+            stale = store.mark_stale_workers(conn, self.options.worker_stale_seconds)
+        for job in reaped:
+            log.warning(
+                "reaped a job whose lease expired",
+                extra={
+                    "reaped_job_id": str(job.job_id),
+                    "reaped_attempt": job.attempt,
+                    "lost_worker_id": job.lost_worker_id,
+                    "status": job.status,
+                },
+            )
+        for worker_id in stale:
+            log.warning(
+                "marked a worker without heartbeat stopped", extra={"stale_worker": worker_id}
+            )
+
+
+def run_worker(options: WorkerOptions) -> int:
+    """Run ``options.concurrency`` slots until SIGTERM/SIGINT; return the exit code.
+
+    0 after a graceful shutdown; 1 when a slot could not run (e.g. the database was
+    unreachable at start), in which case the other slots are stopped too.
+    """
+    configure_logging(options.log_format, options.log_level)  # type: ignore[arg-type]
+    options.data_dir.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    hurry = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            log.warning("second %s: releasing the running job now", signal.Signals(signum).name)
+            hurry.set()
+        else:
+            log.info(
+                "%s received: finishing the current job, then stopping", signal.Signals(signum).name
+            )
+            stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    mp_context = make_context(options.start_method, list(options.queues))
+    engine = make_engine(
+        options.database_url, pool_size=2 * options.concurrency + 1, max_overflow=2
+    )
+    slots = [
+        WorkerSlot(options, engine, mp_context, stop, hurry) for _ in range(options.concurrency)
+    ]
+    failed: list[str] = []
+
+    def run_slot(slot: WorkerSlot) -> None:
+        try:
+            slot.run()
+        except Exception:
+            log.exception("worker slot %s failed", slot.worker_id)
+            failed.append(slot.worker_id)
+            stop.set()
+
+    threads = [
+        threading.Thread(target=run_slot, args=(slot,), name=f"slot-{i}", daemon=True)
+        for i, slot in enumerate(slots)
+    ]
+    for thread in threads:
+        thread.start()
+    # The main thread only waits, so that it stays free to handle signals.
+    while any(thread.is_alive() for thread in threads):
+        for thread in threads:
+            thread.join(timeout=0.2)
+    engine.dispose()
+    return 1 if failed else 0
