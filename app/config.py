@@ -36,7 +36,7 @@ def libpq_url(url: str) -> str:
 class Settings(BaseSettings):
     """Configuration for the API, the workers and the CLI (environment variables)."""
 
-    model_config = SettingsConfigDict(env_prefix="CURVPLAN_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="CURVPLAN_", extra="ignore", populate_by_name=True)
 
     database_url: str | None = Field(
         default=None,

@@ -20,6 +20,7 @@ from app.db import make_engine, make_sessionmaker
 from app.health.router import router as health_router
 from app.jobs.router import router as jobs_router
 from app.jobs.schemas import JOB_CREATE_ADAPTER
+from app.logging import configure_logging
 from app.metrics import QueueCollector
 from app.middleware import BodySizeLimitMiddleware, MetricsMiddleware
 from app.problems import install_problem_handlers
@@ -35,6 +36,7 @@ def _operation_id(route: APIRoute) -> str:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the API for ``settings`` (default: from the environment)."""
     settings = settings or get_settings()
+    configure_logging(settings.log_format, settings.log_level)
     engine = make_engine(settings)
 
     @asynccontextmanager

@@ -1,9 +1,201 @@
-"""Service commands: serve, worker, db, keys, dev."""
+"""Service commands: ``serve``, ``db upgrade|downgrade|current``, ``keys create``, ``dev``.
+
+Nothing here imports torch; heavy modules are imported inside the commands.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import typer
+
+db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
+
+
+def _settings():  # type: ignore[no-untyped-def]
+    from app.config import Settings
+
+    return Settings()
+
+
+def _require_database_url() -> str:
+    settings = _settings()
+    if settings.database_url is None:
+        typer.echo(
+            "error: DATABASE_URL is not set (e.g. postgresql://postgres@127.0.0.1:5432/curvplan); "
+            "`curvplan dev` starts an embedded PostgreSQL instead",
+            err=True,
+        )
+        raise typer.Exit(2)
+    return settings.database_url
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind."),
+    port: int = typer.Option(8000, "--port", help="TCP port."),
+    workers: int = typer.Option(1, "--workers", min=1, help="uvicorn worker processes."),
+) -> None:
+    """Serve the HTTP API with uvicorn (needs DATABASE_URL)."""
+    import uvicorn
+
+    from app.logging import configure_logging
+
+    _require_database_url()
+    settings = _settings()
+    configure_logging(settings.log_format, settings.log_level)
+    uvicorn.run(
+        "app.main:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_config=None,
+        access_log=False,
+        proxy_headers=True,
+    )
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    revision: str = typer.Argument("head", help="Target revision."),
+) -> None:
+    """Apply the migrations shipped with curvplan up to REVISION (default: head)."""
+    from app import migrations
+
+    url = _require_database_url()
+    migrations.upgrade(url, revision)
+    typer.echo(f"database at {revision}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(revision: str = typer.Argument(..., help="Target revision, e.g. base.")) -> None:
+    """Revert the migrations down to REVISION."""
+    from app import migrations
+
+    migrations.downgrade(_require_database_url(), revision)
+    typer.echo(f"database at {revision}")
+
+
+@db_app.command("current")
+def db_current() -> None:
+    """Print the database's revision and the shipped head."""
+    from app import migrations
+    from app.db import make_engine
+
+    engine = make_engine(_require_database_url())
+    with engine.connect() as conn:
+        current = migrations.current_revisions(conn)
+    engine.dispose()
+    typer.echo(f"current: {sorted(current) or 'none'}  head: {sorted(migrations.head_revisions())}")
+
+
+@keys_app.command("create")
+def keys_create(
+    project: str = typer.Option(..., "--project", help="Project name (created if missing)."),
+    name: str | None = typer.Option(None, "--name", help="A label for the key."),
+) -> None:
+    """Create an API key for PROJECT and print it (it is shown only this once)."""
+    from app.auth.keys import create_key
+    from app.db import make_engine, make_sessionmaker
+
+    project = project.strip()
+    if not project:
+        raise typer.BadParameter("must not be empty", param_hint="--project")
+    engine = make_engine(_require_database_url())
+    with make_sessionmaker(engine)() as session:
+        key = create_key(session, project, name)
+        session.commit()
+    engine.dispose()
+    typer.echo(key)
+
+
+def dev(
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+    worker: bool = typer.Option(True, "--worker/--no-worker", help="Start one worker process."),
+) -> None:
+    """Run everything locally: PostgreSQL (embedded unless DATABASE_URL is set), migrations,
+    a development API key for project `dev`, one worker (queues cpu,gpu) and the API."""
+    import uvicorn
+
+    from app import migrations
+    from app.config import Settings
+    from app.logging import configure_logging
+
+    settings = Settings()
+    configure_logging(settings.log_format, settings.log_level)
+    if settings.database_url is None:
+        from app.embedded_pg import start_embedded_postgres
+
+        typer.echo(f"starting embedded PostgreSQL under {settings.data_dir / 'pg'} …")
+        _server, url = start_embedded_postgres(settings.data_dir)
+        os.environ["DATABASE_URL"] = url
+    else:
+        url = settings.database_url
+    migrations.upgrade(url)
+    key = _dev_key(url, settings.data_dir)
+    typer.echo(
+        f"\n  curvplan API   http://{host}:{port}   (docs: http://{host}:{port}/docs)\n"
+        f"  project dev    API key: {key}\n"
+        f"  try: curl -H 'Authorization: Bearer {key}' http://{host}:{port}/v1/jobs\n"
+    )
+    child: subprocess.Popen[bytes] | None = None
+    if worker:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "curvplan.cli", "worker", "--queues", "cpu,gpu"],
+            env={**os.environ, "DATABASE_URL": url},
+        )
+    try:
+        uvicorn.run("app.main:create_app", factory=True, host=host, port=port, log_config=None)
+    finally:
+        if child is not None:
+            _stop_child(child)
+
+
+def _dev_key(url: str, data_dir: Path) -> str:
+    """Reuse the development key stored in the data dir while it is valid, else make one."""
+    from app.auth.keys import create_key, lookup_key
+    from app.db import make_engine, make_sessionmaker
+
+    key_file = data_dir / "dev-api-key"
+    engine = make_engine(url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            if key_file.exists():
+                key = key_file.read_text().strip()
+                ctx = lookup_key(session, key)
+                if ctx is not None and ctx.project_name == "dev":
+                    return key
+            key = create_key(session, "dev", "development key (curvplan dev)")
+            session.commit()
+    finally:
+        engine.dispose()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    return key
+
+
+def _stop_child(child: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+    """SIGTERM the worker (it finishes or releases its job), then kill it after ``grace``."""
+    if child.poll() is not None:
+        return
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(grace)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def register(app: typer.Typer) -> None:
     """Attach the service commands to the top-level app."""
+    app.command("serve")(serve)
+    app.command("dev")(dev)
+    app.add_typer(db_app, name="db")
+    app.add_typer(keys_app, name="keys")
