@@ -2,48 +2,82 @@
 
 from __future__ import annotations
 
-import os
+import secrets
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 from queue_helpers import WorkerProcess
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
 
-SERVER_URL = os.environ.get("CURVPLAN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
+from app.config import libpq_url, normalise_database_url
 
 
-@pytest.fixture
-def database_url() -> Iterator[str]:
-    """A freshly created and migrated database (temporary: until tests/conftest.py has it)."""
-    from app.migrations import upgrade
+@pytest.fixture(scope="session")
+def queue_template_db(pg_admin_url: str) -> Iterator[str]:
+    """A database migrated once with the real migrations, cloned for every queue test."""
+    from app import migrations
 
-    name = f"curvplan_queue_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(f"{SERVER_URL}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = f"{SERVER_URL}/{name}"
-    upgrade(url)
+    name = f"curvplan_queue_tmpl_{secrets.token_hex(4)}"
+    _admin(pg_admin_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
-        yield url
+        migrations.upgrade(_database(pg_admin_url, name))
+        yield name
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        _admin(
+            pg_admin_url,
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)),
+        )
 
 
 @pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    eng = create_engine(database_url, pool_size=2, max_overflow=2)
+def queue_db_url(pg_admin_url: str, queue_template_db: str) -> Iterator[str]:
+    """A migrated database of this test alone.
+
+    Queue tests start worker processes that claim every runnable job and reaper runs
+    that touch every expired lease, so they cannot share the session database.
+    """
+    name = f"curvplan_queue_{secrets.token_hex(6)}"
+    _admin(
+        pg_admin_url,
+        sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(queue_template_db)
+        ),
+    )
+    try:
+        yield _database(pg_admin_url, name)
+    finally:
+        _admin(
+            pg_admin_url,
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)),
+        )
+
+
+def _admin(admin_url: str, statement: sql.Composed) -> None:
+    with psycopg.connect(libpq_url(admin_url), autocommit=True) as conn:
+        conn.execute(statement)
+
+
+def _database(admin_url: str, name: str) -> str:
+    return normalise_database_url(make_url(admin_url).set(database=name).render_as_string(False))
+
+
+@pytest.fixture
+def db(queue_db_url: str) -> Iterator[Engine]:
+    """An engine on this test's database."""
+    eng = create_engine(queue_db_url, pool_size=2, max_overflow=4)
     yield eng
     eng.dispose()
 
 
 @pytest.fixture
-def project_id(engine: Engine) -> uuid.UUID:
+def project_id(db: Engine) -> uuid.UUID:
     pid = uuid.uuid4()
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(
             text("INSERT INTO project (id, name) VALUES (:id, :name)"),
             {"id": pid, "name": f"queue-test-{pid.hex[:8]}"},
@@ -52,12 +86,12 @@ def project_id(engine: Engine) -> uuid.UUID:
 
 
 @pytest.fixture
-def start_worker(database_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+def start_worker(queue_db_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start ``curvplan worker`` processes (stopped with SIGTERM at the end of the test)."""
     started: list[WorkerProcess] = []
 
     def start(*args: str) -> WorkerProcess:
-        worker = WorkerProcess(database_url, tmp_path / f"worker-{len(started)}.log", list(args))
+        worker = WorkerProcess(queue_db_url, tmp_path / f"worker-{len(started)}.log", list(args))
         started.append(worker)
         return worker
 

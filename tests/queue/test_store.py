@@ -18,9 +18,9 @@ from sqlalchemy import Engine, text
 from workers import store
 
 
-def expire_lease(engine: Engine, job_id: uuid.UUID, seconds_ago: float = 1.0) -> None:
+def expire_lease(db: Engine, job_id: uuid.UUID, seconds_ago: float = 1.0) -> None:
     """Make the job's lease end in the past, as if its worker had stopped heart-beating."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(
             text(
                 "UPDATE job SET lease_expires_at = now() - make_interval(secs => :s) WHERE id = :id"
@@ -29,58 +29,58 @@ def expire_lease(engine: Engine, job_id: uuid.UUID, seconds_ago: float = 1.0) ->
         )
 
 
-def claim(engine: Engine, worker_id: str, queues: tuple[str, ...] = ("cpu",)) -> store.ClaimedJob:
-    with engine.begin() as conn:
+def claim(db: Engine, worker_id: str, queues: tuple[str, ...] = ("cpu",)) -> store.ClaimedJob:
+    with db.begin() as conn:
         job = store.claim(conn, worker_id, list(queues), lease_seconds=30)
     assert job is not None, f"{worker_id} found nothing to claim"
     return job
 
 
-def test_claim_sets_lease_attempt_and_records_the_attempt(engine, project_id):
-    (job_id,) = insert_jobs(engine, project_id, [plan_request()])
-    with engine.begin() as conn:
+def test_claim_sets_lease_attempt_and_records_the_attempt(db, project_id):
+    (job_id,) = insert_jobs(db, project_id, [plan_request()])
+    with db.begin() as conn:
         store.register_worker(conn, "w1", "host", 1, ["cpu"])
-    job = claim(engine, "w1")
+    job = claim(db, "w1")
     assert job.fence == store.Fence(job_id, "w1", 1)
     assert job.kind == "plan" and job.request == plan_request()
-    row = job_row(engine, job_id)
+    row = job_row(db, job_id)
     assert row.status == "running" and row.worker_id == "w1" and row.attempt == 1
     assert row.started_at is not None
     lease_left = (row.lease_expires_at - row.started_at).total_seconds()
     assert 29 < lease_left <= 30.001
-    (attempt,) = attempt_rows(engine, job_id)
+    (attempt,) = attempt_rows(db, job_id)
     assert (attempt.attempt, attempt.worker_id, attempt.outcome) == (1, "w1", None)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         current = conn.execute(text("SELECT current_job_id FROM worker WHERE id = 'w1'")).scalar()
     assert current == job_id
     # The job is taken: nobody else can claim it.
-    with engine.begin() as conn:
+    with db.begin() as conn:
         assert store.claim(conn, "w2", ["cpu"], 30) is None
 
 
-def test_claim_order_queue_filter_and_run_after(engine, project_id):
-    low, high, later = insert_jobs(engine, project_id, [plan_request()] * 3)
-    with engine.begin() as conn:
+def test_claim_order_queue_filter_and_run_after(db, project_id):
+    low, high, later = insert_jobs(db, project_id, [plan_request()] * 3)
+    with db.begin() as conn:
         conn.execute(text("UPDATE job SET priority = 5 WHERE id = :id"), {"id": high})
         conn.execute(
             text("UPDATE job SET run_after = now() + interval '1 hour' WHERE id = :id"),
             {"id": later},
         )
         assert store.claim(conn, "w", ["gpu"], 30) is None  # plan jobs are on the cpu queue
-    assert claim(engine, "w").fence.job_id == high  # priority first
-    assert claim(engine, "w").fence.job_id == low
-    with engine.begin() as conn:
+    assert claim(db, "w").fence.job_id == high  # priority first
+    assert claim(db, "w").fence.job_id == low
+    with db.begin() as conn:
         assert store.claim(conn, "w", ["cpu"], 30) is None  # `later` is not due yet
 
 
-def test_concurrent_claims_never_hand_out_a_job_twice(engine, project_id):
-    ids = insert_jobs(engine, project_id, [plan_request()] * 60)
+def test_concurrent_claims_never_hand_out_a_job_twice(db, project_id):
+    ids = insert_jobs(db, project_id, [plan_request()] * 60)
     claimed: list[uuid.UUID] = []
     lock = threading.Lock()
 
     def claimer(worker_id: str) -> None:
         while True:
-            with engine.begin() as conn:
+            with db.begin() as conn:
                 job = store.claim(conn, worker_id, ["cpu"], 30)
             if job is None:
                 return
@@ -93,76 +93,76 @@ def test_concurrent_claims_never_hand_out_a_job_twice(engine, project_id):
     for t in threads:
         t.join()
     assert sorted(claimed) == sorted(ids)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         counts = conn.execute(
             text("SELECT count(*), count(DISTINCT job_id) FROM job_attempt")
         ).one()
     assert tuple(counts) == (60, 60)
 
 
-def test_heartbeat_renews_lease_writes_progress_and_reads_cancel(engine, project_id):
-    (job_id,) = insert_jobs(engine, project_id, [plan_request()])
-    job = claim(engine, "w1")
-    expire_lease(engine, job_id, seconds_ago=-0.5)  # lease ends in 0.5 s
+def test_heartbeat_renews_lease_writes_progress_and_reads_cancel(db, project_id):
+    (job_id,) = insert_jobs(db, project_id, [plan_request()])
+    job = claim(db, "w1")
+    expire_lease(db, job_id, seconds_ago=-0.5)  # lease ends in 0.5 s
     progress = {"fraction": 0.5, "stage": "fit", "message": "half"}
-    with engine.begin() as conn:
+    with db.begin() as conn:
         beat = store.heartbeat(conn, job.fence, 30, progress)
     assert beat == store.Heartbeat(status="running", cancel_requested=False)
-    row = job_row(engine, job_id)
+    row = job_row(db, job_id)
     assert row.progress == progress
     assert (row.lease_expires_at - row.updated_at) > timedelta(seconds=29)
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(
             text("UPDATE job SET status = 'cancelling', cancel_requested = true WHERE id = :id"),
             {"id": job_id},
         )
         beat = store.heartbeat(conn, job.fence, 30, None)
     assert beat == store.Heartbeat(status="cancelling", cancel_requested=True)
-    assert job_row(engine, job_id).progress == progress  # None keeps the last progress
+    assert job_row(db, job_id).progress == progress  # None keeps the last progress
 
 
-def test_zombie_writes_are_fenced_out_after_the_job_was_reclaimed(engine, project_id):
-    (job_id,) = insert_jobs(engine, project_id, [plan_request()])
-    zombie = claim(engine, "zombie")
-    expire_lease(engine, job_id)
-    with engine.begin() as conn:
+def test_zombie_writes_are_fenced_out_after_the_job_was_reclaimed(db, project_id):
+    (job_id,) = insert_jobs(db, project_id, [plan_request()])
+    zombie = claim(db, "zombie")
+    expire_lease(db, job_id)
+    with db.begin() as conn:
         (reaped,) = store.reap_expired(conn, backoff_base=0, backoff_max=0)
     assert (reaped.job_id, reaped.status, reaped.lost_worker_id) == (job_id, "queued", "zombie")
-    fresh = claim(engine, "fresh")
+    fresh = claim(db, "fresh")
     assert fresh.fence.attempt == 2
-    before = job_row(engine, job_id)
+    before = job_row(db, job_id)
 
     late_result = {"recommendation": {"from": "zombie"}}
-    with engine.begin() as conn:
+    with db.begin() as conn:
         assert store.heartbeat(conn, zombie.fence, 30, {"fraction": 1.0}) is None
         assert store.finish(conn, zombie.fence, "succeeded", result=late_result) is None
         assert store.release(conn, zombie.fence) is None
         assert (
             store.end_crashed(conn, zombie.fence, detail="x", backoff_base=0, backoff_max=0) is None
         )
-    after = job_row(engine, job_id)
+    after = job_row(db, job_id)
     assert after == before  # not one column changed
-    assert [a.outcome for a in attempt_rows(engine, job_id)] == ["lease-lost", None]
+    assert [a.outcome for a in attempt_rows(db, job_id)] == ["lease-lost", None]
 
-    with engine.begin() as conn:
+    with db.begin() as conn:
         assert store.finish(conn, fresh.fence, "succeeded", result={"ok": 1}) == "succeeded"
-    row = job_row(engine, job_id)
+    row = job_row(db, job_id)
     assert (row.status, row.result, row.worker_id) == ("succeeded", {"ok": 1}, "fresh")
-    assert [a.outcome for a in attempt_rows(engine, job_id)] == ["lease-lost", "succeeded"]
+    assert [a.outcome for a in attempt_rows(db, job_id)] == ["lease-lost", "succeeded"]
     # A finished job cannot be written again, not even by its own worker.
-    with engine.begin() as conn:
+    with db.begin() as conn:
         assert store.finish(conn, fresh.fence, "failed", error={"type": "x"}) is None
 
 
-def test_reaper_backoff_is_exponential_and_capped(engine, project_id):
-    (job_id,) = insert_jobs(engine, project_id, [plan_request()], max_attempts=10)
+def test_reaper_backoff_is_exponential_and_capped(db, project_id):
+    (job_id,) = insert_jobs(db, project_id, [plan_request()], max_attempts=10)
     base, cap = 2.0, 5.0
     delays = []
     for attempt in range(1, 5):
-        job = claim(engine, f"w{attempt}")
+        job = claim(db, f"w{attempt}")
         assert job.fence.attempt == attempt
-        expire_lease(engine, job_id)
-        with engine.begin() as conn:
+        expire_lease(db, job_id)
+        with db.begin() as conn:
             (reaped,) = store.reap_expired(conn, backoff_base=base, backoff_max=cap)
             delay = conn.execute(
                 text("SELECT extract(epoch FROM run_after - updated_at) FROM job WHERE id = :id"),
@@ -170,49 +170,49 @@ def test_reaper_backoff_is_exponential_and_capped(engine, project_id):
             ).scalar()
         assert reaped.status == "queued"
         delays.append(float(delay))
-        with engine.begin() as conn:  # make it due again for the next round
+        with db.begin() as conn:  # make it due again for the next round
             conn.execute(text("UPDATE job SET run_after = now() WHERE id = :id"), {"id": job_id})
     assert delays == pytest.approx([2.0, 4.0, 5.0, 5.0], abs=1e-3)
     assert [store.backoff_seconds(a, base, cap) for a in range(1, 5)] == [2.0, 4.0, 5.0, 5.0]
 
 
-def test_reaper_fails_the_last_attempt_with_worker_lost_and_cancels_cancelling(engine, project_id):
-    last, cancelling = insert_jobs(engine, project_id, [plan_request()] * 2, max_attempts=1)
-    claim(engine, "lost-worker")
-    claim(engine, "lost-worker")
-    with engine.begin() as conn:
+def test_reaper_fails_the_last_attempt_with_worker_lost_and_cancels_cancelling(db, project_id):
+    last, cancelling = insert_jobs(db, project_id, [plan_request()] * 2, max_attempts=1)
+    claim(db, "lost-worker")
+    claim(db, "lost-worker")
+    with db.begin() as conn:
         conn.execute(
             text("UPDATE job SET status = 'cancelling', cancel_requested = true WHERE id = :id"),
             {"id": cancelling},
         )
-    expire_lease(engine, last)
-    expire_lease(engine, cancelling)
-    with engine.begin() as conn:
+    expire_lease(db, last)
+    expire_lease(db, cancelling)
+    with db.begin() as conn:
         reaped = store.reap_expired(conn, backoff_base=1, backoff_max=1)
     assert {r.job_id: r.status for r in reaped} == {last: "failed", cancelling: "cancelled"}
-    row = job_row(engine, last)
+    row = job_row(db, last)
     assert row.error["type"] == "worker-lost"
     assert "lost-worker" in row.error["detail"] and row.error["title"]
     assert row.finished_at is not None and row.lease_expires_at is None
-    assert job_row(engine, cancelling).finished_at is not None
+    assert job_row(db, cancelling).finished_at is not None
     for job_id in (last, cancelling):
-        assert [a.outcome for a in attempt_rows(engine, job_id)] == ["lease-lost"]
-    with engine.begin() as conn:  # nothing left to reap, and live leases are left alone
+        assert [a.outcome for a in attempt_rows(db, job_id)] == ["lease-lost"]
+    with db.begin() as conn:  # nothing left to reap, and live leases are left alone
         assert store.reap_expired(conn, backoff_base=1, backoff_max=1) == []
 
 
-def test_concurrent_reapers_reap_each_job_once(engine, project_id):
-    ids = insert_jobs(engine, project_id, [plan_request()] * 40)
+def test_concurrent_reapers_reap_each_job_once(db, project_id):
+    ids = insert_jobs(db, project_id, [plan_request()] * 40)
     for _ in ids:
-        claim(engine, "dead")
-    with engine.begin() as conn:
+        claim(db, "dead")
+    with db.begin() as conn:
         conn.execute(text("UPDATE job SET lease_expires_at = now() - interval '1 second'"))
     results: list[list[store.ReapedJob]] = []
     barrier = threading.Barrier(4)
 
     def reaper() -> None:
         barrier.wait()
-        with engine.begin() as conn:
+        with db.begin() as conn:
             results.append(store.reap_expired(conn, backoff_base=0, backoff_max=0, batch=15))
 
     for _ in range(3):  # a few rounds: each round four reapers race
@@ -223,58 +223,58 @@ def test_concurrent_reapers_reap_each_job_once(engine, project_id):
             t.join()
     reaped_ids = [r.job_id for batch in results for r in batch]
     assert sorted(reaped_ids) == sorted(ids)  # every job exactly once
-    with engine.connect() as conn:
+    with db.connect() as conn:
         outcomes = conn.execute(text("SELECT outcome, count(*) FROM job_attempt GROUP BY 1")).all()
     assert outcomes == [("lease-lost", 40)]
 
 
-def test_release_requeues_without_spending_an_attempt(engine, project_id):
-    (job_id,) = insert_jobs(engine, project_id, [plan_request()], max_attempts=2)
-    job = claim(engine, "w1")
-    with engine.begin() as conn:
+def test_release_requeues_without_spending_an_attempt(db, project_id):
+    (job_id,) = insert_jobs(db, project_id, [plan_request()], max_attempts=2)
+    job = claim(db, "w1")
+    with db.begin() as conn:
         assert store.release(conn, job.fence) == "queued"
-    row = job_row(engine, job_id)
+    row = job_row(db, job_id)
     assert (row.status, row.attempt, row.max_attempts, row.worker_id) == ("queued", 1, 3, None)
-    assert [a.outcome for a in attempt_rows(engine, job_id)] == ["released"]
-    assert claim(engine, "w2").fence.attempt == 2  # claimable again at once
+    assert [a.outcome for a in attempt_rows(db, job_id)] == ["released"]
+    assert claim(db, "w2").fence.attempt == 2  # claimable again at once
 
 
-def test_crash_requeues_until_max_attempts_then_fails_worker_crashed(engine, project_id):
-    (job_id,) = insert_jobs(engine, project_id, [plan_request()], max_attempts=2)
-    job = claim(engine, "w1")
-    with engine.begin() as conn:
+def test_crash_requeues_until_max_attempts_then_fails_worker_crashed(db, project_id):
+    (job_id,) = insert_jobs(db, project_id, [plan_request()], max_attempts=2)
+    job = claim(db, "w1")
+    with db.begin() as conn:
         status = store.end_crashed(
             conn, job.fence, detail="killed by SIGKILL", backoff_base=0, backoff_max=0
         )
     assert status == "queued"
-    job = claim(engine, "w1")
-    with engine.begin() as conn:
+    job = claim(db, "w1")
+    with db.begin() as conn:
         status = store.end_crashed(
             conn, job.fence, detail="killed by SIGKILL", backoff_base=0, backoff_max=0
         )
     assert status == "failed"
-    row = job_row(engine, job_id)
+    row = job_row(db, job_id)
     assert row.error["type"] == "worker-crashed"
     assert "SIGKILL" in row.error["detail"] and "attempt 2 of 2" in row.error["detail"]
-    assert [a.outcome for a in attempt_rows(engine, job_id)] == ["crashed", "crashed"]
+    assert [a.outcome for a in attempt_rows(db, job_id)] == ["crashed", "crashed"]
 
 
-def test_finish_while_cancelling_ends_cancelled_and_drops_the_result(engine, project_id):
-    (job_id,) = insert_jobs(engine, project_id, [plan_request()])
-    job = claim(engine, "w1")
-    with engine.begin() as conn:
+def test_finish_while_cancelling_ends_cancelled_and_drops_the_result(db, project_id):
+    (job_id,) = insert_jobs(db, project_id, [plan_request()])
+    job = claim(db, "w1")
+    with db.begin() as conn:
         conn.execute(
             text("UPDATE job SET status = 'cancelling', cancel_requested = true WHERE id = :id"),
             {"id": job_id},
         )
         assert store.finish(conn, job.fence, "succeeded", result={"late": True}) == "cancelled"
-    row = job_row(engine, job_id)
+    row = job_row(db, job_id)
     assert (row.status, row.result) == ("cancelled", None)
-    assert [a.outcome for a in attempt_rows(engine, job_id)] == ["cancelled"]
+    assert [a.outcome for a in attempt_rows(db, job_id)] == ["cancelled"]
 
 
-def test_stale_workers_are_marked_stopped_and_revive_on_heartbeat(engine):
-    with engine.begin() as conn:
+def test_stale_workers_are_marked_stopped_and_revive_on_heartbeat(db):
+    with db.begin() as conn:
         store.register_worker(conn, "old", "h", 1, ["cpu"])
         store.register_worker(conn, "live", "h", 2, ["gpu"])
         conn.execute(
