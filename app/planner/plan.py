@@ -1,10 +1,106 @@
-"""Assemble a Recommendation from validated measurements and targets."""
+"""Assemble a Recommendation from validated measurements and targets (design.md §3–4)."""
 
 from __future__ import annotations
 
-from app.planner.schemas import Measurements, Recommendation, Targets
+from app.planner.batch_section import build_batch_section
+from app.planner.curvature import summarize_blocks
+from app.planner.sample_size_section import build_sample_size_section
+from app.planner.scaling_section import build_scaling_section
+from app.planner.schemas import (
+    CurvatureSection,
+    Measurements,
+    Missing,
+    NotComputed,
+    Recommendation,
+    Targets,
+)
+from app.planner.warnings import WarningLog
+
+# Assumption 1 (shared minimiser) is flagged when the neglected first-order Taylor term |∇L|·R
+# exceeds this fraction of the kept second-order bound M·R²/2.
+ASSUMPTION1_RATIO_LIMIT = 0.1
 
 
 def make_plan(measurements: Measurements, targets: Targets, *, seed: int = 0) -> Recommendation:
-    """Turn measurements into a data budget (design.md §3)."""
-    raise NotImplementedError("planner internals are being built (issue 3)")
+    """Turn curvature measurements into a data budget (design.md §3).
+
+    Every section holds values or a `not_computed` reason; `targets.seed`, when given, overrides
+    `seed`. Deterministic for a given seed.
+    """
+    effective_seed = targets.seed if targets.seed is not None else seed
+    log = WarningLog()
+    sample_size = build_sample_size_section(measurements, targets, effective_seed, log)
+    batch_size = build_batch_section(measurements, targets, effective_seed, log)
+    scaling = build_scaling_section(measurements, targets, effective_seed, log)
+    curvature = _curvature_section(measurements, targets, log)
+    return Recommendation(
+        sample_size=sample_size,
+        batch_size=batch_size,
+        scaling=scaling,
+        curvature=curvature,
+        warnings=log.items,
+        seed=effective_seed,
+    )
+
+
+def _hessian_bound(measurements: Measurements) -> float | None:
+    if measurements.hessian_norm_bound is not None:
+        return measurements.hessian_norm_bound
+    if measurements.per_sample_hessian_norms is not None:
+        return max(measurements.per_sample_hessian_norms)
+    return None
+
+
+def _curvature_section(
+    measurements: Measurements, targets: Targets, log: WarningLog
+) -> CurvatureSection | NotComputed:
+    blocks = measurements.blocks
+    grad_norm = measurements.gradient_norm_at_w_star
+    if blocks is None and grad_norm is None:
+        return NotComputed(
+            reason="neither measurements.blocks nor measurements.gradient_norm_at_w_star given"
+        )
+    if blocks is not None:
+        section, negative = summarize_blocks(blocks)
+        if negative:
+            log.add(
+                "negative_curvature",
+                "curvature",
+                f"λ_min < 0 in block(s) {', '.join(negative)}: w* is not a minimum there, so the "
+                "Theorem 7 bound (which assumes a minimum) does not apply as stated",
+            )
+    else:
+        section = CurvatureSection(
+            missing=[Missing(item="blocks", reason="measurements.blocks not given")]
+        )
+    if grad_norm is None:
+        return section
+    updates: dict[str, object] = {"gradient_norm_at_w_star": grad_norm}
+    m_bound = _hessian_bound(measurements)
+    radius = targets.radius
+    missing = list(section.missing)
+    if m_bound is not None and m_bound > 0 and radius is not None and radius > 0:
+        ratio = 2.0 * grad_norm / (m_bound * radius)
+        updates["assumption1_ratio"] = ratio
+        updates["assumption1_formula"] = (
+            "|∇L(w*)|·R / (M·R²/2) = 2|∇L(w*)|/(M·R): neglected first-order Taylor term over the "
+            "kept second-order bound (Petrov et al. 2025 Assumption 1, digest §3)"
+        )
+        if ratio > ASSUMPTION1_RATIO_LIMIT:
+            log.add(
+                "assumption1_gradient_norm",
+                "curvature",
+                f"|∇L(w*)| = {grad_norm:.4g} gives a first-order term {ratio:.3g}× the "
+                f"second-order bound at R = {radius:g}: Assumption 1 (zero gradient at w*) is "
+                "violated and Theorem 7's k* is optimistic",
+            )
+    else:
+        missing.append(
+            Missing(
+                item="assumption1_ratio",
+                reason="needs a positive hessian_norm_bound (or per_sample_hessian_norms) and "
+                "targets.radius > 0 to compare the gradient term with the curvature term",
+            )
+        )
+    updates["missing"] = missing
+    return section.model_copy(update=updates)

@@ -276,7 +276,7 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-Interval = tuple[float, float]
+Interval = tuple[float | None, float | None]
 
 
 class NotComputed(_Out):
@@ -346,6 +346,7 @@ class PerTolerance(_Out):
     theoretical: SampleSizeValue | NotComputed
     theoretical_tight: SampleSizeValue | NotComputed
     squared: SampleSizeValue | NotComputed
+    squared_rms: SampleSizeValue | NotComputed
     available_is_enough: bool | None = None
 
 
@@ -398,7 +399,9 @@ class BCrit(_Out):
     formula: str
     cross_check: dict[str, float | str] | None = None
     b_20pct_overhead: float | None = None
+    b_20pct_overhead_ci: Interval | None = None
     b_20pct_overhead_formula: str | None = None
+    measured_range: tuple[int, int] | None = None
 
 
 class LrScaling(_Out):
@@ -413,6 +416,9 @@ class BatchSizeSection(_Out):
     status: Literal["computed"] = "computed"
     grad_sq_norm: Estimate | NotComputed | None = None
     trace_sigma: Estimate | NotComputed | None = None
+    gHg: Estimate | NotComputed | None = None
+    trace_h_sigma: Estimate | NotComputed | None = None
+    source: Literal["direct", "two_batch"] | None = None
     b_simple: Estimate | NotComputed
     b_noise: Estimate | NotComputed
     b_crit: BCrit | NotComputed
@@ -460,6 +466,8 @@ class CurvatureSection(_Out):
     heterogeneity_formula: str | None = None
     lr_ceiling_formula: str | None = None
     gradient_norm_at_w_star: float | None = None
+    assumption1_ratio: float | None = None
+    assumption1_formula: str | None = None
     missing: list[Missing] = Field(default_factory=list)
 
 

@@ -1,0 +1,124 @@
+"""Critical batch size from a steps-to-target table (McCandlish et al. 2018 §2.3; digest §7.1)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import optimize, stats
+
+FloatArray = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class CriticalBatchFit:
+    s_min: float
+    b_crit: float
+    s_min_ci: tuple[float, float] | None
+    b_crit_ci: tuple[float, float] | None
+    e_min: float
+    e_min_ci: tuple[float, float] | None
+    r2: float
+    n_points: int
+
+
+@dataclass(frozen=True)
+class LinearCrossCheck:
+    s_min: float
+    b_crit: float
+    e_min: float
+
+
+def fit_steps_to_target(
+    batch_sizes: FloatArray, steps: FloatArray, confidence: float
+) -> CriticalBatchFit:
+    """Fit S = S_min(1 + B_crit/B) (McCandlish et al. 2018 §2.3, digest §7.1).
+
+    Nonlinear least squares on log S (multiplicative noise) over θ = (log S_min, log B_crit),
+    which keeps both positive. Intervals: θ ± t_{n−2}·se from the Jacobian covariance
+    s²(JᵀJ)⁻¹, mapped through exp; E_min = B_crit·S_min with its log-variance from the same
+    covariance. Needs at least 2 distinct batch sizes (intervals need 3).
+    """
+    b = np.asarray(batch_sizes, dtype=np.float64)
+    s = np.asarray(steps, dtype=np.float64)
+    n = b.size
+    if n < 2:
+        raise ValueError("at least two batch sizes are needed")
+    log_s = np.log(s)
+
+    def residuals(theta: FloatArray) -> FloatArray:
+        return theta[0] + np.log1p(np.exp(theta[1]) / b) - log_s
+
+    def jacobian(theta: FloatArray) -> FloatArray:
+        ratio = np.exp(theta[1]) / b
+        return np.column_stack([np.ones(n), ratio / (1.0 + ratio)])
+
+    # Start from the linear form S = S_min + S_min·B_crit·(1/B) (least squares in S).
+    slope, intercept = np.polyfit(1.0 / b, s, 1)
+    s0 = intercept if intercept > 0 else float(s.min())
+    bc0 = slope / s0 if slope > 0 else float(np.median(b))
+    best = None
+    for start_bc in (bc0, float(np.median(b)), float(b.min()), float(b.max())):
+        res = optimize.least_squares(
+            residuals,
+            np.array([math.log(s0), math.log(max(start_bc, 1e-12))]),
+            jac=jacobian,
+            method="lm" if n > 2 else "trf",
+        )
+        if best is None or res.cost < best.cost:
+            best = res
+    assert best is not None
+    theta = best.x
+    s_min, b_crit = math.exp(theta[0]), math.exp(theta[1])
+    resid = best.fun
+    ss_res = float(resid @ resid)
+    ss_tot = float(((log_s - log_s.mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    s_ci = b_ci = e_ci = None
+    if n > 2:
+        jac = jacobian(theta)
+        sigma2 = ss_res / (n - 2)
+        try:
+            cov = sigma2 * np.linalg.inv(jac.T @ jac)
+        except np.linalg.LinAlgError:
+            cov = None
+        if cov is not None and np.all(np.isfinite(cov)):
+            t = float(stats.t.ppf((1 + confidence) / 2, n - 2))
+            se0, se1 = math.sqrt(max(cov[0, 0], 0)), math.sqrt(max(cov[1, 1], 0))
+            se_e = math.sqrt(max(cov[0, 0] + cov[1, 1] + 2 * cov[0, 1], 0))
+            s_ci = (s_min * math.exp(-t * se0), s_min * math.exp(t * se0))
+            b_ci = (b_crit * math.exp(-t * se1), b_crit * math.exp(t * se1))
+            e_ci = (s_min * b_crit * math.exp(-t * se_e), s_min * b_crit * math.exp(t * se_e))
+    return CriticalBatchFit(s_min, b_crit, s_ci, b_ci, s_min * b_crit, e_ci, r2, n)
+
+
+def linear_cross_check(batch_sizes: FloatArray, steps: FloatArray) -> LinearCrossCheck | None:
+    """Linear form 1/S = a + b/E with E = B·S (McCandlish et al. 2018 §2.3; digest §7.1):
+    S_min = 1/a, B_crit = −b, E_min = B_crit·S_min. None when a ≤ 0 or b ≥ 0."""
+    b = np.asarray(batch_sizes, dtype=np.float64)
+    s = np.asarray(steps, dtype=np.float64)
+    if b.size < 2:
+        return None
+    slope, intercept = np.polyfit(1.0 / (b * s), 1.0 / s, 1)
+    if intercept <= 0 or slope >= 0:
+        return None
+    s_min = 1.0 / intercept
+    b_crit = -slope
+    return LinearCrossCheck(s_min, b_crit, s_min * b_crit)
+
+
+def batch_at_step_overhead(b0: float, b_crit: float, overhead: float = 0.2) -> float:
+    """Batch size whose steps exceed perfect linear scaling from B0 by `overhead`.
+
+    With S(B) = S_min(1 + B_crit/B): S(B)·B/(S(B0)·B0) = (B + B_crit)/(B0 + B_crit) = 1 + overhead
+    ⇒ B = (1 + overhead)·B0 + overhead·B_crit (Zhang et al. 2024 definition, digest §7.2)."""
+    return (1.0 + overhead) * b0 + overhead * b_crit
+
+
+def nearest_power_of_two(value: float) -> int:
+    """Power of two nearest to `value` on a log2 scale (at least 1)."""
+    if value <= 1:
+        return 1
+    return int(2 ** round(math.log2(value)))

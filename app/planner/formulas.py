@@ -1,0 +1,88 @@
+"""The formulas behind every number the planner reports.
+
+"digest" = docs/science/paper-digest.md.
+"""
+
+DELTA_ABS = (
+    "Δ_k = |L_{k+1} − L_k| = |l_{k+1} − L_k|/(k+1) averaged over random orderings "
+    "(Petrov et al. 2025 §3.3; digest §3, §8 item 3)"
+)
+DELTA_SQ = "Δ2_k = mean over orderings of (L_{k+1} − L_k)² (squared criterion; digest §6.4)"
+POWER_LAW_FIT = (
+    "Δ_k ≈ C·k^(−α): weighted least squares in log space on log-binned k, weights "
+    "1/Var(log mean) across orderings; CIs = bootstrap percentiles over orderings, i.e. "
+    "conditional on the given N losses (dataset resampling is not included) "
+    "(digest §8 item 4)"
+)
+POWER_LAW_FIT_SQ = "Δ2_k ≈ C2·k^(−α2), same fit as Δ_k (digest §6.4, §8 item 4)"
+C2_FIXED_SLOPE = (
+    "C2 = weighted geometric mean of Δ2_k·(k+1)² over the fit window, i.e. the fit "
+    "Δ2_k = C2/(k+1)² with the slope fixed at the theory's 2 (digest §3 end, §6.4)"
+)
+K_EMPIRICAL = "k*(ε) = ⌈(C/ε)^(1/α)⌉ from the fitted Δ_k ≈ C·k^(−α) (digest §8 item 5)"
+K_THM7 = "Petrov et al. 2025 Thm 7 (digest §3): k* = ⌈(2ℓ_max + M·R²)/ε⌉ − 1"
+K_THM7_TIGHT = "Thm 7 tighter constant ℓ_max (digest §3 DERIVED): k* = ⌈(ℓ_max + M·R²)/ε⌉ − 1"
+K_SQUARED = (
+    "squared criterion (digest §3, §6.4): k* = ⌈√(C2/ε)⌉ − 1, tolerance ε applied to the "
+    "mean squared difference Δ2"
+)
+K_SQUARED_RMS = (
+    "squared criterion as RMS difference: k* = ⌈√C2/ε⌉ − 1, i.e. √Δ2 ≤ ε "
+    "(digest §6.4 with tolerance ε² on Δ2)"
+)
+
+GRAD_SQ_DIRECT = "|G|² as measured (direct statistic)"
+TRACE_SIGMA_DIRECT = "tr Σ as measured (direct statistic)"
+GRAD_SQ_TWO_BATCH = (
+    "|G|² = (B_big|G_big|² − B_small|G_small|²)/(B_big − B_small), averaged over steps "
+    "(McCandlish et al. 2018 App. A; digest §7.1)"
+)
+TRACE_SIGMA_TWO_BATCH = (
+    "tr Σ = (|G_small|² − |G_big|²)/(1/B_small − 1/B_big), averaged over steps "
+    "(McCandlish et al. 2018 App. A; digest §7.1)"
+)
+GHG_TWO_BATCH = (
+    "GᵀHG = (B_big h_big − B_small h_small)/(B_big − B_small), h = G_BᵀHG_B "
+    "(digest §7.1 DERIVED, Hessian-aware analogue of App. A)"
+)
+TRACE_H_SIGMA_TWO_BATCH = "tr(HΣ) = (h_small − h_big)/(1/B_small − 1/B_big) (digest §7.1 DERIVED)"
+B_SIMPLE = "McCandlish et al. 2018 eq. 2.8 (digest §7.1): B_simple = tr Σ/|G|²"
+B_SIMPLE_TWO_BATCH = (
+    "McCandlish et al. 2018 eq. 2.8 (digest §7.1) with App. A: "
+    "B_simple = mean(tr Σ_t)/mean(|G|²_t) "
+    "(ratio of separate averages); CI = bootstrap percentiles over steps"
+)
+B_NOISE = "McCandlish et al. 2018 §2.2 (digest §7.1): B_noise = tr(HΣ)/GᵀHG"
+B_NOISE_TWO_BATCH = (
+    "McCandlish et al. 2018 §2.2 (digest §7.1) with the two-batch estimators of GᵀHG and tr(HΣ) "
+    "(digest §7.1 DERIVED); CI = bootstrap percentiles over steps"
+)
+DELTA_METHOD = "; CI by the delta method on log(ratio) from the given standard errors"
+B_CRIT_FIT = (
+    "McCandlish et al. 2018 §2.3 (digest §7.1): S = S_min(1 + B_crit/B), "
+    "nonlinear least squares on "
+    "log S; CIs from the Jacobian covariance with Student-t quantiles; E_min = B_crit·S_min"
+)
+B_CRIT_LINEAR = (
+    "McCandlish et al. 2018 §2.3 (digest §7.1) linear form 1/S = a + b/E (E = B·S): S_min = 1/a, "
+    "B_crit = −b (digest §7.1)"
+)
+B_20PCT = (
+    "batch size with 20 % step overhead over perfect scaling from the smallest measured "
+    "batch B0: S(B)·B/(S(B0)·B0) = 1.2 ⇒ B = 1.2·B0 + 0.2·B_crit (Zhang et al. 2024 "
+    "definition, UNVERIFIED wording, digest §7.2; S(B) from McCandlish et al. 2018 §2.3)"
+)
+RECOMMENDED = "power of two nearest (in log2) to {basis}"
+LR_SCALING = (
+    "McCandlish et al. 2018 §2.2 (digest §7.1): ε_opt(B) = ε_max/(1 + B_noise/B), ε_max = |G|²/GᵀHG"
+)
+SCALING_FIT = (
+    "L(D) = E + A·D^(−β) by bounded nonlinear least squares (scipy least_squares, TRF); "
+    "CIs from the Jacobian covariance with Student-t quantiles"
+)
+N_FOR_TARGET = (
+    "D = (A/(target − E))^(1/β) from L(D) = E + A·D^(−β); CI by sampling the fitted "
+    "parameters' asymptotic normal distribution"
+)
+HETEROGENEITY = "max/min per-block spectral norm (digest §8 items 1, 7)"
+LR_CEILING = "η_g < 2/λ_max(H_gg), GD stability ceiling per block (digest §8 item 7)"

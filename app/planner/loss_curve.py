@@ -1,0 +1,285 @@
+"""Loss-difference curves Δ_k over random orderings and their power-law fits.
+
+Petrov et al. 2025 §3.3 (digest §3, §8 items 3–4): for an ordering of the N samples,
+L_k is the mean of the first k per-sample losses and
+
+    Δ_k = |L_{k+1} − L_k| = |l_{k+1} − L_k| / (k+1),   k = 1 … N−1.
+
+Each ordering is one uniform random permutation (numpy Generator seeded from
+SeedSequence(seed, spawn_key=(stream, r)), so ordering r is the same whatever the chunking or
+thread count). The curve is evaluated on log-spaced bins of k: inside a bin every k is used
+when the bin holds at most `max_per_bin` integers, otherwise an evenly spaced subset; prefix
+sums at those k come from one `np.add.reduceat` over the permuted losses (float64), so there
+is no Python loop over k. Per ordering we keep the bin means of Δ_k and Δ_k²; the bootstrap
+resamples orderings with replacement.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+# Rows × samples processed per block when perturbed losses (P × N) are given.
+_MAX_BLOCK_ELEMENTS = 4_000_000
+
+
+@dataclass(frozen=True)
+class CurveGrid:
+    """Log-spaced bins of k and the k values sampled inside them."""
+
+    k_sampled: IntArray  # strictly increasing k values (1-based), 1 ≤ k ≤ N−1
+    bin_starts: IntArray  # index into k_sampled where each bin starts
+    bin_counts: IntArray  # sampled k per bin
+    k_rep: FloatArray  # geometric mean of the sampled k of each bin
+    k_lo: IntArray  # smallest integer k of each bin
+    k_hi: IntArray  # largest integer k of each bin
+
+
+def make_grid(n_samples: int, bins_per_decade: int = 20, max_per_bin: int = 256) -> CurveGrid:
+    """Log-spaced bins over k = 1 … n_samples−1 (needs n_samples ≥ 2)."""
+    if n_samples < 2:
+        raise ValueError("a loss-difference curve needs at least 2 samples")
+    k_max = n_samples - 1
+    n_edges = max(2, int(np.ceil(np.log10(k_max + 1) * bins_per_decade)) + 1)
+    edges = np.unique(np.floor(np.geomspace(1, k_max + 1, n_edges)).astype(np.int64))
+    edges[-1] = k_max + 1
+    edges = np.unique(edges)
+    sampled: list[IntArray] = []
+    counts = []
+    k_lo = edges[:-1]
+    k_hi = edges[1:] - 1
+    for lo, hi in zip(k_lo, k_hi, strict=True):
+        width = hi - lo + 1
+        if width <= max_per_bin:
+            ks = np.arange(lo, hi + 1, dtype=np.int64)
+        else:
+            ks = np.unique(np.round(np.linspace(lo, hi, max_per_bin)).astype(np.int64))
+        sampled.append(ks)
+        counts.append(ks.size)
+    k_sampled = np.concatenate(sampled)
+    bin_counts = np.asarray(counts, dtype=np.int64)
+    bin_starts = np.concatenate([[0], np.cumsum(bin_counts)[:-1]]).astype(np.int64)
+    log_k = np.log(k_sampled.astype(np.float64))
+    k_rep = np.exp(np.add.reduceat(log_k, bin_starts) / bin_counts)
+    return CurveGrid(k_sampled, bin_starts, bin_counts, k_rep, k_lo, k_hi)
+
+
+@dataclass(frozen=True)
+class OrderingCurves:
+    """Per-ordering bin means of Δ_k and Δ_k² (rows: orderings, columns: bins)."""
+
+    grid: CurveGrid
+    abs_by_ordering: FloatArray
+    sq_by_ordering: FloatArray
+
+    @property
+    def k(self) -> FloatArray:
+        return self.grid.k_rep
+
+    @property
+    def n_orderings(self) -> int:
+        return int(self.abs_by_ordering.shape[0])
+
+
+def _ordering_rng(seed: int, stream: int, ordering: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream, ordering)))
+
+
+def _one_ordering(
+    losses: FloatArray, grid: CurveGrid, seed: int, stream: int, ordering: int
+) -> tuple[FloatArray, FloatArray]:
+    """Bin means of Δ_k and Δ_k² for one random ordering, averaged over the rows of `losses`."""
+    rng = _ordering_rng(seed, stream, ordering)
+    n_rows, n = losses.shape
+    ks = grid.k_sampled
+    seg_starts = np.concatenate([[0], ks])
+    abs_sum = np.zeros(grid.k_rep.size)
+    sq_sum = np.zeros(grid.k_rep.size)
+    if n_rows == 1:
+        blocks: list[FloatArray] = [rng.permutation(losses[0])[None, :]]
+    else:
+        perm = rng.permutation(n)
+        rows_per_block = max(1, _MAX_BLOCK_ELEMENTS // n)
+        blocks = [
+            np.take(losses[i : i + rows_per_block], perm, axis=1)
+            for i in range(0, n_rows, rows_per_block)
+        ]
+    for permuted in blocks:
+        # prefix sums S_k = sum of the first k permuted losses, at every sampled k
+        seg = np.add.reduceat(permuted, seg_starts, axis=1)[:, :-1]
+        prefix = np.cumsum(seg, axis=1)
+        running_mean = prefix / ks
+        delta = np.abs(permuted[:, ks] - running_mean) / (ks + 1)
+        abs_sum += np.add.reduceat(delta, grid.bin_starts, axis=1).sum(axis=0)
+        sq_sum += np.add.reduceat(delta * delta, grid.bin_starts, axis=1).sum(axis=0)
+    scale = 1.0 / (grid.bin_counts * n_rows)
+    return abs_sum * scale, sq_sum * scale
+
+
+def loss_difference_curves(
+    losses: FloatArray,
+    *,
+    orderings: int,
+    seed: int,
+    stream: int = 0,
+    grid: CurveGrid | None = None,
+    workers: int | None = None,
+) -> OrderingCurves:
+    """Δ_k and Δ_k² over `orderings` random orderings (Petrov et al. 2025 §3.3; digest §8 item 3).
+
+    `losses` is (N,) for the losses at w*, or (P, N) for P perturbed points w* + r·u (the same
+    ordering is applied to every row and the rows are averaged: the Δ1 / Δ2 Monte-Carlo criteria
+    of digest §6.4). Orderings run on a small thread pool (numpy releases the GIL); memory is a
+    few copies of one (block of) row(s) per worker.
+    """
+    arr = np.ascontiguousarray(losses, dtype=np.float64)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2:
+        raise ValueError("losses must be (N,) or (P, N)")
+    grid = grid or make_grid(arr.shape[1])
+    n_workers = workers or min(2, os.cpu_count() or 1)
+    abs_rows = np.empty((orderings, grid.k_rep.size))
+    sq_rows = np.empty_like(abs_rows)
+
+    def run(r: int) -> None:
+        abs_rows[r], sq_rows[r] = _one_ordering(arr, grid, seed, stream, r)
+
+    if n_workers <= 1 or orderings < 4:
+        for r in range(orderings):
+            run(r)
+    else:
+        with ThreadPoolExecutor(max_workers=n_workers) as pool:
+            list(pool.map(run, range(orderings)))
+    return OrderingCurves(grid, abs_rows, sq_rows)
+
+
+# --------------------------------------------------------------------------- fitting
+@dataclass(frozen=True)
+class PowerLawEstimate:
+    """Fit of y ≈ C·k^(−α) with bootstrap replicates of (C, α) over orderings."""
+
+    C: float
+    alpha: float
+    r2: float
+    window: tuple[int, int]
+    n_points: int
+    C_boot: FloatArray  # (B,) — empty when no bootstrap was run
+    alpha_boot: FloatArray
+
+
+def _wls_lines(
+    x: FloatArray, y: FloatArray, w: FloatArray
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Weighted least squares y = a + b·x along the last axis; returns (a, b, weighted R²)."""
+    sw = w.sum(axis=-1, keepdims=True)
+    xm = (w * x).sum(axis=-1, keepdims=True) / sw
+    ym = (w * y).sum(axis=-1, keepdims=True) / sw
+    dx = x - xm
+    dy = y - ym
+    sxx = (w * dx * dx).sum(axis=-1)
+    sxy = (w * dx * dy).sum(axis=-1)
+    syy = (w * dy * dy).sum(axis=-1)
+    b = sxy / sxx
+    a = ym[..., 0] - b * xm[..., 0]
+    resid = dy - b[..., None] * dx
+    ss_res = (w * resid * resid).sum(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r2 = np.where(syy > 0, 1.0 - ss_res / syy, 1.0)
+    return a, b, r2
+
+
+class FitError(ValueError):
+    """The curve cannot be fitted (too few usable points, constant losses…)."""
+
+
+def window_mask(grid: CurveGrid, window: tuple[int, int]) -> NDArray[np.bool_]:
+    """Bins lying entirely inside [k_min, k_max]."""
+    return (grid.k_lo >= window[0]) & (grid.k_hi <= window[1])
+
+
+def fit_power_law(
+    by_ordering: FloatArray,
+    grid: CurveGrid,
+    window: tuple[int, int],
+    *,
+    bootstrap: int,
+    seed: int,
+    stream: int = 1,
+    fixed_alpha: float | None = None,
+    k_offset: float = 0.0,
+) -> PowerLawEstimate:
+    """Fit mean-over-orderings ≈ C·(k + k_offset)^(−α) (digest §8 item 4).
+
+    Weighted least squares of log(mean) on log k over the bins inside `window`, weights
+    1/Var(log mean) = R·mean²/Var_orderings (delta method). The bootstrap resamples the R
+    orderings with replacement (multinomial counts, one matrix product for all replicates) and
+    refits with the same weights. With `fixed_alpha` only log C is fitted (the slope is held at
+    the theory's value), as needed for the squared criterion's C2 in k* = ⌈√(C2/ε)⌉ − 1.
+    """
+    mask = window_mask(grid, window)
+    n_orderings = by_ordering.shape[0]
+    data = by_ordering[:, mask]
+    mean = data.mean(axis=0)
+    if mask.sum() < 3:
+        raise FitError(f"only {int(mask.sum())} k-bins inside the fit window {list(window)}")
+    if np.any(mean <= 0):
+        raise FitError("the loss differences are zero (all per-sample losses are equal)")
+    var = data.var(axis=0, ddof=1) if n_orderings > 1 else np.zeros_like(mean)
+    var_log = var / (n_orderings * mean * mean)
+    floor = (
+        max(float(np.median(var_log[var_log > 0])) * 1e-3, 1e-300) if np.any(var_log > 0) else 1.0
+    )
+    weights = 1.0 / np.maximum(var_log, floor)
+    x = np.log(grid.k_rep[mask] + k_offset)
+    y = np.log(mean)
+    if fixed_alpha is None:
+        a, b, r2 = _wls_lines(x, y, weights)
+        C, alpha, r2_value = float(np.exp(a)), float(-b), float(r2)
+    else:
+        log_c = y + fixed_alpha * x
+        a = np.sum(weights * log_c) / np.sum(weights)
+        C, alpha = float(np.exp(a)), float(fixed_alpha)
+        pred = a - fixed_alpha * x
+        ym = np.sum(weights * y) / np.sum(weights)
+        ss_tot = float(np.sum(weights * (y - ym) ** 2))
+        r2_value = 1.0 - float(np.sum(weights * (y - pred) ** 2)) / ss_tot if ss_tot > 0 else 1.0
+
+    c_boot = np.empty(0)
+    alpha_boot = np.empty(0)
+    if bootstrap > 0 and n_orderings > 1:
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
+        counts = rng.multinomial(n_orderings, np.full(n_orderings, 1.0 / n_orderings), bootstrap)
+        boot_mean = (counts @ data) / n_orderings
+        ok = np.all(boot_mean > 0, axis=1)
+        yb = np.log(np.where(boot_mean > 0, boot_mean, 1.0))
+        if fixed_alpha is None:
+            ab, bb, _ = _wls_lines(
+                np.broadcast_to(x, yb.shape), yb, np.broadcast_to(weights, yb.shape)
+            )
+            c_boot, alpha_boot = np.exp(ab[ok]), -bb[ok]
+        else:
+            ab = (yb + fixed_alpha * x) @ weights / weights.sum()
+            c_boot, alpha_boot = np.exp(ab[ok]), np.full(int(ok.sum()), fixed_alpha)
+    return PowerLawEstimate(
+        C=C,
+        alpha=alpha,
+        r2=r2_value,
+        window=(int(grid.k_lo[mask][0]), int(grid.k_hi[mask][-1])),
+        n_points=int(mask.sum()),
+        C_boot=c_boot,
+        alpha_boot=alpha_boot,
+    )
+
+
+def default_window(n_samples: int) -> tuple[int, int]:
+    """Skip the first samples: k_min = clip(N/1000, 10, 100), k_max = N − 1 (digest §8 item 4)."""
+    k_min = int(min(100, max(10, n_samples // 1000)))
+    return k_min, n_samples - 1

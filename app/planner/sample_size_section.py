@@ -1,0 +1,389 @@
+"""The `sample_size` section: loss-difference fits and k*(ε) per tolerance (digest §3, §8 3–5)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from app.planner import formulas
+from app.planner.loss_curve import (
+    FitError,
+    OrderingCurves,
+    PowerLawEstimate,
+    default_window,
+    fit_power_law,
+    loss_difference_curves,
+)
+from app.planner.sample_size import (
+    ceil_interval,
+    k_empirical,
+    k_empirical_many,
+    k_squared,
+    k_squared_rms,
+    k_theorem7,
+    k_theorem7_tight,
+    percentile_interval,
+)
+from app.planner.schemas import (
+    BoundValue,
+    Curve,
+    Measurements,
+    Missing,
+    NotComputed,
+    OffMinimumFit,
+    PerTolerance,
+    PowerLawFit,
+    SampleSizeSection,
+    SampleSizeValue,
+    Targets,
+)
+from app.planner.warnings import WarningLog
+
+MIN_SAMPLES_FOR_FIT = 20
+FEW_SAMPLES = 1000
+MIN_WINDOW_DECADES = 1.0
+MIN_WINDOW_BINS = 6
+ALPHA_THEORY = 1.0
+ALPHA_SQ_THEORY = 2.0
+ALPHA_TOLERANCE = 0.1
+POOR_R2 = 0.9
+_BOOT_STREAM = 1
+
+
+class _Fits:
+    """The three fits of one set of curves (|Δ| free, Δ² free, Δ² with the slope fixed at 2)."""
+
+    def __init__(self) -> None:
+        self.abs: PowerLawEstimate | None = None
+        self.sq: PowerLawEstimate | None = None
+        self.c2: PowerLawEstimate | None = None
+        self.abs_out: PowerLawFit | NotComputed = NotComputed(reason="not fitted")
+        self.sq_out: PowerLawFit | NotComputed = NotComputed(reason="not fitted")
+
+
+def _interval(samples: np.ndarray, confidence: float) -> tuple[float, float] | None:
+    return percentile_interval(samples, confidence) if samples.size > 1 else None
+
+
+def _fit_out(
+    est: PowerLawEstimate, theory_alpha: float, formula: str, confidence: float
+) -> PowerLawFit:
+    return PowerLawFit(
+        C=est.C,
+        alpha=est.alpha,
+        C_ci=_interval(est.C_boot, confidence),
+        alpha_ci=_interval(est.alpha_boot, confidence),
+        r2=est.r2,
+        window=est.window,
+        n_points=est.n_points,
+        theory_alpha=theory_alpha,
+        formula=formula,
+    )
+
+
+def _window(n: int, targets: Targets) -> tuple[int, int]:
+    if targets.fit_window is None:
+        return default_window(n)
+    k_min, k_max = targets.fit_window
+    return k_min, min(k_max, n - 1)
+
+
+def _fit_curves(
+    curves: OrderingCurves, window: tuple[int, int], targets: Targets, seed: int
+) -> _Fits:
+    fits = _Fits()
+    conf = targets.confidence
+    try:
+        fits.abs = fit_power_law(
+            curves.abs_by_ordering,
+            curves.grid,
+            window,
+            bootstrap=targets.bootstrap,
+            seed=seed,
+            stream=_BOOT_STREAM,
+        )
+        fits.abs_out = _fit_out(fits.abs, ALPHA_THEORY, formulas.POWER_LAW_FIT, conf)
+    except FitError as exc:
+        fits.abs_out = NotComputed(reason=str(exc))
+    try:
+        fits.sq = fit_power_law(
+            curves.sq_by_ordering,
+            curves.grid,
+            window,
+            bootstrap=targets.bootstrap,
+            seed=seed,
+            stream=_BOOT_STREAM,
+        )
+        fits.sq_out = _fit_out(fits.sq, ALPHA_SQ_THEORY, formulas.POWER_LAW_FIT_SQ, conf)
+        fits.c2 = fit_power_law(
+            curves.sq_by_ordering,
+            curves.grid,
+            window,
+            bootstrap=targets.bootstrap,
+            seed=seed,
+            stream=_BOOT_STREAM,
+            fixed_alpha=ALPHA_SQ_THEORY,
+            k_offset=1.0,
+        )
+    except FitError as exc:
+        fits.sq_out = NotComputed(reason=str(exc))
+    return fits
+
+
+def _check_fit(fits: _Fits, label: str, log: WarningLog) -> None:
+    for est, theory, name in (
+        (fits.abs, ALPHA_THEORY, "|Δ_k|"),
+        (fits.sq, ALPHA_SQ_THEORY, "Δ_k²"),
+    ):
+        if est is None:
+            continue
+        decades = math.log10(est.window[1] / est.window[0]) if est.window[0] > 0 else 0.0
+        if decades < MIN_WINDOW_DECADES or est.n_points < MIN_WINDOW_BINS:
+            log.add(
+                "fit_window_too_short",
+                "sample_size",
+                f"{label}: the {name} fit window {list(est.window)} spans {decades:.2f} decades "
+                f"({est.n_points} bins); the exponent is poorly determined",
+            )
+        if abs(est.alpha - theory) > ALPHA_TOLERANCE * theory:
+            log.add(
+                "alpha_far_from_theory",
+                "sample_size",
+                f"{label}: fitted {name} exponent {est.alpha:.3f} differs from the theory's "
+                f"{theory:g} by more than {ALPHA_TOLERANCE * 100:.0f} %",
+            )
+        if est.r2 < POOR_R2:
+            log.add(
+                "poor_fit",
+                "sample_size",
+                f"{label}: {name} power-law fit has R² = {est.r2:.3f} < {POOR_R2}",
+            )
+
+
+def _curve_out(curves: OrderingCurves) -> Curve:
+    return Curve(
+        k=[round(float(k)) for k in curves.k],
+        delta=[float(v) for v in curves.abs_by_ordering.mean(axis=0)],
+        delta_sq=[float(v) for v in curves.sq_by_ordering.mean(axis=0)],
+    )
+
+
+def _empirical(fits: _Fits, tol: float, conf: float) -> SampleSizeValue | NotComputed:
+    est = fits.abs
+    if est is None:
+        return NotComputed(reason="the Δ_k fit could not be computed")
+    k = k_empirical(est.C, est.alpha, tol)
+    ci = None
+    if est.C_boot.size > 1:
+        ci = ceil_interval(
+            percentile_interval(k_empirical_many(est.C_boot, est.alpha_boot, tol), conf)
+        )
+    note = None
+    if k is None:
+        note = "not finite: the fitted exponent is not positive or k* exceeds 1e18"
+    return SampleSizeValue(k=k, ci=ci, formula=formulas.K_EMPIRICAL, note=note)
+
+
+def _squared(fits: _Fits, tol: float, conf: float, rms: bool) -> SampleSizeValue | NotComputed:
+    est = fits.c2
+    if est is None:
+        return NotComputed(reason="the Δ_k² fit could not be computed")
+    if rms:
+        k = k_squared_rms(est.C, tol)
+        boot = np.sqrt(est.C_boot) / tol
+        formula = formulas.K_SQUARED_RMS
+    else:
+        k = k_squared(est.C, tol)
+        boot = np.sqrt(est.C_boot / tol)
+        formula = formulas.K_SQUARED
+    ci = ceil_interval(percentile_interval(boot, conf), minus_one=True) if boot.size > 1 else None
+    return SampleSizeValue(
+        k=k, ci=ci, formula=f"{formula}; C2 = {est.C:.6g} ({formulas.C2_FIXED_SLOPE})"
+    )
+
+
+def _theoretical(
+    loss_bound: BoundValue | None,
+    m_bound: BoundValue | None,
+    radius: float | None,
+    tol: float,
+    tight: bool,
+) -> SampleSizeValue | NotComputed:
+    missing = []
+    if loss_bound is None:
+        missing.append("measurements.loss_bound (or per_sample_losses for the observed max)")
+    if radius is None:
+        missing.append("targets.radius")
+    elif radius > 0 and m_bound is None:
+        missing.append("measurements.hessian_norm_bound (or per_sample_hessian_norms)")
+    if missing:
+        return NotComputed(reason="needs " + " and ".join(missing))
+    assert loss_bound is not None and radius is not None
+    m_value = m_bound.value if m_bound is not None else 0.0
+    fn = k_theorem7_tight if tight else k_theorem7
+    k = fn(loss_bound.value, m_value, radius, tol)
+    note = None
+    if loss_bound.source == "observed_max":
+        note = "ℓ_max is the observed maximum loss, a lower bound on the true ℓ_max"
+    return SampleSizeValue(
+        k=k, formula=formulas.K_THM7_TIGHT if tight else formulas.K_THM7, note=note
+    )
+
+
+def build_sample_size_section(
+    measurements: Measurements, targets: Targets, seed: int, log: WarningLog
+) -> SampleSizeSection | NotComputed:
+    """Loss-difference curves, their fits and k*(ε) per tolerance."""
+    losses = measurements.per_sample_losses
+    perturbed = measurements.perturbed_losses
+    has_theory = measurements.loss_bound is not None and targets.radius is not None
+    if losses is None and perturbed is None and not has_theory:
+        return NotComputed(
+            reason="needs measurements.per_sample_losses (empirical k*) or loss_bound, "
+            "hessian_norm_bound and targets.radius (Theorem 7 k*)"
+        )
+    conf = targets.confidence
+    missing: list[Missing] = []
+    fits = _Fits()
+    curve = None
+    n = 0
+    if losses is not None:
+        arr = np.asarray(losses, dtype=np.float64)
+        n = arr.size
+        if n < MIN_SAMPLES_FOR_FIT:
+            log.add(
+                "insufficient_samples",
+                "sample_size",
+                f"{n} per-sample losses; at least {MIN_SAMPLES_FOR_FIT} are needed for a Δ_k fit",
+            )
+            reason = f"only {n} per-sample losses (need ≥ {MIN_SAMPLES_FOR_FIT})"
+            fits.abs_out = NotComputed(reason=reason)
+            fits.sq_out = NotComputed(reason=reason)
+        else:
+            if n < FEW_SAMPLES:
+                log.add(
+                    "insufficient_samples",
+                    "sample_size",
+                    f"only {n} per-sample losses: the fit covers less than 3 decades of k",
+                )
+            curves = loss_difference_curves(arr, orderings=targets.orderings, seed=seed)
+            curve = _curve_out(curves)
+            fits = _fit_curves(curves, _window(n, targets), targets, seed)
+            _check_fit(fits, "losses at w*", log)
+    else:
+        reason = "measurements.per_sample_losses not given"
+        fits.abs_out = NotComputed(reason=reason)
+        fits.sq_out = NotComputed(reason=reason)
+        missing.append(Missing(item="fit", reason=reason))
+
+    # ℓ_max and M for Theorem 7
+    loss_bound = None
+    if measurements.loss_bound is not None:
+        loss_bound = BoundValue(value=measurements.loss_bound, source="input")
+    elif losses is not None:
+        loss_bound = BoundValue(value=float(max(losses)), source="observed_max")
+    m_bound = None
+    if measurements.hessian_norm_bound is not None:
+        m_bound = BoundValue(value=measurements.hessian_norm_bound, source="input")
+    elif measurements.per_sample_hessian_norms is not None:
+        m_bound = BoundValue(
+            value=float(max(measurements.per_sample_hessian_norms)), source="per_sample_max"
+        )
+
+    off_minimum = []
+    if perturbed is not None:
+        p_arr = np.asarray(perturbed.losses, dtype=np.float64)
+        p_n = p_arr.shape[1]
+        if p_n < MIN_SAMPLES_FOR_FIT:
+            reason = f"only {p_n} samples per perturbed point (need ≥ {MIN_SAMPLES_FOR_FIT})"
+            off = OffMinimumFit(
+                radius=perturbed.radius,
+                kind=perturbed.kind,
+                n_points=p_arr.shape[0],
+                fit=NotComputed(reason=reason),
+                fit_squared=NotComputed(reason=reason),
+            )
+        else:
+            p_curves = loss_difference_curves(
+                p_arr, orderings=targets.orderings, seed=seed, stream=10
+            )
+            p_fits = _fit_curves(p_curves, _window(p_n, targets), targets, seed)
+            _check_fit(p_fits, f"perturbed losses at radius {perturbed.radius:g}", log)
+            off = OffMinimumFit(
+                radius=perturbed.radius,
+                kind=perturbed.kind,
+                n_points=p_arr.shape[0],
+                fit=p_fits.abs_out,
+                fit_squared=p_fits.sq_out,
+            )
+        off_minimum.append(off)
+
+    available = measurements.available_samples or (n if losses is not None else None)
+    per_tolerance = []
+    short = []
+    if targets.tolerances is None:
+        missing.append(Missing(item="per_tolerance", reason="targets.tolerances not given"))
+    else:
+        for tol in dict.fromkeys(targets.tolerances):
+            empirical = (
+                _empirical(fits, tol, conf)
+                if losses is not None
+                else NotComputed(reason="measurements.per_sample_losses not given")
+            )
+            enough = None
+            if available is not None and isinstance(empirical, SampleSizeValue):
+                # conservative: the upper end of the interval when there is one
+                needed = empirical.ci[1] if empirical.ci is not None else empirical.k
+                enough = needed is not None and available >= needed
+                if not enough:
+                    short.append(tol)
+            per_tolerance.append(
+                PerTolerance(
+                    tolerance=tol,
+                    empirical=empirical,
+                    theoretical=_theoretical(loss_bound, m_bound, targets.radius, tol, False),
+                    theoretical_tight=_theoretical(loss_bound, m_bound, targets.radius, tol, True),
+                    squared=_squared(fits, tol, conf, rms=False)
+                    if losses is not None
+                    else NotComputed(reason="measurements.per_sample_losses not given"),
+                    squared_rms=_squared(fits, tol, conf, rms=True)
+                    if losses is not None
+                    else NotComputed(reason="measurements.per_sample_losses not given"),
+                    available_is_enough=enough,
+                )
+            )
+            if (
+                isinstance(empirical, SampleSizeValue)
+                and fits.abs is not None
+                and (empirical.k is None or empirical.k > fits.abs.window[1])
+            ):
+                log.add(
+                    "extrapolation",
+                    "sample_size",
+                    f"empirical k*(ε={tol:g}) lies beyond the fitted range k ≤ "
+                    f"{fits.abs.window[1]}: the power law is extrapolated",
+                )
+    if short:
+        log.add(
+            "available_samples_insufficient",
+            "sample_size",
+            f"{available} available samples are fewer than the empirical k* (upper end of its "
+            f"interval) for tolerance(s) {', '.join(f'{t:g}' for t in short)}",
+        )
+    return SampleSizeSection(
+        n_losses=n,
+        orderings=targets.orderings,
+        bootstrap=targets.bootstrap,
+        confidence=conf,
+        fit=fits.abs_out,
+        fit_squared=fits.sq_out,
+        curve=curve,
+        loss_bound=loss_bound,
+        hessian_norm_bound=m_bound,
+        radius=targets.radius,
+        available_samples=available,
+        off_minimum=off_minimum,
+        per_tolerance=per_tolerance,
+        missing=missing,
+    )

@@ -1,0 +1,161 @@
+"""Loss-vs-data power law L(D) = E + A·D^(−β) (digest §8; Kaplan et al. 2020 / Hoffmann et al.
+2022 form with an irreducible loss E)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import optimize, stats
+
+FloatArray = NDArray[np.float64]
+
+BETA_BOUNDS = (1e-3, 5.0)
+
+
+@dataclass(frozen=True)
+class ScalingFit:
+    E: float
+    A: float
+    beta: float
+    E_ci: tuple[float, float] | None
+    A_ci: tuple[float, float] | None
+    beta_ci: tuple[float, float] | None
+    r2: float
+    n_points: int
+    cov: FloatArray | None  # covariance of θ = (E, log A, β)
+    dof: int
+
+
+def _design(d: FloatArray, beta: float) -> FloatArray:
+    return np.exp(-beta * np.log(d))
+
+
+def _profile_start(d: FloatArray, loss: FloatArray) -> tuple[float, float, float]:
+    """Grid over β; for each β the best (E, A) by linear least squares with 0 ≤ E ≤ min L, A > 0."""
+    best: tuple[float, float, float, float] | None = None
+    for beta in np.geomspace(BETA_BOUNDS[0] * 10, 3.0, 120):
+        x = _design(d, beta)
+        xm, ym = x.mean(), loss.mean()
+        sxx = float(((x - xm) ** 2).sum())
+        if sxx <= 0:
+            continue
+        a = float(((x - xm) * (loss - ym)).sum() / sxx)
+        e = ym - a * xm
+        e = min(max(e, 0.0), float(loss.min()))
+        a = max(float(((loss - e) * x).sum() / (x * x).sum()), 1e-12)
+        sse = float(((e + a * x - loss) ** 2).sum())
+        if best is None or sse < best[0]:
+            best = (sse, e, a, float(beta))
+    if best is None:
+        raise ValueError("loss_vs_data has no spread in n_samples")
+    return best[1], best[2], best[3]
+
+
+def fit_loss_vs_data(n_samples: FloatArray, losses: FloatArray, confidence: float) -> ScalingFit:
+    """Fit L(D) = E + A·D^(−β) by bounded nonlinear least squares (scipy TRF).
+
+    Parameters θ = (E, log A, β) with 0 ≤ E ≤ min L and β in BETA_BOUNDS; absolute residuals.
+    Intervals: θ ± t_{n−3}·se from s²(JᵀJ)⁻¹ (A's interval through exp). Needs 3 points (4 for
+    intervals) and at least 3 distinct dataset sizes.
+    """
+    d = np.asarray(n_samples, dtype=np.float64)
+    y = np.asarray(losses, dtype=np.float64)
+    n = d.size
+    if np.unique(d).size < 3:
+        raise ValueError("loss_vs_data needs at least 3 distinct n_samples")
+    log_d = np.log(d)
+    e0, a0, b0 = _profile_start(d, y)
+
+    def model(theta: FloatArray) -> FloatArray:
+        return theta[0] + np.exp(theta[1] - theta[2] * log_d)
+
+    def residuals(theta: FloatArray) -> FloatArray:
+        return model(theta) - y
+
+    def jacobian(theta: FloatArray) -> FloatArray:
+        power = np.exp(theta[1] - theta[2] * log_d)
+        return np.column_stack([np.ones(n), power, -log_d * power])
+
+    y_min = float(y.min())
+    lower = np.array([0.0, -700.0, BETA_BOUNDS[0]])
+    upper = np.array([max(y_min, 1e-12), 700.0, BETA_BOUNDS[1]])
+    start = np.clip(np.array([e0, math.log(a0), b0]), lower, upper)
+    res = optimize.least_squares(
+        residuals,
+        start,
+        jac=jacobian,
+        bounds=(lower, upper),
+        method="trf",
+        x_scale="jac",
+        xtol=1e-14,
+        ftol=1e-14,
+        gtol=1e-14,
+        max_nfev=5000,
+    )
+    theta = res.x
+    ss_res = float(res.fun @ res.fun)
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    e_ci = a_ci = b_ci = None
+    cov = None
+    dof = n - 3
+    if dof > 0:
+        jac = jacobian(theta)
+        try:
+            cov = (ss_res / dof) * np.linalg.inv(jac.T @ jac)
+        except np.linalg.LinAlgError:
+            cov = None
+        if cov is not None and np.all(np.isfinite(cov)):
+            t = float(stats.t.ppf((1 + confidence) / 2, dof))
+            se = np.sqrt(np.maximum(np.diag(cov), 0.0))
+            e_ci = (max(theta[0] - t * se[0], 0.0), theta[0] + t * se[0])
+            a_ci = (math.exp(theta[1] - t * se[1]), math.exp(min(theta[1] + t * se[1], 700.0)))
+            b_ci = (max(theta[2] - t * se[2], 0.0), theta[2] + t * se[2])
+        else:
+            cov = None
+    return ScalingFit(
+        E=float(theta[0]),
+        A=math.exp(theta[1]),
+        beta=float(theta[2]),
+        E_ci=e_ci,
+        A_ci=a_ci,
+        beta_ci=b_ci,
+        r2=r2,
+        n_points=n,
+        cov=cov,
+        dof=dof,
+    )
+
+
+def data_for_target(E: float, A: float, beta: float, target: float) -> float | None:
+    """D = (A/(target − E))^(1/β) solving E + A·D^(−β) = target; None when target ≤ E."""
+    if target <= E:
+        return None
+    log_d = (math.log(A) - math.log(target - E)) / beta
+    return math.exp(log_d) if log_d < 700 else math.inf
+
+
+def data_for_target_interval(
+    fit: ScalingFit, target: float, confidence: float, rng: np.random.Generator, draws: int = 4000
+) -> tuple[float | None, float | None] | None:
+    """Percentile interval of D(θ) over draws of θ from the fit's asymptotic normal (t-scaled).
+
+    An end is None when the corresponding quantile is unreachable (target ≤ E in those draws)."""
+    if fit.cov is None:
+        return None
+    theta = np.array([fit.E, math.log(fit.A), fit.beta])
+    try:
+        chol = np.linalg.cholesky(fit.cov + 1e-300 * np.eye(3))
+    except np.linalg.LinAlgError:
+        return None
+    z = rng.standard_t(max(fit.dof, 1), size=(draws, 3))
+    samples = theta + z @ chol.T
+    e, log_a, beta = samples[:, 0], samples[:, 1], np.maximum(samples[:, 2], BETA_BOUNDS[0])
+    gap = target - e
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        d = np.where(gap > 0, np.exp((log_a - np.log(np.where(gap > 0, gap, 1.0))) / beta), np.inf)
+    lo, hi = np.quantile(d, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return (float(lo) if math.isfinite(lo) else None, float(hi) if math.isfinite(hi) else None)

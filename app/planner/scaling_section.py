@@ -1,0 +1,78 @@
+"""The `scaling` section: L(D) = E + A·D^(−β) and the data needed for a target loss."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.planner import formulas
+from app.planner.scaling import data_for_target, data_for_target_interval, fit_loss_vs_data
+from app.planner.schemas import Measurements, Missing, NotComputed, ScalingSection, Targets
+from app.planner.warnings import WarningLog
+
+EXTRAPOLATION_FACTOR = 10.0
+
+
+def build_scaling_section(
+    measurements: Measurements, targets: Targets, seed: int, log: WarningLog
+) -> ScalingSection | NotComputed:
+    """Fit the pilot `loss_vs_data` runs and solve for `target_loss`."""
+    points = measurements.loss_vs_data
+    if points is None:
+        return NotComputed(reason="measurements.loss_vs_data not given")
+    d = np.array([p.n_samples for p in points], dtype=np.float64)
+    y = np.array([p.loss for p in points], dtype=np.float64)
+    if np.unique(d).size < 3:
+        return NotComputed(
+            reason=f"loss_vs_data has {np.unique(d).size} distinct n_samples; the three-parameter "
+            "law needs at least 3 (4 for intervals)"
+        )
+    fit = fit_loss_vs_data(d, y, targets.confidence)
+    missing = []
+    if fit.cov is None:
+        missing.append(
+            Missing(
+                item="intervals", reason="needs at least 4 points (one residual degree of freedom)"
+            )
+        )
+    target = targets.target_loss
+    n_for_target: float | str | None = None
+    n_ci = None
+    if target is None:
+        missing.append(Missing(item="n_for_target_loss", reason="targets.target_loss not given"))
+    else:
+        needed = data_for_target(fit.E, fit.A, fit.beta, target)
+        if needed is None:
+            n_for_target = "unreachable"
+            log.add(
+                "target_below_irreducible_loss",
+                "scaling",
+                f"target_loss {target:g} ≤ fitted irreducible loss E = {fit.E:.4g}: more data "
+                "alone cannot reach it",
+            )
+        else:
+            n_for_target = needed if np.isfinite(needed) else None
+            rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(30,)))
+            n_ci = data_for_target_interval(fit, target, targets.confidence, rng)
+            if n_for_target is None or needed > EXTRAPOLATION_FACTOR * d.max():
+                log.add(
+                    "extrapolation",
+                    "scaling",
+                    f"the data for target_loss {target:g} is more than "
+                    f"{EXTRAPOLATION_FACTOR:g}× the largest pilot run ({d.max():.4g})",
+                )
+    return ScalingSection(
+        E=fit.E,
+        A=fit.A,
+        beta=fit.beta,
+        E_ci=fit.E_ci,
+        A_ci=fit.A_ci,
+        beta_ci=fit.beta_ci,
+        r2=fit.r2,
+        n_points=fit.n_points,
+        formula=formulas.SCALING_FIT,
+        target_loss=target,
+        n_for_target_loss=n_for_target,
+        n_for_target_loss_ci=n_ci,
+        n_for_target_loss_formula=None if target is None else formulas.N_FOR_TARGET,
+        missing=missing,
+    )
