@@ -156,7 +156,11 @@ def app(settings: Any, db_session: Any) -> Iterator[Any]:
 @pytest.fixture
 def client(app: Any) -> Iterator[Any]:
     """A TestClient (httpx over ASGI); server errors come back as 500 responses."""
-    from fastapi.testclient import TestClient
+    import warnings
+
+    with warnings.catch_warnings():  # starlette nags about httpx vs httpx2; not our concern
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
 
     with TestClient(app, raise_server_exceptions=False) as test_client:
         yield test_client
