@@ -1,0 +1,609 @@
+"""Per-sample statistics at w*: losses, losses at perturbed points, per-sample Hessian norms.
+
+What the planner's sample-size criteria consume (Petrov et al. 2025, §3.3 and Theorem 7;
+the off-minimum Δ criteria of the follow-ups, paper digest §6.4):
+
+* ``per_example_losses`` — l_i(w*) for every example (an example is a sequence; its loss is
+  the mean over its loss terms: summed loss / count, as the objective defines them);
+* ``perturbed_losses`` — l_i(w* + r·u) for unit directions u (random, or given such as the
+  top-D Hessian eigenvectors);
+* ``per_sample_hessian_norms`` — ‖∇²l_i(w*)‖₂ = max(|λ_max|, |λ_min|) on a subsample, by Lanczos
+  on the per-example Hessian-vector product, with convergence flags → M of Theorem 7.
+
+Weights are never mutated: every evaluation goes through ``torch.func.functional_call`` with a
+parameter dict. The model runs in eval mode (asserted free of active dropout), attention under
+the MATH SDPA backend (the fused kernels have no second derivative); the caller's mode is
+restored afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+__all__ = [
+    "ExampleLossObjective",
+    "LanczosExtremes",
+    "lanczos_extremes",
+    "per_example_loss_sums",
+    "per_example_losses",
+    "per_sample_hessian_norms",
+    "perturbed_losses",
+    "perturbed_losses_record",
+    "random_subspace_directions",
+    "random_unit_directions",
+    "select_parameters",
+]
+
+DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
+
+
+class ExampleLossObjective(Protocol):
+    """The engine's ``Objective`` protocol (engine contract): per-example summed loss and counts."""
+
+    def example_losses(
+        self, model: nn.Module, inputs: Tensor, targets: Tensor
+    ) -> tuple[Tensor, Tensor]: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared plumbing (also used by gradient_noise.py)
+# ---------------------------------------------------------------------------------------------
+
+
+class _ObjectiveModule(nn.Module):
+    """Wraps model + objective so that ``functional_call`` can swap the model's parameters.
+
+    Parameters are addressed as ``model.<name>``; the objective sees an ordinary module.
+    """
+
+    def __init__(self, model: nn.Module, objective: ExampleLossObjective) -> None:
+        super().__init__()
+        self.model = model
+        self._objective = objective
+
+    def forward(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        return self._objective.example_losses(self.model, inputs, targets)
+
+
+def _call_objective(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    params: Mapping[str, Tensor],
+    inputs: Tensor,
+    targets: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """Per-example (summed loss, count) with ``params`` substituted (others: the model's own)."""
+    wrapper = _ObjectiveModule(model, objective)
+    prefixed = {f"model.{name}": value for name, value in params.items()}
+    sums, counts = functional_call(wrapper, prefixed, (inputs, targets))
+    return sums, counts
+
+
+@contextlib.contextmanager
+def curvature_mode(model: nn.Module) -> Iterator[None]:
+    """Eval mode + MATH attention backend for the duration; restores the caller's modes.
+
+    Raises ValueError if a dropout module with p > 0 would still be active in eval mode
+    (functional dropout inside a custom forward cannot be detected; keep it out of models).
+    """
+    modes = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        for name, module in model.named_modules():
+            if isinstance(module, nn.modules.dropout._DropoutNd) and module.training:
+                raise ValueError(f"model: dropout module {name!r} is active in eval mode")
+        with _math_sdpa():
+            yield
+    finally:
+        for module, training in modes.items():
+            module.train(training)
+
+
+@contextlib.contextmanager
+def _math_sdpa() -> Iterator[None]:
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # pragma: no cover - old torch
+        yield
+        return
+    with sdpa_kernel(SDPBackend.MATH):
+        yield
+
+
+def select_parameters(
+    model: nn.Module, param_names: Sequence[str] | None = None
+) -> dict[str, Tensor]:
+    """The chosen parameters (default: every parameter that requires grad), detached, in order.
+
+    ``named_parameters()`` deduplicates tied tensors, so a tied weight appears once.
+    """
+    named = dict(model.named_parameters())
+    if param_names is None:
+        chosen = [name for name, p in named.items() if p.requires_grad]
+    else:
+        chosen = list(param_names)
+        missing = [name for name in chosen if name not in named]
+        if missing:
+            raise ValueError(f"param_names: not parameters of the model: {missing}")
+        if len(set(chosen)) != len(chosen):
+            raise ValueError("param_names: duplicate names")
+    if not chosen:
+        raise ValueError("param_names: no parameters selected")
+    return {name: named[name].detach() for name in chosen}
+
+
+def _flatten(tensors: Sequence[Tensor]) -> Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _unflatten(flat: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    out: dict[str, Tensor] = {}
+    offset = 0
+    for name, ref in like.items():
+        n = ref.numel()
+        out[name] = flat[offset : offset + n].view_as(ref).to(ref.dtype)
+        offset += n
+    return out
+
+
+def _numel(params: Mapping[str, Tensor]) -> int:
+    return sum(p.numel() for p in params.values())
+
+
+def _check_sample(inputs: Tensor, targets: Tensor) -> int:
+    if inputs.ndim == 0 or targets.ndim == 0:
+        raise ValueError("inputs/targets: need a leading example dimension")
+    n = int(inputs.shape[0])
+    if int(targets.shape[0]) != n:
+        raise ValueError(
+            f"targets: {targets.shape[0]} examples but inputs has {n} (leading dimensions differ)"
+        )
+    if n == 0:
+        raise ValueError("inputs: the sample is empty")
+    return n
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size: must be ≥ 1, got {batch_size}")
+
+
+def _model_device_dtype(params: Mapping[str, Tensor]) -> tuple[torch.device, torch.dtype]:
+    first = next(iter(params.values()))
+    return first.device, first.dtype
+
+
+def _chunks(n: int, size: int) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
+
+
+def _to_device(t: Tensor, device: torch.device) -> Tensor:
+    return t.to(device) if t.device != device else t
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-example losses
+# ---------------------------------------------------------------------------------------------
+
+
+def per_example_loss_sums(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    inputs: Tensor,
+    targets: Tensor,
+    batch_size: int = 64,
+    params: Mapping[str, Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Per-example summed loss s_i and count c_i (fp64), evaluated in micro-batches.
+
+    The dataset loss is L = Σ s_i / Σ c_i (engine contract: loss terms weighted by their counts),
+    the empirical risk of Petrov et al. 2025 §2 (digest §1.2). ``params`` substitutes weights.
+    """
+    n = _check_sample(inputs, targets)
+    _check_batch_size(batch_size)
+    params = dict(params) if params is not None else {}
+    device = next(model.parameters()).device
+    sums = torch.empty(n, dtype=torch.float64)
+    counts = torch.empty(n, dtype=torch.float64)
+    with torch.no_grad(), curvature_mode(model):
+        for sl in _chunks(n, batch_size):
+            s, c = _call_objective(
+                model,
+                objective,
+                params,
+                _to_device(inputs[sl], device),
+                _to_device(targets[sl], device),
+            )
+            sums[sl] = s.detach().to("cpu", torch.float64)
+            counts[sl] = c.detach().to("cpu", torch.float64)
+    if bool((counts <= 0).any()):
+        bad = torch.nonzero(counts <= 0).flatten()[:10].tolist()
+        raise ValueError(f"targets: examples {bad} have no loss terms (count 0, e.g. all ignored)")
+    return sums, counts
+
+
+def per_example_losses(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    inputs: Tensor,
+    targets: Tensor,
+    batch_size: int = 64,
+) -> Tensor:
+    """l_i(w*) = s_i / c_i for every example (fp64, shape (n,)).
+
+    The per-sample losses l_i of Petrov et al. 2025, §3.3 (L_k = (1/k)Σ_{i≤k} l_i) and of the
+    paper digest §8 item 3 (computed once, at w*, without augmentation).
+    """
+    sums, counts = per_example_loss_sums(model, objective, inputs, targets, batch_size)
+    return sums / counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Directions and perturbed losses
+# ---------------------------------------------------------------------------------------------
+
+
+def random_unit_directions(
+    params: Mapping[str, Tensor] | int, n: int, generator: torch.Generator
+) -> Tensor:
+    """n directions u ~ Uniform(unit sphere) over all selected parameters jointly: (n, D) fp64.
+
+    Gaussian draws normalised over the concatenation of all selected parameters (not per
+    tensor), the random unit directions of the Δ₁ criterion (paper digest §6.4 and §8 item 3).
+    ``params`` is the parameter dict (see ``select_parameters``) or the dimension D itself.
+    Drawn on the CPU from ``generator`` so that a seed reproduces them on any device.
+    """
+    dim = params if isinstance(params, int) else _numel(params)
+    if n < 1:
+        raise ValueError(f"n: need at least one direction, got {n}")
+    if dim < 1:
+        raise ValueError("params: zero-dimensional parameter space")
+    z = torch.randn(n, dim, generator=generator, dtype=torch.float64)
+    return z / torch.linalg.vector_norm(z, dim=1, keepdim=True)
+
+
+def random_subspace_directions(basis: Tensor, n: int, generator: torch.Generator) -> Tensor:
+    """n random unit directions inside span(basis): u = Uz/‖Uz‖, z ~ N(0, I_D). Shape (n, P).
+
+    ``basis`` (D, P) holds orthonormal rows, e.g. the top-D Hessian eigenvectors U_D of the
+    subspace criterion Δ₂^(D) (curvature-aligned probing, paper digest §6.4).
+    """
+    if basis.ndim != 2 or basis.shape[0] < 1:
+        raise ValueError("basis: need a (D, P) matrix with D ≥ 1 rows")
+    u = basis.to(torch.float64)
+    gram = u @ u.T
+    eye = torch.eye(u.shape[0], dtype=torch.float64, device=u.device)
+    if not torch.allclose(gram, eye, atol=1e-6):
+        raise ValueError("basis: rows must be orthonormal (‖UUᵀ − I‖ > 1e-6)")
+    z = torch.randn(n, u.shape[0], generator=generator, dtype=torch.float64).to(u.device)
+    d = z @ u
+    return d / torch.linalg.vector_norm(d, dim=1, keepdim=True)
+
+
+def _check_directions(directions: Tensor, dim: int) -> Tensor:
+    if directions.ndim == 1:
+        directions = directions.unsqueeze(0)
+    if directions.ndim != 2 or directions.shape[1] != dim:
+        raise ValueError(
+            f"directions: expected shape (P, {dim}) over the selected parameters, "
+            f"got {tuple(directions.shape)}"
+        )
+    norms = torch.linalg.vector_norm(directions.to(torch.float64), dim=1)
+    if bool(((norms - 1.0).abs() > 1e-6).any()):
+        bad = torch.nonzero((norms - 1.0).abs() > 1e-6).flatten()[:10].tolist()
+        raise ValueError(f"directions: rows {bad} are not unit vectors (‖u‖ must be 1 ± 1e-6)")
+    return directions
+
+
+def perturbed_losses(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    inputs: Tensor,
+    targets: Tensor,
+    radius: float,
+    directions: Tensor | int,
+    *,
+    param_names: Sequence[str] | None = None,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> Tensor:
+    """l_i(w* + r·u_p) for every direction p and example i: (P, n) fp64.
+
+    The losses behind the off-minimum criteria Δ₁ (random unit directions at radius ε) and the
+    subspace criteria (top-D eigenvectors) of the follow-ups (paper digest §6.4, §8 item 3).
+    ``directions`` is a (P, D) tensor of unit rows over ``param_names`` (in that order; default
+    all trainable parameters in ``named_parameters()`` order), or an int P: that many random
+    unit directions from ``torch.Generator().manual_seed(seed)``. Live weights are not touched.
+    """
+    if not math.isfinite(radius) or radius < 0:
+        raise ValueError(f"radius: must be a finite number ≥ 0, got {radius}")
+    base = select_parameters(model, param_names)
+    dim = _numel(base)
+    if isinstance(directions, int):
+        directions = random_unit_directions(dim, directions, torch.Generator().manual_seed(seed))
+    dirs = _check_directions(directions, dim)
+    n = _check_sample(inputs, targets)
+    out = torch.empty(dirs.shape[0], n, dtype=torch.float64)
+    base_flat = _flatten(list(base.values())).to(torch.float64)
+    for p in range(dirs.shape[0]):
+        moved = base_flat + radius * dirs[p].to(base_flat.device, torch.float64)
+        params = _unflatten(moved, base)
+        sums, counts = per_example_loss_sums(
+            model, objective, inputs, targets, batch_size, params=params
+        )
+        out[p] = sums / counts
+    return out
+
+
+def perturbed_losses_record(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    inputs: Tensor,
+    targets: Tensor,
+    radius: float,
+    directions: Tensor | int,
+    *,
+    kind: str = "random",
+    param_names: Sequence[str] | None = None,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """JSON-able ``{radius, kind, losses[P][n], n_directions, seed, param_names}``.
+
+    ``kind`` labels the directions as the planner's ``PerturbedLosses.kind`` does: "random"
+    (uniform on the sphere of all selected parameters) or "top_eigenspace" (given top-D Hessian
+    eigenvectors, or random directions inside their span from ``random_subspace_directions``).
+    The first three keys are the planner's ``PerturbedLosses``; the others record provenance.
+    """
+    if kind not in ("random", "top_eigenspace"):
+        raise ValueError(f"kind: must be 'random' or 'top_eigenspace', got {kind!r}")
+    losses = perturbed_losses(
+        model,
+        objective,
+        inputs,
+        targets,
+        radius,
+        directions,
+        param_names=param_names,
+        batch_size=batch_size,
+        seed=seed,
+    )
+    names = list(select_parameters(model, param_names))
+    return {
+        "radius": float(radius),
+        "kind": kind,
+        "losses": losses.tolist(),
+        "n_directions": int(losses.shape[0]),
+        "seed": int(seed) if isinstance(directions, int) else None,
+        "param_names": names,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Lanczos (both ends of the spectrum)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LanczosExtremes:
+    """λ_max, λ_min of a symmetric operator with true residuals ‖Av − θv‖ and a converged flag."""
+
+    lambda_max: float
+    lambda_min: float
+    residual_max: float
+    residual_min: float
+    converged: bool
+    n_products: int
+    n_steps: int
+
+    @property
+    def spectral_norm(self) -> float:
+        return max(abs(self.lambda_max), abs(self.lambda_min))
+
+
+def lanczos_extremes(
+    matvec: Callable[[Tensor], Tensor],
+    dim: int,
+    *,
+    generator: torch.Generator,
+    tol: float = 1e-6,
+    max_iter: int = 200,
+) -> LanczosExtremes:
+    """Extreme eigenvalues of a symmetric operator by Lanczos with full reorthogonalisation.
+
+    Both ends come from one Krylov space (power iteration would return only the largest
+    magnitude, which can be negative; curvature pitfalls item 4). Stops when both Ritz
+    residuals |β_j s_j| ≤ tol·max(|θ_max|, |θ_min|), on an invariant subspace (β ≈ 0: the Ritz
+    values are exact), or at ``max_iter`` steps. The reported residuals are the true
+    ‖Av − θv‖ (two extra products) and ``converged`` requires both ≤ tol·max(|λ_max|, |λ_min|),
+    so an exhausted ``max_iter`` is flagged, never hidden. Vectors are kept in fp64;
+    ``matvec`` takes and returns (dim,) tensors.
+    """
+    if dim < 1:
+        raise ValueError("dim: must be ≥ 1")
+    if not (tol > 0):
+        raise ValueError(f"tol: must be > 0, got {tol}")
+    if max_iter < 1:
+        raise ValueError(f"max_iter: must be ≥ 1, got {max_iter}")
+    q = torch.randn(dim, generator=generator, dtype=torch.float64)
+    q = q / torch.linalg.vector_norm(q)
+    basis: list[Tensor] = []
+    alphas: list[float] = []
+    betas: list[float] = []
+    n_products = 0
+    steps = min(max_iter, dim)
+    theta = torch.zeros(1, dtype=torch.float64)
+    vecs = torch.ones(1, 1, dtype=torch.float64)
+    for _j in range(steps):
+        basis.append(q)
+        w = matvec(q).to(torch.float64)
+        n_products += 1
+        alpha = float(torch.dot(q, w))
+        alphas.append(alpha)
+        q_mat = torch.stack(basis)
+        for _ in range(2):  # full reorthogonalisation, twice is enough
+            w = w - q_mat.T @ (q_mat @ w)
+        beta = float(torch.linalg.vector_norm(w))
+        t = _tridiagonal(alphas, betas)
+        theta, vecs = torch.linalg.eigh(t)
+        scale = max(abs(float(theta[-1])), abs(float(theta[0])), 1e-300)
+        res_max = abs(beta * float(vecs[-1, -1]))
+        res_min = abs(beta * float(vecs[-1, 0]))
+        invariant = beta <= 1e-12 * max(scale, abs(alpha), 1e-300)
+        if invariant or (res_max <= 0.1 * tol * scale and res_min <= 0.1 * tol * scale):
+            break
+        betas.append(beta)
+        q = w / beta
+    q_mat = torch.stack(basis)
+    v_max = q_mat.T @ vecs[:, -1]
+    v_min = q_mat.T @ vecs[:, 0]
+    lam_max = float(theta[-1])
+    lam_min = float(theta[0])
+    r_max = float(torch.linalg.vector_norm(matvec(v_max).to(torch.float64) - lam_max * v_max))
+    r_min = float(torch.linalg.vector_norm(matvec(v_min).to(torch.float64) - lam_min * v_min))
+    n_products += 2
+    scale = max(abs(lam_max), abs(lam_min))
+    converged = scale == 0.0 or (r_max <= tol * scale and r_min <= tol * scale)
+    return LanczosExtremes(
+        lambda_max=lam_max,
+        lambda_min=lam_min,
+        residual_max=r_max,
+        residual_min=r_min,
+        converged=bool(converged),
+        n_products=n_products,
+        n_steps=len(basis),
+    )
+
+
+def _tridiagonal(alphas: Sequence[float], betas: Sequence[float]) -> Tensor:
+    k = len(alphas)
+    t = torch.diag(torch.tensor(alphas, dtype=torch.float64))
+    if k > 1:
+        off = torch.tensor(betas[: k - 1], dtype=torch.float64)
+        t = t + torch.diag(off, 1) + torch.diag(off, -1)
+    return t
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-sample Hessian spectral norms
+# ---------------------------------------------------------------------------------------------
+
+
+def _example_hvp_operator(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    base: Mapping[str, Tensor],
+    x: Tensor,
+    y: Tensor,
+) -> Callable[[Tensor], Tensor]:
+    """v ↦ ∇²l(w*) v for one example's mean loss l = s/c, by double backward.
+
+    The forward graph and first backward are built once and reused for every product.
+    """
+    leaves = {name: p.detach().clone().requires_grad_(True) for name, p in base.items()}
+    sums, counts = _call_objective(model, objective, leaves, x, y)
+    loss = sums.sum() / counts.sum()
+    grads = torch.autograd.grad(loss, list(leaves.values()), create_graph=True)
+    flat_grad = _flatten(grads)
+    dtype = flat_grad.dtype
+    device = flat_grad.device
+    tensors = list(leaves.values())
+
+    def matvec(v: Tensor) -> Tensor:
+        dot = torch.dot(flat_grad, v.to(device, dtype))
+        hv = torch.autograd.grad(dot, tensors, retain_graph=True, allow_unused=True)
+        parts = [
+            (h if h is not None else torch.zeros_like(t)).reshape(-1)
+            for h, t in zip(hv, tensors, strict=True)
+        ]
+        return torch.cat(parts).to("cpu", torch.float64)
+
+    return matvec
+
+
+def per_sample_hessian_norms(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    inputs: Tensor,
+    targets: Tensor,
+    *,
+    n_subsample: int | None = 32,
+    indices: Sequence[int] | None = None,
+    param_names: Sequence[str] | None = None,
+    seed: int = 0,
+    tol: float = 1e-6,
+    max_iter: int = 200,
+    quantiles: Sequence[float] = DEFAULT_QUANTILES,
+) -> dict[str, Any]:
+    """‖H_i(w*)‖₂ = max(|λ_max|, |λ_min|) of per-example Hessians; max → M of Theorem 7.
+
+    Petrov et al. 2025, Theorem 7 assumes ‖H_i(w*)‖₂ ≤ M for all i; the paper digest §8 item 5
+    takes M as the measured max over a sample of i. H_i is the Hessian of example i's mean loss
+    l_i = s_i/c_i over ``param_names`` (default: all trainable parameters). The subsample is
+    ``indices`` or ``n_subsample`` examples drawn without replacement with ``seed`` (None: all).
+    Returns JSON-able ``{indices, norms, lambda_max, lambda_min, residual_max, residual_min,
+    converged, n_products, all_converged, max, mean, quantiles: {"q50": …}, tol, seed}``.
+    """
+    n = _check_sample(inputs, targets)
+    if indices is None:
+        if n_subsample is None or n_subsample >= n:
+            chosen = list(range(n))
+        else:
+            if n_subsample < 1:
+                raise ValueError(f"n_subsample: must be ≥ 1, got {n_subsample}")
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+            chosen = sorted(int(i) for i in perm[:n_subsample])
+    else:
+        chosen = [int(i) for i in indices]
+        if not chosen:
+            raise ValueError("indices: empty")
+        bad = [i for i in chosen if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"indices: out of range [0, {n}): {bad[:10]}")
+    for q in quantiles:
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantiles: {q} is outside [0, 1]")
+    base = select_parameters(model, param_names)
+    dim = _numel(base)
+    device, _ = _model_device_dtype(base)
+    generator = torch.Generator().manual_seed(seed)
+    results: list[LanczosExtremes] = []
+    with curvature_mode(model):
+        for i in chosen:
+            x = _to_device(inputs[i : i + 1], device)
+            y = _to_device(targets[i : i + 1], device)
+            matvec = _example_hvp_operator(model, objective, base, x, y)
+            results.append(
+                lanczos_extremes(matvec, dim, generator=generator, tol=tol, max_iter=max_iter)
+            )
+    norms = torch.tensor([r.spectral_norm for r in results], dtype=torch.float64)
+    return {
+        "indices": chosen,
+        "norms": norms.tolist(),
+        "lambda_max": [r.lambda_max for r in results],
+        "lambda_min": [r.lambda_min for r in results],
+        "residual_max": [r.residual_max for r in results],
+        "residual_min": [r.residual_min for r in results],
+        "converged": [r.converged for r in results],
+        "n_products": [r.n_products for r in results],
+        "all_converged": all(r.converged for r in results),
+        "max": float(norms.max()),
+        "mean": float(norms.mean()),
+        "quantiles": {_quantile_key(q): float(torch.quantile(norms, q)) for q in quantiles},
+        "tol": float(tol),
+        "seed": int(seed),
+        "param_names": list(base),
+    }
+
+
+def _quantile_key(q: float) -> str:
+    return "q" + f"{100 * q:g}".replace(".", "_")
