@@ -72,7 +72,7 @@ class AttemptProcess:
         self.cancel_event = mp_context.Event()
         self.process = mp_context.Process(  # type: ignore[attr-defined]
             target=child_main,
-            args=(task, results_w, lifeline_r, self.cancel_event),
+            args=(task, results_w, lifeline_r, self.cancel_event, self._lifeline.fileno()),
             name=f"curvplan-attempt-{task.job_id}-{task.attempt}",
         )
         self.process.start()

@@ -47,6 +47,22 @@ class ChildTask:
     log_level: str
 
 
+def _close_inherited_parent_end(lifeline: Connection, parent_end_fd: int) -> None:
+    """Close the worker's end of the lifeline if this child inherited a copy (``fork``).
+
+    A copy held by the child itself would keep the pipe open after the worker died.
+    The descriptor is closed only if it is the same pipe (same inode), so under
+    ``forkserver``/``spawn``, where nothing is inherited, an unrelated fd with the
+    same number is left alone.
+    """
+    try:
+        same_pipe = os.fstat(parent_end_fd).st_ino == os.fstat(lifeline.fileno()).st_ino
+    except OSError:
+        return
+    if same_pipe and parent_end_fd != lifeline.fileno():
+        os.close(parent_end_fd)
+
+
 def _watch_lifeline(lifeline: Connection) -> None:
     try:
         lifeline.poll(None)  # returns on EOF: the worker closed it or died
@@ -96,12 +112,17 @@ def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[
 
 
 def child_main(
-    task: ChildTask, results: Connection, lifeline: Connection, cancel_event: Any
+    task: ChildTask,
+    results: Connection,
+    lifeline: Connection,
+    cancel_event: Any,
+    parent_end_fd: int = -1,
 ) -> None:
     """Entry point of the attempt child (the target of the multiprocessing.Process)."""
     # The worker parent owns shutdown: a Ctrl-C on the terminal must not kill the attempt.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _close_inherited_parent_end(lifeline, parent_end_fd)
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
 
     from app.logging import bind, configure_logging

@@ -90,6 +90,9 @@ class WorkerOptions:
                 f"heartbeat_seconds ({self.heartbeat_seconds}) must be positive and at most "
                 f"half of lease_seconds ({self.lease_seconds}), or leases expire between beats"
             )
+        if self.start_method not in ("forkserver", "spawn"):
+            # ``fork`` would copy the threads and other slots' pipes into every child.
+            raise ValueError("start_method must be 'forkserver' or 'spawn'")
         for name in ("cancel_grace_seconds", "shutdown_grace_seconds"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")

@@ -1,0 +1,47 @@
+"""A job kind for the attempt-process tests: ``request["behaviour"]`` picks what it does.
+
+Registered only inside the test process (``monkeypatch.setitem(KINDS, …)``) and run
+in children started with the ``fork`` context, which inherit that registration.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Any
+
+from workers.errors import JobError
+from workers.kinds import JobContext
+
+
+def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    behaviour = request["behaviour"]
+    if behaviour == "progress":
+        for i in range(3):
+            ctx.report_progress(i / 2, f"stage-{i}", f"step {i}")
+        return {"job_id": ctx.job_id, "attempt": ctx.attempt, "data_dir": str(ctx.data_dir)}
+    if behaviour == "cooperative":  # reports progress often, so it sees cancel quickly
+        deadline = time.monotonic() + request["seconds"]
+        steps = 0
+        while time.monotonic() < deadline:
+            ctx.report_progress(0.5, "loop", f"step {steps}")
+            steps += 1
+            time.sleep(0.01)
+        return {"steps": steps}
+    if behaviour == "sleep":  # never reports progress: cancel cannot reach it
+        time.sleep(request["seconds"])
+        return {"slept": request["seconds"]}
+    if behaviour == "exit":
+        os._exit(3)
+    if behaviour == "segfault":
+        ctypes.string_at(0)
+    if behaviour == "job-error":
+        raise JobError("invalid-request", "Invalid request", "measurements.x: bad")
+    if behaviour == "exception":
+        raise RuntimeError("boom " * 200)
+    if behaviour == "not-json":
+        return {"value": float("nan")}
+    if behaviour == "bad-progress":
+        ctx.report_progress(1.5, "oops")
+    raise AssertionError(f"unknown behaviour {behaviour}")
