@@ -1,0 +1,117 @@
+"""Bearer keys: required on /v1, stored hashed, project-scoped; auth off only explicitly."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from conftest import assert_problem
+from sqlalchemy import text
+
+V1_ROUTES = [
+    ("get", "/v1/jobs"),
+    ("post", "/v1/jobs"),
+    ("get", "/v1/jobs/00000000-0000-0000-0000-000000000000"),
+    ("post", "/v1/jobs/00000000-0000-0000-0000-000000000000/cancel"),
+    ("get", "/v1/jobs/00000000-0000-0000-0000-000000000000/recommendation"),
+    ("get", "/v1/workers"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), V1_ROUTES)
+def test_missing_key_is_401_with_bearer_challenge(client, method, path) -> None:
+    response = getattr(client, method)(path)
+    assert_problem(response, 401)
+    assert response.headers["www-authenticate"].startswith("Bearer")
+
+
+@pytest.mark.parametrize(
+    "header", ["Bearer cp_not-a-real-key", "Basic dXNlcjpwYXNz", "Bearer", "cp_nobearer"]
+)
+def test_invalid_key_is_401(client, header) -> None:
+    response = client.get("/v1/jobs", headers={"Authorization": header})
+    assert_problem(response, 401)
+    assert "Bearer" in response.headers["www-authenticate"]
+
+
+def test_keys_are_stored_hashed(db_session, api_key) -> None:
+    rows = db_session.execute(text("SELECT prefix, key_hash FROM api_key")).all()
+    digest = hashlib.sha256(api_key.encode()).hexdigest()
+    assert (api_key[:8], digest) in [tuple(r) for r in rows]
+    dump = db_session.execute(text("SELECT row_to_json(k)::text FROM api_key k")).scalars().all()
+    assert not any(api_key in row for row in dump)
+    assert api_key.startswith("cp_") and len(api_key) > 40
+
+
+def test_revoked_key_is_401(client, db_session, api_key) -> None:
+    digest = hashlib.sha256(api_key.encode()).hexdigest()
+    db_session.execute(
+        text("UPDATE api_key SET revoked_at = now() WHERE key_hash = :h"), {"h": digest}
+    )
+    db_session.commit()
+    assert_problem(client.get("/v1/jobs", headers={"Authorization": f"Bearer {api_key}"}), 401)
+
+
+def test_health_and_metrics_need_no_key(client) -> None:
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/metrics").status_code == 200
+
+
+def test_auth_disabled_acts_as_default_project(settings, db_session, plan_body) -> None:
+    from fastapi.testclient import TestClient
+
+    from app.db import get_db
+    from app.main import create_app
+
+    application = create_app(settings.model_copy(update={"auth_disabled": True}))
+
+    async def _db() -> Any:
+        yield db_session
+        db_session.commit()
+
+    application.dependency_overrides[get_db] = _db
+    with TestClient(application) as c:
+        job = c.post("/v1/jobs", json=plan_body).json()
+    project = db_session.execute(
+        text("SELECT p.name FROM job j JOIN project p ON p.id = j.project_id WHERE j.id = :id"),
+        {"id": job["id"]},
+    ).scalar_one()
+    assert project == "default"
+
+
+def test_auth_is_on_unless_explicitly_disabled(monkeypatch) -> None:
+    from app.config import Settings
+
+    monkeypatch.delenv("CURVPLAN_AUTH_DISABLED", raising=False)
+    assert Settings().auth_disabled is False
+
+
+def test_cli_keys_create_prints_a_working_key(database_url, settings, plan_body) -> None:
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    project = f"cli-{os.getpid()}"
+    env = {**os.environ, "DATABASE_URL": database_url}
+    out = subprocess.run(
+        [sys.executable, "-m", "curvplan.cli", "keys", "create", "--project", project],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    assert out.startswith("cp_")
+    application = create_app(settings)
+    try:
+        with TestClient(application) as c:
+            response = c.get("/v1/jobs", headers={"Authorization": f"Bearer {out}"})
+            assert response.status_code == 200
+            assert response.json()["items"] == []
+    finally:
+        with application.state.engine.begin() as conn:
+            conn.execute(text("DELETE FROM project WHERE name = :n"), {"n": project})
