@@ -68,6 +68,7 @@ def make_grid(n_samples: int, bins_per_decade: int = 20, max_per_bin: int = 256)
     bin_starts = np.concatenate([[0], np.cumsum(bin_counts)[:-1]]).astype(np.int64)
     log_k = np.log(k_sampled.astype(np.float64))
     k_rep = np.exp(np.add.reduceat(log_k, bin_starts) / bin_counts)
+    k_rep = np.clip(k_rep, k_lo, k_hi)  # exact for one-k bins despite rounding in exp(log k)
     return CurveGrid(k_sampled, bin_starts, bin_counts, k_rep, k_lo, k_hi)
 
 

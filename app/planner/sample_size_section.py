@@ -260,6 +260,10 @@ def build_sample_size_section(
             reason = f"only {n} per-sample losses (need ≥ {MIN_SAMPLES_FOR_FIT})"
             fits.abs_out = NotComputed(reason=reason)
             fits.sq_out = NotComputed(reason=reason)
+        elif float(np.ptp(arr)) == 0.0:
+            reason = "all per-sample losses are equal: Δ_k ≡ 0 and has no power law to fit"
+            fits.abs_out = NotComputed(reason=reason)
+            fits.sq_out = NotComputed(reason=reason)
         else:
             if n < FEW_SAMPLES:
                 log.add(

@@ -1,0 +1,97 @@
+"""Steps-to-target fits recover known (S_min, B_crit) (McCandlish et al. 2018 §2.3)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.planner import Measurements, Targets, make_plan
+from app.planner.critical_batch import (
+    batch_at_step_overhead,
+    fit_steps_to_target,
+    linear_cross_check,
+    nearest_power_of_two,
+)
+
+BATCHES = np.array([32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384], dtype=float)
+
+
+def _table(s_min: float, b_crit: float, noise: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return s_min * (1 + b_crit / BATCHES) * np.exp(noise * rng.standard_normal(BATCHES.size))
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize(("s_min", "b_crit"), [(1270.0, 2200.0), (5000.0, 300.0)])
+def test_recovers_known_parameters_within_two_percent(
+    seed: int, s_min: float, b_crit: float
+) -> None:
+    steps = _table(s_min, b_crit, noise=0.01, seed=seed)
+    fit = fit_steps_to_target(BATCHES, steps, 0.95)
+    assert fit.s_min == pytest.approx(s_min, rel=0.02)
+    assert fit.b_crit == pytest.approx(b_crit, rel=0.02)
+    assert fit.e_min == pytest.approx(s_min * b_crit, rel=0.03)
+    assert fit.b_crit_ci[0] < fit.b_crit < fit.b_crit_ci[1]
+    cross = linear_cross_check(BATCHES, steps)
+    assert cross is not None
+    assert cross.b_crit == pytest.approx(b_crit, rel=0.05)
+
+
+def test_exact_table_is_fitted_exactly() -> None:
+    steps = 1000.0 * (1 + 700.0 / BATCHES)
+    fit = fit_steps_to_target(BATCHES, steps, 0.95)
+    assert fit.s_min == pytest.approx(1000.0, rel=1e-8)
+    assert fit.b_crit == pytest.approx(700.0, rel=1e-8)
+    cross = linear_cross_check(BATCHES, steps)
+    assert cross.s_min == pytest.approx(1000.0, rel=1e-8)
+    assert cross.b_crit == pytest.approx(700.0, rel=1e-8)
+
+
+def test_twenty_percent_overhead_definition() -> None:
+    s_min, b_crit, b0 = 1000.0, 700.0, 32.0
+    b20 = batch_at_step_overhead(b0, b_crit)
+
+    def steps(b: float) -> float:
+        return s_min * (1 + b_crit / b)
+
+    assert steps(b20) * b20 / (steps(b0) * b0) == pytest.approx(1.2)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(0.3, 1), (3.0, 4), (2200.0, 2048), (3000.0, 4096)]
+)
+def test_nearest_power_of_two(value: float, expected: int) -> None:
+    assert nearest_power_of_two(value) == expected
+
+
+def test_plan_recommends_power_of_two_near_b_crit() -> None:
+    steps = _table(1270.0, 2200.0, 0.01, seed=0)
+    m = Measurements.model_validate(
+        {
+            "steps_to_target": [
+                {"batch_size": int(b), "steps": float(s)}
+                for b, s in zip(BATCHES, steps, strict=True)
+            ],
+            "gradient_noise": {
+                "grad_sq_norm": 0.02,
+                "trace_sigma": 3.1,
+                "gHg": 0.004,
+                "trace_h_sigma": 0.9,
+            },
+        }
+    )
+    rec = make_plan(m, Targets()).batch_size
+    assert rec.recommended == 2048
+    assert rec.recommended_basis == "B_crit"
+    assert rec.b_crit.value == pytest.approx(2200.0, rel=0.02)
+    assert rec.b_crit.e_min == pytest.approx(rec.b_crit.value * rec.b_crit.s_min)
+    # ε_opt(B) = ε_max/(1 + B_noise/B) with ε_max = |G|²/GᵀHG
+    assert rec.lr_scaling.epsilon_max == pytest.approx(0.02 / 0.004)
+    assert rec.lr_scaling.factor_at_recommended == pytest.approx(1 / (1 + 225.0 / 2048))
+
+
+def test_single_batch_size_is_not_computed() -> None:
+    m = Measurements.model_validate({"steps_to_target": [{"batch_size": 64, "steps": 1000.0}]})
+    rec = make_plan(m, Targets()).batch_size
+    assert rec.b_crit.status == "not_computed"
+    assert rec.recommended is None

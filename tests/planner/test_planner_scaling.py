@@ -1,0 +1,72 @@
+"""L(D) = E + A·D^(−β) fits on data generated from known parameters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.planner import Measurements, Targets, make_plan
+from app.planner.scaling import data_for_target, fit_loss_vs_data
+
+D_GRID = np.geomspace(1e5, 1e8, 12)
+TRUE = {"E": 1.7, "A": 400.0, "beta": 0.3}
+
+
+def _losses(noise: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    clean = TRUE["E"] + TRUE["A"] * D_GRID ** -TRUE["beta"]
+    return clean + noise * rng.standard_normal(D_GRID.size)
+
+
+def test_truth_inside_reported_intervals() -> None:
+    fit = fit_loss_vs_data(D_GRID, _losses(0.01, seed=0), 0.95)
+    for name, ci in (("E", fit.E_ci), ("A", fit.A_ci), ("beta", fit.beta_ci)):
+        assert ci[0] <= TRUE[name] <= ci[1], (name, ci)
+
+
+def test_interval_coverage_is_close_to_nominal() -> None:
+    """Over many noisy data sets the 95 % intervals must cover the truth most of the time."""
+    hits = {"E": 0, "A": 0, "beta": 0}
+    trials = 60
+    for seed in range(trials):
+        fit = fit_loss_vs_data(D_GRID, _losses(0.01, seed=100 + seed), 0.95)
+        for name, ci in (("E", fit.E_ci), ("A", fit.A_ci), ("beta", fit.beta_ci)):
+            hits[name] += ci[0] <= TRUE[name] <= ci[1]
+    for name, count in hits.items():
+        assert count / trials >= 0.85, (name, count)
+
+
+def test_exact_data_recovers_parameters_and_target() -> None:
+    fit = fit_loss_vs_data(D_GRID, _losses(0.0, seed=0), 0.95)
+    irreducible, amplitude = fit.E, fit.A
+    assert irreducible == pytest.approx(1.7, rel=1e-6)
+    assert amplitude == pytest.approx(400.0, rel=1e-5)
+    assert fit.beta == pytest.approx(0.3, rel=1e-6)
+    target = 2.0
+    expected = (400.0 / (target - 1.7)) ** (1 / 0.3)
+    assert data_for_target(fit.E, fit.A, fit.beta, target) == pytest.approx(expected, rel=1e-4)
+
+
+def test_plan_reports_unreachable_target_with_warning() -> None:
+    m = Measurements.model_validate(
+        {
+            "loss_vs_data": [
+                {"n_samples": float(d), "loss": float(v)}
+                for d, v in zip(D_GRID, _losses(0.005, 1), strict=True)
+            ]
+        }
+    )
+    rec = make_plan(m, Targets(target_loss=1.5))
+    assert rec.scaling.n_for_target_loss == "unreachable"
+    assert "target_below_irreducible_loss" in [w.code for w in rec.warnings]
+    reachable = make_plan(m, Targets(target_loss=2.2)).scaling
+    assert isinstance(reachable.n_for_target_loss, float)
+    lo, hi = reachable.n_for_target_loss_ci
+    assert lo <= reachable.n_for_target_loss <= hi
+
+
+def test_too_few_points_are_not_computed() -> None:
+    m = Measurements.model_validate(
+        {"loss_vs_data": [{"n_samples": 1e5, "loss": 3.0}, {"n_samples": 1e6, "loss": 2.5}]}
+    )
+    assert make_plan(m, Targets()).scaling.status == "not_computed"
