@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 import pytest
-from conftest import assert_problem
+from api_helpers import assert_problem
 from sqlalchemy import text
 
 V1_ROUTES = [

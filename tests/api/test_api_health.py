@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import assert_problem
+from api_helpers import assert_problem
 from psycopg import sql
 from sqlalchemy import text
 

@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
-from conftest import assert_problem, error_fields
+from api_helpers import assert_problem, error_fields
 from sqlalchemy import text, update
 
 from app.jobs.models import Job

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import assert_problem, error_fields
+from api_helpers import assert_problem, error_fields
 
 
 def _post(client: Any, headers: dict[str, str], **kwargs: Any) -> Any:

@@ -1,0 +1,36 @@
+# Two commands for a newcomer (see README):  make run  |  make test
+# Both create .venv, install torch==2.13.0 (the CPU wheel on local disk) FIRST so
+# that no CUDA build is pulled, then the project with its worker and dev extras.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.curvplan-installed
+PYTEST_ARGS ?=
+
+.PHONY: install run test lint bench clean-venv
+
+install: $(STAMP)
+
+# Re-run only when the dependency list changes (fast no-op otherwise).
+$(STAMP): pyproject.toml scripts/constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
+	  || $(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -c scripts/constraints.txt -e '.[worker,dev]'
+	touch $(STAMP)
+
+run: install
+	$(VENV)/bin/curvplan dev
+
+test: install
+	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+bench: install
+	$(PY) benchmarks/bench_api.py
+
+clean-venv:
+	rm -rf $(VENV)
