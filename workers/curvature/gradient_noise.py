@@ -1,0 +1,610 @@
+"""Gradient-noise statistics at w*: |G|², tr Σ, GᵀHG, tr(HΣ), B_simple, B_noise.
+
+McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training", §2.2 and App. A; paper
+digest §7.1) define, for the true gradient G, the per-example gradient covariance Σ and the
+Hessian H,  B_simple = tr Σ / |G|²  and  B_noise = tr(HΣ) / GᵀHG.
+
+Estimators (all unbiased; U-statistics over the per-example gradients g_i of a sample A):
+
+* |G|²      ≈ (1/(n(n−1))) Σ_{i≠j} g_iᵀg_j  =  |ḡ|² − tr Σ̂/n
+* tr Σ      ≈ (1/(n−1)) Σ_i |g_i − ḡ|²
+* GᵀHG      ≈ (1/(n(n−1))) Σ_{i≠j} g_iᵀH_B g_j  =  ḡᵀH_Bḡ − tr(H_BΣ̂)/n
+* tr(HΣ)    ≈ (1/(n−1)) Σ_i (g_i − ḡ)ᵀH_B(g_i − ḡ)
+
+with H_B the Hessian on an INDEPENDENT batch B (disjoint from A), so that E[H_B] = H is
+independent of the gradients (digest §7.1 [DERIVED]: otherwise the quadratic forms are biased).
+All four are functions of the Gram matrices K = [g_iᵀg_j] and M = [g_iᵀH_B g_j]; M needs one
+Hessian-vector product per gradient example. Standard errors: a jackknife over the gradient
+examples, plus for the H terms the spread over disjoint groups of B.
+
+Examples are sequences, not tokens (curvature pitfalls item 13): the per-example gradient is
+g_i = ∇s_i / c̄ with s_i the example's summed loss and c̄ the mean count over A, so that
+ḡ = Σ∇s_i / Σc_i is exactly the gradient of the mean token loss — the normalisation of the
+engine's Hessian. (With unequal counts the estimators are ratio estimators: consistent, and
+exactly unbiased when every example has the same count.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from workers.curvature.per_sample import (
+    ExampleLossObjective,
+    _call_objective,
+    _check_batch_size,
+    _check_sample,
+    _chunks,
+    _flatten,
+    _model_device_dtype,
+    _numel,
+    _to_device,
+    curvature_mode,
+    select_parameters,
+)
+
+__all__ = [
+    "HessianForms",
+    "NoiseEstimates",
+    "PerExampleGradients",
+    "gradient_noise_from_sample",
+    "gradient_noise_statistics",
+    "hessian_quadratic_forms",
+    "noise_estimates_from_gram",
+    "per_example_gradients",
+    "planner_gradient_noise",
+    "two_batch_series",
+]
+
+GradientMethod = Literal["vmap", "loop", "auto"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-example gradients
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PerExampleGradients:
+    """g_i = ∇s_i / c̄ (rows, fp64) over ``param_names``; mean(g) = ∇(Σs/Σc)."""
+
+    grads: Tensor
+    counts: Tensor
+    mean_count: float
+    param_names: list[str]
+    method: str
+
+
+def per_example_gradients(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    inputs: Tensor,
+    targets: Tensor,
+    *,
+    param_names: Sequence[str] | None = None,
+    chunk_size: int = 32,
+    method: GradientMethod = "auto",
+) -> PerExampleGradients:
+    """Per-example gradients g_i = ∇s_i(w*) / c̄ by ``torch.func.vmap(torch.func.grad(...))``.
+
+    The per-example gradients of McCandlish et al. 2018 §2.2 (G = E[g_i], Σ = Cov(g_i)), with
+    examples = sequences and the engine's loss normalisation (module docstring). Chunks of
+    ``chunk_size`` examples bound the memory (chunk_size × D activations-gradients); the result
+    is (n, D) fp64. ``method`` "loop" uses one ``autograd.grad`` per example (the reference);
+    "auto" uses vmap and falls back to the loop if an operation has no batching rule.
+    """
+    n = _check_sample(inputs, targets)
+    _check_batch_size(chunk_size)
+    if method not in ("vmap", "loop", "auto"):
+        raise ValueError(f"method: must be 'vmap', 'loop' or 'auto', got {method!r}")
+    base = select_parameters(model, param_names)
+    device, _ = _model_device_dtype(base)
+    dim = _numel(base)
+    grads = torch.empty(n, dim, dtype=torch.float64)
+    counts = torch.empty(n, dtype=torch.float64)
+    used = method
+    with curvature_mode(model):
+        for sl in _chunks(n, chunk_size):
+            x = _to_device(inputs[sl], device)
+            y = _to_device(targets[sl], device)
+            if used in ("vmap", "auto"):
+                try:
+                    g, c = _vmap_gradients(model, objective, base, x, y)
+                    used = "vmap"
+                except (RuntimeError, NotImplementedError):
+                    if method == "vmap":
+                        raise
+                    used = "loop"
+                    g, c = _loop_gradients(model, objective, base, x, y)
+            else:
+                g, c = _loop_gradients(model, objective, base, x, y)
+            grads[sl] = g
+            counts[sl] = c
+    if bool((counts <= 0).any()):
+        bad = torch.nonzero(counts <= 0).flatten()[:10].tolist()
+        raise ValueError(f"targets: examples {bad} have no loss terms (count 0, e.g. all ignored)")
+    mean_count = float(counts.mean())
+    return PerExampleGradients(
+        grads=grads / mean_count,
+        counts=counts,
+        mean_count=mean_count,
+        param_names=list(base),
+        method=used,
+    )
+
+
+def _vmap_gradients(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    base: Mapping[str, Tensor],
+    x: Tensor,
+    y: Tensor,
+) -> tuple[Tensor, Tensor]:
+    def example_sum(params: dict[str, Tensor], xi: Tensor, yi: Tensor) -> tuple[Tensor, Tensor]:
+        sums, counts = _call_objective(model, objective, params, xi.unsqueeze(0), yi.unsqueeze(0))
+        return sums.sum(), counts.sum()
+
+    per_example = torch.func.vmap(torch.func.grad(example_sum, has_aux=True), in_dims=(None, 0, 0))
+    grads, counts = per_example(dict(base), x, y)
+    flat = torch.cat([grads[name].reshape(x.shape[0], -1) for name in base], dim=1)
+    return flat.detach().to("cpu", torch.float64), counts.detach().to("cpu", torch.float64)
+
+
+def _loop_gradients(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    base: Mapping[str, Tensor],
+    x: Tensor,
+    y: Tensor,
+) -> tuple[Tensor, Tensor]:
+    rows: list[Tensor] = []
+    counts: list[Tensor] = []
+    for i in range(x.shape[0]):
+        leaves = {name: p.detach().clone().requires_grad_(True) for name, p in base.items()}
+        sums, c = _call_objective(model, objective, leaves, x[i : i + 1], y[i : i + 1])
+        g = torch.autograd.grad(sums.sum(), list(leaves.values()), allow_unused=True)
+        rows.append(
+            _flatten(
+                [
+                    gi if gi is not None else torch.zeros_like(p)
+                    for gi, p in zip(g, leaves.values(), strict=True)
+                ]
+            )
+        )
+        counts.append(c.sum().detach())
+    return (
+        torch.stack(rows).detach().to("cpu", torch.float64),
+        torch.stack(counts).to("cpu", torch.float64),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Hessian quadratic forms on an independent batch
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HessianForms:
+    """Q_b = V S_b Vᵀ per group b, S_b the Hessian of the group's SUMMED loss Σ_{j∈b} s_j.
+
+    H_B = Σ_b S_b / Σ_b C_b (the Hessian of the batch's mean token loss), H_b = S_b / C_b.
+    """
+
+    forms: Tensor  # (m, k, k) fp64
+    counts: Tensor  # (m,) fp64: C_b, loss terms per group
+    n_products: int
+
+    @property
+    def total(self) -> Tensor:
+        """V H_B Vᵀ."""
+        return self.forms.sum(dim=0) / self.counts.sum()
+
+
+def hessian_quadratic_forms(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    inputs: Tensor,
+    targets: Tensor,
+    vectors: Tensor,
+    *,
+    param_names: Sequence[str] | None = None,
+    batch_size: int = 32,
+    n_groups: int = 4,
+) -> HessianForms:
+    """V H_b Vᵀ for k vectors (rows of V, (k, D)) on ``n_groups`` disjoint groups of the batch.
+
+    HVPs by double backward (never ``torch.func.hessian`` / ``jacrev``-in-``jvp``: pitfall 2),
+    one forward graph per micro-batch reused for all k vectors (k second backwards). This is
+    the H_B of McCandlish et al. 2018 §2.2 evaluated on a batch independent of the gradients
+    (digest §7.1); the group split gives the batch-to-batch variability of H.
+    """
+    n = _check_sample(inputs, targets)
+    _check_batch_size(batch_size)
+    if n_groups < 1:
+        raise ValueError(f"n_groups: must be ≥ 1, got {n_groups}")
+    base = select_parameters(model, param_names)
+    dim = _numel(base)
+    if vectors.ndim != 2 or vectors.shape[1] != dim:
+        raise ValueError(f"vectors: expected shape (k, {dim}), got {tuple(vectors.shape)}")
+    device, dtype = _model_device_dtype(base)
+    v64 = vectors.to(torch.float64).cpu()
+    v_model = vectors.to(device, dtype)
+    k = vectors.shape[0]
+    groups = [g for g in torch.tensor_split(torch.arange(n), min(n_groups, n)) if g.numel() > 0]
+    forms = torch.zeros(len(groups), k, k, dtype=torch.float64)
+    counts = torch.zeros(len(groups), dtype=torch.float64)
+    n_products = 0
+    with curvature_mode(model):
+        for b, group in enumerate(groups):
+            for sl in _chunks(group.numel(), batch_size):
+                idx = group[sl]
+                x = _to_device(inputs[idx], device)
+                y = _to_device(targets[idx], device)
+                leaves = {name: p.detach().clone().requires_grad_(True) for name, p in base.items()}
+                tensors = list(leaves.values())
+                sums, c = _call_objective(model, objective, leaves, x, y)
+                grads = torch.autograd.grad(sums.sum(), tensors, create_graph=True)
+                flat_grad = _flatten(grads)
+                hv = torch.empty(k, dim, dtype=torch.float64)
+                for j in range(k):
+                    parts = torch.autograd.grad(
+                        torch.dot(flat_grad, v_model[j]),
+                        tensors,
+                        retain_graph=True,
+                        allow_unused=True,
+                    )
+                    hv[j] = _flatten(
+                        [
+                            h if h is not None else torch.zeros_like(t)
+                            for h, t in zip(parts, tensors, strict=True)
+                        ]
+                    ).to("cpu", torch.float64)
+                    n_products += 1
+                forms[b] += v64 @ hv.T
+                counts[b] += float(c.detach().to(torch.float64).sum())
+                del flat_grad, grads, sums
+    forms = 0.5 * (forms + forms.transpose(1, 2))
+    return HessianForms(forms=forms, counts=counts, n_products=n_products)
+
+
+# ---------------------------------------------------------------------------------------------
+# Estimators from Gram matrices
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NoiseEstimates:
+    """Unbiased estimates with standard errors (None where they cannot be formed)."""
+
+    grad_sq_norm: float
+    grad_sq_norm_se: float | None
+    trace_sigma: float
+    trace_sigma_se: float | None
+    gHg: float | None
+    gHg_se: float | None
+    trace_h_sigma: float | None
+    trace_h_sigma_se: float | None
+    raw_grad_sq_norm: float
+    hessian_se_includes_batch: bool
+
+
+def _offdiag_mean(q: Tensor) -> Tensor:
+    """(1/(n(n−1))) Σ_{i≠j} Q_ij over the leading (…, n, n) matrices."""
+    n = q.shape[-1]
+    total = q.sum(dim=(-2, -1))
+    diag = torch.diagonal(q, dim1=-2, dim2=-1).sum(dim=-1)
+    return (total - diag) / (n * (n - 1))
+
+
+def _centered_trace(q: Tensor) -> Tensor:
+    """(1/(n−1)) (tr Q − sum(Q)/n): the sample-covariance trace of the quadratic form."""
+    n = q.shape[-1]
+    total = q.sum(dim=(-2, -1))
+    diag = torch.diagonal(q, dim1=-2, dim2=-1).sum(dim=-1)
+    return (diag - total / n) / (n - 1)
+
+
+def _jackknife_se(q: Tensor) -> tuple[float, float] | None:
+    """Leave-one-example-out jackknife standard errors of (_offdiag_mean, _centered_trace)."""
+    n = q.shape[0]
+    if n < 3:
+        return None
+    total = q.sum()
+    diag = torch.diagonal(q)
+    rows = q.sum(dim=1)
+    total_loo = total - 2 * rows + diag
+    diag_loo = diag.sum() - diag
+    m = n - 1
+    offdiag = (total_loo - diag_loo) / (m * (m - 1))
+    centered = (diag_loo - total_loo / m) / (m - 1)
+
+    def se(values: Tensor) -> float:
+        return float(torch.sqrt((n - 1) / n * ((values - values.mean()) ** 2).sum()))
+
+    return se(offdiag), se(centered)
+
+
+def noise_estimates_from_gram(
+    gram: Tensor, hessian_forms: HessianForms | None = None
+) -> NoiseEstimates:
+    """|G|², tr Σ, GᵀHG, tr(HΣ) from K = [g_iᵀg_j] and M = [g_iᵀH_B g_j] (module docstring).
+
+    McCandlish et al. 2018 §2.2 quantities by U-statistics (digest §7.1). Standard errors: the
+    jackknife over gradient examples; for the H terms combined (in quadrature) with the
+    weighted between-group spread of the estimate over the groups of B when there are ≥ 2.
+    """
+    k = gram.to(torch.float64)
+    n = k.shape[0]
+    if k.ndim != 2 or k.shape[1] != n:
+        raise ValueError(f"gram: expected a square (n, n) matrix, got {tuple(k.shape)}")
+    if n < 2:
+        raise ValueError("gram: the unbiased estimators need at least 2 gradient examples")
+    jk = _jackknife_se(k)
+    gHg = trace_h_sigma = gHg_se = th_se = None
+    with_batch = False
+    if hessian_forms is not None:
+        forms = hessian_forms.forms
+        if forms.shape[-1] != n:
+            raise ValueError(
+                f"hessian_forms: built for {forms.shape[-1]} vectors but the Gram matrix has {n}"
+            )
+        m_total = hessian_forms.total
+        gHg = float(_offdiag_mean(m_total))
+        trace_h_sigma = float(_centered_trace(m_total))
+        jm = _jackknife_se(m_total)
+        var_a = (jm[0] ** 2, jm[1] ** 2) if jm is not None else None
+        groups = forms.shape[0]
+        if groups >= 2:
+            weights = hessian_forms.counts / hessian_forms.counts.sum()
+            per_group = forms / hessian_forms.counts.view(-1, 1, 1)
+            spread = []
+            for stat, total in ((_offdiag_mean, gHg), (_centered_trace, trace_h_sigma)):
+                values = stat(per_group)
+                spread.append(
+                    float(groups / (groups - 1) * (weights**2 * (values - total) ** 2).sum())
+                )
+            with_batch = True
+        else:
+            spread = [0.0, 0.0]
+        if var_a is not None:
+            gHg_se = math.sqrt(var_a[0] + spread[0])
+            th_se = math.sqrt(var_a[1] + spread[1])
+    return NoiseEstimates(
+        grad_sq_norm=float(_offdiag_mean(k)),
+        grad_sq_norm_se=jk[0] if jk is not None else None,
+        trace_sigma=float(_centered_trace(k)),
+        trace_sigma_se=jk[1] if jk is not None else None,
+        gHg=gHg,
+        gHg_se=gHg_se,
+        trace_h_sigma=trace_h_sigma,
+        trace_h_sigma_se=th_se,
+        raw_grad_sq_norm=float(k.sum()) / n**2,
+        hessian_se_includes_batch=with_batch,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Two-batch-size series (McCandlish App. A)
+# ---------------------------------------------------------------------------------------------
+
+
+def two_batch_series(
+    gram: Tensor, b_small: int, b_big: int, hessian_gram: Tensor | None = None
+) -> dict[str, Any]:
+    """The App. A series from disjoint micro-batches of the gradient sample (McCandlish 2018).
+
+    Entry t uses the t-th disjoint big batch (b_big consecutive examples):
+    ``grad_sq_norm_big[t]`` = |G_{B_big}|² and ``grad_sq_norm_small[t]`` = the mean over its
+    ⌊b_big/b_small⌋ disjoint micro-batches of |G_{B_small}|², with G_B the mean of the batch's
+    g_i. With ``hessian_gram`` (M = [g_iᵀH_B g_j]) also ``gHg_small``/``gHg_big`` = G_BᵀH G_B
+    (digest §7.1 [DERIVED] h(B)). Plus the App. A estimates computed from the series means.
+    """
+    n = gram.shape[0]
+    if not isinstance(b_small, int) or b_small < 1:
+        raise ValueError(f"b_small: must be a positive integer, got {b_small!r}")
+    if not isinstance(b_big, int) or b_big < 1:
+        raise ValueError(f"b_big: must be a positive integer, got {b_big!r}")
+    if b_small == b_big:
+        raise ValueError("b_big: must differ from b_small (App. A divides by B_big − B_small)")
+    if b_small > b_big:
+        raise ValueError(f"b_small: must be smaller than b_big ({b_small} ≥ {b_big})")
+    if b_big > n:
+        raise ValueError(f"b_big: {b_big} exceeds the {n} gradient examples")
+    k = gram.to(torch.float64)
+    mats = {"grad_sq_norm": k}
+    if hessian_gram is not None:
+        mats["gHg"] = hessian_gram.to(torch.float64)
+    out: dict[str, Any] = {"b_small": b_small, "b_big": b_big}
+    per_big = b_big // b_small
+    for key, q in mats.items():
+        small_series: list[float] = []
+        big_series: list[float] = []
+        for t in range(n // b_big):
+            start = t * b_big
+            big = slice(start, start + b_big)
+            big_series.append(float(q[big, big].sum()) / b_big**2)
+            smalls = [
+                float(q[s, s].sum()) / b_small**2
+                for s in (
+                    slice(start + j * b_small, start + (j + 1) * b_small) for j in range(per_big)
+                )
+            ]
+            small_series.append(sum(smalls) / len(smalls))
+        out[f"{key}_small"] = small_series
+        out[f"{key}_big"] = big_series
+    small = sum(out["grad_sq_norm_small"]) / len(out["grad_sq_norm_small"])
+    big = sum(out["grad_sq_norm_big"]) / len(out["grad_sq_norm_big"])
+    out["app_a_grad_sq_norm"] = (b_big * big - b_small * small) / (b_big - b_small)
+    out["app_a_trace_sigma"] = (small - big) / (1.0 / b_small - 1.0 / b_big)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Composition
+# ---------------------------------------------------------------------------------------------
+
+
+def gradient_noise_statistics(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    grad_inputs: Tensor,
+    grad_targets: Tensor,
+    hessian_inputs: Tensor | None = None,
+    hessian_targets: Tensor | None = None,
+    *,
+    param_names: Sequence[str] | None = None,
+    batch_size: int = 32,
+    n_hessian_groups: int = 4,
+    b_small: int | None = None,
+    b_big: int | None = None,
+    method: GradientMethod = "auto",
+) -> dict[str, Any]:
+    """|G|², tr Σ, GᵀHG, tr(HΣ) with standard errors, B_simple, B_noise, |ḡ| (JSON-able).
+
+    McCandlish et al. 2018 §2.2 (B_simple = tr Σ/|G|², B_noise = tr(HΣ)/GᵀHG) and App. A (the
+    two-batch series), with the Hessian on the independent batch (``hessian_inputs``,
+    ``hessian_targets``; must be different examples from the gradient batch — the caller's
+    responsibility; ``gradient_noise_from_sample`` draws a disjoint split). Without a Hessian
+    batch only |G|² and tr Σ are estimated. ``gradient_norm`` is the raw |ḡ| at w* (Petrov et
+    al. 2025, Assumption 1 says it is 0). The keys shared with the planner's
+    ``DirectNoiseStats`` carry its names; B ratios are None where the denominator is ≤ 0
+    (e.g. |G|² at w*, curvature pitfalls item 13: never clamped).
+    """
+    n = _check_sample(grad_inputs, grad_targets)
+    if n < 2:
+        raise ValueError("grad_inputs: the unbiased estimators need at least 2 examples")
+    if (hessian_inputs is None) != (hessian_targets is None):
+        raise ValueError("hessian_inputs/hessian_targets: give both or neither")
+    pg = per_example_gradients(
+        model,
+        objective,
+        grad_inputs,
+        grad_targets,
+        param_names=param_names,
+        chunk_size=batch_size,
+        method=method,
+    )
+    gram = pg.grads @ pg.grads.T
+    forms: HessianForms | None = None
+    n_hessian = 0
+    if hessian_inputs is not None and hessian_targets is not None:
+        n_hessian = _check_sample(hessian_inputs, hessian_targets)
+        forms = hessian_quadratic_forms(
+            model,
+            objective,
+            hessian_inputs,
+            hessian_targets,
+            pg.grads,
+            param_names=pg.param_names,
+            batch_size=batch_size,
+            n_groups=n_hessian_groups,
+        )
+    est = noise_estimates_from_gram(gram, forms)
+    series = None
+    if b_small is not None or b_big is not None:
+        if b_small is None or b_big is None:
+            raise ValueError("b_small/b_big: give both or neither")
+        series = two_batch_series(gram, b_small, b_big, forms.total if forms else None)
+    return {
+        "grad_sq_norm": est.grad_sq_norm,
+        "grad_sq_norm_se": est.grad_sq_norm_se,
+        "trace_sigma": est.trace_sigma,
+        "trace_sigma_se": est.trace_sigma_se,
+        "gHg": est.gHg,
+        "gHg_se": est.gHg_se,
+        "trace_h_sigma": est.trace_h_sigma,
+        "trace_h_sigma_se": est.trace_h_sigma_se,
+        "n_samples": n,
+        "n_hessian_samples": n_hessian,
+        "n_hessian_groups": int(forms.forms.shape[0]) if forms is not None else 0,
+        "hessian_se_includes_batch": est.hessian_se_includes_batch,
+        "b_simple": _ratio(est.trace_sigma, est.grad_sq_norm),
+        "b_noise": _ratio(est.trace_h_sigma, est.gHg),
+        "gradient_norm": math.sqrt(est.raw_grad_sq_norm),
+        "raw_grad_sq_norm": est.raw_grad_sq_norm,
+        "mean_count": pg.mean_count,
+        "n_parameters": int(pg.grads.shape[1]),
+        "n_hvp_products": forms.n_products if forms is not None else 0,
+        "gradient_method": pg.method,
+        "series": series,
+    }
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or not den > 0:
+        return None
+    return num / den
+
+
+def gradient_noise_from_sample(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    inputs: Tensor,
+    targets: Tensor,
+    *,
+    n_grad: int | None = None,
+    n_hessian: int | None = None,
+    seed: int = 0,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """``gradient_noise_statistics`` on a seeded disjoint split of one sample into A and B.
+
+    A (gradients) gets ``n_grad`` examples (default: half), B (Hessian) the next ``n_hessian``
+    (default: the rest) of a ``torch.Generator().manual_seed(seed)`` permutation. The split's
+    indices are returned under ``grad_indices``/``hessian_indices``.
+    """
+    n = _check_sample(inputs, targets)
+    n_grad = n // 2 if n_grad is None else n_grad
+    if not 2 <= n_grad < n:
+        raise ValueError(f"n_grad: need 2 ≤ n_grad < {n} (the Hessian batch needs examples)")
+    n_hessian = n - n_grad if n_hessian is None else n_hessian
+    if not 1 <= n_hessian <= n - n_grad:
+        raise ValueError(f"n_hessian: need 1 ≤ n_hessian ≤ {n - n_grad}")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    a = perm[:n_grad].sort().values
+    b = perm[n_grad : n_grad + n_hessian].sort().values
+    out = gradient_noise_statistics(
+        model, objective, inputs[a], targets[a], inputs[b], targets[b], **kwargs
+    )
+    out["seed"] = int(seed)
+    out["grad_indices"] = a.tolist()
+    out["hessian_indices"] = b.tolist()
+    return out
+
+
+_DIRECT_KEYS = (
+    "grad_sq_norm",
+    "trace_sigma",
+    "gHg",
+    "trace_h_sigma",
+    "grad_sq_norm_se",
+    "trace_sigma_se",
+    "gHg_se",
+    "trace_h_sigma_se",
+    "n_samples",
+)
+
+
+def planner_gradient_noise(stats: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The planner's ``DirectNoiseStats`` dict from ``gradient_noise_statistics`` + notes.
+
+    The planner requires |G|² and tr Σ ≥ 0; an unbiased |G|² can be negative near w*
+    (curvature pitfalls item 13) and is never clamped: the (|G|², tr Σ) pair is then left out
+    and a note says why (B_simple is undefined there). Returns (dict, notes).
+    """
+    out = {key: stats.get(key) for key in _DIRECT_KEYS if stats.get(key) is not None}
+    notes: list[str] = []
+    if out.get("grad_sq_norm", 0.0) < 0 or out.get("trace_sigma", 0.0) < 0:
+        notes.append(
+            f"unbiased |G|² = {stats.get('grad_sq_norm')} (tr Σ = {stats.get('trace_sigma')}) is "
+            "negative, i.e. |G|² is indistinguishable from 0 at this sample size: B_simple is "
+            "undefined, the pair is omitted"
+        )
+        for key in ("grad_sq_norm", "trace_sigma", "grad_sq_norm_se", "trace_sigma_se"):
+            out.pop(key, None)
+    return out, notes
