@@ -1,0 +1,38 @@
+"""Theoretical Hessian bounds of Petrov et al. 2025, "Closing the Curvature Gap" (issue 4).
+
+Public API:
+- :func:`block_bounds_for_model` — the engine's entry point (per block name, per sample).
+- :func:`theorem1_bounds` (single self-attention layer), :func:`theorem6_bounds` (one block).
+- LayerNorm: :func:`layernorm_jacobian_norm`, :func:`layernorm_hessian_norm`,
+  :func:`lemma4_bounds`.
+- :class:`BoundOptions` (``mode``, ``c_A``, ``A_norm``, ``ln_norms``, ``sigma_min``).
+"""
+
+from workers.curvature.bounds.attention import theorem1_bounds
+from workers.curvature.bounds.block import theorem6_bounds
+from workers.curvature.bounds.layernorm import (
+    layernorm_hessian_norm,
+    layernorm_hessian_norm_digest,
+    layernorm_jacobian_norm,
+    lemma4_bounds,
+)
+from workers.curvature.bounds.model_bounds import (
+    BoundsInputError,
+    block_bounds_for_model,
+    tightness,
+)
+from workers.curvature.bounds.options import BoundOptions, BoundsOptionError
+
+__all__ = [
+    "BoundOptions",
+    "BoundsInputError",
+    "BoundsOptionError",
+    "block_bounds_for_model",
+    "layernorm_hessian_norm",
+    "layernorm_hessian_norm_digest",
+    "layernorm_jacobian_norm",
+    "lemma4_bounds",
+    "theorem1_bounds",
+    "theorem6_bounds",
+    "tightness",
+]

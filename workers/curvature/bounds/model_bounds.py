@@ -1,0 +1,387 @@
+"""Entry point for the engine: the paper's bounds evaluated on a reference-family model.
+
+:func:`block_bounds_for_model` captures, with forward hooks, each layer's input X, the
+LayerNorm inputs (X + F and S) and outputs (Y and Z) per SAMPLE, evaluates Petrov et al. 2025
+Theorems 5-6 (with the S3 general-loss form) per sample, and returns per engine block name
+(``layers.{i}.q|k|v|ffn_in|ffn_out``, ``.ln1``/``.ln2``) a record
+``{"value", "max_over_samples", "formula", "corrections", "applicable", "reason"}``.
+
+``value`` bounds the block of the Hessian of the *dataset mean* loss: by the triangle
+inequality ||(1/n) sum_i H_i|| <= (1/n) sum_i ||H_i||, so it is the mean of the per-sample bounds;
+``max_over_samples`` bounds every per-sample Hessian (the M of Theorem 7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from workers.curvature.bounds.block import theorem6_bounds
+from workers.curvature.bounds.layernorm import (
+    layernorm_hessian_norm,
+    layernorm_hessian_norm_digest,
+    layernorm_jacobian_norm,
+    lemma4_bounds,
+)
+from workers.curvature.bounds.options import BoundOptions
+from workers.curvature.bounds.theory import BLOCK_KEYS, TheoryWeights, block_forward
+
+THEORY = (
+    "Petrov, Kiselev, Meshkov, Grabovoy 2025 (arXiv 2510.16927), Theorems 1-6, Lemma 4, "
+    "Prop. 10, with the corrections of paper-digest §9"
+)
+ENGINE_NAME = {"1": "ffn_in", "2": "ffn_out", "K": "k", "Q": "q", "V": "v"}
+PAPER_NAME = {"1": "W_1", "2": "W_2", "K": "W_K", "Q": "W_Q", "V": "W_V"}
+
+
+class BoundsInputError(ValueError):
+    """Inputs or targets that the bounds cannot use; the message names the field."""
+
+
+def model_reasons(spec: Any) -> tuple[list[str], list[str]]:
+    """(architecture reasons, loss reasons) why ``spec`` is outside the theory.
+
+    Architecture: single head, post-LN LayerNorm without affine, ReLU, no biases, no W_O, no
+    causal mask. Loss: MSE on the last block's output (regression without head/final norm).
+    An eps > 0 is not a reason: the LN norms here include eps.
+    """
+    arch: list[str] = []
+    if spec.n_heads != 1:
+        arch.append(f"n_heads={spec.n_heads}: the theory is single-head")
+    if spec.norm != "layernorm":
+        arch.append(f"norm={spec.norm}: the theory's norm is LayerNorm")
+    if spec.norm_position != "post":
+        arch.append("norm_position=pre: the theory is post-LN")
+    if spec.activation != "relu":
+        arch.append(
+            f"activation={spec.activation}: second derivative nonzero (xi_11 != 0, "
+            "dJ_SY/dY != 0), the FFN and block bounds are invalid"
+        )
+    if spec.bias:
+        arch.append("bias=true: the theory has no biases")
+    if spec.attn_output_proj:
+        arch.append("attn_output_proj=true: the theory has no W_O")
+    if spec.norm_affine:
+        arch.append("norm_affine=true: the theory fixes gamma=1, beta=0")
+    task = spec.task
+    loss: list[str] = []
+    if task.type == "causal_lm":
+        arch.append("causal mask: the theory's attention is unmasked")
+    if task.type != "regression":
+        loss.append(f"task={task.type}: cross-entropy loss, the theory's loss is MSE")
+    elif task.output_dim is not None:
+        loss.append("regression with a head: the loss is not MSE of the last block's output")
+    if spec.use_final_norm:
+        loss.append("final_norm=true: a norm follows the last block")
+    return arch, loss
+
+
+def _layer_weights(model: nn.Module, i: int) -> TheoryWeights:
+    params = dict(model.named_parameters())
+
+    def weight(name: str) -> Tensor:
+        return params[f"layers.{i}.{name}.weight"].detach().to("cpu", torch.float64).T
+
+    return TheoryWeights(
+        W_Q=weight("attn.q"),
+        W_K=weight("attn.k"),
+        W_V=weight("attn.v"),
+        W_1=weight("ffn_in"),
+        W_2=weight("ffn_out"),
+    )
+
+
+def _capture(model: nn.Module, n_layers: int, inputs: Tensor) -> dict[str, Tensor]:
+    """Run ``model`` in fp64 (a functional call, live weights untouched) and record, per layer,
+    the block input X, the inputs/outputs of ln1 and ln2 (for post-LN: X + F, Y, S, Z)."""
+    store: dict[str, Tensor] = {}
+    handles = []
+
+    def pre(key: str):
+        def hook(_module: nn.Module, args: tuple) -> None:
+            store[key] = args[0].detach().to("cpu")
+
+        return hook
+
+    def post(key: str):
+        def hook(_module: nn.Module, _args: tuple, output: Tensor) -> None:
+            store[key] = output.detach().to("cpu")
+
+        return hook
+
+    modules = dict(model.named_modules())
+    for i in range(n_layers):
+        handles.append(modules[f"layers.{i}"].register_forward_pre_hook(pre(f"{i}.X")))
+        for ln in ("ln1", "ln2"):
+            handles.append(
+                modules[f"layers.{i}.{ln}"].register_forward_pre_hook(pre(f"{i}.{ln}.in"))
+            )
+            handles.append(modules[f"layers.{i}.{ln}"].register_forward_hook(post(f"{i}.{ln}.out")))
+    params = {n: p.detach().to(torch.float64) for n, p in model.named_parameters()}
+    buffers = {
+        n: b.to(torch.float64) if b.is_floating_point() else b for n, b in model.named_buffers()
+    }
+    x = inputs.to(torch.float64) if inputs.is_floating_point() else inputs
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            store["output"] = torch.func.functional_call(model, {**params, **buffers}, (x,))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return store
+
+
+def _ln_record(x: Tensor, eps: float, gamma: Tensor | None, sigma_min: str) -> dict[str, float]:
+    jac_l4, hess_l4 = lemma4_bounds(x, eps, sigma_min)  # type: ignore[arg-type]
+    return {
+        "jacobian_norm": layernorm_jacobian_norm(x, eps, gamma),
+        "hessian_norm": layernorm_hessian_norm(x, eps, gamma),
+        "hessian_norm_digest": layernorm_hessian_norm_digest(x, eps, gamma),
+        "lemma4_jacobian_bound": jac_l4,
+        "lemma4_hessian_bound": hess_l4,
+    }
+
+
+def _formula(i: str, j: str) -> str:
+    return (
+        f"||d2l/dZ2|| ||J_Z B_{i}|| ||J_Z B_{j}|| + ||dl/dZ|| min(||H_tr^({i},{j})||, "
+        f"||H_tr^({j},{i})||), ||H_tr^(i,j)|| <= ||J_Z|| ||xi_ij|| + ||B_i|| ||H_Z|| ||B_j|| "
+        "(Petrov et al. 2025 Thms 5-6, S3 general-loss form); mean over samples"
+    )
+
+
+def _validate(spec: Any, inputs: Tensor, targets: Tensor | None) -> None:
+    if not isinstance(inputs, Tensor) or inputs.dim() < 2:
+        raise BoundsInputError("inputs: expected a tensor (n, seq, ...) with n >= 1")
+    if inputs.shape[0] < 1:
+        raise BoundsInputError("inputs: empty sample")
+    task = spec.task
+    if task.type == "regression" and task.output_dim is None and targets is not None:
+        expected = (inputs.shape[0], inputs.shape[1], spec.d_model)
+        if tuple(targets.shape) != expected:
+            raise BoundsInputError(
+                f"targets: expected shape {expected} for regression without head, "
+                f"got {tuple(targets.shape)}"
+            )
+
+
+def block_bounds_for_model(
+    model: nn.Module,
+    spec: Any,
+    inputs: Tensor,
+    targets: Tensor | None,
+    options: Mapping[str, Any] | BoundOptions | None = None,
+) -> dict:
+    """The paper's theoretical block bounds for ``model`` at its current weights w*.
+
+    Petrov et al. 2025, Theorems 5-6 (blocks W_1, W_2, W_K, W_Q, W_V of each post-LN layer),
+    evaluated per sample from forward-hook activations; LayerNorm norms from Theorems 2-3
+    (exact) and Lemma 4. Returns ``{"theory", "options", "applicable", "reasons", "blocks",
+    "off_diagonal", "layers", "M_tr", "M_SA", "n_samples"}``; blocks outside the theory have
+    ``applicable: false``, ``value: null`` and a ``reason``; parts that still hold (LayerNorm
+    norms always, the block's model-Hessian bounds ||H_tr|| when only the loss differs) are kept.
+    """
+    from workers.curvature.spec import parse_spec
+
+    spec = parse_spec(spec)
+    opts = BoundOptions.from_mapping(options)
+    _validate(spec, inputs, targets)
+    n = inputs.shape[0] if opts.max_samples is None else min(inputs.shape[0], opts.max_samples)
+    inputs = inputs[:n]
+    targets = targets[:n] if targets is not None else None
+    arch, loss = model_reasons(spec)
+    if targets is None and not loss:
+        loss = ["no targets given: the loss gradient norm cannot be evaluated"]
+    store = _capture(model, spec.n_layers, inputs)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # per-sample tensors are tiny: threading only adds overhead
+    try:
+        return _assemble(model, spec, opts, store, targets, arch, loss, n)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _assemble(
+    model: nn.Module,
+    spec: Any,
+    opts: BoundOptions,
+    store: dict[str, Tensor],
+    targets: Tensor | None,
+    arch: list[str],
+    loss: list[str],
+    n: int,
+) -> dict:
+    eps = float(spec.ln_eps)
+    result: dict[str, Any] = {
+        "theory": THEORY,
+        "options": asdict(opts),
+        "applicable": not arch and not loss,
+        "reasons": arch + loss,
+        "n_samples": n,
+        "blocks": {},
+        "off_diagonal": [],
+        "layers": {},
+        "M_tr": None,
+        "M_SA": None,
+    }
+    params = dict(model.named_parameters())
+    for layer in range(spec.n_layers):
+        name = f"layers.{layer}"
+        last = layer == spec.n_layers - 1
+        layer_loss = (
+            list(loss)
+            if last
+            else ["downstream layers follow this block: the loss is not MSE of its output"]
+        )
+        record = _layer_bounds(
+            store, layer, spec, eps, opts, targets, params, model, arch, layer_loss
+        )
+        result["layers"][name] = record["layer"]
+        result["blocks"].update(record["blocks"])
+        result["off_diagonal"].extend(record["off_diagonal"])
+        if last and record["layer"]["applicable"]:
+            result["M_tr"] = record["layer"]["M_tr"]
+            result["M_SA"] = record["layer"]["M_SA"]
+    return result
+
+
+def _layer_bounds(
+    store: dict[str, Tensor],
+    layer: int,
+    spec: Any,
+    eps: float,
+    opts: BoundOptions,
+    targets: Tensor | None,
+    params: dict[str, Tensor],
+    model: nn.Module,
+    arch: list[str],
+    loss: list[str],
+) -> dict:
+    name = f"layers.{layer}"
+    n = store[f"{layer}.X"].shape[0]
+    ln_records: dict[str, dict[str, Any]] = {}
+    for ln in ("ln1", "ln2"):
+        gamma = params.get(f"{name}.{ln}.weight")
+        gamma = gamma.detach().to("cpu", torch.float64) if gamma is not None else None
+        entry: dict[str, Any] = {"applicable": spec.norm == "layernorm"}
+        if spec.norm != "layernorm":
+            entry["reason"] = "RMSNorm: the LayerNorm formulas do not apply"
+        else:
+            try:
+                per = [
+                    _ln_record(store[f"{layer}.{ln}.in"][s], eps, gamma, opts.sigma_min)
+                    for s in range(n)
+                ]
+                entry.update({k: max(p[k] for p in per) for k in per[0]})
+                entry["reason"] = None
+            except ValueError as exc:
+                entry.update({"applicable": False, "reason": str(exc)})
+        ln_records[ln] = entry
+    blocks: dict[str, dict[str, Any]] = {}
+    for ln in ("ln1", "ln2"):
+        blocks[f"{name}.{ln}"] = {
+            "value": None,
+            "max_over_samples": None,
+            "formula": "exact LayerNorm norms w.r.t. its input (Petrov et al. 2025 Thms 2-3, "
+            "digest §2.2-2.3): 'jacobian_norm', 'hessian_norm' (max over samples)",
+            "corrections": ["exact_ln_norms"],
+            "applicable": False,
+            "reason": "the theory has no LayerNorm parameters (gamma=1, beta=0 fixed); "
+            "no bound on this block's Hessian",
+            "jacobian_norm": ln_records[ln].get("jacobian_norm"),
+            "hessian_norm": ln_records[ln].get("hessian_norm"),
+        }
+    layer_rec: dict[str, Any] = {
+        "applicable": False,
+        "reasons": arch + loss,
+        "ln_norms": ln_records,
+        "M_tr": None,
+        "M_SA": None,
+    }
+    off: list[dict[str, Any]] = []
+    if arch:
+        reason = "; ".join(arch)
+        for key in BLOCK_KEYS:
+            blocks[f"{name}.{ENGINE_NAME[key]}"] = _not_applicable(reason)
+        return {"layer": layer_rec, "blocks": blocks, "off_diagonal": off}
+    weights = _layer_weights(model, layer)
+    per_sample = []
+    try:
+        for s in range(n):
+            X = store[f"{layer}.X"][s]
+            acts = block_forward(X, weights, eps)
+            z_model = store[f"{layer}.ln2.out"][s]
+            if not torch.allclose(acts["Z"], z_model, rtol=1e-8, atol=1e-8):
+                raise RuntimeError(
+                    f"{name}: the model's block output differs from the theory block "
+                    f"(max |diff| {float((acts['Z'] - z_model).abs().max()):.3g}); "
+                    "the architecture is not the paper's"
+                )
+            target = (
+                targets[s].to("cpu", torch.float64) if (targets is not None and not loss) else None
+            )
+            per_sample.append(theorem6_bounds(X, weights, target, eps, opts))
+    except ValueError as exc:  # zero-variance LayerNorm rows (Assumption 2) and the like
+        for key in BLOCK_KEYS:
+            blocks[f"{name}.{ENGINE_NAME[key]}"] = _not_applicable(str(exc))
+        layer_rec["reasons"] = [*layer_rec["reasons"], str(exc)]
+        return {"layer": layer_rec, "blocks": blocks, "off_diagonal": off}
+    corrections = per_sample[0]["corrections"]
+    layer_rec["ingredients"] = {
+        k: max(p["ingredients"][k] for p in per_sample) for k in per_sample[0]["ingredients"]
+    }
+    layer_rec["H_tr"] = {k: max(p["H_tr"][k] for p in per_sample) for k in per_sample[0]["H_tr"]}
+    layer_rec["corrections"] = corrections
+    loss_ok = not loss
+    reason = None if loss_ok else "; ".join(loss)
+    if loss_ok:
+        layer_rec["applicable"] = True
+        layer_rec["M_tr"] = max(p["M_tr"] for p in per_sample)
+        layer_rec["M_tr_mean"] = sum(p["M_tr"] for p in per_sample) / n
+        layer_rec["M_SA"] = max(p["M_SA"] for p in per_sample)
+    for a, i in enumerate(BLOCK_KEYS):
+        for j in BLOCK_KEYS[a:]:
+            values = [p["blocks"][i + j]["value"] for p in per_sample] if loss_ok else [0.0]
+            rec = {
+                "value": sum(values) / n if loss_ok else None,
+                "max_over_samples": max(values) if loss_ok else None,
+                "formula": _formula(i, j),
+                "corrections": corrections,
+                "applicable": loss_ok,
+                "reason": reason,
+                "paper_blocks": [PAPER_NAME[i], PAPER_NAME[j]],
+            }
+            if i == j:
+                blocks[f"{name}.{ENGINE_NAME[i]}"] = rec
+            else:
+                off.append(
+                    {"row": f"{name}.{ENGINE_NAME[i]}", "col": f"{name}.{ENGINE_NAME[j]}", **rec}
+                )
+    return {"layer": layer_rec, "blocks": blocks, "off_diagonal": off}
+
+
+def _not_applicable(reason: str) -> dict[str, Any]:
+    return {
+        "value": None,
+        "max_over_samples": None,
+        "formula": None,
+        "corrections": [],
+        "applicable": False,
+        "reason": reason,
+    }
+
+
+def tightness(bounds: dict, measured: Mapping[str, float]) -> dict[str, float | None]:
+    """bound / measured per block name (None where either is missing or measured is 0)."""
+    out: dict[str, float | None] = {}
+    for block, rec in bounds.get("blocks", {}).items():
+        value, m = rec.get("value"), measured.get(block)
+        out[block] = value / m if (value is not None and m) else None
+    return out
