@@ -1,0 +1,112 @@
+"""Dockerfile and docker-compose.yml (no Docker engine here): parse them and check them."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from curvplan.cli import app as cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _stages() -> dict[str, list[str]]:
+    """Dockerfile instructions per stage name (continuation lines joined)."""
+    text = (ROOT / "Dockerfile").read_text()
+    text = re.sub(r"\\\n", " ", text)
+    stages: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = re.match(r"FROM\s+(\S+)(?:\s+AS\s+(\S+))?", line, re.IGNORECASE)
+        if match:
+            current = match.group(2) or match.group(1)
+            stages[current] = [line]
+            continue
+        assert current is not None, f"instruction before FROM: {line}"
+        stages[current].append(line)
+    return stages
+
+
+def _lineage(stages: dict[str, list[str]], name: str) -> list[str]:
+    """All instructions that build stage ``name`` (following FROM <stage> parents)."""
+    lines = stages[name]
+    parent = re.match(r"FROM\s+(\S+)", lines[0], re.IGNORECASE).group(1)  # type: ignore[union-attr]
+    return (_lineage(stages, parent) if parent in stages else []) + lines
+
+
+def _compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_dockerfile_has_api_without_torch_and_worker_with_torch() -> None:
+    stages = _stages()
+    assert {"api", "worker"} <= set(stages)
+    api_runs = " ".join(i for i in _lineage(stages, "api") if i.upper().startswith("RUN"))
+    assert "torch" not in api_runs and "[worker" not in api_runs
+    worker_runs = " ".join(i for i in _lineage(stages, "worker") if i.upper().startswith("RUN"))
+    assert "torch==2.13.0" in worker_runs and ".[worker]" in worker_runs
+    # torch is installed before the project so the extra cannot choose another version
+    assert worker_runs.index("torch==2.13.0") < worker_runs.index(".[worker]")
+
+
+def test_worker_extra_is_the_only_torch_dependency() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not any(d.startswith("torch") for d in project["dependencies"])
+    assert any(d.startswith("torch") for d in project["optional-dependencies"]["worker"])
+
+
+def test_compose_services_and_gpu_reservation() -> None:
+    services = _compose()["services"]
+    assert {"postgres", "migrate", "api"} <= set(services)
+    assert services["migrate"]["command"] == ["curvplan", "db", "upgrade"]
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert services["api"]["build"]["target"] == "api"
+    assert services["api"]["depends_on"]["migrate"]["condition"] == (
+        "service_completed_successfully"
+    )
+    gpu_workers = {
+        name: svc
+        for name, svc in services.items()
+        if svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices")
+    }
+    assert gpu_workers, "no service reserves a GPU"
+    seen_ids: set[str] = set()
+    for name, svc in gpu_workers.items():
+        assert svc["build"]["target"] == "worker", name
+        devices = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert len(devices) == 1, "one worker service per GPU"
+        device = devices[0]
+        assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+        assert len(device["device_ids"]) == 1 and not seen_ids & set(device["device_ids"])
+        seen_ids |= set(device["device_ids"])
+        assert svc["command"][:2] == ["curvplan", "worker"]
+        assert "gpu" in svc["command"][svc["command"].index("--queues") + 1].split(",")
+    for name, svc in services.items():
+        if name != "postgres":
+            assert svc["environment"]["DATABASE_URL"].startswith("postgresql://"), name
+
+
+def _named_commands() -> list[list[str]]:
+    commands = [svc["command"] for svc in _compose()["services"].values() if "command" in svc]
+    for lines in _stages().values():
+        for line in lines:
+            if line.upper().startswith("CMD"):
+                commands.append(yaml.safe_load(line[3:].strip()))
+    return [c if isinstance(c, list) else shlex.split(c) for c in commands]
+
+
+@pytest.mark.parametrize("command", _named_commands(), ids=lambda c: " ".join(c[:3]))
+def test_named_commands_exist_in_the_cli(command: list[str]) -> None:
+    assert command[0] == "curvplan"
+    result = CliRunner().invoke(cli, [*command[1:], "--help"])
+    assert result.exit_code == 0, result.output
