@@ -161,7 +161,10 @@ def _b_crit(measurements: Measurements, targets: Targets, log: WarningLog) -> BC
         return NotComputed(reason="steps_to_target needs at least 2 batch sizes (3 for intervals)")
     b = np.array([p.batch_size for p in table], dtype=np.float64)
     s = np.array([p.steps for p in table], dtype=np.float64)
-    fit = fit_steps_to_target(b, s, targets.confidence)
+    try:
+        fit = fit_steps_to_target(b, s, targets.confidence)
+    except ValueError as exc:
+        return NotComputed(reason=str(exc))
     cross = linear_cross_check(b, s)
     cross_out: dict[str, float | str] | None = None
     if cross is not None:

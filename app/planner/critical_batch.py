@@ -55,22 +55,37 @@ def fit_steps_to_target(
         ratio = np.exp(theta[1]) / b
         return np.column_stack([np.ones(n), ratio / (1.0 + ratio)])
 
+    # θ bounds: S_min below the largest observed S; B_crit within 10⁴× the measured range.
+    log_b_lo = math.log(b.min()) - math.log(1e4)
+    log_b_hi = math.log(b.max()) + math.log(1e4)
+    lower = np.array([log_s.min() - 50.0, log_b_lo])
+    upper = np.array([log_s.max(), log_b_hi])
     # Start from the linear form S = S_min + S_min·B_crit·(1/B) (least squares in S).
     slope, intercept = np.polyfit(1.0 / b, s, 1)
     s0 = intercept if intercept > 0 else float(s.min())
     bc0 = slope / s0 if slope > 0 else float(np.median(b))
     best = None
     for start_bc in (bc0, float(np.median(b)), float(b.min()), float(b.max())):
+        start = np.clip([math.log(s0), math.log(max(start_bc, 1e-300))], lower, upper)
         res = optimize.least_squares(
             residuals,
-            np.array([math.log(s0), math.log(max(start_bc, 1e-12))]),
+            start,
             jac=jacobian,
-            method="lm" if n > 2 else "trf",
+            bounds=(lower, upper),
+            method="trf",
+            xtol=1e-12,
+            ftol=1e-12,
+            gtol=1e-12,
         )
         if best is None or res.cost < best.cost:
             best = res
     assert best is not None
     theta = best.x
+    if theta[1] - log_b_lo < 1e-6 or log_b_hi - theta[1] < 1e-6:
+        raise ValueError(
+            "the steps do not follow S = S_min(1 + B_crit/B): the fitted B_crit runs to the "
+            "edge of 10⁴× the measured batch range (steps flat or rising with batch size?)"
+        )
     s_min, b_crit = math.exp(theta[0]), math.exp(theta[1])
     resid = best.fun
     ss_res = float(resid @ resid)
@@ -88,10 +103,15 @@ def fit_steps_to_target(
             t = float(stats.t.ppf((1 + confidence) / 2, n - 2))
             se0, se1 = math.sqrt(max(cov[0, 0], 0)), math.sqrt(max(cov[1, 1], 0))
             se_e = math.sqrt(max(cov[0, 0] + cov[1, 1] + 2 * cov[0, 1], 0))
-            s_ci = (s_min * math.exp(-t * se0), s_min * math.exp(t * se0))
-            b_ci = (b_crit * math.exp(-t * se1), b_crit * math.exp(t * se1))
-            e_ci = (s_min * b_crit * math.exp(-t * se_e), s_min * b_crit * math.exp(t * se_e))
+            s_ci = _log_interval(theta[0], t * se0)
+            b_ci = _log_interval(theta[1], t * se1)
+            e_ci = _log_interval(theta[0] + theta[1], t * se_e)
     return CriticalBatchFit(s_min, b_crit, s_ci, b_ci, s_min * b_crit, e_ci, r2, n)
+
+
+def _log_interval(center: float, half_width: float) -> tuple[float, float]:
+    """exp(center ± half_width), saturating at inf instead of overflowing."""
+    return math.exp(max(center - half_width, -745.0)), math.exp(min(center + half_width, 709.0))
 
 
 def linear_cross_check(batch_sizes: FloatArray, steps: FloatArray) -> LinearCrossCheck | None:

@@ -167,8 +167,10 @@ def ratio_of_means_bootstrap(
         den_b = counts @ denominator_series / t
         with np.errstate(divide="ignore", invalid="ignore"):
             ratios = np.where(den_b > 0, num_b / den_b, np.inf)
-        lo, hi = np.quantile(ratios, [(1 - confidence) / 2, (1 + confidence) / 2])
-        ci = (float(lo), float(hi))
+        lo, hi = np.quantile(
+            ratios, [(1 - confidence) / 2, (1 + confidence) / 2], method="inverted_cdf"
+        )
+        ci = (float(lo), float(hi))  # hi may be inf (resampled |G|² ≤ 0): reported as null
         finite = ratios[np.isfinite(ratios) & (ratios > 0)]
         se_log = float(np.log(finite).std(ddof=1)) if finite.size > 1 else None
     return num_stat, den_stat, Ratio(value, ci, se_log, formula)

@@ -76,7 +76,9 @@ def percentile_interval(
     """Two-sided percentile interval; None with fewer than 2 finite-or-infinite replicates."""
     if samples.size < 2:
         return None
-    lo, hi = np.quantile(samples, [(1 - confidence) / 2, (1 + confidence) / 2])
+    lo, hi = np.quantile(
+        samples, [(1 - confidence) / 2, (1 + confidence) / 2], method="inverted_cdf"
+    )
     return float(lo), float(hi)
 
 

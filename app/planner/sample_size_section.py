@@ -166,6 +166,7 @@ def _curve_out(curves: OrderingCurves) -> Curve:
         k=[round(float(k)) for k in curves.k],
         delta=[float(v) for v in curves.abs_by_ordering.mean(axis=0)],
         delta_sq=[float(v) for v in curves.sq_by_ordering.mean(axis=0)],
+        formula=f"{formulas.DELTA_ABS}; {formulas.DELTA_SQ}; bin means over log-spaced k",
     )
 
 
@@ -284,15 +285,25 @@ def build_sample_size_section(
     # ℓ_max and M for Theorem 7
     loss_bound = None
     if measurements.loss_bound is not None:
-        loss_bound = BoundValue(value=measurements.loss_bound, source="input")
+        loss_bound = BoundValue(
+            value=measurements.loss_bound, source="input", formula="ℓ_max as given (Thm 7)"
+        )
     elif losses is not None:
-        loss_bound = BoundValue(value=float(max(losses)), source="observed_max")
+        loss_bound = BoundValue(
+            value=float(max(losses)),
+            source="observed_max",
+            formula="ℓ_max = max_i l_i(w*) over the given losses (a lower bound on the true ℓ_max)",
+        )
     m_bound = None
     if measurements.hessian_norm_bound is not None:
-        m_bound = BoundValue(value=measurements.hessian_norm_bound, source="input")
+        m_bound = BoundValue(
+            value=measurements.hessian_norm_bound, source="input", formula="M as given (Thm 7)"
+        )
     elif measurements.per_sample_hessian_norms is not None:
         m_bound = BoundValue(
-            value=float(max(measurements.per_sample_hessian_norms)), source="per_sample_max"
+            value=float(max(measurements.per_sample_hessian_norms)),
+            source="per_sample_max",
+            formula="M = max_i ‖H_i(w*)‖₂ over the measured samples (digest §8 item 5)",
         )
 
     off_minimum = []

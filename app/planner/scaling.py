@@ -157,5 +157,5 @@ def data_for_target_interval(
     gap = target - e
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         d = np.where(gap > 0, np.exp((log_a - np.log(np.where(gap > 0, gap, 1.0))) / beta), np.inf)
-    lo, hi = np.quantile(d, [(1 - confidence) / 2, (1 + confidence) / 2])
+    lo, hi = np.quantile(d, [(1 - confidence) / 2, (1 + confidence) / 2], method="inverted_cdf")
     return (float(lo) if math.isfinite(lo) else None, float(hi) if math.isfinite(hi) else None)

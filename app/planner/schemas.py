@@ -328,9 +328,12 @@ class PowerLawFit(_Out):
 
 
 class Curve(_Out):
+    """Mean over orderings of Δ_k and Δ_k² per log-spaced k-bin (k = bin's geometric mean)."""
+
     k: list[int]
     delta: list[float]
     delta_sq: list[float]
+    formula: str
 
 
 class SampleSizeValue(_Out):
@@ -353,6 +356,7 @@ class PerTolerance(_Out):
 class BoundValue(_Out):
     value: float
     source: str
+    formula: str
 
 
 class OffMinimumFit(_Out):

@@ -1,0 +1,139 @@
+"""make_plan end to end: design.md §4 field names, determinism, robustness on valid input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app.planner import Measurements, Recommendation, Targets, make_plan
+
+RNG = np.random.default_rng(7)
+BATCHES = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+FULL = {
+    "per_sample_losses": RNG.exponential(size=3000).tolist(),
+    "loss_bound": 20.0,
+    "hessian_norm_bound": 12.3,
+    "gradient_noise": {
+        "grad_sq_norm": 0.02,
+        "trace_sigma": 3.1,
+        "gHg": 0.004,
+        "trace_h_sigma": 0.9,
+        "grad_sq_norm_se": 0.002,
+        "trace_sigma_se": 0.1,
+    },
+    "steps_to_target": [{"batch_size": b, "steps": 1270 * (1 + 2200 / b)} for b in BATCHES],
+    "loss_vs_data": [
+        {"n_samples": d, "loss": 1.7 + 400 * d**-0.3} for d in (1e5, 3e5, 1e6, 3e6, 1e7)
+    ],
+    "blocks": [
+        {"name": "l0.q", "lambda_max": 3.0, "lambda_min": -0.5, "spectral_norm": 3.0},
+        {"name": "l0.v", "lambda_max": 30.0, "lambda_min": 0.0, "spectral_norm": 30.0},
+    ],
+    "gradient_norm_at_w_star": 0.5,
+}
+TARGETS = {
+    "tolerances": [0.01, 0.001],
+    "radius": 0.1,
+    "target_loss": 3.0,
+    "confidence": 0.95,
+    "orderings": 20,
+    "bootstrap": 200,
+}
+
+
+def _plan(body: dict = FULL, targets: dict = TARGETS, seed: int = 0) -> dict:
+    rec = make_plan(Measurements.model_validate(body), Targets.model_validate(targets), seed=seed)
+    return json.loads(rec.model_dump_json())
+
+
+def test_design_field_names_are_present() -> None:
+    rec = _plan()
+    fit = rec["sample_size"]["fit"]
+    assert {"C", "alpha", "alpha_ci", "r2"} <= fit.keys()
+    row = rec["sample_size"]["per_tolerance"][0]
+    assert row["tolerance"] == 0.01
+    assert {"k", "ci"} <= row["empirical"].keys() and "k" in row["theoretical"]
+    batch = rec["batch_size"]
+    assert {"value", "ci"} <= batch["b_simple"].keys() and {"value", "ci"} <= batch[
+        "b_noise"
+    ].keys()
+    assert {"value", "s_min", "e_min"} <= batch["b_crit"].keys()
+    assert batch["recommended"] == 2048
+    assert {"E", "A", "beta", "n_for_target_loss"} <= rec["scaling"].keys()
+    assert rec["curvature"]["heterogeneity_ratio"] == 10.0
+    assert rec["curvature"]["blocks"][1]["lr_ceiling"] == 2 / 30.0
+    codes = {w["code"] for w in rec["warnings"]}
+    assert {"negative_curvature", "assumption1_gradient_norm"} <= codes
+
+
+def test_every_reported_number_names_its_formula() -> None:
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict):
+            if ("value" in node or "k" in node) and node.get("status") != "not_computed":
+                assert node.get("formula"), path
+            for key, value in node.items():
+                walk(value, f"{path}.{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+
+    rec = _plan()
+    for section in ("sample_size", "batch_size"):
+        walk(rec[section], section)
+    assert rec["scaling"]["formula"] and rec["sample_size"]["fit"]["formula"]
+
+
+def test_same_seed_same_plan_and_targets_seed_wins() -> None:
+    assert _plan(seed=3) == _plan(seed=3)
+    assert _plan(seed=3)["sample_size"]["fit"] != _plan(seed=4)["sample_size"]["fit"]
+    assert _plan(targets={**TARGETS, "seed": 9}, seed=1)["seed"] == 9
+
+
+def test_empty_measurements_explain_every_section() -> None:
+    rec = _plan({}, {})
+    for section in ("sample_size", "batch_size", "scaling", "curvature"):
+        assert rec[section]["status"] == "not_computed" and rec[section]["reason"]
+
+
+_pos = st.floats(1e-6, 1e6, allow_nan=False)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=st.dictionaries(st.integers(1, 10**6), _pos, min_size=1, max_size=8),
+    scaling=st.lists(st.tuples(_pos, st.floats(0, 100)), min_size=1, max_size=8),
+    noise=st.fixed_dictionaries(
+        {
+            "grad_sq_norm": st.floats(0, 10),
+            "trace_sigma": st.floats(0, 10),
+            "gHg": st.floats(-10, 10),
+            "trace_h_sigma": st.floats(-10, 10),
+        }
+    ),
+    blocks=st.lists(st.tuples(st.floats(-5, 5), st.floats(0, 5)), min_size=1, max_size=4),
+    target=st.floats(0, 100),
+)
+def test_property_any_valid_input_gives_a_finite_json_plan(
+    steps: dict, scaling: list, noise: dict, blocks: list, target: float
+) -> None:
+    body = {
+        "steps_to_target": [{"batch_size": b, "steps": s} for b, s in steps.items()],
+        "loss_vs_data": [{"n_samples": d, "loss": loss} for d, loss in scaling],
+        "gradient_noise": noise,
+        "blocks": [
+            {
+                "name": f"b{i}",
+                "lambda_max": hi,
+                "lambda_min": hi - width,
+                "spectral_norm": max(abs(hi), abs(hi - width)),
+            }
+            for i, (hi, width) in enumerate(blocks)
+        ],
+    }
+    rec = make_plan(Measurements.model_validate(body), Targets(target_loss=target, bootstrap=50))
+    text = rec.model_dump_json()
+    assert "NaN" not in text and "Infinity" not in text
+    Recommendation.model_validate_json(text)
