@@ -7,6 +7,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import Any
@@ -25,7 +26,12 @@ def make_context(start_method: str, queues: list[str]) -> BaseContext:
     """
     ctx = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload(["__main__", "workers.child", *modules_for_queues(queues)])
+        # Each child re-runs the parent's main module (multiprocessing's "prepare"
+        # step): preloading it, by path or by module name (``python -m``), makes
+        # that a no-op instead of re-importing the CLI in every attempt.
+        main_spec = getattr(sys.modules["__main__"], "__spec__", None)
+        main_modules = ["__main__"] + ([main_spec.name] if main_spec is not None else [])
+        ctx.set_forkserver_preload([*main_modules, "workers.child", *modules_for_queues(queues)])
     return ctx
 
 

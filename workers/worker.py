@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import multiprocessing.forkserver
 import os
 import secrets
 import signal
@@ -136,7 +137,6 @@ class _Current:
     """The attempt a slot runs now, shared by its main loop and its heartbeat thread."""
 
     fence: store.Fence
-    pid: int
     progress: Progress | None = None
     progress_written: Progress | None = None
     cancel_requested: bool = False
@@ -217,7 +217,12 @@ class WorkerSlot:
                 self.stop.wait(self.options.poll_interval)
                 continue
             with bind(job_id=str(job.fence.job_id), attempt=job.fence.attempt):
-                self._run_attempt(job)
+                try:
+                    self._run_attempt(job)
+                except Exception:
+                    # E.g. the database went away before the outcome was written: the
+                    # lease runs out and the reaper re-queues the job (or fails it).
+                    log.exception("attempt supervision failed; the lease will expire")
 
     # ------------------------------------------------------------------ one attempt
     def _run_attempt(self, job: store.ClaimedJob) -> None:
@@ -247,10 +252,17 @@ class WorkerSlot:
             log_level=self.options.log_level,
         )
         started = time.monotonic()
-        child = AttemptProcess(self.mp_context, task)  # type: ignore[arg-type]
-        current = _Current(fence=fence, pid=child.pid)
+        # Heartbeats cover the job from the claim on: starting the child can take
+        # seconds the first time (the forkserver imports the kind modules).
+        current = _Current(fence=fence)
         with self.state.lock:
             self.state.current = current
+        try:
+            child = AttemptProcess(self.mp_context, task)  # type: ignore[arg-type]
+        except BaseException:
+            with self.state.lock:
+                self.state.current = None
+            raise
         log.info("attempt started", extra={"kind": job.kind, "child_pid": child.pid})
         try:
             self._supervise(child, current, started)
@@ -464,6 +476,9 @@ def run_worker(options: WorkerOptions) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     mp_context = make_context(options.start_method, list(options.queues))
+    if options.start_method == "forkserver":
+        # Start it now: it imports the kind modules while the slots register.
+        multiprocessing.forkserver.ensure_running()
     engine = make_engine(
         options.database_url, pool_size=2 * options.concurrency + 1, max_overflow=2
     )

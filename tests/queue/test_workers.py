@@ -1,0 +1,250 @@
+"""Real ``curvplan worker`` processes on a real PostgreSQL running real plan jobs.
+
+Timings are short (lease 1.5 s, heartbeat 0.2 s, backoff 0.2 s) so lease expiry,
+re-queueing and cancel happen within seconds. A "slow" job is a real plan with
+5000 per-sample losses and thousands of orderings/bootstrap resamples (≈ 3 s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from typing import Any
+
+import pytest
+from queue_helpers import (
+    FAST,
+    WorkerProcess,
+    attempt_rows,
+    insert_jobs,
+    job_row,
+    plan_request,
+    wait_for,
+)
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+
+from app.jobs.service import cancel_job
+from app.planner import Measurements, Recommendation, Targets, make_plan
+from workers.kinds.plan import seed_for_job
+
+pytestmark = pytest.mark.e2e
+
+SLOW = plan_request(5000, orderings=2500, bootstrap=2000)
+
+
+def status_of(db: Engine, job_id: uuid.UUID) -> str:
+    return job_row(db, job_id).status
+
+
+def child_pid(worker: WorkerProcess, job_id: uuid.UUID, attempt: int) -> int | None:
+    """The pid of the child running (job, attempt), from the worker's JSON log."""
+    for record in worker.log_records():
+        if (
+            record.get("message") == "attempt started"
+            and record.get("job_id") == str(job_id)
+            and record.get("attempt") == attempt
+        ):
+            return int(record["child_pid"])
+    return None
+
+
+def process_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie awaiting its parent's wait counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def logged(worker: WorkerProcess, message_part: str) -> list[dict[str, Any]]:
+    return [r for r in worker.log_records() if message_part in r.get("message", "")]
+
+
+def worker_rows(db: Engine) -> dict[str, Any]:
+    with db.connect() as conn:
+        return {row.id: row for row in conn.execute(text("SELECT * FROM worker"))}
+
+
+def test_four_workers_run_400_jobs_exactly_once(db, project_id, start_worker):
+    ids = insert_jobs(db, project_id, [plan_request(30 + i % 20) for i in range(400)])
+    workers = [start_worker(*FAST) for _ in range(4)]
+
+    def all_done() -> bool:
+        with db.connect() as conn:
+            return not conn.execute(
+                text("SELECT 1 FROM job WHERE status <> 'succeeded' LIMIT 1")
+            ).first()
+
+    wait_for(all_done, 120, "400 jobs to succeed", every=0.5)
+    with db.connect() as conn:
+        jobs = conn.execute(text("SELECT id, attempt, worker_id, result FROM job")).all()
+        attempts = conn.execute(
+            text("SELECT job_id, attempt, worker_id, outcome, ended_at FROM job_attempt")
+        ).all()
+    assert len(jobs) == 400 and {j.id for j in jobs} == set(ids)
+    assert all(j.attempt == 1 for j in jobs)
+    # Exactly one attempt per job, ended succeeded, by the worker the job names.
+    assert len(attempts) == 400 and len({a.job_id for a in attempts}) == 400
+    assert {a.outcome for a in attempts} == {"succeeded"}
+    assert all(a.ended_at is not None for a in attempts)
+    by_job = {a.job_id: a.worker_id for a in attempts}
+    assert all(by_job[j.id] == j.worker_id for j in jobs)
+    assert len({j.worker_id for j in jobs}) >= 2, "the jobs should be shared between workers"
+
+    # The stored result is the planner's own answer for that job (independent re-run).
+    sample = jobs[0]
+    request = plan_request(30 + ids.index(sample.id) % 20)
+    expected = make_plan(
+        Measurements.model_validate_json(json.dumps(request["measurements"])),
+        Targets.model_validate_json(json.dumps(request["targets"])),
+        seed=seed_for_job(str(sample.id)),
+    )
+    assert sample.result == {"recommendation": expected.model_dump(mode="json")}
+    Recommendation.model_validate(sample.result["recommendation"])
+
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    assert [worker.wait(15) for worker in workers] == [0, 0, 0, 0]
+    rows = worker_rows(db)
+    assert len(rows) == 4
+    assert {r.status for r in rows.values()} == {"stopped"}
+    assert all(r.current_job_id is None for r in rows.values())
+
+
+@pytest.mark.parametrize("max_attempts", [3, 1])
+def test_sigkilled_worker_job_is_reaped_and_finished_once(
+    db, project_id, start_worker, max_attempts
+):
+    (job_id,) = insert_jobs(db, project_id, [SLOW], max_attempts=max_attempts)
+    doomed = start_worker(*FAST)
+    wait_for(lambda: child_pid(doomed, job_id, 1), 30, "the doomed worker to start the job")
+    pid = child_pid(doomed, job_id, 1)
+    # Progress written by the heartbeat is visible while the job runs.
+    wait_for(lambda: (job_row(db, job_id).progress or {}).get("stage") == "plan", 10, "progress")
+    assert status_of(db, job_id) == "running"
+    doomed.signal(signal.SIGKILL)
+    doomed.wait(10)
+    wait_for(lambda: process_gone(pid), 10, "the orphaned child to exit")
+    assert status_of(db, job_id) == "running"  # nobody wrote anything: the lease just runs out
+
+    rescuer = start_worker(*FAST)
+    doomed_id = job_row(db, job_id).worker_id
+    if max_attempts == 1:
+        wait_for(lambda: status_of(db, job_id) == "failed", 30, "the job to fail")
+        row = job_row(db, job_id)
+        assert row.error["type"] == "worker-lost" and doomed_id in row.error["detail"]
+        assert [a.outcome for a in attempt_rows(db, job_id)] == ["lease-lost"]
+        return
+    wait_for(lambda: status_of(db, job_id) == "succeeded", 60, "the rescuer to finish the job")
+    row = job_row(db, job_id)
+    attempts = attempt_rows(db, job_id)
+    assert row.attempt == 2 and row.worker_id != doomed_id
+    assert [(a.attempt, a.worker_id, a.outcome) for a in attempts] == [
+        (1, doomed_id, "lease-lost"),
+        (2, row.worker_id, "succeeded"),
+    ]
+    assert row.result["recommendation"]["sample_size"]["n_losses"] == 5000
+    assert logged(rescuer, "reaped a job whose lease expired")
+
+
+def test_paused_zombie_worker_cannot_overwrite_the_job(db, project_id, start_worker):
+    """SIGSTOP a worker mid-job (a GC pause, a frozen VM): its lease expires, another
+    worker finishes the job; when the zombie wakes up its late write is fenced out."""
+    (job_id,) = insert_jobs(db, project_id, [SLOW])
+    zombie = start_worker(*FAST)
+    wait_for(lambda: child_pid(zombie, job_id, 1), 30, "the zombie to start the job")
+    zombie.signal(signal.SIGSTOP)
+    try:
+        start_worker(*FAST)
+        wait_for(lambda: status_of(db, job_id) == "succeeded", 60, "the other worker to finish")
+        before = job_row(db, job_id)
+    finally:
+        zombie.signal(signal.SIGCONT)
+    wait_for(lambda: logged(zombie, "lease lost"), 20, "the zombie to notice its lost lease")
+    time.sleep(0.5)  # give a (wrong) late write every chance to land
+    assert job_row(db, job_id) == before
+    assert [a.outcome for a in attempt_rows(db, job_id)] == ["lease-lost", "succeeded"]
+    assert zombie.proc.poll() is None, "losing a lease ends the attempt, not the worker"
+
+
+def test_cancel_queued_job_is_never_run(db, project_id, start_worker):
+    cancelled, other = insert_jobs(db, project_id, [plan_request(), plan_request()])
+    with Session(db) as session:
+        assert cancel_job(session, project_id, cancelled)["status"] == "cancelled"
+        session.commit()
+    start_worker(*FAST)
+    wait_for(lambda: status_of(db, other) == "succeeded", 30, "the other job")
+    assert status_of(db, cancelled) == "cancelled"
+    assert attempt_rows(db, cancelled) == []
+
+
+def test_cancel_running_job_stops_its_child(db, project_id, start_worker):
+    (job_id,) = insert_jobs(db, project_id, [SLOW])
+    worker = start_worker(*FAST)
+    wait_for(lambda: child_pid(worker, job_id, 1), 30, "the job to start")
+    pid = child_pid(worker, job_id, 1)
+    with Session(db) as session:
+        assert cancel_job(session, project_id, job_id)["status"] == "cancelling"
+        session.commit()
+    asked = time.monotonic()
+    wait_for(lambda: status_of(db, job_id) == "cancelled", 10, "the job to be cancelled")
+    # Stopped within the 1 s cancel grace (plus a heartbeat), not after running to the end.
+    assert time.monotonic() - asked < 2.5
+    assert process_gone(pid)
+    row = job_row(db, job_id)
+    assert row.result is None and row.finished_at is not None
+    assert [a.outcome for a in attempt_rows(db, job_id)] == ["cancelled"]
+    assert worker.proc.poll() is None
+
+
+def test_crashed_child_ends_the_attempt_not_the_worker(db, project_id, start_worker):
+    (job_id,) = insert_jobs(db, project_id, [SLOW], max_attempts=2)
+    worker = start_worker(*FAST)
+    for attempt in (1, 2):
+        wait_for(lambda a=attempt: child_pid(worker, job_id, a), 30, f"attempt {attempt}")
+        os.kill(child_pid(worker, job_id, attempt), signal.SIGKILL)  # what the OOM killer does
+    wait_for(lambda: status_of(db, job_id) == "failed", 10, "the job to fail")
+    row = job_row(db, job_id)
+    assert row.error["type"] == "worker-crashed"
+    assert "SIGKILL" in row.error["detail"] and "attempt 2 of 2" in row.error["detail"]
+    assert [a.outcome for a in attempt_rows(db, job_id)] == ["crashed", "crashed"]
+    # The worker lives on and runs the next job.
+    assert worker.proc.poll() is None
+    (next_job,) = insert_jobs(db, project_id, [plan_request()])
+    wait_for(lambda: status_of(db, next_job) == "succeeded", 30, "the next job")
+
+
+def test_sigterm_lets_the_running_job_finish(db, project_id, start_worker):
+    (job_id,) = insert_jobs(db, project_id, [SLOW])
+    worker = start_worker(*FAST, "--shutdown-grace-seconds", "60")
+    wait_for(lambda: child_pid(worker, job_id, 1), 30, "the job to start")
+    worker.signal(signal.SIGTERM)
+    wait_for(
+        lambda: {r.status for r in worker_rows(db).values()} == {"stopping"}, 5, "stopping status"
+    )
+    assert worker.wait(60) == 0
+    row = job_row(db, job_id)
+    assert (row.status, row.attempt) == ("succeeded", 1)
+    assert {r.status for r in worker_rows(db).values()} == {"stopped"}
+
+
+def test_sigterm_releases_a_job_that_outlives_the_grace_period(db, project_id, start_worker):
+    (job_id,) = insert_jobs(db, project_id, [SLOW], max_attempts=1)
+    worker = start_worker(*FAST, "--shutdown-grace-seconds", "0.3")
+    wait_for(lambda: child_pid(worker, job_id, 1), 30, "the job to start")
+    pid = child_pid(worker, job_id, 1)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(15) == 0
+    assert process_gone(pid)
+    row = job_row(db, job_id)
+    # Released: queued again, and the release did not use up the only attempt.
+    assert (row.status, row.attempt, row.max_attempts, row.worker_id) == ("queued", 1, 2, None)
+    assert [a.outcome for a in attempt_rows(db, job_id)] == ["released"]
+    start_worker(*FAST)
+    wait_for(lambda: status_of(db, job_id) == "succeeded", 60, "another worker to finish it")
+    assert [a.outcome for a in attempt_rows(db, job_id)] == ["released", "succeeded"]
