@@ -76,7 +76,8 @@ class _Noise:
 
 
 def _direct_noise(stats: DirectNoiseStats, confidence: float) -> _Noise:
-    z = float(sps.norm.ppf((1 + confidence) / 2))
+    dof = None if stats.n_samples is None else stats.n_samples - 1
+    z = float(sps.t.ppf((1 + confidence) / 2, dof) if dof else sps.norm.ppf((1 + confidence) / 2))
     out = _Noise()
     out.grad_sq = _direct_stat(
         stats.grad_sq_norm, stats.grad_sq_norm_se, z, formulas.GRAD_SQ_DIRECT
@@ -99,6 +100,7 @@ def _direct_noise(stats: DirectNoiseStats, confidence: float) -> _Noise:
             confidence,
             formulas.B_SIMPLE + (formulas.DELTA_METHOD if has_se_simple else ""),
             ("tr Σ", "|G|²"),
+            dof,
         )
     if stats.gHg is not None and stats.trace_h_sigma is not None:
         out.b_noise = ratio_direct(
@@ -109,6 +111,7 @@ def _direct_noise(stats: DirectNoiseStats, confidence: float) -> _Noise:
             confidence,
             formulas.B_NOISE + (formulas.DELTA_METHOD if has_se_noise else ""),
             ("tr(HΣ)", "GᵀHG"),
+            dof,
         )
     return out
 

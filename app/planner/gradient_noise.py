@@ -61,19 +61,26 @@ def two_batch_estimates(
     return g2, tr
 
 
-def _z(confidence: float) -> float:
+def _z(confidence: float, dof: int | None = None) -> float:
+    """Two-sided normal quantile, or Student-t with `dof` degrees of freedom when given."""
+    if dof is not None and dof > 0:
+        return float(stats.t.ppf((1 + confidence) / 2, dof))
     return float(stats.norm.ppf((1 + confidence) / 2))
 
 
-def _z_one_sided(confidence: float) -> float:
+def _z_one_sided(confidence: float, dof: int | None = None) -> float:
+    if dof is not None and dof > 0:
+        return float(stats.t.ppf(confidence, dof))
     return float(stats.norm.ppf(confidence))
 
 
-def significantly_positive(value: float, se: float | None, confidence: float) -> bool:
+def significantly_positive(
+    value: float, se: float | None, confidence: float, dof: int | None = None
+) -> bool:
     """One-sided test value > 0 at `confidence`; without an SE only value > 0 is required."""
     if se is None:
         return value > 0
-    return value - _z_one_sided(confidence) * se > 0
+    return value - _z_one_sided(confidence, dof) * se > 0
 
 
 def ratio_direct(
@@ -84,12 +91,14 @@ def ratio_direct(
     confidence: float,
     formula: str,
     names: tuple[str, str],
+    dof: int | None = None,
 ) -> Ratio:
     """numerator/denominator with a delta-method interval on log(ratio) (independent errors).
 
-    Used for B_simple = tr Σ/|G|² and B_noise = tr(HΣ)/GᵀHG (McCandlish et al. 2018)."""
+    Used for B_simple = tr Σ/|G|² and B_noise = tr(HΣ)/GᵀHG (McCandlish et al. 2018). With
+    `dof` (sample count − 1) the quantiles are Student-t, else normal."""
     num_name, den_name = names
-    if not significantly_positive(denominator, denominator_se, confidence):
+    if not significantly_positive(denominator, denominator_se, confidence, dof):
         return Ratio(
             None,
             None,
@@ -105,7 +114,7 @@ def ratio_direct(
     if numerator_se is None or denominator_se is None:
         return Ratio(value, None, None, formula)
     se_log = math.hypot(numerator_se / numerator, denominator_se / denominator)
-    z = _z(confidence)
+    z = _z(confidence, dof)
     return Ratio(
         value, (value * math.exp(-z * se_log), value * math.exp(z * se_log)), se_log, formula
     )

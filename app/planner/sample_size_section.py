@@ -86,7 +86,7 @@ def _window(n: int, targets: Targets) -> tuple[int, int]:
     if targets.fit_window is None:
         return default_window(n)
     k_min, k_max = targets.fit_window
-    return k_min, min(k_max, n - 1)
+    return int(k_min), int(min(k_max, n - 1))
 
 
 def _fit_curves(

@@ -64,6 +64,8 @@ class DirectNoiseStats(_Strict):
 
     B_simple needs `grad_sq_norm` and `trace_sigma`; B_noise needs `gHg` and `trace_h_sigma`.
     Standard errors (`*_se`) give intervals; without them the values are reported as points.
+    `n_samples` (how many independent estimates the statistics average) switches the interval
+    and significance quantiles from normal to Student-t with n_samples − 1 degrees of freedom.
     """
 
     grad_sq_norm: NonNegFloat | None = None
@@ -260,12 +262,12 @@ class Targets(_Strict):
     confidence: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = 0.95
     orderings: Annotated[int, Field(ge=2, le=MAX_ORDERINGS)] = 100
     bootstrap: Annotated[int, Field(ge=0, le=MAX_BOOTSTRAP)] = 1000
-    fit_window: tuple[PosInt, PosInt] | None = None
+    fit_window: Annotated[list[PosInt], Field(min_length=2, max_length=2)] | None = None
     seed: Annotated[int, Field(ge=0)] | None = None
 
     @field_validator("fit_window")
     @classmethod
-    def _window_ordered(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+    def _window_ordered(cls, value: list[int] | None) -> list[int] | None:
         if value is not None and value[0] >= value[1]:
             raise ValueError("fit_window must be [k_min, k_max] with k_min < k_max")
         return value

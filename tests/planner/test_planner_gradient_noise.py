@@ -137,3 +137,25 @@ def test_equal_batch_sizes_are_a_validation_error() -> None:
             }
         )
     assert err.value.errors()[0]["loc"][-1] == "b_big"
+
+
+def test_sample_count_switches_to_student_t() -> None:
+    normal = ratio_direct(3.0, 0.02, 0.1, 0.002, 0.95, "f", ("tr Σ", "|G|²"))
+    student = ratio_direct(3.0, 0.02, 0.1, 0.002, 0.95, "f", ("tr Σ", "|G|²"), dof=4)
+    sd_log = np.hypot(0.1 / 3.0, 0.002 / 0.02)
+    assert student.ci[1] == pytest.approx(150 * np.exp(2.776445 * sd_log), rel=1e-5)
+    assert student.ci[1] > normal.ci[1]
+    m = Measurements.model_validate(
+        {
+            "gradient_noise": {
+                "grad_sq_norm": 0.02,
+                "trace_sigma": 3.1,
+                "grad_sq_norm_se": 0.002,
+                "trace_sigma_se": 0.1,
+                "n_samples": 5,
+            }
+        }
+    )
+    assert make_plan(m, Targets()).batch_size.b_simple.ci[1] == pytest.approx(
+        3.1 / 0.02 * np.exp(2.776445 * np.hypot(0.1 / 3.1, 0.1)), rel=1e-5
+    )

@@ -115,7 +115,7 @@ def test_theoretical_needs_radius_and_says_so() -> None:
 
 def test_short_window_and_far_alpha_are_flagged() -> None:
     m = Measurements(per_sample_losses=LOSSES)
-    t = Targets(tolerances=[0.1], fit_window=(2, 12), orderings=20, bootstrap=20)
+    t = Targets(tolerances=[0.1], fit_window=[2, 12], orderings=20, bootstrap=20)
     codes = [w.code for w in make_plan(m, t).warnings]
     assert "fit_window_too_short" in codes
 

@@ -45,6 +45,8 @@ def test_design_example_validates_from_json() -> None:
         '{"tolerances": [0.01, 0.001], "radius": 0.1, "target_loss": 3.0, "confidence": 0.95}'
     )
     assert t.orderings == 100 and t.bootstrap == 1000
+    assert Targets.model_validate({"fit_window": [10, 100]}).fit_window == [10, 100]
+    assert Targets.model_validate_json('{"fit_window": [10, 100]}').fit_window == [10, 100]
 
 
 @pytest.mark.parametrize(
@@ -99,6 +101,7 @@ def test_bad_measurements_name_the_field(path: tuple, value: object, loc_tail: t
         ({"orderings": -3}, ("orderings",)),
         ({"bootstrap": -1}, ("bootstrap",)),
         ({"fit_window": [100, 10]}, ("fit_window",)),
+        ({"fit_window": [10, 20, 30]}, ("fit_window",)),
         ({"radius": math.nan}, ("radius",)),
         ({"orderings": "100"}, ("orderings",)),
     ],
