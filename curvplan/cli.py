@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from curvplan.commands import engine, service, worker
+from curvplan.commands import client, engine, service, worker
 
 app = typer.Typer(
     name="curvplan",
@@ -21,6 +21,7 @@ app = typer.Typer(
 service.register(app)
 worker.register(app)
 engine.register(app)
+client.register(app)
 
 
 def main() -> None:
