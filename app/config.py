@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     log_format: Literal["json", "console"] = "console"
     log_level: str = "INFO"
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    max_artifact_bytes: int = Field(
+        default=4 * 1024**3, gt=0, description="Largest artifact upload (POST /v1/artifacts)."
+    )
     db_pool_size: int = Field(default=10, gt=0)
     db_max_overflow: int = Field(default=10, ge=0)
 

@@ -30,15 +30,19 @@ class BodySizeLimitMiddleware:
     the limit.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int, path_limits: dict[str, int] | None = None
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        # Exact paths with their own limit (artifact uploads stream to disk, not memory).
+        self.path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.max_body_bytes
+        limit = self.path_limits.get(scope.get("path", ""), self.max_body_bytes)
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
