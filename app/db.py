@@ -33,9 +33,18 @@ class Base(DeclarativeBase):
 
 
 def make_engine(
-    settings_or_url: Settings | str, *, pool_size: int = 5, max_overflow: int = 5
+    settings_or_url: Settings | str,
+    *,
+    pool_size: int = 5,
+    max_overflow: int = 5,
+    pre_ping: bool = True,
 ) -> Engine:
-    """Create a psycopg 3 engine for ``settings_or_url`` (URL normalised to postgresql+psycopg)."""
+    """Create a psycopg 3 engine for ``settings_or_url`` (URL normalised to postgresql+psycopg).
+
+    ``pre_ping`` tests each connection on checkout (one extra round trip); the API
+    turns it off for its hot path and relies on SQLAlchemy invalidating the pool
+    when a connection turns out dead, plus ``pool_recycle``.
+    """
     if isinstance(settings_or_url, Settings):
         url = settings_or_url.sqlalchemy_url
         pool_size = settings_or_url.db_pool_size
@@ -46,7 +55,8 @@ def make_engine(
         url,
         pool_size=pool_size,
         max_overflow=max_overflow,
-        pool_pre_ping=True,
+        pool_pre_ping=pre_ping,
+        pool_recycle=1800,
         future=True,
     )
 

@@ -14,6 +14,8 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 
+from app.artifacts.router import UPLOAD_OVERHEAD_BYTES
+from app.artifacts.router import router as artifacts_router
 from app.auth.dependencies import KeyCache
 from app.config import Settings, get_settings
 from app.db import make_engine, make_sessionmaker
@@ -37,7 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the API for ``settings`` (default: from the environment)."""
     settings = settings or get_settings()
     configure_logging(settings.log_format, settings.log_level)
-    engine = make_engine(settings)
+    engine = make_engine(settings, pre_ping=False)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -63,9 +65,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_problem_handlers(app)
     app.include_router(health_router)
     app.include_router(jobs_router)
+    app.include_router(artifacts_router)
     app.include_router(workers_router)
     # Outermost last: metrics see every request, including 413s from the size limit.
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        path_limits={"/v1/artifacts": settings.max_artifact_bytes + UPLOAD_OVERHEAD_BYTES},
+    )
     app.add_middleware(MetricsMiddleware)
     _install_openapi(app)
     return app
@@ -84,6 +91,13 @@ def _install_openapi(app: FastAPI) -> None:
         for name, definition in body_schema.pop("$defs", {}).items():
             components.setdefault(name, definition)
         components["JobCreate"] = body_schema
+        schema["components"]["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer", "description": "curvplan API key"}
+        }
+        for path, operations in schema["paths"].items():
+            if path.startswith("/v1/"):
+                for operation in operations.values():
+                    operation["security"] = [{"bearer": []}]
         app.openapi_schema = schema
         return schema
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session
 
 from app.auth.keys import AuthContext, get_or_create_project, hash_key, lookup_key
 from app.db import SessionDep
@@ -55,6 +56,11 @@ async def require_project(request: Request, session: SessionDep) -> AuthContext:
 
     With ``CURVPLAN_AUTH_DISABLED=true`` every request acts as project ``default``.
     """
+    return await authenticate(request, session)
+
+
+async def authenticate(request: Request, session: Session) -> AuthContext:
+    """The body of :func:`require_project`, callable directly from a hot-path endpoint."""
     settings = request.app.state.settings
     if settings.auth_disabled:
         project = await run_in_threadpool(get_or_create_project, session, DEFAULT_PROJECT)

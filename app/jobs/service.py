@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from psycopg.types.json import Jsonb
 from sqlalchemy import Row, and_, case, func, or_, select, tuple_, update
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from app.jobs.models import JOB_KINDS, JOB_STATUSES, QUEUE_OF_KIND, TERMINAL_STATUSES, Job
@@ -41,6 +41,22 @@ _OUT_COLUMNS = [
     JOB.c.finished_at,
 ]
 _OUT_WITH_REQUEST = [*_OUT_COLUMNS, JOB.c.request, JOB.c.request_hash]
+_INSERT_RETURNING = tuple(c.name for c in _OUT_COLUMNS)
+_INSERT_SQL = (
+    "INSERT INTO job (id, project_id, kind, queue, name, tags, status, request, request_hash, "
+    "idempotency_key, max_attempts, created_at, updated_at) "
+    "VALUES (%s, %s, %s, %s, %s, %s, 'queued', %s, %s, %s, %s, "
+    "clock_timestamp(), clock_timestamp()) "
+    "ON CONFLICT ON CONSTRAINT uq_job_project_id_idempotency_key DO NOTHING "
+    "RETURNING " + ", ".join(_INSERT_RETURNING)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _RawRow:
+    """A psycopg tuple as a mapping, so :func:`job_to_json` reads both kinds of rows."""
+
+    _mapping: dict[str, Any]
 
 
 def canonical_hash(body: dict[str, Any]) -> str:
@@ -123,15 +139,33 @@ def create_job(
         "idempotency_key": idempotency_key,
         "max_attempts": body.get("max_attempts") or default_max_attempts,
     }
-    stmt = (
-        insert(JOB)
-        .values(**values)
-        .on_conflict_do_nothing(constraint="uq_job_project_id_idempotency_key")
-        .returning(*_OUT_WITH_REQUEST)
+    # created_at is clock_timestamp(), not now(): jobs made in one transaction still get
+    # distinct, ordered times (the list cursor orders by it).
+    # Hot path: one prepared statement on the session's own psycopg connection (same
+    # transaction as the rest of the request), skipping SQLAlchemy's statement building.
+    driver = session.connection().connection.driver_connection
+    assert driver is not None
+    cursor = driver.execute(
+        _INSERT_SQL,
+        (
+            values["id"],
+            project_id,
+            kind,
+            values["queue"],
+            values["name"],
+            Jsonb(values["tags"]),
+            Jsonb(body),
+            request_hash,
+            idempotency_key,
+            values["max_attempts"],
+        ),
+        prepare=True,
     )
-    row = session.execute(stmt).first()
-    if row is not None:
-        return Created(job_to_json(row), replayed=False)
+    raw = cursor.fetchone()
+    if raw is not None:
+        mapping = dict(zip(_INSERT_RETURNING, raw, strict=True))
+        mapping["request"] = body  # what was just stored; no need to read it back
+        return Created(job_to_json(_RawRow(mapping)), replayed=False)
     existing = session.execute(
         select(*_OUT_WITH_REQUEST).where(
             JOB.c.project_id == project_id, JOB.c.idempotency_key == idempotency_key

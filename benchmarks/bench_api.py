@@ -1,0 +1,179 @@
+"""POST /v1/jobs throughput and latency against the real server and PostgreSQL.
+
+Starts ``curvplan serve --workers N`` on a fresh database, fires plan-job
+submissions at a fixed concurrency with httpx (async) for a fixed time, prints
+requests/s and p50/p90/p99 latency, then stops the server and drops the database.
+Goal on a 2-core machine: >= 500 req/s with p99 < 50 ms at concurrency 32.
+
+    python benchmarks/bench_api.py [--seconds 10] [--concurrency 32] [--workers 2]
+
+The load generator shares the machine's cores with the server and PostgreSQL,
+so the figures are a lower bound of what the server alone sustains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app import migrations  # noqa: E402
+from app.auth.keys import create_key  # noqa: E402
+from app.config import libpq_url  # noqa: E402
+from app.db import make_engine, make_sessionmaker  # noqa: E402
+
+BODY = json.dumps(
+    {
+        "kind": "plan",
+        "name": "bench",
+        "tags": {"team": "bench"},
+        "measurements": {
+            "per_sample_losses": [0.71, 0.64, 0.80, 0.55, 0.62, 0.70, 0.66, 0.59],
+            "loss_bound": 5.0,
+            "steps_to_target": [
+                {"batch_size": 64, "steps": 46000},
+                {"batch_size": 256, "steps": 14000},
+            ],
+        },
+        "targets": {"tolerances": [0.01, 0.001], "radius": 0.1},
+    }
+).encode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_ready(base: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(base_url=base) as client:
+        while time.monotonic() < deadline:
+            try:
+                if (await client.get("/readyz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.2)
+    raise RuntimeError("server did not become ready")
+
+
+async def load(base: str, key: str, seconds: float, concurrency: int) -> tuple[list[float], int]:
+    latencies: list[float] = []
+    errors = 0
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base, headers=headers, limits=limits) as client:
+        # warm-up: open the connections and the server's pools
+        await asyncio.gather(*(client.post("/v1/jobs", content=BODY) for _ in range(concurrency)))
+        stop = time.perf_counter() + seconds
+
+        async def user() -> None:
+            nonlocal errors
+            while time.perf_counter() < stop:
+                t0 = time.perf_counter()
+                response = await client.post("/v1/jobs", content=BODY)
+                latencies.append(time.perf_counter() - t0)
+                if response.status_code != 202:
+                    errors += 1
+
+        await asyncio.gather(*(user() for _ in range(concurrency)))
+    return latencies, errors
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    parser.add_argument(
+        "--admin-url",
+        default=os.environ.get(
+            "CURVPLAN_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
+    )
+    args = parser.parse_args()
+
+    name = f"curvplan_bench_{secrets.token_hex(3)}"
+    admin = libpq_url(args.admin_url)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = admin.rsplit("/", 1)[0] + "/" + name
+    server = None
+    try:
+        migrations.upgrade(url)
+        engine = make_engine(url)
+        with make_sessionmaker(engine)() as session:
+            key = create_key(session, "bench")
+            session.commit()
+        port = free_port()
+        env = {
+            **os.environ,
+            "DATABASE_URL": url,
+            "CURVPLAN_LOG_LEVEL": "WARNING",
+            "CURVPLAN_DB_POOL_SIZE": str(max(4, args.concurrency // args.workers)),
+        }
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "curvplan.cli",
+                "serve",
+                "--port",
+                str(port),
+                "--workers",
+                str(args.workers),
+            ],
+            env=env,
+        )
+        base = f"http://127.0.0.1:{port}"
+        asyncio.run(wait_ready(base))
+        latencies, errors = asyncio.run(load(base, key, args.seconds, args.concurrency))
+        with engine.connect() as conn:
+            stored = conn.exec_driver_sql("SELECT count(*) FROM job").scalar_one()
+        engine.dispose()
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(30)
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+    latencies.sort()
+    n = len(latencies)
+    q = statistics.quantiles(latencies, n=100, method="inclusive")
+    rate = n / args.seconds
+    print(
+        f"POST /v1/jobs  concurrency={args.concurrency}  uvicorn workers={args.workers}  "
+        f"cores={os.cpu_count()}  duration={args.seconds:.0f}s"
+    )
+    print(f"requests={n}  errors={errors}  jobs stored={stored}  throughput={rate:.0f} req/s")
+    print(
+        f"latency ms: p50={q[49] * 1e3:.1f}  p90={q[89] * 1e3:.1f}  p99={q[98] * 1e3:.1f}  "
+        f"max={latencies[-1] * 1e3:.1f}"
+    )
+    goal = rate >= 500 and q[98] < 0.050
+    print(f"goal (>= 500 req/s, p99 < 50 ms): {'met' if goal else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
