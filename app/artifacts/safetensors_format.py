@@ -197,11 +197,13 @@ class SafetensorsValidator:
         return self._info
 
     def _read_header_length(self, first8: bytes) -> int:
-        for magic, hint in _PICKLE_OR_ZIP_HINTS:
-            if first8.startswith(magic):
-                raise InvalidSafetensors(f"not a safetensors file: it looks like {hint}")
         length = int.from_bytes(first8, "little")
         if length < 2 or length > self._max_header:
+            # Only an impossible length is blamed on a pickle/zip: a real header of 128 bytes
+            # (or 384, …) also starts with 0x80.
+            for magic, hint in _PICKLE_OR_ZIP_HINTS:
+                if first8.startswith(magic):
+                    raise InvalidSafetensors(f"not a safetensors file: it looks like {hint}")
             raise InvalidSafetensors(
                 f"not a safetensors file: declared header length {length} is out of range"
             )

@@ -140,3 +140,15 @@ def test_validate_file_on_disk(tmp_path) -> None:
     path = tmp_path / "ok.safetensors"
     path.write_bytes(_sample_file())
     assert "inputs" in validate_file(str(path)).tensors
+
+
+@pytest.mark.parametrize("header_len", [128, 384, 0x0480])
+def test_header_length_starting_with_0x80_is_not_mistaken_for_a_pickle(header_len: int) -> None:
+    """The first byte of the little-endian length is 0x80 for these lengths (pickle's magic)."""
+    entry = {"w": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}
+    raw = json.dumps(entry).encode()
+    raw += b" " * (header_len - len(raw))  # the format allows trailing spaces in the header
+    data = struct.pack("<Q", len(raw)) + raw + b"\x01\x02"
+    assert data[0] == 0x80
+    assert set(st_load(data)) == {"w"}  # the reference implementation accepts it
+    assert _validate(data).tensors["w"].shape == (2,)

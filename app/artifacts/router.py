@@ -1,0 +1,315 @@
+"""HTTP routes of the artifact resource: streamed uploads, uri registration, metadata, content."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from app.artifacts import service
+from app.artifacts.blobstore import BlobStore, BlobTooLarge, BlobWriter, default_store
+from app.artifacts.checks import ArtifactContentError, check_kind
+from app.artifacts.models import ARTIFACT_KINDS, UPLOAD_KINDS
+from app.artifacts.safetensors_format import InvalidSafetensors
+from app.artifacts.schemas import ArtifactOut, ArtifactPage, ArtifactUriCreate
+from app.artifacts.upload import UploadForm, UploadFormError, boundary_of
+from app.auth.dependencies import ProjectDep
+from app.db import SessionDep
+from app.problems import (
+    PROBLEM_RESPONSES,
+    PROBLEM_TYPE_BASE,
+    Problem,
+    field_errors_from_pydantic,
+    validation_problem,
+)
+
+router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
+
+UPLOAD_OVERHEAD_BYTES = 64 * 1024
+"""Room for multipart boundaries and headers above the file size limit (middleware limit)."""
+
+
+def blob_store(request: Request) -> BlobStore:
+    """The application's blob store (``$CURVPLAN_DATA_DIR/blobs``)."""
+    store = getattr(request.app.state, "blob_store", None)
+    if store is None:
+        store = default_store(request.app.state.settings.data_dir)
+        store.ensure()
+        request.app.state.blob_store = store
+    return store
+
+
+def _field_problem(field: str, message: str, type_: str) -> Problem:
+    loc: list[str | int] = ["body", field]
+    return validation_problem(
+        [{"field": f"body.{field}", "loc": loc, "message": message, "type": type_}],
+        detail=f"body.{field}: {message}",
+    )
+
+
+def _invalid_file(reason: str, tensor: str | None, kind: str, title: str) -> Problem:
+    detail = reason if tensor is None else f"tensor {tensor!r}: {reason}"
+    return Problem(
+        422,
+        detail,
+        title=title,
+        type=PROBLEM_TYPE_BASE + kind,
+        errors=[
+            {
+                "field": "body.file" + (f".{tensor}" if tensor else ""),
+                "loc": ["body", "file", *([tensor] if tensor else [])],
+                "message": detail,
+                "type": kind,
+            }
+        ],
+        extra={"tensor": tensor, "reason": reason},
+    )
+
+
+@router.post(
+    "",
+    name="create_artifact",
+    status_code=201,
+    response_model=ArtifactOut,
+    summary="Upload a safetensors checkpoint or dataset (multipart), or register a file:// uri",
+    responses={**PROBLEM_RESPONSES, 200: {"model": ArtifactOut, "description": "Already stored"}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["file", "kind"],
+                        "properties": {
+                            "file": {"type": "string", "format": "binary"},
+                            "kind": {"type": "string", "enum": list(UPLOAD_KINDS)},
+                            "name": {"type": "string", "maxLength": 200},
+                        },
+                    }
+                },
+                "application/json": {"schema": {"$ref": "#/components/schemas/ArtifactUriCreate"}},
+            },
+        }
+    },
+)
+async def create_artifact(request: Request, session: SessionDep, auth: ProjectDep) -> JSONResponse:
+    """Store an artifact: 201 with its metadata, or 200 when this project already has the content.
+
+    The multipart ``file`` is streamed to a temp file while it is hashed and validated
+    (safetensors header, offsets, length; kind rules), then moved to its content address.
+    Any failure deletes the temp file and stores nothing.
+    """
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media == "application/json":
+        return await _register_uri(request, session, auth.project_id)
+    if media != "multipart/form-data":
+        raise Problem(
+            415,
+            "send multipart/form-data with fields 'file' and 'kind', or application/json "
+            f"with 'kind' and 'uri'; got {media or 'no Content-Type'!r}",
+            title="Unsupported Media Type",
+        )
+    settings = request.app.state.settings
+    store = blob_store(request)
+    limit = settings.max_artifact_bytes
+
+    def open_writer() -> BlobWriter:
+        return store.writer(max_bytes=limit)
+
+    try:
+        form = UploadForm(boundary_of(request.headers["content-type"]), open_writer)
+    except UploadFormError as exc:
+        raise Problem(exc.status, str(exc)) from None
+    try:
+        async for chunk in request.stream():
+            if chunk:
+                await run_in_threadpool(form.write, chunk)
+        form.close()
+        assert form.writer is not None
+        kind = form.fields["kind"]
+        if kind not in UPLOAD_KINDS:
+            raise _field_problem(
+                "kind", f"must be one of {list(UPLOAD_KINDS)}, not {kind!r}", "enum"
+            )
+        info = await run_in_threadpool(form.writer.finish)
+        check_kind(kind, info)
+        name = form.fields.get("name") or form.filename
+        stored = await run_in_threadpool(
+            _commit_upload, session, store, form.writer, auth.project_id, kind, name, info.to_json()
+        )
+    except UploadFormError as exc:
+        _abort(form)
+        if exc.field is not None and exc.status == 422:
+            raise _field_problem(exc.field, str(exc), "invalid_form") from None
+        raise Problem(exc.status, str(exc)) from None
+    except InvalidSafetensors as exc:
+        _abort(form)
+        raise _invalid_file(
+            exc.reason, exc.tensor, "invalid-safetensors", "Invalid Safetensors File"
+        ) from None
+    except ArtifactContentError as exc:
+        _abort(form)
+        raise _invalid_file(
+            exc.reason, exc.tensor, "invalid-artifact", "Invalid Artifact Content"
+        ) from None
+    except BlobTooLarge as exc:
+        _abort(form)
+        raise Problem(
+            413,
+            f"the file exceeds the artifact size limit of {exc.limit} bytes",
+            title="Content Too Large",
+            extra={"max_artifact_bytes": exc.limit},
+        ) from None
+    except BaseException:
+        _abort(form)
+        raise
+    artifact = stored.artifact
+    status = 201 if stored.created else 200
+    return JSONResponse(
+        artifact, status_code=status, headers={"Location": artifact["links"]["self"]}
+    )
+
+
+def _abort(form: UploadForm) -> None:
+    if form.writer is not None:
+        form.writer.abort()
+
+
+def _commit_upload(
+    session: Session,
+    store: BlobStore,
+    writer: BlobWriter,
+    project_id: uuid.UUID,
+    kind: str,
+    name: str | None,
+    summary: dict[str, Any],
+) -> service.Stored:
+    """Blob into place, row inserted and committed; on failure no orphan blob is left."""
+    assert writer.sha256 is not None
+    writer.commit()
+    try:
+        stored = service.insert_blob_artifact(
+            session,
+            project_id,
+            kind=kind,
+            name=name,
+            sha256=writer.sha256,
+            size=writer.size,
+            summary=summary,
+        )
+        session.commit()
+    except BaseException:
+        session.rollback()
+        if not service.blob_is_referenced(session, writer.sha256):
+            store.delete(writer.sha256)
+        session.rollback()
+        raise
+    return stored
+
+
+async def _register_uri(request: Request, session: Session, project_id: uuid.UUID) -> JSONResponse:
+    raw = await request.body()
+    try:
+        body = ArtifactUriCreate.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        if any(e["type"] == "json_invalid" for e in errors):
+            raise Problem(
+                400, "the request body is not valid JSON", title="Malformed JSON"
+            ) from None
+        raise validation_problem(field_errors_from_pydantic(errors, prefix=("body",))) from None
+
+    def insert() -> dict[str, Any]:
+        artifact = service.insert_uri_artifact(
+            session, project_id, kind=body.kind, uri=body.uri, name=body.name
+        )
+        session.commit()
+        return artifact
+
+    artifact = await run_in_threadpool(insert)
+    return JSONResponse(artifact, status_code=201, headers={"Location": artifact["links"]["self"]})
+
+
+@router.get(
+    "",
+    name="list_artifacts",
+    response_model=ArtifactPage,
+    summary="List artifacts (newest first, cursor pagination)",
+    responses={**PROBLEM_RESPONSES},
+)
+def list_artifacts(
+    request: Request,
+    session: SessionDep,
+    auth: ProjectDep,
+    kind: Annotated[str | None, Query(description="checkpoint, dataset or job-output")] = None,
+    job_id: Annotated[uuid.UUID | None, Query(description="Outputs of this job")] = None,
+    page_size: Annotated[int | None, Query(ge=1)] = None,
+    page_token: Annotated[str | None, Query()] = None,
+) -> JSONResponse:
+    """The caller's artifacts matching the filters."""
+    if kind is not None and kind not in ARTIFACT_KINDS:
+        loc: list[str | int] = ["query", "kind"]
+        raise validation_problem(
+            [
+                {
+                    "field": "query.kind",
+                    "loc": loc,
+                    "message": f"unknown kind {kind!r}; one of {list(ARTIFACT_KINDS)}",
+                    "type": "enum",
+                }
+            ]
+        )
+    settings = request.app.state.settings
+    size = min(page_size or settings.default_page_size, settings.max_page_size)
+    items, token = service.list_artifacts(
+        session, auth.project_id, kind=kind, job_id=job_id, page_size=size, page_token=page_token
+    )
+    return JSONResponse({"items": items, "next_page_token": token})
+
+
+@router.get(
+    "/{artifact_id}",
+    name="get_artifact",
+    response_model=ArtifactOut,
+    summary="Artifact metadata: kind, sha256, size, tensors",
+    responses={**PROBLEM_RESPONSES},
+)
+def get_artifact(artifact_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> JSONResponse:
+    """The artifact (404 for an unknown id or another project's)."""
+    return JSONResponse(service.get_artifact(session, auth.project_id, artifact_id))
+
+
+@router.get(
+    "/{artifact_id}/content",
+    name="get_artifact_content",
+    summary="Download the safetensors bytes of a stored artifact",
+    responses={
+        **PROBLEM_RESPONSES,
+        200: {"content": {"application/octet-stream": {}}, "description": "The file"},
+    },
+)
+def get_artifact_content(
+    request: Request, artifact_id: uuid.UUID, session: SessionDep, auth: ProjectDep
+) -> FileResponse:
+    """The blob itself (e.g. a job's per-sample losses); 409 for a uri artifact."""
+    artifact = service.get_artifact(session, auth.project_id, artifact_id)
+    if artifact["storage"] != "blob":
+        raise Problem(
+            409, "this artifact is a reference to a file, not a stored blob", title="Conflict"
+        )
+    path = blob_store(request).path_for(artifact["sha256"])
+    if not path.is_file():
+        raise Problem(410, "the artifact's blob is missing from the store", title="Gone")
+    filename = f"{artifact['name'] or artifact['id']}.safetensors".replace('"', "")
+    return FileResponse(
+        path,
+        media_type="application/octet-stream",
+        filename=filename,
+        headers={"ETag": f'"{artifact["sha256"]}"'},
+    )

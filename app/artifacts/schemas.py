@@ -1,0 +1,76 @@
+"""Request and response models of the artifact resource (design.md §4 and §6)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Literal
+from urllib.parse import unquote, urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class TensorSummary(BaseModel):
+    dtype: str
+    shape: list[int]
+
+
+class ArtifactLinks(BaseModel):
+    self: str
+    content: str | None = None
+
+
+class ArtifactOut(BaseModel):
+    """An artifact as the API returns it."""
+
+    id: uuid.UUID
+    kind: Literal["checkpoint", "dataset", "job-output"]
+    name: str | None
+    storage: Literal["blob", "uri"]
+    sha256: str | None = Field(description="Hex digest of the bytes (null for a uri not yet read).")
+    size: int | None = Field(description="Bytes (null for a uri not yet read).")
+    uri: str | None
+    tensors: dict[str, TensorSummary] | None = Field(description="Name → dtype and shape.")
+    metadata: dict[str, str] | None = Field(description="The safetensors __metadata__.")
+    job_id: uuid.UUID | None = Field(description="The job that wrote it (job outputs).")
+    created_at: datetime
+    links: ArtifactLinks
+
+
+class ArtifactPage(BaseModel):
+    items: list[ArtifactOut]
+    next_page_token: str | None
+
+
+class ArtifactUriCreate(BaseModel):
+    """Register a safetensors file that already lives where the workers can read it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["checkpoint", "dataset"]
+    uri: Annotated[str, Field(min_length=8, max_length=4096)] = Field(
+        description="file:///absolute/path.safetensors (validated when a job first reads it)."
+    )
+    name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+
+    @field_validator("uri")
+    @classmethod
+    def _file_uri(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme != "file":
+            raise ValueError(
+                f"only file:// URIs are supported, not {parts.scheme or 'a bare path'!r}"
+            )
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError("a file:// URI names a local path: file:///absolute/path")
+        path = unquote(parts.path)
+        if not path.startswith("/") or "\x00" in path:
+            raise ValueError("a file:// URI needs an absolute path: file:///absolute/path")
+        if any(segment == ".." for segment in path.split("/")):
+            raise ValueError("the path must not contain '..' segments")
+        return value
+
+
+def uri_path(uri: str) -> str:
+    """The local path of a validated ``file://`` URI."""
+    return unquote(urlsplit(uri).path)

@@ -1,0 +1,254 @@
+"""Artifact rows (SQLAlchemy Core), always scoped to a project.
+
+Another project's artifact is "not found" (404 on GET, 422 naming the field when a job
+body refers to it), so ids do not leak across projects.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg.types.json import Jsonb
+from sqlalchemy import Row, and_, func, select, tuple_
+from sqlalchemy.orm import Session
+
+from app.artifacts.models import Artifact
+from app.problems import not_found, validation_problem
+
+ARTIFACT = Artifact.__table__
+_COLUMNS = [
+    ARTIFACT.c.id,
+    ARTIFACT.c.kind,
+    ARTIFACT.c.name,
+    ARTIFACT.c.storage,
+    ARTIFACT.c.sha256,
+    ARTIFACT.c.size_bytes,
+    ARTIFACT.c.uri,
+    ARTIFACT.c.tensors,
+    ARTIFACT.c.job_id,
+    ARTIFACT.c.created_at,
+]
+_RETURNING = ", ".join(c.name for c in _COLUMNS)
+
+
+def artifact_to_json(row: Row[Any] | Any) -> dict[str, Any]:
+    """The API representation of an artifact row (see ``app.artifacts.schemas.ArtifactOut``)."""
+    m = row._mapping
+    artifact_id = str(m["id"])
+    out = {
+        "id": artifact_id,
+        "kind": m["kind"],
+        "name": m["name"],
+        "storage": m["storage"],
+        "sha256": m["sha256"],
+        "size": m["size_bytes"],
+        "uri": m["uri"],
+        "tensors": (m["tensors"] or {}).get("tensors"),
+        "metadata": (m["tensors"] or {}).get("metadata"),
+        "job_id": str(m["job_id"]) if m["job_id"] is not None else None,
+        "created_at": m["created_at"].isoformat(),
+        "links": {"self": f"/v1/artifacts/{artifact_id}"},
+    }
+    if m["storage"] == "blob":
+        out["links"]["content"] = f"/v1/artifacts/{artifact_id}/content"
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """An inserted (or already present, for a re-upload) artifact."""
+
+    artifact: dict[str, Any]
+    created: bool
+
+
+def insert_blob_artifact(
+    session: Session,
+    project_id: uuid.UUID,
+    *,
+    kind: str,
+    name: str | None,
+    sha256: str,
+    size: int,
+    summary: dict[str, Any],
+) -> Stored:
+    """Insert an uploaded blob's row; the same content uploaded again returns the first row."""
+    driver = session.connection().connection.driver_connection
+    assert driver is not None
+    raw = driver.execute(
+        "INSERT INTO artifact (id, project_id, kind, name, storage, sha256, size_bytes, tensors) "
+        "VALUES (%s, %s, %s, %s, 'blob', %s, %s, %s) "
+        "ON CONFLICT (project_id, kind, sha256) WHERE job_id IS NULL AND storage = 'blob' "
+        f"DO NOTHING RETURNING {_RETURNING}",
+        (uuid.uuid4(), project_id, kind, name, sha256, size, Jsonb(summary)),
+    ).fetchone()
+    if raw is not None:
+        return Stored(artifact_to_json(_Mapped(dict(zip(_names(), raw, strict=True)))), True)
+    existing = session.execute(
+        select(*_COLUMNS).where(
+            ARTIFACT.c.project_id == project_id,
+            ARTIFACT.c.kind == kind,
+            ARTIFACT.c.sha256 == sha256,
+            ARTIFACT.c.job_id.is_(None),
+            ARTIFACT.c.storage == "blob",
+        )
+    ).one()
+    return Stored(artifact_to_json(existing), False)
+
+
+def insert_uri_artifact(
+    session: Session, project_id: uuid.UUID, *, kind: str, uri: str, name: str | None
+) -> dict[str, Any]:
+    """Register a file the workers can read; it is hashed and validated when a job uses it."""
+    row = session.execute(
+        ARTIFACT.insert()
+        .values(
+            id=uuid.uuid4(), project_id=project_id, kind=kind, name=name, storage="uri", uri=uri
+        )
+        .returning(*_COLUMNS)
+    ).one()
+    return artifact_to_json(row)
+
+
+@dataclass(frozen=True, slots=True)
+class _Mapped:
+    _mapping: dict[str, Any]
+
+
+def _names() -> tuple[str, ...]:
+    return tuple(c.name for c in _COLUMNS)
+
+
+def get_artifact(session: Session, project_id: uuid.UUID, artifact_id: uuid.UUID) -> dict[str, Any]:
+    """The artifact, or a 404 problem (also for another project's artifact)."""
+    row = session.execute(
+        select(*_COLUMNS).where(ARTIFACT.c.id == artifact_id, ARTIFACT.c.project_id == project_id)
+    ).first()
+    if row is None:
+        raise not_found("artifact")
+    return artifact_to_json(row)
+
+
+def blob_is_referenced(session: Session, sha256: str) -> bool:
+    """Whether any artifact row (of any project) points at this blob."""
+    return (
+        session.execute(
+            select(func.count()).select_from(ARTIFACT).where(ARTIFACT.c.sha256 == sha256)
+        ).scalar_one()
+        > 0
+    )
+
+
+# --------------------------------------------------------------------------- listing
+def _encode_token(created_at: datetime, artifact_id: uuid.UUID, fingerprint: str) -> str:
+    blob = json.dumps({"c": created_at.isoformat(), "i": str(artifact_id), "f": fingerprint})
+    return base64.urlsafe_b64encode(blob.encode()).decode().rstrip("=")
+
+
+def _decode_token(token: str, fingerprint: str) -> tuple[datetime, uuid.UUID]:
+    def bad(message: str) -> Exception:
+        loc: list[str | int] = ["query", "page_token"]
+        return validation_problem(
+            [{"field": "query.page_token", "loc": loc, "message": message, "type": "value_error"}]
+        )
+
+    try:
+        data = json.loads(base64.urlsafe_b64decode((token + "=" * (-len(token) % 4)).encode()))
+        created_at, artifact_id = datetime.fromisoformat(data["c"]), uuid.UUID(data["i"])
+        given = data["f"]
+    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise bad("invalid page token") from None
+    if given != fingerprint:
+        raise bad("this page token was issued for other filters")
+    return created_at, artifact_id
+
+
+def list_artifacts(
+    session: Session,
+    project_id: uuid.UUID,
+    *,
+    kind: str | None,
+    job_id: uuid.UUID | None,
+    page_size: int,
+    page_token: str | None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of the project's artifacts, newest first, and the next page's token."""
+    fingerprint = f"{kind}|{job_id}"
+    conditions = [ARTIFACT.c.project_id == project_id]
+    if kind is not None:
+        conditions.append(ARTIFACT.c.kind == kind)
+    if job_id is not None:
+        conditions.append(ARTIFACT.c.job_id == job_id)
+    if page_token:
+        created_at, last_id = _decode_token(page_token, fingerprint)
+        conditions.append(
+            tuple_(ARTIFACT.c.created_at, ARTIFACT.c.id) < tuple_(created_at, last_id)
+        )
+    rows = session.execute(
+        select(*_COLUMNS)
+        .where(and_(*conditions))
+        .order_by(ARTIFACT.c.created_at.desc(), ARTIFACT.c.id.desc())
+        .limit(page_size + 1)
+    ).all()
+    items = [artifact_to_json(r) for r in rows[:page_size]]
+    token = None
+    if len(rows) > page_size:
+        last = rows[page_size - 1]
+        token = _encode_token(last.created_at, last.id, fingerprint)
+    return items, token
+
+
+# --------------------------------------------------------------------------- job references
+@dataclass(frozen=True, slots=True)
+class ArtifactRef:
+    """A job body field that names an artifact, and the kind it must have."""
+
+    field: Sequence[str | int]  # location in the body, e.g. ("intermediate_checkpoints", 0)
+    artifact_id: uuid.UUID
+    kind: str
+
+
+def check_references(session: Session, project_id: uuid.UUID, refs: Sequence[ArtifactRef]) -> None:
+    """422 naming every field whose artifact is missing, another project's, or of the wrong kind.
+
+    A missing artifact and another project's artifact get the same message, so a job body
+    cannot probe which ids exist elsewhere.
+    """
+    if not refs:
+        return
+    ids = sorted({r.artifact_id for r in refs})
+    rows = session.execute(
+        select(ARTIFACT.c.id, ARTIFACT.c.kind).where(
+            ARTIFACT.c.id.in_(ids), ARTIFACT.c.project_id == project_id
+        )
+    ).all()
+    kinds = {row.id: row.kind for row in rows}
+    errors: list[dict[str, Any]] = []
+    for ref in refs:
+        loc: list[str | int] = ["body", *ref.field]
+        found = kinds.get(ref.artifact_id)
+        if found is None:
+            message = f"artifact {ref.artifact_id} not found in this project"
+            error_type = "artifact_not_found"
+        elif found != ref.kind:
+            message = f"artifact {ref.artifact_id} is a {found}, expected a {ref.kind}"
+            error_type = "artifact_kind"
+        else:
+            continue
+        errors.append(
+            {
+                "field": ".".join(str(p) for p in loc),
+                "loc": loc,
+                "message": message,
+                "type": error_type,
+            }
+        )
+    if errors:
+        raise validation_problem(errors)
