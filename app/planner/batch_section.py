@@ -284,6 +284,11 @@ def build_batch_section(
         missing.append(
             Missing(item="recommended", reason="none of B_crit, B_noise, B_simple is available")
         )
+    if basis is not None and recommended is None:
+        missing.append(
+            Missing(item="recommended", reason=f"{basis} exceeds 2^62: no sensible batch size")
+        )
+        basis = None
 
     lr: LrScaling | NotComputed
     if isinstance(b_noise, Estimate):

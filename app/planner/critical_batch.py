@@ -137,8 +137,13 @@ def batch_at_step_overhead(b0: float, b_crit: float, overhead: float = 0.2) -> f
     return (1.0 + overhead) * b0 + overhead * b_crit
 
 
-def nearest_power_of_two(value: float) -> int:
-    """Power of two nearest to `value` on a log2 scale (at least 1)."""
+MAX_RECOMMENDED_BATCH = 2**62
+
+
+def nearest_power_of_two(value: float) -> int | None:
+    """Power of two nearest to `value` on a log2 scale (at least 1); None above 2^62."""
+    if not math.isfinite(value) or value > MAX_RECOMMENDED_BATCH:
+        return None
     if value <= 1:
         return 1
     return int(2 ** round(math.log2(value)))

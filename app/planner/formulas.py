@@ -86,3 +86,7 @@ N_FOR_TARGET = (
 )
 HETEROGENEITY = "max/min per-block spectral norm (digest §8 items 1, 7)"
 LR_CEILING = "η_g < 2/λ_max(H_gg), GD stability ceiling per block (digest §8 item 7)"
+THM7_CONSTANT = (
+    "Thm 7 (digest §3): |Δ_k| ≤ (2ℓ_max + M·r²)/(k+1) at radius r; tight: ℓ_max + M·r²; "
+    "tightness = fitted C / (2ℓ_max + M·r²)"
+)

@@ -111,6 +111,8 @@ def ratio_direct(
     if numerator <= 0:
         return Ratio(None, None, None, formula, f"{num_name} = {numerator:.4g} is not positive")
     value = numerator / denominator
+    if not math.isfinite(value):
+        return Ratio(None, None, None, formula, f"{num_name}/{den_name} overflows float64")
     if numerator_se is None or denominator_se is None:
         return Ratio(value, None, None, formula)
     se_log = math.hypot(numerator_se / numerator, denominator_se / denominator)
@@ -168,6 +170,9 @@ def ratio_of_means_bootstrap(
             Ratio(None, None, None, formula, f"{num_name} = {num_mean:.4g} is not positive"),
         )
     value = num_mean / den_mean
+    if not math.isfinite(value):
+        reason = f"{num_name}/{den_name} overflows float64"
+        return num_stat, den_stat, Ratio(None, None, None, formula, reason)
     ci = None
     se_log = None
     if t > 1 and bootstrap > 0:

@@ -325,12 +325,23 @@ def build_sample_size_section(
             )
             p_fits = _fit_curves(p_curves, _window(p_n, targets), targets, seed)
             _check_fit(p_fits, f"perturbed losses at radius {perturbed.radius:g}", log)
+            thm7: dict[str, float | str | None] = {}
+            if loss_bound is not None and m_bound is not None:
+                r2_term = m_bound.value * perturbed.radius**2
+                full = 2.0 * loss_bound.value + r2_term
+                thm7 = {
+                    "theorem7_C": full,
+                    "theorem7_C_tight": loss_bound.value + r2_term,
+                    "tightness": p_fits.abs.C / full if p_fits.abs is not None else None,
+                    "theorem7_formula": formulas.THM7_CONSTANT,
+                }
             off = OffMinimumFit(
                 radius=perturbed.radius,
                 kind=perturbed.kind,
                 n_points=p_arr.shape[0],
                 fit=p_fits.abs_out,
                 fit_squared=p_fits.sq_out,
+                **thm7,
             )
         off_minimum.append(off)
 

@@ -367,6 +367,10 @@ class OffMinimumFit(_Out):
     n_points: int
     fit: PowerLawFit | NotComputed
     fit_squared: PowerLawFit | NotComputed
+    theorem7_C: float | None = None
+    theorem7_C_tight: float | None = None
+    tightness: float | None = None
+    theorem7_formula: str | None = None
 
 
 class SampleSizeSection(_Out):

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.planner import Measurements, Recommendation, Targets, make_plan
+from app.planner.schemas import NotComputed
 
 RNG = np.random.default_rng(7)
 BATCHES = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
@@ -137,3 +138,32 @@ def test_property_any_valid_input_gives_a_finite_json_plan(
     text = rec.model_dump_json()
     assert "NaN" not in text and "Infinity" not in text
     Recommendation.model_validate_json(text)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(st.floats(0, 1e3), st.floats(0, 1e3)), min_size=1, max_size=20),
+    b_small=st.integers(1, 512),
+    factor=st.integers(2, 64),
+    with_hessian=st.booleans(),
+)
+def test_property_two_batch_series_never_break_the_plan(
+    pairs: list, b_small: int, factor: int, with_hessian: bool
+) -> None:
+    small, big = [p[0] for p in pairs], [p[1] for p in pairs]
+    noise = {
+        "b_small": b_small,
+        "b_big": b_small * factor,
+        "grad_sq_norm_small": small,
+        "grad_sq_norm_big": big,
+    }
+    if with_hessian:
+        noise |= {"gHg_small": small, "gHg_big": big}
+    rec = make_plan(Measurements.model_validate({"gradient_noise": noise}), Targets(bootstrap=50))
+    text = rec.model_dump_json()
+    assert "NaN" not in text and "Infinity" not in text
+    batch = rec.batch_size
+    if isinstance(batch.b_simple, NotComputed):
+        assert "b_simple_undefined" in [w.code for w in rec.warnings]
+    else:
+        assert batch.b_simple.value > 0

@@ -104,6 +104,16 @@ def test_off_minimum_curves_from_perturbed_losses() -> None:
     (off,) = section.off_minimum
     assert off.radius == 0.2 and off.n_points == 3
     assert abs(off.fit.alpha - 1) < 0.1
+    assert off.theorem7_C is None  # no M given
+
+    with_bounds = make_plan(
+        m.model_copy(update={"loss_bound": 20.0, "hessian_norm_bound": 4.0}),
+        Targets(orderings=10, bootstrap=50),
+    ).sample_size.off_minimum[0]
+    assert with_bounds.theorem7_C == 2 * 20.0 + 4.0 * 0.2**2
+    assert with_bounds.theorem7_C_tight == 20.0 + 4.0 * 0.2**2
+    assert with_bounds.tightness == with_bounds.fit.C / with_bounds.theorem7_C
+    assert with_bounds.tightness < 1  # the bound holds for these losses
 
 
 def test_theoretical_needs_radius_and_says_so() -> None:
