@@ -200,3 +200,49 @@ def test_bad_options_and_targets_are_clear_errors() -> None:
         block_bounds_for_model(model, THEORY_SPEC, x, torch.randn(2, 3, 4), None)
     result = block_bounds_for_model(model, THEORY_SPEC, x, None, None)
     assert not result["applicable"] and "no targets" in result["reasons"][0]
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+def test_attention_bounds_still_hold_for_a_pre_ln_gelu_model() -> None:
+    """Outside the theory (pre-LN, GELU, affine LN) the attention-only bounds ||G_k||,
+    ||Phi_kl|| are kept; they must dominate the exact derivatives of the model's attention."""
+    spec = {
+        **THEORY_SPEC,
+        "norm_position": "pre",
+        "activation": "gelu",
+        "norm_affine": True,
+        "ln_eps": 1e-5,
+        "d_model": 4,
+    }
+    model = _model(spec, scale=40.0)
+    inputs = torch.randn(3, 3, 4, generator=torch.Generator().manual_seed(5))
+    result = block_bounds_for_model(model, spec, inputs, torch.randn(3, 3, 4), None)
+    assert not result["applicable"]
+    assert result["blocks"]["layers.0.q"]["value"] is None
+    att = result["layers"]["layers.0"]["attention"]
+    assert att["applicable"]
+    attn, ln1 = model.layers[0].attn, model.layers[0].ln1
+    params = {n: p.detach() for n, p in attn.named_parameters()}
+    keys = {"K": "k.weight", "Q": "q.weight", "V": "v.weight"}
+    for s in range(3):
+        x = ln1(inputs[s : s + 1]).detach()  # the attention input of a pre-LN block
+
+        def f(a: torch.Tensor, b: torch.Tensor, i: str, j: str, x=x) -> torch.Tensor:
+            return torch.func.functional_call(attn, {**params, keys[j]: b, keys[i]: a}, (x,))
+
+        for i in keys:
+            jac = torch.func.jacrev(lambda a, i=i: f(a, params[keys[i]], i, i))(params[keys[i]])
+            assert _norm(jac.reshape(x.numel(), -1)) <= att[f"G_{i}"] * (1 + 1e-9)
+            for j in keys:
+                if i == j:
+                    second = torch.func.jacfwd(torch.func.jacrev(lambda a, i=i: f(a, a, i, i)))(
+                        params[keys[i]]
+                    )
+                else:
+                    second = torch.func.jacfwd(
+                        torch.func.jacrev(lambda a, b, i=i, j=j: f(a, b, i, j), argnums=0),
+                        argnums=1,
+                    )(params[keys[i]], params[keys[j]])
+                rows = x.numel() * params[keys[i]].numel()
+                exact = _norm(second.reshape(rows, -1))
+                assert exact <= att[f"Phi_{i}{j}"] * (1 + 1e-9) + 1e-12, (s, i, j)

@@ -20,6 +20,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from workers.curvature.bounds.attention import (
+    attention_jacobian_bounds,
+    attention_scalars,
+    attention_second_bounds,
+)
 from workers.curvature.bounds.block import theorem6_bounds
 from workers.curvature.bounds.layernorm import (
     layernorm_hessian_norm,
@@ -80,6 +85,47 @@ def model_reasons(spec: Any) -> tuple[list[str], list[str]]:
     return arch, loss
 
 
+def attention_reasons(spec: Any) -> list[str]:
+    """Why the attention sub-layer itself is outside the theory (then ||G_k||, ||Phi_kl||
+    bounds of Petrov et al. 2025 App. B.6 do not hold either)."""
+    reasons = []
+    if spec.n_heads != 1:
+        reasons.append(f"n_heads={spec.n_heads}")
+    if spec.bias:
+        reasons.append("biases")
+    if spec.attn_output_proj:
+        reasons.append("W_O")
+    if spec.task.type == "causal_lm":
+        reasons.append("causal mask")
+    return reasons
+
+
+def _attention_record(
+    store: dict[str, Tensor], layer: int, weights: TheoryWeights, opts: BoundOptions
+) -> dict[str, Any]:
+    """Max over samples of the attention-only bounds ||G_k||, ||Phi_kl|| (App. B.6, Lemma 2),
+    evaluated at the attention input (X for post-LN, LN(X) for pre-LN)."""
+    inputs = store[f"{layer}.attn.in"]
+    per = []
+    for s in range(inputs.shape[0]):
+        scal = attention_scalars(inputs[s], weights.W_Q, weights.W_K, weights.W_V, opts)
+        g = attention_jacobian_bounds(scal)
+        phi = attention_second_bounds(scal)
+        per.append(
+            {
+                **{f"G_{k}": v for k, v in g.items()},
+                **{f"Phi_{i}{j}": v for (i, j), v in phi.items()},
+            }
+        )
+    return {
+        "applicable": True,
+        "reason": None,
+        "formula": "bounds on ||dF/dW_k|| and ||d^2F/dW_k dW_l|| of the attention output "
+        "(Petrov et al. 2025 App. B.6 / Lemma 2, corrected); max over samples",
+        **{k: max(p[k] for p in per) for k in per[0]},
+    }
+
+
 def _layer_weights(model: nn.Module, i: int) -> TheoryWeights:
     params = dict(model.named_parameters())
 
@@ -116,6 +162,7 @@ def _capture(model: nn.Module, n_layers: int, inputs: Tensor) -> dict[str, Tenso
     modules = dict(model.named_modules())
     for i in range(n_layers):
         handles.append(modules[f"layers.{i}"].register_forward_pre_hook(pre(f"{i}.X")))
+        handles.append(modules[f"layers.{i}.attn"].register_forward_pre_hook(pre(f"{i}.attn.in")))
         for ln in ("ln1", "ln2"):
             handles.append(
                 modules[f"layers.{i}.{ln}"].register_forward_pre_hook(pre(f"{i}.{ln}.in"))
@@ -306,6 +353,14 @@ def _layer_bounds(
         "M_SA": None,
     }
     off: list[dict[str, Any]] = []
+    att = attention_reasons(spec)
+    if att:
+        layer_rec["attention"] = {
+            "applicable": False,
+            "reason": "attention outside the theory: " + ", ".join(att),
+        }
+    else:
+        layer_rec["attention"] = _attention_record(store, layer, _layer_weights(model, layer), opts)
     if arch:
         reason = "; ".join(arch)
         for key in BLOCK_KEYS:
