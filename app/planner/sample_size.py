@@ -11,10 +11,15 @@ from numpy.typing import NDArray
 K_REPORT_LIMIT = 1e18
 
 
+# Relative slack before taking a ceiling, so that float round-off (e.g. 10123.000000000002 for an
+# exact 10123) does not add a sample.
+_CEIL_SLACK = 1e-12
+
+
 def _ceil_or_none(value: float) -> int | None:
     if not math.isfinite(value) or value > K_REPORT_LIMIT:
         return None
-    return math.ceil(value)
+    return math.ceil(value * (1.0 - _CEIL_SLACK))
 
 
 def k_empirical(C: float, alpha: float, tolerance: float) -> int | None:
@@ -27,7 +32,8 @@ def k_empirical(C: float, alpha: float, tolerance: float) -> int | None:
     log_k = (math.log(C) - math.log(tolerance)) / alpha
     if log_k > math.log(K_REPORT_LIMIT):
         return None
-    return max(1, math.ceil(math.exp(log_k)))
+    k = _ceil_or_none((C / tolerance) ** (1.0 / alpha))
+    return None if k is None else max(1, k)
 
 
 def k_empirical_many(

@@ -28,6 +28,10 @@ def test_theorem7_formulas_by_hand() -> None:
     assert k_empirical(0.8, 0.5, 0.01) == 6400
     assert k_squared(1.0, 0.01) == 9  # ⌈√100⌉ − 1
     assert k_empirical(1.0, -0.2, 0.1) is None
+    # float round-off must not add a sample: 0.07/0.01 evaluates to 7.000000000000001
+    assert 0.07 / 0.01 > 7
+    assert k_empirical(0.07, 1.0, 0.01) == 7
+    assert k_theorem7_tight(0.07, 0.0, 0.0, 0.01) == 6  # ⌈7⌉ − 1
 
 
 @settings(max_examples=200, deadline=None)
