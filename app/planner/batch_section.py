@@ -33,7 +33,7 @@ from app.planner.schemas import (
     Targets,
     TwoBatchNoiseSeries,
 )
-from app.planner.warnings import WarningLog
+from app.planner.warning_log import WarningLog
 
 CROSS_CHECK_TOLERANCE = 0.2
 

@@ -14,7 +14,7 @@ from app.planner.schemas import (
     Recommendation,
     Targets,
 )
-from app.planner.warnings import WarningLog
+from app.planner.warning_log import WarningLog
 
 # Assumption 1 (shared minimiser) is flagged when the neglected first-order Taylor term |∇L|·R
 # exceeds this fraction of the kept second-order bound M·R²/2.

@@ -38,7 +38,7 @@ from app.planner.schemas import (
     SampleSizeValue,
     Targets,
 )
-from app.planner.warnings import WarningLog
+from app.planner.warning_log import WarningLog
 
 MIN_SAMPLES_FOR_FIT = 20
 FEW_SAMPLES = 1000

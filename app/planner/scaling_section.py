@@ -7,7 +7,7 @@ import numpy as np
 from app.planner import formulas
 from app.planner.scaling import data_for_target, data_for_target_interval, fit_loss_vs_data
 from app.planner.schemas import Measurements, Missing, NotComputed, ScalingSection, Targets
-from app.planner.warnings import WarningLog
+from app.planner.warning_log import WarningLog
 
 EXTRAPOLATION_FACTOR = 10.0
 
