@@ -86,6 +86,26 @@ def _dense(X, eps, W) -> tuple[dict, dict]:
     )
 
 
+def test_forward_over_reverse_oracle_matches_double_backward() -> None:
+    """The jacfwd(jacrev) oracle against reverse-over-reverse (curvature-pitfalls §2: forward-
+    over-reverse was wrong for LayerNorm weights in torch 2.13; here LN has no weights, and
+    this check guards the oracle anyway)."""
+    X, W, eps, _ = _instance(4)
+    _, hess = _dense(X, eps, W)
+    sizes = [W[k].numel() for k in KEYS]
+    flat = torch.cat([W[k].reshape(-1) for k in KEYS])
+
+    def z(v: torch.Tensor) -> torch.Tensor:
+        parts = dict(zip(KEYS, torch.split(v, sizes), strict=True))
+        return _outputs(X, eps, {k: parts[k].view(W[k].shape) for k in KEYS})["Z"].reshape(-1)
+
+    rr = torch.autograd.functional.jacobian(
+        lambda v: torch.autograd.functional.jacobian(z, v, create_graph=True), flat
+    )
+    assert float(hess["Z"].norm()) > 1e-3
+    torch.testing.assert_close(hess["Z"], rr, rtol=1e-10, atol=1e-10)
+
+
 def _slices(W) -> dict[str, slice]:
     out, start = {}, 0
     for k in KEYS:
