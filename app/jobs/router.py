@@ -13,10 +13,11 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from app.analyze.references import prepare_job_body
 from app.auth.dependencies import ProjectDep, authenticate
 from app.db import SessionDep
 from app.jobs import service
-from app.jobs.models import TERMINAL_STATUSES
+from app.jobs.models import JOB_KINDS, TERMINAL_STATUSES
 from app.jobs.schemas import JOB_CREATE_ADAPTER, JobOut, JobPage
 from app.problems import (
     PROBLEM_RESPONSES,
@@ -75,6 +76,11 @@ def _validate_body(raw: bytes) -> dict[str, Any]:
                     }
                 ]
             ) from None
+        for e in errors:  # the discriminated union puts the kind first in loc: drop it
+            if e["type"] in ("union_tag_not_found", "union_tag_invalid"):
+                e["loc"] = ("kind",)
+            elif e["loc"] and e["loc"][0] in JOB_KINDS:
+                e["loc"] = e["loc"][1:]
         raise validation_problem(field_errors_from_pydantic(errors, prefix=("body",))) from None
     return model.model_dump(mode="json", exclude_unset=True)
 
@@ -153,6 +159,7 @@ def _create_and_commit(
     default_max_attempts: int,
     idempotency_key: str | None,
 ) -> service.Created:
+    body = prepare_job_body(session, project_id, body)  # artifact ids, from_job (issue 5)
     created = service.create_job(
         session,
         project_id,

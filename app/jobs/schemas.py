@@ -16,7 +16,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from app.analyze.options import AnalyzeOptions
 from app.planner.schemas import Measurements, Targets
+from workers.curvature.spec import ModelSpec  # pydantic only: the API never imports torch
 
 TagKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
 TagValue = Annotated[str, Field(max_length=256)]
@@ -45,7 +47,23 @@ class PlanJobCreate(_JobCreateBase):
     targets: Targets = Field(default_factory=Targets)
 
 
-JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = (PlanJobCreate,)
+class AnalyzeJobCreate(_JobCreateBase):
+    """Measure a checkpoint's curvature on a data sample, then plan (GPU queue; issue 5)."""
+
+    kind: Literal["analyze"]
+    model: ModelSpec = Field(description="The model spec, as the curvature engine reads it.")
+    checkpoint: uuid.UUID = Field(description="Artifact id of the checkpoint at w*.")
+    dataset: uuid.UUID = Field(description="Artifact id of the evaluation sample.")
+    intermediate_checkpoints: Annotated[list[uuid.UUID], Field(max_length=32)] = Field(
+        default_factory=list,
+        description="Checkpoint artifacts before convergence, for the gradient-noise scale "
+        "(undefined at a converged w*).",
+    )
+    options: AnalyzeOptions = Field(default_factory=AnalyzeOptions)
+    targets: Targets = Field(default_factory=Targets)
+
+
+JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = (PlanJobCreate, AnalyzeJobCreate)
 
 
 def _union(types: tuple[type[_JobCreateBase], ...]) -> Any:

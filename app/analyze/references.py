@@ -1,0 +1,38 @@
+"""Checks of a job body against the database, run before the job is queued.
+
+``prepare_job_body`` is called by ``POST /v1/jobs`` after the body's schema validation, in
+the same transaction as the insert. For an ``analyze`` job every artifact id must be an
+artifact of the caller's project with the right kind (else a 422 naming the field). Plan
+jobs without references pass through untouched (no database work on the hot path).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.artifacts.service import ArtifactRef, check_references
+
+
+def analyze_references(body: dict[str, Any]) -> list[ArtifactRef]:
+    """The artifact fields of a validated analyze body, with the kind each must have."""
+    refs = [
+        ArtifactRef(("checkpoint",), uuid.UUID(body["checkpoint"]), "checkpoint"),
+        ArtifactRef(("dataset",), uuid.UUID(body["dataset"]), "dataset"),
+    ]
+    for i, artifact_id in enumerate(body.get("intermediate_checkpoints") or []):
+        refs.append(
+            ArtifactRef(("intermediate_checkpoints", i), uuid.UUID(artifact_id), "checkpoint")
+        )
+    return refs
+
+
+def prepare_job_body(
+    session: Session, project_id: uuid.UUID, body: dict[str, Any]
+) -> dict[str, Any]:
+    """Check (and, for re-plans, complete) a validated job body; raises a 422/409 problem."""
+    if body["kind"] == "analyze":
+        check_references(session, project_id, analyze_references(body))
+    return body

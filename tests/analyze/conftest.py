@@ -1,0 +1,20 @@
+"""Fixtures of the analyze tests: the API on a private blob store (in-process tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path) -> Any:
+    from app.config import Settings
+
+    return Settings(
+        database_url=database_url,
+        auth_disabled=False,
+        log_format="console",
+        data_dir=tmp_path / "data",
+    )
