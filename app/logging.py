@@ -28,7 +28,11 @@ _context: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.Context
 )
 
 # Attributes every LogRecord has; anything else was passed through ``extra=``.
-_RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+_RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "color_message",  # uvicorn's ANSI-coloured duplicate of the message
+}
 
 
 def current_context() -> dict[str, Any]:
@@ -104,6 +108,8 @@ def configure_logging(
     handler.addFilter(ContextFilter())
     root.addHandler(handler)
     root.setLevel(level if isinstance(level, int) else level.upper())
+    # Alembic announces its autogenerate plugins at INFO on import: noise for a service.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     # uvicorn installs its own handlers; route its records through ours instead.
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         lg = logging.getLogger(name)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, text
 
@@ -48,8 +47,16 @@ def head_revisions() -> set[str]:
 
 
 def current_revisions(connection: Connection) -> set[str]:
-    """The revisions recorded in the database's ``alembic_version`` table."""
-    return set(MigrationContext.configure(connection).get_current_heads())
+    """The revisions recorded in the database's ``alembic_version`` table (empty if none).
+
+    A plain query rather than an Alembic MigrationContext: /readyz calls this on
+    every probe and must stay cheap and quiet.
+    """
+    exists = connection.execute(text("SELECT to_regclass('alembic_version')")).scalar()
+    if exists is None:
+        return set()
+    rows = connection.execute(text("SELECT version_num FROM alembic_version")).scalars()
+    return set(rows)
 
 
 def is_at_head(engine: Engine) -> bool:

@@ -48,6 +48,7 @@ def serve(
     _require_database_url()
     settings = _settings()
     configure_logging(settings.log_format, settings.log_level)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     uvicorn.run(
         "app.main:create_app",
         factory=True,
@@ -121,24 +122,51 @@ def dev(
 ) -> None:
     """Run everything locally: PostgreSQL (embedded unless DATABASE_URL is set), migrations,
     a development API key for project `dev`, one worker (queues cpu,gpu) and the API."""
-    import uvicorn
-
-    from app import migrations
     from app.config import Settings
     from app.logging import configure_logging
 
     settings = Settings()
     configure_logging(settings.log_format, settings.log_level)
+    # uvicorn re-raises the signal that stopped it once it has shut down; turn SIGTERM
+    # into SystemExit so the clean-up below still runs (Ctrl-C gives KeyboardInterrupt).
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    embedded = None
     if settings.database_url is None:
         from app.embedded_pg import start_embedded_postgres
 
         typer.echo(f"starting embedded PostgreSQL under {settings.data_dir / 'pg'} …")
-        _server, url = start_embedded_postgres(settings.data_dir)
+        embedded, url = start_embedded_postgres(settings.data_dir)
         os.environ["DATABASE_URL"] = url
     else:
         url = settings.database_url
+    try:
+        _run_dev(url, settings.data_dir, host, port, worker)
+    finally:
+        if embedded is not None:
+            typer.echo("stopping embedded PostgreSQL …")
+            embedded.cleanup()
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    """SIGTERM after uvicorn's graceful shutdown: a requested stop, so exit status 0."""
+    raise SystemExit(0)
+
+
+def _worker_command() -> list[str]:
+    script = Path(sys.executable).with_name("curvplan")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from curvplan.cli import main; main()"]
+
+
+def _run_dev(url: str, data_dir: Path, host: str, port: int, worker: bool) -> None:
+    """Migrate, print the dev key, start the worker, serve until stopped."""
+    import uvicorn
+
+    from app import migrations
+
     migrations.upgrade(url)
-    key = _dev_key(url, settings.data_dir)
+    key = _dev_key(url, data_dir)
     typer.echo(
         f"\n  curvplan API   http://{host}:{port}   (docs: http://{host}:{port}/docs)\n"
         f"  project dev    API key: {key}\n"
@@ -147,7 +175,7 @@ def dev(
     child: subprocess.Popen[bytes] | None = None
     if worker:
         child = subprocess.Popen(
-            [sys.executable, "-m", "curvplan.cli", "worker", "--queues", "cpu,gpu"],
+            [*_worker_command(), "worker", "--queues", "cpu,gpu"],
             env={**os.environ, "DATABASE_URL": url},
         )
     try:
