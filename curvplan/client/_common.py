@@ -1,0 +1,331 @@
+"""What the sync and async clients share: configuration, retry policy, requests, parsing.
+
+The two clients differ only in how they send a request and sleep; everything that
+decides *what* to send and *what an answer means* lives here, once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from curvplan.client.errors import (
+    PROBLEM_MEDIA_TYPE,
+    ArtifactIntegrityError,
+    ConnectionFailedError,
+    CurvplanError,
+    error_from_problem,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+URL_ENV = "CURVPLAN_URL"
+API_KEY_ENV = "CURVPLAN_API_KEY"
+ARTIFACT_KINDS = ("checkpoint", "dataset")
+# How long one long-poll request asks the server to hold (the server caps it too).
+LONG_POLL_SECONDS = 30.0
+# Extra read time on top of the long-poll wait before the client gives up on a request.
+LONG_POLL_SLACK_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff for connection errors and 503 answers.
+
+    Attempt ``n`` (0-based) waits ``min(backoff_max, backoff_initial·multiplier^n)``
+    seconds, ±``jitter`` (a fraction), or the server's ``Retry-After`` when it sends
+    one (capped by ``backoff_max``). ``max_retries`` bounds ordinary calls;
+    ``wait`` instead rides out an unreachable or unavailable server for up to
+    ``outage_seconds`` in a row (a restart, a deploy) before it gives up.
+    """
+
+    max_retries: int = 4
+    backoff_initial: float = 0.25
+    backoff_max: float = 8.0
+    multiplier: float = 2.0
+    jitter: float = 0.1
+    outage_seconds: float = 120.0
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        """Seconds to sleep before retry number ``attempt + 1``."""
+        if retry_after is not None:
+            return max(0.0, min(retry_after, self.backoff_max))
+        base = min(self.backoff_max, self.backoff_initial * self.multiplier**attempt)
+        spread = base * self.jitter
+        return max(0.0, base + random.uniform(-spread, spread))
+
+
+NO_RETRY = RetryPolicy(max_retries=0)
+
+
+def resolve_base_url(base_url: str | None) -> str:
+    """``base_url``, else ``$CURVPLAN_URL``, else ``http://127.0.0.1:8000`` (no trailing /)."""
+    url = (base_url or os.environ.get(URL_ENV) or DEFAULT_URL).strip()
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"the curvplan URL must start with http:// or https://, got {url!r}")
+    return url.rstrip("/")
+
+
+def resolve_api_key(api_key: str | None) -> str | None:
+    """``api_key``, else ``$CURVPLAN_API_KEY``, else None (a server with auth on answers 401)."""
+    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+    if key is None:
+        return None
+    return key.strip() or None
+
+
+def default_headers(api_key: str | None, extra: Mapping[str, str] | None) -> dict[str, str]:
+    from curvplan import __version__
+
+    headers = {"User-Agent": f"curvplan-client/{__version__}", "Accept": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    headers.update(extra or {})
+    return headers
+
+
+@dataclass
+class Upload:
+    """A file sent as multipart ``file`` (streamed from disk, reopened on every attempt)."""
+
+    path: Path
+    fields: dict[str, str]
+
+
+@dataclass
+class Call:
+    """One API call: what to send, and whether resending it after it may have arrived is safe."""
+
+    method: str
+    path: str
+    params: list[tuple[str, str]] = field(default_factory=list)
+    json: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    upload: Upload | None = None
+    idempotent: bool = True
+    expect: str = "json"  # or "text"
+
+
+def is_retryable_transport_error(exc: httpx.TransportError, call: Call) -> bool:
+    """Connection never made → always safe; broken mid-way → only for idempotent calls."""
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return True
+    return call.idempotent and isinstance(
+        exc, httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError | httpx.TimeoutException
+    )
+
+
+def connection_error(call: Call, base_url: str, exc: Exception) -> ConnectionFailedError:
+    return ConnectionFailedError(
+        f"could not reach the curvplan service at {base_url} ({call.method} {call.path}): "
+        f"{type(exc).__name__}: {exc or 'no detail'}; check CURVPLAN_URL and that the server runs",
+        title="Connection Failed",
+    )
+
+
+def retry_after_seconds(response: httpx.Response) -> float | None:
+    """The ``Retry-After`` header in seconds (delta-seconds or an HTTP date), if any."""
+    value = response.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        from datetime import UTC, datetime
+
+        return max(0.0, (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds())
+    except (TypeError, ValueError):
+        return None
+
+
+def raise_for_problem(response: httpx.Response) -> None:
+    """Raise the :class:`CurvplanError` subclass for a non-2xx answer."""
+    if response.is_success:
+        return
+    content_type = response.headers.get("content-type", "")
+    body: Any = None
+    if PROBLEM_MEDIA_TYPE in content_type or "json" in content_type:
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+    text = response.text.strip()[:500] if body is None else None
+    raise error_from_problem(response.status_code, body, text or None)
+
+
+def decode(response: httpx.Response, call: Call) -> Any:
+    raise_for_problem(response)
+    if call.expect == "text":
+        return response.text
+    if not response.content:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        raise CurvplanError(
+            f"{call.method} {call.path} answered {response.status_code} with a body that is "
+            "not JSON",
+            status=response.status_code,
+            title="Unexpected Response",
+        ) from None
+
+
+# --------------------------------------------------------------------------- call builders
+def job_path(job_id: str | uuid.UUID, suffix: str = "") -> str:
+    return f"/v1/jobs/{_uuid(job_id, 'job_id')}{suffix}"
+
+
+def _uuid(value: str | uuid.UUID, name: str) -> str:
+    try:
+        return str(uuid.UUID(str(value)))
+    except ValueError:
+        raise ValueError(f"{name} must be a UUID, got {value!r}") from None
+
+
+def submit_call(body: Mapping[str, Any], idempotency_key: str | None) -> Call:
+    """POST /v1/jobs; a fresh Idempotency-Key makes the call safe to resend."""
+    key = idempotency_key or f"curvplan-client-{uuid.uuid4()}"
+    return Call("POST", "/v1/jobs", json=dict(body), headers={"Idempotency-Key": key})
+
+
+def plan_body(
+    measurements: Mapping[str, Any] | Any,
+    targets: Mapping[str, Any] | Any | None,
+    name: str | None,
+    tags: Mapping[str, str] | None,
+    max_attempts: int | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"kind": "plan", "measurements": _jsonable(measurements)}
+    if targets is not None:
+        body["targets"] = _jsonable(targets)
+    return _common_fields(body, name, tags, max_attempts)
+
+
+def analyze_body(
+    model: Mapping[str, Any] | Any,
+    checkpoint: str,
+    dataset: str,
+    name: str | None,
+    tags: Mapping[str, str] | None,
+    options: Mapping[str, Any] | None,
+    targets: Mapping[str, Any] | Any | None,
+    max_attempts: int | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "kind": "analyze",
+        "model": _jsonable(model),
+        "checkpoint": str(checkpoint),
+        "dataset": str(dataset),
+    }
+    if options:
+        body["options"] = dict(options)
+    if targets is not None:
+        body["targets"] = _jsonable(targets)
+    return _common_fields(body, name, tags, max_attempts)
+
+
+def _common_fields(
+    body: dict[str, Any], name: str | None, tags: Mapping[str, str] | None, max_attempts: int | None
+) -> dict[str, Any]:
+    if name is not None:
+        body["name"] = name
+    if tags:
+        body["tags"] = dict(tags)
+    if max_attempts is not None:
+        body["max_attempts"] = max_attempts
+    return body
+
+
+def _jsonable(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json", exclude_none=True)
+    return dict(value) if isinstance(value, Mapping) else value
+
+
+def list_params(
+    status: str | list[str] | None,
+    kind: str | None,
+    name: str | None,
+    tags: Mapping[str, str] | None,
+    page_size: int | None,
+    page_token: str | None,
+) -> list[tuple[str, str]]:
+    params: list[tuple[str, str]] = []
+    if status:
+        statuses = [status] if isinstance(status, str) else list(status)
+        params.append(("status", ",".join(statuses)))
+    for key, value in (("kind", kind), ("name", name), ("page_token", page_token)):
+        if value is not None:
+            params.append((key, value))
+    if page_size is not None:
+        params.append(("page_size", str(page_size)))
+    params.extend(("tag", f"{k}:{v}") for k, v in (tags or {}).items())
+    return params
+
+
+def upload_call(path: str | os.PathLike[str], kind: str) -> tuple[Call, str]:
+    """POST /v1/artifacts for ``path``; also returns the file's sha256 to check the answer."""
+    if kind not in ARTIFACT_KINDS:
+        raise ValueError(f"artifact kind must be one of {ARTIFACT_KINDS}, got {kind!r}")
+    file_path = Path(path)
+    if not file_path.is_file():
+        raise FileNotFoundError(f"artifact file not found: {file_path}")
+    digest = sha256_file(file_path)
+    # Artifacts are content-addressed: sending the same file twice yields the same artifact,
+    # so a resend after a broken connection is safe.
+    call = Call("POST", "/v1/artifacts", upload=Upload(file_path, {"kind": kind}), timeout=None)
+    return call, digest
+
+
+def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(chunk_size):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_artifact(answer: dict[str, Any], local_sha256: str, path: Path) -> None:
+    remote = answer.get("sha256")
+    if remote is not None and remote != local_sha256:
+        raise ArtifactIntegrityError(
+            f"the server stored {path} with sha256 {remote}, but the file's sha256 is "
+            f"{local_sha256}: the upload was corrupted; retry it",
+            title="Artifact Integrity",
+        )
+
+
+def wait_call(job_id: str | uuid.UUID, wait_seconds: float) -> Call:
+    wait_seconds = max(0.0, wait_seconds)
+    return Call(
+        "GET",
+        job_path(job_id),
+        params=[("wait", f"{wait_seconds:.3f}")],
+        timeout=wait_seconds + LONG_POLL_SLACK_SECONDS,
+    )
+
+
+def progress_key(job: Any) -> tuple[Any, ...]:
+    """What ``on_progress`` reacts to: a change of status or progress."""
+    p = job.progress
+    return (job.status, None if p is None else (p.fraction, p.stage, p.message))
+
+
+def absolute_link(link: Any, base_url: str) -> Any:
+    """Point a report link at the URL this client uses (the server may sit behind a proxy)."""
+    path = getattr(link, "path", None) or link.url
+    if isinstance(path, str) and path.startswith("/"):
+        return link.model_copy(update={"url": base_url + path})
+    return link

@@ -1,0 +1,88 @@
+"""Typed results of the client: the API's own pydantic models where they exist.
+
+``Job``/``JobPage`` are :mod:`app.jobs.schemas`' ``JobOut``/``JobPage`` and
+``Recommendation`` is the planner's output model, so a field renamed on the server
+is renamed here too. The artifact, recommendation-listing and report-link models
+mirror their endpoints' JSON and accept extra fields (newer servers may add some).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from app.jobs.schemas import JobError, JobOut, JobPage, Progress
+from app.planner.schemas import Measurements, Recommendation, Targets
+
+Job = JobOut
+
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def is_terminal(job: JobOut) -> bool:
+    """True once the job can no longer change (succeeded, failed or cancelled)."""
+    return job.status in TERMINAL_STATUSES
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Artifact(_Open):
+    """An uploaded checkpoint or dataset (``POST /v1/artifacts``), content-addressed."""
+
+    id: str
+    kind: str
+    sha256: str
+    size: int
+    filename: str | None = None
+    created_at: datetime | None = None
+
+
+class RecommendationEntry(_Open):
+    """One row of ``GET /v1/recommendations``: the job it came from and its recommendation."""
+
+    job_id: uuid.UUID
+    name: str | None = None
+    tags: dict[str, str] = {}
+    kind: str | None = None
+    finished_at: datetime | None = None
+    recommendation: Recommendation
+
+
+class RecommendationPage(_Open):
+    items: list[RecommendationEntry]
+    next_page_token: str | None = None
+
+
+class ReportLink(_Open):
+    """A short-lived signed URL of a job's report page (``POST /v1/jobs/{id}/report-link``)."""
+
+    url: str
+    path: str | None = None
+    expires_at: datetime
+
+
+__all__ = [
+    "Artifact",
+    "Job",
+    "JobError",
+    "JobOut",
+    "JobPage",
+    "Measurements",
+    "Progress",
+    "Recommendation",
+    "RecommendationEntry",
+    "RecommendationPage",
+    "ReportLink",
+    "Targets",
+    "is_terminal",
+]
+
+
+def dump_json(model: BaseModel | Any) -> Any:
+    """JSON-ready form of a model (or a value returned as is)."""
+    return model.model_dump(mode="json") if isinstance(model, BaseModel) else model

@@ -1,0 +1,295 @@
+"""The synchronous client: :class:`Client`."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import httpx
+
+from curvplan.client import _common as c
+from curvplan.client import models as m
+from curvplan.client.errors import (
+    ConnectionFailedError,
+    NotFoundError,
+    ServiceUnavailableError,
+    WaitTimeoutError,
+)
+
+ProgressCallback = Callable[[m.JobOut], None]
+
+
+class Client:
+    """Talk to a curvplan service (synchronous; thread-safe like ``httpx.Client``).
+
+    ``base_url`` defaults to ``$CURVPLAN_URL`` (else ``http://127.0.0.1:8000``) and
+    ``api_key`` to ``$CURVPLAN_API_KEY``. Connection errors and 503 answers are
+    retried with exponential backoff (:class:`RetryPolicy`); job submissions carry
+    an ``Idempotency-Key`` (generated when not given) so a resend never makes a
+    second job. Errors are :class:`curvplan.CurvplanError` subclasses carrying the
+    server's problem+json fields. Use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retry: c.RetryPolicy | None = None,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+        verify: bool | str = True,
+    ) -> None:
+        self.base_url = c.resolve_base_url(base_url)
+        self.retry = retry or c.RetryPolicy()
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers=c.default_headers(c.resolve_api_key(api_key), headers),
+            timeout=timeout,
+            transport=transport,
+            verify=verify,
+        )
+
+    # ------------------------------------------------------------------ plumbing
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, call: c.Call, retry: c.RetryPolicy | None = None) -> Any:
+        policy = retry or self.retry
+        attempt = 0
+        while True:
+            try:
+                response = self._request(call)
+            except httpx.TransportError as exc:
+                if attempt < policy.max_retries and c.is_retryable_transport_error(exc, call):
+                    time.sleep(policy.delay(attempt))
+                    attempt += 1
+                    continue
+                raise c.connection_error(call, self.base_url, exc) from exc
+            if response.status_code == 503 and attempt < policy.max_retries:
+                time.sleep(policy.delay(attempt, c.retry_after_seconds(response)))
+                attempt += 1
+                continue
+            return c.decode(response, call)
+
+    def _request(self, call: c.Call) -> httpx.Response:
+        timeout = httpx.USE_CLIENT_DEFAULT if call.timeout is None else call.timeout
+        if call.upload is None:
+            return self._http.request(
+                call.method,
+                call.path,
+                params=call.params or None,
+                json=call.json,
+                headers=call.headers or None,
+                timeout=timeout,
+            )
+        with call.upload.path.open("rb") as fh:  # streamed in chunks by httpx's multipart
+            files = {"file": (call.upload.path.name, fh, "application/octet-stream")}
+            return self._http.request(
+                call.method,
+                call.path,
+                data=call.upload.fields,
+                files=files,
+                headers=call.headers or None,
+                timeout=httpx.Timeout(30.0, read=None, write=None),
+            )
+
+    # ------------------------------------------------------------------ service
+    def health(self) -> dict[str, Any]:
+        """``GET /healthz`` (no key needed)."""
+        return self._send(c.Call("GET", "/healthz"))
+
+    # ------------------------------------------------------------------ artifacts
+    def upload_artifact(self, path: str | os.PathLike[str], kind: str) -> m.Artifact:
+        """Upload a safetensors ``checkpoint`` or ``dataset`` file (streamed from disk).
+
+        The server's sha256 is checked against the file's (ArtifactIntegrityError).
+        """
+        call, digest = c.upload_call(path, kind)
+        answer = self._send(call)
+        c.check_artifact(answer, digest, call.upload.path)  # type: ignore[union-attr]
+        return m.Artifact.model_validate(answer)
+
+    def get_artifact(self, artifact_id: str) -> m.Artifact:
+        return m.Artifact.model_validate(self._send(c.Call("GET", f"/v1/artifacts/{artifact_id}")))
+
+    # ------------------------------------------------------------------ jobs
+    def submit_job(
+        self, body: Mapping[str, Any], *, idempotency_key: str | None = None
+    ) -> m.JobOut:
+        """``POST /v1/jobs`` with a raw body (``{"kind": ...}``); see submit_plan/submit_analyze."""
+        return m.JobOut.model_validate(self._send(c.submit_call(body, idempotency_key)))
+
+    def submit_plan(
+        self,
+        measurements: Mapping[str, Any] | m.Measurements,
+        targets: Mapping[str, Any] | m.Targets | None = None,
+        *,
+        name: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        max_attempts: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> m.JobOut:
+        """Queue a ``plan`` job from measurements you already have (design.md §4)."""
+        body = c.plan_body(measurements, targets, name, tags, max_attempts)
+        return self.submit_job(body, idempotency_key=idempotency_key)
+
+    def submit_analyze(
+        self,
+        model: Mapping[str, Any],
+        checkpoint: str | m.Artifact,
+        dataset: str | m.Artifact,
+        *,
+        name: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        options: Mapping[str, Any] | None = None,
+        targets: Mapping[str, Any] | m.Targets | None = None,
+        max_attempts: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> m.JobOut:
+        """Queue an ``analyze`` job: model spec + checkpoint and dataset artifacts (ids)."""
+        body = c.analyze_body(
+            model,
+            getattr(checkpoint, "id", checkpoint),
+            getattr(dataset, "id", dataset),
+            name,
+            tags,
+            options,
+            targets,
+            max_attempts,
+        )
+        return self.submit_job(body, idempotency_key=idempotency_key)
+
+    def get_job(self, job_id: str | uuid.UUID) -> m.JobOut:
+        return m.JobOut.model_validate(self._send(c.Call("GET", c.job_path(job_id))))
+
+    def list_jobs(
+        self,
+        *,
+        status: str | list[str] | None = None,
+        kind: str | None = None,
+        name: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        page_size: int | None = None,
+        page_token: str | None = None,
+    ) -> m.JobPage:
+        """One page of the project's jobs, newest first."""
+        params = c.list_params(status, kind, name, tags, page_size, page_token)
+        return m.JobPage.model_validate(self._send(c.Call("GET", "/v1/jobs", params=params)))
+
+    def iter_jobs(self, **filters: Any) -> Iterator[m.JobOut]:
+        """Every matching job, newest first, following the page tokens."""
+        token: str | None = None
+        while True:
+            page = self.list_jobs(page_token=token, **filters)
+            yield from page.items
+            token = page.next_page_token
+            if not token:
+                return
+
+    def cancel_job(self, job_id: str | uuid.UUID) -> m.JobOut:
+        """Queued → cancelled at once; running → cancelling; terminal → ConflictError."""
+        call = c.Call("POST", c.job_path(job_id, "/cancel"), idempotent=False)
+        return m.JobOut.model_validate(self._send(call))
+
+    def wait(
+        self,
+        job_id: str | uuid.UUID,
+        timeout: float | None = None,
+        on_progress: ProgressCallback | None = None,
+        *,
+        progress_interval: float = 1.0,
+    ) -> m.JobOut:
+        """Long-poll until the job is terminal; return it (whatever its status).
+
+        ``on_progress(job)`` is called whenever its status or progress changes; with
+        a callback the client re-polls every ``progress_interval`` seconds so the
+        progress stays live, without one it holds each request up to 30 s. An
+        unreachable server or 503 is ridden out for ``retry.outage_seconds`` (a
+        restart mid-wait is survived). Raises :class:`WaitTimeoutError` after
+        ``timeout`` seconds (``None``: no limit).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        chunk = progress_interval if on_progress is not None else c.LONG_POLL_SECONDS
+        last_key: tuple[Any, ...] | None = None
+        last_job: m.JobOut | None = None
+        failures = 0
+        outage_since: float | None = None
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            hold = chunk if remaining is None else max(0.0, min(chunk, remaining))
+            try:
+                job = m.JobOut.model_validate(self._send(c.wait_call(job_id, hold), c.NO_RETRY))
+            except (ConnectionFailedError, ServiceUnavailableError):
+                now = time.monotonic()
+                outage_since = outage_since if outage_since is not None else now
+                if now - outage_since >= self.retry.outage_seconds or (
+                    deadline is not None and now >= deadline
+                ):
+                    raise
+                pause = self.retry.delay(failures)
+                if deadline is not None:
+                    pause = min(pause, max(0.0, deadline - now))
+                time.sleep(pause)
+                failures += 1
+                continue
+            failures, outage_since, last_job = 0, None, job
+            key = c.progress_key(job)
+            if on_progress is not None and key != last_key:
+                on_progress(job)
+            last_key = key
+            if m.is_terminal(job):
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeoutError(
+                    f"job {job_id} is still {job.status} after {timeout} s", job=last_job
+                )
+
+    # ------------------------------------------------------------------ recommendations
+    def get_recommendation(self, job_id: str | uuid.UUID) -> m.Recommendation:
+        """The recommendation of a succeeded job (ConflictError while it has not succeeded)."""
+        answer = self._send(c.Call("GET", c.job_path(job_id, "/recommendation")))
+        return m.Recommendation.model_validate(answer)
+
+    def list_recommendations(
+        self,
+        name: str | None = None,
+        *,
+        tags: Mapping[str, str] | None = None,
+        page_size: int | None = None,
+    ) -> list[m.RecommendationEntry]:
+        """Latest recommendations (newest first), filtered by job name and tags."""
+        params = c.list_params(None, None, name, tags, page_size, None)
+        answer = self._send(c.Call("GET", "/v1/recommendations", params=params))
+        return m.RecommendationPage.model_validate(answer).items
+
+    def latest_recommendation(
+        self, name: str, *, tags: Mapping[str, str] | None = None
+    ) -> m.RecommendationEntry:
+        """The newest recommendation of jobs named ``name`` (NotFoundError if there is none)."""
+        items = self.list_recommendations(name, tags=tags, page_size=1)
+        if not items:
+            raise NotFoundError(f"no recommendation for name {name!r}", status=404)
+        return items[0]
+
+    # ------------------------------------------------------------------ reports
+    def report_link(self, job_id: str | uuid.UUID) -> m.ReportLink:
+        """A short-lived signed URL of the job's report page, to open in a browser."""
+        call = c.Call("POST", c.job_path(job_id, "/report-link"))
+        link = m.ReportLink.model_validate(self._send(call))
+        return c.absolute_link(link, self.base_url)
+
+    def get_report_html(self, job_id: str | uuid.UUID) -> str:
+        """The job's report page (HTML, self-contained)."""
+        call = c.Call("GET", c.job_path(job_id, "/report"), expect="text")
+        return self._send(call)

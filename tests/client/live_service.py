@@ -1,0 +1,206 @@
+"""Real ``curvplan serve`` and ``curvplan worker`` processes for the client, CLI and report tests.
+
+Imported by the conftests of tests/client, tests/cli and tests/report (one shared
+service per test session: starting processes is the slow part).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPORT_SECRET = "test-report-link-secret-" + uuid.uuid4().hex
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def make_api_key(database_url: str, project: str) -> str:
+    from app.auth.keys import create_key
+    from app.db import make_engine, make_sessionmaker
+
+    engine = make_engine(database_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            key = create_key(session, project)
+            session.commit()
+    finally:
+        engine.dispose()
+    return key
+
+
+def service_env(database_url: str, data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CURVPLAN_")}
+    env.update(
+        DATABASE_URL=database_url,
+        CURVPLAN_DATA_DIR=str(data_dir),
+        CURVPLAN_LOG_LEVEL="WARNING",
+        CURVPLAN_LONG_POLL_INTERVAL_SECONDS="0.05",
+        CURVPLAN_REPORT_LINK_SECRET=REPORT_SECRET,
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@dataclass
+class ServerProcess:
+    """One ``curvplan serve`` on a fixed port; can be killed and started again."""
+
+    env: dict[str, str]
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "curvplan.cli", "serve", "--port", str(self.port)],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server did not come up: {self.log_path.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL: an abrupt crash, connections reset mid-request."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@dataclass
+class WorkerProcess:
+    env: dict[str, str]
+    log_path: Path
+    queues: str = "cpu,gpu"
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "curvplan.cli",
+                "worker",
+                "--queues",
+                self.queues,
+                "--poll-interval",
+                "0.1",
+                "--cancel-grace-seconds",
+                "0.5",
+                "--shutdown-grace-seconds",
+                "1",
+            ],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@dataclass
+class LiveService:
+    """A running API + worker on the test database, and a key of a fresh project."""
+
+    database_url: str
+    data_dir: Path
+    env: dict[str, str]
+    server: ServerProcess
+    worker: WorkerProcess
+    api_key: str
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def client_env(self, **extra: str) -> dict[str, str]:
+        """Environment for a CLI subprocess talking to this service."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CURVPLAN_")}
+        env.pop("DATABASE_URL", None)
+        env.update(CURVPLAN_URL=self.url, CURVPLAN_API_KEY=self.api_key, PYTHONUNBUFFERED="1")
+        env.update(extra)
+        return env
+
+    def logs(self) -> str:
+        return self.server.log_path.read_text()[-4000:] + self.worker.log_path.read_text()[-4000:]
+
+
+def start_live_service(database_url: str, tmp: Path) -> LiveService:
+    data_dir = tmp / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    env = service_env(database_url, data_dir)
+    server = ServerProcess(env, tmp / "server.log")
+    worker = WorkerProcess(env, tmp / "worker.log")
+    worker.start()
+    server.start()
+    key = make_api_key(database_url, f"client-tests-{uuid.uuid4().hex[:8]}")
+    return LiveService(database_url, data_dir, env, server, worker, key)
+
+
+_shared: LiveService | None = None
+_users = 0
+
+
+def acquire(database_url: str, tmp: Path) -> LiveService:
+    """The session's shared service (started on first use; tests/client, cli, report share it)."""
+    global _shared, _users
+    if _shared is None:
+        _shared = start_live_service(database_url, tmp)
+    _users += 1
+    return _shared
+
+
+def release() -> None:
+    """Stop the shared service when its last user is done."""
+    global _shared, _users
+    _users -= 1
+    if _users == 0 and _shared is not None:
+        _shared.server.stop()
+        _shared.worker.stop()
+        _shared = None
