@@ -1,0 +1,140 @@
+"""Retry and error-mapping rules of the client, on scripted transports (no server needed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+import curvplan
+from curvplan.client import (
+    ConnectionFailedError,
+    CurvplanError,
+    RetryPolicy,
+    ServerError,
+    ServiceUnavailableError,
+)
+from curvplan.client.errors import error_from_problem
+
+FAST = RetryPolicy(max_retries=3, backoff_initial=0.001, backoff_max=0.01)
+PAGE = {"items": [], "next_page_token": None}
+
+
+def _client(handler: Callable[[httpx.Request], httpx.Response]) -> curvplan.Client:
+    return curvplan.Client(
+        "http://api.test", "key", retry=FAST, transport=httpx.MockTransport(handler)
+    )
+
+
+def test_503_is_retried_then_succeeds() -> None:
+    calls: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if len(calls) < 3:
+            return httpx.Response(503, json={"title": "Service Unavailable", "status": 503})
+        return httpx.Response(200, json=PAGE)
+
+    with _client(handler) as client:
+        assert client.list_jobs().items == []
+    assert len(calls) == 3
+    assert calls[0].headers["authorization"] == "Bearer key"
+
+
+def test_503_after_every_retry_raises_with_problem_fields() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = {
+            "type": "https://x/busy",
+            "title": "Service Unavailable",
+            "status": 503,
+            "detail": "draining",
+        }
+        return httpx.Response(503, json=body, headers={"content-type": "application/problem+json"})
+
+    with _client(handler) as client, pytest.raises(ServiceUnavailableError) as info:
+        client.list_jobs()
+    assert isinstance(info.value, ServerError)
+    assert (info.value.status, info.value.detail, info.value.type) == (
+        503,
+        "draining",
+        "https://x/busy",
+    )
+
+
+def test_retry_after_header_is_honoured_within_the_cap() -> None:
+    assert RetryPolicy(backoff_max=5).delay(0, retry_after=2.0) == 2.0
+    assert RetryPolicy(backoff_max=5).delay(0, retry_after=60.0) == 5.0
+    delays = [RetryPolicy(jitter=0).delay(n) for n in range(8)]
+    assert delays[:4] == [0.25, 0.5, 1.0, 2.0] and max(delays) == 8.0
+
+
+def test_connect_errors_are_retried_for_any_call() -> None:
+    attempts = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        attempts.append(request.url.path)
+        if len(attempts) == 1:
+            raise httpx.ConnectError("refused", request=request)
+        body = {"title": "Not Found", "status": 404, "detail": "job not found"}
+        return httpx.Response(404, json=body)
+
+    with _client(handler) as client, pytest.raises(curvplan.NotFoundError):
+        client.cancel_job(uuid.uuid4())  # POST, but the first try never reached the server
+    assert len(attempts) == 2
+
+
+def test_broken_connection_is_not_resent_for_a_non_idempotent_call() -> None:
+    attempts = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        attempts.append(request.method)
+        raise httpx.ReadError("reset", request=request)
+
+    with _client(handler) as client, pytest.raises(ConnectionFailedError):
+        client.cancel_job(uuid.uuid4())
+    assert attempts == ["POST"]  # it may have arrived: no blind resend
+    attempts.clear()
+    with _client(handler) as client, pytest.raises(ConnectionFailedError):
+        client.list_jobs()
+    assert attempts == ["GET"] * 4  # idempotent: 1 + max_retries
+
+
+def test_job_submission_is_resent_with_the_same_idempotency_key() -> None:
+    keys: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        keys.append(request.headers["idempotency-key"])
+        if len(keys) == 1:
+            raise httpx.RemoteProtocolError("server went away", request=request)
+        return httpx.Response(503)
+
+    with _client(handler) as client, pytest.raises(ServiceUnavailableError):
+        client.submit_plan({"per_sample_losses": [1.0]})
+    assert len(keys) == 4 and len(set(keys)) == 1  # one key: the server dedupes resends
+
+
+def test_non_problem_error_body_still_maps_by_status() -> None:
+    err = error_from_problem(502, None, "<html>bad gateway</html>")
+    assert isinstance(err, ServerError) and err.status == 502 and err.title == "Bad Gateway"
+    assert "bad gateway" in str(err)
+    generic = error_from_problem(418, {"title": "Teapot", "status": 418, "errors": "nope"})
+    assert type(generic) is CurvplanError and generic.errors is None
+
+
+def test_url_must_be_http() -> None:
+    with pytest.raises(ValueError, match="http:// or https://"):
+        curvplan.Client("ftp://example.org")
+
+
+def test_importing_the_client_and_cli_never_imports_torch() -> None:
+    code = (
+        "import sys, curvplan, curvplan.cli; curvplan.Client; curvplan.AsyncClient; "
+        "import curvplan.commands.client; "
+        "assert 'torch' not in sys.modules, 'torch was imported'; print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
