@@ -308,3 +308,31 @@ def test_planner_dict_never_clamps_a_negative_grad_sq_norm() -> None:
         return
     DirectNoiseStats(**out)
     DirectNoiseStats(**positive)
+
+
+def test_planner_measurements_carry_the_gradient_norm_and_direct_stats() -> None:
+    model, objective, x, y = lm_model_and_data(10)
+    stats = gn.gradient_noise_from_sample(model, objective, x, y, n_grad=6, batch_size=3)
+    fields, _ = gn.planner_measurements(gradient_noise=stats)
+    assert fields["gradient_norm_at_w_star"] == stats["gradient_norm"]
+    assert fields["gradient_noise"]["gHg"] == stats["gHg"]
+    try:
+        from app.planner.schemas import Measurements
+    except ImportError:
+        return
+    Measurements(**fields)
+
+
+def test_tied_embedding_per_example_gradients_average_to_the_loss_gradient() -> None:
+    spec = {**LM_SPEC, "task": {**LM_SPEC["task"], "tie_embeddings": True}}
+    model = build_model(spec, seed=1, dtype=torch.float64)
+    objective = objective_for(spec)
+    g = _gen(2)
+    x = torch.randint(0, 5, (6, 4), generator=g)
+    y = torch.randint(0, 5, (6, 4), generator=g)
+    pg = gn.per_example_gradients(model, objective, x, y, method="vmap")
+    assert "head.weight" not in pg.param_names
+    sums, counts = objective.example_losses(model, x, y)
+    full = torch.autograd.grad(sums.sum() / counts.sum(), list(model.parameters()))
+    full_flat = torch.cat([t.reshape(-1) for t in full])  # the tied tensor gets both paths
+    torch.testing.assert_close(pg.grads.mean(dim=0), full_flat, rtol=1e-10, atol=1e-13)

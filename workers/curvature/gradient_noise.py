@@ -58,6 +58,7 @@ __all__ = [
     "noise_estimates_from_gram",
     "per_example_gradients",
     "planner_gradient_noise",
+    "planner_measurements",
     "two_batch_series",
 ]
 
@@ -607,4 +608,39 @@ def planner_gradient_noise(stats: Mapping[str, Any]) -> tuple[dict[str, Any], li
         )
         for key in ("grad_sq_norm", "trace_sigma", "grad_sq_norm_se", "trace_sigma_se"):
             out.pop(key, None)
+    return out, notes
+
+
+def planner_measurements(
+    per_sample: Mapping[str, Any] | None = None,
+    gradient_noise: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """Fields of the planner's ``Measurements`` from this module's and per_sample's outputs.
+
+    ``per_sample`` is ``per_sample.per_sample_section(...)``: → ``per_sample_losses``,
+    ``perturbed_losses`` (the planner takes one set: the random directions if present, else the
+    top-eigenspace ones) and ``per_sample_hessian_norms``. ``gradient_noise`` is
+    ``gradient_noise_statistics(...)``: → ``gradient_noise`` (``DirectNoiseStats``, see
+    ``planner_gradient_noise``) and ``gradient_norm_at_w_star``. Returns (fields, notes).
+    """
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    if per_sample is not None:
+        out["per_sample_losses"] = list(per_sample["losses"])
+        perturbed = list(per_sample.get("perturbed") or [])
+        if perturbed:
+            chosen = next((p for p in perturbed if p["kind"] == "random"), perturbed[0])
+            out["perturbed_losses"] = {k: chosen[k] for k in ("radius", "losses", "kind")}
+            if len(perturbed) > 1:
+                notes.append(f"perturbed_losses: passed the {chosen['kind']!r} set only")
+        norms = per_sample.get("hessian_norms")
+        if norms is not None:
+            out["per_sample_hessian_norms"] = list(norms["norms"])
+            if not norms.get("all_converged", True):
+                notes.append("per_sample_hessian_norms: some Lanczos runs did not converge")
+    if gradient_noise is not None:
+        direct, more = planner_gradient_noise(gradient_noise)
+        out["gradient_noise"] = direct
+        notes.extend(more)
+        out["gradient_norm_at_w_star"] = float(gradient_noise["gradient_norm"])
     return out, notes

@@ -21,20 +21,20 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from workers.curvature.spectra import Spectrum, lanczos_spectrum
+
 __all__ = [
     "ExampleLossObjective",
-    "LanczosExtremes",
-    "lanczos_extremes",
     "per_example_loss_sums",
     "per_example_losses",
     "per_sample_hessian_norms",
+    "per_sample_section",
     "perturbed_losses",
     "perturbed_losses_record",
     "random_subspace_directions",
@@ -389,111 +389,6 @@ def perturbed_losses_record(
 
 
 # ---------------------------------------------------------------------------------------------
-# Lanczos (both ends of the spectrum)
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LanczosExtremes:
-    """λ_max, λ_min of a symmetric operator with true residuals ‖Av − θv‖ and a converged flag."""
-
-    lambda_max: float
-    lambda_min: float
-    residual_max: float
-    residual_min: float
-    converged: bool
-    n_products: int
-    n_steps: int
-
-    @property
-    def spectral_norm(self) -> float:
-        return max(abs(self.lambda_max), abs(self.lambda_min))
-
-
-def lanczos_extremes(
-    matvec: Callable[[Tensor], Tensor],
-    dim: int,
-    *,
-    generator: torch.Generator,
-    tol: float = 1e-6,
-    max_iter: int = 200,
-) -> LanczosExtremes:
-    """Extreme eigenvalues of a symmetric operator by Lanczos with full reorthogonalisation.
-
-    Both ends come from one Krylov space (power iteration would return only the largest
-    magnitude, which can be negative; curvature pitfalls item 4). Stops when both Ritz
-    residuals |β_j s_j| ≤ tol·max(|θ_max|, |θ_min|), on an invariant subspace (β ≈ 0: the Ritz
-    values are exact), or at ``max_iter`` steps. The reported residuals are the true
-    ‖Av − θv‖ (two extra products) and ``converged`` requires both ≤ tol·max(|λ_max|, |λ_min|),
-    so an exhausted ``max_iter`` is flagged, never hidden. Vectors are kept in fp64;
-    ``matvec`` takes and returns (dim,) tensors.
-    """
-    if dim < 1:
-        raise ValueError("dim: must be ≥ 1")
-    if not (tol > 0):
-        raise ValueError(f"tol: must be > 0, got {tol}")
-    if max_iter < 1:
-        raise ValueError(f"max_iter: must be ≥ 1, got {max_iter}")
-    q = torch.randn(dim, generator=generator, dtype=torch.float64)
-    q = q / torch.linalg.vector_norm(q)
-    basis: list[Tensor] = []
-    alphas: list[float] = []
-    betas: list[float] = []
-    n_products = 0
-    steps = min(max_iter, dim)
-    theta = torch.zeros(1, dtype=torch.float64)
-    vecs = torch.ones(1, 1, dtype=torch.float64)
-    for _j in range(steps):
-        basis.append(q)
-        w = matvec(q).to(torch.float64)
-        n_products += 1
-        alpha = float(torch.dot(q, w))
-        alphas.append(alpha)
-        q_mat = torch.stack(basis)
-        for _ in range(2):  # full reorthogonalisation, twice is enough
-            w = w - q_mat.T @ (q_mat @ w)
-        beta = float(torch.linalg.vector_norm(w))
-        t = _tridiagonal(alphas, betas)
-        theta, vecs = torch.linalg.eigh(t)
-        scale = max(abs(float(theta[-1])), abs(float(theta[0])), 1e-300)
-        res_max = abs(beta * float(vecs[-1, -1]))
-        res_min = abs(beta * float(vecs[-1, 0]))
-        invariant = beta <= 1e-12 * max(scale, abs(alpha), 1e-300)
-        if invariant or (res_max <= 0.1 * tol * scale and res_min <= 0.1 * tol * scale):
-            break
-        betas.append(beta)
-        q = w / beta
-    q_mat = torch.stack(basis)
-    v_max = q_mat.T @ vecs[:, -1]
-    v_min = q_mat.T @ vecs[:, 0]
-    lam_max = float(theta[-1])
-    lam_min = float(theta[0])
-    r_max = float(torch.linalg.vector_norm(matvec(v_max).to(torch.float64) - lam_max * v_max))
-    r_min = float(torch.linalg.vector_norm(matvec(v_min).to(torch.float64) - lam_min * v_min))
-    n_products += 2
-    scale = max(abs(lam_max), abs(lam_min))
-    converged = scale == 0.0 or (r_max <= tol * scale and r_min <= tol * scale)
-    return LanczosExtremes(
-        lambda_max=lam_max,
-        lambda_min=lam_min,
-        residual_max=r_max,
-        residual_min=r_min,
-        converged=bool(converged),
-        n_products=n_products,
-        n_steps=len(basis),
-    )
-
-
-def _tridiagonal(alphas: Sequence[float], betas: Sequence[float]) -> Tensor:
-    k = len(alphas)
-    t = torch.diag(torch.tensor(alphas, dtype=torch.float64))
-    if k > 1:
-        off = torch.tensor(betas[: k - 1], dtype=torch.float64)
-        t = t + torch.diag(off, 1) + torch.diag(off, -1)
-    return t
-
-
-# ---------------------------------------------------------------------------------------------
 # Per-sample Hessian spectral norms
 # ---------------------------------------------------------------------------------------------
 
@@ -541,7 +436,7 @@ def per_sample_hessian_norms(
     param_names: Sequence[str] | None = None,
     seed: int = 0,
     tol: float = 1e-6,
-    max_iter: int = 200,
+    max_iter: int | None = None,
     quantiles: Sequence[float] = DEFAULT_QUANTILES,
 ) -> dict[str, Any]:
     """‖H_i(w*)‖₂ = max(|λ_max|, |λ_min|) of per-example Hessians; max → M of Theorem 7.
@@ -550,8 +445,11 @@ def per_sample_hessian_norms(
     takes M as the measured max over a sample of i. H_i is the Hessian of example i's mean loss
     l_i = s_i/c_i over ``param_names`` (default: all trainable parameters). The subsample is
     ``indices`` or ``n_subsample`` examples drawn without replacement with ``seed`` (None: all).
+    Both ends come from the engine's residual-certified Lanczos (``spectra.lanczos_spectrum``:
+    ‖Hy − θy‖ ≤ tol·max(|θ|, 10⁻³‖H‖) per end, at most ``max_iter`` steps, default min(D, 500)).
     Returns JSON-able ``{indices, norms, lambda_max, lambda_min, residual_max, residual_min,
-    converged, n_products, all_converged, max, mean, quantiles: {"q50": …}, tol, seed}``.
+    converged, n_products, iterations, all_converged, max, mean, quantiles: {"q50": …}, tol,
+    seed, param_names}``.
     """
     n = _check_sample(inputs, targets)
     if indices is None:
@@ -569,6 +467,10 @@ def per_sample_hessian_norms(
         bad = [i for i in chosen if not 0 <= i < n]
         if bad:
             raise ValueError(f"indices: out of range [0, {n}): {bad[:10]}")
+    if not (tol > 0 and math.isfinite(tol)):
+        raise ValueError(f"tol: must be a finite number > 0, got {tol}")
+    if max_iter is not None and max_iter < 1:
+        raise ValueError(f"max_iter: must be ≥ 1, got {max_iter}")
     for q in quantiles:
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"quantiles: {q} is outside [0, 1]")
@@ -576,14 +478,14 @@ def per_sample_hessian_norms(
     dim = _numel(base)
     device, _ = _model_device_dtype(base)
     generator = torch.Generator().manual_seed(seed)
-    results: list[LanczosExtremes] = []
+    results: list[Spectrum] = []
     with curvature_mode(model):
         for i in chosen:
             x = _to_device(inputs[i : i + 1], device)
             y = _to_device(targets[i : i + 1], device)
             matvec = _example_hvp_operator(model, objective, base, x, y)
             results.append(
-                lanczos_extremes(matvec, dim, generator=generator, tol=tol, max_iter=max_iter)
+                lanczos_spectrum(matvec, dim, generator=generator, tol=tol, max_iter=max_iter)
             )
     norms = torch.tensor([r.spectral_norm for r in results], dtype=torch.float64)
     return {
@@ -595,6 +497,7 @@ def per_sample_hessian_norms(
         "residual_min": [r.residual_min for r in results],
         "converged": [r.converged for r in results],
         "n_products": [r.n_products for r in results],
+        "iterations": [r.iterations for r in results],
         "all_converged": all(r.converged for r in results),
         "max": float(norms.max()),
         "mean": float(norms.mean()),
@@ -607,3 +510,74 @@ def per_sample_hessian_norms(
 
 def _quantile_key(q: float) -> str:
     return "q" + f"{100 * q:g}".replace(".", "_")
+
+
+# ---------------------------------------------------------------------------------------------
+# Composition: the result's "per_sample" section
+# ---------------------------------------------------------------------------------------------
+
+
+def per_sample_section(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    inputs: Tensor,
+    targets: Tensor,
+    *,
+    radius: float | None = None,
+    n_directions: int = 8,
+    eigen_directions: Tensor | None = None,
+    n_hessian_subsample: int | None = 32,
+    param_names: Sequence[str] | None = None,
+    batch_size: int = 64,
+    seed: int = 0,
+    tol: float = 1e-6,
+    max_iter: int | None = None,
+) -> dict[str, Any]:
+    """The result JSON's ``per_sample`` section: ``{losses, perturbed, hessian_norms}``.
+
+    ``losses``: l_i(w*) for every example (Petrov et al. 2025 §3.3). ``perturbed``: with a
+    ``radius``, the losses at w* + r·u for ``n_directions`` random unit directions (seed
+    ``seed``) and, with ``eigen_directions`` ((D, P) orthonormal rows, e.g. the top-D Hessian
+    eigenvectors), at those directions (kind "top_eigenspace") — digest §6.4. ``hessian_norms``:
+    ``per_sample_hessian_norms`` on ``n_hessian_subsample`` examples (0 skips it), → M of
+    Theorem 7.
+    """
+    losses = per_example_losses(model, objective, inputs, targets, batch_size)
+    perturbed: list[dict[str, Any]] = []
+    if radius is not None:
+        if not radius > 0:
+            raise ValueError(f"radius: must be > 0, got {radius}")
+        common = {"param_names": param_names, "batch_size": batch_size, "seed": seed}
+        if n_directions > 0:
+            perturbed.append(
+                perturbed_losses_record(
+                    model, objective, inputs, targets, radius, n_directions, **common
+                )
+            )
+        if eigen_directions is not None:
+            perturbed.append(
+                perturbed_losses_record(
+                    model,
+                    objective,
+                    inputs,
+                    targets,
+                    radius,
+                    eigen_directions,
+                    kind="top_eigenspace",
+                    **common,
+                )
+            )
+    hessian_norms = None
+    if n_hessian_subsample is None or n_hessian_subsample > 0:
+        hessian_norms = per_sample_hessian_norms(
+            model,
+            objective,
+            inputs,
+            targets,
+            n_subsample=n_hessian_subsample,
+            param_names=param_names,
+            seed=seed,
+            tol=tol,
+            max_iter=max_iter,
+        )
+    return {"losses": losses.tolist(), "perturbed": perturbed, "hessian_norms": hessian_norms}
