@@ -95,15 +95,19 @@ def test_forward_over_reverse_oracle_matches_double_backward() -> None:
     sizes = [W[k].numel() for k in KEYS]
     flat = torch.cat([W[k].reshape(-1) for k in KEYS])
 
-    def z(v: torch.Tensor) -> torch.Tensor:
+    def fsz(v: torch.Tensor) -> torch.Tensor:
         parts = dict(zip(KEYS, torch.split(v, sizes), strict=True))
-        return _outputs(X, eps, {k: parts[k].view(W[k].shape) for k in KEYS})["Z"].reshape(-1)
+        out = _outputs(X, eps, {k: parts[k].view(W[k].shape) for k in KEYS})
+        return torch.cat([out["F"].reshape(-1), out["S"].reshape(-1), out["Z"].reshape(-1)])
 
     rr = torch.autograd.functional.jacobian(
-        lambda v: torch.autograd.functional.jacobian(z, v, create_graph=True), flat
+        lambda v: torch.autograd.functional.jacobian(fsz, v, create_graph=True, vectorize=True),
+        flat,
+        vectorize=True,
     )
-    assert float(hess["Z"].norm()) > 1e-3
-    torch.testing.assert_close(hess["Z"], rr, rtol=1e-10, atol=1e-10)
+    ours = torch.cat([hess["F"], hess["S"], hess["Z"]])
+    assert float(hess["Z"].norm()) > 1e-3 and float(hess["F"].norm()) > 1e-3
+    torch.testing.assert_close(ours, rr, rtol=1e-10, atol=1e-10)
 
 
 def _slices(W) -> dict[str, slice]:

@@ -75,6 +75,42 @@ def _dense_block_jacobians(X: Tensor, w: TheoryWeights, eps: float) -> dict[str,
     return norms
 
 
+def _dense_second_order(
+    X: Tensor, w: TheoryWeights, eps: float
+) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+    """Exact ||Phi_kl|| = ||d^2F/dW_k dW_l|| and ||xi_ij|| = ||d^2S/dW_i dW_j|| (matricized
+    (out * n_i) x n_j, paper-digest §1.1) by forward-over-reverse (jacfwd(jacrev)). The
+    torch 2.13 fault of that route (curvature-pitfalls §2) concerns LayerNorm *weights*; this
+    block has none and writes LN out in elementary ops; the tests compare it with double
+    backward."""
+    keys = BLOCK_KEYS
+    weights = w.by_key()
+    sizes = [weights[k].numel() for k in keys]
+    flat = torch.cat([weights[k].reshape(-1) for k in keys])
+
+    def f(v: Tensor) -> Tensor:
+        parts = dict(zip(keys, torch.split(v, sizes), strict=True))
+        p = {k: parts[k].view(weights[k].shape) for k in keys}
+        acts = block_forward(X, TheoryWeights(p["Q"], p["K"], p["V"], p["1"], p["2"]), eps)
+        return torch.stack([acts["F"], acts["S"]]).reshape(-1)
+
+    hess = torch.func.jacfwd(torch.func.jacrev(f))(flat).view(
+        2, X.numel(), flat.numel(), flat.numel()
+    )
+    offsets, start = {}, 0
+    for k, n in zip(keys, sizes, strict=True):
+        offsets[k] = slice(start, start + n)
+        start += n
+
+    def norm(out: int, i: str, j: str) -> float:
+        block = hess[out][:, offsets[i], offsets[j]]
+        return spectral_norm(block.reshape(-1, block.shape[-1]))
+
+    phi = {(i, j): norm(0, i, j) for i in SA_KEYS for j in SA_KEYS}
+    xi = {(i, j): norm(1, i, j) for i in keys for j in keys}
+    return phi, xi
+
+
 def _xi_bounds(
     ing: dict[str, float], phi: dict[tuple[str, str], float], L: int, d: int, d_ff: int
 ) -> dict[tuple[str, str], float]:
@@ -120,7 +156,9 @@ def theorem6_bounds(
     ``blocks``, ``M_tr``, ``M_SA`` are None.
     ``mode='paper'`` uses the inequality chain (||Y|| <= ||Y||_F = sqrt(L d_V) by Prop. 10,
     ||J_SY|| <= ||W_1|| ||W_2|| + 1, ||B_k|| <= ||J_SY|| ||J_Y|| ||G_k|| ...); ``exact`` uses
-    dense-Jacobian values of the first-order ingredients where small enough.
+    dense-Jacobian values of the first-order ingredients, and of xi_ij and Phi_kl, where the
+    dense tensors have at most ``options.max_dense_entries`` entries (the Theorem 5-6
+    structure H_tr <= ||J_Z|| ||xi|| + ||B_i|| ||H_Z|| ||B_j|| is kept).
     """
     options = options or BoundOptions()
     weights.validate(X)
@@ -184,6 +222,10 @@ def theorem6_bounds(
         for key in BLOCK_KEYS:
             ing[f"JZB_{key}"] = j_z * ing[f"B_{key}"]
     xi = _xi_bounds(ing, phi, L, d, d_ff)
+    n_total = sum(t.numel() for t in weights.by_key().values())
+    if options.mode == "exact" and 2 * X.numel() * n_total**2 <= options.max_dense_entries:
+        phi, xi = _dense_second_order(X, weights, eps)
+        corrections.append("exact_second_order_ingredients")
     h_tr = {
         (i, j): ing["J_Z"] * xi[(i, j)] + ing[f"B_{i}"] * ing["H_Z"] * ing[f"B_{j}"]
         for i in BLOCK_KEYS
