@@ -45,7 +45,7 @@ def _with_database(url: str, name: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_admin_url() -> Iterator[str]:
     """URL of a PostgreSQL server (maintenance database) the tests may create DBs on."""
     url = os.environ.get("CURVPLAN_TEST_ADMIN_URL", DEFAULT_ADMIN_URL)
     if _reachable(url):
@@ -53,11 +53,18 @@ def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     if "CURVPLAN_TEST_ADMIN_URL" in os.environ:
         pytest.exit(f"CURVPLAN_TEST_ADMIN_URL={url} is not reachable", returncode=3)
+    import shutil
+    import tempfile
+
     from app.embedded_pg import start_embedded_postgres
 
-    server, _ = start_embedded_postgres(Path(tmp_path_factory.mktemp("embedded-pg")))
+    # Not pytest's tmp_path: it is 0700 and the embedded server runs as another user.
+    data_dir = Path(tempfile.mkdtemp(prefix="curvplan-test-pg-"))
+    data_dir.chmod(0o755)
+    server, _ = start_embedded_postgres(data_dir)
     yield server.get_uri(database="postgres")
     server.cleanup()
+    shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
