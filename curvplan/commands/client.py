@@ -1,9 +1,413 @@
-"""Client commands that talk to a running curvplan service: analyze, plan, jobs, report…"""
+"""Client commands that talk to a running curvplan service.
+
+``analyze``, ``plan``, ``jobs list|show|cancel|wait``, ``recommendations``, ``report``.
+The service is ``--url``/``$CURVPLAN_URL`` and the key ``--api-key``/``$CURVPLAN_API_KEY``.
+Progress goes to stderr (a live bar on a terminal, plain lines otherwise); results go
+to stdout as tables, or as JSON with ``--json``.
+
+Exit codes: 0 success · 1 the job failed or was cancelled · 2 bad input (usage, file,
+422) · 3 the service failed or could not be reached · 4 ``--wait`` timed out ·
+130 interrupted (the job keeps running; ``curvplan jobs cancel ID`` stops it).
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 import typer
+
+if TYPE_CHECKING:
+    from curvplan.client import Client
+    from curvplan.client.models import JobOut
+
+EXIT_OK, EXIT_JOB_FAILED, EXIT_BAD_INPUT, EXIT_SERVICE, EXIT_TIMEOUT = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130
+
+jobs_app = typer.Typer(help="List, show, wait for and cancel jobs.", no_args_is_help=True)
+
+URL_OPTION = typer.Option(
+    None, "--url", envvar="CURVPLAN_URL", help="Service URL [default: http://127.0.0.1:8000]."
+)
+KEY_OPTION = typer.Option(
+    None, "--api-key", envvar="CURVPLAN_API_KEY", help="API key (sent as a Bearer token)."
+)
+JSON_OPTION = typer.Option(False, "--json", help="Print JSON on stdout (for scripts).")
+TAG_OPTION = typer.Option(None, "--tag", help="KEY=VALUE label; repeatable.")
+
+
+# --------------------------------------------------------------------------- helpers
+def _fail(message: str, code: int) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def _client(url: str | None, api_key: str | None) -> Iterator[Client]:
+    """A client, with every client error turned into a message and an exit code."""
+    from curvplan.client import Client, CurvplanError, WaitTimeoutError
+    from curvplan.client.errors import (
+        ConnectionFailedError,
+        ServerError,
+        ValidationFailedError,
+    )
+
+    try:
+        client = Client(url, api_key)
+    except ValueError as exc:
+        raise _fail(str(exc), EXIT_BAD_INPUT) from None
+    try:
+        yield client
+    except WaitTimeoutError as exc:
+        job = exc.job
+        hint = f"; see `curvplan jobs show {job.id}`" if job is not None else ""
+        raise _fail(f"{exc.detail}{hint}", EXIT_TIMEOUT) from None
+    except (ConnectionFailedError, ServerError) as exc:
+        raise _fail(str(exc), EXIT_SERVICE) from None
+    except ValidationFailedError as exc:
+        lines = [str(exc.detail or exc)]
+        lines += [f"  {e.get('field')}: {e.get('message')}" for e in exc.errors or []]
+        raise _fail("\n".join(lines), EXIT_BAD_INPUT) from None
+    except CurvplanError as exc:
+        code = EXIT_BAD_INPUT if exc.status is not None and exc.status < 500 else EXIT_SERVICE
+        raise _fail(str(exc), code) from None
+    except (ValueError, FileNotFoundError) as exc:
+        raise _fail(str(exc), EXIT_BAD_INPUT) from None
+    finally:
+        client.close()
+
+
+def _pairs(values: list[str] | None, option: str, parse_json: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for raw in values or []:
+        key, sep, value = raw.partition("=")
+        if not sep or not key.strip():
+            raise _fail(f"{option} {raw!r} must look like KEY=VALUE", EXIT_BAD_INPUT)
+        parsed: Any = value
+        if parse_json:
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                parsed = value  # a bare word is a string
+        out[key.strip()] = parsed
+    return out
+
+
+def _read_json(path: Path, option: str) -> Any:
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    except OSError as exc:
+        raise _fail(
+            f"{option}: cannot read {path}: {exc.strerror or exc}", EXIT_BAD_INPUT
+        ) from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise _fail(f"{option}: {path} is not valid JSON: {exc}", EXIT_BAD_INPUT) from None
+
+
+def _print_json(value: Any) -> None:
+    from curvplan.client.models import dump_json
+
+    typer.echo(json.dumps(dump_json(value), indent=2, ensure_ascii=False))
+
+
+def _finish(
+    client: Client, job: JobOut, wait: bool, timeout: float | None, as_json: bool, quiet: bool
+) -> None:
+    """Wait (with progress on stderr) if asked, print the outcome, exit by the job's status."""
+    from curvplan.client import display
+
+    if not wait:
+        if as_json:
+            _print_json(job)
+        else:
+            typer.echo(f"submitted job {job.id} ({job.status})")
+            typer.echo(f"follow it with: curvplan jobs wait {job.id}")
+        return
+    if not as_json and not quiet:
+        typer.echo(f"job {job.id} submitted", err=True)
+    progress = None if quiet else display.ProgressDisplay(sys.stderr)
+    try:
+        job = client.wait(job.id, timeout=timeout, on_progress=progress)
+    except KeyboardInterrupt:
+        if progress is not None:
+            progress.close()
+        raise _fail(
+            f"interrupted; job {job.id} keeps running (cancel: curvplan jobs cancel {job.id})",
+            EXIT_INTERRUPTED,
+        ) from None
+    _report_outcome(client, job, as_json)
+
+
+def _report_outcome(client: Client, job: JobOut, as_json: bool) -> None:
+    from curvplan.client import display
+
+    if as_json:
+        _print_json(job)
+    elif job.status == "succeeded":
+        typer.echo(display.recommendation_text(client.get_recommendation(job.id)))
+        typer.echo(f"\nreport: curvplan report {job.id} --open")
+    else:
+        typer.echo(display.job_summary(job))
+    if job.status != "succeeded":
+        reason = f": {job.error.type}: {job.error.detail or job.error.title}" if job.error else ""
+        typer.echo(f"error: job {job.id} {job.status}{reason}", err=True)
+        raise typer.Exit(EXIT_JOB_FAILED)
+
+
+# --------------------------------------------------------------------------- analyze / plan
+def analyze(
+    spec: Path = typer.Option(..., "--spec", help="Model spec JSON (see the engine contract)."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="Weights at w* (.safetensors)."),
+    data: Path = typer.Option(..., "--data", help="inputs/targets tensors (.safetensors)."),
+    name: str | None = typer.Option(None, "--name", help="Label to find the job by."),
+    tag: list[str] | None = TAG_OPTION,
+    option: list[str] | None = typer.Option(
+        None, "--option", help="Analysis option KEY=VALUE (VALUE parsed as JSON); repeatable."
+    ),
+    targets: Path | None = typer.Option(None, "--targets", help="Planner targets JSON file."),
+    wait: bool = typer.Option(False, "--wait", help="Wait for the result, with progress."),
+    timeout: float | None = typer.Option(
+        None, "--timeout", min=0, help="Give up waiting after S s."
+    ),
+    idempotency_key: str | None = typer.Option(None, "--idempotency-key"),
+    as_json: bool = JSON_OPTION,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """Upload a checkpoint and data, run the curvature analysis and plan on the service."""
+    model = _read_json(spec, "--spec")
+    if not isinstance(model, dict):
+        raise _fail("--spec: the model spec must be a JSON object", EXIT_BAD_INPUT)
+    for path, opt in ((checkpoint, "--checkpoint"), (data, "--data")):
+        if not path.is_file():
+            raise _fail(f"{opt}: file not found: {path}", EXIT_BAD_INPUT)
+    target_body = _read_json(targets, "--targets") if targets is not None else None
+    tags = _pairs(tag, "--tag")
+    options = _pairs(option, "--option", parse_json=True)
+    with _client(url, api_key) as client:
+        log = (lambda s: None) if as_json or quiet else (lambda s: typer.echo(s, err=True))
+        log(f"uploading {checkpoint} …")
+        ckpt = client.upload_artifact(checkpoint, "checkpoint")
+        log(f"uploading {data} …")
+        dataset = client.upload_artifact(data, "dataset")
+        job = client.submit_analyze(
+            model,
+            ckpt.id,
+            dataset.id,
+            name=name,
+            tags=tags,
+            options=options or None,
+            targets=target_body,
+            idempotency_key=idempotency_key,
+        )
+        _finish(client, job, wait, timeout, as_json, quiet)
+
+
+def plan(
+    measurements: Path = typer.Argument(
+        ..., help="JSON file ('-' for stdin) with `measurements` and optionally `targets`."
+    ),
+    name: str | None = typer.Option(None, "--name"),
+    tag: list[str] | None = TAG_OPTION,
+    wait: bool = typer.Option(False, "--wait", help="Wait for the result, with progress."),
+    timeout: float | None = typer.Option(None, "--timeout", min=0),
+    idempotency_key: str | None = typer.Option(None, "--idempotency-key"),
+    as_json: bool = JSON_OPTION,
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """Plan a data budget from measurements you already have (design.md §4)."""
+    doc = _read_json(measurements, "MEASUREMENTS")
+    if not isinstance(doc, dict) or "measurements" not in doc:
+        raise _fail(
+            f"{measurements} must be a JSON object with a `measurements` object "
+            "(and optionally `targets`, `name`, `tags`)",
+            EXIT_BAD_INPUT,
+        )
+    unknown = sorted(set(doc) - {"measurements", "targets", "name", "tags"})
+    if unknown:
+        raise _fail(f"{measurements}: unknown top-level keys {unknown}", EXIT_BAD_INPUT)
+    tags = {**(doc.get("tags") or {}), **_pairs(tag, "--tag")}
+    with _client(url, api_key) as client:
+        job = client.submit_plan(
+            doc["measurements"],
+            doc.get("targets"),
+            name=name or doc.get("name"),
+            tags=tags,
+            idempotency_key=idempotency_key,
+        )
+        _finish(client, job, wait, timeout, as_json, quiet)
+
+
+# --------------------------------------------------------------------------- jobs
+@jobs_app.command("list")
+def jobs_list(
+    status: list[str] | None = typer.Option(None, "--status", help="Repeatable or a,b."),
+    kind: str | None = typer.Option(None, "--kind", help="plan | analyze"),
+    name: str | None = typer.Option(None, "--name"),
+    tag: list[str] | None = TAG_OPTION,
+    limit: int = typer.Option(20, "--limit", min=1, help="At most this many jobs."),
+    as_json: bool = JSON_OPTION,
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """The project's jobs, newest first."""
+    from curvplan.client import display
+
+    with _client(url, api_key) as client:
+        jobs = []
+        for job in client.iter_jobs(
+            status=status,
+            kind=kind,
+            name=name,
+            tags=_pairs(tag, "--tag"),
+            page_size=min(limit, 100),
+        ):
+            jobs.append(job)
+            if len(jobs) >= limit:
+                break
+        if as_json:
+            _print_json([j.model_dump(mode="json") for j in jobs])
+        else:
+            typer.echo(display.jobs_table(jobs) if jobs else "no jobs")
+
+
+@jobs_app.command("show")
+def jobs_show(
+    job_id: str = typer.Argument(..., metavar="JOB"),
+    as_json: bool = JSON_OPTION,
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """A job: status, progress, error, and its recommendation once it has succeeded."""
+    from curvplan.client import display
+
+    with _client(url, api_key) as client:
+        job = client.get_job(job_id)
+        if as_json:
+            _print_json(job)
+            return
+        typer.echo(display.job_summary(job))
+        if job.status == "succeeded" and (job.result or {}).get("recommendation") is not None:
+            typer.echo("")
+            typer.echo(display.recommendation_text(client.get_recommendation(job.id)))
+
+
+@jobs_app.command("wait")
+def jobs_wait(
+    job_id: str = typer.Argument(..., metavar="JOB"),
+    timeout: float | None = typer.Option(None, "--timeout", min=0),
+    as_json: bool = JSON_OPTION,
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """Wait for a job (progress on stderr); exit 0 if it succeeded, 1 if not."""
+    with _client(url, api_key) as client:
+        _finish(client, client.get_job(job_id), True, timeout, as_json, quiet)
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(
+    job_id: str = typer.Argument(..., metavar="JOB"),
+    wait: bool = typer.Option(False, "--wait", help="Wait until the job has stopped."),
+    as_json: bool = JSON_OPTION,
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """Cancel a queued or running job (a finished job cannot be cancelled: exit 2)."""
+    with _client(url, api_key) as client:
+        job = client.cancel_job(job_id)
+        if wait:
+            job = client.wait(job.id)
+        if as_json:
+            _print_json(job)
+        else:
+            typer.echo(f"job {job.id} {job.status}")
+
+
+# --------------------------------------------------------------------------- recommendations
+def recommendations(
+    name: str = typer.Argument(..., help="Job name to look up."),
+    tag: list[str] | None = TAG_OPTION,
+    limit: int = typer.Option(1, "--limit", min=1, help="How many, newest first."),
+    as_json: bool = JSON_OPTION,
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """The latest recommendation(s) of jobs named NAME."""
+    from curvplan.client import display
+
+    with _client(url, api_key) as client:
+        entries = client.list_recommendations(name, tags=_pairs(tag, "--tag"), page_size=limit)
+        if as_json:
+            _print_json([e.model_dump(mode="json") for e in entries[:limit]])
+            return
+        if not entries:
+            raise _fail(f"no recommendation for name {name!r}", EXIT_JOB_FAILED)
+        for entry in entries[:limit]:
+            when = entry.finished_at.isoformat() if entry.finished_at else "-"
+            typer.echo(f"job {entry.job_id}  {entry.name or ''}  finished {when}")
+            typer.echo(display.recommendation_text(entry.recommendation))
+            typer.echo("")
+
+
+# --------------------------------------------------------------------------- report
+def report(
+    job_id: str = typer.Argument(..., metavar="JOB"),
+    open_browser: bool = typer.Option(
+        False, "--open", help="Open a short-lived signed link to the report in a browser."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="Write the plots (SVG) and numbers (JSON) to this directory."
+    ),
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """A job's report: the page in a browser (--open) and/or its plots as files (--out)."""
+    if not open_browser and out is None:
+        raise _fail("say what to do: --open (browser) and/or --out DIR (files)", EXIT_BAD_INPUT)
+    with _client(url, api_key) as client:
+        if out is not None:
+            _write_report_files(client, job_id, out)
+        if open_browser:
+            import webbrowser
+
+            link = client.report_link(job_id)
+            typer.echo(f"{link.url}\n(valid until {link.expires_at.isoformat()})")
+            if not webbrowser.open(link.url):
+                typer.echo("no browser could be started; open the link above", err=True)
+
+
+def _write_report_files(client: Client, job_id: str, out: Path) -> None:
+    from app.reports.files import write_report_files
+
+    job = client.get_job(job_id)
+    try:
+        written = write_report_files(job.model_dump(mode="json"), out)
+    except OSError as exc:
+        raise _fail(
+            f"--out: cannot write to {out}: {exc.strerror or exc}", EXIT_BAD_INPUT
+        ) from None
+    for path in written:
+        typer.echo(str(path))
 
 
 def register(app: typer.Typer) -> None:
     """Attach the client commands to the top-level app."""
+    app.command("analyze")(analyze)
+    app.command("plan")(plan)
+    app.add_typer(jobs_app, name="jobs")
+    app.command("recommendations")(recommendations)
+    app.command("report")(report)
+
+
+__all__: list[str] = ["register"]

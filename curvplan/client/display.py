@@ -1,0 +1,280 @@
+"""Terminal output of the CLI: the live progress display and plain-text tables.
+
+No third-party rendering library: a progress bar is a carriage-return line, a table
+is aligned columns, so the output reads the same in a terminal, a CI log and a pipe.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from curvplan.client import models as m
+
+BAR_WIDTH = 28
+
+
+class ProgressDisplay:
+    """``on_progress`` callback for :meth:`Client.wait`.
+
+    On a terminal it redraws one line: ``[#####-----]  45%  running  plan: fitting …``;
+    elsewhere it prints one plain line per change (readable in CI logs).
+    """
+
+    def __init__(self, stream: TextIO, *, tty: bool | None = None) -> None:
+        self.stream = stream
+        self.tty = stream.isatty() if tty is None else tty
+        self._drawn = False
+
+    def __call__(self, job: m.JobOut) -> None:
+        p = job.progress
+        fraction = p.fraction if p is not None and p.fraction is not None else None
+        if job.status == "succeeded":
+            fraction = 1.0
+        stage = (p.stage if p is not None else None) or ""
+        message = (p.message if p is not None else None) or ""
+        percent = "   " if fraction is None else f"{round(100 * fraction):3d}"
+        detail = f"{stage}: {message}" if stage and message else stage or message
+        if self.tty:
+            filled = 0 if fraction is None else round(BAR_WIDTH * fraction)
+            bar = "#" * filled + "-" * (BAR_WIDTH - filled)
+            line = f"[{bar}] {percent}%  {job.status:<10} {detail}"
+            width = shutil.get_terminal_size((100, 20)).columns
+            self.stream.write("\r\x1b[2K" + line[: max(20, width - 1)])
+            self._drawn = True
+            if m.is_terminal(job):
+                self.stream.write("\n")
+                self._drawn = False
+        else:
+            self.stream.write(f"job {job.id} {job.status} {percent.strip() or '-'}% {detail}\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        """End a half-drawn bar line (e.g. on Ctrl-C)."""
+        if self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Left-aligned columns, two spaces apart, with a rule under the header."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, value in enumerate(row):
+            widths[i] = max(widths[i], len(value))
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend(
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return fmt(value)
+    return str(value)
+
+
+def fmt(value: float | int | None) -> str:
+    """A number in 4 significant digits (plain or scientific), ``-`` for None."""
+    if value is None:
+        return "-"
+    if isinstance(value, int):
+        return str(value)
+    if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
+        return f"{value:.3e}"
+    return f"{value:.4g}"
+
+
+def interval(ci: Sequence[float | int | None] | None) -> str:
+    if not ci:
+        return ""
+    lo, hi = ci
+    return f"[{fmt(lo)}, {fmt(hi)}]"
+
+
+def _not_computed(section: Any) -> str | None:
+    return section.reason if getattr(section, "status", None) == "not_computed" else None
+
+
+def jobs_table(jobs: Sequence[m.JobOut]) -> str:
+    rows = []
+    for job in jobs:
+        p = job.progress
+        progress = "" if p is None or p.fraction is None else f"{round(100 * p.fraction)}%"
+        if p is not None and p.stage and not m.is_terminal(job):
+            progress = f"{progress} {p.stage}".strip()
+        tags = ",".join(f"{k}={v}" for k, v in sorted(job.tags.items()))
+        rows.append(
+            [
+                str(job.id),
+                job.kind,
+                job.status,
+                progress,
+                job.name or "",
+                tags,
+                job.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            ]
+        )
+    return table(["ID", "KIND", "STATUS", "PROGRESS", "NAME", "TAGS", "CREATED (UTC)"], rows)
+
+
+def job_summary(job: m.JobOut) -> str:
+    lines = [
+        f"job        {job.id}",
+        f"kind       {job.kind} (queue {job.queue})",
+        f"status     {job.status}" + ("  (cancel requested)" if job.cancel_requested else ""),
+        f"name       {job.name or '-'}",
+        f"tags       {', '.join(f'{k}={v}' for k, v in sorted(job.tags.items())) or '-'}",
+        f"attempt    {job.attempt}/{job.max_attempts}",
+        f"created    {job.created_at.isoformat()}",
+    ]
+    if job.started_at:
+        lines.append(f"started    {job.started_at.isoformat()}")
+    if job.finished_at:
+        lines.append(f"finished   {job.finished_at.isoformat()}")
+    if job.progress is not None and not m.is_terminal(job):
+        p = job.progress
+        frac = "" if p.fraction is None else f"{round(100 * p.fraction)}% "
+        lines.append(f"progress   {frac}{p.stage or ''} {p.message or ''}".rstrip())
+    if job.error is not None:
+        lines.append(
+            f"error      {job.error.type}: {job.error.title or ''} {job.error.detail or ''}"
+        )
+    return "\n".join(lines)
+
+
+def recommendation_text(rec: m.Recommendation) -> str:
+    """The recommendation as tables, one per section (design.md §3)."""
+    parts = [_sample_size(rec.sample_size), _batch_size(rec.batch_size), _scaling(rec.scaling)]
+    parts.append(_curvature(rec.curvature))
+    if rec.warnings:
+        rows = [[w.code, w.section, w.detail] for w in rec.warnings]
+        parts.append("Warnings\n" + table(["CODE", "SECTION", "DETAIL"], rows))
+    return "\n\n".join(parts)
+
+
+def _sample_size(section: Any) -> str:
+    title = "Sample size (loss-difference curve Δ_k, Petrov et al. 2025 Thm 7)"
+    reason = _not_computed(section)
+    if reason:
+        return f"{title}\n  not computed: {reason}"
+    lines = [title]
+    fit = section.fit
+    if _not_computed(fit):
+        lines.append(f"  fit: not computed: {fit.reason}")
+    else:
+        lines.append(
+            f"  fit Δ_k ≈ C·k^(−α): C = {fmt(fit.C)} {interval(fit.C_ci)}  "
+            f"α = {fmt(fit.alpha)} {interval(fit.alpha_ci)}  r² = {fmt(fit.r2)}  "
+            f"(k in {fit.window[0]}..{fit.window[1]}, theory α = {fmt(fit.theory_alpha)})"
+        )
+    rows = []
+    for t in section.per_tolerance:
+        rows.append(
+            [
+                fmt(t.tolerance),
+                _k(t.empirical),
+                _k(t.theoretical),
+                _k(t.squared),
+                "-"
+                if t.available_is_enough is None
+                else ("yes" if t.available_is_enough else "no"),
+            ]
+        )
+    if rows:
+        headers = ["TOLERANCE ε", "k* EMPIRICAL", "k* THEOREM 7", "k* SQUARED", "ENOUGH DATA"]
+        lines.append(_indent(table(headers, rows)))
+    lines.extend(f"  missing {x.item}: {x.reason}" for x in section.missing)
+    return "\n".join(lines)
+
+
+def _k(value: Any) -> str:
+    reason = _not_computed(value)
+    if reason:
+        return "n/a"
+    text = "-" if value.k is None else f"{value.k:,}"
+    if value.ci:
+        text += f" [{_int(value.ci[0])}, {_int(value.ci[1])}]"
+    return text
+
+
+def _int(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _batch_size(section: Any) -> str:
+    title = "Batch size (McCandlish et al. 2018)"
+    reason = _not_computed(section)
+    if reason:
+        return f"{title}\n  not computed: {reason}"
+    rows = []
+    for label, est in (("B_simple = tr Σ/|G|²", section.b_simple), ("B_noise", section.b_noise)):
+        why = _not_computed(est)
+        rows.append([label, "n/a" if why else fmt(est.value), why or interval(est.ci)])
+    crit = section.b_crit
+    why = _not_computed(crit)
+    if why:
+        rows.append(["B_crit", "n/a", why])
+    else:
+        rows.append(["B_crit (S = S_min(1 + B_crit/B))", fmt(crit.value), interval(crit.ci)])
+        rows.append(["S_min (steps)", fmt(crit.s_min), interval(crit.s_min_ci)])
+        rows.append(["E_min (examples)", fmt(crit.e_min), interval(crit.e_min_ci)])
+    rows.append(["recommended batch size", _cell(section.recommended), section.recommended_basis])
+    return f"{title}\n" + _indent(table(["QUANTITY", "VALUE", "INTERVAL / NOTE"], rows))
+
+
+def _scaling(section: Any) -> str:
+    title = "Data scaling L(D) = E + A·D^(−β)"
+    reason = _not_computed(section)
+    if reason:
+        return f"{title}\n  not computed: {reason}"
+    rows = [
+        ["E (irreducible loss)", fmt(section.E), interval(section.E_ci)],
+        ["A", fmt(section.A), interval(section.A_ci)],
+        ["β", fmt(section.beta), interval(section.beta_ci)],
+    ]
+    if section.target_loss is not None:
+        n = section.n_for_target_loss
+        rows.append(
+            [
+                f"samples for loss {fmt(section.target_loss)}",
+                n if isinstance(n, str) else fmt(n),
+                interval(section.n_for_target_loss_ci),
+            ]
+        )
+    return f"{title}\n" + _indent(table(["PARAMETER", "VALUE", "INTERVAL"], rows))
+
+
+def _curvature(section: Any) -> str:
+    title = "Curvature per block"
+    reason = _not_computed(section)
+    if reason:
+        return f"{title}\n  not computed: {reason}"
+    rows = [
+        [
+            b.name,
+            fmt(b.spectral_norm),
+            fmt(b.lambda_max),
+            fmt(b.lambda_min),
+            f"{100 * b.share_of_total_norm:.1f}%",
+            fmt(b.lr_ceiling),
+        ]
+        for b in section.blocks
+    ]
+    text = f"{title}\n" + _indent(
+        table(["BLOCK", "‖H‖₂", "λ_max", "λ_min", "SHARE", "LR CEILING 2/λ_max"], rows)
+    )
+    if section.heterogeneity_ratio is not None:
+        text += f"\n  heterogeneity ratio max/min ‖H_b‖: {fmt(section.heterogeneity_ratio)}"
+    return text
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())

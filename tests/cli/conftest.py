@@ -1,0 +1,22 @@
+"""Fixtures of the CLI tests: the shared live service of tests/client (real API + worker)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
+
+import live_service
+
+
+@pytest.fixture(scope="session")
+def live(
+    database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[live_service.LiveService]:
+    """API + worker subprocesses on the test database (shared with tests/client and report)."""
+    yield live_service.acquire(database_url, tmp_path_factory.mktemp("live-service"))
+    live_service.release()
