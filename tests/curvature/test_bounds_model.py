@@ -22,6 +22,7 @@ from workers.curvature.bounds import (
 from workers.curvature.model import build_model
 
 torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
 
 THEORY_SPEC = {
     "d_model": 3,

@@ -19,6 +19,7 @@ from workers.curvature.bounds import BoundOptions, theorem1_bounds, theorem6_bou
 from workers.curvature.bounds.theory import TheoryWeights
 
 torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
 KEYS = ("1", "2", "K", "Q", "V")
 N_INSTANCES = 200
 REL_TOL = 1e-9  # equality cases (e.g. the V-V block at L = 1) are tight up to rounding

@@ -24,6 +24,7 @@ from workers.curvature.bounds.attention import (
 )
 
 torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
 PAPER_1_OVER_L = BoundOptions(c_A="1/L", A_norm="L")
 
 

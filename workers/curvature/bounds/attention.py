@@ -152,6 +152,34 @@ def _dense_attention_jacobians(
     }
 
 
+def dense_attention_second_derivatives(
+    X: Tensor, W_Q: Tensor, W_K: Tensor, W_V: Tensor
+) -> dict[tuple[str, str], float]:
+    """Exact ||Phi_kl|| = ||d^2F/dW_k dW_l|| in the (L d_V n_k) x n_l matricization, by
+    forward-over-reverse on the unmasked single-head attention (no LayerNorm involved)."""
+    weights = {"K": W_K, "Q": W_Q, "V": W_V}
+    sizes = [weights[k].numel() for k in SA_KEYS]
+    flat = torch.cat([weights[k].reshape(-1) for k in SA_KEYS])
+
+    def f(v: Tensor) -> Tensor:
+        p = dict(zip(SA_KEYS, torch.split(v, sizes), strict=True))
+        return attention(X, p["Q"].view(W_Q.shape), p["K"].view(W_K.shape), p["V"].view(W_V.shape))[
+            1
+        ].reshape(-1)
+
+    hess = torch.func.jacfwd(torch.func.jacrev(f))(flat)
+    offsets, start = {}, 0
+    for k, n in zip(SA_KEYS, sizes, strict=True):
+        offsets[k] = slice(start, start + n)
+        start += n
+    out = {}
+    for i in SA_KEYS:
+        for j in SA_KEYS:
+            block = hess[:, offsets[i], offsets[j]]
+            out[(i, j)] = spectral_norm(block.reshape(-1, block.shape[-1]))
+    return out
+
+
 def theorem1_statement_constant(s: AttentionScalars, target_norm: float) -> float:
     """Theorem 1's consolidated M as printed in the main text (for reference only; unused).
 
@@ -216,6 +244,10 @@ def theorem1_bounds(
     else:
         rho = math.sqrt(min(s.L, s.d)) * (s.a_norm * s.x * s.v + spectral_norm(target))
     phi = attention_second_bounds(s)
+    n_total = W_Q.numel() + W_K.numel() + W_V.numel()
+    if options.mode == "exact" and X.numel() * n_total**2 <= options.max_dense_entries:
+        phi = dense_attention_second_derivatives(X, W_Q, W_K, W_V)
+        corrections.append("exact_second_order_ingredients")
     scale = 2.0 / (s.L * s.d)
     blocks = {}
     for a, i in enumerate(SA_KEYS):
