@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import secrets
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,12 @@ from typing import Any
 import pytest
 
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+with warnings.catch_warnings():
+    # starlette nags (once, at import) that its TestClient should use httpx2; importing it
+    # here under the filter keeps that out of every test run's output.
+    warnings.simplefilter("ignore")
+    import fastapi.testclient  # noqa: F401
 
 
 def _reachable(url: str) -> bool:
@@ -163,11 +170,7 @@ def app(settings: Any, db_session: Any) -> Iterator[Any]:
 @pytest.fixture
 def client(app: Any) -> Iterator[Any]:
     """A TestClient (httpx over ASGI); server errors come back as 500 responses."""
-    import warnings
-
-    with warnings.catch_warnings():  # starlette nags about httpx vs httpx2; not our concern
-        warnings.simplefilter("ignore")
-        from fastapi.testclient import TestClient
+    from fastapi.testclient import TestClient
 
     with TestClient(app, raise_server_exceptions=False) as test_client:
         yield test_client
