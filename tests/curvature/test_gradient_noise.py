@@ -224,7 +224,7 @@ def test_the_unbiasedness_test_has_power(independent_draws) -> None:
 def test_hessian_from_the_gradient_batch_is_biased() -> None:
     """Why H must come from an independent batch: reusing A biases tr(HΣ) (digest §7.1)."""
     pop = Population()
-    rows = _draws(pop, 400, 6, 6, same_batch=True)
+    rows = _draws(pop, 250, 6, 6, same_batch=True)
     mean, se = _mean_and_se([r["trace_h_sigma"] for r in rows])
     assert abs(mean - pop.trace_h_sigma) > 4 * se, (mean, pop.trace_h_sigma, se)
 
@@ -270,6 +270,14 @@ def test_sample_split_is_disjoint_seeded_and_validated() -> None:
     assert not set(a["grad_indices"]) & set(a["hessian_indices"])
     assert len(a["grad_indices"]) == 6 and len(a["hessian_indices"]) == 4
     assert a["gradient_method"] == "vmap"
+    assert (a["series"]["b_small"], a["series"]["b_big"]) == gn.default_series_sizes(6) == (1, 3)
+    pop = Population()
+    big_x, big_y = pop.draw(300, _gen(1))
+    split = gn.gradient_noise_from_sample(
+        pop.model(), RegressionObjective(), big_x, big_y, batch_size=64
+    )
+    assert split["n_samples"] == gn.DEFAULT_MAX_GRAD_EXAMPLES
+    assert split["n_hessian_samples"] == gn.DEFAULT_MAX_HESSIAN_EXAMPLES
     with pytest.raises(ValueError, match="n_grad"):
         gn.gradient_noise_from_sample(model, objective, x, y, n_grad=10)
     with pytest.raises(ValueError, match="hessian_inputs"):

@@ -49,9 +49,12 @@ from workers.curvature.per_sample import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_GRAD_EXAMPLES",
+    "DEFAULT_MAX_HESSIAN_EXAMPLES",
     "HessianForms",
     "NoiseEstimates",
     "PerExampleGradients",
+    "default_series_sizes",
     "gradient_noise_from_sample",
     "gradient_noise_statistics",
     "hessian_quadratic_forms",
@@ -542,6 +545,16 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den
 
 
+DEFAULT_MAX_GRAD_EXAMPLES = 64
+DEFAULT_MAX_HESSIAN_EXAMPLES = 64
+
+
+def default_series_sizes(n_grad: int) -> tuple[int, int] | None:
+    """(b_small, b_big) = (n/8, n/2) rounded down, or None when they cannot differ (n < 4)."""
+    b_small, b_big = max(1, n_grad // 8), n_grad // 2
+    return (b_small, b_big) if b_big > b_small else None
+
+
 def gradient_noise_from_sample(
     model: nn.Module,
     objective: ExampleLossObjective,
@@ -551,26 +564,44 @@ def gradient_noise_from_sample(
     n_grad: int | None = None,
     n_hessian: int | None = None,
     seed: int = 0,
+    b_small: int | None = None,
+    b_big: int | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """``gradient_noise_statistics`` on a seeded disjoint split of one sample into A and B.
 
-    A (gradients) gets ``n_grad`` examples (default: half), B (Hessian) the next ``n_hessian``
-    (default: the rest) of a ``torch.Generator().manual_seed(seed)`` permutation. The split's
-    indices are returned under ``grad_indices``/``hessian_indices``.
+    A (gradients) gets ``n_grad`` examples, B (Hessian) the next ``n_hessian`` of a
+    ``torch.Generator().manual_seed(seed)`` permutation. Defaults: n_grad = min(n/2, 64),
+    n_hessian = min(rest, 64) — the cost is n_grad Hessian-vector products over B and
+    n_grad × D fp64 of memory, so larger samples are opt-in. The App. A series uses
+    ``b_small``/``b_big`` (default ``default_series_sizes(n_grad)``). The split's indices are
+    returned under ``grad_indices``/``hessian_indices``.
     """
     n = _check_sample(inputs, targets)
-    n_grad = n // 2 if n_grad is None else n_grad
+    n_grad = min(n // 2, DEFAULT_MAX_GRAD_EXAMPLES) if n_grad is None else n_grad
     if not 2 <= n_grad < n:
         raise ValueError(f"n_grad: need 2 ≤ n_grad < {n} (the Hessian batch needs examples)")
-    n_hessian = n - n_grad if n_hessian is None else n_hessian
+    if n_hessian is None:
+        n_hessian = min(n - n_grad, DEFAULT_MAX_HESSIAN_EXAMPLES)
     if not 1 <= n_hessian <= n - n_grad:
         raise ValueError(f"n_hessian: need 1 ≤ n_hessian ≤ {n - n_grad}")
+    if b_small is None and b_big is None:
+        sizes = default_series_sizes(n_grad)
+        if sizes is not None:
+            b_small, b_big = sizes
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     a = perm[:n_grad].sort().values
     b = perm[n_grad : n_grad + n_hessian].sort().values
     out = gradient_noise_statistics(
-        model, objective, inputs[a], targets[a], inputs[b], targets[b], **kwargs
+        model,
+        objective,
+        inputs[a],
+        targets[a],
+        inputs[b],
+        targets[b],
+        b_small=b_small,
+        b_big=b_big,
+        **kwargs,
     )
     out["seed"] = int(seed)
     out["grad_indices"] = a.tolist()
