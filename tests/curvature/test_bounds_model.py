@@ -17,6 +17,7 @@ from workers.curvature.bounds import (
     BoundsOptionError,
     block_bounds_for_model,
     layernorm_jacobian_norm,
+    pair_bound,
     tightness,
 )
 from workers.curvature.model import build_model
@@ -126,6 +127,7 @@ def test_bounds_dominate_the_engine_models_hessian(overrides: dict, mode: str) -
     for entry in result["off_diagonal"]:
         row, col = entry["row"].split(".")[-1], entry["col"].split(".")[-1]
         assert entry["value"] >= _norm(H[off[row], off[col]]), (row, col)
+        assert pair_bound(result, entry["col"], entry["row"]) is entry
     assert len(result["off_diagonal"]) == 10
     # per-sample: max_over_samples and M_tr bound every per-sample Hessian (Theorem 7's M)
     for s in range(inputs.shape[0]):

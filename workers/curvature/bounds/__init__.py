@@ -1,7 +1,8 @@
 """Theoretical Hessian bounds of Petrov et al. 2025, "Closing the Curvature Gap" (issue 4).
 
 Public API:
-- :func:`block_bounds_for_model` — the engine's entry point (per block name, per sample).
+- :func:`block_bounds_for_model` — the engine's entry point (per block name, per sample);
+  :func:`pair_bound` looks up an off-diagonal pair in either order; :func:`tightness`.
 - :func:`theorem1_bounds` (single self-attention layer), :func:`theorem6_bounds` (one block).
 - LayerNorm: :func:`layernorm_jacobian_norm`, :func:`layernorm_hessian_norm`,
   :func:`lemma4_bounds`.
@@ -19,6 +20,7 @@ from workers.curvature.bounds.layernorm import (
 from workers.curvature.bounds.model_bounds import (
     BoundsInputError,
     block_bounds_for_model,
+    pair_bound,
     tightness,
 )
 from workers.curvature.bounds.options import BoundOptions, BoundsOptionError
@@ -32,6 +34,7 @@ __all__ = [
     "layernorm_hessian_norm_digest",
     "layernorm_jacobian_norm",
     "lemma4_bounds",
+    "pair_bound",
     "theorem1_bounds",
     "theorem6_bounds",
     "tightness",

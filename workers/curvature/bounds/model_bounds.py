@@ -433,6 +433,17 @@ def _not_applicable(reason: str) -> dict[str, Any]:
     }
 
 
+def pair_bound(bounds: dict, a: str, b: str) -> dict[str, Any] | None:
+    """The bound record of the block pair (a, b) in either order (||H_ab|| = ||H_ba||):
+    ``bounds["blocks"][a]`` for a == b, else the matching ``off_diagonal`` entry."""
+    if a == b:
+        return bounds.get("blocks", {}).get(a)
+    for entry in bounds.get("off_diagonal", []):
+        if {entry["row"], entry["col"]} == {a, b}:
+            return entry
+    return None
+
+
 def tightness(bounds: dict, measured: Mapping[str, float]) -> dict[str, float | None]:
     """bound / measured per block name (None where either is missing or measured is 0)."""
     out: dict[str, float | None] = {}
