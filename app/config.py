@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -74,6 +74,16 @@ class Settings(BaseSettings):
     long_poll_interval_seconds: float = Field(default=0.2, gt=0)
     default_page_size: int = Field(default=50, ge=1)
     max_page_size: int = Field(default=500, ge=1)
+
+    # Report pages (issue 6): signed links let a browser open a report without the key.
+    report_link_secret: SecretStr | None = Field(
+        default=None,
+        description="HMAC key of signed report links; set the same value on every API "
+        "process. Unset: a random key is kept in DATA_DIR/report-link-secret.",
+    )
+    report_link_seconds: float = Field(
+        default=900.0, gt=0, le=7 * 24 * 3600, description="Lifetime of a signed report link."
+    )
 
     @field_validator("database_url")
     @classmethod
