@@ -7,6 +7,7 @@ in children started with the ``fork`` context, which inherit that registration.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import time
 from typing import Any
@@ -35,6 +36,7 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     if behaviour == "exit":
         os._exit(3)
     if behaviour == "segfault":
+        faulthandler.disable()  # pytest's handler (inherited by fork) would dump to the log
         ctypes.string_at(0)
     if behaviour == "job-error":
         raise JobError("invalid-request", "Invalid request", "measurements.x: bad")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import signal
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -96,5 +97,8 @@ def start_worker(queue_db_url: str, tmp_path: Path) -> Iterator[Callable[..., Wo
         return worker
 
     yield start
+    for worker in started:  # signal all first: they shut down in parallel
+        if worker.proc.poll() is None:
+            worker.signal(signal.SIGTERM)
     for worker in started:
         worker.stop()

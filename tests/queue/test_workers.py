@@ -2,7 +2,7 @@
 
 Timings are short (lease 1.5 s, heartbeat 0.2 s, backoff 0.2 s) so lease expiry,
 re-queueing and cancel happen within seconds. A "slow" job is a real plan with
-5000 per-sample losses and thousands of orderings/bootstrap resamples (≈ 3 s).
+4000 per-sample losses and thousands of orderings/bootstrap resamples (1–3 s).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from workers.kinds.plan import seed_for_job
 
 pytestmark = pytest.mark.e2e
 
-SLOW = plan_request(5000, orderings=2500, bootstrap=2000)
+SLOW = plan_request(4000, orderings=2000, bootstrap=1500)
 
 
 def status_of(db: Engine, job_id: uuid.UUID) -> str:
@@ -72,7 +72,11 @@ def worker_rows(db: Engine) -> dict[str, Any]:
 
 def test_four_workers_run_400_jobs_exactly_once(db, project_id, start_worker):
     ids = insert_jobs(db, project_id, [plan_request(30 + i % 20) for i in range(400)])
-    workers = [start_worker(*FAST) for _ in range(4)]
+    # Nothing expires here: a longer lease and heartbeat keep the database chatter low.
+    workers = [
+        start_worker("--lease-seconds", "10", "--heartbeat-seconds", "1", "--poll-interval", "0.05")
+        for _ in range(4)
+    ]
 
     def all_done() -> bool:
         with db.connect() as conn:
@@ -116,29 +120,42 @@ def test_four_workers_run_400_jobs_exactly_once(db, project_id, start_worker):
     assert all(r.current_job_id is None for r in rows.values())
 
 
+def started_attempt(
+    workers: list[WorkerProcess], job_id: uuid.UUID, attempt: int = 1
+) -> tuple[WorkerProcess, int]:
+    """Wait until one of ``workers`` has started (job, attempt); that worker and the child pid."""
+
+    def find() -> tuple[WorkerProcess, int] | None:
+        for worker in workers:
+            pid = child_pid(worker, job_id, attempt)
+            if pid is not None:
+                return worker, pid
+        return None
+
+    return wait_for(find, 30, f"a worker to start attempt {attempt}")
+
+
 @pytest.mark.parametrize("max_attempts", [3, 1])
 def test_sigkilled_worker_job_is_reaped_and_finished_once(
     db, project_id, start_worker, max_attempts
 ):
     (job_id,) = insert_jobs(db, project_id, [SLOW], max_attempts=max_attempts)
-    doomed = start_worker(*FAST)
-    wait_for(lambda: child_pid(doomed, job_id, 1), 30, "the doomed worker to start the job")
-    pid = child_pid(doomed, job_id, 1)
+    workers = [start_worker(*FAST), start_worker(*FAST)]
+    doomed, pid = started_attempt(workers, job_id)
+    (rescuer,) = [w for w in workers if w is not doomed]
     # Progress written by the heartbeat is visible while the job runs.
     wait_for(lambda: (job_row(db, job_id).progress or {}).get("stage") == "plan", 10, "progress")
-    assert status_of(db, job_id) == "running"
+    doomed_id = job_row(db, job_id).worker_id
     doomed.signal(signal.SIGKILL)
     doomed.wait(10)
     wait_for(lambda: process_gone(pid), 10, "the orphaned child to exit")
-    assert status_of(db, job_id) == "running"  # nobody wrote anything: the lease just runs out
 
-    rescuer = start_worker(*FAST)
-    doomed_id = job_row(db, job_id).worker_id
     if max_attempts == 1:
         wait_for(lambda: status_of(db, job_id) == "failed", 30, "the job to fail")
         row = job_row(db, job_id)
         assert row.error["type"] == "worker-lost" and doomed_id in row.error["detail"]
         assert [a.outcome for a in attempt_rows(db, job_id)] == ["lease-lost"]
+        assert logged(rescuer, "reaped a job whose lease expired")
         return
     wait_for(lambda: status_of(db, job_id) == "succeeded", 60, "the rescuer to finish the job")
     row = job_row(db, job_id)
@@ -148,19 +165,18 @@ def test_sigkilled_worker_job_is_reaped_and_finished_once(
         (1, doomed_id, "lease-lost"),
         (2, row.worker_id, "succeeded"),
     ]
-    assert row.result["recommendation"]["sample_size"]["n_losses"] == 5000
-    assert logged(rescuer, "reaped a job whose lease expired")
+    assert row.result["recommendation"]["sample_size"]["n_losses"] == 4000
+    assert child_pid(rescuer, job_id, 2) is not None
 
 
 def test_paused_zombie_worker_cannot_overwrite_the_job(db, project_id, start_worker):
     """SIGSTOP a worker mid-job (a GC pause, a frozen VM): its lease expires, another
     worker finishes the job; when the zombie wakes up its late write is fenced out."""
     (job_id,) = insert_jobs(db, project_id, [SLOW])
-    zombie = start_worker(*FAST)
-    wait_for(lambda: child_pid(zombie, job_id, 1), 30, "the zombie to start the job")
+    workers = [start_worker(*FAST), start_worker(*FAST)]
+    zombie, _ = started_attempt(workers, job_id)
     zombie.signal(signal.SIGSTOP)
     try:
-        start_worker(*FAST)
         wait_for(lambda: status_of(db, job_id) == "succeeded", 60, "the other worker to finish")
         before = job_row(db, job_id)
     finally:
@@ -191,11 +207,13 @@ def test_cancel_running_job_stops_its_child(db, project_id, start_worker):
     with Session(db) as session:
         assert cancel_job(session, project_id, job_id)["status"] == "cancelling"
         session.commit()
-    asked = time.monotonic()
     wait_for(lambda: status_of(db, job_id) == "cancelled", 10, "the job to be cancelled")
-    # Stopped within the 1 s cancel grace (plus a heartbeat), not after running to the end.
-    assert time.monotonic() - asked < 2.5
     assert process_gone(pid)
+    # The plan kind reports no progress inside the planner, so the child does not see
+    # the cancel event there: the worker kills it after the 1 s grace period (the
+    # cooperative path is covered in test_attempt.py).
+    assert logged(worker, "cancellation requested")
+    assert logged(worker, "ignored cancellation") or logged(worker, "attempt stopped")
     row = job_row(db, job_id)
     assert row.result is None and row.finished_at is not None
     assert [a.outcome for a in attempt_rows(db, job_id)] == ["cancelled"]
@@ -235,16 +253,39 @@ def test_sigterm_lets_the_running_job_finish(db, project_id, start_worker):
 
 def test_sigterm_releases_a_job_that_outlives_the_grace_period(db, project_id, start_worker):
     (job_id,) = insert_jobs(db, project_id, [SLOW], max_attempts=1)
-    worker = start_worker(*FAST, "--shutdown-grace-seconds", "0.3")
-    wait_for(lambda: child_pid(worker, job_id, 1), 30, "the job to start")
-    pid = child_pid(worker, job_id, 1)
-    worker.signal(signal.SIGTERM)
-    assert worker.wait(15) == 0
+    workers = [start_worker(*FAST, "--shutdown-grace-seconds", "0.3") for _ in range(2)]
+    leaving, pid = started_attempt(workers, job_id)
+    (staying,) = [w for w in workers if w is not leaving]
+    leaving.signal(signal.SIGTERM)
+    assert leaving.wait(15) == 0
     assert process_gone(pid)
+    assert logged(leaving, "job released at shutdown")
+    wait_for(lambda: status_of(db, job_id) == "succeeded", 60, "the other worker to finish it")
     row = job_row(db, job_id)
-    # Released: queued again, and the release did not use up the only attempt.
-    assert (row.status, row.attempt, row.max_attempts, row.worker_id) == ("queued", 1, 2, None)
-    assert [a.outcome for a in attempt_rows(db, job_id)] == ["released"]
-    start_worker(*FAST)
-    wait_for(lambda: status_of(db, job_id) == "succeeded", 60, "another worker to finish it")
+    # The release gave the job back without using up its only attempt: max_attempts
+    # was raised to 2, so the second claim could run it.
+    assert (row.attempt, row.max_attempts) == (2, 2)
     assert [a.outcome for a in attempt_rows(db, job_id)] == ["released", "succeeded"]
+    assert child_pid(staying, job_id, 2) is not None
+
+
+def test_concurrency_runs_jobs_side_by_side_in_one_process(db, project_id, start_worker):
+    ids = insert_jobs(db, project_id, [SLOW, SLOW])
+    worker = start_worker(*FAST, "--concurrency", "2")
+
+    def both_running() -> bool:
+        with db.connect() as conn:
+            return (
+                conn.execute(
+                    text("SELECT count(DISTINCT worker_id) FROM job WHERE status = 'running'")
+                ).scalar()
+                == 2
+            )
+
+    wait_for(both_running, 30, "two slots running a job each")
+    rows = worker_rows(db)
+    assert len(rows) == 2 and {r.pid for r in rows.values()} == {worker.pid}
+    assert {r.current_job_id for r in rows.values()} == set(ids)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(60) == 0
+    assert {status_of(db, job_id) for job_id in ids} == {"succeeded"}
