@@ -26,6 +26,7 @@ from app.logging import configure_logging
 from app.metrics import QueueCollector
 from app.middleware import BodySizeLimitMiddleware, MetricsMiddleware
 from app.problems import install_problem_handlers
+from app.reports.router import router as reports_router
 from app.workers_api.router import router as workers_router
 
 API_VERSION = "0.1.0"
@@ -65,6 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_problem_handlers(app)
     app.include_router(health_router)
     app.include_router(jobs_router)
+    app.include_router(reports_router)
     app.include_router(artifacts_router)
     app.include_router(workers_router)
     # Outermost last: metrics see every request, including 413s from the size limit.

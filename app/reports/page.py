@@ -1,0 +1,283 @@
+"""The report page: one self-contained HTML document per job (no JavaScript, no external
+resources), with the job summary, the recommendation as tables and the SVG plots.
+
+Every value that comes from a user or a job (names, tags, errors, block names) is
+HTML-escaped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from app.reports.plots import Plot, build_plots, recommendation_of
+from app.reports.svg import esc, fmt_number
+
+STYLE = """
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#222;background:#fff}
+header{background:#243b53;color:#fff;padding:14px 28px}
+header h1{margin:0;font-size:20px} header p{margin:4px 0 0;font-size:13px;opacity:.85}
+main{padding:8px 28px 40px;max-width:1100px}
+h2{font-size:17px;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:30px}
+h3{font-size:15px;margin:18px 0 6px}
+table{border-collapse:collapse;font-size:13px;margin:6px 0}
+th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f3f5f7} td.num{text-align:right;font-variant-numeric:tabular-nums}
+.status-succeeded{color:#1a7f37}.status-failed,.status-cancelled{color:#b42318}
+.empty{background:#fff8e6;border:1px solid #f0d58c;padding:10px 14px;font-size:13px}
+.note{color:#555;font-size:12px}.plot-wrap{overflow-x:auto}
+figure{margin:10px 0 22px} figcaption{font-size:12px;color:#555;max-width:720px}
+code{font-size:12px}
+"""
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: set[int]) -> str:
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = []
+    for row in rows:
+        cells = []
+        for i, value in enumerate(row):
+            cls = ' class="num"' if i in numeric else ""
+            cells.append(f"<td{cls}>{esc(_text(value))}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return fmt_number(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, list | tuple) and len(value) == 2:
+        return f"[{_text(value[0])}, {_text(value[1])}]"
+    return str(value)
+
+
+def _not_computed(section: Any) -> str | None:
+    if isinstance(section, dict) and section.get("status") == "not_computed":
+        return str(section.get("reason", ""))
+    return None
+
+
+def _empty(reason: str) -> str:
+    return f'<p class="empty">{esc(reason)}</p>'
+
+
+def summary_html(job: dict[str, Any]) -> str:
+    tags = ", ".join(f"{k}={v}" for k, v in sorted((job.get("tags") or {}).items())) or "–"
+    rows = [
+        ("job", job.get("id")),
+        ("kind", job.get("kind")),
+        ("status", job.get("status")),
+        ("name", job.get("name")),
+        ("tags", tags),
+        ("attempt", f"{job.get('attempt')}/{job.get('max_attempts')}"),
+        ("created", job.get("created_at")),
+        ("started", job.get("started_at")),
+        ("finished", job.get("finished_at")),
+    ]
+    error = job.get("error")
+    if isinstance(error, dict):
+        rows.append(
+            (
+                "error",
+                f"{error.get('type')}: {error.get('title') or ''} "
+                f"{error.get('detail') or ''}".strip(),
+            )
+        )
+    body = "".join(
+        f'<tr><th>{esc(k)}</th><td class="{"status-" + esc(v) if k == "status" else ""}">'
+        f"{esc(_text(v))}</td></tr>"
+        for k, v in rows
+    )
+    return f'<table class="summary">{body}</table>'
+
+
+def recommendation_html(rec: dict[str, Any] | None, job: dict[str, Any]) -> str:
+    if rec is None:
+        return _empty(f"No recommendation: the job is {job.get('status')}.")
+    parts = [
+        _sample_size_html(rec.get("sample_size")),
+        _batch_html(rec.get("batch_size")),
+        _scaling_html(rec.get("scaling")),
+        _curvature_html(rec.get("curvature")),
+    ]
+    warnings = rec.get("warnings") or []
+    if warnings:
+        rows = [(w.get("code"), w.get("section"), w.get("detail")) for w in warnings]
+        parts.append("<h3>Warnings</h3>" + _table(("code", "section", "detail"), rows, set()))
+    return "".join(parts)
+
+
+def _k(value: Any) -> str:
+    why = _not_computed(value)
+    if why is not None or not isinstance(value, dict):
+        return "n/a"
+    text = _text(value.get("k"))
+    if value.get("ci"):
+        text += " " + _text(value["ci"])
+    return text
+
+
+def _sample_size_html(section: Any) -> str:
+    out = "<h3>Sample size (Δ_k curve; Petrov et al. 2025 Theorem 7)</h3>"
+    why = _not_computed(section)
+    if why is not None or not isinstance(section, dict):
+        return out + _empty(f"Not computed: {why}")
+    fit = section.get("fit") or {}
+    if _not_computed(fit) is None and "C" in fit:
+        out += _table(
+            ("C", "C interval", "α", "α interval", "r²", "fit window k", "theory α"),
+            [
+                (
+                    fit.get("C"),
+                    fit.get("C_ci"),
+                    fit.get("alpha"),
+                    fit.get("alpha_ci"),
+                    fit.get("r2"),
+                    fit.get("window"),
+                    fit.get("theory_alpha"),
+                )
+            ],
+            {0, 2, 4, 6},
+        )
+    else:
+        out += _empty(f"Fit not computed: {_not_computed(fit)}")
+    rows = [
+        (
+            t.get("tolerance"),
+            _k(t.get("empirical")),
+            _k(t.get("theoretical")),
+            _k(t.get("theoretical_tight")),
+            _k(t.get("squared")),
+            t.get("available_is_enough"),
+        )
+        for t in section.get("per_tolerance") or []
+    ]
+    if rows:
+        out += _table(
+            (
+                "tolerance ε",
+                "k* empirical",
+                "k* Theorem 7",
+                "k* Thm 7 (tight)",
+                "k* squared",
+                "enough data",
+            ),
+            rows,
+            {0, 1, 2, 3, 4},
+        )
+    for m in section.get("missing") or []:
+        out += f'<p class="note">Missing {esc(m.get("item"))}: {esc(m.get("reason"))}</p>'
+    return out
+
+
+def _batch_html(section: Any) -> str:
+    out = "<h3>Batch size (McCandlish et al. 2018)</h3>"
+    why = _not_computed(section)
+    if why is not None or not isinstance(section, dict):
+        return out + _empty(f"Not computed: {why}")
+    rows = []
+    for key, label in (("b_simple", "B_simple"), ("b_noise", "B_noise")):
+        est = section.get(key)
+        reason = _not_computed(est)
+        rows.append(
+            (label, "n/a" if reason else (est or {}).get("value"), reason or (est or {}).get("ci"))
+        )
+    crit = section.get("b_crit")
+    reason = _not_computed(crit)
+    if reason:
+        rows.append(("B_crit", "n/a", reason))
+    elif isinstance(crit, dict):
+        rows += [
+            ("B_crit", crit.get("value"), crit.get("ci")),
+            ("S_min (steps)", crit.get("s_min"), crit.get("s_min_ci")),
+            ("E_min (examples)", crit.get("e_min"), crit.get("e_min_ci")),
+        ]
+    rows.append(
+        ("recommended batch size", section.get("recommended"), section.get("recommended_basis"))
+    )
+    return out + _table(("quantity", "value", "interval / note"), rows, {1})
+
+
+def _scaling_html(section: Any) -> str:
+    out = "<h3>Data scaling L(D) = E + A·D^(−β)</h3>"
+    why = _not_computed(section)
+    if why is not None or not isinstance(section, dict):
+        return out + _empty(f"Not computed: {why}")
+    rows = [
+        ("E", section.get("E"), section.get("E_ci")),
+        ("A", section.get("A"), section.get("A_ci")),
+        ("β", section.get("beta"), section.get("beta_ci")),
+    ]
+    if section.get("target_loss") is not None:
+        rows.append(
+            (
+                f"samples for loss {_text(section.get('target_loss'))}",
+                section.get("n_for_target_loss"),
+                section.get("n_for_target_loss_ci"),
+            )
+        )
+    return out + _table(("parameter", "value", "interval"), rows, {1})
+
+
+def _curvature_html(section: Any) -> str:
+    out = "<h3>Curvature per block</h3>"
+    why = _not_computed(section)
+    if why is not None or not isinstance(section, dict):
+        return out + _empty(f"Not computed: {why}")
+    rows = [
+        (
+            b.get("name"),
+            b.get("spectral_norm"),
+            b.get("lambda_max"),
+            b.get("lambda_min"),
+            f"{100 * float(b.get('share_of_total_norm') or 0):.1f}%",
+            b.get("lr_ceiling"),
+        )
+        for b in section.get("blocks") or []
+    ]
+    if not rows:
+        return out + _empty("No per-block measurements were given.")
+    out += _table(
+        ("block", "‖H_b‖₂", "λ_max", "λ_min", "share", "LR ceiling 2/λ_max"), rows, {1, 2, 3, 4, 5}
+    )
+    if section.get("heterogeneity_ratio") is not None:
+        out += (
+            f'<p class="note">Heterogeneity ratio (max/min block norm): '
+            f"{esc(_text(section['heterogeneity_ratio']))}</p>"
+        )
+    return out
+
+
+def plot_html(plot: Plot) -> str:
+    head = f'<section class="plot-section" id="section-{esc(plot.id)}"><h3>{esc(plot.title)}</h3>'
+    if plot.svg is None:
+        return head + _empty(f"Empty: {plot.empty_reason}") + "</section>"
+    caption = f"<figcaption>{esc(plot.caption)}</figcaption>" if plot.caption else ""
+    return f'{head}<figure><div class="plot-wrap">{plot.svg}</div>{caption}</figure></section>'
+
+
+def render_report(job: dict[str, Any], plots: list[Plot] | None = None) -> str:
+    """The whole HTML document of a job's report."""
+    plots = build_plots(job) if plots is None else plots
+    name = job.get("name") or "unnamed job"
+    title = f"curvplan report — {name}"
+    sections = "".join(plot_html(p) for p in plots)
+    return (
+        "<!DOCTYPE html>"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>"
+        f"<header><h1>{esc(title)}</h1><p>{esc(job.get('kind'))} job {esc(job.get('id'))} · "
+        f"{esc(job.get('status'))}</p></header><main>"
+        f"<h2>Summary</h2>{summary_html(job)}"
+        f"<h2>Recommendation</h2>{recommendation_html(recommendation_of(job), job)}"
+        f"<h2>Plots</h2>{sections}"
+        '<p class="note">Rendered by the curvplan service; plots are static SVG.</p>'
+        "</main></body></html>"
+    )
