@@ -119,9 +119,12 @@ def child_main(
     parent_end_fd: int = -1,
 ) -> None:
     """Entry point of the attempt child (the target of the multiprocessing.Process)."""
-    # The worker parent owns shutdown: a Ctrl-C on the terminal must not kill the attempt.
+    # The worker parent owns shutdown (finish or release the job): a Ctrl-C on the
+    # terminal or a SIGTERM sent to the whole process group (systemd) must not end the
+    # attempt behind its back. The parent stops a child with SIGKILL; if the parent
+    # dies, the lifeline ends the child.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _close_inherited_parent_end(lifeline, parent_end_fd)
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
 

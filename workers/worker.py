@@ -259,10 +259,12 @@ class WorkerSlot:
             self.state.current = current
         try:
             child = AttemptProcess(self.mp_context, task)  # type: ignore[arg-type]
-        except BaseException:
+        except Exception as exc:
             with self.state.lock:
                 self.state.current = None
-            raise
+            log.exception("could not start the job's process")
+            self._write_crash(fence, f"the job's process could not be started ({exc})", None)
+            return
         log.info("attempt started", extra={"kind": job.kind, "child_pid": child.pid})
         try:
             self._supervise(child, current, started)

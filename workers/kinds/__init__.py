@@ -34,6 +34,7 @@ class KindSpec:
 
 KINDS: dict[str, KindSpec] = {
     "plan": KindSpec(name="plan", queue="cpu", module="workers.kinds.plan"),
+    "analyze": KindSpec(name="analyze", queue="gpu", module="workers.kinds.analyze"),
 }
 
 
