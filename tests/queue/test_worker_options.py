@@ -1,0 +1,88 @@
+"""``curvplan worker`` options: defaults from the environment, overrides, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from app.config import Settings
+from curvplan.cli import app
+from workers.kinds import modules_for_queues
+from workers.worker import WorkerOptions
+
+URL = "postgresql+psycopg://postgres@127.0.0.1:5432/unused"
+
+
+def settings(**values: object) -> Settings:
+    return Settings(database_url=URL, **values)  # type: ignore[arg-type]
+
+
+def test_options_come_from_settings_and_overrides():
+    opts = WorkerOptions.from_settings(
+        settings(lease_seconds=20, heartbeat_seconds=4, data_dir=Path("/tmp/d")),
+        ["cpu", "gpu"],
+        poll_interval=0.5,
+        concurrency=None,  # None means "not given"
+    )
+    assert (opts.lease_seconds, opts.heartbeat_seconds, opts.poll_interval) == (20, 4, 0.5)
+    assert opts.queues == ("cpu", "gpu") and opts.concurrency == 1
+    assert opts.data_dir == Path("/tmp/d") and opts.database_url == URL
+
+
+def test_a_short_lease_shortens_the_heartbeat():
+    opts = WorkerOptions.from_settings(settings(heartbeat_seconds=5), ["cpu"], lease_seconds=3)
+    assert opts.heartbeat_seconds == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"lease_seconds": 2, "heartbeat_seconds": 1.5}, "at most half of lease_seconds"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"start_method": "fork"}, "forkserver"),
+    ],
+)
+def test_inconsistent_options_are_refused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        WorkerOptions.from_settings(settings(), ["cpu"], **overrides)
+
+
+def test_plan_kind_is_preloaded_for_the_cpu_queue_only():
+    assert modules_for_queues(["cpu"]) == ["workers.kinds.plan"]
+    assert "workers.kinds.plan" not in modules_for_queues(["gpu"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--queues", "cpu,tpu"], "subset of cpu,gpu"),
+        (["--queues", "cpu", "--lease-seconds", "2", "--heartbeat-seconds", "1.5"], "half"),
+    ],
+)
+def test_cli_rejects_bad_options_with_a_clear_message(monkeypatch, args, message):
+    from app.config import get_settings
+
+    monkeypatch.setenv("DATABASE_URL", URL)
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(app, ["worker", *args])
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_needs_a_database_url(monkeypatch):
+    from app.config import get_settings
+
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(app, ["worker"])
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 2
+    assert "DATABASE_URL" in result.output
