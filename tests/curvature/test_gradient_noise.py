@@ -181,7 +181,7 @@ def _draws(pop: Population, n_draws: int, n_a: int, n_b: int, *, same_batch: boo
         xa, ya = pop.draw(n_a, g)
         xb, yb = (xa, ya) if same_batch else pop.draw(n_b, g)
         out = gn.gradient_noise_statistics(
-            model, objective, xa, ya, xb, yb, batch_size=n_b // 2, b_small=2, b_big=4
+            model, objective, xa, ya, xb, yb, batch_size=n_b, n_hessian_groups=2, b_small=2, b_big=4
         )
         rows.append(out)
     return rows
