@@ -433,5 +433,13 @@ PLOT_BUILDERS = (
 
 
 def build_plots(job: dict[str, Any]) -> list[Plot]:
-    """Every plot of the report, in page order (empty ones carry their reason)."""
-    return [builder(job) for builder in PLOT_BUILDERS]
+    """Every plot of the report, in page order (empty ones carry their reason).
+
+    Only a succeeded job is plotted: the plots show the fits next to their data, and a
+    job that did not succeed has no fits (its inputs are in ``request``).
+    """
+    why = _why_no_job_result(job)
+    plots = [builder(job) for builder in PLOT_BUILDERS]
+    if why is not None:
+        return [Plot(p.id, p.title, None, "", why) for p in plots]
+    return plots

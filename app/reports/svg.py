@@ -82,7 +82,7 @@ def linear_ticks(lo: float, hi: float, target: int = 6) -> list[tuple[float, str
     ticks = []
     i = first
     while i * step <= hi * (1 + 1e-12) + 1e-12 * step:
-        value = round(i * step, 12)
+        value = i * step
         ticks.append((value, fmt_number(value)))
         i += 1
     return ticks

@@ -1,0 +1,89 @@
+"""Fixtures of the report tests: finished jobs built locally and the shared live service."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
+
+import live_service
+from plan_bodies import full_measurements, full_targets
+
+
+@pytest.fixture(scope="session")
+def live(
+    database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[live_service.LiveService]:
+    """API + worker subprocesses on the test database (shared with tests/client and cli)."""
+    yield live_service.acquire(database_url, tmp_path_factory.mktemp("live-service"))
+    live_service.release()
+
+
+@pytest.fixture(scope="session")
+def plan_job() -> dict[str, Any]:
+    """A succeeded plan job as the API shows it, with every plan-side section computed."""
+    from app.planner import Measurements, Targets, make_plan
+
+    measurements, targets = full_measurements(), full_targets()
+    rec = make_plan(
+        Measurements.model_validate_json(json.dumps(measurements)),
+        Targets.model_validate_json(json.dumps(targets)),
+        seed=0,
+    )
+    return {
+        "id": "2b1c1f7e-8d34-4d2b-9b43-1f7c1c7f0a11",
+        "kind": "plan",
+        "status": "succeeded",
+        "name": "pilot",
+        "tags": {"team": "nlp"},
+        "attempt": 1,
+        "max_attempts": 3,
+        "request": {"kind": "plan", "measurements": measurements, "targets": targets},
+        "result": {"recommendation": rec.model_dump(mode="json")},
+        "error": None,
+        "created_at": "2026-11-30T08:00:00+00:00",
+        "started_at": "2026-11-30T08:00:01+00:00",
+        "finished_at": "2026-11-30T08:00:02+00:00",
+    }
+
+
+@pytest.fixture
+def analyze_job(plan_job: dict[str, Any]) -> dict[str, Any]:
+    """An analyze-shaped job: engine blocks with bounds and off-diagonal norms."""
+    names = ["layers.0.q", "layers.0.k", "layers.0.v", "layers.1.q"]
+    blocks = []
+    for i, name in enumerate(names):
+        norm = 1.0 + i
+        bound = (
+            {"value": 4.0 * norm, "applicable": True, "reason": None}
+            if i < 3
+            else {"value": None, "applicable": False, "reason": "GELU breaks Theorem 1"}
+        )
+        blocks.append(
+            {
+                "name": name,
+                "spectral_norm": norm,
+                "lambda_max": norm,
+                "lambda_min": 0.0,
+                "bound": bound,
+            }
+        )
+    off = [
+        {"row": "layers.0.q", "col": "layers.0.k", "sigma_max": 0.5},
+        {"row": "layers.0.k", "col": "layers.0.v", "sigma_max": 2.5},
+    ]
+    job = {**plan_job, "kind": "analyze", "request": {"kind": "analyze", "model": {}}}
+    job["result"] = {
+        "measurements": {"blocks": blocks, "off_diagonal": off},
+        "planner_inputs": {
+            "fields": {"steps_to_target": plan_job["request"]["measurements"]["steps_to_target"]}
+        },
+        "recommendation": plan_job["result"]["recommendation"],
+    }
+    return job
