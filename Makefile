@@ -24,6 +24,7 @@ run: install
 	$(VENV)/bin/curvplan dev
 
 test: install
+	bash scripts/ensure_chromium.sh
 	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 lint: install
