@@ -78,7 +78,9 @@ def test_bad_spec_and_options_name_the_field(client: Any, auth_headers: dict[str
         client.post("/v1/jobs", headers=auth_headers, json=_body(ckpt, data, model=unknown))
     ) == ["body.model.colour"]
     assert _fields(
-        client.post("/v1/jobs", headers=auth_headers, json=_body(ckpt, data, options={"tolerance": -1}))
+        client.post(
+            "/v1/jobs", headers=auth_headers, json=_body(ckpt, data, options={"tolerance": -1})
+        )
     ) == ["body.options.tolerance"]
     assert _fields(
         client.post("/v1/jobs", headers=auth_headers, json=_body("not-a-uuid", data))

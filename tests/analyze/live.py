@@ -1,0 +1,156 @@
+"""Real processes for the analyze end-to-end tests: ``curvplan serve`` and ``curvplan worker``
+on a database of their own (a worker claims every gpu job of its database)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+FAST_WORKER = [
+    "--lease-seconds",
+    "2",
+    "--heartbeat-seconds",
+    "0.3",
+    "--poll-interval",
+    "0.1",
+    "--cancel-grace-seconds",
+    "5",
+    "--shutdown-grace-seconds",
+    "1",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def service_env(database_url: str, data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CURVPLAN_")}
+    env.update(
+        DATABASE_URL=database_url,
+        CURVPLAN_DATA_DIR=str(data_dir),
+        CURVPLAN_LOG_LEVEL="INFO",
+        CURVPLAN_LONG_POLL_INTERVAL_SECONDS="0.05",
+        CURVPLAN_RETRY_BACKOFF_BASE_SECONDS="0.2",
+        CURVPLAN_RETRY_BACKOFF_MAX_SECONDS="0.5",
+        CURVPLAN_WORKER_STALE_SECONDS="4",
+        CURVPLAN_MAX_ARTIFACT_BYTES=str(256 * 1024),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@dataclass
+class Proc:
+    """A ``curvplan`` subprocess with its log in a file."""
+
+    args: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "curvplan.cli", *self.args],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL (no clean-up at all), then reap."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 15) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signum)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def tail(self, n: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
+
+
+@dataclass
+class Service:
+    """API + one gpu worker sharing a data directory (the blob store)."""
+
+    database_url: str
+    data_dir: Path
+    env: dict[str, str]
+    server: Proc
+    worker: Proc
+    port: int = field(default_factory=free_port)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def new_worker(self, log_name: str) -> Proc:
+        worker = Proc(
+            ["worker", "--queues", "gpu", *FAST_WORKER], self.env, self.data_dir.parent / log_name
+        )
+        worker.start()
+        return worker
+
+    def logs(self) -> str:
+        return "SERVER:\n" + self.server.tail() + "\nWORKER:\n" + self.worker.tail()
+
+
+def start_service(database_url: str, tmp: Path) -> Service:
+    data_dir = tmp / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    env = service_env(database_url, data_dir)
+    port = free_port()
+    server = Proc(["serve", "--port", str(port)], env, tmp / "server.log")
+    worker = Proc(["worker", "--queues", "gpu", *FAST_WORKER], env, tmp / "worker.log")
+    worker.start()
+    server.start()
+    service = Service(database_url, data_dir, env, server, worker, port)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(service.url + "/healthz", timeout=1.0).status_code == 200:
+                return service
+        except httpx.TransportError:
+            pass
+        if (
+            server.proc is not None and server.proc.poll() is not None
+        ) or time.monotonic() > deadline:
+            raise RuntimeError("the API did not come up:\n" + server.tail())
+        time.sleep(0.1)
+
+
+def wait_terminal(client: httpx.Client, job_id: str, timeout: float) -> dict[str, Any]:
+    """Long-poll ``GET /v1/jobs/{id}?wait=`` until the job is terminal."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"job {job_id} not terminal after {timeout} s")
+        response = client.get(f"/v1/jobs/{job_id}", params={"wait": min(10.0, remaining)})
+        response.raise_for_status()
+        job = response.json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job

@@ -1,0 +1,376 @@
+"""Analyze jobs end to end over HTTP: real ``curvplan serve`` + ``curvplan worker`` processes,
+real PostgreSQL, the real curvature engine on a tiny Transformer (issue 5)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import psycopg
+import pytest
+from live import Service, start_service, wait_terminal
+from psycopg import sql
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from app.config import libpq_url, normalise_database_url
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+SPEC: dict[str, Any] = {
+    "d_model": 8,
+    "n_heads": 2,
+    "d_ff": 16,
+    "n_layers": 1,
+    "task": {"type": "causal_lm", "vocab_size": 11, "seq_len": 6},
+}
+# Small enough for a shared 2-core machine; float64 so the comparison is tight.
+OPTIONS: dict[str, Any] = {
+    "precision": "float64",
+    "seed": 3,
+    "dense": "off",
+    "self_test": False,
+    "tolerance": 1e-6,
+    "max_iter": 80,
+    "trace_probes": 9,
+    "off_diagonal": [["layers.0.q", "layers.0.k"]],
+    "hessian_subsample": 2,
+    "per_sample_max_iter": 40,
+    "n_directions": 3,
+    "perturbation_radius": 0.05,
+    "gradient_noise": False,
+}
+TARGETS: dict[str, Any] = {"tolerances": [0.05], "radius": 0.05, "orderings": 8, "bootstrap": 20}
+N_EXAMPLES = 12
+
+
+# --------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def e2e_database(pg_admin_url: str) -> Iterator[str]:
+    """A migrated database of this module alone (its worker claims every gpu job in it)."""
+    from app import migrations
+
+    name = f"curvplan_analyze_{secrets.token_hex(4)}"
+    with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = normalise_database_url(
+        make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
+    )
+    try:
+        migrations.upgrade(url)
+        yield url
+    finally:
+        with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.fixture(scope="module")
+def service(e2e_database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    svc = start_service(e2e_database, tmp_path_factory.mktemp("analyze-e2e"))
+    try:
+        yield svc
+    finally:
+        svc.server.stop()
+        svc.worker.stop()
+
+
+def _key(database_url: str, project: str) -> str:
+    from app.auth.keys import create_key
+    from app.db import make_engine, make_sessionmaker
+
+    engine = make_engine(database_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            key = create_key(session, project)
+            session.commit()
+    finally:
+        engine.dispose()
+    return key
+
+
+@pytest.fixture(scope="module")
+def client(service: Service) -> Iterator[httpx.Client]:
+    key = _key(service.database_url, f"analyze-{uuid.uuid4().hex[:6]}")
+    with httpx.Client(
+        base_url=service.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def other_client(service: Service) -> Iterator[httpx.Client]:
+    key = _key(service.database_url, f"other-{uuid.uuid4().hex[:6]}")
+    with httpx.Client(
+        base_url=service.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Checkpoints and samples written with the engine's own writers."""
+    import torch
+
+    from workers.curvature.checkpoint import save_checkpoint
+    from workers.curvature.data import Dataset, save_dataset
+    from workers.curvature.model import build_model
+
+    out = tmp_path_factory.mktemp("analyze-files")
+    save_checkpoint(build_model(SPEC, seed=1), out / "checkpoint.safetensors")
+    save_checkpoint(build_model(SPEC, seed=2), out / "intermediate.safetensors")
+    wider = {**SPEC, "d_model": 12}
+    save_checkpoint(build_model(wider, seed=1), out / "wider.safetensors")
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 11, (N_EXAMPLES, 7), generator=gen)
+    save_dataset(Dataset(tokens[:, :-1], tokens[:, 1:]), out / "data.safetensors")
+    floats = torch.randn(N_EXAMPLES, 6, generator=gen)
+    save_dataset(Dataset(floats, tokens[:, 1:]), out / "float-inputs.safetensors")
+    return {p.stem: p for p in out.iterdir()}
+
+
+def upload(client: httpx.Client, path: Path, kind: str) -> str:
+    with path.open("rb") as fh:
+        response = client.post(
+            "/v1/artifacts",
+            files={"file": (path.name, fh, "application/octet-stream")},
+            data={"kind": kind},
+        )
+    assert response.status_code in (200, 201), response.text
+    return response.json()["id"]
+
+
+def submit(client: httpx.Client, **fields: Any) -> dict[str, Any]:
+    body = {
+        "kind": "analyze",
+        "name": "tiny-lm",
+        "tags": {"suite": "analyze-e2e"},
+        "model": SPEC,
+        "options": OPTIONS,
+        "targets": TARGETS,
+        **fields,
+    }
+    response = client.post("/v1/jobs", json=body)
+    assert response.status_code == 202, response.text
+    return response.json()
+
+
+def _engine(service: Service) -> Any:
+    return create_engine(service.database_url)
+
+
+# --------------------------------------------------------------------------- tests
+def test_analyze_over_http_matches_the_engine_and_plans(
+    client: httpx.Client, service: Service, files: dict[str, Path]
+) -> None:
+    from workers.curvature import api
+
+    ckpt = upload(client, files["checkpoint"], "checkpoint")
+    data = upload(client, files["data"], "dataset")
+    intermediate = upload(client, files["intermediate"], "checkpoint")
+    job = submit(client, checkpoint=ckpt, dataset=data, intermediate_checkpoints=[intermediate])
+    assert (job["queue"], job["status"]) == ("gpu", "queued")
+    done = wait_terminal(client, job["id"], timeout=150)
+    assert done["status"] == "succeeded", (done["error"], service.logs())
+    assert done["progress"]["stage"] == "planning"
+    result = done["result"]
+
+    # Block spectra equal the engine's direct output for the same seed and options.
+    direct = api.analyze(
+        SPEC,
+        str(files["checkpoint"]),
+        str(files["data"]),
+        {**OPTIONS, "per_sample": False, "bounds": False},
+    )
+    measured = {b["name"]: b for b in result["measurements"]["blocks"]}
+    assert list(measured) == [b["name"] for b in direct["blocks"]]
+    for block in direct["blocks"]:
+        got = measured[block["name"]]
+        for key in ("lambda_max", "lambda_min", "spectral_norm"):
+            assert got[key] == pytest.approx(block[key], rel=1e-6, abs=1e-10), block["name"]
+        assert got["trace"]["value"] == pytest.approx(block["trace"]["value"], rel=1e-6, abs=1e-10)
+    off = result["measurements"]["off_diagonal"][0]
+    assert off["sigma_max"] == pytest.approx(direct["off_diagonal"][0]["sigma_max"], rel=1e-6)
+
+    # Bulky arrays are artifacts of the job, referenced from the result, not inline.
+    per_sample = result["measurements"]["per_sample"]
+    assert per_sample["losses"] == {
+        "artifact": "per_sample_losses",
+        "tensor": "per_sample.losses",
+        "shape": [N_EXAMPLES],
+    }
+    listed = client.get("/v1/artifacts", params={"job_id": job["id"]}).json()["items"]
+    by_name = {a["name"]: a for a in listed}
+    assert set(by_name) == set(result["artifacts"]) >= {"per_sample_losses", "perturbed_losses"}
+    assert all(a["kind"] == "job-output" and a["job_id"] == job["id"] for a in listed)
+    content = client.get(f"/v1/artifacts/{result['artifacts']['per_sample_losses']}/content")
+    from safetensors.numpy import load as st_load
+
+    losses = st_load(content.content)["per_sample.losses"]
+    assert losses.shape == (N_EXAMPLES,)
+    assert float(np.mean(losses)) == pytest.approx(direct["loss"], rel=1e-9)
+
+    # Every section the inputs support: sample size (losses, perturbed losses, M, radius),
+    # batch size (gradient noise at the intermediate checkpoint), curvature (blocks).
+    recommendation = client.get(f"/v1/jobs/{job['id']}/recommendation").json()
+    assert recommendation == result["recommendation"]
+    assert recommendation["sample_size"]["status"] == "computed"
+    assert recommendation["sample_size"]["n_losses"] == N_EXAMPLES
+    tolerance = recommendation["sample_size"]["per_tolerance"][0]
+    assert tolerance["theoretical"].get("status") != "not_computed", tolerance
+    assert recommendation["batch_size"]["status"] == "computed"
+    assert recommendation["curvature"]["status"] == "computed"
+    assert recommendation["scaling"]["status"] == "not_computed"  # no loss_vs_data given
+    noise = result["intermediate_gradient_noise"]
+    assert [n["checkpoint"] for n in noise] == [intermediate]
+
+
+def test_checkpoint_that_does_not_match_the_spec_fails_naming_the_tensor(
+    client: httpx.Client, service: Service, files: dict[str, Path]
+) -> None:
+    job = submit(
+        client,
+        checkpoint=upload(client, files["wider"], "checkpoint"),
+        dataset=upload(client, files["data"], "dataset"),
+    )
+    done = wait_terminal(client, job["id"], timeout=60)
+    assert done["status"] == "failed", service.logs()
+    assert done["error"]["type"] == "checkpoint-mismatch"
+    assert "embed.weight" in done["error"]["detail"]
+    assert "(11, 8)" in done["error"]["detail"] and "(11, 12)" in done["error"]["detail"]
+    assert "Traceback" not in str(done["error"])
+    assert done["attempt"] == 1  # a diagnosed error is not retried
+
+
+def test_float_inputs_for_a_causal_lm_fail_naming_the_tensor(
+    client: httpx.Client, service: Service, files: dict[str, Path]
+) -> None:
+    job = submit(
+        client,
+        checkpoint=upload(client, files["checkpoint"], "checkpoint"),
+        dataset=upload(client, files["float-inputs"], "dataset"),
+    )
+    done = wait_terminal(client, job["id"], timeout=60)
+    assert done["status"] == "failed", service.logs()
+    assert done["error"]["type"] == "dataset-mismatch"
+    assert "'inputs'" in done["error"]["detail"] and "int64" in done["error"]["detail"]
+
+
+def test_another_projects_artifacts_cannot_be_used(
+    client: httpx.Client, other_client: httpx.Client, files: dict[str, Path]
+) -> None:
+    theirs = upload(other_client, files["checkpoint"], "checkpoint")
+    mine = upload(client, files["data"], "dataset")
+    response = client.post(
+        "/v1/jobs",
+        json={"kind": "analyze", "model": SPEC, "checkpoint": theirs, "dataset": mine},
+    )
+    assert response.status_code == 422
+    assert [e["field"] for e in response.json()["errors"]] == ["body.checkpoint"]
+    assert client.get(f"/v1/artifacts/{theirs}").status_code == 404
+
+
+def test_cancel_during_block_spectra_stops_within_a_block(
+    client: httpx.Client, service: Service, files: dict[str, Path]
+) -> None:
+    slow = {**OPTIONS, "tolerance": 1e-12, "max_iter": 400, "trace_probes": 300}
+    job = submit(
+        client,
+        checkpoint=upload(client, files["checkpoint"], "checkpoint"),
+        dataset=upload(client, files["data"], "dataset"),
+        options=slow,
+    )
+    stages: list[tuple[float, str]] = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        current = client.get(f"/v1/jobs/{job['id']}").json()
+        stage = (current.get("progress") or {}).get("stage") or ""
+        if not stages or stages[-1][1] != stage:
+            stages.append((time.monotonic(), stage))
+        if stage.startswith("block spectra 2/"):
+            break
+        assert current["status"] in ("queued", "running"), current
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"never reached block spectra: {stages}\n{service.logs()}")
+    block_time = stages[-1][0] - next(t for t, s in stages if s.startswith("block spectra 1/"))
+    asked = time.monotonic()
+    assert client.post(f"/v1/jobs/{job['id']}/cancel").status_code == 202
+    done = wait_terminal(client, job["id"], timeout=60)
+    took = time.monotonic() - asked
+    assert done["status"] == "cancelled", service.logs()
+    assert done["progress"]["stage"].startswith("block spectra")
+    # It stopped at the next block boundary: within a block's time (plus heartbeat/poll slack).
+    assert took < 3 * block_time + 3.0, (took, block_time)
+
+
+def test_worker_sigkill_during_analysis_is_retried_and_finishes_once(
+    client: httpx.Client, service: Service, files: dict[str, Path]
+) -> None:
+    job = submit(
+        client,
+        checkpoint=upload(client, files["checkpoint"], "checkpoint"),
+        dataset=upload(client, files["data"], "dataset"),
+        options={**OPTIONS, "seed": 5},
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        current = client.get(f"/v1/jobs/{job['id']}").json()
+        if ((current.get("progress") or {}).get("stage") or "").startswith("block spectra"):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the analysis never started:\n" + service.logs())
+    service.worker.kill()
+    replacement = service.new_worker("worker-2.log")
+    service.worker = replacement
+    done = wait_terminal(client, job["id"], timeout=150)
+    assert done["status"] == "succeeded", (done["error"], service.logs())
+    engine = _engine(service)
+    try:
+        with engine.connect() as conn:
+            attempts = conn.execute(
+                text(
+                    "SELECT attempt, outcome FROM job_attempt WHERE job_id = :id ORDER BY attempt"
+                ),
+                {"id": job["id"]},
+            ).all()
+            outputs = conn.execute(
+                text("SELECT name, count(*) FROM artifact WHERE job_id = :id GROUP BY name"),
+                {"id": job["id"]},
+            ).all()
+    finally:
+        engine.dispose()
+    assert done["attempt"] == 2
+    assert [a.outcome for a in attempts][-1] == "succeeded"
+    assert [a.outcome for a in attempts].count("succeeded") == 1
+    assert attempts[0].outcome != "succeeded"
+    assert all(count == 1 for _, count in outputs)  # each output once, from the last attempt
+    assert {name for name, _ in outputs} == set(done["result"]["artifacts"])
+
+
+def test_no_temp_files_and_no_orphan_blobs(client: httpx.Client, service: Service) -> None:
+    """Runs last: every blob in the store is referenced by a row, nothing is left in tmp/."""
+    from app.artifacts.blobstore import default_store
+
+    store = default_store(service.data_dir)
+    engine = _engine(service)
+    try:
+        with engine.connect() as conn:
+            referenced = {
+                r[0]
+                for r in conn.execute(
+                    text("SELECT DISTINCT sha256 FROM artifact WHERE sha256 IS NOT NULL")
+                )
+            }
+    finally:
+        engine.dispose()
+    assert store.temp_files() == []
+    assert set(store.blobs()) == referenced

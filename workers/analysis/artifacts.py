@@ -1,0 +1,212 @@
+"""Artifacts seen from an attempt: resolve ids to readable files, store bulky outputs.
+
+Reads are scoped to the job's project (the API checked this at submission; checking again
+here keeps a worker from ever reading another project's file). Output rows are written
+only while the job is still this attempt's (``attempt`` and a live status), so an attempt
+that lost its lease cannot attach outputs to a job another attempt now runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine, create_engine, pool, text
+
+from app.artifacts.blobstore import BlobStore
+from app.artifacts.checks import ArtifactContentError, check_kind
+from app.artifacts.safetensors_format import InvalidSafetensors, validate_file
+from app.artifacts.schemas import uri_path
+from workers.errors import JobError
+
+
+@dataclass(frozen=True)
+class ResolvedArtifact:
+    """An artifact ready to read: its id, kind and a local path to a validated file."""
+
+    id: str
+    kind: str
+    path: Path
+    sha256: str | None
+    field: str
+
+
+class LeaseLost(RuntimeError):
+    """The job is no longer this attempt's: its outputs must not be written."""
+
+
+def child_engine(database_url: str) -> Engine:
+    """A small engine for one attempt (no pool left behind when the child exits)."""
+    return create_engine(database_url, poolclass=pool.NullPool, future=True)
+
+
+def job_project(engine: Engine, job_id: str) -> uuid.UUID:
+    """The project that owns the job."""
+    with engine.connect() as conn:
+        project = conn.execute(
+            text("SELECT project_id FROM job WHERE id = :id"), {"id": job_id}
+        ).scalar_one_or_none()
+    if project is None:
+        raise JobError("job-not-found", "The job row is gone", f"job {job_id} does not exist")
+    return project
+
+
+def resolve(
+    engine: Engine,
+    store: BlobStore,
+    project_id: uuid.UUID,
+    artifact_id: str,
+    kind: str,
+    field: str,
+) -> ResolvedArtifact:
+    """Find artifact ``artifact_id`` of ``project_id``; JobError naming ``field`` if unusable.
+
+    A blob must still be in the store; a ``file://`` artifact is validated now (safetensors
+    header, the rules of its kind) because nothing has read it before.
+    """
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT id, kind, storage, sha256, uri FROM artifact "
+                "WHERE id = :id AND project_id = :project"
+            ),
+            {"id": artifact_id, "project": project_id},
+        ).first()
+    if row is None:
+        raise JobError(
+            "artifact-not-found",
+            "An artifact of the job is missing",
+            f"{field}: artifact {artifact_id} not found in this project",
+        )
+    if row.kind != kind:
+        raise JobError(
+            "artifact-kind",
+            "An artifact of the job has the wrong kind",
+            f"{field}: artifact {artifact_id} is a {row.kind}, expected a {kind}",
+        )
+    if row.storage == "blob":
+        path = store.path_for(row.sha256)
+        if not path.is_file():
+            raise JobError(
+                "artifact-missing",
+                "An artifact's blob is missing from the store",
+                f"{field}: blob {row.sha256} of artifact {artifact_id} is not in {store.root}",
+            )
+        return ResolvedArtifact(str(row.id), row.kind, path, row.sha256, field)
+    path = Path(uri_path(row.uri))
+    try:
+        info = validate_file(str(path))
+        check_kind(kind, info)
+    except FileNotFoundError:
+        raise JobError(
+            "artifact-unreadable",
+            "An artifact's file cannot be read",
+            f"{field}: {row.uri} does not exist on this worker",
+        ) from None
+    except OSError as exc:
+        raise JobError(
+            "artifact-unreadable",
+            "An artifact's file cannot be read",
+            f"{field}: {row.uri}: {exc.strerror or exc}",
+        ) from None
+    except (InvalidSafetensors, ArtifactContentError) as exc:
+        raise JobError(
+            "invalid-artifact", "An artifact is not a valid safetensors file", f"{field}: {exc}"
+        ) from None
+    return ResolvedArtifact(str(row.id), row.kind, path, None, field)
+
+
+_UPSERT_OUTPUT = text(
+    "INSERT INTO artifact (id, project_id, kind, name, storage, sha256, size_bytes, tensors, "
+    "job_id) SELECT :id, project_id, 'job-output', :name, 'blob', :sha256, :size, "
+    "CAST(:tensors AS jsonb), id FROM job "
+    "WHERE id = :job_id AND attempt = :attempt AND status IN ('running', 'cancelling') "
+    "ON CONFLICT (job_id, name) WHERE job_id IS NOT NULL DO UPDATE SET "
+    "sha256 = EXCLUDED.sha256, size_bytes = EXCLUDED.size_bytes, tensors = EXCLUDED.tensors "
+    "RETURNING id"
+)
+
+
+def store_output(
+    engine: Engine,
+    store: BlobStore,
+    *,
+    job_id: str,
+    attempt: int,
+    name: str,
+    tensors: Mapping[str, np.ndarray],
+    metadata: Mapping[str, str] | None = None,
+) -> str:
+    """Write ``tensors`` as a safetensors blob and upsert the job's output row ``name``.
+
+    Returns the artifact id (stable across attempts: a retry replaces the blob reference of
+    the same row). Raises :class:`LeaseLost` when the job is no longer this attempt's; the
+    blob is then removed again unless another row references it.
+    """
+    from safetensors.numpy import save_file
+
+    store.ensure()
+    temp = store.tmp_dir / f"output-{uuid.uuid4().hex}"
+    try:
+        arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+        save_file(arrays, str(temp), metadata=dict(metadata or {}))
+        info = validate_file(str(temp))
+        digest = _sha256_file(temp)
+        size = temp.stat().st_size
+        store.commit_temp(temp, digest)
+    finally:
+        temp.unlink(missing_ok=True)
+    summary = json.dumps(info.to_json())
+    with engine.begin() as conn:
+        previous = conn.execute(
+            text("SELECT sha256 FROM artifact WHERE job_id = :job AND name = :name"),
+            {"job": job_id, "name": name},
+        ).scalar_one_or_none()
+        artifact_id = conn.execute(
+            _UPSERT_OUTPUT,
+            {
+                "id": uuid.uuid4(),
+                "name": name,
+                "sha256": digest,
+                "size": size,
+                "tensors": summary,
+                "job_id": job_id,
+                "attempt": attempt,
+            },
+        ).scalar_one_or_none()
+    if artifact_id is None:
+        _delete_if_unreferenced(engine, store, digest)
+        raise LeaseLost(f"job {job_id} is no longer attempt {attempt}'s; output {name} dropped")
+    if previous is not None and previous != digest:
+        _delete_if_unreferenced(engine, store, previous)
+    return str(artifact_id)
+
+
+def _delete_if_unreferenced(engine: Engine, store: BlobStore, digest: str) -> None:
+    with engine.connect() as conn:
+        used = conn.execute(
+            text("SELECT count(*) FROM artifact WHERE sha256 = :sha"), {"sha": digest}
+        ).scalar_one()
+    if not used:
+        store.delete(digest)
+
+
+def _sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_output(store: BlobStore, sha256: str) -> dict[str, Any]:
+    """Read a stored output blob back as numpy arrays (used by re-plans)."""
+    from safetensors.numpy import load_file
+
+    return dict(load_file(str(store.path_for(sha256))))

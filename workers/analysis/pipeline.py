@@ -1,0 +1,299 @@
+"""The analyze job, stage by stage (design.md §2): artifacts → engine → outputs → planner.
+
+Progress stages, in order: ``loading``, ``block spectra i/n``, ``off-diagonal``, ``dense
+hessian``, ``per-sample losses`` (the engine measures per-sample losses, perturbed losses and
+per-sample Hessian norms in one stage), ``gradient noise``, ``bounds``, ``gradient noise
+(intermediate i/n)``, ``storing outputs``, ``planning``. Cancellation is checked at every
+progress report, which the engine makes before each block.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from app.artifacts.blobstore import default_store
+from app.config import get_settings
+from app.jobs.schemas import AnalyzeJobCreate
+from app.planner import Measurements, Targets, make_plan
+from workers.analysis.artifacts import child_engine, job_project, resolve, store_output
+from workers.analysis.measurements import planner_fields, split_bulky
+from workers.errors import JobCancelled, JobError
+from workers.kinds import JobContext
+
+log = logging.getLogger("curvplan.worker.analyze")
+
+ENGINE_SHARE = (0.03, 0.85)
+"""The slice of the job's progress bar that the engine's own fractions map onto."""
+
+_STAGE_NAMES = {
+    "load": "loading",
+    "self_test": "loading",
+    "gradient": "loading",
+    "off_diagonal": "off-diagonal",
+    "dense": "dense hessian",
+    "top_eigenspace": "top eigenspace",
+    "per_sample": "per-sample losses",
+    "gradient_noise": "gradient noise",
+    "bounds": "bounds",
+    "done": "bounds",
+}
+_BLOCK_COUNTER = re.compile(r"\((\d+)/(\d+)\)\s*$")
+
+
+def job_stage(engine_stage: str, message: str) -> str:
+    """The job's stage name for an engine progress report (``blocks`` → ``block spectra i/n``)."""
+    if engine_stage == "blocks":
+        match = _BLOCK_COUNTER.search(message)
+        return f"block spectra {match.group(1)}/{match.group(2)}" if match else "block spectra"
+    return _STAGE_NAMES.get(engine_stage, engine_stage)
+
+
+def _should_cancel(ctx: JobContext) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            ctx.check_cancelled()
+        except JobCancelled:
+            return True
+        return False
+
+    return check
+
+
+def _engine_progress(ctx: JobContext) -> Callable[[float, str, str], None]:
+    low, high = ENGINE_SHARE
+
+    def report(fraction: float, stage: str, message: str) -> None:
+        ctx.report_progress(low + (high - low) * fraction, job_stage(stage, message), message)
+
+    return report
+
+
+def _validated(request: dict[str, Any]) -> AnalyzeJobCreate:
+    try:
+        return AnalyzeJobCreate.model_validate(request)
+    except Exception as exc:  # the API validated it; a stored row edited by hand may not be
+        raise JobError("invalid-request", "Invalid analyze request", str(exc)[:300]) from None
+
+
+def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Run one attempt of an analyze job; returns ``{measurements, recommendation, …}``."""
+    body = _validated(request)
+    options = dict(request.get("options") or {})  # only what the client set: engine defaults
+    ctx.report_progress(0.0, "loading", "resolving artifacts")
+    settings = get_settings()
+    engine = child_engine(settings.sqlalchemy_url)
+    store = default_store(ctx.data_dir)
+    try:
+        project_id = job_project(engine, ctx.job_id)
+        checkpoint = resolve(
+            engine, store, project_id, str(body.checkpoint), "checkpoint", "checkpoint"
+        )
+        dataset = resolve(engine, store, project_id, str(body.dataset), "dataset", "dataset")
+        intermediates = [
+            resolve(
+                engine, store, project_id, str(a), "checkpoint", f"intermediate_checkpoints.{i}"
+            )
+            for i, a in enumerate(body.intermediate_checkpoints)
+        ]
+        result = _run_engine(
+            request["model"], str(checkpoint.path), str(dataset.path), options, ctx
+        )
+        noise = _intermediate_noise(
+            request["model"], intermediates, str(dataset.path), options, ctx
+        )
+        ctx.report_progress(0.93, "storing outputs", "bulky arrays → job artifacts")
+        slim, groups = split_bulky(result)
+        outputs = {
+            name: store_output(
+                engine,
+                store,
+                job_id=ctx.job_id,
+                attempt=ctx.attempt,
+                name=name,
+                tensors=tensors,
+                metadata={"job_id": ctx.job_id},
+            )
+            for name, tensors in sorted(groups.items())
+        }
+    finally:
+        engine.dispose()
+    ctx.report_progress(0.96, "planning", "measurements → recommendation")
+    fields, notes = planner_fields(result, noise)
+    try:
+        measurements = Measurements.model_validate(fields)
+    except Exception as exc:
+        raise JobError(
+            "invalid-measurements",
+            "The engine's measurements do not fit the planner",
+            str(exc)[:300],
+        ) from None
+    targets: Targets = body.targets
+    seed = targets.seed if targets.seed is not None else uuid.UUID(ctx.job_id).int % (2**31)
+    recommendation = make_plan(measurements, targets, seed=seed)
+    ctx.report_progress(1.0, "planning", "recommendation ready")
+    return {
+        "measurements": slim,
+        "intermediate_gradient_noise": noise,
+        "planner_inputs": _inline_planner_inputs(fields, outputs),
+        "artifacts": outputs,
+        "notes": notes,
+        "recommendation": recommendation.model_dump(mode="json"),
+    }
+
+
+def _inline_planner_inputs(fields: dict[str, Any], outputs: dict[str, str]) -> dict[str, Any]:
+    """The planner's inputs without the bulky arrays, which are referenced by artifact id.
+
+    A re-plan (``plan`` with ``from_job``) rebuilds the full ``Measurements`` from these and
+    the artifacts.
+    """
+    inline = {k: v for k, v in fields.items() if k not in ("per_sample_losses", "perturbed_losses")}
+    refs: dict[str, Any] = {}
+    if "per_sample_losses" in fields:
+        refs["per_sample_losses"] = {
+            "artifact_id": outputs["per_sample_losses"],
+            "tensor": "per_sample.losses",
+        }
+    perturbed = fields.get("perturbed_losses")
+    if perturbed is not None:
+        refs["perturbed_losses"] = {
+            "artifact_id": outputs["perturbed_losses"],
+            "radius": perturbed["radius"],
+            "kind": perturbed["kind"],
+        }
+    return {"fields": inline, "arrays": refs}
+
+
+def _run_engine(
+    spec: dict[str, Any],
+    checkpoint_path: str,
+    data_path: str,
+    options: dict[str, Any],
+    ctx: JobContext,
+) -> dict[str, Any]:
+    """``workers.curvature.api.analyze`` with the engine's errors turned into job errors."""
+    from workers.curvature import api
+    from workers.curvature.checkpoint import CheckpointError, CheckpointMismatch
+    from workers.curvature.data import DataError
+    from workers.curvature.spec import SpecError
+
+    try:
+        return api.analyze(
+            spec,
+            checkpoint_path,
+            data_path,
+            options,
+            progress=_engine_progress(ctx),
+            should_cancel=_should_cancel(ctx),
+        )
+    except api.Cancelled:
+        raise JobCancelled() from None
+    except CheckpointMismatch as exc:
+        raise JobError(
+            "checkpoint-mismatch",
+            "The checkpoint does not match the model spec",
+            _mismatch_detail(exc, "checkpoint"),
+        ) from None
+    except CheckpointError as exc:
+        raise JobError("invalid-checkpoint", "The checkpoint cannot be read", str(exc)) from None
+    except DataError as exc:
+        raise JobError(
+            "dataset-mismatch", "The dataset does not match the model's task", str(exc)
+        ) from None
+    except SpecError as exc:
+        raise JobError("invalid-model-spec", "The model spec is invalid", str(exc)) from None
+    except api.OptionsError as exc:
+        raise JobError("invalid-options", "The analysis options are invalid", str(exc)) from None
+
+
+def _mismatch_detail(exc: Any, field: str) -> str:
+    """``field``: each offending tensor (name, problem, expected, found); no file path."""
+    parts = []
+    for issue in exc.issues:
+        text = f"{issue.name} {issue.problem}"
+        if issue.expected is not None or issue.found is not None:
+            text += f" (expected {issue.expected}, found {issue.found})"
+        parts.append(text)
+    return f"{field}: " + "; ".join(parts)
+
+
+def _intermediate_noise(
+    spec: dict[str, Any],
+    intermediates: list[Any],
+    data_path: str,
+    options: dict[str, Any],
+    ctx: JobContext,
+) -> list[dict[str, Any]]:
+    """Gradient-noise statistics at each intermediate checkpoint (McCandlish et al. 2018 §2.2).
+
+    Uses the STATS helper's ``gradient_noise_from_sample`` on the same evaluation sample,
+    with the same precision, device and seed as the main analysis.
+    """
+    if not intermediates:
+        return []
+    import torch
+
+    from workers.curvature.api import _clean
+    from workers.curvature.checkpoint import CheckpointError, CheckpointMismatch, load_checkpoint
+    from workers.curvature.data import load_dataset
+    from workers.curvature.device import resolve_device, resolve_dtype
+    from workers.curvature.gradient_noise import gradient_noise_from_sample
+    from workers.curvature.model import build_model
+    from workers.curvature.objective import objective_for
+    from workers.curvature.spec import parse_spec
+
+    parsed = parse_spec(spec)
+    device = resolve_device(options.get("device", "auto"))
+    dtype = resolve_dtype(options.get("precision", "float32"))
+    data = load_dataset(parsed, data_path).to(device, dtype)
+    objective = objective_for(parsed)
+    out = []
+    n = len(intermediates)
+    for i, artifact in enumerate(intermediates):
+        ctx.report_progress(
+            0.85 + 0.08 * i / n,
+            f"gradient noise (intermediate {i + 1}/{n})",
+            f"checkpoint {artifact.id}",
+        )
+        model = build_model(parsed, dtype=dtype)
+        try:
+            load_checkpoint(model, str(artifact.path))
+        except CheckpointMismatch as exc:
+            raise JobError(
+                "checkpoint-mismatch",
+                "An intermediate checkpoint does not match the model spec",
+                _mismatch_detail(exc, artifact.field),
+            ) from None
+        except CheckpointError as exc:
+            raise JobError(
+                "invalid-checkpoint", "A checkpoint cannot be read", f"{artifact.field}: {exc}"
+            ) from None
+        model = model.to(device=device, dtype=dtype)
+        if len(data) < 3:
+            raise JobError(
+                "dataset-too-small",
+                "The dataset is too small for gradient noise",
+                "dataset: needs at least 3 examples (2 for gradients, 1 for the Hessian)",
+            )
+        stats = gradient_noise_from_sample(
+            model,
+            objective,
+            data.inputs,
+            data.targets,
+            n_grad=options.get("noise_grad_examples"),
+            n_hessian=options.get("noise_hessian_examples"),
+            seed=int(options.get("seed", 0)),
+        )
+        stats = _clean(stats)
+        stats.pop("grad_indices", None)
+        stats.pop("hessian_indices", None)
+        stats["checkpoint"] = artifact.id
+        out.append(stats)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
