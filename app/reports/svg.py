@@ -188,8 +188,10 @@ class Chart:
                 body.append(
                     f'<line class="vline" x1="{px:.2f}" y1="{top}" x2="{px:.2f}" y2="{bottom}" '
                     f'stroke="{v.color}" stroke-width="1.5" stroke-dasharray="2 3"/>'
-                    f'<text x="{px + 4:.2f}" y="{bottom - 8}" font-size="12" {FONT} '
-                    f'fill="{v.color}">{esc(v.label)}</text>'
+                    # written upwards along the line's left side: clear of legend and curves
+                    f'<text class="vline-label" x="{px - 5:.2f}" y="{bottom - 24}" '
+                    f'font-size="12" {FONT} fill="{v.color}" '
+                    f'transform="rotate(-90 {px - 5:.2f} {bottom - 24})">{esc(v.label)}</text>'
                 )
         body.append("</g>")
         body.append(_legend(legend, right))
