@@ -10,6 +10,7 @@ g = 2x(xᵀr − ε), so with Isserlis' theorem
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -344,3 +345,15 @@ def test_tied_embedding_per_example_gradients_average_to_the_loss_gradient() -> 
     full = torch.autograd.grad(sums.sum() / counts.sum(), list(model.parameters()))
     full_flat = torch.cat([t.reshape(-1) for t in full])  # the tied tensor gets both paths
     torch.testing.assert_close(pg.grads.mean(dim=0), full_flat, rtol=1e-10, atol=1e-13)
+
+
+def test_float32_model_agrees_with_float64() -> None:
+    """The engine's default precision is fp32; accumulation is fp64 either way."""
+    model64, objective, x, y = lm_model_and_data(10)
+    model32 = copy.deepcopy(model64).float()
+    a = gn.gradient_noise_from_sample(model64, objective, x, y, n_grad=6, batch_size=4)
+    b = gn.gradient_noise_from_sample(model32, objective, x, y, n_grad=6, batch_size=4)
+    for key in ("trace_sigma", "trace_h_sigma", "raw_grad_sq_norm"):
+        assert b[key] == pytest.approx(a[key], rel=1e-4), key
+    for key in ("grad_sq_norm", "gHg"):  # differences of large terms: absolute tolerance
+        assert b[key] == pytest.approx(a[key], abs=1e-4 * a["trace_sigma"]), key

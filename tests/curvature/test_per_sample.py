@@ -431,3 +431,16 @@ def test_per_sample_section_and_planner_fields() -> None:
     Measurements(**fields)
     with pytest.raises(ValueError, match="radius"):
         ps.per_sample_section(model, objective, x, y, radius=0.0)
+
+
+def test_float32_model_agrees_with_float64() -> None:
+    model64, objective, x, y = lm_model_and_data(6)
+    model32 = copy.deepcopy(model64).float()
+    l64 = ps.per_example_losses(model64, objective, x, y)
+    l32 = ps.per_example_losses(model32, objective, x, y)
+    assert l32.dtype == torch.float64  # accumulated in fp64 whatever the model's precision
+    torch.testing.assert_close(l32, l64, rtol=1e-5, atol=0)
+    n64 = ps.per_sample_hessian_norms(model64, objective, x, y, indices=[0, 3], tol=1e-5)
+    n32 = ps.per_sample_hessian_norms(model32, objective, x, y, indices=[0, 3], tol=1e-5)
+    assert n32["all_converged"]
+    np.testing.assert_allclose(n32["norms"], n64["norms"], rtol=1e-4)
