@@ -45,8 +45,8 @@ _INSERT_RETURNING = tuple(c.name for c in _OUT_COLUMNS)
 _INSERT_SQL = (
     "INSERT INTO job (id, project_id, kind, queue, name, tags, status, request, request_hash, "
     "idempotency_key, max_attempts, created_at, updated_at) "
-    "VALUES (%s, %s, %s, %s, %s, %s, 'queued', %s, %s, %s, %s, "
-    "clock_timestamp(), clock_timestamp()) "
+    "SELECT %s, %s, %s, %s, %s, %s, 'queued', %s, %s, %s, %s, clock.ts, clock.ts "
+    "FROM (SELECT clock_timestamp() AS ts) AS clock "
     "ON CONFLICT ON CONSTRAINT uq_job_project_id_idempotency_key DO NOTHING "
     "RETURNING " + ", ".join(_INSERT_RETURNING)
 )
@@ -121,8 +121,9 @@ def create_job(
     """Insert a queued job (one statement); with an idempotency key, replay or refuse reuse.
 
     ``body`` is the validated request (JSON-ready dict). Same key + same body
-    returns the original job (``replayed=True``); same key + another body raises
-    a 422 problem (draft-ietf-httpapi-idempotency-key-header §2.7).
+    returns the original response again (``replayed=True``, see :func:`original_response`);
+    same key + another body raises a 422 problem (draft-ietf-httpapi-idempotency-key-header
+    §2.7).
     """
     request_hash = canonical_hash(body)
     kind = body["kind"]
@@ -139,8 +140,8 @@ def create_job(
         "idempotency_key": idempotency_key,
         "max_attempts": body.get("max_attempts") or default_max_attempts,
     }
-    # created_at is clock_timestamp(), not now(): jobs made in one transaction still get
-    # distinct, ordered times (the list cursor orders by it).
+    # created_at = updated_at = clock_timestamp(), not now(): jobs made in one transaction
+    # still get distinct, ordered times (the list cursor orders by them).
     # Hot path: one prepared statement on the session's own psycopg connection (same
     # transaction as the rest of the request), skipping SQLAlchemy's statement building.
     driver = session.connection().connection.driver_connection
@@ -187,7 +188,29 @@ def create_job(
             ],
             extra={"job_id": str(existing.id)},
         )
-    return Created(job_to_json(existing), replayed=True)
+    return Created(original_response(existing), replayed=True)
+
+
+def original_response(row: Row[Any] | Any) -> dict[str, Any]:
+    """The job exactly as the first ``POST /v1/jobs`` answered it, rebuilt from the row.
+
+    An idempotent replay repeats the original response (draft-ietf-httpapi-idempotency-
+    key-header §2.6). Everything in it is fixed at creation (id, kind, queue, name, tags,
+    max_attempts, request, created_at) or was the initial state, so nothing needs storing.
+    """
+    initial = dict(row._mapping)
+    initial.update(
+        status="queued",
+        progress=None,
+        attempt=0,
+        cancel_requested=False,
+        result=None,
+        error=None,
+        updated_at=initial["created_at"],
+        started_at=None,
+        finished_at=None,
+    )
+    return job_to_json(_RawRow(initial))
 
 
 def get_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> dict[str, Any]:

@@ -85,10 +85,29 @@ def test_idempotency_same_key_same_body_replays(
     assert second.headers["location"] == first.headers["location"]
     assert second.headers.get("idempotent-replayed") == "true"
     assert "idempotent-replayed" not in first.headers
+    assert second.json() == first.json()  # the original response, replayed
     count = db_session.execute(
         text("SELECT count(*) FROM job WHERE idempotency_key = 'k-1'")
     ).scalar_one()
     assert count == 1
+
+
+def test_idempotent_replay_repeats_the_original_response_after_the_job_ran(
+    client, auth_headers, plan_body, db_session
+) -> None:
+    first = _create(client, auth_headers, plan_body, **{"Idempotency-Key": "k-ran"})
+    _set(
+        db_session,
+        first.json()["id"],
+        status="succeeded",
+        attempt=1,
+        result={"recommendation": {}},
+        progress={"fraction": 1.0, "stage": "done", "message": "ok"},
+    )
+    replay = _create(client, auth_headers, plan_body, **{"Idempotency-Key": "k-ran"})
+    assert replay.status_code == 202 and replay.json() == first.json()
+    current = client.get(replay.headers["location"], headers=auth_headers).json()
+    assert current["status"] == "succeeded" and current["attempt"] == 1
 
 
 def test_idempotency_same_key_other_body_is_422(client, auth_headers, plan_body) -> None:
