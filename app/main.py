@@ -26,6 +26,7 @@ from app.logging import configure_logging
 from app.metrics import QueueCollector
 from app.middleware import BodySizeLimitMiddleware, MetricsMiddleware
 from app.problems import install_problem_handlers
+from app.recommendations.router import router as recommendations_router
 from app.reports.router import router as reports_router
 from app.workers_api.router import router as workers_router
 
@@ -68,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs_router)
     app.include_router(reports_router)
     app.include_router(artifacts_router)
+    app.include_router(recommendations_router)
     app.include_router(workers_router)
     # Outermost last: metrics see every request, including 413s from the size limit.
     app.add_middleware(

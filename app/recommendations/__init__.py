@@ -1,0 +1,1 @@
+"""``GET /v1/recommendations``: the latest succeeded recommendation per job name."""

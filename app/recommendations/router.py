@@ -1,0 +1,68 @@
+"""HTTP route: ``GET /v1/recommendations?name=&tag=&kind=&page_size=&page_token=``."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from app.auth.dependencies import ProjectDep
+from app.db import SessionDep
+from app.jobs.service import parse_filters
+from app.problems import PROBLEM_RESPONSES
+from app.recommendations.service import latest_recommendations
+
+router = APIRouter(prefix="/v1/recommendations", tags=["recommendations"])
+
+
+class RecommendationLinks(BaseModel):
+    job: str
+    recommendation: str
+
+
+class LatestRecommendation(BaseModel):
+    """The current recommendation for one job name."""
+
+    name: str
+    job_id: uuid.UUID
+    kind: str
+    tags: dict[str, str]
+    finished_at: datetime | None
+    recommendation: dict[str, Any]
+    links: RecommendationLinks
+
+
+class RecommendationPage(BaseModel):
+    items: list[LatestRecommendation]
+    next_page_token: str | None
+
+
+@router.get(
+    "",
+    name="list_recommendations",
+    response_model=RecommendationPage,
+    summary="Latest succeeded recommendation per job name (by name, cursor pagination)",
+    responses={**PROBLEM_RESPONSES},
+)
+def list_recommendations(
+    request: Request,
+    session: SessionDep,
+    auth: ProjectDep,
+    name: Annotated[str | None, Query(description="Only this job name")] = None,
+    tag: Annotated[list[str] | None, Query(description="key:value; repeatable (AND)")] = None,
+    kind: Annotated[str | None, Query(description="plan or analyze")] = None,
+    page_size: Annotated[int | None, Query(ge=1)] = None,
+    page_token: Annotated[str | None, Query()] = None,
+) -> JSONResponse:
+    """For each job name, the recommendation of its most recently finished succeeded job."""
+    settings = request.app.state.settings
+    size = min(page_size or settings.default_page_size, settings.max_page_size)
+    filters = parse_filters(None, kind, name, tag)
+    items, token = latest_recommendations(
+        session, auth.project_id, filters, page_size=size, page_token=page_token
+    )
+    return JSONResponse({"items": items, "next_page_token": token})
