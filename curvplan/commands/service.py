@@ -115,6 +115,61 @@ def keys_create(
     typer.echo(key)
 
 
+@keys_app.command("list")
+def keys_list(
+    project: str = typer.Option(..., "--project", help="Project name."),
+) -> None:
+    """List the keys of PROJECT: id, prefix, label, created, revoked (never the key)."""
+    from sqlalchemy import select
+
+    from app.auth.models import ApiKey, Project
+    from app.db import make_engine, make_sessionmaker
+
+    engine = make_engine(_require_database_url())
+    with make_sessionmaker(engine)() as session:
+        rows = session.execute(
+            select(ApiKey)
+            .join(Project, Project.id == ApiKey.project_id)
+            .where(Project.name == project)
+            .order_by(ApiKey.created_at)
+        ).scalars()
+        for key in rows:
+            revoked = key.revoked_at.isoformat() if key.revoked_at else "-"
+            typer.echo(
+                f"{key.id}  {key.prefix}…  {key.created_at.isoformat()}  revoked={revoked}  "
+                f"{key.name or ''}".rstrip()
+            )
+    engine.dispose()
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str = typer.Argument(..., help="Key id (from `keys list`).")) -> None:
+    """Revoke a key; API processes stop accepting it within CURVPLAN_AUTH_CACHE_SECONDS."""
+    import uuid
+
+    from sqlalchemy import func, update
+
+    from app.auth.models import ApiKey
+    from app.db import make_engine
+
+    try:
+        parsed = uuid.UUID(key_id)
+    except ValueError:
+        raise typer.BadParameter("not a key id (a UUID from `keys list`)") from None
+    engine = make_engine(_require_database_url())
+    with engine.begin() as conn:
+        result = conn.execute(
+            update(ApiKey)
+            .where(ApiKey.id == parsed, ApiKey.revoked_at.is_(None))
+            .values(revoked_at=func.now())
+        )
+    engine.dispose()
+    if result.rowcount == 0:
+        typer.echo(f"error: no active key with id {key_id}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"revoked {key_id}")
+
+
 def dev(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port"),

@@ -115,3 +115,39 @@ def test_cli_keys_create_prints_a_working_key(database_url, settings, plan_body)
     finally:
         with application.state.engine.begin() as conn:
             conn.execute(text("DELETE FROM project WHERE name = :n"), {"n": project})
+
+
+def test_cli_keys_list_and_revoke(database_url, settings) -> None:
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    project = f"cli-revoke-{os.getpid()}"
+    env = {**os.environ, "DATABASE_URL": database_url}
+
+    def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "curvplan.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=check,
+        )
+
+    key = cli("keys", "create", "--project", project, "--name", "ci").stdout.strip()
+    listing = cli("keys", "list", "--project", project).stdout
+    assert key[:8] in listing and key not in listing and "revoked=-" in listing
+    key_id = listing.split()[0]
+    application = create_app(settings.model_copy(update={"auth_cache_seconds": 0}))
+    try:
+        with TestClient(application, raise_server_exceptions=False) as c:
+            headers = {"Authorization": f"Bearer {key}"}
+            assert c.get("/v1/jobs", headers=headers).status_code == 200
+            assert cli("keys", "revoke", key_id).returncode == 0
+            assert_problem(c.get("/v1/jobs", headers=headers), 401)
+        assert cli("keys", "revoke", key_id, check=False).returncode == 1
+        assert "revoked=-" not in cli("keys", "list", "--project", project).stdout
+    finally:
+        with application.state.engine.begin() as conn:
+            conn.execute(text("DELETE FROM project WHERE name = :n"), {"n": project})
