@@ -186,6 +186,10 @@ def job_path(job_id: str | uuid.UUID, suffix: str = "") -> str:
     return f"/v1/jobs/{_uuid(job_id, 'job_id')}{suffix}"
 
 
+def artifact_path(artifact_id: str | uuid.UUID) -> str:
+    return f"/v1/artifacts/{_uuid(artifact_id, 'artifact_id')}"
+
+
 def _uuid(value: str | uuid.UUID, name: str) -> str:
     try:
         return str(uuid.UUID(str(value)))

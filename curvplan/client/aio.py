@@ -121,9 +121,9 @@ class AsyncClient:
         c.check_artifact(answer, digest, call.upload.path)  # type: ignore[union-attr]
         return m.Artifact.model_validate(answer)
 
-    async def get_artifact(self, artifact_id: str) -> m.Artifact:
+    async def get_artifact(self, artifact_id: str | uuid.UUID) -> m.Artifact:
         return m.Artifact.model_validate(
-            await self._send(c.Call("GET", f"/v1/artifacts/{artifact_id}"))
+            await self._send(c.Call("GET", c.artifact_path(artifact_id)))
         )
 
     # ------------------------------------------------------------------ jobs

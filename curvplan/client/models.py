@@ -1,9 +1,10 @@
 """Typed results of the client: the API's own pydantic models where they exist.
 
-``Job``/``JobPage`` are :mod:`app.jobs.schemas`' ``JobOut``/``JobPage`` and
-``Recommendation`` is the planner's output model, so a field renamed on the server
-is renamed here too. The artifact, recommendation-listing and report-link models
-mirror their endpoints' JSON and accept extra fields (newer servers may add some).
+``Job``/``JobPage`` are :mod:`app.jobs.schemas`' ``JobOut``/``JobPage``, ``Artifact`` is
+:mod:`app.artifacts.schemas`' ``ArtifactOut`` and ``Recommendation`` is the planner's
+output model, so a field renamed on the server is renamed here too. The
+recommendation-listing and report-link models mirror their endpoints' JSON and accept
+extra fields (newer servers may add some).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from app.artifacts.schemas import ArtifactOut, ArtifactPage
 from app.jobs.schemas import JobError, JobOut, JobPage, Progress
 from app.planner.schemas import Measurements, Recommendation, Targets
 
 Job = JobOut
+Artifact = ArtifactOut
 
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -29,17 +32,6 @@ def is_terminal(job: JobOut) -> bool:
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
-
-
-class Artifact(_Open):
-    """An uploaded checkpoint or dataset (``POST /v1/artifacts``), content-addressed."""
-
-    id: str
-    kind: str
-    sha256: str
-    size: int
-    filename: str | None = None
-    created_at: datetime | None = None
 
 
 class RecommendationEntry(_Open):
@@ -68,6 +60,8 @@ class ReportLink(_Open):
 
 __all__ = [
     "Artifact",
+    "ArtifactOut",
+    "ArtifactPage",
     "Job",
     "JobError",
     "JobOut",

@@ -120,8 +120,8 @@ class Client:
         c.check_artifact(answer, digest, call.upload.path)  # type: ignore[union-attr]
         return m.Artifact.model_validate(answer)
 
-    def get_artifact(self, artifact_id: str) -> m.Artifact:
-        return m.Artifact.model_validate(self._send(c.Call("GET", f"/v1/artifacts/{artifact_id}")))
+    def get_artifact(self, artifact_id: str | uuid.UUID) -> m.Artifact:
+        return m.Artifact.model_validate(self._send(c.Call("GET", c.artifact_path(artifact_id))))
 
     # ------------------------------------------------------------------ jobs
     def submit_job(

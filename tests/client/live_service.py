@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,6 +135,16 @@ class WorkerProcess:
             stderr=subprocess.STDOUT,
         )
         log.close()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """SIGSTOP the worker: jobs submitted meanwhile stay queued (no CPU spent on them)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import threading
 import time
@@ -11,7 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
-from live_service import LiveService, ServerProcess
+from analyze_files import OPTIONS, SPEC, TARGETS, write_analyze_files
+from live_service import LiveService
 from plan_bodies import full_measurements, full_targets, slow_plan, small_plan
 
 import curvplan
@@ -139,18 +141,16 @@ def test_cancel_running_job_and_409s(api: curvplan.Client) -> None:
     assert "only queued or running jobs can be cancelled" in (again.value.detail or "")
 
 
-def test_wait_timeout_returns_the_last_job(api: curvplan.Client) -> None:
-    job = api.submit_job(slow_plan(f"timeout-{uuid.uuid4().hex[:8]}"))
-    try:
+def test_wait_timeout_returns_the_last_job(api: curvplan.Client, live: LiveService) -> None:
+    with live.worker.paused():  # the job stays queued
+        job = api.submit_job(small_plan(f"timeout-{uuid.uuid4().hex[:8]}"))
         started = time.monotonic()
         with pytest.raises(WaitTimeoutError) as info:
             api.wait(job.id, timeout=1.0)
         assert 0.9 <= time.monotonic() - started < 10
         assert info.value.job is not None and info.value.job.id == job.id
-        assert info.value.job.status in ("queued", "running")
-    finally:
-        api.cancel_job(job.id)
-        api.wait(job.id, timeout=60)
+        assert info.value.job.status == "queued"
+        assert api.cancel_job(job.id).status == "cancelled"  # queued → cancelled at once
 
 
 class _CountingTransport(httpx.HTTPTransport):
@@ -168,41 +168,39 @@ class _CountingTransport(httpx.HTTPTransport):
             raise
 
 
-def test_wait_survives_server_restart(live: LiveService, tmp_path: Any) -> None:
+def test_wait_survives_server_restart(live: LiveService) -> None:
     """Kill the API process (SIGKILL) during a long-poll, restart it: wait() still returns."""
-    server = ServerProcess(live.env, tmp_path / "restart-server.log")
-    server.start()
+    server = live.server  # restarted on the same port, so later tests find it again
     transport = _CountingTransport()
     policy = RetryPolicy(backoff_initial=0.1, backoff_max=0.5, outage_seconds=60)
     client = curvplan.Client(server.url, live.api_key, retry=policy, transport=transport)
     outcome: dict[str, Any] = {}
+
+    def waiter(job_id: uuid.UUID) -> None:
+        try:
+            outcome["job"] = client.wait(job_id, timeout=120)
+        except Exception as exc:  # reported by the assertion below
+            outcome["error"] = exc
+
     try:
-        job = client.submit_job(slow_plan(f"restart-{uuid.uuid4().hex[:8]}"))
-        _wait_for_status(client, job.id, "running")
-
-        def waiter() -> None:
-            try:
-                outcome["job"] = client.wait(job.id, timeout=120)
-            except Exception as exc:  # reported by the assertion below
-                outcome["error"] = exc
-
-        thread = threading.Thread(target=waiter)
-        thread.start()
-        time.sleep(0.5)  # the long-poll request is in flight now
-        server.kill()
-        time.sleep(1.5)  # down: every retry meets a refused connection
-        assert thread.is_alive(), outcome
-        server.start()
-        with curvplan.Client(server.url, live.api_key) as other:
-            other.cancel_job(job.id)  # end the slow job; wait() must now see it cancelled
-        thread.join(90)
+        with live.worker.paused():  # the job stays queued until the server is back
+            job = client.submit_job(small_plan(f"restart-{uuid.uuid4().hex[:8]}"))
+            thread = threading.Thread(target=waiter, args=(job.id,))
+            thread.start()
+            time.sleep(0.5)  # the long-poll request is in flight now
+            server.kill()
+            time.sleep(1.0)  # down: every retry meets a refused connection
+            assert thread.is_alive(), outcome
+            server.start()
+        thread.join(90)  # the worker runs the job; the re-established long-poll sees it end
         assert not thread.is_alive()
         assert "error" not in outcome, outcome.get("error")
-        assert outcome["job"].status == "cancelled"
+        assert outcome["job"].status == "succeeded" and outcome["job"].id == job.id
         assert "ConnectError" in transport.failures  # it really met the dead server
     finally:
         client.close()
-        server.stop()
+        if server.proc is None or server.proc.poll() is not None:
+            server.start()
 
 
 def test_unreachable_server_raises_after_retries() -> None:
@@ -248,3 +246,45 @@ def _wait_for_status(api: curvplan.Client, job_id: Any, status: str, timeout: fl
         if job.status == status or time.monotonic() > deadline:
             return job
         time.sleep(0.05)
+
+
+def test_artifacts_and_analyze(api: curvplan.Client, tmp_path: Any) -> None:
+    files = write_analyze_files(tmp_path)
+    ckpt = api.upload_artifact(files["checkpoint"], "checkpoint")
+    data = api.upload_artifact(str(files["data"]), "dataset")
+    assert ckpt.kind == "checkpoint" and data.kind == "dataset"
+    assert ckpt.sha256 == hashlib.sha256(files["checkpoint"].read_bytes()).hexdigest()
+    assert ckpt.size == files["checkpoint"].stat().st_size
+    assert api.get_artifact(ckpt.id) == ckpt
+    assert api.upload_artifact(files["checkpoint"], "checkpoint").id == ckpt.id  # content-addressed
+    with pytest.raises(ValidationFailedError) as wrong_kind:
+        api.upload_artifact(files["spec"], "checkpoint")  # JSON is not safetensors
+    assert wrong_kind.value.status == 422
+    assert wrong_kind.value.errors[0]["field"].startswith("body.file")  # type: ignore[index]
+    with pytest.raises(ValueError, match="artifact kind"):
+        api.upload_artifact(files["data"], "weights")
+
+    job = api.submit_analyze(SPEC, ckpt, data, name="tiny", options=OPTIONS, targets=TARGETS)
+    stages: list[str] = []
+    done = api.wait(
+        job.id,
+        timeout=240,
+        progress_interval=0.2,
+        on_progress=lambda j: stages.append(j.progress.stage if j.progress else ""),
+    )
+    assert done.status == "succeeded", done.error
+    assert len(set(stages)) >= 3  # the engine's stages came through the long-poll
+    rec = api.get_recommendation(job.id)
+    assert rec.curvature.status == "computed"
+    names = {b.name for b in rec.curvature.blocks}
+    assert {"layers.0.q", "layers.0.k", "layers.0.v"} <= names
+    off = done.result["measurements"]["off_diagonal"]  # type: ignore[index]
+    assert {(o["row"], o["col"]) for o in off} == {
+        ("layers.0.q", "layers.0.k"),
+        ("layers.0.k", "layers.0.v"),
+    }
+
+    bad = api.upload_artifact(files["wider"], "checkpoint")
+    failed = api.wait(api.submit_analyze(SPEC, bad, data, options=OPTIONS).id, timeout=120)
+    assert failed.status == "failed" and failed.error is not None
+    assert "checkpoint" in (failed.error.detail or "")
