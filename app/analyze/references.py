@@ -8,12 +8,17 @@ jobs without references pass through untouched (no database work on the hot path
 
 from __future__ import annotations
 
+import json
 import uuid
+from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.artifacts.service import ArtifactRef, check_references
+from app.planner.schemas import Measurements
+from app.problems import Problem
 
 
 def analyze_references(body: dict[str, Any]) -> list[ArtifactRef]:
@@ -30,9 +35,25 @@ def analyze_references(body: dict[str, Any]) -> list[ArtifactRef]:
 
 
 def prepare_job_body(
-    session: Session, project_id: uuid.UUID, body: dict[str, Any]
+    session: Session, project_id: uuid.UUID, body: dict[str, Any], data_dir: Path
 ) -> dict[str, Any]:
-    """Check (and, for re-plans, complete) a validated job body; raises a 422/409 problem."""
+    """Check (and, for re-plans, complete) a validated job body; raises a 422/409 problem.
+
+    ``data_dir`` is the service's data directory (the blob store a re-plan reads from).
+    """
     if body["kind"] == "analyze":
         check_references(session, project_id, analyze_references(body))
+    elif body["kind"] == "plan" and body.get("from_job") is not None:
+        from app.analyze.replan import measurements_from_job
+
+        fields = measurements_from_job(session, project_id, uuid.UUID(body["from_job"]), data_dir)
+        try:
+            measurements = Measurements.model_validate_json(json.dumps(fields))
+        except ValidationError as exc:
+            raise Problem(
+                409,
+                f"the analysis's stored measurements no longer fit the planner: {exc}"[:500],
+                title="Conflict",
+            ) from None
+        body = {**body, "measurements": measurements.model_dump(mode="json", exclude_none=True)}
     return body

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -145,6 +146,7 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
         body,
         settings.max_attempts,
         idempotency_key,
+        settings.data_dir,
     )
     headers = {"Location": created.job["links"]["self"]}
     if created.replayed:
@@ -158,8 +160,9 @@ def _create_and_commit(
     body: dict[str, Any],
     default_max_attempts: int,
     idempotency_key: str | None,
+    data_dir: Path,
 ) -> service.Created:
-    body = prepare_job_body(session, project_id, body)  # artifact ids, from_job (issue 5)
+    body = prepare_job_body(session, project_id, body, data_dir)  # artifact ids, from_job
     created = service.create_job(
         session,
         project_id,

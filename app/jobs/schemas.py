@@ -14,7 +14,7 @@ from functools import reduce
 from operator import or_
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, field_validator
 
 from app.analyze.options import AnalyzeOptions
 from app.planner.schemas import Measurements, Targets
@@ -40,11 +40,30 @@ class _JobCreateBase(BaseModel):
 
 
 class PlanJobCreate(_JobCreateBase):
-    """Plan a data budget from measurements the client already has (CPU, seconds)."""
+    """Plan a data budget from measurements the client already has (CPU, seconds).
+
+    Or re-plan a finished analysis with new targets: ``from_job`` names a succeeded
+    ``analyze`` job of the project, whose measurements the API copies into the job.
+    """
 
     kind: Literal["plan"]
-    measurements: Measurements
+    from_job: uuid.UUID | None = Field(
+        default=None, description="A succeeded analyze job whose measurements to re-plan."
+    )
+    measurements: Measurements | None = Field(
+        default=None, validate_default=True, description="Required unless from_job is given."
+    )
     targets: Targets = Field(default_factory=Targets)
+
+    @field_validator("measurements")
+    @classmethod
+    def _one_source(cls, value: Measurements | None, info: ValidationInfo) -> Measurements | None:
+        from_job = info.data.get("from_job")
+        if value is None and from_job is None:
+            raise ValueError("Field required (or give from_job to re-plan an analyze job)")
+        if value is not None and from_job is not None:
+            raise ValueError("give measurements or from_job, not both")
+        return value
 
 
 class AnalyzeJobCreate(_JobCreateBase):

@@ -109,7 +109,9 @@ class Service:
 
     def new_worker(self, log_name: str) -> Proc:
         worker = Proc(
-            ["worker", "--queues", "gpu", *FAST_WORKER], self.env, self.data_dir.parent / log_name
+            ["worker", "--queues", "gpu,cpu", *FAST_WORKER],
+            self.env,
+            self.data_dir.parent / log_name,
         )
         worker.start()
         return worker
@@ -124,7 +126,7 @@ def start_service(database_url: str, tmp: Path) -> Service:
     env = service_env(database_url, data_dir)
     port = free_port()
     server = Proc(["serve", "--port", str(port)], env, tmp / "server.log")
-    worker = Proc(["worker", "--queues", "gpu", *FAST_WORKER], env, tmp / "worker.log")
+    worker = Proc(["worker", "--queues", "gpu,cpu", *FAST_WORKER], env, tmp / "worker.log")
     worker.start()
     server.start()
     service = Service(database_url, data_dir, env, server, worker, port)

@@ -231,6 +231,29 @@ def test_analyze_over_http_matches_the_engine_and_plans(
     noise = result["intermediate_gradient_noise"]
     assert [n["checkpoint"] for n in noise] == [intermediate]
 
+    # Re-plan the finished analysis with other targets (a plain plan job on the cpu queue).
+    replan = client.post(
+        "/v1/jobs",
+        json={
+            "kind": "plan",
+            "name": "tiny-lm",
+            "from_job": job["id"],
+            "targets": {**TARGETS, "tolerances": [0.2, 0.1]},
+        },
+    )
+    assert replan.status_code == 202, replan.text
+    assert replan.json()["queue"] == "cpu"
+    copied = replan.json()["request"]["measurements"]
+    assert copied["per_sample_losses"] == pytest.approx(losses.tolist(), rel=1e-12)
+    assert len(copied["perturbed_losses"]["losses"]) == OPTIONS["n_directions"]
+    assert copied["blocks"] == result["planner_inputs"]["fields"]["blocks"]
+    replanned = wait_terminal(client, replan.json()["id"], timeout=60)
+    assert replanned["status"] == "succeeded", (replanned["error"], service.logs())
+    new = replanned["result"]["recommendation"]["sample_size"]["per_tolerance"]
+    assert [t["tolerance"] for t in new] == [0.2, 0.1]
+    latest = client.get("/v1/recommendations", params={"name": "tiny-lm"}).json()["items"]
+    assert [item["job_id"] for item in latest] == [replan.json()["id"]]
+
 
 def test_checkpoint_that_does_not_match_the_spec_fails_naming_the_tensor(
     client: httpx.Client, service: Service, files: dict[str, Path]
@@ -261,6 +284,28 @@ def test_float_inputs_for_a_causal_lm_fail_naming_the_tensor(
     assert done["status"] == "failed", service.logs()
     assert done["error"]["type"] == "dataset-mismatch"
     assert "'inputs'" in done["error"]["detail"] and "int64" in done["error"]["detail"]
+
+
+def test_replan_refuses_unfinished_foreign_and_non_analyze_jobs(
+    client: httpx.Client, other_client: httpx.Client, files: dict[str, Path]
+) -> None:
+    failed = submit(
+        client,
+        checkpoint=upload(client, files["wider"], "checkpoint"),
+        dataset=upload(client, files["data"], "dataset"),
+    )
+    wait_terminal(client, failed["id"], timeout=60)
+    response = client.post("/v1/jobs", json={"kind": "plan", "from_job": failed["id"]})
+    assert response.status_code == 409, response.text
+    assert response.json()["job_status"] == "failed"
+    foreign = other_client.post("/v1/jobs", json={"kind": "plan", "from_job": failed["id"]})
+    assert foreign.status_code == 422
+    assert [e["field"] for e in foreign.json()["errors"]] == ["body.from_job"]
+    both = client.post(
+        "/v1/jobs",
+        json={"kind": "plan", "from_job": failed["id"], "measurements": {"loss_bound": 1.0}},
+    )
+    assert [e["field"] for e in both.json()["errors"]] == ["body.measurements"]
 
 
 def test_another_projects_artifacts_cannot_be_used(

@@ -138,14 +138,16 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {
         "measurements": slim,
         "intermediate_gradient_noise": noise,
-        "planner_inputs": _inline_planner_inputs(fields, outputs),
+        "planner_inputs": _inline_planner_inputs(fields, outputs, result),
         "artifacts": outputs,
         "notes": notes,
         "recommendation": recommendation.model_dump(mode="json"),
     }
 
 
-def _inline_planner_inputs(fields: dict[str, Any], outputs: dict[str, str]) -> dict[str, Any]:
+def _inline_planner_inputs(
+    fields: dict[str, Any], outputs: dict[str, str], result: dict[str, Any]
+) -> dict[str, Any]:
     """The planner's inputs without the bulky arrays, which are referenced by artifact id.
 
     A re-plan (``plan`` with ``from_job``) rebuilds the full ``Measurements`` from these and
@@ -160,8 +162,11 @@ def _inline_planner_inputs(fields: dict[str, Any], outputs: dict[str, str]) -> d
         }
     perturbed = fields.get("perturbed_losses")
     if perturbed is not None:
+        records = (result.get("per_sample") or {}).get("perturbed") or []
+        index = next(i for i, r in enumerate(records) if r.get("kind") == perturbed["kind"])
         refs["perturbed_losses"] = {
             "artifact_id": outputs["perturbed_losses"],
+            "tensor": f"per_sample.perturbed.{index}.losses",
             "radius": perturbed["radius"],
             "kind": perturbed["kind"],
         }
