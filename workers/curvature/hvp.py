@@ -290,3 +290,41 @@ def finite_difference_hvp(
         return (grad_at(h) - grad_at(-h)) / (2 * h)
 
     return scale * (4 * central(eps / 2) - central(eps)) / 3
+
+
+class SelfTestError(RuntimeError):
+    """The start-up HVP self-test disagreed with finite differences (pitfalls §1–2)."""
+
+
+def self_test(device: torch.device | str = "cpu", tol: float = 1e-7) -> float:
+    """Start-up check: on a tiny fp64 Transformer (LayerNorm, attention, GELU) on ``device``,
+    double-backward block products must match Richardson-extrapolated central differences.
+    Returns the worst relative error; raises :class:`SelfTestError` above ``tol``."""
+    from workers.curvature.model import build_model
+    from workers.curvature.objective import objective_for
+
+    spec = {
+        "d_model": 4,
+        "n_heads": 2,
+        "d_ff": 6,
+        "n_layers": 1,
+        "task": {"type": "causal_lm", "vocab_size": 5, "seq_len": 4},
+    }
+    gen = torch.Generator().manual_seed(0)
+    model = build_model(spec, seed=0, dtype=torch.float64)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+    model = model.to(device)
+    x = torch.randint(0, 5, (3, 4), generator=gen).to(device)
+    worst = 0.0
+    with CurvatureEngine(model, objective_for(spec), [(x[:, :-1], x[:, 1:])]) as eng:
+        for names in (["layers.0.ln1.weight", "layers.0.ln1.bias"], ["layers.0.attn.q.weight"]):
+            v = torch.randn(eng.layout(names).numel, generator=gen, dtype=torch.float64)
+            exact = eng.block_hvp(names, v)
+            approx = finite_difference_hvp(eng, names, names, v)
+            err = float((exact - approx).norm() / max(float(approx.norm()), 1e-300))
+            worst = max(worst, err)
+    if not worst <= tol:
+        raise SelfTestError(f"HVP self-test failed: relative error {worst:.3e} > {tol:.1e}")
+    return worst
