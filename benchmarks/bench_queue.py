@@ -2,7 +2,9 @@
 
 Prints jobs/s (from the first claim to the last finish), the per-attempt wall time
 (claim → outcome written, from ``job_attempt``) as p50/p99, and the worker start-up
-time (process start → first claim). Needs PostgreSQL: ``--admin-url`` (default
+time (process start → first claim). ``--child-latency`` instead times one attempt
+child (start → result of a small plan) under ``forkserver`` and ``spawn``, without
+a database: why the worker uses a preloaded forkserver. Needs PostgreSQL: ``--admin-url`` (default
 ``postgresql://postgres@127.0.0.1:5432/postgres``); a scratch database is created
 and dropped.
 
@@ -23,13 +25,8 @@ import time
 import uuid
 from pathlib import Path
 
-import psycopg
-from psycopg import sql
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
-
-from app import migrations
-from app.config import libpq_url, normalise_database_url
+# Only the standard library at module level: every attempt child re-runs this main
+# script (multiprocessing's "prepare" step), so heavy imports live in the functions.
 
 
 def plan_body(n_losses: int) -> dict[str, object]:
@@ -41,9 +38,44 @@ def plan_body(n_losses: int) -> dict[str, object]:
     }
 
 
+def curvplan_command() -> list[str]:
+    """The ``curvplan`` console script next to this interpreter, else ``python -m``."""
+    script = Path(sys.executable).parent / "curvplan"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "curvplan.cli"]
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def child_latency(method: str, runs: int) -> None:
+    """Start → result of one small plan attempt in a child, p50 over ``runs`` (after warm-up)."""
+    from workers.attempt import AttemptProcess, Final, make_context
+    from workers.child import ChildTask
+
+    ctx = make_context(method, ["cpu"])
+    times = []
+    for _ in range(runs + 1):
+        start = time.perf_counter()
+        task = ChildTask(
+            "plan", str(uuid.uuid4()), 1, "bench", plan_body(40), "/tmp", "json", "WARNING"
+        )
+        child = AttemptProcess(ctx, task)
+        final = None
+        while not child.finished_talking:
+            for message in child.receive(0.005):
+                if isinstance(message, Final):
+                    final = message
+        child.join()
+        child.close()
+        assert final is not None and final.kind == "result", final
+        times.append(time.perf_counter() - start)
+    print(
+        f"{method}: first attempt {1000 * times[0]:.0f} ms (server start + preload), then"
+        f" p50 {1000 * percentile(times[1:], 0.5):.1f} ms,"
+        f" p99 {1000 * percentile(times[1:], 0.99):.1f} ms per attempt"
+    )
 
 
 def main() -> None:
@@ -51,7 +83,20 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=400)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--child-latency", action="store_true")
     args = parser.parse_args()
+    if args.child_latency:
+        child_latency("forkserver", 30)
+        child_latency("spawn", 3)
+        return
+
+    import psycopg
+    from psycopg import sql
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from app import migrations
+    from app.config import libpq_url, normalise_database_url
 
     name = f"curvplan_bench_queue_{secrets.token_hex(4)}"
     with psycopg.connect(libpq_url(args.admin_url), autocommit=True) as conn:
@@ -85,9 +130,7 @@ def main() -> None:
             procs.append(
                 subprocess.Popen(
                     [
-                        sys.executable,
-                        "-m",
-                        "curvplan.cli",
+                        *curvplan_command(),
                         "worker",
                         "--queues",
                         "cpu",

@@ -27,11 +27,14 @@ def make_context(start_method: str, queues: list[str]) -> BaseContext:
     ctx = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
         # Each child re-runs the parent's main module (multiprocessing's "prepare"
-        # step): preloading it, by path or by module name (``python -m``), makes
-        # that a no-op instead of re-importing the CLI in every attempt.
+        # step; Python 3.11's forkserver cannot preload a main *script*). Preloading
+        # the CLI module (what the ``curvplan`` console script imports) and the main
+        # module's name (``python -m``) leaves only the main body to re-run, cheaply.
         main_spec = getattr(sys.modules["__main__"], "__spec__", None)
-        main_modules = ["__main__"] + ([main_spec.name] if main_spec is not None else [])
-        ctx.set_forkserver_preload([*main_modules, "workers.child", *modules_for_queues(queues)])
+        main_modules = ["curvplan.cli"] + ([main_spec.name] if main_spec is not None else [])
+        ctx.set_forkserver_preload(
+            [*dict.fromkeys(main_modules), "workers.child", *modules_for_queues(queues)]
+        )
     return ctx
 
 

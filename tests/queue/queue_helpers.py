@@ -16,6 +16,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+# The console script users run (as in production), else the module.
+_SCRIPT = Path(sys.executable).parent / "curvplan"
+CURVPLAN = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "curvplan.cli"]
+
 # Short timings so that lease expiry, backoff and cancel happen within seconds.
 FAST = [
     "--lease-seconds",
@@ -110,7 +114,7 @@ class WorkerProcess:
         }
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "curvplan.cli", "worker", "--queues", "cpu", *args],
+            [*CURVPLAN, "worker", "--queues", "cpu", *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
