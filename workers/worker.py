@@ -6,8 +6,10 @@ the cancel flag, keeps the ``worker`` row fresh and runs the reaper periodically
 ``curvplan worker --concurrency N`` runs N slots (N worker rows) in one process;
 on a GPU machine run one worker process (one slot) per GPU.
 
-Decisions (documented in tests/queue):
+Decisions (each one has a test in tests/queue):
 
+* Lease lost (a fenced heartbeat or outcome write matched no row): the attempt is
+  abandoned, its child killed, nothing more is written; the worker goes on.
 * Child crash (signal, ``os._exit``, out of memory): attempt outcome ``crashed``;
   the job is re-queued with the same backoff as a lost lease while attempts remain,
   then fails with error type ``worker-crashed``.
