@@ -167,6 +167,9 @@ def test_sigkilled_worker_job_is_reaped_and_finished_once(
     ]
     assert row.result["recommendation"]["sample_size"]["n_losses"] == 4000
     assert child_pid(rescuer, job_id, 2) is not None
+    # The dead worker's row: no heartbeat for CURVPLAN_WORKER_STALE_SECONDS (3 s) → stopped.
+    wait_for(lambda: worker_rows(db)[doomed_id].status == "stopped", 15, "the stale worker row")
+    assert worker_rows(db)[doomed_id].current_job_id is None
 
 
 def test_paused_zombie_worker_cannot_overwrite_the_job(db, project_id, start_worker):
