@@ -7,6 +7,7 @@ This module never imports torch.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -43,9 +44,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     configure_logging(settings.log_format, settings.log_level)
     engine = make_engine(settings, pre_ping=False)
 
+    # Threads for the blocking DB calls of the hot path, one per pooled connection.
+    db_executor = ThreadPoolExecutor(
+        max_workers=settings.db_pool_size + settings.db_max_overflow,
+        thread_name_prefix="curvplan-db",
+    )
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
+        db_executor.shutdown(wait=True)
         engine.dispose()
 
     app = FastAPI(
@@ -59,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.db_executor = db_executor
     app.state.key_cache = KeyCache(settings.auth_cache_seconds)
     registry = CollectorRegistry(auto_describe=True)
     registry.register(QueueCollector(engine, settings.worker_stale_seconds))
