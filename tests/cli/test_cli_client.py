@@ -1,20 +1,28 @@
-"""The client commands end to end: real CLI subprocesses against real serve + worker processes."""
+"""The client commands end to end: real CLI subprocesses against real serve + worker processes
+(terminal output through a pty, JSON through pipes, exit codes), plus in-process runs of the
+error paths."""
 
 from __future__ import annotations
 
 import json
-import sys
-import threading
+import os
+import stat
+import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
-from cli_helpers import run_cli, run_cli_in_pty
+from analyze_files import option_flags, write_analyze_files
+from cli_helpers import CLI, run_cli, run_cli_in_pty
 from live_service import LiveService, free_port
-from plan_bodies import B_CRIT, full_measurements, full_targets, slow_plan
+from plan_bodies import B_CRIT, full_measurements, full_targets, small_plan
+from typer.testing import CliRunner
 
 import curvplan
+from curvplan.cli import app
 
 pytestmark = pytest.mark.e2e
 
@@ -26,120 +34,187 @@ def plan_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_plan_wait_in_a_terminal_draws_progress_and_tables(
-    live: LiveService, plan_file: Path
-) -> None:
-    name = f"cli-tty-{uuid.uuid4().hex[:8]}"
-    run = run_cli_in_pty(["plan", str(plan_file), "--wait", "--name", name], live.client_env())
-    assert run.code == 0, run.stdout
+@pytest.fixture(scope="module")
+def analyze_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return write_analyze_files(tmp_path_factory.mktemp("analyze-files"))
+
+
+def in_process(args: list[str], live: LiveService, **env: str) -> Any:
+    """Run the CLI in this process (same code as the console script; no interpreter start)."""
+    environ = {"CURVPLAN_URL": live.url, "CURVPLAN_API_KEY": live.api_key, **env}
+    return CliRunner().invoke(app, args, env=environ)
+
+
+def test_analyze_wait_in_a_terminal(live: LiveService, analyze_dir: dict[str, Path]) -> None:
+    name = f"cli-analyze-{uuid.uuid4().hex[:6]}"
+    args = [
+        "analyze", "--spec", str(analyze_dir["spec"]),
+        "--checkpoint", str(analyze_dir["checkpoint"]), "--data", str(analyze_dir["data"]),
+        "--targets", str(analyze_dir["targets"]), "--name", name, "--tag", "team=nlp",
+        *option_flags(), "--wait",
+    ]  # fmt: skip
+    run = run_cli_in_pty(args, live.client_env(), timeout=240)
     out = run.stdout
-    assert "\r\x1b[2K[" in out  # the bar is redrawn in place
-    assert "#" * 28 in out and "100%" in out and "succeeded" in out  # the final, full bar
-    assert "Batch size (McCandlish et al. 2018)" in out
-    assert "Sample size" in out and "TOLERANCE" in out and "Curvature per block" in out
-    assert "B_crit" in out and "500" in out  # the generated B_crit, printed in the table
-    assert "curvplan report" in out
+    assert run.code == 0, out
+    assert "uploading" in out and "\r\x1b[2K[" in out  # uploads, then a bar redrawn in place
+    assert "#" * 28 in out and "100%" in out and "succeeded" in out
+    assert "block spectra" in out or "spectra" in out  # the engine's stage names reach the bar
+    assert "Curvature per block" in out and "layers.0.v" in out
+    with curvplan.Client(live.url, live.api_key) as api:
+        (listed,) = api.list_jobs(name=name).items
+        job = api.get_job(listed.id)  # list pages omit the request
+        assert job.kind == "analyze" and job.tags == {"team": "nlp"}
+        assert job.request["options"]["off_diagonal"] == [  # type: ignore[index]
+            ["layers.0.q", "layers.0.k"], ["layers.0.k", "layers.0.v"]
+        ]  # fmt: skip
 
 
-def test_plan_json_in_a_pipe(live: LiveService, plan_file: Path) -> None:
+def test_failed_analyze_exits_1_with_json_in_a_pipe(
+    live: LiveService, analyze_dir: dict[str, Path]
+) -> None:
+    args = [
+        "analyze", "--spec", str(analyze_dir["spec"]),
+        "--checkpoint", str(analyze_dir["wider"]), "--data", str(analyze_dir["data"]),
+        *option_flags(), "--wait", "--json",
+    ]  # fmt: skip
+    run = run_cli(args, live.client_env(), timeout=240)
+    assert run.code == 1, run.stderr
+    job = json.loads(run.stdout)  # stdout is pure JSON even when the job fails
+    assert job["status"] == "failed" and job["kind"] == "analyze"
+    assert "checkpoint" in job["error"]["detail"]
+    assert run.stderr.splitlines()[-1].startswith(f"error: job {job['id']} failed")
+
+
+def test_plan_json_in_a_pipe_and_report_files(
+    live: LiveService, plan_file: Path, tmp_path: Path
+) -> None:
     name = f"cli-json-{uuid.uuid4().hex[:8]}"
     run = run_cli(
         ["plan", str(plan_file), "--wait", "--json", "--name", name, "--tag", "team=nlp"],
         live.client_env(),
     )
     assert run.code == 0, run.stderr
-    job = json.loads(run.stdout)  # stdout is pure JSON
+    job = json.loads(run.stdout)
     assert job["status"] == "succeeded" and job["name"] == name and job["tags"] == {"team": "nlp"}
     b_crit = job["result"]["recommendation"]["batch_size"]["b_crit"]["value"]
     assert b_crit == pytest.approx(B_CRIT, rel=1e-3)
     assert "\r" not in run.stderr and f"job {job['id']} succeeded" in run.stderr  # plain lines
 
-    listed = run_cli(["jobs", "list", "--name", name, "--json"], live.client_env())
-    assert listed.code == 0 and [j["id"] for j in json.loads(listed.stdout)] == [job["id"]]
-    shown = run_cli(["jobs", "show", job["id"]], live.client_env())
-    assert shown.code == 0 and f"job        {job['id']}" in shown.stdout
-    assert "status     succeeded" in shown.stdout and "Batch size" in shown.stdout
-    table = run_cli(["jobs", "list", "--name", name], live.client_env())
-    assert table.code == 0 and job["id"] in table.stdout and "team=nlp" in table.stdout
-    again = run_cli(["jobs", "cancel", job["id"]], live.client_env())
-    assert again.code == 2 and "only queued or running jobs can be cancelled" in again.stderr
+    out = tmp_path / "report"
+    files = run_cli(["report", job["id"], "--out", str(out)], live.client_env())
+    assert files.code == 0, files.stderr
+    written = sorted(Path(line).name for line in files.stdout.split())
+    assert written == sorted(["delta-curve.svg", "block-norms.svg", "batch-size.svg",
+                              "loss-vs-data.svg", "report.html", "numbers.json"])  # fmt: skip
+    numbers = json.loads((out / "numbers.json").read_text())
+    assert numbers["job"]["id"] == job["id"]
+    assert numbers["plots"]["batch-size"]["numbers"]["fit"]["b_crit"] == pytest.approx(b_crit)
+    assert "analyze" in numbers["plots"]["off-diagonal"]["empty_reason"]
 
 
-def test_cancelled_job_exits_non_zero(live: LiveService, tmp_path: Path) -> None:
-    body = slow_plan(f"cli-cancel-{uuid.uuid4().hex[:8]}")
-    path = tmp_path / "slow.json"
-    path.write_text(json.dumps({"measurements": body["measurements"], "targets": body["targets"]}))
-    name = body["name"]
+def test_plan_in_a_terminal_and_report_open(
+    live: LiveService, plan_file: Path, tmp_path: Path
+) -> None:
+    name = f"cli-tty-{uuid.uuid4().hex[:8]}"
+    run = run_cli_in_pty(["plan", str(plan_file), "--wait", "--name", name], live.client_env())
+    assert run.code == 0, run.stdout
+    out = run.stdout
+    assert "\r\x1b[2K[" in out and "#" * 28 in out and "100%" in out
+    assert "Batch size (McCandlish et al. 2018)" in out and "TOLERANCE" in out
+    assert "B_crit" in out and "500" in out  # the generated B_crit, printed in the table
 
-    def cancel_when_running() -> None:
+    opened = tmp_path / "opened.txt"
+    browser = tmp_path / "fake-browser"
+    browser.write_text(f'#!/bin/sh\necho "$1" > {opened}\n')
+    browser.chmod(browser.stat().st_mode | stat.S_IEXEC)
+    with curvplan.Client(live.url, live.api_key) as api:
+        (job,) = api.list_jobs(name=name).items
+    result = in_process(["report", str(job.id), "--open"], live, BROWSER=str(browser))
+    assert result.exit_code == 0, result.output
+    deadline = time.monotonic() + 10
+    while not opened.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    url = opened.read_text().strip()
+    assert url.startswith(live.url) and "token=" in url and url in result.output
+    page = httpx.get(url, timeout=30)  # no key: the signed link is enough
+    assert page.status_code == 200 and 'id="delta-curve"' in page.text
+
+
+def test_cancelled_job_exits_1(live: LiveService, tmp_path: Path) -> None:
+    body = small_plan(f"cli-cancel-{uuid.uuid4().hex[:8]}")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"measurements": body["measurements"]}))
+    with live.worker.paused():  # the job stays queued until cancelled
+        proc = subprocess.Popen(
+            [*CLI, "plan", str(path), "--wait", "--json", "--name", body["name"]],
+            env=live.client_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
         with curvplan.Client(live.url, live.api_key) as api:
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                jobs = api.list_jobs(name=name).items
-                if jobs and jobs[0].status == "running":
-                    api.cancel_job(jobs[0].id)
-                    return
+            while not (jobs := api.list_jobs(name=body["name"]).items):
+                assert time.monotonic() < deadline and proc.poll() is None
                 time.sleep(0.1)
-
-    helper = threading.Thread(target=cancel_when_running)
-    helper.start()
-    run = run_cli(["plan", str(path), "--wait", "--json", "--name", name], live.client_env())
-    helper.join(60)
-    assert run.code == 1, run.stderr
-    assert json.loads(run.stdout)["status"] == "cancelled"
-    assert "cancelled" in run.stderr.splitlines()[-1]
+            api.cancel_job(jobs[0].id)
+        stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    assert json.loads(stdout)["status"] == "cancelled"
+    assert "cancelled" in stderr.splitlines()[-1]
 
 
-def test_bad_input_exits_2_with_a_message(live: LiveService, tmp_path: Path) -> None:
-    env = live.client_env()
-    missing = run_cli(["plan", str(tmp_path / "nope.json")], env)
-    assert (
-        missing.code == 2 and "cannot read" in missing.stderr and "Traceback" not in missing.stderr
-    )
+def test_bad_input_exits_2_in_a_subprocess(live: LiveService, tmp_path: Path) -> None:
+    invalid = tmp_path / "invalid.json"
+    invalid.write_text(json.dumps({"measurements": {"per_sample_losses": [1.0, -2.0]}}))
+    run = run_cli(["plan", str(invalid), "--wait"], live.client_env())
+    assert run.code == 2 and "body.measurements.per_sample_losses" in run.stderr
+    assert "Traceback" not in run.stderr and run.stdout == ""
+
+
+def test_error_paths_and_listing_in_process(live: LiveService, tmp_path: Path) -> None:
+    missing = in_process(["plan", str(tmp_path / "nope.json")], live)
+    assert missing.exit_code == 2 and "cannot read" in missing.output
 
     shapeless = tmp_path / "shapeless.json"
     shapeless.write_text(json.dumps({"per_sample_losses": [1.0]}))
-    run = run_cli(["plan", str(shapeless)], env)
-    assert run.code == 2 and "`measurements`" in run.stderr
+    result = in_process(["plan", str(shapeless)], live)
+    assert result.exit_code == 2 and "`measurements`" in result.output
 
-    invalid = tmp_path / "invalid.json"
-    invalid.write_text(json.dumps({"measurements": {"per_sample_losses": [1.0, -2.0]}}))
-    run = run_cli(["plan", str(invalid), "--wait"], env)
-    assert run.code == 2 and "body.measurements.per_sample_losses" in run.stderr
-    assert "Traceback" not in run.stderr
+    result = in_process(["jobs", "show", str(uuid.uuid4())], live)
+    assert result.exit_code == 2 and "404" in result.output and "job not found" in result.output
+    result = in_process(["jobs", "show", "not-a-uuid"], live)
+    assert result.exit_code == 2 and "job_id must be a UUID" in result.output
+    result = in_process(["jobs", "list", "--tag", "no-equals-sign"], live)
+    assert result.exit_code == 2 and "KEY=VALUE" in result.output
+    result = in_process(["jobs", "list"], live, CURVPLAN_API_KEY="wrong")
+    assert result.exit_code == 2 and "401" in result.output
+    result = in_process(["jobs", "list"], live, CURVPLAN_URL=f"http://127.0.0.1:{free_port()}")
+    assert result.exit_code == 3 and "could not reach" in result.output
+    result = in_process(["report", str(uuid.uuid4())], live)
+    assert result.exit_code == 2 and "--open" in result.output
+    result = in_process(
+        ["analyze", "--spec", str(shapeless), "--checkpoint", str(tmp_path / "c.safetensors"),
+         "--data", str(tmp_path / "d.safetensors")],
+        live,
+    )  # fmt: skip
+    assert result.exit_code == 2 and "--checkpoint: file not found" in result.output
 
-    run = run_cli(["jobs", "show", str(uuid.uuid4())], env)
-    assert run.code == 2 and "404" in run.stderr and "job not found" in run.stderr
-
-    run = run_cli(["jobs", "list", "--tag", "no-equals-sign"], env)
-    assert run.code == 2 and "KEY=VALUE" in run.stderr
-
-    unreachable = live.client_env(CURVPLAN_URL=f"http://127.0.0.1:{free_port()}")
-    run = run_cli(["jobs", "list"], unreachable)
-    assert run.code == 3 and "could not reach" in run.stderr
-
-
-def test_analyze_rejects_missing_files_before_uploading(live: LiveService, tmp_path: Path) -> None:
-    spec = tmp_path / "spec.json"
-    spec.write_text("{}")
-    run = run_cli(
-        [
-            "analyze",
-            "--spec",
-            str(spec),
-            "--checkpoint",
-            str(tmp_path / "c.safetensors"),
-            "--data",
-            str(tmp_path / "d.safetensors"),
-        ],
-        live.client_env(),
-    )
-    assert run.code == 2 and "--checkpoint: file not found" in run.stderr
+    name = f"cli-list-{uuid.uuid4().hex[:6]}"
+    with curvplan.Client(live.url, live.api_key) as api:
+        job = api.submit_job(small_plan(name, {"team": "nlp"}))
+        api.wait(job.id, timeout=60)
+    listed = in_process(["jobs", "list", "--name", name, "--json"], live)
+    assert listed.exit_code == 0 and [j["id"] for j in json.loads(listed.stdout)] == [str(job.id)]
+    table = in_process(["jobs", "list", "--name", name], live)
+    assert str(job.id) in table.output and "team=nlp" in table.output
+    shown = in_process(["jobs", "show", str(job.id)], live)
+    assert f"job        {job.id}" in shown.output and "status     succeeded" in shown.output
+    again = in_process(["jobs", "cancel", str(job.id)], live)
+    assert again.exit_code == 2 and "only queued or running jobs can be cancelled" in again.output
+    waited = in_process(["jobs", "wait", str(job.id), "--json"], live)
+    assert waited.exit_code == 0 and json.loads(waited.stdout)["status"] == "succeeded"
 
 
 def test_help_lists_the_client_commands() -> None:
-    run = run_cli(
-        ["--help"], {"PATH": "/usr/bin:/bin", "COLUMNS": "200", "PYTHONPATH": str(Path(sys.prefix))}
-    )
+    env = {**os.environ, "COLUMNS": "200"}
+    run = run_cli(["--help"], env)
     for command in ("analyze", "plan", "jobs", "recommendations", "report"):
         assert command in run.stdout, run.stdout + run.stderr
