@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from app.config import Settings
 from curvplan.cli import app
-from workers.kinds import modules_for_queues
+from workers.kinds import KINDS, UnknownKindError, load_run, modules_for_queues
 from workers.worker import WorkerOptions
 
 URL = "postgresql+psycopg://postgres@127.0.0.1:5432/unused"
@@ -49,9 +49,20 @@ def test_inconsistent_options_are_refused(overrides, message):
         WorkerOptions.from_settings(settings(), ["cpu"], **overrides)
 
 
-def test_plan_kind_is_preloaded_for_the_cpu_queue_only():
-    assert modules_for_queues(["cpu"]) == ["workers.kinds.plan"]
-    assert "workers.kinds.plan" not in modules_for_queues(["gpu"])
+def test_each_queue_preloads_only_its_own_kinds():
+    assert modules_for_queues(["cpu"]) == ["workers.kinds.plan"]  # no torch on cpu workers
+    assert modules_for_queues(["gpu"]) == ["workers.kinds.analyze"]
+    assert set(modules_for_queues(["cpu", "gpu"])) == {spec.module for spec in KINDS.values()}
+
+
+def test_every_kind_matches_the_api_queue_and_has_a_run_function():
+    from app.jobs.models import QUEUE_OF_KIND
+
+    assert {name: spec.queue for name, spec in KINDS.items()} == QUEUE_OF_KIND
+    for name in KINDS:
+        assert callable(load_run(name))
+    with pytest.raises(UnknownKindError, match="unknown job kind 'nope'"):
+        load_run("nope")
 
 
 @pytest.mark.parametrize(
