@@ -54,6 +54,7 @@ class Settings(BaseSettings):
     )
     log_format: Literal["json", "console"] = "console"
     log_level: str = "INFO"
+    access_log: bool = Field(default=True, description="uvicorn access log lines (INFO).")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     max_artifact_bytes: int = Field(
         default=4 * 1024**3, gt=0, description="Largest artifact upload (POST /v1/artifacts)."

@@ -56,7 +56,7 @@ def serve(
         port=port,
         workers=workers,
         log_config=None,
-        access_log=False,
+        access_log=settings.access_log,
         proxy_headers=True,
     )
 
