@@ -2,14 +2,13 @@
 
 ``Job``/``JobPage`` are :mod:`app.jobs.schemas`' ``JobOut``/``JobPage``, ``Artifact`` is
 :mod:`app.artifacts.schemas`' ``ArtifactOut`` and ``Recommendation`` is the planner's
-output model, so a field renamed on the server is renamed here too. The
-recommendation-listing and report-link models mirror their endpoints' JSON and accept
-extra fields (newer servers may add some).
+output model, so a field renamed on the server is renamed here too. A
+recommendation-listing row is the API's ``LatestRecommendation`` with its recommendation
+typed; the report-link model mirrors its endpoint's JSON and accepts extra fields.
 """
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from app.artifacts.schemas import ArtifactOut, ArtifactPage
 from app.jobs.schemas import JobError, JobOut, JobPage, Progress
 from app.planner.schemas import Measurements, Recommendation, Targets
+from app.recommendations.router import LatestRecommendation
 
 Job = JobOut
 Artifact = ArtifactOut
@@ -34,18 +34,13 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class RecommendationEntry(_Open):
-    """One row of ``GET /v1/recommendations``: the job it came from and its recommendation."""
+class RecommendationEntry(LatestRecommendation):
+    """One row of ``GET /v1/recommendations`` (the API's model), its recommendation typed."""
 
-    job_id: uuid.UUID
-    name: str | None = None
-    tags: dict[str, str] = {}
-    kind: str | None = None
-    finished_at: datetime | None = None
-    recommendation: Recommendation
+    recommendation: Recommendation  # type: ignore[assignment]
 
 
-class RecommendationPage(_Open):
+class RecommendationPage(BaseModel):
     items: list[RecommendationEntry]
     next_page_token: str | None = None
 

@@ -266,20 +266,21 @@ class Client:
         name: str | None = None,
         *,
         tags: Mapping[str, str] | None = None,
+        kind: str | None = None,
         page_size: int | None = None,
     ) -> list[m.RecommendationEntry]:
-        """Latest recommendations (newest first), filtered by job name and tags."""
-        params = c.list_params(None, None, name, tags, page_size, None)
+        """For each job name (or only ``name``), the recommendation of its latest succeeded job."""
+        params = c.list_params(None, kind, name, tags, page_size, None)
         answer = self._send(c.Call("GET", "/v1/recommendations", params=params))
         return m.RecommendationPage.model_validate(answer).items
 
     def latest_recommendation(
-        self, name: str, *, tags: Mapping[str, str] | None = None
+        self, name: str, *, tags: Mapping[str, str] | None = None, kind: str | None = None
     ) -> m.RecommendationEntry:
-        """The newest recommendation of jobs named ``name`` (NotFoundError if there is none)."""
-        items = self.list_recommendations(name, tags=tags, page_size=1)
+        """The recommendation of the newest succeeded job named ``name`` (NotFoundError if none)."""
+        items = self.list_recommendations(name, tags=tags, kind=kind, page_size=1)
         if not items:
-            raise NotFoundError(f"no recommendation for name {name!r}", status=404)
+            raise NotFoundError(f"no succeeded job named {name!r} has a recommendation", status=404)
         return items[0]
 
     # ------------------------------------------------------------------ reports

@@ -338,26 +338,29 @@ def jobs_cancel(
 def recommendations(
     name: str = typer.Argument(..., help="Job name to look up."),
     tag: list[str] | None = TAG_OPTION,
-    limit: int = typer.Option(1, "--limit", min=1, help="How many, newest first."),
+    kind: str | None = typer.Option(None, "--kind", help="plan | analyze"),
     as_json: bool = JSON_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
-    """The latest recommendation(s) of jobs named NAME."""
+    """The recommendation of the newest succeeded job named NAME (exit 1 if there is none)."""
     from curvplan.client import display
 
     with _client(url, api_key) as client:
-        entries = client.list_recommendations(name, tags=_pairs(tag, "--tag"), page_size=limit)
-        if as_json:
-            _print_json([e.model_dump(mode="json") for e in entries[:limit]])
-            return
+        entries = client.list_recommendations(
+            name, tags=_pairs(tag, "--tag"), kind=kind, page_size=1
+        )
         if not entries:
-            raise _fail(f"no recommendation for name {name!r}", EXIT_JOB_FAILED)
-        for entry in entries[:limit]:
-            when = entry.finished_at.isoformat() if entry.finished_at else "-"
-            typer.echo(f"job {entry.job_id}  {entry.name or ''}  finished {when}")
-            typer.echo(display.recommendation_text(entry.recommendation))
-            typer.echo("")
+            if as_json:
+                _print_json(None)
+            raise _fail(f"no succeeded job named {name!r} has a recommendation", EXIT_JOB_FAILED)
+        entry = entries[0]
+        if as_json:
+            _print_json(entry)
+            return
+        when = entry.finished_at.isoformat() if entry.finished_at else "-"
+        typer.echo(f"{entry.name}: {entry.kind} job {entry.job_id}, finished {when}\n")
+        typer.echo(display.recommendation_text(entry.recommendation))
 
 
 # --------------------------------------------------------------------------- report

@@ -211,6 +211,13 @@ def test_error_paths_and_listing_in_process(live: LiveService, tmp_path: Path) -
     assert again.exit_code == 2 and "only queued or running jobs can be cancelled" in again.output
     waited = in_process(["jobs", "wait", str(job.id), "--json"], live)
     assert waited.exit_code == 0 and json.loads(waited.stdout)["status"] == "succeeded"
+    latest = in_process(["recommendations", name, "--json"], live)
+    assert latest.exit_code == 0 and json.loads(latest.stdout)["job_id"] == str(job.id)
+    text = in_process(["recommendations", name], live)
+    assert text.exit_code == 0 and f"plan job {job.id}" in text.output
+    assert "Sample size" in text.output
+    nobody = in_process(["recommendations", f"{name}-nobody"], live)
+    assert nobody.exit_code == 1 and "no succeeded job named" in nobody.output
 
 
 def test_help_lists_the_client_commands() -> None:

@@ -288,3 +288,22 @@ def test_artifacts_and_analyze(api: curvplan.Client, tmp_path: Any) -> None:
     failed = api.wait(api.submit_analyze(SPEC, bad, data, options=OPTIONS).id, timeout=120)
     assert failed.status == "failed" and failed.error is not None
     assert "checkpoint" in (failed.error.detail or "")
+
+
+def test_latest_recommendation_by_name(api: curvplan.Client) -> None:
+    name = f"rec-{uuid.uuid4().hex[:8]}"
+    first = api.submit_plan(full_measurements(seed=1), full_targets(), name=name,
+                            tags={"run": "a"})  # fmt: skip
+    assert api.wait(first.id, timeout=60).status == "succeeded"
+    second = api.submit_plan(full_measurements(seed=2), full_targets(), name=name,
+                             tags={"run": "b"})  # fmt: skip
+    assert api.wait(second.id, timeout=60).status == "succeeded"
+
+    latest = api.latest_recommendation(name)
+    assert latest.job_id == second.id and latest.name == name and latest.tags == {"run": "b"}
+    assert latest.recommendation == api.get_recommendation(second.id)
+    assert isinstance(latest.recommendation, Recommendation)
+    assert api.latest_recommendation(name, tags={"run": "a"}).job_id == first.id
+    assert [e.job_id for e in api.list_recommendations(name)] == [second.id]
+    with pytest.raises(NotFoundError, match="no succeeded job named"):
+        api.latest_recommendation(f"{name}-nobody")
