@@ -284,6 +284,16 @@ def test_artifacts_and_analyze(api: curvplan.Client, tmp_path: Any) -> None:
         ("layers.0.k", "layers.0.v"),
     }
 
+    # the report draws the real analyze result: block heatmap, off-diagonal map, bounds
+    from app.reports.plots import build_plots
+
+    plots = {p.id: p for p in build_plots(done.model_dump(mode="json"))}
+    assert plots["block-norms"].svg is not None and plots["off-diagonal"].svg is not None
+    assert plots["off-diagonal"].numbers["blocks"] == ["layers.0.q", "layers.0.k", "layers.0.v"]
+    assert plots["bounds"].svg is not None or "bound" in (plots["bounds"].empty_reason or "")
+    measured = {b["name"]: b["spectral_norm"] for b in done.result["measurements"]["blocks"]}  # type: ignore[index]
+    assert plots["bounds"].numbers["measured"] == list(measured.values())
+
     bad = api.upload_artifact(files["wider"], "checkpoint")
     failed = api.wait(api.submit_analyze(SPEC, bad, data, options=OPTIONS).id, timeout=120)
     assert failed.status == "failed" and failed.error is not None

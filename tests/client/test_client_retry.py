@@ -130,10 +130,11 @@ def test_url_must_be_http() -> None:
         curvplan.Client("ftp://example.org")
 
 
-def test_importing_the_client_and_cli_never_imports_torch() -> None:
+def test_client_cli_and_report_code_never_import_torch() -> None:
     code = (
         "import sys, curvplan, curvplan.cli; curvplan.Client; curvplan.AsyncClient; "
-        "import curvplan.commands.client; "
+        "import curvplan.commands.client, curvplan.client.display; "
+        "import app.reports.files, app.reports.router, app.main; "
         "assert 'torch' not in sys.modules, 'torch was imported'; print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
