@@ -62,3 +62,25 @@ def test_report_page_in_chromium(browser: str, live: LiveService) -> None:
     assert sum("analyze" in note for note in census.empty_notes) == len(EMPTY_PLOTS)
     assert census.active == []  # no script, image, frame or stylesheet link
     (ARTIFACTS / f"report-{job.id}.html").write_text(dom.stdout)
+
+
+def test_analyze_report_renders_every_plot_kind(
+    browser: str, analyze_job: dict, tmp_path: Path
+) -> None:
+    """Heatmaps and the measured-vs-bound chart (analyze jobs) in the browser too."""
+    from app.reports.page import render_report
+
+    page = tmp_path / "analyze-report.html"
+    page.write_text(render_report(analyze_job))
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report-analyze-synthetic.png"
+    shot.unlink(missing_ok=True)
+    run = run_chromium(browser, page.as_uri(), f"--screenshot={shot}", "--window-size=1280,4600")
+    assert png_size(shot) == (1280, 4600) and run.console == [], run.console
+    dom = run_chromium(browser, page.as_uri(), "--dump-dom")
+    census = SvgCensus()
+    census.feed(dom.stdout)
+    assert dom.console == [] and census.active == []
+    for pid in ("delta-curve", "block-norms", "off-diagonal", "bounds", "batch-size"):
+        assert census.svgs.get(pid, 0) > 10, (pid, census.svgs)
+    assert "loss-vs-data" not in census.svgs and len(census.empty_notes) == 1
