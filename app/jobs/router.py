@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -83,7 +84,42 @@ def _validate_body(raw: bytes) -> dict[str, Any]:
             elif e["loc"] and e["loc"][0] in JOB_KINDS:
                 e["loc"] = e["loc"][1:]
         raise validation_problem(field_errors_from_pydantic(errors, prefix=("body",))) from None
-    return model.model_dump(mode="json", exclude_unset=True)
+    body: dict[str, Any] = model.model_dump(mode="json", exclude_unset=True)
+    # JSON can only carry U+0000 escaped, so the walk runs only when the escape is there.
+    nul_locs = list(_nul_locations(body, ("body",))) if b"\\u0000" in raw else []
+    if nul_locs:
+        raise validation_problem(
+            [
+                {
+                    "field": ".".join(str(p) for p in loc),
+                    "loc": list(loc),
+                    "message": "must not contain the NUL character (\\u0000)",
+                    "type": "string_nul",
+                }
+                for loc in nul_locs
+            ]
+        )
+    return body
+
+
+def _nul_locations(value: Any, loc: tuple[str | int, ...]) -> Iterator[tuple[str | int, ...]]:
+    """Where a validated body holds a NUL character (a key or a string value).
+
+    PostgreSQL's text and jsonb cannot store U+0000: without this check such a body
+    passes validation and then fails in the database with a 500.
+    """
+    if isinstance(value, str):
+        if "\x00" in value:
+            yield loc
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            shown = key.replace("\x00", "\\u0000")
+            if shown != key:
+                yield (*loc, shown)
+            yield from _nul_locations(item, (*loc, shown))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _nul_locations(item, (*loc, index))
 
 
 def _job_response(job: dict[str, Any], status_code: int, **headers: str) -> JSONResponse:
@@ -126,13 +162,15 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
     auth = await authenticate(request, session)
     _check_content_type(request)
     idempotency_key = request.headers.get("idempotency-key")
-    if idempotency_key is not None and not (0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_LENGTH):
+    if idempotency_key is not None and not (
+        0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_LENGTH and "\x00" not in idempotency_key
+    ):
         raise validation_problem(
             [
                 {
                     "field": "header.Idempotency-Key",
                     "loc": ["header", "Idempotency-Key"],
-                    "message": f"must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} characters",
+                    "message": f"must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} characters, no NUL",
                     "type": "string_length",
                 }
             ]

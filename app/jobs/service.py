@@ -257,6 +257,10 @@ def parse_filters(
     status: list[str] | None, kind: str | None, name: str | None, tag: list[str] | None
 ) -> JobFilters:
     """Check the list query parameters; a bad one is a 422 naming it."""
+    for field, values in (("status", status or []), ("name", [name or ""]), ("tag", tag or [])):
+        if any("\x00" in value for value in values):
+            # PostgreSQL text cannot hold NUL: refuse it here rather than fail in the driver.
+            raise query_field_error(field, "must not contain the NUL character")
     statuses: list[str] = []
     for raw in status or []:
         for part in raw.split(","):
@@ -281,16 +285,33 @@ def encode_page_token(created_at: datetime, job_id: uuid.UUID, filters: JobFilte
     return base64.urlsafe_b64encode(blob.encode()).decode().rstrip("=")
 
 
+MAX_PAGE_TOKEN_CHARS = 512  # ours are ~170; a longer one is not ours
+
+
 def decode_page_token(token: str, filters: JobFilters) -> tuple[datetime, uuid.UUID]:
-    """Inverse of :func:`encode_page_token`; a foreign or damaged token is a 422."""
+    """Inverse of :func:`encode_page_token`; a foreign or damaged token is a 422.
+
+    The token comes from the client, so every part is type-checked: a crafted one
+    (a number for the id, deeply nested JSON, a naive time) must be a 422, not a 500.
+    """
+    invalid = query_field_error("page_token", "invalid page token")
+    if len(token) > MAX_PAGE_TOKEN_CHARS:
+        raise invalid
     try:
         padded = token + "=" * (-len(token) % 4)
         data = json.loads(base64.urlsafe_b64decode(padded.encode()))
+    except (ValueError, binascii.Error, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise invalid from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in "cif"):
+        raise invalid
+    try:
         created_at = datetime.fromisoformat(data["c"])
         job_id = uuid.UUID(data["i"])
-        fingerprint = data["f"]
-    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
-        raise query_field_error("page_token", "invalid page token") from None
+    except ValueError:
+        raise invalid from None
+    if created_at.tzinfo is None:
+        raise invalid
+    fingerprint = data["f"]
     if fingerprint != filters.fingerprint:
         raise query_field_error("page_token", "this page token was issued for other filters")
     return created_at, job_id
