@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 
 from app.auth.dependencies import ProjectDep
 from app.db import SessionDep
+from app.jobs.models import Job
 from app.jobs.schemas import WorkerList
 from app.jobs.service import query_field_error
 from app.problems import PROBLEM_RESPONSES
@@ -34,17 +35,26 @@ def list_workers(
 ) -> JSONResponse:
     """Workers (shared by all projects), most recent heartbeat first.
 
+    ``current_job_id`` is null unless the job belongs to the caller's project.
+
     ``live`` is true for a running worker whose heartbeat is younger than
     ``CURVPLAN_WORKER_STALE_SECONDS``.
     """
-    del auth  # authenticated, but workers are not project-scoped
     stale = request.app.state.settings.worker_stale_seconds
+    # Workers are shared, their jobs are not: the current job's id is shown only to its
+    # own project (another project's job id would leak that it exists).
+    own_job = (
+        select(Job.id)
+        .where(Job.id == Worker.current_job_id, Job.project_id == auth.project_id)
+        .scalar_subquery()
+    )
     stmt = select(
         Worker,
         (
             (Worker.status == "running")
             & (Worker.last_heartbeat_at > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale))
         ).label("live"),
+        own_job.label("visible_job_id"),
     )
     if status is not None:
         if status not in WORKER_STATUSES:
@@ -61,8 +71,8 @@ def list_workers(
             "live": bool(live),
             "started_at": w.started_at.isoformat(),
             "last_heartbeat_at": w.last_heartbeat_at.isoformat(),
-            "current_job_id": str(w.current_job_id) if w.current_job_id else None,
+            "current_job_id": str(visible_job_id) if visible_job_id else None,
         }
-        for w, live in rows
+        for w, live, visible_job_id in rows
     ]
     return JSONResponse({"items": items})

@@ -136,8 +136,12 @@ def test_queue_gauges_read_committed_jobs_at_scrape_time(settings, database_url)
         application.state.engine.dispose()
 
 
-def test_workers_endpoint_reports_heartbeats(client, auth_headers, db_session) -> None:
-    job_id = uuid.uuid4()
+def test_workers_endpoint_reports_heartbeats(
+    client, auth_headers, other_auth_headers, db_session, plan_body
+) -> None:
+    created = client.post("/v1/jobs", json=plan_body, headers=auth_headers)
+    assert created.status_code == 202, created.text
+    job_id = uuid.UUID(created.json()["id"])
     db_session.execute(
         text(
             "INSERT INTO worker (id, hostname, pid, queues, status, last_heartbeat_at, "
@@ -162,6 +166,12 @@ def test_workers_endpoint_reports_heartbeats(client, auth_headers, db_session) -
     assert {w["id"] for w in stopped.json()["items"]} >= {"done-1"}
     assert "fresh-1" not in {w["id"] for w in stopped.json()["items"]}
     assert_problem(client.get("/v1/workers", params={"status": "x"}, headers=auth_headers), 422)
+    # Workers are shared, but another project does not learn the id of this project's job.
+    others = {
+        w["id"]: w for w in client.get("/v1/workers", headers=other_auth_headers).json()["items"]
+    }
+    assert others["fresh-1"]["live"] is True
+    assert others["fresh-1"]["current_job_id"] is None
 
 
 def test_api_process_never_imports_torch(database_url) -> None:
