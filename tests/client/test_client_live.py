@@ -215,9 +215,19 @@ def test_unreachable_server_raises_after_retries() -> None:
     assert time.monotonic() - started < 5
 
 
-def test_async_client(live: LiveService) -> None:
+def test_async_client(live: LiveService, tmp_path: Any) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    data_file = tmp_path / "data.safetensors"
+    tokens = np.arange(12 * 7, dtype=np.int64).reshape(12, 7) % 11
+    save_file({"inputs": tokens[:, :-1].copy(), "targets": tokens[:, 1:].copy()}, data_file)
+
     async def scenario() -> None:
         async with curvplan.AsyncClient(live.url, live.api_key) as api:
+            uploaded = await api.upload_artifact(data_file, "dataset")
+            assert uploaded.sha256 == hashlib.sha256(data_file.read_bytes()).hexdigest()
+            assert (await api.get_artifact(uploaded.id)).tensors["inputs"].shape == [12, 6]  # type: ignore[index]
             name = f"async-{uuid.uuid4().hex[:8]}"
             job = await api.submit_plan(full_measurements(), full_targets(), name=name)
             seen: list[str] = []
