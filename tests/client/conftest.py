@@ -10,8 +10,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def live(
-    database_url: str, tmp_path_factory: pytest.TempPathFactory
+    pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[live_service.LiveService]:
-    """API + worker subprocesses on the test database (shared with tests/cli and tests/report)."""
-    yield live_service.acquire(database_url, tmp_path_factory.mktemp("live-service"))
+    """API + worker subprocesses on a private database (shared with tests/cli and tests/report)."""
+    yield live_service.acquire(pg_admin_url, tmp_path_factory.mktemp("live-service"))
     live_service.release()

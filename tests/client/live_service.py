@@ -196,23 +196,64 @@ def start_live_service(database_url: str, tmp: Path) -> LiveService:
 
 
 _shared: LiveService | None = None
+_shared_db: tuple[str, str] | None = None  # (admin URL, database name)
 _users = 0
 
 
-def acquire(database_url: str, tmp: Path) -> LiveService:
+def create_private_database(admin_url: str) -> tuple[str, str]:
+    """A fresh database migrated with the real migrations: (its URL, its name).
+
+    The live worker claims every queued job of its database, so it gets one of its own
+    rather than the session's shared test database (other suites run workers there).
+    """
+    import secrets
+
+    import psycopg
+    from psycopg import sql
+    from sqlalchemy.engine import make_url
+
+    from app import migrations
+    from app.config import libpq_url, normalise_database_url
+
+    name = f"curvplan_client_{secrets.token_hex(4)}"
+    with psycopg.connect(libpq_url(admin_url), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = normalise_database_url(make_url(admin_url).set(database=name).render_as_string(False))
+    migrations.upgrade(url)
+    return url, name
+
+
+def drop_database(admin_url: str, name: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    from app.config import libpq_url
+
+    with psycopg.connect(libpq_url(admin_url), autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+def acquire(admin_url: str, tmp: Path) -> LiveService:
     """The session's shared service (started on first use; tests/client, cli, report share it)."""
-    global _shared, _users
+    global _shared, _shared_db, _users
     if _shared is None:
-        _shared = start_live_service(database_url, tmp)
+        url, name = create_private_database(admin_url)
+        _shared_db = (admin_url, name)
+        _shared = start_live_service(url, tmp)
     _users += 1
     return _shared
 
 
 def release() -> None:
-    """Stop the shared service when its last user is done."""
-    global _shared, _users
+    """Stop the shared service and drop its database when its last user is done."""
+    global _shared, _shared_db, _users
     _users -= 1
     if _users == 0 and _shared is not None:
         _shared.server.stop()
         _shared.worker.stop()
         _shared = None
+        if _shared_db is not None:
+            drop_database(*_shared_db)
+            _shared_db = None

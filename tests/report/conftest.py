@@ -18,10 +18,10 @@ from plan_bodies import full_measurements, full_targets
 
 @pytest.fixture(scope="session")
 def live(
-    database_url: str, tmp_path_factory: pytest.TempPathFactory
+    pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[live_service.LiveService]:
-    """API + worker subprocesses on the test database (shared with tests/client and cli)."""
-    yield live_service.acquire(database_url, tmp_path_factory.mktemp("live-service"))
+    """API + worker subprocesses on a private database (shared with tests/client and cli)."""
+    yield live_service.acquire(pg_admin_url, tmp_path_factory.mktemp("live-service"))
     live_service.release()
 
 
