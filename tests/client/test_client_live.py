@@ -68,6 +68,13 @@ def test_plan_submit_wait_and_recommendation(api: curvplan.Client) -> None:
     assert rec.batch_size.b_crit.value == pytest.approx(500.0, rel=1e-3)  # generated B_crit
     assert api.get_job(job.id).model_dump() == done.model_dump()
 
+    html = api.get_report_html(job.id)
+    assert html.startswith("<!DOCTYPE html>") and f"curvplan report — {name}" in html
+    assert all(f'id="{pid}"' in html for pid in ("delta-curve", "block-norms", "batch-size"))
+    link = api.report_link(job.id)
+    assert link.url.startswith(api.base_url) and link.expires_at.timestamp() > time.time()
+    assert httpx.get(link.url, timeout=30).text == html  # the same page, without a key
+
 
 def test_idempotency_key_replays_and_refuses_reuse(api: curvplan.Client) -> None:
     key = f"test-{uuid.uuid4()}"
