@@ -28,6 +28,7 @@ class EigenEnd:
     residual: float
     converged: bool
     vector: Tensor | None = None
+    scale: float = 1.0  # the certification scale max(|θ|, floor·‖H‖)
 
 
 @dataclass
@@ -43,17 +44,25 @@ class Spectrum:
     residual_min: float
     tolerance: float
     top: list[EigenEnd] = field(default_factory=list)
+    scale_max: float = 1.0
+    scale_min: float = 1.0
+    precision_limited: bool = False
+
+    @property
+    def worst_absolute_residual(self) -> float:
+        parts = [self.residual_max, self.residual_min, *(e.residual for e in self.top)]
+        return max((p for p in parts if p == p), default=float("nan"))
+
+    @property
+    def worst_relative_residual(self) -> float:
+        """max over the certified pairs of residual / (tol-scale), i.e. the attained tolerance."""
+        parts = [self.residual_max / self.scale_max, self.residual_min / self.scale_min]
+        parts += [e.residual / e.scale for e in self.top]
+        return max(p for p in parts if p == p) if any(p == p for p in parts) else float("nan")
 
     @property
     def spectral_norm(self) -> float:
         return max(abs(self.lambda_max), abs(self.lambda_min))
-
-    @property
-    def residual(self) -> float:
-        """The larger of the two *relative* residuals (residual / certification scale)."""
-        scale_max = max(abs(self.lambda_max), 1e-300)
-        scale_min = max(abs(self.lambda_min), 1e-300)
-        return max(self.residual_max / scale_max, self.residual_min / scale_min)
 
     def as_dict(self) -> dict:
         out = {
@@ -67,6 +76,8 @@ class Spectrum:
             "residual_max": self.residual_max,
             "residual_min": self.residual_min,
             "tolerance": self.tolerance,
+            "attained_tolerance": self.worst_relative_residual,
+            "precision_limited": self.precision_limited,
         }
         if self.top:
             out["top_k"] = [
@@ -99,7 +110,10 @@ def lanczos_spectrum(
     requested Ritz pair (``ends`` and the ``top_k`` largest) passes its *explicit* residual test
     ‖Hy − θy‖ ≤ tol·max(|θ|, floor·max|θ|); the explicit checks are counted in ``n_products``.
     An invariant Krylov subspace (β ≈ 0) ends the iteration early with exact Ritz values.
-    ``converged`` is False when ``max_iter`` steps (default min(n, 500)) do not certify them.
+    ``converged`` is False when ``max_iter`` steps (default min(n, 500)) do not certify them,
+    or when the explicit residual stagnates above the tolerance while the recurrence says
+    converged (``precision_limited``: the products' rounding noise, typically float32, is above
+    tol·scale; ``attained_tolerance`` then says what was certified).
     """
     if n <= 0:
         raise ValueError("empty operator")
@@ -110,10 +124,16 @@ def lanczos_spectrum(
     q = _random_unit(n, generator)
     basis[0] = q
     n_products = 0
-    last_checked = -1
+    next_check = 0
+    next_periodic = 20
+    noise_level = 0.0
+    previous_failure: float | None = None
+    stagnant = 0
     result: Spectrum | None = None
     for j in range(m_max):
-        w = matvec(basis[j]).detach().to("cpu", torch.float64).reshape(-1)
+        w = matvec(basis[j]).detach()
+        noise_level = 1000 * torch.finfo(w.dtype).eps  # residual/‖H‖ that rounding can hide
+        w = w.to("cpu", torch.float64).reshape(-1)
         n_products += 1
         alpha = float(basis[j] @ w)
         w = w - alpha * basis[j]
@@ -131,8 +151,8 @@ def lanczos_spectrum(
         estimates_ok = all(
             beta * abs(s[-1, i]) <= tol * max(abs(theta[i]), floor * norm_est) for i in wanted
         )
-        if (estimates_ok and j > last_checked) or invariant or exhausted:
-            last_checked = j
+        periodic = j >= next_periodic
+        if (estimates_ok and j >= next_check) or periodic or invariant or exhausted:
             result = _certify(
                 matvec, basis[: j + 1], theta, s, ends, top_k, tol, floor, want_vectors
             )
@@ -140,6 +160,21 @@ def lanczos_spectrum(
             result.iterations = j + 1
             if result.converged or invariant or exhausted:
                 break
+            # Not certified yet. When the residual stops improving at the products' rounding
+            # level (e.g. float32), more steps cannot help: re-check with growing gaps and stop
+            # when two further checks do not halve it (converged stays False, honestly).
+            worst = result.worst_relative_residual
+            at_noise = result.worst_absolute_residual <= noise_level * norm_est
+            if previous_failure is not None and worst > 0.5 * previous_failure and at_noise:
+                stagnant += 1
+            else:
+                stagnant = 0
+            previous_failure = worst if previous_failure is None else min(previous_failure, worst)
+            if stagnant >= 2:
+                result.precision_limited = True
+                break
+            next_check = j + max(3, (j + 1) // 4)
+            next_periodic = j + max(10, (j + 1) // 2)
         if beta == 0.0:
             break
         betas.append(beta)
@@ -195,8 +230,9 @@ def _certify(
         products += 1
         lam = float(y @ hy)  # Rayleigh quotient of the normalised Ritz vector
         res = float(torch.linalg.vector_norm(hy - lam * y))
-        ok = res <= tol * max(abs(lam), floor * norm_est)
-        checked[i] = EigenEnd(lam, res, ok, y if want_vectors else None)
+        scale = max(abs(lam), floor * norm_est, 1e-300)
+        ok = res <= tol * scale
+        checked[i] = EigenEnd(lam, res, ok, y if want_vectors else None, scale)
     m = len(theta)
     top = [checked[m - 1 - i] for i in range(min(top_k, m))]
     hi = checked.get(m - 1)
@@ -211,6 +247,8 @@ def _certify(
         residual_min=lo.residual if lo else float("nan"),
         tolerance=tol,
         top=top,
+        scale_max=hi.scale if hi else 1.0,
+        scale_min=lo.scale if lo else 1.0,
     )
 
 
@@ -247,6 +285,7 @@ class SingularValue:
     converged: bool
     n_products: int
     residual: float
+    precision_limited: bool = False
 
     def as_dict(self) -> dict:
         return {
@@ -254,6 +293,7 @@ class SingularValue:
             "converged": self.converged,
             "n_products": self.n_products,
             "residual": self.residual,
+            "precision_limited": self.precision_limited,
         }
 
 
@@ -283,4 +323,5 @@ def off_diagonal_norm(
         converged=spec.converged,
         n_products=2 * spec.n_products,
         residual=spec.residual_max,
+        precision_limited=spec.precision_limited,
     )

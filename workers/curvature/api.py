@@ -1,0 +1,444 @@
+"""``analyze``: the curvature engine end to end (issue 4; result JSON of the engine contract).
+
+Stages (each reports progress; cancellation is checked between blocks and between stages):
+load → self-test → loss and gradient → per-block spectra (λ_max, λ_min, trace, GGN and
+functional parts) → off-diagonal σ_max → dense (small models) → per-sample statistics →
+gradient noise → theoretical bounds. Every stage's numbers come from the same fixed evaluation
+batches and the same loss normalisation (mean loss term over the whole sample).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from workers.curvature.blocks import custom_blocks, default_blocks, select_blocks
+from workers.curvature.checkpoint import load_checkpoint
+from workers.curvature.data import Dataset, load_dataset, validate_dataset
+from workers.curvature.dense import DEFAULT_DENSE_LIMIT, dense_summary
+from workers.curvature.device import (
+    configure_cuda_for_curvature,
+    resolve_device,
+    resolve_dtype,
+)
+from workers.curvature.ggn import functional_product, ggn_product
+from workers.curvature.hvp import CurvatureEngine, self_test
+from workers.curvature.model import build_model
+from workers.curvature.objective import objective_for
+from workers.curvature.spec import ModelSpec, parse_spec
+from workers.curvature.spectra import block_spectrum, lanczos_spectrum, off_diagonal_norm
+from workers.curvature.trace import hutchpp_trace
+
+Progress = Callable[[float, str, str], None]
+ShouldCancel = Callable[[], bool]
+
+
+class Cancelled(Exception):
+    """The caller asked to stop (``should_cancel()`` returned True)."""
+
+
+class OptionsError(ValueError):
+    """Invalid analysis options; ``errors`` lists ``(field, message)``."""
+
+    def __init__(self, errors: list[tuple[str, str]]) -> None:
+        self.errors = errors
+        super().__init__("invalid analysis options: " + "; ".join(f"{f}: {m}" for f, m in errors))
+
+
+class AnalysisOptions(BaseModel):
+    """What ``analyze`` measures and how precisely."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    blocks: list[str] | None = Field(
+        default=None, description="fnmatch patterns on block names; all blocks when null"
+    )
+    block_definitions: dict[str, list[str]] | None = Field(
+        default=None, description="custom blocks: {name: [parameter-name patterns]}"
+    )
+    tolerance: float = Field(default=1e-6, gt=0, lt=1, description="relative residual tolerance")
+    residual_floor: float = Field(
+        default=1e-3,
+        ge=0,
+        le=1,
+        description="eigenvalues below floor·‖H_B‖ are certified to tol·floor·‖H_B‖ absolutely",
+    )
+    max_iter: int = Field(default=300, ge=2, le=10000)
+    top_k: int = Field(default=0, ge=0, le=100)
+    off_diagonal: bool | list[tuple[str, str]] = False
+    trace_probes: int = Field(default=30, ge=0, le=10000)
+    ggn: bool = False
+    dense: Literal["auto", "on", "off"] = "auto"
+    dense_limit: int = Field(default=3000, ge=1, le=20000)
+    precision: Literal["float32", "float64"] = "float32"
+    device: str = "auto"
+    seed: int = Field(default=0, ge=0)
+    eval_batch_size: int | None = Field(default=None, ge=1)
+    cache_graph: bool = True
+    self_test: bool = True
+    threads: int | None = Field(default=None, ge=1, description="torch intra-op threads")
+    # per-sample statistics (STATS helper's functions)
+    per_sample: bool = True
+    perturbation_radius: float = Field(default=1e-2, gt=0)
+    n_directions: int = Field(default=8, ge=0, le=1000)
+    top_d: int = Field(default=0, ge=0, le=64)
+    hessian_subsample: int = Field(default=8, ge=0)
+    per_sample_max_iter: int = Field(default=100, ge=2)
+    # gradient noise (STATS helper)
+    gradient_noise: bool = True
+    noise_grad_examples: int | None = Field(default=None, ge=2)
+    noise_hessian_examples: int | None = Field(default=None, ge=1)
+    # theoretical bounds (BOUNDS helper)
+    bounds: bool = True
+    bound_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if value not in ("auto", "cpu") and not value.startswith("cuda"):
+            raise ValueError("expected auto, cpu or cuda[:index]")
+        return value
+
+
+def parse_options(options: AnalysisOptions | dict | None) -> AnalysisOptions:
+    """Validate options; raise :class:`OptionsError` naming each invalid field."""
+    if isinstance(options, AnalysisOptions):
+        return options
+    try:
+        return AnalysisOptions.model_validate(options or {})
+    except ValidationError as exc:
+        errors = [
+            (".".join(str(p) for p in e["loc"]) or "<options>", e["msg"]) for e in exc.errors()
+        ]
+        raise OptionsError(errors) from None
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf → None, tensors → lists, tuples → lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return _clean(value.tolist())
+    return value
+
+
+def _versions() -> dict[str, Any]:
+    try:
+        from importlib.metadata import version
+
+        curvplan = version("curvplan")
+    except Exception:
+        curvplan = None
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "curvplan": curvplan,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+class _Reporter:
+    def __init__(self, progress: Progress | None, should_cancel: ShouldCancel | None) -> None:
+        self.progress = progress
+        self.should_cancel = should_cancel
+
+    def __call__(self, fraction: float, stage: str, message: str = "") -> None:
+        if self.should_cancel is not None and self.should_cancel():
+            raise Cancelled(f"cancelled during {stage}")
+        if self.progress is not None:
+            self.progress(min(max(fraction, 0.0), 1.0), stage, message)
+
+
+def analyze(
+    spec: ModelSpec | dict,
+    checkpoint_path: str | None,
+    data_path: str | None,
+    options: AnalysisOptions | dict | None = None,
+    progress: Progress | None = None,
+    should_cancel: ShouldCancel | None = None,
+    *,
+    model: torch.nn.Module | None = None,
+    data: Dataset | None = None,
+) -> dict:
+    """Measure the curvature of the model at its checkpoint weights on an evaluation sample.
+
+    ``spec`` is the model spec, ``checkpoint_path`` a safetensors checkpoint (or pass a built
+    ``model``), ``data_path`` a safetensors sample with ``inputs``/``targets`` (or ``data``).
+    Returns the result JSON of the engine contract. Raises ``SpecError``, ``OptionsError``,
+    ``CheckpointMismatch``, ``DataError`` with messages naming the field, and :class:`Cancelled`.
+    """
+    spec = parse_spec(spec)
+    opts = parse_options(options)
+    threads = torch.get_num_threads()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    try:
+        return _analyze(
+            spec, checkpoint_path, data_path, opts, progress, should_cancel, model, data
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _analyze(spec, checkpoint_path, data_path, opts, progress, should_cancel, model, data):
+    report = _Reporter(progress, should_cancel)
+    started = time.perf_counter()
+    report(0.0, "load", "building the model")
+    device = resolve_device(opts.device)
+    dtype = resolve_dtype(opts.precision)
+    if device.type == "cuda":
+        configure_cuda_for_curvature()
+    if model is None:
+        model = build_model(spec, dtype=dtype)
+        if checkpoint_path is not None:
+            load_checkpoint(model, checkpoint_path)
+    model = model.to(device=device, dtype=dtype)
+    if data is None:
+        if data_path is None:
+            raise ValueError("data: give a data file (safetensors with inputs and targets)")
+        data = load_dataset(spec, data_path)
+    else:
+        data = validate_dataset(spec, data)
+    data = data.to(device, dtype)
+    objective = objective_for(spec)
+    if opts.self_test:
+        report(0.02, "self_test", "HVP against finite differences on a tiny model")
+        self_test(device)
+    if opts.block_definitions:
+        all_blocks = custom_blocks(model, opts.block_definitions)
+    else:
+        all_blocks = default_blocks(model)
+    blocks = select_blocks(all_blocks, opts.blocks)
+    gen = torch.Generator().manual_seed(opts.seed)
+    n_params = sum(p.numel() for _, p in model.named_parameters())
+    result: dict[str, Any] = {
+        "versions": _versions(),
+        "device": str(device),
+        "dtype": opts.precision,
+        "seed": opts.seed,
+        "options": opts.model_dump(),
+        "spec": spec.model_dump(),
+        "n_parameters": n_params,
+        "n_examples": len(data),
+    }
+    batches = data.batches(opts.eval_batch_size)
+    with CurvatureEngine(model, objective, batches, cache_graph=opts.cache_graph) as engine:
+        report(0.05, "gradient", "loss and gradient at w*")
+        grad = engine.gradient()
+        result["loss"] = engine.loss_value
+        result["n_loss_terms"] = engine.total_count
+        result["gradient_norm"] = float(torch.linalg.vector_norm(grad.double()))
+        result["n_eval_batches"] = len(batches)
+        result["blocks"] = _block_records(engine, blocks, opts, gen, report)
+        result["off_diagonal"] = _off_diagonal(engine, blocks, opts, gen, report)
+        if opts.dense == "on" or (opts.dense == "auto" and n_params <= opts.dense_limit):
+            if n_params > max(opts.dense_limit, DEFAULT_DENSE_LIMIT) and opts.dense == "on":
+                raise OptionsError([("dense", f"{n_params} parameters is too many for dense")])
+            report(0.72, "dense", f"exact dense Hessian ({n_params} columns)")
+            result["dense"] = dense_summary(engine, blocks)
+        top_vectors = None
+        if opts.per_sample and opts.top_d > 0:
+            report(0.75, "top_eigenspace", f"top-{opts.top_d} eigenvectors of H")
+            top_vectors, top_info = _top_eigenspace(engine, opts, gen)
+            result["top_eigenspace"] = top_info
+        engine.release_graph()
+    if opts.per_sample:
+        report(0.8, "per_sample", "per-sample losses, perturbed losses, Hessian norms")
+        result["per_sample"] = _per_sample(model, objective, data, opts, top_vectors, engine)
+    if opts.gradient_noise:
+        report(0.88, "gradient_noise", "|G|², tr Σ, GᵀHG, tr(HΣ)")
+        result["gradient_noise"] = _gradient_noise(model, objective, data, opts)
+    if opts.bounds:
+        report(0.94, "bounds", "theoretical block bounds")
+        result["bounds"] = _bounds(model, spec, data, opts, result["blocks"])
+    result["elapsed_s"] = time.perf_counter() - started
+    report(1.0, "done", "analysis complete")
+    return _clean(result)
+
+
+def _block_records(engine, blocks, opts, gen, report) -> list[dict]:
+    records = []
+    for i, (name, members) in enumerate(blocks.items()):
+        report(0.05 + 0.55 * i / len(blocks), "blocks", f"block {name} ({i + 1}/{len(blocks)})")
+        n = engine.layout(members).numel
+        spectrum = block_spectrum(
+            engine,
+            members,
+            generator=gen,
+            tol=opts.tolerance,
+            max_iter=opts.max_iter,
+            top_k=opts.top_k,
+            floor=opts.residual_floor,
+        )
+        record = {"name": name, "params": list(members), "n_params": n, **spectrum.as_dict()}
+        if opts.trace_probes > 0:
+            trace = hutchpp_trace(
+                lambda v, m=members: engine.block_hvp(m, v),
+                n,
+                n_products=opts.trace_probes,
+                generator=gen,
+            )
+            record["trace"] = trace.as_dict()
+        if opts.ggn:
+            for key, op in (("ggn", ggn_product), ("functional", functional_product)):
+                part = lanczos_spectrum(
+                    lambda v, m=members, op=op: op(engine, m, v),
+                    n,
+                    generator=gen,
+                    tol=opts.tolerance,
+                    max_iter=opts.max_iter,
+                    floor=opts.residual_floor,
+                )
+                record[key] = part.as_dict()
+        records.append(record)
+    return records
+
+
+def _off_diagonal(engine, blocks, opts, gen, report) -> list[dict]:
+    if opts.off_diagonal is False:
+        return []
+    names = list(blocks)
+    if opts.off_diagonal is True:
+        pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    else:
+        unknown = sorted({x for pair in opts.off_diagonal for x in pair} - set(names))
+        if unknown:
+            raise OptionsError([("off_diagonal", f"unknown or unselected blocks {unknown}")])
+        pairs = list(opts.off_diagonal)
+    out = []
+    for i, (row, col) in enumerate(pairs):
+        report(0.6 + 0.1 * i / len(pairs), "off_diagonal", f"H[{row}, {col}]")
+        sv = off_diagonal_norm(
+            engine,
+            blocks[row],
+            blocks[col],
+            generator=gen,
+            tol=opts.tolerance,
+            max_iter=opts.max_iter,
+        )
+        out.append({"row": row, "col": col, **sv.as_dict()})
+    return out
+
+
+def _top_eigenspace(engine, opts, gen):
+    names = engine.names
+    n = engine.layout(names).numel
+    spec = lanczos_spectrum(
+        lambda v: engine.hvp(names, names, v),
+        n,
+        generator=gen,
+        tol=max(opts.tolerance, 1e-4),
+        max_iter=opts.max_iter,
+        top_k=opts.top_d,
+        ends=("max",),
+        floor=opts.residual_floor,
+        want_vectors=True,
+    )
+    vectors = torch.stack([e.vector for e in spec.top])
+    info = {
+        "values": [e.value for e in spec.top],
+        "residuals": [e.residual for e in spec.top],
+        "converged": spec.converged,
+        "n_products": spec.n_products,
+    }
+    return vectors, info
+
+
+def _per_sample(model, objective, data, opts, top_vectors, engine) -> dict | None:
+    try:
+        from workers.curvature import per_sample as ps
+    except ImportError:
+        return None
+    x, y = data.inputs, data.targets
+    bs = opts.eval_batch_size or 64
+    out: dict[str, Any] = {"losses": ps.per_example_losses(model, objective, x, y, batch_size=bs)}
+    perturbed = []
+    if opts.n_directions > 0:
+        perturbed.append(
+            ps.perturbed_losses_record(
+                model,
+                objective,
+                x,
+                y,
+                opts.perturbation_radius,
+                opts.n_directions,
+                kind="random",
+                batch_size=bs,
+                seed=opts.seed,
+            )
+        )
+    if top_vectors is not None:
+        perturbed.append(
+            ps.perturbed_losses_record(
+                model,
+                objective,
+                x,
+                y,
+                opts.perturbation_radius,
+                top_vectors,
+                kind="top_eigenspace",
+                param_names=engine.names,
+                batch_size=bs,
+                seed=opts.seed,
+            )
+        )
+    out["perturbed"] = perturbed
+    if opts.hessian_subsample > 0:
+        out["hessian_norms"] = ps.per_sample_hessian_norms(
+            model,
+            objective,
+            x,
+            y,
+            n_subsample=min(opts.hessian_subsample, len(data)),
+            seed=opts.seed,
+            tol=max(opts.tolerance, 1e-6),
+            max_iter=opts.per_sample_max_iter,
+        )
+    return out
+
+
+def _gradient_noise(model, objective, data, opts) -> dict | None:
+    try:
+        from workers.curvature import gradient_noise as gn
+    except ImportError:
+        return None
+    if len(data) < 3:
+        return {"available": False, "reason": "needs at least 3 examples (2 gradient, 1 Hessian)"}
+    return gn.gradient_noise_from_sample(
+        model,
+        objective,
+        data.inputs,
+        data.targets,
+        n_grad=opts.noise_grad_examples,
+        n_hessian=opts.noise_hessian_examples,
+        seed=opts.seed,
+    )
+
+
+def _bounds(model, spec, data, opts, block_records) -> dict | None:
+    try:
+        from workers.curvature.bounds import block_bounds_for_model, tightness
+    except ImportError:
+        return None
+    bounds = block_bounds_for_model(model, spec, data.inputs, data.targets, opts.bound_options)
+    measured = {r["name"]: r["spectral_norm"] for r in block_records}
+    ratios = tightness(bounds, measured)
+    for record in block_records:
+        rec = bounds.get("blocks", {}).get(record["name"])
+        if rec is None:
+            record["bound"] = {
+                "applicable": False,
+                "reason": "the paper's theorems give no bound for this block",
+            }
+        else:
+            record["bound"] = {**rec, "ratio": ratios.get(record["name"])}
+    return bounds
