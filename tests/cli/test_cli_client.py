@@ -225,3 +225,16 @@ def test_help_lists_the_client_commands() -> None:
     run = run_cli(["--help"], env)
     for command in ("analyze", "plan", "jobs", "recommendations", "report"):
         assert command in run.stdout, run.stdout + run.stderr
+
+
+def test_wait_timeout_exits_4(live: LiveService, tmp_path: Path) -> None:
+    body = small_plan(f"cli-timeout-{uuid.uuid4().hex[:8]}")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"measurements": body["measurements"], "name": body["name"]}))
+    with live.worker.paused():
+        result = in_process(["plan", str(path), "--wait", "--timeout", "0.5"], live)
+        assert result.exit_code == 4, result.output
+        assert "still queued after 0.5 s" in result.output and "curvplan jobs show" in result.output
+        with curvplan.Client(live.url, live.api_key) as api:
+            (job,) = api.list_jobs(name=body["name"]).items  # the name came from the file
+            assert api.cancel_job(job.id).status == "cancelled"
