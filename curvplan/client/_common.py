@@ -38,7 +38,7 @@ LONG_POLL_SLACK_SECONDS = 15.0
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff for connection errors and 503 answers.
+    """Exponential backoff for connection errors and 503 answers (502/504 on idempotent calls).
 
     Attempt ``n`` (0-based) waits ``min(backoff_max, backoff_initial·multiplier^n)``
     seconds, ±``jitter`` (a fraction), or the server's ``Retry-After`` when it sends
@@ -122,6 +122,12 @@ def is_retryable_transport_error(exc: httpx.TransportError, call: Call) -> bool:
     return call.idempotent and isinstance(
         exc, httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError | httpx.TimeoutException
     )
+
+
+def should_retry_status(status: int, call: Call) -> bool:
+    """503 means the request was not handled: always worth retrying. A gateway's 502/504
+    (a restart behind a proxy) may hide a handled request: only for idempotent calls."""
+    return status == 503 or (status in (502, 504) and call.idempotent)
 
 
 def connection_error(call: Call, base_url: str, exc: Exception) -> ConnectionFailedError:

@@ -16,7 +16,7 @@ from curvplan.client import models as m
 from curvplan.client.errors import (
     ConnectionFailedError,
     NotFoundError,
-    ServiceUnavailableError,
+    ServerError,
     WaitTimeoutError,
 )
 
@@ -77,7 +77,7 @@ class AsyncClient:
                     attempt += 1
                     continue
                 raise c.connection_error(call, self.base_url, exc) from exc
-            if response.status_code == 503 and attempt < policy.max_retries:
+            if c.should_retry_status(response.status_code, call) and attempt < policy.max_retries:
                 await asyncio.sleep(policy.delay(attempt, c.retry_after_seconds(response)))
                 attempt += 1
                 continue
@@ -102,7 +102,7 @@ class AsyncClient:
                 data=call.upload.fields,
                 files=files,
                 headers=call.headers or None,
-                timeout=httpx.Timeout(30.0, read=None, write=None),
+                timeout=httpx.Timeout(30.0, write=None, read=600.0),  # server validates it
             )
 
     # ------------------------------------------------------------------ service
@@ -236,7 +236,9 @@ class AsyncClient:
                 job = m.JobOut.model_validate(
                     await self._send(c.wait_call(job_id, hold), c.NO_RETRY)
                 )
-            except (ConnectionFailedError, ServiceUnavailableError):
+            except (ConnectionFailedError, ServerError) as exc:
+                if isinstance(exc, ServerError) and exc.status not in (502, 503, 504):
+                    raise
                 now = time.monotonic()
                 outage_since = outage_since if outage_since is not None else now
                 if now - outage_since >= self.retry.outage_seconds or (

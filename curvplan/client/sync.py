@@ -15,7 +15,7 @@ from curvplan.client import models as m
 from curvplan.client.errors import (
     ConnectionFailedError,
     NotFoundError,
-    ServiceUnavailableError,
+    ServerError,
     WaitTimeoutError,
 )
 
@@ -76,7 +76,7 @@ class Client:
                     attempt += 1
                     continue
                 raise c.connection_error(call, self.base_url, exc) from exc
-            if response.status_code == 503 and attempt < policy.max_retries:
+            if c.should_retry_status(response.status_code, call) and attempt < policy.max_retries:
                 time.sleep(policy.delay(attempt, c.retry_after_seconds(response)))
                 attempt += 1
                 continue
@@ -101,7 +101,7 @@ class Client:
                 data=call.upload.fields,
                 files=files,
                 headers=call.headers or None,
-                timeout=httpx.Timeout(30.0, read=None, write=None),
+                timeout=httpx.Timeout(30.0, write=None, read=600.0),  # server validates it
             )
 
     # ------------------------------------------------------------------ service
@@ -230,7 +230,9 @@ class Client:
             hold = chunk if remaining is None else max(0.0, min(chunk, remaining))
             try:
                 job = m.JobOut.model_validate(self._send(c.wait_call(job_id, hold), c.NO_RETRY))
-            except (ConnectionFailedError, ServiceUnavailableError):
+            except (ConnectionFailedError, ServerError) as exc:
+                if isinstance(exc, ServerError) and exc.status not in (502, 503, 504):
+                    raise
                 now = time.monotonic()
                 outage_since = outage_since if outage_since is not None else now
                 if now - outage_since >= self.retry.outage_seconds or (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable
 
@@ -139,3 +140,73 @@ def test_client_cli_and_report_code_never_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_gateway_errors_are_retried_only_for_idempotent_calls() -> None:
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.method)
+        if request.method == "GET" and len(calls) < 2:
+            return httpx.Response(502, text="<html>bad gateway</html>")
+        if request.method == "POST":
+            return httpx.Response(504, text="gateway timeout")
+        return httpx.Response(200, json=PAGE)
+
+    with _client(handler) as client:
+        assert client.list_jobs().items == []
+        assert calls == ["GET", "GET"]
+        calls.clear()
+        with pytest.raises(ServerError) as info:
+            client.cancel_job(uuid.uuid4())
+        assert calls == ["POST"] and info.value.status == 504
+
+
+def _job(job_id: str, status: str) -> dict[str, object]:
+    now = "2026-11-30T08:00:00+00:00"
+    base = f"/v1/jobs/{job_id}"
+    return {
+        "id": job_id, "kind": "plan", "queue": "cpu", "status": status, "name": None,
+        "tags": {}, "progress": None, "attempt": 1, "max_attempts": 3,
+        "cancel_requested": False, "result": None, "error": None, "created_at": now,
+        "updated_at": now, "started_at": None, "finished_at": None,
+        "links": {"self": base, "cancel": f"{base}/cancel",
+                  "recommendation": f"{base}/recommendation"},
+    }  # fmt: skip
+
+
+def test_wait_rides_out_503s_and_refused_connections() -> None:
+    job_id = str(uuid.uuid4())
+    script = ["running", "503", "refused", "503", "succeeded"]
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        step = script[len(seen)]
+        seen.append(step)
+        assert request.url.params["wait"]  # every poll is a long-poll
+        if step == "refused":
+            raise httpx.ConnectError("refused", request=request)
+        if step == "503":
+            return httpx.Response(503, json={"title": "Service Unavailable", "status": 503})
+        return httpx.Response(200, json=_job(job_id, step))
+
+    statuses: list[str] = []
+    with _client(handler) as client:
+        job = client.wait(job_id, timeout=30, on_progress=lambda j: statuses.append(j.status))
+    assert job.status == "succeeded" and seen == script
+    assert statuses == ["running", "succeeded"]
+
+
+def test_wait_gives_up_after_the_outage_budget() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    policy = RetryPolicy(backoff_initial=0.01, backoff_max=0.02, outage_seconds=0.2)
+    transport = httpx.MockTransport(handler)
+    started = time.monotonic()
+    with (
+        curvplan.Client("http://api.test", "k", retry=policy, transport=transport) as client,
+        pytest.raises(ConnectionFailedError),
+    ):
+        client.wait(uuid.uuid4())
+    assert 0.2 <= time.monotonic() - started < 5
