@@ -61,6 +61,22 @@ class QueueCollector(Collector):
         self.engine = engine
         self.worker_stale_seconds = worker_stale_seconds
 
+    def describe(self) -> Iterator[Metric]:
+        """The metric names, without values: registering the collector must not query.
+
+        Without ``describe`` a registry with ``auto_describe`` calls :meth:`collect` at
+        registration, i.e. a database round trip in ``create_app`` (and a logged
+        traceback when the database is not up yet).
+        """
+        for name in (
+            "curvplan_metrics_db_up",
+            "curvplan_jobs",
+            "curvplan_queue_oldest_queued_age_seconds",
+            "curvplan_workers_live",
+            "curvplan_workers_busy",
+        ):
+            yield GaugeMetricFamily(name, name)
+
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("curvplan_metrics_db_up", "1 if the queue gauges could be read.")
         jobs = GaugeMetricFamily(

@@ -75,6 +75,23 @@ def test_readyz_503_when_database_unreachable(settings) -> None:
         assert "curvplan_metrics_db_up 0.0" in metrics.text
 
 
+def test_creating_the_app_does_not_touch_the_database(settings, caplog) -> None:
+    """The API must start while PostgreSQL is still coming up (/readyz says when it is):
+    registering the queue collector once ran a scrape, i.e. a query, in create_app."""
+    from app.main import create_app
+
+    bad = "postgresql+psycopg://postgres@127.0.0.1:1/nothing?connect_timeout=2"
+    caplog.set_level("WARNING", logger="app.metrics")
+    application = create_app(settings.model_copy(update={"database_url": bad}))
+    try:
+        assert [r for r in caplog.records if r.name == "app.metrics"] == []
+        with _client(application) as c:  # control: a scrape does query, and says it failed
+            assert "curvplan_metrics_db_up 0.0" in c.get("/metrics").text
+        assert [r for r in caplog.records if r.name == "app.metrics"] != []
+    finally:
+        application.state.engine.dispose()
+
+
 def _gauge(text_: str, name: str, labels: str = "") -> float:
     pattern = re.escape(name + (("{" + labels + "}") if labels else "")) + r" ([0-9.e+-]+)"
     match = re.search(pattern, text_)
