@@ -150,6 +150,18 @@ def delta_curve_plot(job: dict[str, Any]) -> Plot:
         fit_label = f"fit C·k^(−α), C = {fmt_number(c)}, α = {fmt_number(alpha)}"
         series.append(Series(fit_label, grid, [power_law(k, c, alpha) for k in grid]))
         numbers["fit"] = {k: fit.get(k) for k in ("C", "alpha", "C_ci", "alpha_ci", "r2", "window")}
+        if fit.get("window"):
+            notes.append(f"fit window k ∈ [{fit['window'][0]}, {fit['window'][1]}]")
+    for off in section.get("off_minimum") or []:
+        off_fit = off.get("fit") or {}
+        if "C" in off_fit and "alpha" in off_fit:
+            c_off, a_off = float(off_fit["C"]), float(off_fit["alpha"])
+            label = f"off-minimum fit at r = {fmt_number(float(off['radius']))} ({off['kind']})"
+            values = [power_law(k, c_off, a_off) for k in grid]
+            series.append(Series(label, grid, values, color="#9467bd", dash=True))
+            numbers.setdefault("off_minimum", []).append(
+                {"radius": off["radius"], "kind": off["kind"], "C": c_off, "alpha": a_off}
+            )
     loss_bound = _num((section.get("loss_bound") or {}).get("value"))
     m_bound = _num((section.get("hessian_norm_bound") or {}).get("value"))
     radius = _num(section.get("radius"))

@@ -132,3 +132,23 @@ def test_report_files(plan_job: dict[str, Any], tmp_path: Path) -> None:
     )
     svg = (tmp_path / "out" / "delta-curve.svg").read_text()
     assert svg.startswith("<?xml") and ET.fromstring(svg.split("\n", 1)[1]) is not None
+
+
+def test_off_minimum_fits_are_drawn_with_the_curve(plan_job: dict[str, Any]) -> None:
+    job = json.loads(json.dumps(plan_job))
+    section = job["result"]["recommendation"]["sample_size"]
+    section["off_minimum"] = [
+        {"radius": 0.05, "kind": "random", "n_points": 10,
+         "fit": {**section["fit"], "C": 3.0, "alpha": 0.9},
+         "fit_squared": {"status": "not_computed", "reason": "x"}},
+        {"radius": 0.1, "kind": "top_eigenspace", "n_points": 10,
+         "fit": {"status": "not_computed", "reason": "too few points"},
+         "fit_squared": {"status": "not_computed", "reason": "x"}},
+    ]  # fmt: skip
+    plot = by_id(job)["delta-curve"]
+    assert plot.numbers["off_minimum"] == [
+        {"radius": 0.05, "kind": "random", "C": 3.0, "alpha": 0.9}
+    ]
+    assert "off-minimum fit at r = 0.05 (random)" in (plot.svg or "")
+    assert "top_eigenspace" not in (plot.svg or "")  # a fit that was not computed is not drawn
+    assert "fit window k ∈" in plot.caption
