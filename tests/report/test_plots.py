@@ -151,4 +151,4 @@ def test_off_minimum_fits_are_drawn_with_the_curve(plan_job: dict[str, Any]) -> 
     ]
     assert "off-minimum fit at r = 0.05 (random)" in (plot.svg or "")
     assert "top_eigenspace" not in (plot.svg or "")  # a fit that was not computed is not drawn
-    assert "fit window k ∈" in plot.caption
+    assert "Fit window k ∈ [" in plot.caption
