@@ -25,6 +25,20 @@ def live(
     live_service.release()
 
 
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path) -> Any:
+    """The root fixture's settings with a private data dir (the link key file lives there)."""
+    from app.config import Settings
+
+    return Settings(
+        database_url=database_url,
+        auth_disabled=False,
+        log_format="console",
+        data_dir=tmp_path / "data",
+        report_link_seconds=600,
+    )
+
+
 @pytest.fixture(scope="session")
 def plan_job() -> dict[str, Any]:
     """A succeeded plan job as the API shows it, with every plan-side section computed."""
