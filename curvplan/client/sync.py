@@ -235,9 +235,13 @@ class Client:
                     raise
                 now = time.monotonic()
                 outage_since = outage_since if outage_since is not None else now
-                if now - outage_since >= self.retry.outage_seconds or (
-                    deadline is not None and now >= deadline
-                ):
+                if deadline is not None and now >= deadline:
+                    raise WaitTimeoutError(
+                        f"job {job_id} did not finish within {timeout} s (the service was "
+                        f"unavailable at the end: {exc})",
+                        job=last_job,
+                    ) from exc
+                if now - outage_since >= self.retry.outage_seconds:
                     raise
                 pause = self.retry.delay(failures)
                 if deadline is not None:

@@ -210,3 +210,24 @@ def test_wait_gives_up_after_the_outage_budget() -> None:
     ):
         client.wait(uuid.uuid4())
     assert 0.2 <= time.monotonic() - started < 5
+
+
+def test_wait_deadline_during_an_outage_is_a_timeout() -> None:
+    job_id = str(uuid.uuid4())
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) == 1:
+            return httpx.Response(200, json=_job(job_id, "running"))
+        raise httpx.ConnectError("refused", request=request)
+
+    policy = RetryPolicy(backoff_initial=0.05, backoff_max=0.05, outage_seconds=60)
+    transport = httpx.MockTransport(handler)
+    with (
+        curvplan.Client("http://api.test", "k", retry=policy, transport=transport) as client,
+        pytest.raises(curvplan.WaitTimeoutError) as info,
+    ):
+        client.wait(job_id, timeout=0.3)
+    assert info.value.job is not None and info.value.job.status == "running"
+    assert isinstance(info.value.__cause__, ConnectionFailedError)
