@@ -115,7 +115,12 @@ def test_bounds_dominate_the_engine_models_hessian(overrides: dict, mode: str) -
     assert model.training  # the caller's mode is restored
     for n, p in model.named_parameters():
         assert torch.equal(p, before[n])  # live weights untouched
-    assert result["applicable"] and result["reasons"] == []
+    if overrides:  # embed + learned positions: blocks bounded, the whole model is not
+        assert not result["applicable"]
+        assert any(r.startswith("embed") for r in result["reasons"])
+        assert any(r.startswith("positional=learned") for r in result["reasons"])
+    else:
+        assert result["applicable"] and result["reasons"] == []
     json.dumps(result, allow_nan=False)  # goes into result.json as is
     H, off = _layer_hessian(model, 0, inputs, targets)
     measured = {}
@@ -152,6 +157,10 @@ def test_deeper_model_keeps_only_the_parts_that_hold() -> None:
     assert "H_tr" in first and first["H_tr"]["QQ"] > 0  # the block's own bounds still hold
     assert last["applicable"] and result["blocks"]["layers.1.q"]["value"] > 0
     assert result["M_tr"] == last["M_tr"]
+    # M_tr covers only the last layer, so the model as a whole is outside Theorems 5-7
+    assert not result["applicable"]
+    assert any(r.startswith("n_layers=2") for r in result["reasons"])
+    assert result["M_tr_scope"].startswith("layers.1")
 
 
 def test_outside_the_theory_reports_reasons_and_keeps_layernorm_norms() -> None:

@@ -85,6 +85,31 @@ def model_reasons(spec: Any) -> tuple[list[str], list[str]]:
     return arch, loss
 
 
+def scope_reasons(spec: Any) -> list[str]:
+    """Why the per-block bounds, though valid block by block, do not bound the WHOLE model's
+    per-sample Hessian (the M of Petrov et al. 2025 Theorem 7): Theorems 5-6 treat one block
+    whose output the loss reads, with no parameters before it."""
+    reasons: list[str] = []
+    if spec.n_layers > 1:
+        reasons.append(
+            f"n_layers={spec.n_layers}: Theorems 5-6 bound one block read by the loss; only the "
+            "last layer's blocks are bounded and M_tr/M_SA cover the last layer's parameters, "
+            "not the whole model's Hessian"
+        )
+    task = spec.task
+    if getattr(task, "input_dim", None) is not None or getattr(task, "vocab_size", None):
+        reasons.append(
+            "embed: an input embedding/projection precedes the block; its Hessian rows are not "
+            "bounded, so M_tr is not a bound on the whole model's Hessian"
+        )
+    if spec.positional == "learned":
+        reasons.append(
+            "positional=learned: position embeddings are parameters outside the theory's block "
+            "(not bounded)"
+        )
+    return reasons
+
+
 def attention_reasons(spec: Any) -> list[str]:
     """Why the attention sub-layer itself is outside the theory (then ||G_k||, ||Phi_kl||
     bounds of Petrov et al. 2025 App. B.6 do not hold either)."""
@@ -266,11 +291,15 @@ def _assemble(
     n: int,
 ) -> dict:
     eps = float(spec.ln_eps)
+    scope = scope_reasons(spec)
     result: dict[str, Any] = {
         "theory": THEORY,
         "options": asdict(opts),
-        "applicable": not arch and not loss,
-        "reasons": arch + loss,
+        # the whole model inside the theory: every block bounded and M_tr bounds the full
+        # per-sample Hessian (Theorem 7's M); block records keep their own `applicable`
+        "applicable": not arch and not loss and not scope,
+        "reasons": arch + loss + scope,
+        "M_tr_scope": f"layers.{spec.n_layers - 1} (W_1, W_2, W_K, W_Q, W_V)",
         "n_samples": n,
         "blocks": {},
         "off_diagonal": [],
