@@ -293,13 +293,13 @@ def test_without_a_hessian_batch_only_the_simple_pair_is_estimated() -> None:
     assert out["trace_sigma"] > 0
 
 
-def test_planner_dict_never_clamps_a_negative_grad_sq_norm() -> None:
+def test_planner_dict_passes_a_negative_grad_sq_norm_through_unclamped() -> None:
     stats = {
         "grad_sq_norm": -0.5,
         "grad_sq_norm_se": 0.4,
         "trace_sigma": 3.0,
         "trace_sigma_se": 0.2,
-        "gHg": 0.1,
+        "gHg": -0.1,
         "gHg_se": 0.05,
         "trace_h_sigma": 2.0,
         "trace_h_sigma_se": 0.3,
@@ -307,16 +307,22 @@ def test_planner_dict_never_clamps_a_negative_grad_sq_norm() -> None:
         "b_simple": None,
     }
     out, notes = gn.planner_gradient_noise(stats)
-    assert "grad_sq_norm" not in out and "trace_sigma" not in out
-    assert out["gHg"] == 0.1 and notes and "negative" in notes[0]
-    positive, none = gn.planner_gradient_noise({**stats, "grad_sq_norm": 0.5})
+    # the pair is kept as measured: neither dropped nor clamped to 0 (pitfall 13)
+    assert out["grad_sq_norm"] == -0.5 and out["trace_sigma"] == 3.0
+    assert out["grad_sq_norm_se"] == 0.4 and out["gHg"] == -0.1
+    assert len(notes) == 2 and "|G|²" in notes[0] and "GᵀHG" in notes[1]
+    positive, none = gn.planner_gradient_noise({**stats, "grad_sq_norm": 0.5, "gHg": 0.1})
     assert positive["grad_sq_norm"] == 0.5 and not none
-    try:
-        from app.planner.schemas import DirectNoiseStats
-    except ImportError:  # the planner is built in parallel; names are checked above
-        return
+    from app.planner import Measurements, Targets, make_plan
+    from app.planner.schemas import DirectNoiseStats
+
     DirectNoiseStats(**out)
     DirectNoiseStats(**positive)
+    plan = make_plan(Measurements(gradient_noise=DirectNoiseStats(**out)), Targets())
+    batch = plan.batch_size
+    assert batch.b_simple.status == "not_computed" and batch.b_noise.status == "not_computed"
+    assert batch.grad_sq_norm.value == -0.5
+    assert {"b_simple_undefined", "b_noise_undefined"} <= {w.code for w in plan.warnings}
 
 
 def test_planner_measurements_carry_the_gradient_norm_and_direct_stats() -> None:

@@ -625,20 +625,26 @@ _DIRECT_KEYS = (
 def planner_gradient_noise(stats: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The planner's ``DirectNoiseStats`` dict from ``gradient_noise_statistics`` + notes.
 
-    The planner requires |G|² and tr Σ ≥ 0; an unbiased |G|² can be negative near w*
-    (curvature pitfalls item 13) and is never clamped: the (|G|², tr Σ) pair is then left out
-    and a note says why (B_simple is undefined there). Returns (dict, notes).
+    Every estimate is passed through unchanged, negative ones included: an unbiased |G|² (or
+    tr Σ, GᵀHG) can be negative near w* (curvature pitfalls item 13) and is never clamped or
+    dropped; the planner then reports B_simple (B_noise) undefined with its warning
+    (McCandlish et al. 2018 App. A: ratio of the unbiased estimates). A note says so.
+    Returns (dict, notes).
     """
     out = {key: stats.get(key) for key in _DIRECT_KEYS if stats.get(key) is not None}
     notes: list[str] = []
-    if out.get("grad_sq_norm", 0.0) < 0 or out.get("trace_sigma", 0.0) < 0:
-        notes.append(
-            f"unbiased |G|² = {stats.get('grad_sq_norm')} (tr Σ = {stats.get('trace_sigma')}) is "
-            "negative, i.e. |G|² is indistinguishable from 0 at this sample size: B_simple is "
-            "undefined, the pair is omitted"
-        )
-        for key in ("grad_sq_norm", "trace_sigma", "grad_sq_norm_se", "trace_sigma_se"):
-            out.pop(key, None)
+    for key, label, ratio in (
+        ("grad_sq_norm", "|G|²", "B_simple"),
+        ("trace_sigma", "tr Σ", "B_simple"),
+        ("gHg", "GᵀHG", "B_noise"),
+        ("trace_h_sigma", "tr(HΣ)", "B_noise"),
+    ):
+        value = out.get(key)
+        if value is not None and value < 0:
+            notes.append(
+                f"unbiased {label} = {value:.4g} is negative (indistinguishable from 0 at this "
+                f"sample size): passed through unclamped, {ratio} will be undefined"
+            )
     return out, notes
 
 
