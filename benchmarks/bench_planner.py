@@ -29,6 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.planner import Measurements, Targets, make_plan
 from app.planner.loss_curve import (
+    data_influence_cov,
+    data_influence_draws,
+    data_scale_bootstrap,
     default_window,
     fit_power_law,
     loss_difference_curves,
@@ -45,13 +48,23 @@ def planner_path(losses: np.ndarray, orderings: int, bootstrap: int) -> tuple[fl
     t0 = time.perf_counter()
     curves = loss_difference_curves(losses, orderings=orderings, seed=0)
     t_curves = time.perf_counter() - t0
+    window = default_window(losses.size)
+    fit = fit_power_law(curves.abs_by_ordering, curves.grid, window, bootstrap=bootstrap, seed=0)
+    # the data-sampling part of the intervals, as the planner adds it (sample_size_section)
+    t_data = time.perf_counter()
+    data_scale_bootstrap(losses, bootstrap=bootstrap, seed=0, stream=2)
+    cov = data_influence_cov(losses, curves.grid, window, fit.weights, seed=0, stream=40)
+    shift = data_influence_draws(cov, bootstrap=bootstrap, seed=0, stream=41)
     fit = fit_power_law(
         curves.abs_by_ordering,
         curves.grid,
-        default_window(losses.size),
+        window,
         bootstrap=bootstrap,
         seed=0,
+        data_shift=shift,
     )
+    t_data = time.perf_counter() - t_data
+    print(f"  data-sampling terms (grouped bootstrap + influence): {t_data:.3f} s")
     total = time.perf_counter() - t0
     cpu = time.process_time() - c0
     lo, hi = np.quantile(fit.alpha_boot, [0.025, 0.975])

@@ -4,6 +4,19 @@ Public entry point: `make_plan(measurements, targets, *, seed=0) -> Recommendati
 """
 
 from app.planner.plan import make_plan
-from app.planner.schemas import Measurements, Recommendation, Targets
+from app.planner.schemas import (
+    Measurements,
+    PlanInputError,
+    Recommendation,
+    Targets,
+    check_workload,
+)
 
-__all__ = ["Measurements", "Recommendation", "Targets", "make_plan"]
+__all__ = [
+    "Measurements",
+    "PlanInputError",
+    "Recommendation",
+    "Targets",
+    "check_workload",
+    "make_plan",
+]

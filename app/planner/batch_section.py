@@ -293,8 +293,18 @@ def build_batch_section(
     lr: LrScaling | NotComputed
     if isinstance(b_noise, Estimate):
         eps_max = None
-        if noise.grad_sq is not None and noise.ghg is not None and noise.ghg.value > 0:
+        eps_note = None
+        if noise.grad_sq is None or noise.ghg is None:
+            eps_note = "ε_max = |G|²/GᵀHG needs |G|² and GᵀHG"
+        elif noise.grad_sq.value > 0 and noise.ghg.value > 0:
             eps_max = noise.grad_sq.value / noise.ghg.value
+        else:
+            # an unbiased |G|² ≤ 0 (near w*) gives no step size: never report a negative ε_max
+            eps_note = (
+                f"ε_max undefined: |G|² = {noise.grad_sq.value:.4g}, GᵀHG = "
+                f"{noise.ghg.value:.4g} (both must be positive); the factor 1/(1 + B_noise/B) "
+                "still scales whatever learning rate is tuned at large batch"
+            )
         factor = None if recommended is None else 1.0 / (1.0 + b_noise.value / recommended)
         lr = LrScaling(
             formula=formulas.LR_SCALING,
@@ -304,6 +314,7 @@ def build_batch_section(
             epsilon_opt_at_recommended=None
             if eps_max is None or factor is None
             else eps_max * factor,
+            note=eps_note,
         )
     else:
         lr = NotComputed(

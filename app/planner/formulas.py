@@ -8,13 +8,22 @@ DELTA_ABS = (
     "(Petrov et al. 2025 §3.3; digest §3, §8 item 3)"
 )
 DELTA_SQ = "Δ2_k = mean over orderings of (L_{k+1} − L_k)² (squared criterion; digest §6.4)"
+FIT_INTERVALS = (
+    "intervals: percentiles over bootstrap replicates combining (i) the fit refitted on "
+    "orderings resampled with replacement (randomness of the R orderings) and (ii) an "
+    "independent draw of the error from drawing the N samples: for Δ_k a normal draw of "
+    "(log C, α) with the covariance of their influence functions over the N losses "
+    "(E|l − L_k| per bin, CLT for L_k), for Δ2_k a grouped bootstrap over the N losses of "
+    "Var l, which sets C2; so the intervals cover the population C, α, k* for a fresh draw of "
+    "N i.i.d. samples, not only the given losses (synthetic check at nominal 0.90, N = 1000, "
+    "R = 100: k* 0.87-0.88, C 0.87, α 0.79-0.90; k* intervals from the orderings alone: "
+    "< 0.5)"
+)
 POWER_LAW_FIT = (
     "Δ_k ≈ C·k^(−α): weighted least squares in log space on log-binned k, weights "
-    "1/Var(log mean) across orderings; CIs = bootstrap percentiles over orderings, i.e. "
-    "conditional on the given N losses (dataset resampling is not included) "
-    "(digest §8 item 4)"
+    "1/Var(log mean) across orderings (digest §8 item 4); " + FIT_INTERVALS
 )
-POWER_LAW_FIT_SQ = "Δ2_k ≈ C2·k^(−α2), same fit as Δ_k (digest §6.4, §8 item 4)"
+POWER_LAW_FIT_SQ = "Δ2_k ≈ C2·k^(−α2), same fit as Δ_k (digest §6.4, §8 item 4); " + FIT_INTERVALS
 C2_FIXED_SLOPE = (
     "C2 = weighted geometric mean of Δ2_k·(k+1)² over the fit window, i.e. the fit "
     "Δ2_k = C2/(k+1)² with the slope fixed at the theory's 2 (digest §3 end, §6.4)"

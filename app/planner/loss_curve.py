@@ -174,6 +174,8 @@ class PowerLawEstimate:
     n_points: int
     C_boot: FloatArray  # (B,) — empty when no bootstrap was run
     alpha_boot: FloatArray
+    weights: FloatArray  # fit weights of the bins inside the window
+    includes_data_sampling: bool = False  # C_boot carries the data-scale bootstrap too
 
 
 def _wls_lines(
@@ -216,6 +218,8 @@ def fit_power_law(
     stream: int = 1,
     fixed_alpha: float | None = None,
     k_offset: float = 0.0,
+    data_scale: FloatArray | None = None,
+    data_shift: FloatArray | None = None,
 ) -> PowerLawEstimate:
     """Fit mean-over-orderings ≈ C·(k + k_offset)^(−α) (digest §8 item 4).
 
@@ -265,10 +269,23 @@ def fit_power_law(
             ab, bb, _ = _wls_lines(
                 np.broadcast_to(x, yb.shape), yb, np.broadcast_to(weights, yb.shape)
             )
-            c_boot, alpha_boot = np.exp(ab[ok]), -bb[ok]
+            alpha_all = -bb
         else:
             ab = (yb + fixed_alpha * x) @ weights / weights.sum()
-            c_boot, alpha_boot = np.exp(ab[ok]), np.full(int(ok.sum()), fixed_alpha)
+            alpha_all = np.full(bootstrap, float(fixed_alpha))
+        c_all = np.exp(ab)
+        if data_scale is not None:
+            if data_scale.shape != (bootstrap,):
+                raise ValueError("data_scale needs one factor per bootstrap replicate")
+            c_all = c_all * data_scale
+            ok = ok & np.isfinite(c_all)
+        if data_shift is not None:
+            if data_shift.shape != (bootstrap, 2):
+                raise ValueError("data_shift needs one (log C, α) shift per bootstrap replicate")
+            c_all = c_all * np.exp(data_shift[:, 0])
+            if fixed_alpha is None:
+                alpha_all = alpha_all + data_shift[:, 1]
+        c_boot, alpha_boot = c_all[ok], alpha_all[ok]
     return PowerLawEstimate(
         C=C,
         alpha=alpha,
@@ -277,6 +294,9 @@ def fit_power_law(
         n_points=int(mask.sum()),
         C_boot=c_boot,
         alpha_boot=alpha_boot,
+        weights=weights,
+        includes_data_sampling=(data_scale is not None or data_shift is not None)
+        and c_boot.size > 0,
     )
 
 
@@ -284,3 +304,149 @@ def default_window(n_samples: int) -> tuple[int, int]:
     """Skip the first samples: k_min = clip(N/1000, 10, 100), k_max = N − 1 (digest §8 item 4)."""
     k_min = int(min(100, max(10, n_samples // 1000)))
     return k_min, n_samples - 1
+
+
+# --------------------------------------------------------------------------- data sampling
+@dataclass(frozen=True)
+class DataScaleBootstrap:
+    """Bootstrap replicates (relative to the observed value) of the data-level scales that set
+    the constants of the Δ_k curves: C ≈ E|l − E l| for |Δ_k| and C2 ≈ Var(l) for Δ_k²."""
+
+    abs_factor: FloatArray  # (B,) MAD*/MAD, MAD = mean over rows of mean |l − row mean|
+    sq_factor: FloatArray  # (B,) Var*/Var, Var = mean over rows of the biased variance
+    groups: int
+
+
+def data_scale_bootstrap(
+    losses: FloatArray, *, bootstrap: int, seed: int, stream: int, groups: int = 1000
+) -> DataScaleBootstrap:
+    """Bootstrap over the N samples of the quantities that set C and C2 (digest §3 end):
+    at w* E|Δ_k| ≈ E|l − E l|/(k+1) and E[Δ_k²] ≈ Var(l)(1 + 1/k)/(k+1)².
+
+    The samples are put into `groups` random groups (labels from the seeded generator, so any
+    order of the input is fine) and the groups are resampled with replacement (a grouped
+    bootstrap: O(N) once, then O(B·groups)). The mean absolute deviation about the resampled
+    mean is linearised in the shift of the mean (its influence function,
+    |l − m| − MAD + (2F(m) − 1)(l − m)); the variance decomposes exactly. `losses` is (N,) or
+    (P, N) (P perturbed points: the scales are averaged over rows, the samples resampled jointly).
+    """
+    arr = np.asarray(losses, dtype=np.float64)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    n_rows, n = arr.shape
+    n_groups = int(min(groups, n))
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
+    labels = rng.integers(0, n_groups, n)
+    count = np.bincount(labels, minlength=n_groups).astype(np.float64)
+    sums = np.empty((4, n_rows, n_groups))  # Σ d, Σ |d|, Σ sign d, Σ d² per row and group
+    mad = np.empty(n_rows)
+    var = np.empty(n_rows)
+    for p in range(n_rows):
+        d = arr[p] - arr[p].mean()
+        a = np.abs(d)
+        sums[0, p] = np.bincount(labels, weights=d, minlength=n_groups)
+        sums[1, p] = np.bincount(labels, weights=a, minlength=n_groups)
+        sums[2, p] = np.bincount(labels, weights=np.sign(d), minlength=n_groups)
+        sums[3, p] = np.bincount(labels, weights=d * d, minlength=n_groups)
+        mad[p] = a.mean()
+        var[p] = float(np.mean(d * d))
+    weights = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), bootstrap).astype(
+        np.float64
+    )
+    n_star = weights @ count  # (B,)
+    n_star = np.where(n_star > 0, n_star, 1.0)
+    resampled = np.einsum("bg,kpg->kbp", weights, sums) / n_star[None, :, None]
+    shift = resampled[0]  # resampled mean − observed mean, (B, P)
+    mad_star = resampled[1] - shift * resampled[2]
+    var_star = resampled[3] - shift * shift
+    with np.errstate(divide="ignore", invalid="ignore"):
+        abs_factor = mad_star.mean(axis=1) / mad.mean()
+        sq_factor = var_star.mean(axis=1) / var.mean()
+    return DataScaleBootstrap(
+        abs_factor=np.where(np.isfinite(abs_factor) & (abs_factor > 0), abs_factor, np.nan),
+        sq_factor=np.where(np.isfinite(sq_factor) & (sq_factor > 0), sq_factor, np.nan),
+        groups=n_groups,
+    )
+
+
+def _folded_normal_mean(d: FloatArray, sd: FloatArray) -> FloatArray:
+    """E|d + sd·Z| for Z ~ N(0, 1) (elementwise, broadcasting)."""
+    from scipy.special import erf
+
+    z = d / sd
+    return sd * np.sqrt(2 / np.pi) * np.exp(-0.5 * z * z) + d * erf(z / np.sqrt(2))
+
+
+def data_influence_cov(
+    losses: FloatArray,
+    grid: CurveGrid,
+    window: tuple[int, int],
+    weights: FloatArray,
+    *,
+    seed: int,
+    stream: int,
+    max_evaluations: int = 600_000,
+) -> FloatArray:
+    """Covariance (2×2) of the data-sampling error of (log C, α) of the |Δ_k| fit.
+
+    The population bin means T_j = E|l − L_k|/(k+1) (k = k_rep of bin j, digest §3) are smooth
+    functionals of the loss distribution F; their influence function is
+    IF_j(x) = E|x − L_k| + (x − μ)·E sign(L_k − X_0) + (x − μ)²·f_k(μ)/k + const
+    (differentiate the U-statistic E|X_0 − (X_1 + … + X_k)/k|: x as X_0, and x as one of the
+    k draws of L_k, expanded to second order in its shift (x − μ)/k; f_k is the density of
+    X_0 minus the other draws' mean at μ), with L_k approximated by N(μ, s²/k) (CLT; k ≥ the
+    window start). log C and α are linear in log T_j
+    through the weighted least squares, so their influence functions are fixed combinations of
+    IF_j/T_j; the covariance is Var(IF)/N over the samples (a random subsample of at most
+    `max_evaluations`/(rows·bins) of them; exact enough for a variance). (P, N) losses: rows
+    averaged, samples shared.
+    """
+    arr = np.asarray(losses, dtype=np.float64)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    n_rows, n = arr.shape
+    mask = window_mask(grid, window)
+    k = grid.k_rep[mask]
+    x = np.log(k)
+    w = weights
+    sw = w.sum()
+    xm = float(w @ x) / sw
+    sxx = float(w @ (x - xm) ** 2)
+    coef_alpha = -w * (x - xm) / sxx  # α = Σ coef_alpha·log T_j
+    coef_logc = w / sw - xm * w * (x - xm) / sxx  # log C = Σ coef_logc·log T_j
+    m = max(2, min(n, max_evaluations // max(1, n_rows * k.size)))
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
+    idx = rng.choice(n, size=m, replace=False) if m < n else np.arange(n)
+    t_sum = np.zeros(k.size)
+    if_sum = np.zeros((m, k.size))
+    from scipy.special import erf
+
+    sd_other = np.sqrt(np.maximum(k - 1.0, 1.0)) / k  # sd of (X_2 + … + X_k)/k per unit s
+    for p in range(n_rows):
+        row = arr[p]
+        mu = row.mean()
+        s = row.std()
+        d = row[idx] - mu
+        sd_k = (s / np.sqrt(k))[None, :]
+        e_abs = _folded_normal_mean(d[:, None], sd_k)  # E|x − L_k|, (m, bins)
+        # x as one of the k draws of L_k moves it by δ = (x − μ)/k; to second order the k such
+        # terms give (x − μ)·E sign(L_k − X_0) + (x − μ)²/k · f_k(μ), f_k the density of
+        # X_0 − (other draws' mean) at μ: the variance of the sample enters the curve's shape.
+        z = d[:, None] / (s * sd_other)[None, :]
+        slope = np.mean(-erf(z / np.sqrt(2)), axis=0)  # E sign(L_k − X_0)
+        dens = np.mean(np.exp(-0.5 * z * z), axis=0) / (np.sqrt(2 * np.pi) * s * sd_other)
+        t_sum += e_abs.mean(axis=0)
+        if_sum += e_abs + d[:, None] * slope[None, :] + (d * d)[:, None] * (dens / k)[None, :]
+    t = t_sum / n_rows
+    rel = (if_sum / n_rows) / t[None, :]
+    rel -= rel.mean(axis=0)
+    infl = np.column_stack([rel @ coef_logc, rel @ coef_alpha])  # (m, 2)
+    return (infl.T @ infl) / (infl.shape[0] - 1) / n
+
+
+def data_influence_draws(cov: FloatArray, *, bootstrap: int, seed: int, stream: int) -> FloatArray:
+    """(bootstrap, 2) normal draws of the (log C, α) data-sampling error with covariance cov."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
+    vals, vecs = np.linalg.eigh(0.5 * (cov + cov.T))
+    root = vecs * np.sqrt(np.clip(vals, 0.0, None))
+    return rng.standard_normal((bootstrap, 2)) @ root.T

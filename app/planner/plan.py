@@ -13,6 +13,7 @@ from app.planner.schemas import (
     NotComputed,
     Recommendation,
     Targets,
+    check_workload,
 )
 from app.planner.warning_log import WarningLog
 
@@ -25,10 +26,13 @@ def make_plan(measurements: Measurements, targets: Targets, *, seed: int = 0) ->
     """Turn curvature measurements into a data budget (design.md §3).
 
     Every section holds values or a `not_computed` reason; `targets.seed`, when given, overrides
-    `seed`. Deterministic for a given seed.
+    `seed`. Deterministic for a given seed. Raises `PlanInputError` (naming the field) when the
+    input exceeds the size cap of `check_workload`.
     """
+    check_workload(measurements, targets)
     effective_seed = targets.seed if targets.seed is not None else seed
     log = WarningLog()
+    _theory_warning(measurements, log)
     sample_size = build_sample_size_section(measurements, targets, effective_seed, log)
     batch_size = build_batch_section(measurements, targets, effective_seed, log)
     scaling = build_scaling_section(measurements, targets, effective_seed, log)
@@ -40,6 +44,20 @@ def make_plan(measurements: Measurements, targets: Targets, *, seed: int = 0) ->
         curvature=curvature,
         warnings=log.items,
         seed=effective_seed,
+    )
+
+
+def _theory_warning(measurements: Measurements, log: WarningLog) -> None:
+    theory = measurements.theory
+    if theory is None or theory.applicable:
+        return
+    reasons = "; ".join(theory.reasons) if theory.reasons else "no reason given"
+    log.add(
+        "theory_assumptions_not_met",
+        "sample_size",
+        f"the model is outside the assumptions of Petrov et al. 2025 ({reasons}): the Theorem 7 "
+        "k* and the theoretical bounds are indicative only; the empirical k* (from the measured "
+        "losses) does not rely on them",
     )
 
 

@@ -8,9 +8,13 @@ import numpy as np
 
 from app.planner import formulas
 from app.planner.loss_curve import (
+    DataScaleBootstrap,
     FitError,
     OrderingCurves,
     PowerLawEstimate,
+    data_influence_cov,
+    data_influence_draws,
+    data_scale_bootstrap,
     default_window,
     fit_power_law,
     loss_difference_curves,
@@ -49,6 +53,8 @@ ALPHA_SQ_THEORY = 2.0
 ALPHA_TOLERANCE = 0.1
 POOR_R2 = 0.9
 _BOOT_STREAM = 1
+_DATA_STREAM = 2
+_IF_STREAM = 40
 
 
 class _Fits:
@@ -90,10 +96,16 @@ def _window(n: int, targets: Targets) -> tuple[int, int]:
 
 
 def _fit_curves(
-    curves: OrderingCurves, window: tuple[int, int], targets: Targets, seed: int
+    curves: OrderingCurves,
+    losses: np.ndarray,
+    window: tuple[int, int],
+    targets: Targets,
+    seed: int,
+    data: DataScaleBootstrap | None,
 ) -> _Fits:
     fits = _Fits()
     conf = targets.confidence
+    sq_scale = data.sq_factor if data is not None else None
     try:
         fits.abs = fit_power_law(
             curves.abs_by_ordering,
@@ -103,6 +115,22 @@ def _fit_curves(
             seed=seed,
             stream=_BOOT_STREAM,
         )
+        if data is not None and fits.abs.C_boot.size > 0:
+            cov = data_influence_cov(
+                losses, curves.grid, window, fits.abs.weights, seed=seed, stream=_IF_STREAM
+            )
+            shift = data_influence_draws(
+                cov, bootstrap=targets.bootstrap, seed=seed, stream=_IF_STREAM + 1
+            )
+            fits.abs = fit_power_law(
+                curves.abs_by_ordering,
+                curves.grid,
+                window,
+                bootstrap=targets.bootstrap,
+                seed=seed,
+                stream=_BOOT_STREAM,
+                data_shift=shift,
+            )
         fits.abs_out = _fit_out(fits.abs, ALPHA_THEORY, formulas.POWER_LAW_FIT, conf)
     except FitError as exc:
         fits.abs_out = NotComputed(reason=str(exc))
@@ -114,6 +142,7 @@ def _fit_curves(
             bootstrap=targets.bootstrap,
             seed=seed,
             stream=_BOOT_STREAM,
+            data_scale=sq_scale,
         )
         fits.sq_out = _fit_out(fits.sq, ALPHA_SQ_THEORY, formulas.POWER_LAW_FIT_SQ, conf)
         fits.c2 = fit_power_law(
@@ -125,10 +154,21 @@ def _fit_curves(
             stream=_BOOT_STREAM,
             fixed_alpha=ALPHA_SQ_THEORY,
             k_offset=1.0,
+            data_scale=sq_scale,
         )
     except FitError as exc:
         fits.sq_out = NotComputed(reason=str(exc))
     return fits
+
+
+def _data_bootstrap(
+    losses: np.ndarray, targets: Targets, seed: int, stream: int
+) -> DataScaleBootstrap | None:
+    if targets.bootstrap == 0:
+        return None
+    return data_scale_bootstrap(
+        losses, bootstrap=targets.bootstrap, seed=seed, stream=_DATA_STREAM + stream
+    )
 
 
 def _check_fit(fits: _Fits, label: str, log: WarningLog) -> None:
@@ -210,6 +250,7 @@ def _theoretical(
     radius: float | None,
     tol: float,
     tight: bool,
+    theory_note: str | None = None,
 ) -> SampleSizeValue | NotComputed:
     missing = []
     if loss_bound is None:
@@ -224,9 +265,12 @@ def _theoretical(
     m_value = m_bound.value if m_bound is not None else 0.0
     fn = k_theorem7_tight if tight else k_theorem7
     k = fn(loss_bound.value, m_value, radius, tol)
-    note = None
+    notes = []
     if loss_bound.source == "observed_max":
-        note = "ℓ_max is the observed maximum loss, a lower bound on the true ℓ_max"
+        notes.append("ℓ_max is the observed maximum loss, a lower bound on the true ℓ_max")
+    if theory_note is not None:
+        notes.append(theory_note)
+    note = "; ".join(notes) if notes else None
     return SampleSizeValue(
         k=k, formula=formulas.K_THM7_TIGHT if tight else formulas.K_THM7, note=note
     )
@@ -274,7 +318,14 @@ def build_sample_size_section(
                 )
             curves = loss_difference_curves(arr, orderings=targets.orderings, seed=seed)
             curve = _curve_out(curves)
-            fits = _fit_curves(curves, _window(n, targets), targets, seed)
+            fits = _fit_curves(
+                curves,
+                arr,
+                _window(n, targets),
+                targets,
+                seed,
+                _data_bootstrap(arr, targets, seed, 0),
+            )
             _check_fit(fits, "losses at w*", log)
     else:
         reason = "measurements.per_sample_losses not given"
@@ -323,7 +374,14 @@ def build_sample_size_section(
             p_curves = loss_difference_curves(
                 p_arr, orderings=targets.orderings, seed=seed, stream=10
             )
-            p_fits = _fit_curves(p_curves, _window(p_n, targets), targets, seed)
+            p_fits = _fit_curves(
+                p_curves,
+                p_arr,
+                _window(p_n, targets),
+                targets,
+                seed,
+                _data_bootstrap(p_arr, targets, seed, 10),
+            )
             _check_fit(p_fits, f"perturbed losses at radius {perturbed.radius:g}", log)
             thm7: dict[str, float | str | None] = {}
             if loss_bound is not None and m_bound is not None:
@@ -345,6 +403,11 @@ def build_sample_size_section(
             )
         off_minimum.append(off)
 
+    theory_note = None
+    if measurements.theory is not None and not measurements.theory.applicable:
+        theory_note = (
+            "the model is outside Theorem 7's assumptions (measurements.theory): indicative only"
+        )
     available = measurements.available_samples or (n if losses is not None else None)
     per_tolerance = []
     short = []
@@ -368,8 +431,12 @@ def build_sample_size_section(
                 PerTolerance(
                     tolerance=tol,
                     empirical=empirical,
-                    theoretical=_theoretical(loss_bound, m_bound, targets.radius, tol, False),
-                    theoretical_tight=_theoretical(loss_bound, m_bound, targets.radius, tol, True),
+                    theoretical=_theoretical(
+                        loss_bound, m_bound, targets.radius, tol, False, theory_note
+                    ),
+                    theoretical_tight=_theoretical(
+                        loss_bound, m_bound, targets.radius, tol, True, theory_note
+                    ),
                     squared=_squared(fits, tol, conf, rms=False)
                     if losses is not None
                     else NotComputed(reason="measurements.per_sample_losses not given"),

@@ -32,6 +32,10 @@ PosInt = Annotated[int, Field(gt=0)]
 
 MAX_ORDERINGS = 10_000
 MAX_BOOTSTRAP = 100_000
+# Input size caps (the planner's cost is linear in losses × orderings; 1e6 × 100 is the benchmark).
+MAX_PER_SAMPLE_LOSSES = 10_000_000
+MAX_PERTURBED_LOSSES = 20_000_000  # P × N over all perturbed points
+MAX_LOSS_EVALUATIONS = 200_000_000  # (N + P × N) × orderings
 
 
 class _Strict(BaseModel):
@@ -50,6 +54,11 @@ class PerturbedLosses(_Strict):
     @classmethod
     def _rows_same_length(cls, rows: list[list[float]]) -> list[list[float]]:
         n = len(rows[0])
+        if len(rows) * n > MAX_PERTURBED_LOSSES:
+            raise ValueError(
+                f"{len(rows)} points × {n} samples = {len(rows) * n} losses exceeds the cap of "
+                f"{MAX_PERTURBED_LOSSES}"
+            )
         for i, row in enumerate(rows):
             if len(row) != n:
                 raise ValueError(
@@ -63,13 +72,15 @@ class DirectNoiseStats(_Strict):
     """Direct gradient-noise statistics (McCandlish et al. 2018, §2.2 / eq. 2.6-2.8).
 
     B_simple needs `grad_sq_norm` and `trace_sigma`; B_noise needs `gHg` and `trace_h_sigma`.
+    The four values are unbiased estimates and may be negative (near w* the unbiased |G|² often
+    is: curvature pitfalls item 13, never clamp); the planner then reports the ratio undefined.
     Standard errors (`*_se`) give intervals; without them the values are reported as points.
     `n_samples` (how many independent estimates the statistics average) switches the interval
     and significance quantiles from normal to Student-t with n_samples − 1 degrees of freedom.
     """
 
-    grad_sq_norm: NonNegFloat | None = None
-    trace_sigma: NonNegFloat | None = None
+    grad_sq_norm: FiniteFloat | None = None
+    trace_sigma: FiniteFloat | None = None
     gHg: FiniteFloat | None = None
     trace_h_sigma: FiniteFloat | None = None
     grad_sq_norm_se: NonNegFloat | None = None
@@ -175,10 +186,22 @@ class BlockCurvature(_Strict):
         return lambda_min
 
 
+class TheoryApplicability(_Strict):
+    """Whether the model lies inside the assumptions of Petrov et al. 2025 (single head, post-LN,
+    ReLU, no biases/W_O, MSE…; digest §1.3, §9 item 6), as the analysis judged it."""
+
+    applicable: bool
+    reasons: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=500)]], Field(max_length=100)
+    ] = Field(default_factory=list)
+
+
 class Measurements(_Strict):
     """The `measurements` object of a plan job (design.md §4). Every group is optional."""
 
-    per_sample_losses: Annotated[list[NonNegFloat], Field(min_length=1)] | None = None
+    per_sample_losses: (
+        Annotated[list[NonNegFloat], Field(min_length=1, max_length=MAX_PER_SAMPLE_LOSSES)] | None
+    ) = None
     perturbed_losses: PerturbedLosses | None = None
     loss_bound: PosFloat | None = None
     hessian_norm_bound: NonNegFloat | None = None
@@ -196,6 +219,7 @@ class Measurements(_Strict):
     blocks: Annotated[list[BlockCurvature], Field(min_length=1)] | None = None
     gradient_norm_at_w_star: NonNegFloat | None = None
     available_samples: PosInt | None = None
+    theory: TheoryApplicability | None = None
 
     @field_validator("perturbed_losses")
     @classmethod
@@ -273,6 +297,47 @@ class Targets(_Strict):
         return value
 
 
+# --------------------------------------------------------------------------- input size cap
+class PlanInputError(ValueError):
+    """Bad plan input found across measurements and targets; `field` names the failing field
+    (dotted, e.g. "targets.orderings") for a 422-style answer."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def loss_evaluations(measurements: Measurements, targets: Targets) -> int:
+    """Losses visited by the Δ_k curves: (N + P·N) × orderings (the planner's cost driver)."""
+    n = len(measurements.per_sample_losses or [])
+    perturbed = measurements.perturbed_losses
+    p_n = len(perturbed.losses) * len(perturbed.losses[0]) if perturbed is not None else 0
+    return (n + p_n) * targets.orderings
+
+
+def check_workload(measurements: Measurements, targets: Targets) -> None:
+    """Raise PlanInputError naming `targets.orderings` when (N + P·N) × orderings exceeds
+    MAX_LOSS_EVALUATIONS (an input size cap; the benchmark size 1e6 × 100 is half of it).
+
+    The job API should call this in its request validation so the client gets a 422."""
+    total = loss_evaluations(measurements, targets)
+    if total <= MAX_LOSS_EVALUATIONS:
+        return
+    per_ordering = total // targets.orderings
+    allowed = MAX_LOSS_EVALUATIONS // per_ordering
+    hint = (
+        f"use at most {allowed} orderings"
+        if allowed >= 2
+        else "subsample measurements.per_sample_losses / perturbed_losses"
+    )
+    raise PlanInputError(
+        "targets.orderings",
+        f"{per_ordering} losses × {targets.orderings} orderings = {total} loss evaluations "
+        f"exceeds the cap of {MAX_LOSS_EVALUATIONS}; {hint}",
+    )
+
+
 # --------------------------------------------------------------------------- recommendation
 class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -306,6 +371,7 @@ WarningCode = Literal[
     "b_crit_cross_check_disagrees",
     "extrapolation",
     "noise_estimate_negative",
+    "theory_assumptions_not_met",
 ]
 
 
@@ -420,6 +486,7 @@ class LrScaling(_Out):
     epsilon_max: float | None = None
     factor_at_recommended: float | None = None
     epsilon_opt_at_recommended: float | None = None
+    note: str | None = None
 
 
 class BatchSizeSection(_Out):
