@@ -108,13 +108,16 @@ def _print_summary(result: dict) -> None:
         f"{result['n_parameters']} parameters, {result['n_examples']} examples, "
         f"{result['device']} {result['dtype']}"
     )
-    typer.echo(f"{'block':<22}{'lambda_max':>13}{'lambda_min':>13}{'trace':>12}  conv  products")
+    typer.echo(
+        f"{'block':<22}{'lambda_max':>13}{'lambda_min':>13}{'trace':>12}  conv  attained  products"
+    )
     for b in result["blocks"]:
         trace = (b.get("trace") or {}).get("value")
         trace_s = f"{trace:12.4e}" if trace is not None else f"{'-':>12}"
         typer.echo(
             f"{b['name']:<22}{b['lambda_max']:13.5e}{b['lambda_min']:13.5e}{trace_s}  "
-            f"{'yes' if b['converged'] else 'NO ':<4}  {b['n_products']}"
+            f"{'yes' if b['converged'] else 'NO ':<4}  {b['attained_tolerance']:8.1e}"
+            f"  {b['n_products']}"
         )
 
 

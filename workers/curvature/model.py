@@ -201,17 +201,22 @@ def build_model(
 ) -> CurvTransformer:
     """Build the reference Transformer for ``spec`` (initialised from ``seed``), in eval mode.
 
-    The parameters are GPT-2-style initialised (normal, std 0.02; norms at 1/0) so that a
-    freshly built model is a usable starting point; checkpoints replace them.
+    The parameters are GPT-2-style initialised (normal, std 0.02; biases 0; norms at 1/0),
+    entirely from ``seed`` (the global RNG is not used), so that a freshly built model is a
+    reproducible starting point; checkpoints replace them.
     """
     spec = parse_spec(spec)
     gen = torch.Generator().manual_seed(0 if seed is None else seed)
     model = CurvTransformer(spec)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("bias") or ".ln" in name or name.startswith("final_norm"):
-                continue
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+            is_norm = ".ln" in name or name.startswith("final_norm")
+            if name.endswith("bias"):
+                p.zero_()
+            elif is_norm:
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
     model.to(dtype)
     model.eval()
     return model

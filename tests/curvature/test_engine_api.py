@@ -1,0 +1,202 @@
+"""analyze() and the CLI end to end on tiny models; the iterative numbers are checked against
+the exact dense Hessian that the same run computes (small models get it automatically)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from workers.curvature.api import Cancelled, OptionsError, analyze, parse_options
+from workers.curvature.checkpoint import save_checkpoint
+from workers.curvature.data import Dataset, save_dataset
+from workers.curvature.model import build_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+SPEC = {
+    "d_model": 4,
+    "n_heads": 2,
+    "d_ff": 6,
+    "n_layers": 1,
+    "norm_position": "post",
+    "activation": "gelu",
+    "task": {"type": "classification", "seq_len": 3, "input_dim": 2, "n_classes": 3},
+}
+
+
+def _trained_like_model(seed: int = 0):
+    model = build_model(SPEC, seed=seed, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.4 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+    return model
+
+
+def _data(n: int = 10, seed: int = 1) -> Dataset:
+    gen = torch.Generator().manual_seed(seed)
+    return Dataset(
+        torch.randn(n, 3, 2, generator=gen, dtype=torch.float64),
+        torch.randint(0, 3, (n,), generator=gen),
+    )
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    stages: list[tuple[float, str]] = []
+    out = analyze(
+        SPEC,
+        None,
+        None,
+        {
+            "precision": "float64",
+            "off_diagonal": [["layers.0.q", "layers.0.k"], ["layers.0.v", "head"]],
+            "ggn": True,
+            "eval_batch_size": 4,
+            "hessian_subsample": 3,
+            "n_directions": 2,
+            "threads": 1,
+        },
+        progress=lambda f, s, m: stages.append((f, s)),
+        model=_trained_like_model(),
+        data=_data(),
+    )
+    out["_stages"] = stages
+    return out
+
+
+def test_result_has_the_contract_fields_and_is_strict_json(result):
+    stages = result.pop("_stages")
+    json.dumps(result, allow_nan=False)
+    for key in ("versions", "device", "dtype", "seed", "spec", "n_parameters", "n_examples"):
+        assert key in result
+    assert result["versions"]["torch"] == torch.__version__
+    for block in result["blocks"]:
+        for key in ("name", "lambda_max", "lambda_min", "spectral_norm", "converged"):
+            assert key in block
+        assert block["n_products"] > 0 and "stderr" in block["trace"]
+        assert "applicable" in block["bound"]
+    fractions = [f for f, _ in stages]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert {"blocks", "dense", "per_sample", "gradient_noise", "bounds"} <= {s for _, s in stages}
+
+
+def test_block_spectra_and_traces_match_the_dense_hessian_of_the_same_run(result):
+    dense = {b["name"]: b for b in result["dense"]["blocks"]}
+    for block in result["blocks"]:
+        exact = dense[block["name"]]
+        norm = exact["spectral_norm"]
+        assert block["converged"], block["name"]
+        for key in ("lambda_max", "lambda_min"):
+            assert abs(block[key] - exact[key]) <= 1e-6 * max(abs(exact[key]), 1e-3 * norm)
+        assert block["trace"]["value"] == pytest.approx(exact["trace"], rel=1e-9, abs=1e-12)
+        # triangle inequality: ‖H‖ ≤ ‖GGN‖ + ‖functional‖
+        parts = block["ggn"]["spectral_norm"] + block["functional"]["spectral_norm"]
+        assert block["spectral_norm"] <= parts * (1 + 1e-8)
+        assert block["ggn"]["lambda_min"] >= -1e-10 * block["ggn"]["spectral_norm"]  # PSD
+
+
+def test_off_diagonal_sigma_matches_the_dense_block_norms(result):
+    names = result["dense"]["block_names"]
+    matrix = result["dense"]["block_norm_matrix"]
+    for rec in result["off_diagonal"]:
+        want = matrix[names.index(rec["row"])][names.index(rec["col"])]
+        assert rec["converged"]
+        assert rec["sigma_max"] == pytest.approx(want, rel=1e-6)
+
+
+def test_loss_and_gradient_norm(result):
+    model, data = _trained_like_model(), _data()
+    logits = model(data.inputs)
+    loss = torch.nn.functional.cross_entropy(logits, data.targets)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    assert result["loss"] == pytest.approx(float(loss.detach()), rel=1e-12)
+    norm = float(torch.sqrt(sum((g * g).sum() for g in grads)))
+    assert result["gradient_norm"] == pytest.approx(norm, rel=1e-10)
+    assert result["n_eval_batches"] == 3  # 10 examples in batches of 4: 4, 4, 2
+
+
+def test_cancel_between_blocks_restores_the_model_mode():
+    model = _trained_like_model()
+    model.train()
+    calls = {"n": 0}
+
+    def should_cancel() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 4
+
+    with pytest.raises(Cancelled, match="blocks"):
+        analyze(
+            SPEC,
+            None,
+            None,
+            {"precision": "float64"},
+            None,
+            should_cancel,
+            model=model,
+            data=_data(),
+        )
+    assert all(m.training for m in model.modules())
+
+
+def test_options_errors_name_the_field():
+    with pytest.raises(OptionsError) as err:
+        parse_options({"tolerance": 2.0, "precision": "float16", "bogus": 1})
+    fields = {f for f, _ in err.value.errors}
+    assert {"tolerance", "precision", "bogus"} <= fields
+
+
+def test_cli_curvature_writes_the_result_and_reports_mismatches(tmp_path):
+    from curvplan.cli import app
+
+    (tmp_path / "spec.json").write_text(json.dumps(SPEC))
+    save_checkpoint(_trained_like_model(), tmp_path / "ckpt.safetensors")
+    data = _data()
+    save_dataset(Dataset(data.inputs.float(), data.targets), tmp_path / "data.safetensors")
+    runner = CliRunner()
+    args = [
+        "curvature",
+        "--spec",
+        str(tmp_path / "spec.json"),
+        "--checkpoint",
+        str(tmp_path / "ckpt.safetensors"),
+        "--data",
+        str(tmp_path / "data.safetensors"),
+        "--out",
+        str(tmp_path / "r.json"),
+        "--precision",
+        "float64",
+        "--no-per-sample",
+        "--no-gradient-noise",
+        "--quiet",
+        "--block",
+        "layers.0.*",
+        "--threads",
+        "1",
+    ]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    out = json.loads((tmp_path / "r.json").read_text())
+    assert out["blocks"][0]["name"] == "layers.0.ln1"
+    assert all(b["name"].startswith("layers.0.") for b in out["blocks"])
+    assert out["dtype"] == "float64" and "bounds" in out
+
+    other = {**SPEC, "d_ff": 8}
+    (tmp_path / "spec.json").write_text(json.dumps(other))
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2
+    assert "layers.0.ffn_in.weight" in res.output and "shape" in res.output
+
+
+def test_cli_example_writes_a_learnable_checkpoint(tmp_path):
+    from curvplan.cli import app
+
+    res = CliRunner().invoke(app, ["example", "--out", str(tmp_path), "--steps", "40"])
+    assert res.exit_code == 0, res.output
+    for name in ("spec.json", "checkpoint.safetensors", "data.safetensors"):
+        assert (tmp_path / name).is_file()
+    summary = json.loads((tmp_path / "example.json").read_text())
+    assert summary["eval_loss"] < summary["uniform_loss"] - 0.3  # it learned the chain
