@@ -10,7 +10,7 @@ import hashlib
 import os
 import random
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -231,6 +231,7 @@ def analyze_body(
     options: Mapping[str, Any] | None,
     targets: Mapping[str, Any] | Any | None,
     max_attempts: int | None,
+    intermediate_checkpoints: Sequence[str] = (),
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "kind": "analyze",
@@ -238,6 +239,8 @@ def analyze_body(
         "checkpoint": str(checkpoint),
         "dataset": str(dataset),
     }
+    if intermediate_checkpoints:
+        body["intermediate_checkpoints"] = [str(a) for a in intermediate_checkpoints]
     if options:
         body["options"] = dict(options)
     if targets is not None:

@@ -6,7 +6,7 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -157,10 +157,15 @@ class AsyncClient:
         tags: Mapping[str, str] | None = None,
         options: Mapping[str, Any] | None = None,
         targets: Mapping[str, Any] | m.Targets | None = None,
+        intermediate_checkpoints: Sequence[str | uuid.UUID | m.Artifact] = (),
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
     ) -> m.JobOut:
-        """Queue an ``analyze`` job: model spec + checkpoint and dataset artifacts (ids)."""
+        """Queue an ``analyze`` job: model spec + checkpoint and dataset artifacts (ids).
+
+        ``intermediate_checkpoints`` (artifacts before convergence) give the gradient-noise
+        scale, which is undefined at a converged w* (design.md §2 item 4).
+        """
         body = c.analyze_body(
             model,
             getattr(checkpoint, "id", checkpoint),
@@ -170,6 +175,7 @@ class AsyncClient:
             options,
             targets,
             max_attempts,
+            [str(getattr(a, "id", a)) for a in intermediate_checkpoints],
         )
         return await self.submit_job(body, idempotency_key=idempotency_key)
 

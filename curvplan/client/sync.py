@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -154,10 +154,15 @@ class Client:
         tags: Mapping[str, str] | None = None,
         options: Mapping[str, Any] | None = None,
         targets: Mapping[str, Any] | m.Targets | None = None,
+        intermediate_checkpoints: Sequence[str | uuid.UUID | m.Artifact] = (),
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
     ) -> m.JobOut:
-        """Queue an ``analyze`` job: model spec + checkpoint and dataset artifacts (ids)."""
+        """Queue an ``analyze`` job: model spec + checkpoint and dataset artifacts (ids).
+
+        ``intermediate_checkpoints`` (artifacts before convergence) give the gradient-noise
+        scale, which is undefined at a converged w* (design.md §2 item 4).
+        """
         body = c.analyze_body(
             model,
             getattr(checkpoint, "id", checkpoint),
@@ -167,6 +172,7 @@ class Client:
             options,
             targets,
             max_attempts,
+            [str(getattr(a, "id", a)) for a in intermediate_checkpoints],
         )
         return self.submit_job(body, idempotency_key=idempotency_key)
 

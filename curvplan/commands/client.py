@@ -171,6 +171,11 @@ def analyze(
         None, "--option", help="Analysis option KEY=VALUE (VALUE parsed as JSON); repeatable."
     ),
     targets: Path | None = typer.Option(None, "--targets", help="Planner targets JSON file."),
+    intermediate: list[Path] | None = typer.Option(
+        None,
+        "--intermediate",
+        help="Checkpoint before convergence (for the gradient-noise scale); repeatable.",
+    ),
     wait: bool = typer.Option(False, "--wait", help="Wait for the result, with progress."),
     timeout: float | None = typer.Option(
         None, "--timeout", min=0, help="Give up waiting after S s."
@@ -185,7 +190,9 @@ def analyze(
     model = _read_json(spec, "--spec")
     if not isinstance(model, dict):
         raise _fail("--spec: the model spec must be a JSON object", EXIT_BAD_INPUT)
-    for path, opt in ((checkpoint, "--checkpoint"), (data, "--data")):
+    paths = [(checkpoint, "--checkpoint"), (data, "--data")]
+    paths += [(p, "--intermediate") for p in intermediate or []]
+    for path, opt in paths:
         if not path.is_file():
             raise _fail(f"{opt}: file not found: {path}", EXIT_BAD_INPUT)
     target_body = _read_json(targets, "--targets") if targets is not None else None
@@ -197,6 +204,10 @@ def analyze(
         ckpt = client.upload_artifact(checkpoint, "checkpoint")
         log(f"uploading {data} …")
         dataset = client.upload_artifact(data, "dataset")
+        intermediates = []
+        for path in intermediate or []:
+            log(f"uploading {path} …")
+            intermediates.append(client.upload_artifact(path, "checkpoint").id)
         job = client.submit_analyze(
             model,
             ckpt.id,
@@ -205,6 +216,7 @@ def analyze(
             tags=tags,
             options=options or None,
             targets=target_body,
+            intermediate_checkpoints=intermediates,
             idempotency_key=idempotency_key,
         )
         _finish(client, job, wait, timeout, as_json, quiet)

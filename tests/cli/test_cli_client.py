@@ -75,7 +75,7 @@ def test_failed_analyze_exits_1_with_json_in_a_pipe(
     args = [
         "analyze", "--spec", str(analyze_dir["spec"]),
         "--checkpoint", str(analyze_dir["wider"]), "--data", str(analyze_dir["data"]),
-        *option_flags(), "--wait", "--json",
+        "--intermediate", str(analyze_dir["checkpoint"]), *option_flags(), "--wait", "--json",
     ]  # fmt: skip
     run = run_cli(args, live.client_env(), timeout=240)
     assert run.code == 1, run.stderr
@@ -83,6 +83,7 @@ def test_failed_analyze_exits_1_with_json_in_a_pipe(
     assert job["status"] == "failed" and job["kind"] == "analyze"
     assert "checkpoint" in job["error"]["detail"]
     assert run.stderr.splitlines()[-1].startswith(f"error: job {job['id']} failed")
+    assert len(job["request"]["intermediate_checkpoints"]) == 1  # uploaded and passed on
 
 
 def test_plan_json_in_a_pipe_and_report_files(
