@@ -309,10 +309,9 @@ def default_window(n_samples: int) -> tuple[int, int]:
 # --------------------------------------------------------------------------- data sampling
 @dataclass(frozen=True)
 class DataScaleBootstrap:
-    """Bootstrap replicates (relative to the observed value) of the data-level scales that set
-    the constants of the Δ_k curves: C ≈ E|l − E l| for |Δ_k| and C2 ≈ Var(l) for Δ_k²."""
+    """Bootstrap replicates, relative to the observed value, of Var(l): the data-level scale
+    that sets C2 of the squared criterion (E[Δ_k²] = Var(l)(1 + 1/k)/(k+1)², digest §3)."""
 
-    abs_factor: FloatArray  # (B,) MAD*/MAD, MAD = mean over rows of mean |l − row mean|
     sq_factor: FloatArray  # (B,) Var*/Var, Var = mean over rows of the biased variance
     groups: int
 
@@ -320,15 +319,15 @@ class DataScaleBootstrap:
 def data_scale_bootstrap(
     losses: FloatArray, *, bootstrap: int, seed: int, stream: int, groups: int = 1000
 ) -> DataScaleBootstrap:
-    """Bootstrap over the N samples of the quantities that set C and C2 (digest §3 end):
-    at w* E|Δ_k| ≈ E|l − E l|/(k+1) and E[Δ_k²] ≈ Var(l)(1 + 1/k)/(k+1)².
+    """Bootstrap over the N samples of Var(l), which sets C2 (digest §3 end): the shape
+    (1 + 1/k)/(k+1)² does not depend on the loss distribution, so the scale carries all of the
+    data-sampling error of C2.
 
     The samples are put into `groups` random groups (labels from the seeded generator, so any
     order of the input is fine) and the groups are resampled with replacement (a grouped
-    bootstrap: O(N) once, then O(B·groups)). The mean absolute deviation about the resampled
-    mean is linearised in the shift of the mean (its influence function,
-    |l − m| − MAD + (2F(m) − 1)(l − m)); the variance decomposes exactly. `losses` is (N,) or
-    (P, N) (P perturbed points: the scales are averaged over rows, the samples resampled jointly).
+    bootstrap: O(N) once, then O(B·groups)); the variance about the resampled mean decomposes
+    exactly into group sums. `losses` is (N,) or (P, N) (P perturbed points: averaged over rows,
+    the samples resampled jointly).
     """
     arr = np.asarray(losses, dtype=np.float64)
     if arr.ndim == 1:
@@ -338,18 +337,14 @@ def data_scale_bootstrap(
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
     labels = rng.integers(0, n_groups, n)
     count = np.bincount(labels, minlength=n_groups).astype(np.float64)
-    sums = np.empty((4, n_rows, n_groups))  # Σ d, Σ |d|, Σ sign d, Σ d² per row and group
-    mad = np.empty(n_rows)
+    sums = np.empty((2, n_rows, n_groups))  # Σ d, Σ d² per row and group
     var = np.empty(n_rows)
     for p in range(n_rows):
         d = arr[p] - arr[p].mean()
-        a = np.abs(d)
+        d2 = d * d
         sums[0, p] = np.bincount(labels, weights=d, minlength=n_groups)
-        sums[1, p] = np.bincount(labels, weights=a, minlength=n_groups)
-        sums[2, p] = np.bincount(labels, weights=np.sign(d), minlength=n_groups)
-        sums[3, p] = np.bincount(labels, weights=d * d, minlength=n_groups)
-        mad[p] = a.mean()
-        var[p] = float(np.mean(d * d))
+        sums[1, p] = np.bincount(labels, weights=d2, minlength=n_groups)
+        var[p] = float(d2.mean())
     weights = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), bootstrap).astype(
         np.float64
     )
@@ -357,13 +352,10 @@ def data_scale_bootstrap(
     n_star = np.where(n_star > 0, n_star, 1.0)
     resampled = np.einsum("bg,kpg->kbp", weights, sums) / n_star[None, :, None]
     shift = resampled[0]  # resampled mean − observed mean, (B, P)
-    mad_star = resampled[1] - shift * resampled[2]
-    var_star = resampled[3] - shift * shift
+    var_star = resampled[1] - shift * shift
     with np.errstate(divide="ignore", invalid="ignore"):
-        abs_factor = mad_star.mean(axis=1) / mad.mean()
         sq_factor = var_star.mean(axis=1) / var.mean()
     return DataScaleBootstrap(
-        abs_factor=np.where(np.isfinite(abs_factor) & (abs_factor > 0), abs_factor, np.nan),
         sq_factor=np.where(np.isfinite(sq_factor) & (sq_factor > 0), sq_factor, np.nan),
         groups=n_groups,
     )
