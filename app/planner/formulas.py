@@ -28,7 +28,11 @@ C2_FIXED_SLOPE = (
     "C2 = weighted geometric mean of Δ2_k·(k+1)² over the fit window, i.e. the fit "
     "Δ2_k = C2/(k+1)² with the slope fixed at the theory's 2 (digest §3 end, §6.4)"
 )
-K_EMPIRICAL = "k*(ε) = ⌈(C/ε)^(1/α)⌉ from the fitted Δ_k ≈ C·k^(−α) (digest §8 item 5)"
+K_EMPIRICAL = (
+    "k*(ε) = ⌈(C/ε)^(1/α)⌉ from the fitted Δ_k ≈ C·k^(−α) (digest §8 item 5); interval: "
+    "percentiles of k* over the (C, α) replicates, which include both the orderings and the "
+    "drawing of the N samples (see the fit's formula)"
+)
 K_THM7 = "Petrov et al. 2025 Thm 7 (digest §3): k* = ⌈(2ℓ_max + M·R²)/ε⌉ − 1"
 K_THM7_TIGHT = "Thm 7 tighter constant ℓ_max (digest §3 DERIVED): k* = ⌈(ℓ_max + M·R²)/ε⌉ − 1"
 K_SQUARED = (

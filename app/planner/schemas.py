@@ -372,6 +372,7 @@ WarningCode = Literal[
     "extrapolation",
     "noise_estimate_negative",
     "theory_assumptions_not_met",
+    "few_orderings",
 ]
 
 
@@ -382,7 +383,8 @@ class PlanWarning(_Out):
 
 
 class PowerLawFit(_Out):
-    """Δ_k ≈ C·k^(−α) fitted in log space; intervals are bootstrap percentiles over orderings."""
+    """Δ_k ≈ C·k^(−α) fitted in log space; intervals are bootstrap percentiles over orderings
+    combined with the data-sampling error of drawing the N samples (formulas.FIT_INTERVALS)."""
 
     C: float
     alpha: float

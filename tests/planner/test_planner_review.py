@@ -138,3 +138,24 @@ def test_squared_criterion_constant_is_the_loss_variance() -> None:
     assert abs(c2.C / 4.0 - 1) < 0.05, c2.C
     assert k_squared(4.0, 1e-4) == 199  # √(4/1e-4) = 200
     assert k_squared_rms(4.0, 1e-2) == 199  # 2/0.01 = 200
+
+
+def test_plan_intervals_include_the_data_sampling_and_say_so() -> None:
+    losses = np.random.default_rng(7).exponential(size=3000)
+    m = Measurements(per_sample_losses=losses.tolist())
+    targets = Targets(tolerances=[1e-3], orderings=60, bootstrap=400)
+    section = make_plan(m, targets).sample_size
+    fit = section.fit
+    assert "drawing of N" in fit.formula or "N i.i.d. samples" in fit.formula
+    assert "drawing of the N samples" in section.per_tolerance[0].empirical.formula
+    # the same fit with the orderings' bootstrap only (as before the fix) is clearly narrower
+    curves = loss_difference_curves(losses, orderings=60, seed=0)
+    alone = fit_power_law(
+        curves.abs_by_ordering, curves.grid, default_window(3000), bootstrap=400, seed=0, stream=1
+    )
+    assert abs(alone.C / fit.C - 1) < 1e-12
+    lo, hi = np.quantile(alone.C_boot, [0.025, 0.975])
+    assert np.log(fit.C_ci[1] / fit.C_ci[0]) > 1.2 * np.log(hi / lo)
+    assert "few_orderings" not in _codes(make_plan(m, targets))
+    few = make_plan(m, Targets(tolerances=[1e-3], orderings=10, bootstrap=50))
+    assert "few_orderings" in _codes(few)
