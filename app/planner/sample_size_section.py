@@ -269,6 +269,11 @@ def _theoretical(
     notes = []
     if loss_bound.source == "observed_max":
         notes.append("ℓ_max is the observed maximum loss, a lower bound on the true ℓ_max")
+    if m_bound is not None and m_bound.source == "per_sample_max" and radius > 0:
+        notes.append(
+            "M is the largest measured per-sample Hessian norm, a lower estimate of the bound "
+            "Theorem 7 assumes over all samples: this k* may be optimistic"
+        )
     if theory_note is not None:
         notes.append(theory_note)
     note = "; ".join(notes) if notes else None

@@ -159,3 +159,15 @@ def test_plan_intervals_include_the_data_sampling_and_say_so() -> None:
     assert "few_orderings" not in _codes(make_plan(m, targets))
     few = make_plan(m, Targets(tolerances=[1e-3], orderings=10, bootstrap=50))
     assert "few_orderings" in _codes(few)
+
+
+def test_theoretical_k_says_when_m_is_only_a_measured_maximum() -> None:
+    losses = np.random.default_rng(2).exponential(size=200).tolist()
+    targets = Targets(tolerances=[0.05], radius=0.5, orderings=4, bootstrap=0)
+    measured = Measurements(per_sample_losses=losses, per_sample_hessian_norms=[1.0, 4.0])
+    theo = make_plan(measured, targets).sample_size.per_tolerance[0].theoretical
+    # ℓ_max = observed max, M = 4: k* = ⌈(2ℓ + 4·0.25)/0.05⌉ − 1
+    assert theo.k == math.ceil((2 * max(losses) + 4.0 * 0.25) / 0.05) - 1
+    assert "lower estimate" in theo.note and "observed maximum" in theo.note
+    given = Measurements(per_sample_losses=losses, loss_bound=50.0, hessian_norm_bound=4.0)
+    assert make_plan(given, targets).sample_size.per_tolerance[0].theoretical.note is None
