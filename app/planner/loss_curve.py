@@ -278,13 +278,13 @@ def fit_power_law(
             if data_scale.shape != (bootstrap,):
                 raise ValueError("data_scale needs one factor per bootstrap replicate")
             c_all = c_all * data_scale
-            ok = ok & np.isfinite(c_all)
         if data_shift is not None:
             if data_shift.shape != (bootstrap, 2):
                 raise ValueError("data_shift needs one (log C, α) shift per bootstrap replicate")
             c_all = c_all * np.exp(data_shift[:, 0])
             if fixed_alpha is None:
                 alpha_all = alpha_all + data_shift[:, 1]
+        ok = ok & np.isfinite(c_all) & np.isfinite(alpha_all)
         c_boot, alpha_boot = c_all[ok], alpha_all[ok]
     return PowerLawEstimate(
         C=C,
@@ -418,6 +418,8 @@ def data_influence_cov(
         row = arr[p]
         mu = row.mean()
         s = row.std()
+        if s == 0:  # a constant row adds nothing to Δ_k and has no sampling error
+            continue
         d = row[idx] - mu
         sd_k = (s / np.sqrt(k))[None, :]
         e_abs = _folded_normal_mean(d[:, None], sd_k)  # E|x − L_k|, (m, bins)

@@ -121,7 +121,10 @@ def _fit_curves(
                 losses, curves.grid, window, fits.abs.weights, seed=seed, stream=_IF_STREAM
             )
             shift = data_influence_draws(
-                cov, bootstrap=targets.bootstrap, seed=seed, stream=_IF_STREAM + 1
+                np.nan_to_num(cov, nan=0.0, posinf=0.0, neginf=0.0),
+                bootstrap=targets.bootstrap,
+                seed=seed,
+                stream=_IF_STREAM + 1,
             )
             fits.abs = fit_power_law(
                 curves.abs_by_ordering,
