@@ -120,10 +120,10 @@ class Service:
         return "SERVER:\n" + self.server.tail() + "\nWORKER:\n" + self.worker.tail()
 
 
-def start_service(database_url: str, tmp: Path) -> Service:
+def start_service(database_url: str, tmp: Path, **extra_env: str) -> Service:
     data_dir = tmp / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
-    env = service_env(database_url, data_dir)
+    env = {**service_env(database_url, data_dir), **extra_env}
     port = free_port()
     server = Proc(["serve", "--port", str(port)], env, tmp / "server.log")
     worker = Proc(["worker", "--queues", "gpu,cpu", *FAST_WORKER], env, tmp / "worker.log")

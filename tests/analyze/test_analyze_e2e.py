@@ -308,6 +308,27 @@ def test_replan_refuses_unfinished_foreign_and_non_analyze_jobs(
     assert [e["field"] for e in both.json()["errors"]] == ["body.measurements"]
 
 
+def test_file_uri_artifacts_are_validated_when_the_job_starts(
+    client: httpx.Client, tmp_path: Path, files: dict[str, Path]
+) -> None:
+    import pickle
+
+    fake = tmp_path / "checkpoint.safetensors"
+    fake.write_bytes(pickle.dumps({"embed.weight": [0.0] * 88}))
+    data = upload(client, files["data"], "dataset")
+    outcomes = {}
+    for label, uri in (("pickle", fake.as_uri()), ("missing", (tmp_path / "nope").as_uri())):
+        registered = client.post("/v1/artifacts", json={"kind": "checkpoint", "uri": uri})
+        assert registered.status_code == 201, registered.text
+        job = submit(client, checkpoint=registered.json()["id"], dataset=data)
+        outcomes[label] = wait_terminal(client, job["id"], timeout=60)
+    assert outcomes["pickle"]["status"] == "failed"
+    assert outcomes["pickle"]["error"]["type"] == "invalid-artifact"
+    assert "pickle" in outcomes["pickle"]["error"]["detail"]
+    assert outcomes["pickle"]["error"]["detail"].startswith("checkpoint: ")
+    assert outcomes["missing"]["error"]["type"] == "artifact-unreadable"
+
+
 def test_another_projects_artifacts_cannot_be_used(
     client: httpx.Client, other_client: httpx.Client, files: dict[str, Path]
 ) -> None:
