@@ -7,6 +7,7 @@ is aligned columns, so the output reads the same in a terminal, a CI log and a p
 from __future__ import annotations
 
 import shutil
+import textwrap
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -34,12 +35,12 @@ class ProgressDisplay:
             fraction = 1.0
         stage = (p.stage if p is not None else None) or ""
         message = (p.message if p is not None else None) or ""
-        percent = "   " if fraction is None else f"{round(100 * fraction):3d}"
+        percent = "   -" if fraction is None else f"{round(100 * fraction):3d}%"
         detail = f"{stage}: {message}" if stage and message else stage or message
         if self.tty:
             filled = 0 if fraction is None else round(BAR_WIDTH * fraction)
             bar = "#" * filled + "-" * (BAR_WIDTH - filled)
-            line = f"[{bar}] {percent}%  {job.status:<10} {detail}"
+            line = f"[{bar}] {percent}  {job.status:<10} {detail}"
             width = shutil.get_terminal_size((100, 20)).columns
             self.stream.write("\r\x1b[2K" + line[: max(20, width - 1)])
             self._drawn = True
@@ -47,7 +48,9 @@ class ProgressDisplay:
                 self.stream.write("\n")
                 self._drawn = False
         else:
-            self.stream.write(f"job {job.id} {job.status} {percent.strip() or '-'}% {detail}\n")
+            self.stream.write(
+                f"job {job.id} {job.status} {percent.strip()} {detail}".rstrip() + "\n"
+            )
         self.stream.flush()
 
     def close(self) -> None:
@@ -155,8 +158,12 @@ def recommendation_text(rec: m.Recommendation) -> str:
     parts = [_sample_size(rec.sample_size), _batch_size(rec.batch_size), _scaling(rec.scaling)]
     parts.append(_curvature(rec.curvature))
     if rec.warnings:
-        rows = [[w.code, w.section, w.detail] for w in rec.warnings]
-        parts.append("Warnings\n" + table(["CODE", "SECTION", "DETAIL"], rows))
+        width = max(60, shutil.get_terminal_size((100, 20)).columns - 6)
+        lines = ["Warnings"]
+        for w in rec.warnings:
+            wrapped = textwrap.wrap(f"{w.code} ({w.section}): {w.detail}", width)
+            lines.append("  - " + "\n    ".join(wrapped))
+        parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
 
