@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,8 @@ from app.config import libpq_url, normalise_database_url  # noqa: E402
 
 
 def main() -> None:
+    # SIGTERM (e.g. `timeout`) unwinds through the finally blocks: processes and DB cleaned up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--options", default="{}", help="analyze options (JSON)")
     parser.add_argument("--timeout", type=float, default=900)

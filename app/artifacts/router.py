@@ -93,7 +93,7 @@ def _invalid_file(reason: str, tensor: str | None, kind: str, title: str) -> Pro
                         },
                     }
                 },
-                "application/json": {"schema": {"$ref": "#/components/schemas/ArtifactUriCreate"}},
+                "application/json": {"schema": ArtifactUriCreate.model_json_schema()},
             },
         }
     },
