@@ -7,6 +7,7 @@ HTML-escaped.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +28,8 @@ th{background:#f3f5f7} td.num{text-align:right;font-variant-numeric:tabular-nums
 .empty{background:#fff8e6;border:1px solid #f0d58c;padding:10px 14px;font-size:13px}
 .note{color:#555;font-size:12px}.plot-wrap{overflow-x:auto}
 figure{margin:10px 0 22px} figcaption{font-size:12px;color:#555;max-width:720px}
-code{font-size:12px}
+code{font-size:12px} pre{font-size:12px;background:#f6f8fa;padding:8px;overflow-x:auto}
+summary{cursor:pointer;font-size:13px}
 """
 
 
@@ -254,6 +256,30 @@ def _curvature_html(section: Any) -> str:
     return out
 
 
+def abbreviate(value: Any, max_items: int = 8) -> Any:
+    """``value`` with long lists cut to their first items plus a count (for display only)."""
+    if isinstance(value, dict):
+        return {k: abbreviate(v, max_items) for k, v in value.items()}
+    if isinstance(value, list):
+        head = [abbreviate(v, max_items) for v in value[:max_items]]
+        if len(value) > max_items:
+            head.append(f"… {len(value) - max_items} more")
+        return head
+    return value
+
+
+def inputs_html(job: dict[str, Any]) -> str:
+    """The job's request (model spec, artifacts, options, targets), long arrays shortened."""
+    request = job.get("request")
+    if not isinstance(request, dict):
+        return _empty("The request is not available.")
+    text = json.dumps(abbreviate(request), indent=2, ensure_ascii=False)
+    return (
+        "<details><summary>Request body (long arrays shortened)</summary>"
+        f"<pre>{esc(text)}</pre></details>"
+    )
+
+
 def plot_html(plot: Plot) -> str:
     head = f'<section class="plot-section" id="section-{esc(plot.id)}"><h3>{esc(plot.title)}</h3>'
     if plot.svg is None:
@@ -276,6 +302,7 @@ def render_report(job: dict[str, Any], plots: list[Plot] | None = None) -> str:
         f"<header><h1>{esc(title)}</h1><p>{esc(job.get('kind'))} job {esc(job.get('id'))} · "
         f"{esc(job.get('status'))}</p></header><main>"
         f"<h2>Summary</h2>{summary_html(job)}"
+        f"<h2>Inputs</h2>{inputs_html(job)}"
         f"<h2>Recommendation</h2>{recommendation_html(recommendation_of(job), job)}"
         f"<h2>Plots</h2>{sections}"
         '<p class="note">Rendered by the curvplan service; plots are static SVG.</p>'

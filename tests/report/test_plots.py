@@ -152,3 +152,12 @@ def test_off_minimum_fits_are_drawn_with_the_curve(plan_job: dict[str, Any]) -> 
     assert "off-minimum fit at r = 0.05 (random)" in (plot.svg or "")
     assert "top_eigenspace" not in (plot.svg or "")  # a fit that was not computed is not drawn
     assert "Fit window k ∈ [" in plot.caption
+
+
+def test_inputs_section_shortens_long_arrays_and_escapes(plan_job: dict[str, Any]) -> None:
+    job = json.loads(json.dumps(plan_job))
+    job["request"]["name"] = "</pre><script>x</script>"
+    html = render_report(job)
+    n = len(plan_job["request"]["measurements"]["per_sample_losses"])
+    assert f"… {n - 8} more" in html
+    assert "</pre><script>" not in html and "&lt;/pre&gt;&lt;script&gt;" in html
