@@ -402,7 +402,17 @@ class WorkerSlot:
                 if time.monotonic() - self._last_reap >= self.options.reaper_interval:
                     self._reap()
             except Exception:
-                log.error("heartbeat failed: %s", traceback.format_exc(limit=3))
+                # This thread only has the worker id bound; a failed beat concerns the
+                # attempt running now, so its log line names that job and attempt too.
+                with self.state.lock:
+                    current = self.state.current
+                job = (
+                    {"job_id": str(current.fence.job_id), "attempt": current.fence.attempt}
+                    if current is not None
+                    else {}
+                )
+                with bind(**job):
+                    log.error("heartbeat failed: %s", traceback.format_exc(limit=3))
             self.state.beat_now.wait(self.options.heartbeat_seconds)
             self.state.beat_now.clear()
 
