@@ -42,6 +42,7 @@ class AnalyzeOptions(BaseModel):
     device: str = Field(default="auto", description="auto (CUDA when present), cpu, cuda[:i]")
     seed: int = Field(default=0, ge=0)
     eval_batch_size: int | None = Field(default=None, ge=1)
+    threads: int | None = Field(default=None, ge=1, description="torch intra-op threads")
     cache_graph: bool = True
     self_test: bool = True
     per_sample: bool = True

@@ -384,7 +384,12 @@ def test_worker_sigkill_during_analysis_is_retried_and_finishes_once(
         client,
         checkpoint=upload(client, files["checkpoint"], "checkpoint"),
         dataset=upload(client, files["data"], "dataset"),
-        options={**OPTIONS, "seed": 5},
+        options={
+            **OPTIONS,
+            "seed": 5,
+            "blocks": ["layers.0.q", "layers.0.k", "layers.0.ffn_in", "head"],
+            "off_diagonal": False,
+        },
     )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:

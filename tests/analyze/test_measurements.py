@@ -1,0 +1,111 @@
+"""Engine result → stored result + job artifacts + planner measurements (no processes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.planner import Measurements
+from workers.analysis.measurements import planner_fields, split_bulky
+from workers.analysis.pipeline import job_stage
+
+
+def _result() -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    losses = rng.uniform(0.1, 2.0, size=40).tolist()
+    return {
+        "loss": float(np.mean(losses)),
+        "gradient_norm": 0.01,
+        "blocks": [
+            {
+                "name": "layers.0.q",
+                "params": ["layers.0.attn.q.weight"],
+                "lambda_max": 2.0,
+                "lambda_min": -0.5,
+                "spectral_norm": 2.0,
+                "trace": {"value": 3.0, "stderr": 0.1},
+            }
+        ],
+        "per_sample": {
+            "losses": losses,
+            "perturbed": [
+                {"radius": 0.1, "kind": "random", "losses": rng.uniform(0, 3, (4, 40)).tolist()}
+            ],
+            "hessian_norms": {"norms": [1.5, 2.5], "indices": [3, 7], "all_converged": True},
+        },
+        "dense": {"matrix": rng.standard_normal((9, 9)).tolist(), "trace": 1.0},
+        "top_eigenspace": {"values": [1.0, 0.5]},
+    }
+
+
+def _resolve(slim: Any, groups: dict[str, dict[str, np.ndarray]]) -> Any:
+    """Put the arrays back where their references are."""
+    if isinstance(slim, dict):
+        if set(slim) == {"artifact", "tensor", "shape"}:
+            array = groups[slim["artifact"]][slim["tensor"]]
+            assert list(array.shape) == slim["shape"]
+            return array.tolist()
+        return {k: _resolve(v, groups) for k, v in slim.items()}
+    if isinstance(slim, list):
+        return [_resolve(v, groups) for v in slim]
+    return slim
+
+
+def test_split_bulky_moves_arrays_out_and_loses_nothing() -> None:
+    result = _result()
+    slim, groups = split_bulky(result)
+    assert set(groups) == {"per_sample_losses", "perturbed_losses", "dense"}
+    assert groups["per_sample_losses"]["per_sample.losses"].shape == (40,)
+    assert groups["perturbed_losses"]["per_sample.perturbed.0.losses"].shape == (4, 40)
+    assert groups["dense"]["dense.matrix"].shape == (9, 9)
+    assert slim["top_eigenspace"] == {"values": [1.0, 0.5]}  # short lists stay inline
+    assert slim["per_sample"]["hessian_norms"] == result["per_sample"]["hessian_norms"]
+    assert _resolve(slim, groups) == result
+
+
+def test_planner_fields_validate_and_take_noise_from_the_last_intermediate() -> None:
+    result = _result()
+    noise = [
+        {"grad_sq_norm": 9.0, "trace_sigma": 90.0, "gHg": 1.0, "trace_h_sigma": 5.0},
+        {"grad_sq_norm": 4.0, "trace_sigma": 80.0, "gHg": 2.0, "trace_h_sigma": 6.0},
+    ]
+    fields, notes = planner_fields(result, noise)
+    measurements = Measurements.model_validate_json(Measurements(**fields).model_dump_json())
+    assert measurements.per_sample_losses == pytest.approx(result["per_sample"]["losses"])
+    assert measurements.hessian_norm_bound == 2.5  # M = max measured per-sample norm
+    assert measurements.gradient_noise is not None
+    assert measurements.gradient_noise.grad_sq_norm == 4.0
+    assert measurements.blocks is not None and measurements.blocks[0].trace == 3.0
+    assert measurements.gradient_norm_at_w_star == 0.01
+    assert notes == []
+    without, notes = planner_fields(result, [])
+    assert "gradient_noise" not in without
+    assert any("undefined" in n for n in notes)
+
+
+@pytest.mark.parametrize(
+    ("stage", "message", "expected"),
+    [
+        ("blocks", "block layers.0.q (3/10)", "block spectra 3/10"),
+        ("load", "building the model", "loading"),
+        ("off_diagonal", "H[a, b]", "off-diagonal"),
+        ("per_sample", "…", "per-sample losses"),
+        ("gradient_noise", "…", "gradient noise"),
+        ("bounds", "…", "bounds"),
+    ],
+)
+def test_engine_stages_get_the_job_stage_names(stage: str, message: str, expected: str) -> None:
+    assert job_stage(stage, message) == expected
+
+
+def test_api_options_mirror_the_engine_options() -> None:
+    """The API validates options without torch; the mirror must match the engine's model."""
+    from app.analyze.options import AnalyzeOptions
+    from workers.curvature.api import AnalysisOptions
+
+    assert set(AnalyzeOptions.model_fields) == set(AnalysisOptions.model_fields)
+    assert AnalyzeOptions().model_dump(mode="json") == AnalysisOptions().model_dump(mode="json")
+    for name, field in AnalysisOptions.model_fields.items():
+        assert str(AnalyzeOptions.model_fields[name].metadata) == str(field.metadata), name
