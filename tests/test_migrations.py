@@ -74,6 +74,6 @@ def test_constraint_names_follow_the_convention(database_url: str) -> None:
         uniques = {u["name"] for u in insp.get_unique_constraints("job")}
         assert "uq_job_project_id_idempotency_key" in uniques
         indexes = {i["name"] for i in insp.get_indexes("job")}
-        assert {"ix_job_claim", "ix_job_project_id", "ix_job_name"} <= indexes
+        assert {"ix_job_claim_order", "ix_job_project_id", "ix_job_name"} <= indexes
     finally:
         engine.dispose()

@@ -49,12 +49,11 @@ class Job(Base):
         CheckConstraint("attempt >= 0", name="attempt_non_negative"),
         CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
         UniqueConstraint("project_id", "idempotency_key", name="uq_job_project_id_idempotency_key"),
+        # In the claim's ORDER BY order, so a claim stops at the first runnable row
+        # instead of sorting the whole backlog (migration 0003).
         Index(
-            "ix_job_claim",
-            "queue",
-            "status",
+            "ix_job_claim_order",
             text("priority DESC"),
-            "run_after",
             "created_at",
             postgresql_where=text("status = 'queued'"),
         ),

@@ -284,3 +284,48 @@ def test_stale_workers_are_marked_stopped_and_revive_on_heartbeat(db):
         store.touch_worker(conn, "old", "running", None)
         rows = dict(conn.execute(text("SELECT id, status FROM worker")).all())
     assert rows == {"old": "running", "live": "running"}
+
+
+def _plan_nodes(plan: dict[str, object]) -> list[dict[str, object]]:
+    nodes = [plan]
+    for child in plan.get("Plans", []):  # type: ignore[union-attr]
+        nodes += _plan_nodes(child)  # type: ignore[arg-type]
+    return nodes
+
+
+@pytest.mark.parametrize("queues", [("cpu",), ("gpu",), ("cpu", "gpu")])
+def test_claim_walks_an_index_instead_of_sorting_the_backlog(db, project_id, queues):
+    """With a backlog, a claim must not sort every queued job (it did: ~100 ms per claim
+    at 200 000 queued jobs); an index in the claim's order lets it stop at the first row."""
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO job (id, project_id, kind, queue, status, request, created_at)"
+                " SELECT gen_random_uuid(), :p,"
+                "  CASE WHEN g % 3 = 0 THEN 'analyze' ELSE 'plan' END,"
+                "  CASE WHEN g % 3 = 0 THEN 'gpu' ELSE 'cpu' END,"
+                "  CASE WHEN g % 4 = 0 THEN 'succeeded' ELSE 'queued' END,"
+                "  '{}'::jsonb, clock_timestamp()"
+                " FROM generate_series(1, 20000) AS g"
+            ),
+            {"p": project_id},
+        )
+        conn.execute(text("ANALYZE job"))
+    with db.begin() as conn:
+        (plan,) = conn.execute(
+            text("EXPLAIN (FORMAT JSON) " + store.CLAIM_SQL.text),
+            {"worker_id": "w-explain", "queues": list(queues), "lease": 30.0},
+        ).scalar_one()
+    nodes = _plan_nodes(plan["Plan"])
+    assert not [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")], plan
+    assert any(n.get("Index Name") == "ix_job_claim_order" for n in nodes), plan
+    # And the claim still hands out the oldest queued job of those queues (all priority 0).
+    with db.connect() as conn:
+        oldest = conn.execute(
+            text(
+                "SELECT id FROM job WHERE status = 'queued' AND queue = ANY(:q)"
+                " ORDER BY created_at LIMIT 1"
+            ),
+            {"q": list(queues)},
+        ).scalar_one()
+    assert claim(db, "w-1", queues).fence.job_id == oldest
