@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, field_validator
 
 from app.analyze.options import AnalyzeOptions
-from app.planner.schemas import Measurements, Targets
+from app.planner.schemas import Measurements, PlanInputError, Targets, check_workload
 from workers.curvature.spec import ModelSpec  # pydantic only: the API never imports torch
 
 TagKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
@@ -63,6 +63,17 @@ class PlanJobCreate(_JobCreateBase):
             raise ValueError("Field required (or give from_job to re-plan an analyze job)")
         if value is not None and from_job is not None:
             raise ValueError("give measurements or from_job, not both")
+        return value
+
+    @field_validator("targets")
+    @classmethod
+    def _within_workload_cap(cls, value: Targets, info: ValidationInfo) -> Targets:
+        measurements = info.data.get("measurements")
+        if measurements is not None:
+            try:
+                check_workload(measurements, value)
+            except PlanInputError as exc:
+                raise ValueError(str(exc)) from None
         return value
 
 

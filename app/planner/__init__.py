@@ -1,9 +1,13 @@
 """curvplan planner: curvature measurements → data budget (numpy/scipy only).
 
 Public entry point: `make_plan(measurements, targets, *, seed=0) -> Recommendation`.
+
+`make_plan` is imported lazily: the API validates plan bodies with the schemas alone,
+and loading scipy's fitting code in every API process start cost about 2 s.
 """
 
-from app.planner.plan import make_plan
+from typing import TYPE_CHECKING, Any
+
 from app.planner.schemas import (
     Measurements,
     PlanInputError,
@@ -11,6 +15,9 @@ from app.planner.schemas import (
     Targets,
     check_workload,
 )
+
+if TYPE_CHECKING:
+    from app.planner.plan import make_plan
 
 __all__ = [
     "Measurements",
@@ -20,3 +27,11 @@ __all__ = [
     "check_workload",
     "make_plan",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "make_plan":
+        from app.planner.plan import make_plan
+
+        return make_plan
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -328,3 +328,17 @@ def test_recommendation_of_failed_job_is_409(client, auth_headers, plan_body, db
     assert problem["job_status"] == "failed"
     got = client.get(f"/v1/jobs/{job['id']}", headers=auth_headers).json()
     assert got["error"]["type"] == "worker-lost"
+
+
+def test_plan_over_the_planner_workload_cap_is_422_naming_targets(client, auth_headers) -> None:
+    """(N + P·N) × orderings above the planner's cap is refused before queueing."""
+    body = {
+        "kind": "plan",
+        "measurements": {"per_sample_losses": [0.5] * 40_000},
+        "targets": {"tolerances": [0.01], "orderings": 10_000},
+    }
+    problem = assert_problem(_create(client, auth_headers, body), 422)
+    assert error_fields(problem) == {"body.targets"}
+    assert "targets.orderings" in problem["errors"][0]["message"]
+    listed = client.get("/v1/jobs", headers=auth_headers).json()
+    assert listed["items"] == []

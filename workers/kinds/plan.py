@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from app.planner import Measurements, Targets, make_plan
+from app.planner import Measurements, PlanInputError, Targets, check_workload, make_plan
 from workers.errors import JobError
 from workers.kinds import JobContext
 
@@ -50,6 +50,10 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     ctx.report_progress(0.0, "validate", "validating measurements and targets")
     measurements = _validate(Measurements, request.get("measurements"), "measurements")
     targets = _validate(Targets, request.get("targets") or {}, "targets")
+    try:
+        check_workload(measurements, targets)
+    except PlanInputError as exc:
+        raise JobError("invalid-request", "Invalid plan request", str(exc)) from None
     seed = targets.seed if targets.seed is not None else seed_for_job(ctx.job_id)
     ctx.report_progress(0.05, "plan", "fitting the data-budget model")
     recommendation = make_plan(measurements, targets, seed=seed)
