@@ -259,8 +259,11 @@ def _dev_key(url: str, data_dir: Path) -> str:
     finally:
         engine.dispose()
     data_dir.mkdir(parents=True, exist_ok=True)
-    key_file.write_text(key + "\n")
-    key_file.chmod(0o600)
+    # Created 0600 from the start: the key must never be readable by others, even briefly.
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key + "\n")
+    key_file.chmod(0o600)  # O_CREAT's mode does not apply to a file that already existed
     return key
 
 
