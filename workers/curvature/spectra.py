@@ -132,7 +132,7 @@ def lanczos_spectrum(
     result: Spectrum | None = None
     for j in range(m_max):
         w = matvec(basis[j]).detach()
-        noise_level = 1000 * torch.finfo(w.dtype).eps  # residual/‖H‖ that rounding can hide
+        noise_level = 30 * torch.finfo(w.dtype).eps  # residual/‖H‖ at the rounding level
         w = w.to("cpu", torch.float64).reshape(-1)
         n_products += 1
         alpha = float(basis[j] @ w)
