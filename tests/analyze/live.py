@@ -23,7 +23,7 @@ FAST_WORKER = [
     "--poll-interval",
     "0.1",
     "--cancel-grace-seconds",
-    "5",
+    "60",
     "--shutdown-grace-seconds",
     "1",
 ]

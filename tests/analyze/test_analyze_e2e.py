@@ -46,6 +46,16 @@ OPTIONS: dict[str, Any] = {
     "perturbation_radius": 0.05,
     "gradient_noise": False,
 }
+# A wider model whose blocks cost a predictable ~1k-2k Hessian products each (exact traces:
+# trace_probes above the block size), so that cancel and kill land in the middle of the work.
+SLOW_SPEC: dict[str, Any] = {
+    "d_model": 32,
+    "n_heads": 2,
+    "d_ff": 64,
+    "n_layers": 1,
+    "task": {"type": "causal_lm", "vocab_size": 16, "seq_len": 8},
+}
+SLOW_OPTIONS: dict[str, Any] = {**OPTIONS, "trace_probes": 5000, "off_diagonal": False}
 TARGETS: dict[str, Any] = {"tolerances": [0.05], "radius": 0.05, "orderings": 8, "bootstrap": 20}
 N_EXAMPLES = 12
 
@@ -132,6 +142,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tokens = torch.randint(0, 11, (N_EXAMPLES, 7), generator=gen)
     save_dataset(Dataset(tokens[:, :-1], tokens[:, 1:]), out / "data.safetensors")
     floats = torch.randn(N_EXAMPLES, 6, generator=gen)
+    save_checkpoint(build_model(SLOW_SPEC, seed=1), out / "slow-checkpoint.safetensors")
+    slow_tokens = torch.randint(0, 16, (16, 9), generator=gen)
+    save_dataset(Dataset(slow_tokens[:, :-1], slow_tokens[:, 1:]), out / "slow-data.safetensors")
     save_dataset(Dataset(floats, tokens[:, 1:]), out / "float-inputs.safetensors")
     return {p.stem: p for p in out.iterdir()}
 
@@ -343,38 +356,47 @@ def test_another_projects_artifacts_cannot_be_used(
     assert client.get(f"/v1/artifacts/{theirs}").status_code == 404
 
 
+def _block_index(stage: str) -> int | None:
+    if stage.startswith("block spectra "):
+        return int(stage.split()[-1].split("/")[0])
+    return None
+
+
+def _wait_for_block_spectra(client: httpx.Client, job_id: str, service: Service) -> int:
+    """Poll until the job reports a ``block spectra i/n`` stage; return i."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        current = client.get(f"/v1/jobs/{job_id}").json()
+        index = _block_index((current.get("progress") or {}).get("stage") or "")
+        if index is not None:
+            return index
+        assert current["status"] in ("queued", "running"), current
+        time.sleep(0.02)
+    pytest.fail("the analysis never reached block spectra:\n" + service.logs())
+
+
 def test_cancel_during_block_spectra_stops_within_a_block(
     client: httpx.Client, service: Service, files: dict[str, Path]
 ) -> None:
-    slow = {**OPTIONS, "tolerance": 1e-12, "max_iter": 400, "trace_probes": 300}
     job = submit(
         client,
-        checkpoint=upload(client, files["checkpoint"], "checkpoint"),
-        dataset=upload(client, files["data"], "dataset"),
-        options=slow,
+        model=SLOW_SPEC,
+        checkpoint=upload(client, files["slow-checkpoint"], "checkpoint"),
+        dataset=upload(client, files["slow-data"], "dataset"),
+        options=SLOW_OPTIONS,
     )
-    stages: list[tuple[float, str]] = []
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        current = client.get(f"/v1/jobs/{job['id']}").json()
-        stage = (current.get("progress") or {}).get("stage") or ""
-        if not stages or stages[-1][1] != stage:
-            stages.append((time.monotonic(), stage))
-        if stage.startswith("block spectra 2/"):
-            break
-        assert current["status"] in ("queued", "running"), current
-        time.sleep(0.05)
-    else:
-        pytest.fail(f"never reached block spectra: {stages}\n{service.logs()}")
-    block_time = stages[-1][0] - next(t for t, s in stages if s.startswith("block spectra 1/"))
+    seen = _wait_for_block_spectra(client, job["id"], service)
     asked = time.monotonic()
     assert client.post(f"/v1/jobs/{job['id']}/cancel").status_code == 202
-    done = wait_terminal(client, job["id"], timeout=60)
+    done = wait_terminal(client, job["id"], timeout=120)
     took = time.monotonic() - asked
     assert done["status"] == "cancelled", service.logs()
-    assert done["progress"]["stage"].startswith("block spectra")
-    # It stopped at the next block boundary: within a block's time (plus heartbeat/poll slack).
-    assert took < 3 * block_time + 3.0, (took, block_time)
+    # Cooperative: the engine stopped at the next block boundary (the worker's kill after
+    # --cancel-grace-seconds 60 was not needed), at most one block after the one we saw.
+    stopped = _block_index(done["progress"]["stage"])
+    assert stopped is not None and seen <= stopped <= seen + 1, (seen, done["progress"])
+    assert took < 60, took
+    assert client.get("/v1/artifacts", params={"job_id": job["id"]}).json()["items"] == []
 
 
 def test_worker_sigkill_during_analysis_is_retried_and_finishes_once(
@@ -382,27 +404,16 @@ def test_worker_sigkill_during_analysis_is_retried_and_finishes_once(
 ) -> None:
     job = submit(
         client,
-        checkpoint=upload(client, files["checkpoint"], "checkpoint"),
-        dataset=upload(client, files["data"], "dataset"),
-        options={
-            **OPTIONS,
-            "seed": 5,
-            "blocks": ["layers.0.q", "layers.0.k", "layers.0.ffn_in", "head"],
-            "off_diagonal": False,
-        },
+        model=SLOW_SPEC,
+        checkpoint=upload(client, files["slow-checkpoint"], "checkpoint"),
+        dataset=upload(client, files["slow-data"], "dataset"),
+        options={**SLOW_OPTIONS, "blocks": ["layers.0.q", "layers.0.ffn_in", "head"]},
     )
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        current = client.get(f"/v1/jobs/{job['id']}").json()
-        if ((current.get("progress") or {}).get("stage") or "").startswith("block spectra"):
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("the analysis never started:\n" + service.logs())
+    _wait_for_block_spectra(client, job["id"], service)
     service.worker.kill()
     replacement = service.new_worker("worker-2.log")
     service.worker = replacement
-    done = wait_terminal(client, job["id"], timeout=150)
+    done = wait_terminal(client, job["id"], timeout=180)
     assert done["status"] == "succeeded", (done["error"], service.logs())
     engine = _engine(service)
     try:

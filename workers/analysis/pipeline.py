@@ -9,6 +9,7 @@ progress report, which the engine makes before each block.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import uuid
@@ -105,6 +106,8 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         noise = _intermediate_noise(
             request["model"], intermediates, str(dataset.path), options, ctx
         )
+        fields, notes = planner_fields(result, noise)
+        measurements = _measurements(fields)  # before any output is stored
         ctx.report_progress(0.93, "storing outputs", "bulky arrays → job artifacts")
         slim, groups = split_bulky(result)
         outputs = {
@@ -122,15 +125,6 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     finally:
         engine.dispose()
     ctx.report_progress(0.96, "planning", "measurements → recommendation")
-    fields, notes = planner_fields(result, noise)
-    try:
-        measurements = Measurements.model_validate(fields)
-    except Exception as exc:
-        raise JobError(
-            "invalid-measurements",
-            "The engine's measurements do not fit the planner",
-            str(exc)[:300],
-        ) from None
     targets: Targets = body.targets
     seed = targets.seed if targets.seed is not None else uuid.UUID(ctx.job_id).int % (2**31)
     recommendation = make_plan(measurements, targets, seed=seed)
@@ -143,6 +137,18 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         "notes": notes,
         "recommendation": recommendation.model_dump(mode="json"),
     }
+
+
+def _measurements(fields: dict[str, Any]) -> Measurements:
+    """The planner's inputs, validated as a plan job's would be (JSON semantics)."""
+    try:
+        return Measurements.model_validate_json(json.dumps(fields))
+    except ValueError as exc:
+        raise JobError(
+            "invalid-measurements",
+            "The engine's measurements do not fit the planner",
+            str(exc)[:300],
+        ) from None
 
 
 def _inline_planner_inputs(
