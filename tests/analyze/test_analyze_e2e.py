@@ -299,6 +299,25 @@ def test_float_inputs_for_a_causal_lm_fail_naming_the_tensor(
     assert "'inputs'" in done["error"]["detail"] and "int64" in done["error"]["detail"]
 
 
+def test_engine_input_errors_fail_the_job_with_their_message(
+    client: httpx.Client, files: dict[str, Path]
+) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: device 'cuda' is valid here")
+    job = submit(
+        client,
+        checkpoint=upload(client, files["checkpoint"], "checkpoint"),
+        dataset=upload(client, files["data"], "dataset"),
+        options={**OPTIONS, "device": "cuda"},
+    )
+    done = wait_terminal(client, job["id"], timeout=60)
+    assert done["status"] == "failed"
+    assert done["error"]["type"] == "invalid-analysis-input"
+    assert "device" in done["error"]["detail"] and "CUDA" in done["error"]["detail"]
+
+
 def test_replan_refuses_unfinished_foreign_and_non_analyze_jobs(
     client: httpx.Client, other_client: httpx.Client, files: dict[str, Path]
 ) -> None:

@@ -187,6 +187,8 @@ def _run_engine(
     ctx: JobContext,
 ) -> dict[str, Any]:
     """``workers.curvature.api.analyze`` with the engine's errors turned into job errors."""
+    import torch
+
     from workers.curvature import api
     from workers.curvature.checkpoint import CheckpointError, CheckpointMismatch
     from workers.curvature.data import DataError
@@ -219,6 +221,16 @@ def _run_engine(
         raise JobError("invalid-model-spec", "The model spec is invalid", str(exc)) from None
     except api.OptionsError as exc:
         raise JobError("invalid-options", "The analysis options are invalid", str(exc)) from None
+    except torch.cuda.OutOfMemoryError as exc:
+        raise JobError(
+            "out-of-memory",
+            "The GPU ran out of memory",
+            f"{str(exc)[:200]}; try a smaller eval_batch_size or fewer examples",
+        ) from None
+    except ValueError as exc:  # the engine's input checks name the field in the message
+        raise JobError(
+            "invalid-analysis-input", "The analysis cannot run on these inputs", str(exc)[:300]
+        ) from None
 
 
 def _mismatch_detail(exc: Any, field: str) -> str:
