@@ -59,6 +59,11 @@ class Settings(BaseSettings):
     max_artifact_bytes: int = Field(
         default=4 * 1024**3, gt=0, description="Largest artifact upload (POST /v1/artifacts)."
     )
+    artifact_uri_roots: list[Path] = Field(
+        default_factory=list,
+        description="Directories file:// artifacts must lie under (JSON list, e.g. "
+        '["/mnt/models"]); empty: any absolute path the workers can read (single-tenant).',
+    )
     db_pool_size: int = Field(default=10, gt=0)
     db_max_overflow: int = Field(default=10, ge=0)
 

@@ -16,7 +16,7 @@ from app.artifacts.blobstore import BlobStore, BlobTooLarge, BlobWriter, default
 from app.artifacts.checks import ArtifactContentError, check_kind
 from app.artifacts.models import ARTIFACT_KINDS, UPLOAD_KINDS
 from app.artifacts.safetensors_format import InvalidSafetensors
-from app.artifacts.schemas import ArtifactOut, ArtifactPage, ArtifactUriCreate
+from app.artifacts.schemas import ArtifactOut, ArtifactPage, ArtifactUriCreate, uri_allowed
 from app.artifacts.upload import UploadForm, UploadFormError, boundary_of
 from app.auth.dependencies import ProjectDep
 from app.db import SessionDep
@@ -224,6 +224,15 @@ async def _register_uri(request: Request, session: Session, project_id: uuid.UUI
                 400, "the request body is not valid JSON", title="Malformed JSON"
             ) from None
         raise validation_problem(field_errors_from_pydantic(errors, prefix=("body",))) from None
+
+    roots = request.app.state.settings.artifact_uri_roots
+    if not uri_allowed(body.uri, roots):
+        raise _field_problem(
+            "uri",
+            "file:// artifacts must lie under one of the configured directories "
+            f"({', '.join(str(r) for r in roots)})",
+            "uri_not_allowed",
+        )
 
     def insert() -> dict[str, Any]:
         artifact = service.insert_uri_artifact(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import unquote, urlsplit
 
@@ -74,3 +76,14 @@ class ArtifactUriCreate(BaseModel):
 def uri_path(uri: str) -> str:
     """The local path of a validated ``file://`` URI."""
     return unquote(urlsplit(uri).path)
+
+
+def uri_allowed(uri: str, roots: list[Path]) -> bool:
+    """Whether a ``file://`` URI's path lies under one of ``roots`` (all paths when empty).
+
+    Symlinks are resolved on both sides, so a link under a root cannot point outside it.
+    """
+    if not roots:
+        return True
+    path = Path(os.path.realpath(uri_path(uri)))
+    return any(path.is_relative_to(os.path.realpath(root)) for root in roots)

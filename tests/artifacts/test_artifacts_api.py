@@ -292,3 +292,26 @@ def test_list_filters_and_paginates(client: Any, auth_headers: dict[str, str]) -
     assert dataset in {a["id"] for a in everything}
     bad = client.get("/v1/artifacts", headers=auth_headers, params={"kind": "weights"})
     assert assert_problem(bad, 422)["errors"][0]["field"] == "query.kind"
+
+
+def test_uri_roots_confine_file_artifacts(
+    client: Any, auth_headers: dict[str, str], settings: Any, tmp_path: Any
+) -> None:
+    allowed = tmp_path / "models"
+    allowed.mkdir()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (allowed / "escape").symlink_to(outside)
+    settings.artifact_uri_roots = [allowed]
+    ok = client.post(
+        "/v1/artifacts",
+        headers=auth_headers,
+        json={"kind": "checkpoint", "uri": (allowed / "m.safetensors").as_uri()},
+    )
+    assert ok.status_code == 201, ok.text
+    for path in (outside / "m.safetensors", allowed / "escape" / "m.safetensors"):
+        refused = client.post(
+            "/v1/artifacts", headers=auth_headers, json={"kind": "checkpoint", "uri": path.as_uri()}
+        )
+        problem = assert_problem(refused, 422)
+        assert [e["field"] for e in problem["errors"]] == ["body.uri"]

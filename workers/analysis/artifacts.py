@@ -22,7 +22,8 @@ from sqlalchemy import Engine, create_engine, pool, text
 from app.artifacts.blobstore import BlobStore
 from app.artifacts.checks import ArtifactContentError, check_kind
 from app.artifacts.safetensors_format import InvalidSafetensors, validate_file
-from app.artifacts.schemas import uri_path
+from app.artifacts.schemas import uri_allowed, uri_path
+from app.config import get_settings
 from workers.errors import JobError
 
 
@@ -99,6 +100,13 @@ def resolve(
                 f"{field}: blob {row.sha256} of artifact {artifact_id} is not in {store.root}",
             )
         return ResolvedArtifact(str(row.id), row.kind, path, row.sha256, field)
+    roots = get_settings().artifact_uri_roots
+    if not uri_allowed(row.uri, roots):  # the roots may have narrowed since registration
+        raise JobError(
+            "artifact-not-allowed",
+            "An artifact's file is outside the allowed directories",
+            f"{field}: {row.uri} is not under {', '.join(str(r) for r in roots)}",
+        )
     path = Path(uri_path(row.uri))
     try:
         info = validate_file(str(path))
