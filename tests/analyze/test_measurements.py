@@ -74,12 +74,18 @@ def test_planner_fields_validate_and_take_noise_from_the_last_intermediate() -> 
     fields, notes = planner_fields(result, noise)
     measurements = Measurements.model_validate_json(Measurements(**fields).model_dump_json())
     assert measurements.per_sample_losses == pytest.approx(result["per_sample"]["losses"])
-    assert measurements.hessian_norm_bound == 2.5  # M = max measured per-sample norm
+    # M is left to the planner as the max measured per-sample norm (labelled a lower estimate)
+    assert measurements.hessian_norm_bound is None
+    assert max(measurements.per_sample_hessian_norms or []) == 2.5
     assert measurements.gradient_noise is not None
     assert measurements.gradient_noise.grad_sq_norm == 4.0
     assert measurements.blocks is not None and measurements.blocks[0].trace == 3.0
     assert measurements.gradient_norm_at_w_star == 0.01
     assert notes == []
+    assert measurements.theory is None  # no bounds in this result
+    with_bounds = {**result, "bounds": {"applicable": False, "reasons": ["n_heads=4 > 1"]}}
+    theory = Measurements(**planner_fields(with_bounds, noise)[0]).theory
+    assert theory is not None and not theory.applicable and theory.reasons == ["n_heads=4 > 1"]
     without, notes = planner_fields(result, [])
     assert "gradient_noise" not in without
     assert any("undefined" in n for n in notes)

@@ -103,8 +103,9 @@ def planner_fields(
     """Fields of the planner's ``Measurements`` from an engine result; (fields, notes).
 
     Per-sample losses, perturbed losses and per-sample Hessian norms come from
-    ``result["per_sample"]``; ``hessian_norm_bound`` is the largest measured per-sample
-    norm (M of Petrov et al. 2025, Theorem 7, measured as paper-digest §8 item 5 says);
+    ``result["per_sample"]`` (the planner takes M of Petrov et al. 2025, Theorem 7, as their
+    maximum, paper-digest §8 item 5, and says it is a measured lower estimate); ``theory``
+    (inside the paper's assumptions or not, with reasons) from ``result["bounds"]``;
     ``blocks`` from the block spectra; ``gradient_norm_at_w_star`` from ``gradient_norm``
     (Assumption 1). Gradient noise comes from the LAST intermediate checkpoint (the one
     closest to w*; at w* itself |G|² ≈ 0 and B_simple is undefined, McCandlish et al. 2018
@@ -112,9 +113,14 @@ def planner_fields(
     """
     per_sample = result.get("per_sample")
     fields, notes = planner_measurements(per_sample=per_sample if per_sample else None)
-    norms = fields.get("per_sample_hessian_norms")
-    if norms:
-        fields["hessian_norm_bound"] = float(max(norms))
+    # M stays a measured maximum (per_sample_hessian_norms), not a `hessian_norm_bound`: the
+    # planner then labels Theorem 7's k* as resting on a lower estimate of the assumed bound.
+    bounds = result.get("bounds")
+    if isinstance(bounds, Mapping) and isinstance(bounds.get("applicable"), bool):
+        fields["theory"] = {
+            "applicable": bounds["applicable"],
+            "reasons": [str(r)[:500] for r in bounds.get("reasons") or []][:100],
+        }
     blocks = []
     for block in result.get("blocks") or []:
         entry = {
