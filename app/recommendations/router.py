@@ -2,43 +2,21 @@
 
 from __future__ import annotations
 
-import uuid
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
 
 from app.auth.dependencies import ProjectDep
 from app.db import SessionDep
 from app.jobs.service import parse_filters
 from app.problems import PROBLEM_RESPONSES
+from app.recommendations.schemas import (
+    RecommendationPage,
+)
 from app.recommendations.service import latest_recommendations
 
 router = APIRouter(prefix="/v1/recommendations", tags=["recommendations"])
-
-
-class RecommendationLinks(BaseModel):
-    job: str
-    recommendation: str
-
-
-class LatestRecommendation(BaseModel):
-    """The current recommendation for one job name."""
-
-    name: str
-    job_id: uuid.UUID
-    kind: str
-    tags: dict[str, str]
-    finished_at: datetime | None
-    recommendation: dict[str, Any]
-    links: RecommendationLinks
-
-
-class RecommendationPage(BaseModel):
-    items: list[LatestRecommendation]
-    next_page_token: str | None
 
 
 @router.get(

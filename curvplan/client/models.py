@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from app.artifacts.schemas import ArtifactOut, ArtifactPage
 from app.jobs.schemas import JobError, JobOut, JobPage, Progress
 from app.planner.schemas import Measurements, Recommendation, Targets
-from app.recommendations.router import LatestRecommendation
+from app.recommendations.schemas import LatestRecommendation
 
 Job = JobOut
 Artifact = ArtifactOut

@@ -1,0 +1,32 @@
+"""Response models of ``GET /v1/recommendations`` (no FastAPI or SQLAlchemy: the client
+imports them)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class RecommendationLinks(BaseModel):
+    job: str
+    recommendation: str
+
+
+class LatestRecommendation(BaseModel):
+    """The current recommendation for one job name."""
+
+    name: str
+    job_id: uuid.UUID
+    kind: str
+    tags: dict[str, str]
+    finished_at: datetime | None
+    recommendation: dict[str, Any]
+    links: RecommendationLinks
+
+
+class RecommendationPage(BaseModel):
+    items: list[LatestRecommendation]
+    next_page_token: str | None
