@@ -39,9 +39,10 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import Engine
 
@@ -55,6 +56,10 @@ from workers.errors import error_dict
 from workers.kinds import KINDS
 
 log = logging.getLogger("curvplan.worker")
+
+#: Stage changes kept in a job's progress history (a model with hundreds of blocks stops
+#: recording there; the latest progress is always written).
+MAX_STAGE_HISTORY = 200
 
 VALID_QUEUES = ("cpu", "gpu")
 
@@ -141,6 +146,24 @@ class _Current:
     fence: store.Fence
     progress: Progress | None = None
     progress_written: Progress | None = None
+    #: One ``{"stage", "started_at"}`` per stage change, so a client that polls less often
+    #: than stages change still sees every stage the attempt went through, with its timing.
+    stages: list[dict[str, str]] = field(default_factory=list)
+
+    def record(self, progress: Progress) -> None:
+        """Keep ``progress`` as the latest; note a new stage in the history (capped)."""
+        self.progress = progress
+        last = self.stages[-1]["stage"] if self.stages else None
+        if progress.stage != last and len(self.stages) < MAX_STAGE_HISTORY:
+            started = datetime.now(UTC).isoformat()
+            self.stages.append({"stage": progress.stage, "started_at": started})
+
+    def progress_payload(self, progress: Progress | None) -> dict[str, Any] | None:
+        """What the job row's ``progress`` holds: the latest report and the stage history."""
+        if progress is None:
+            return None
+        return {**progress.as_dict(), "stages": list(self.stages)}
+
     cancel_requested: bool = False
     lease_lost: bool = False
 
@@ -287,7 +310,7 @@ class WorkerSlot:
             for message in child.receive(tick):
                 if isinstance(message, Progress):
                     with self.state.lock:
-                        current.progress = message
+                        current.record(message)
                 else:
                     final = message
             with self.state.lock:
@@ -335,7 +358,7 @@ class WorkerSlot:
             self._write_crash(current.fence, describe_exit(exitcode), exitcode)
             return
         with self.state.lock:
-            progress = current.progress
+            progress = current.progress_payload(current.progress)
         self._write_final(current.fence, final, progress=progress, elapsed=elapsed)
 
     # ------------------------------------------------------------------ fenced writes
@@ -344,7 +367,7 @@ class WorkerSlot:
         fence: store.Fence,
         final: Final,
         *,
-        progress: Progress | None = None,
+        progress: dict[str, Any] | None = None,
         elapsed: float | None = None,
     ) -> None:
         outcome: Literal["succeeded", "failed", "cancelled"]
@@ -355,10 +378,9 @@ class WorkerSlot:
             outcome, error = "failed", final.payload
         else:
             outcome = "cancelled"
-        written_progress = progress.as_dict() if progress is not None else None
         with self.engine.begin() as conn:
             status = store.finish(
-                conn, fence, outcome, result=result, error=error, progress=written_progress
+                conn, fence, outcome, result=result, error=error, progress=progress
             )
         if status is None:
             log.warning("lease lost before the outcome was written; %s result discarded", outcome)
@@ -428,7 +450,7 @@ class WorkerSlot:
                     conn,
                     current.fence,
                     self.options.lease_seconds,
-                    progress.as_dict() if changed and progress else None,
+                    current.progress_payload(progress) if changed else None,
                 )
                 with self.state.lock:
                     if seen is None:

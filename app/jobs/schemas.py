@@ -106,12 +106,22 @@ JobCreate = _union(JOB_CREATE_TYPES)
 JOB_CREATE_ADAPTER: TypeAdapter[Any] = TypeAdapter(JobCreate)
 
 
+class StageMark(BaseModel):
+    """When the job's attempt entered a stage (the worker records every stage change)."""
+
+    stage: str
+    started_at: datetime
+
+
 class Progress(BaseModel):
-    """Where a running job is: fraction in [0, 1], stage name, human message."""
+    """Where a running job is: fraction in [0, 1], stage name, human message, and the
+    stages the current attempt went through so far (a client that polls less often than
+    stages change still sees them all)."""
 
     fraction: float | None = None
     stage: str | None = None
     message: str | None = None
+    stages: list[StageMark] | None = None
 
 
 class JobError(BaseModel):

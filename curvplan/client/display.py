@@ -47,11 +47,17 @@ class ProgressDisplay:
             if m.is_terminal(job):
                 self.stream.write("\n")
                 self._drawn = False
+                self._write_stage_timeline(job)
         else:
             self.stream.write(
                 f"job {job.id} {job.status} {percent.strip()} {detail}".rstrip() + "\n"
             )
         self.stream.flush()
+
+    def _write_stage_timeline(self, job: m.JobOut) -> None:
+        timeline = stage_timeline(job)
+        if timeline:
+            self.stream.write(f"stages: {timeline}\n")
 
     def close(self) -> None:
         """End a half-drawn bar line (e.g. on Ctrl-C)."""
@@ -285,3 +291,15 @@ def _curvature(section: Any) -> str:
 
 def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
+
+
+def stage_timeline(job: m.JobOut) -> str:
+    """``loading 0.4s → block spectra 1/9 2.1s → …``: each stage the attempt went through
+    and how long it lasted (the last one until the job finished)."""
+    marks = (job.progress.stages if job.progress is not None else None) or []
+    parts = []
+    for i, mark in enumerate(marks):
+        end = marks[i + 1].started_at if i + 1 < len(marks) else job.finished_at
+        seconds = f" {(end - mark.started_at).total_seconds():.1f}s" if end is not None else ""
+        parts.append(f"{mark.stage}{seconds}")
+    return " → ".join(parts)

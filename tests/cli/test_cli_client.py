@@ -58,7 +58,10 @@ def test_analyze_wait_in_a_terminal(live: LiveService, analyze_dir: dict[str, Pa
     assert run.code == 0, out
     assert "uploading" in out and "\r\x1b[2K[" in out  # uploads, then a bar redrawn in place
     assert "#" * 28 in out and "100%" in out and "succeeded" in out
-    assert "block spectra" in out or "spectra" in out  # the engine's stage names reach the bar
+    # The engine's stage names reach the terminal: the bar while running, and the timeline of
+    # every stage (from the job's progress history) once it has finished.
+    timeline = next(line for line in out.splitlines() if line.startswith("stages: "))
+    assert "loading" in timeline and "block spectra" in timeline and "planning" in timeline
     assert "Curvature per block" in out and "layers.0.v" in out
     with curvplan.Client(live.url, live.api_key) as api:
         (listed,) = api.list_jobs(name=name).items
