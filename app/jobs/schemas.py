@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, field_validator
 
-from app.analyze.options import AnalyzeOptions
 from app.planner.schemas import Measurements, PlanInputError, Targets, check_workload
+from workers.curvature.options import AnalysisOptions  # pydantic only, like the spec
 from workers.curvature.spec import ModelSpec  # pydantic only: the API never imports torch
 
 TagKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
@@ -89,7 +89,7 @@ class AnalyzeJobCreate(_JobCreateBase):
         description="Checkpoint artifacts before convergence, for the gradient-noise scale "
         "(undefined at a converged w*).",
     )
-    options: AnalyzeOptions = Field(default_factory=AnalyzeOptions)
+    options: AnalysisOptions = Field(default_factory=AnalysisOptions)
     targets: Targets = Field(default_factory=Targets)
 
 

@@ -104,14 +104,3 @@ def test_planner_fields_validate_and_take_noise_from_the_last_intermediate() -> 
 )
 def test_engine_stages_get_the_job_stage_names(stage: str, message: str, expected: str) -> None:
     assert job_stage(stage, message) == expected
-
-
-def test_api_options_mirror_the_engine_options() -> None:
-    """The API validates options without torch; the mirror must match the engine's model."""
-    from app.analyze.options import AnalyzeOptions
-    from workers.curvature.api import AnalysisOptions
-
-    assert set(AnalyzeOptions.model_fields) == set(AnalysisOptions.model_fields)
-    assert AnalyzeOptions().model_dump(mode="json") == AnalysisOptions().model_dump(mode="json")
-    for name, field in AnalysisOptions.model_fields.items():
-        assert str(AnalyzeOptions.model_fields[name].metadata) == str(field.metadata), name
