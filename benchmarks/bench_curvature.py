@@ -22,7 +22,6 @@ The peers are optional: install them in a separate venv with a constraints file 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import statistics
@@ -36,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workers.curvature.blocks import default_blocks
-from workers.curvature.device import configure_cuda_for_curvature, pinned_blas_threads
+from workers.curvature.device import configure_cuda_for_curvature
 from workers.curvature.example import markov_chain, sample_sequences
 from workers.curvature.hvp import CurvatureEngine
 from workers.curvature.model import build_model
@@ -105,23 +104,30 @@ def ours_ratio(model, objective, x, y, repeats, sync) -> dict:
 
 
 def ours_spectra(model, objective, x, y, blocks, tol, max_iter, sync) -> dict:
+    """Our engine: one Lanczos run per block (both ends, explicit residual certification)."""
     gen = torch.Generator().manual_seed(0)
     values = {}
-    products = 0
+    block_seconds = {}
+    block_products = {}
     converged = 0
     start = time.perf_counter()
     with CurvatureEngine(model, objective, [(x, y)]) as eng:
         for name, members in blocks.items():
+            t0 = time.perf_counter()
             s = block_spectrum(eng, members, generator=gen, tol=tol, max_iter=max_iter)
+            sync()
+            block_seconds[name] = time.perf_counter() - t0
             values[name] = (s.lambda_max, s.lambda_min)
-            products += s.n_products
+            block_products[name] = s.n_products
             converged += int(s.converged)
     sync()
     return {
         "seconds": time.perf_counter() - start,
-        "products": products,
-        "converged": f"{converged}/{len(blocks)}",
+        "products": sum(block_products.values()),
+        "converged": f"{converged}/{len(blocks)} blocks",
         "values": values,
+        "block_seconds": block_seconds,
+        "block_products": block_products,
     }
 
 
@@ -138,83 +144,145 @@ class _FlatLM(torch.nn.Module):
         return logits.reshape(-1, logits.shape[-1])
 
 
-def _call(fn, *args, **kwargs):
-    """Call with only the keyword arguments ``fn`` accepts (peer APIs differ by version)."""
-    params = inspect.signature(fn).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in params}
-    return fn(*args, **kwargs)
+def _peer_blas_pinned():
+    """Pin only the BLAS pools (scipy/numpy OpenBLAS) to one thread around a peer's scipy
+    calls (pitfalls §7). ``pinned_blas_threads`` limits every pool threadpoolctl sees,
+    including torch's libgomp, which would run the peer's HVPs inside ``eigsh`` on one
+    thread and slow them unfairly."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def peer_eigenthings(model, x, y, blocks, tol, max_iter, sync) -> dict:
+    """hessian-eigenthings 1.0.0a5: ``HessianOperator`` restricted to the block by its
+    ``param_filter`` (``match_names`` on the exact parameter names), exact double-backward HVPs
+    (``method="autograd"``), on the single evaluation batch (so its unweighted batch mean is
+    the mean token loss); then its ``lanczos(k=1)`` once with ``which="LA"`` and once with
+    ``which="SA"``. Its Lanczos has no early stop: it always runs ``max_iter`` steps (its
+    default is min(2k, n-1) = 2, far too few, pitfalls §5), so ``max_iter`` is set to
+    min(``max_iter``, n-1); full reorthogonalisation keeps its own default (off above 50 steps).
+    ``converged`` is its own residual test |β_m s_m| < tol·|λ|."""
     import hessian_eigenthings as he
 
     flat = _FlatLM(model).eval()
     loader = [(x, y.reshape(-1))]
-    loss_fn = torch.nn.functional.cross_entropy
+    loss_fn = he.supervised_loss(torch.nn.functional.cross_entropy)
     values = {}
+    block_seconds = {}
+    block_products = {}
+    converged = 0
     start = time.perf_counter()
     for name, members in blocks.items():
-        patterns = [f"model.{m}" for m in members]
-        op = _call(he.HessianOperator, flat, loader, loss_fn, param_filter=patterns)
+        t0 = time.perf_counter()
+        block_products[name] = 0
+        wanted = [f"model.{m}" for m in members]
+        op = he.HessianOperator(
+            flat, loader, loss_fn, param_filter=he.match_names(*wanted), method="autograd"
+        )
+        selected = list(op._params)
+        if sorted(selected) != sorted(wanted):  # the restriction must be exactly the block
+            raise RuntimeError(f"block {name}: param_filter selected {selected}, not {wanted}")
+        steps = min(max_iter, op.size - 1)
         ends = []
         for which in ("LA", "SA"):
-            res = _call(
-                he.lanczos,
-                op,
-                k=1,
-                which=which,
-                max_iter=max_iter,
-                max_steps=max_iter,
-                tol=tol,
-                seed=0,
-            )
-            vals = getattr(res, "eigenvalues", res[0] if isinstance(res, tuple) else res)
-            ends.append(float(torch.as_tensor(vals).reshape(-1)[0]))
+            res = he.lanczos(op, k=1, which=which, max_iter=steps, tol=tol, seed=0)
+            ends.append(float(res.eigenvalues[0]))
+            block_products[name] += res.iterations
+            converged += int(bool(res.converged[0]))
+        sync()
+        block_seconds[name] = time.perf_counter() - t0
         values[name] = (ends[0], ends[1])
     sync()
-    return {"seconds": time.perf_counter() - start, "values": values, "products": None}
+    return {
+        "seconds": time.perf_counter() - start,
+        "values": values,
+        "products": sum(block_products.values()),
+        "block_seconds": block_seconds,
+        "block_products": block_products,
+        "converged": f"{converged}/{2 * len(blocks)} ends",
+    }
 
 
 def peer_curvlinops(model, x, y, blocks, tol, max_iter, sync) -> dict:
+    """curvlinops 3.0.1: ``HessianLinearOperator`` on the block's parameters only, on the same
+    single batch (its batch weighting N_batch/N_data is then 1), ``to_scipy()``, and scipy
+    ``eigsh(k=1, which="LA")`` and ``which="SA"`` with ARPACK's ``tol`` (relative accuracy of
+    the Ritz value) and a seeded start vector; only the BLAS pools pinned to one thread.
+    ``maxiter`` is ARPACK's restart count (``max_iter``); an ``ArpackNoConvergence`` keeps
+    the end as not converged (nan if no Ritz value came back). Products are counted by a
+    wrapper around the scipy operator's matvec."""
+    import numpy as np
     from curvlinops import HessianLinearOperator
-    from scipy.sparse.linalg import eigsh
+    from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
     flat = _FlatLM(model).eval()
     data = [(x, y.reshape(-1))]
     loss = torch.nn.CrossEntropyLoss(reduction="mean")
     named = dict(flat.named_parameters())
     values = {}
+    block_seconds = {}
+    block_products = {}
+    counter = [0]
+    converged = 0
     start = time.perf_counter()
     for name, members in blocks.items():
+        t0 = time.perf_counter()
+        before = counter[0]
         params = [named[f"model.{m}"] for m in members]
-        op = _call(
-            HessianLinearOperator,
-            flat,
-            loss,
-            params,
-            data,
-            progressbar=False,
-            check_deterministic=False,
+        op = HessianLinearOperator(
+            flat, loss, params, data, progressbar=False, check_deterministic=False
         )
-        lin = op.to_scipy() if hasattr(op, "to_scipy") else op
-        with pinned_blas_threads(1):
-            la = eigsh(lin, k=1, which="LA", tol=tol, maxiter=max_iter, return_eigenvectors=False)
-            sa = eigsh(lin, k=1, which="SA", tol=tol, maxiter=max_iter, return_eigenvectors=False)
-        values[name] = (float(la[0]), float(sa[0]))
+        lin = op.to_scipy()
+
+        def counted(v, lin=lin):
+            counter[0] += 1 if v.ndim == 1 or v.shape[1] == 1 else v.shape[1]
+            return lin.matvec(v)
+
+        counted_op = LinearOperator(lin.shape, matvec=counted, dtype=lin.dtype)
+        v0 = np.random.default_rng(0).standard_normal(lin.shape[0])
+        ends = []
+        with _peer_blas_pinned():
+            for which in ("LA", "SA"):
+                try:
+                    val = eigsh(
+                        counted_op,
+                        k=1,
+                        which=which,
+                        tol=tol,
+                        maxiter=max_iter,
+                        v0=v0,
+                        return_eigenvectors=False,
+                    )
+                    ends.append(float(val[0]))
+                    converged += 1
+                except ArpackNoConvergence as exc:
+                    got = exc.eigenvalues
+                    ends.append(float(got[0]) if len(got) else float("nan"))
+        sync()
+        block_seconds[name] = time.perf_counter() - t0
+        block_products[name] = counter[0] - before
+        values[name] = (ends[0], ends[1])
     sync()
-    return {"seconds": time.perf_counter() - start, "values": values, "products": None}
+    return {
+        "seconds": time.perf_counter() - start,
+        "values": values,
+        "products": counter[0],
+        "block_seconds": block_seconds,
+        "block_products": block_products,
+        "converged": f"{converged}/{2 * len(blocks)} ends",
+    }
 
 
 def curvlinops_ratio(model, x, y, repeats, sync) -> float | None:
+    """Median ms of one curvlinops ``HessianLinearOperator @ v`` over all parameters."""
     try:
         from curvlinops import HessianLinearOperator
     except ImportError:
         return None
     flat = _FlatLM(model).eval()
-    params = [p for p in flat.parameters()]
-    op = _call(
-        HessianLinearOperator,
+    params = list(flat.parameters())
+    op = HessianLinearOperator(
         flat,
         torch.nn.CrossEntropyLoss(),
         params,
@@ -222,8 +290,85 @@ def curvlinops_ratio(model, x, y, repeats, sync) -> float | None:
         progressbar=False,
         check_deterministic=False,
     )
-    v = torch.randn(sum(p.numel() for p in params), device=x.device)
+    v = torch.randn(sum(p.numel() for p in params), device=x.device, dtype=params[0].dtype)
     return median_ms(lambda: op @ v, repeats, sync)
+
+
+def eigenthings_ratio(model, x, y, repeats, sync) -> float | None:
+    """Median ms of one hessian-eigenthings ``HessianOperator.matvec`` over all parameters."""
+    try:
+        import hessian_eigenthings as he
+    except ImportError:
+        return None
+    flat = _FlatLM(model).eval()
+    op = he.HessianOperator(
+        flat, [(x, y.reshape(-1))], he.supervised_loss(torch.nn.functional.cross_entropy)
+    )
+    v = torch.randn(op.size, device=x.device, dtype=op.dtype)
+    return median_ms(lambda: op.matvec(v), repeats, sync)
+
+
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = [f"torch {torch.__version__}"]
+    for dist in ("hessian-eigenthings", "curvlinops-for-pytorch", "scipy", "numpy"):
+        try:
+            out.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            out.append(f"{dist} absent")
+    return ", ".join(out)
+
+
+def _errors(results: dict, reference: dict | None, tol: float) -> dict | None:
+    """Per method and block, the relative errors of (λ_max, λ_min) against the reference,
+    on the certified scale max(|λ_ref|, 1e-3·‖H_B‖); a missing value (nan) counts as inf.
+    Misses above ``tol`` are printed."""
+    if reference is None:
+        return None
+    out: dict = {}
+    for method, res in results.items():
+        out[method] = {}
+        for name, (lmax, lmin) in res["values"].items():
+            rmax, rmin = reference[name]
+            norm = max(abs(rmax), abs(rmin))
+            pair = tuple(
+                rel_err(got, want, norm) if math.isfinite(got) else math.inf
+                for got, want in ((lmax, rmax), (lmin, rmin))
+            )
+            out[method][name] = pair
+            for end, err, got, want in zip(
+                ("max", "min"), pair, (lmax, lmin), (rmax, rmin), strict=True
+            ):
+                if err > tol:
+                    print(
+                        f"  miss: {method} {name} lambda_{end}: {got:.9g} vs {want:.9g} ({err:.1e})"
+                    )
+    return out
+
+
+def _print_block_table(
+    blocks: dict, numel: dict[str, int], results: dict, errors: dict | None
+) -> None:
+    """Per block: size, reference-free λ ends (ours), and per method seconds / products /
+    worst relative error of the two ends."""
+    methods = list(results)
+    head = f"{'block':<16}{'n':>7}{'lambda_max':>13}{'lambda_min':>13}"
+    for m in methods:
+        head += f" | {m[:11]:>11} s {'prod':>5} {'err':>7}"
+    print(head)
+    ours = results.get("ours", {}).get("values", {})
+    for name, members in blocks.items():
+        lmax, lmin = ours.get(name, (float("nan"), float("nan")))
+        n = sum(numel[mem] for mem in members)
+        line = f"{name:<16}{n:>7}{lmax:13.6g}{lmin:13.6g}"
+        for m in methods:
+            res = results[m]
+            sec = res.get("block_seconds", {}).get(name, float("nan"))
+            prod = res.get("block_products", {}).get(name, "-")
+            err = max(errors[m][name]) if errors is not None else float("nan")
+            line += f" | {sec:13.2f} {prod:>5} {err:7.1e}"
+        print(line)
 
 
 PEERS = {"eigenthings": peer_eigenthings, "curvlinops": peer_curvlinops}
@@ -234,7 +379,16 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--precision", default="float32", choices=["float32", "float64"])
     parser.add_argument("--tol", type=float, default=1e-6)
-    parser.add_argument("--max-iter", type=int, default=400)
+    parser.add_argument("--max-iter", type=int, default=400, help="our Lanczos step cap")
+    parser.add_argument(
+        "--peer-max-iter",
+        type=int,
+        default=400,
+        help="hessian-eigenthings Lanczos steps (it never stops early) and ARPACK restarts",
+    )
+    parser.add_argument(
+        "--max-blocks", type=int, default=0, help="only the first N blocks (0: all; printed)"
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: keep)")
     parser.add_argument("--train-steps", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=15)
@@ -246,6 +400,7 @@ def main() -> None:
     parser.add_argument("--peers", default="eigenthings,curvlinops")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # progress visible when piped to a file
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -261,10 +416,19 @@ def main() -> None:
     model = model.to(device, dtype)
     x, y = x.to(device), y.to(device)
     blocks = default_blocks(model)
+    numel = {k: p.numel() for k, p in model.named_parameters()}
     n_params = sum(p.numel() for p in model.parameters())
     print(
         f"reference GPT: {n_params} parameters, {len(blocks)} blocks, batch {tuple(x.shape)}, "
         f"{device} {args.precision}, torch {torch.__version__}, threads {torch.get_num_threads()}"
+    )
+    print(f"versions: {_versions()}")
+    if args.max_blocks and args.max_blocks < len(blocks):
+        print(f"REDUCED: only the first {args.max_blocks} of {len(blocks)} blocks (--max-blocks)")
+        blocks = dict(list(blocks.items())[: args.max_blocks])
+    print(
+        f"peers: hessian-eigenthings lanczos max_iter = min({args.peer_max_iter}, n-1) steps per "
+        f"end (fixed, no early stop); curvlinops eigsh maxiter = {args.peer_max_iter} restarts"
     )
     report: dict = {"n_parameters": n_params, "device": str(device), "precision": args.precision}
 
@@ -288,7 +452,15 @@ def main() -> None:
             print(f"curvlinops matvec: failed ({type(exc).__name__}: {exc})")
     if cl is not None:
         print(f"curvlinops HessianLinearOperator @ v  {cl:8.1f} ms   {cl / g:.2f}")
-    report["ratio"] = {**ratio, "curvlinops_ms": cl}
+    he_ms = None
+    if "eigenthings" in args.peers:
+        try:
+            he_ms = eigenthings_ratio(model, x, y, args.repeats, sync)
+        except Exception as exc:
+            print(f"hessian-eigenthings matvec: failed ({type(exc).__name__}: {exc})")
+    if he_ms is not None:
+        print(f"hessian-eigenthings HessianOperator   {he_ms:8.1f} ms   {he_ms / g:.2f}")
+    report["ratio"] = {**ratio, "curvlinops_ms": cl, "eigenthings_ms": he_ms}
 
     reference = None
     if args.reference_cache is not None and args.reference_cache.is_file():
@@ -311,38 +483,35 @@ def main() -> None:
     results = {"ours": ours_spectra(model, objective, x, y, blocks, args.tol, args.max_iter, sync)}
     for peer in [p for p in args.peers.split(",") if p]:
         try:
-            results[peer] = PEERS[peer](model, x, y, blocks, args.tol, args.max_iter, sync)
+            results[peer] = PEERS[peer](model, x, y, blocks, args.tol, args.peer_max_iter, sync)
         except ImportError:
             print(f"{peer}: not importable here (install it in the benchmark venv)")
         except Exception as exc:
             print(f"{peer}: failed ({type(exc).__name__}: {exc})")
-    print(f"{'method':<14}{'seconds':>10}{'products':>10}{'max rel err':>14}{'within tol':>12}")
+    errors = _errors(results, reference, args.tol)
+    _print_block_table(blocks, numel, results, errors)
+    print(
+        f"\n{'method':<13}{'seconds':>9}{'products':>10}{'ms/product':>11}{'converged':>16}"
+        f"{'max rel err':>13}{'within tol':>11}"
+    )
     for method, res in results.items():
         worst, ok = float("nan"), "-"
-        if reference is not None:
-            errs = []
-            for name, (lmax, lmin) in res["values"].items():
-                rmax, rmin = reference[name]
-                norm = max(abs(rmax), abs(rmin))
-                pair = [rel_err(lmax, rmax, norm), rel_err(lmin, rmin, norm)]
-                errs += pair
-                ends = zip(("max", "min"), pair, (lmax, lmin), (rmax, rmin), strict=True)
-                for end, err, got, want in ends:
-                    if err > args.tol:
-                        print(
-                            f"  {method} {name} lambda_{end}: {got:.9g} vs {want:.9g} ({err:.1e})"
-                        )
+        if errors is not None:
+            errs = [e for pair in errors[method].values() for e in pair]
             worst = max(errs)
             ok = f"{sum(e <= args.tol for e in errs)}/{len(errs)}"
         prods = res.get("products")
+        per = 1e3 * res["seconds"] / prods if prods else float("nan")
         print(
-            f"{method:<14}{res['seconds']:10.2f}{prods if prods is not None else '-':>10}"
-            f"{worst:14.2e}{ok:>12}"
+            f"{method:<13}{res['seconds']:9.2f}{prods if prods is not None else '-':>10}"
+            f"{per:11.1f}{res.get('converged', '-'):>16}{worst:13.2e}{ok:>11}"
         )
         res["max_rel_err"] = worst if math.isfinite(worst) else None
-    peers = [r["seconds"] for m, r in results.items() if m != "ours"]
+    peers = {m: r["seconds"] for m, r in results.items() if m != "ours"}
+    for m, sec in peers.items():
+        print(f"speed-up vs {m}: {sec / results['ours']['seconds']:.2f}x")
     if peers:
-        speedup = min(peers) / results["ours"]["seconds"]
+        speedup = min(peers.values()) / results["ours"]["seconds"]
         print(f"speed-up vs the faster peer: {speedup:.2f}x (goal >= 3)")
     report["spectra"] = {
         m: {k: v for k, v in r.items() if k != "values"} for m, r in results.items()

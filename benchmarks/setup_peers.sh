@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Build the curvature benchmark's own venv with the peer libraries (hessian-eigenthings,
+# curvlinops + scipy eigsh). Torch is pinned by a constraints file: unconstrained,
+# curvlinops' dependencies (backpack -> torchvision) upgrade torch to a CUDA build
+# (curvature-pitfalls §12). Never install the peers into the project's .venv.
+#
+#   benchmarks/setup_peers.sh [VENV_DIR]      (default: .bench-venv at the repository root)
+#
+# On a CUDA machine set TORCH_INDEX_URL to the matching wheel index, e.g.
+#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 benchmarks/setup_peers.sh
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${1:-$root/.bench-venv}"
+python="${PYTHON:-python3}"
+torch_index="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
+
+"$python" -m venv "$venv"
+constraints="$(mktemp)"
+trap 'rm -f "$constraints"' EXIT
+echo "torch==2.13.0" > "$constraints"
+
+"$venv/bin/pip" install --index-url "$torch_index" --extra-index-url https://pypi.org/simple \
+    torch==2.13.0
+"$venv/bin/pip" install -c "$constraints" \
+    hessian-eigenthings==1.0.0a5 curvlinops-for-pytorch==3.0.1 \
+    numpy scipy threadpoolctl safetensors pydantic typer
+
+"$venv/bin/python" - <<'PY'
+import torch, hessian_eigenthings, curvlinops  # noqa: F401
+from importlib.metadata import version
+assert torch.__version__.startswith("2.13.0"), f"torch was changed to {torch.__version__}"
+print("torch", torch.__version__, "| hessian-eigenthings", version("hessian-eigenthings"),
+      "| curvlinops", version("curvlinops-for-pytorch"))
+PY
+echo "ready: $venv/bin/python benchmarks/bench_curvature.py"
