@@ -308,6 +308,20 @@ def eigenthings_ratio(model, x, y, repeats, sync) -> float | None:
     return median_ms(lambda: op.matvec(v), repeats, sync)
 
 
+def _fingerprint(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> str:
+    """sha256 of the weights and the evaluation batch, so a cached reference is only reused
+    for exactly the same problem."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().to("cpu", torch.float64).numpy().tobytes())
+    for t in (x, y):
+        h.update(t.detach().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
 def _versions() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -463,9 +477,14 @@ def main() -> None:
     report["ratio"] = {**ratio, "curvlinops_ms": cl, "eigenthings_ms": he_ms}
 
     reference = None
+    fingerprint = _fingerprint(model, x, y)
     if args.reference_cache is not None and args.reference_cache.is_file():
-        reference = {k: tuple(v) for k, v in json.loads(args.reference_cache.read_text()).items()}
-    elif not args.no_reference:
+        cached = json.loads(args.reference_cache.read_text())
+        if cached.get("fingerprint") == fingerprint:
+            reference = {k: tuple(v) for k, v in cached["values"].items()}
+        else:  # training on CPU threads is not bitwise reproducible: w* differs between runs
+            print("(reference cache is for other weights or data: recomputing it)")
+    if reference is None and not args.no_reference:
         t0 = time.perf_counter()
         ref_model = model.to(torch.float64)
         reference = ours_spectra(
@@ -477,7 +496,9 @@ def main() -> None:
             f"{time.perf_counter() - t0:.1f} s)"
         )
         if args.reference_cache is not None:
-            args.reference_cache.write_text(json.dumps(reference))
+            args.reference_cache.write_text(
+                json.dumps({"fingerprint": fingerprint, "values": reference})
+            )
 
     print(f"\n== lambda_max and lambda_min of all {len(blocks)} blocks to tol {args.tol:g} ==")
     results = {"ours": ours_spectra(model, objective, x, y, blocks, args.tol, args.max_iter, sync)}
