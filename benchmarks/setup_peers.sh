@@ -6,22 +6,26 @@
 #
 #   benchmarks/setup_peers.sh [VENV_DIR]      (default: .bench-venv at the repository root)
 #
-# On a CUDA machine set TORCH_INDEX_URL to the matching wheel index, e.g.
-#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 benchmarks/setup_peers.sh
+# torch==2.13.0 is installed with plain pip (the project's machines keep the CPU wheel on
+# local disk, the same way `make install` finds it). Elsewhere, set TORCH_INDEX_URL to the
+# torch wheel index that matches the machine (CPU or your CUDA version).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${1:-$root/.bench-venv}"
 python="${PYTHON:-python3}"
-torch_index="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
+torch_index="${TORCH_INDEX_URL:-}"
 
 "$python" -m venv "$venv"
 constraints="$(mktemp)"
 trap 'rm -f "$constraints"' EXIT
 echo "torch==2.13.0" > "$constraints"
 
-"$venv/bin/pip" install --index-url "$torch_index" --extra-index-url https://pypi.org/simple \
-    torch==2.13.0
+if [ -n "$torch_index" ]; then
+    "$venv/bin/pip" install --extra-index-url "$torch_index" torch==2.13.0
+else
+    "$venv/bin/pip" install torch==2.13.0
+fi
 "$venv/bin/pip" install -c "$constraints" \
     hessian-eigenthings==1.0.0a5 curvlinops-for-pytorch==3.0.1 \
     numpy scipy threadpoolctl safetensors pydantic typer
