@@ -286,9 +286,14 @@ def test_concurrency_runs_jobs_side_by_side_in_one_process(db, project_id, start
             )
 
     wait_for(both_running, 30, "two slots running a job each")
+
+    def both_rows_show_their_job() -> bool:
+        # A slot's row learns its current job at the slot's next heartbeat, not at the claim.
+        return {r.current_job_id for r in worker_rows(db).values()} == set(ids)
+
+    wait_for(both_rows_show_their_job, 30, "each slot's worker row names its job")
     rows = worker_rows(db)
     assert len(rows) == 2 and {r.pid for r in rows.values()} == {worker.pid}
-    assert {r.current_job_id for r in rows.values()} == set(ids)
     worker.signal(signal.SIGTERM)
     assert worker.wait(60) == 0
     assert {status_of(db, job_id) for job_id in ids} == {"succeeded"}
