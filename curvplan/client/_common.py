@@ -222,25 +222,31 @@ def plan_body(
     return _common_fields(body, name, tags, max_attempts)
 
 
+def artifact_id(artifact: Any) -> str:
+    """An artifact's id from an ``Artifact`` result or the id itself (str or UUID)."""
+    return str(getattr(artifact, "id", artifact))
+
+
 def analyze_body(
     model: Mapping[str, Any] | Any,
-    checkpoint: str,
-    dataset: str,
+    checkpoint: Any,
+    dataset: Any,
     name: str | None,
     tags: Mapping[str, str] | None,
     options: Mapping[str, Any] | None,
     targets: Mapping[str, Any] | Any | None,
     max_attempts: int | None,
-    intermediate_checkpoints: Sequence[str] = (),
+    intermediate_checkpoints: Sequence[Any] = (),
 ) -> dict[str, Any]:
+    """The ``analyze`` job body; artifacts may be given as results or as ids."""
     body: dict[str, Any] = {
         "kind": "analyze",
         "model": _jsonable(model),
-        "checkpoint": str(checkpoint),
-        "dataset": str(dataset),
+        "checkpoint": artifact_id(checkpoint),
+        "dataset": artifact_id(dataset),
     }
     if intermediate_checkpoints:
-        body["intermediate_checkpoints"] = [str(a) for a in intermediate_checkpoints]
+        body["intermediate_checkpoints"] = [artifact_id(a) for a in intermediate_checkpoints]
     if options:
         body["options"] = dict(options)
     if targets is not None:

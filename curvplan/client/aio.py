@@ -168,14 +168,14 @@ class AsyncClient:
         """
         body = c.analyze_body(
             model,
-            getattr(checkpoint, "id", checkpoint),
-            getattr(dataset, "id", dataset),
+            checkpoint,
+            dataset,
             name,
             tags,
             options,
             targets,
             max_attempts,
-            [str(getattr(a, "id", a)) for a in intermediate_checkpoints],
+            intermediate_checkpoints,
         )
         return await self.submit_job(body, idempotency_key=idempotency_key)
 
