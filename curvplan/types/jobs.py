@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, 
 from curvplan.types.options import AnalysisOptions  # pydantic only, like the spec
 from curvplan.types.planner import Measurements, PlanInputError, Targets, check_workload
 from curvplan.types.spec import ModelSpec  # pydantic only: the API never imports torch
+from curvplan.types.sweep import PointSettings, SweepSettings, _SweepBase
 
 TagKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
 TagValue = Annotated[str, Field(max_length=256)]
@@ -96,9 +97,34 @@ class AnalyzeJobCreate(_JobCreateBase):
     targets: Targets = Field(default_factory=Targets)
 
 
+class SweepJobCreate(_JobCreateBase, _SweepBase):
+    """Train at a ladder of batch sizes or dataset sizes and fit the budget's curves.
+
+    The job fans out one ``sweep_point`` child per run (listed as ``children``), waits for
+    them (stage ``waiting for children``, progress = points done / total) and fits the
+    results: S_min, E_min, B_crit and the two-batch B_simple (batch sweep), or
+    L(D) = E + A·D^(−β) and the size for the target loss (data sweep). The fit runs on the
+    cpu queue, the training runs on the gpu queue (CUDA when the worker has it).
+    """
+
+    queue: ClassVar[str] = "cpu"
+    kind: Literal["sweep"]
+    sweep: SweepSettings
+
+
+class SweepPointJobCreate(_JobCreateBase, _SweepBase):
+    """One training run of a sweep (a sweep creates these; a client may run one alone)."""
+
+    queue: ClassVar[str] = "gpu"
+    kind: Literal["sweep_point"]
+    point: PointSettings
+
+
 JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = (
     PlanJobCreate,
     AnalyzeJobCreate,
+    SweepJobCreate,
+    SweepPointJobCreate,
 )
 
 
