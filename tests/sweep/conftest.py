@@ -17,7 +17,7 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analyze"))
 
-from curvplan_server.config import libpq_url, normalise_database_url  # noqa: E402
+from curvplan_server.config import libpq_url, normalise_database_url
 
 TINY_SPEC: dict[str, Any] = {
     "d_model": 8,
