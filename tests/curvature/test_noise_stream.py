@@ -15,7 +15,7 @@ import torch
 from scipy import stats
 
 from workers.curvature.gradient_noise import HessianForms, noise_estimates_from_gram
-from workers.curvature.noise_stream import GroupedGradientSums, stream_estimates
+from workers.curvature.noise_stream import GroupedGradientSums, selection_bias, stream_estimates
 
 
 def _accumulate(g: torch.Tensor, max_groups: int, chunk: int = 7) -> GroupedGradientSums:
@@ -122,3 +122,34 @@ def test_log_ratio_jackknife_covers_b_simple(max_groups: int) -> None:
         hits += abs(centre - math.log(truth)) <= t * est.log_b_simple_se
     assert total >= 250
     assert 0.90 <= hits / total <= 0.98
+
+
+def test_selection_bias_matches_the_sampling_distribution() -> None:
+    """At low signal the wild bootstrap at the measured statistics reproduces the probability
+    that B_simple is defined and the median estimate/truth of the defined ones (300
+    measurements from a known population; bootstrap figures are the median over 60 of them)."""
+    rng = np.random.default_rng(23)
+    dim, n = 6, 64
+    scales = np.array([3.0, 1.0, 0.5, 0.5, 0.3, 0.2])
+    mean = np.array([0.9, 0.2, 0, 0, 0, 0])
+    truth = float((scales**2).sum() / (mean @ mean))
+    defined, boot_p, boot_ratio = [], [], []
+    for r in range(300):
+        acc = _accumulate(torch.tensor(rng.normal(size=(n, dim)) * scales + mean), 64)
+        w, (_, n_b, q_b) = acc.gram(), acc.active()
+        est = stream_estimates(w, n_b, q_b)
+        crit = stats.t.ppf(0.95, est.groups - 1)
+        if est.grad_sq_norm - crit * est.grad_sq_norm_se > 0:
+            defined.append(est.trace_sigma / est.grad_sq_norm / truth)
+        if r < 60:
+            bias, _ = selection_bias(w, n_b, q_b, confidence=0.95, seed=r, draws=1000)
+            if bias is not None:
+                boot_p.append(bias.p_defined)
+                if bias.median_ratio is not None:
+                    boot_ratio.append(bias.median_ratio)
+    actual_p = len(defined) / 300
+    assert 0.05 < actual_p < 0.5  # a regime where the selection matters
+    assert float(np.median(boot_p)) == pytest.approx(actual_p, abs=0.08)
+    actual_ratio = float(np.median(defined))
+    assert actual_ratio < 0.8  # reported values are biased low …
+    assert float(np.median(boot_ratio)) == pytest.approx(actual_ratio, rel=0.35)  # … and seen
