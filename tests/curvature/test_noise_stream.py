@@ -14,8 +14,8 @@ import pytest
 import torch
 from scipy import stats
 
-from workers.curvature.gradient_noise import HessianForms, noise_estimates_from_gram
-from workers.curvature.noise_stream import GroupedGradientSums, selection_bias, stream_estimates
+from curvplan_worker.curvature.gradient_noise import HessianForms, noise_estimates_from_gram
+from curvplan_worker.curvature.noise_stream import GroupedGradientSums, selection_bias, stream_estimates
 
 
 def _accumulate(g: torch.Tensor, max_groups: int, chunk: int = 7) -> GroupedGradientSums:

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from app.planner.loss_accuracy import k_loss_accuracy, loss_error_at, loss_variance
+from curvplan_server.planner.loss_accuracy import k_loss_accuracy, loss_error_at, loss_variance
 
 CONF = 0.95
 
