@@ -103,3 +103,15 @@ THM7_CONSTANT = (
     "Thm 7 (digest §3): |Δ_k| ≤ (2ℓ_max + M·r²)/(k+1) at radius r; tight: ℓ_max + M·r²; "
     "tightness = fitted C / (2ℓ_max + M·r²)"
 )
+LOSS_VARIANCE = (
+    "σ² = sample variance of the per-example losses (ddof 1); CI = σ²·exp(±z·se/σ²) with the "
+    "distribution-free se = √((m₄ − σ⁴(n−3)/(n−1))/n) (Cramér 1946 §27.4; docs/numbers.md)"
+)
+K_LOSS_ACCURACY = (
+    "loss accuracy: k = ⌈z²·σ²/ε²⌉, z = Φ⁻¹((1 + confidence)/2), so that P(|L_k − μ| ≤ ε) ≈ "
+    "confidence (Cochran 1977 eq. 4.2); CI from the CI of σ² (docs/numbers.md)"
+)
+K_LOSS_ACCURACY_SQ = (
+    "loss accuracy from the Δ_k² criterion: Δ2_k = σ²/(k(k+1)) for i.i.d. losses, so the "
+    "fixed-slope constant C2 ≈ σ² and k = ⌈z²·C2/ε²⌉; CI = percentiles over the C2 replicates"
+)

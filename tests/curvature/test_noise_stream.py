@@ -15,7 +15,11 @@ import torch
 from scipy import stats
 
 from curvplan_worker.curvature.gradient_noise import HessianForms, noise_estimates_from_gram
-from curvplan_worker.curvature.noise_stream import GroupedGradientSums, selection_bias, stream_estimates
+from curvplan_worker.curvature.noise_stream import (
+    GroupedGradientSums,
+    selection_bias,
+    stream_estimates,
+)
 
 
 def _accumulate(g: torch.Tensor, max_groups: int, chunk: int = 7) -> GroupedGradientSums:
