@@ -27,7 +27,6 @@ from curvplan_server.planner.critical_batch import (
     batch_at_step_overhead,
     fit_steps_to_target,
     linear_cross_check,
-    linear_cross_check_band,
     nearest_power_of_two,
 )
 from curvplan_server.planner.gradient_noise import (
@@ -43,6 +42,11 @@ from curvplan_server.planner.warning_log import WarningLog
 P_DEFINED_WARN = 0.9
 MEDIAN_RATIO_WARN = 0.8
 TREND_FACTOR = 2.0
+CROSS_CHECK_NOTE = (
+    "informational: the linear form has the noisy S on both sides and disagrees with the "
+    "nonlinear fit by chance (about 1 in 7 exact-model tables with 10 % noise differ by "
+    "> 20 %), so no warning is raised from it"
+)
 
 
 def _finite(value: float | None) -> float | None:
@@ -221,22 +225,11 @@ def _b_crit(
             "e_min": cross.e_min,
             "formula": formulas.B_CRIT_LINEAR,
         }
-        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(21,)))
-        band = linear_cross_check_band(b, fit, rng)
-        if band is not None:
-            if math.isfinite(band[0]):
-                cross_out["band_low"] = band[0]
-            if math.isfinite(band[1]):
-                cross_out["band_high"] = band[1]
-            if not band[0] <= cross.b_crit <= band[1]:
-                log.add(
-                    "b_crit_cross_check_disagrees",
-                    "batch_size",
-                    f"nonlinear fit B_crit = {fit.b_crit:.4g}, linear 1/S = a + b/E form gives "
-                    f"{cross.b_crit:.4g}, outside the central 99 % band "  # may be one-sided
-                    f"[{band[0]:.4g}, {band[1]:.4g}] expected from the table's own noise: the "
-                    "table does not follow S = S_min(1 + B_crit/B) well",
-                )
+        # Informational only: regressing 1/S on 1/(B·S) puts the noisy S on both sides
+        # (errors in variables), so it disagrees with the nonlinear fit by chance; a calibrated
+        # band (parametric bootstrap of the linear form under the fit) had no power against
+        # tables that do not follow the model, so no alarm is raised from it.
+        cross_out["note"] = CROSS_CHECK_NOTE
     else:
         cross_out = {"formula": formulas.B_CRIT_LINEAR, "status": "no positive solution"}
     b0 = float(b.min())

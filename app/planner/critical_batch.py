@@ -141,46 +141,6 @@ def linear_cross_check(batch_sizes: FloatArray, steps: FloatArray) -> LinearCros
     return LinearCrossCheck(s_min, b_crit, s_min * b_crit)
 
 
-CROSS_CHECK_LEVEL = 0.99
-CROSS_CHECK_DRAWS = 2000
-
-
-def linear_cross_check_band(
-    batch_sizes: FloatArray,
-    fit: CriticalBatchFit,
-    rng: np.random.Generator,
-    level: float = CROSS_CHECK_LEVEL,
-    draws: int = CROSS_CHECK_DRAWS,
-) -> tuple[float, float] | None:
-    """Central `level` band of the linear-form B_crit when the table follows the fitted model.
-
-    The linear form regresses 1/S on 1/(B·S): the noisy S is on both sides (errors in
-    variables), so it disagrees with the nonlinear fit even on exact-model data. This
-    parametric bootstrap simulates that: S* = S_min(1 + B_crit/B)·exp(σ·z), z ~ N(0, 1), with
-    the fit's residual σ on log S, and refits the linear form on every draw. A linear B_crit
-    outside the band disagrees beyond what the noise explains; draws with no positive solution
-    count as outside on both sides. None without residual degrees of freedom.
-    """
-    b = np.asarray(batch_sizes, dtype=np.float64)
-    if b.size < 3 or fit.sigma <= 0:
-        return None
-    model = fit.s_min * (1.0 + fit.b_crit / b)
-    s = model * np.exp(fit.sigma * rng.standard_normal((draws, b.size)))
-    x = 1.0 / (b * s)
-    y = 1.0 / s
-    xm = x.mean(axis=1, keepdims=True)
-    ym = y.mean(axis=1, keepdims=True)
-    slope = ((x - xm) * (y - ym)).sum(axis=1) / ((x - xm) ** 2).sum(axis=1)
-    intercept = ym[:, 0] - slope * xm[:, 0]
-    values = np.where((intercept > 0) & (slope < 0), -slope, np.nan)
-    tail = (1.0 - level) / 2.0
-    ordered = np.sort(np.where(np.isnan(values), np.inf, values))
-    lo_sorted = np.sort(np.where(np.isnan(values), -np.inf, values))
-    lo = float(np.quantile(lo_sorted, tail, method="inverted_cdf"))
-    hi = float(np.quantile(ordered, 1.0 - tail, method="inverted_cdf"))
-    return lo, hi
-
-
 def batch_at_step_overhead(b0: float, b_crit: float, overhead: float = 0.2) -> float:
     """Batch size whose steps exceed perfect linear scaling from B0 by `overhead`.
 

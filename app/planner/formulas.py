@@ -91,9 +91,8 @@ B_CRIT_FIT = (
 )
 B_CRIT_LINEAR = (
     "McCandlish et al. 2018 §2.3 (digest §7.1) linear form 1/S = a + b/E (E = B·S): S_min = 1/a, "
-    "B_crit = −b (digest §7.1); flagged only when outside the central 99 % band of the same "
-    "linear fit on tables simulated from the nonlinear fit with its residual noise (the noisy "
-    "S sits on both sides of the linear form)"
+    "B_crit = −b (digest §7.1); informational, no alarm (errors in variables: the noisy S is "
+    "on both sides)"
 )
 B_20PCT = (
     "batch size with 20 % step overhead over perfect scaling from the smallest measured "
