@@ -95,6 +95,12 @@ class AnalyzeJobCreate(_JobCreateBase):
     )
     options: AnalysisOptions = Field(default_factory=AnalysisOptions)
     targets: Targets = Field(default_factory=Targets)
+    sweeps: Annotated[list[uuid.UUID], Field(max_length=8)] = Field(
+        default_factory=list,
+        description="Succeeded sweep jobs of the project whose fits the budget uses: a batch "
+        "sweep's steps to target (B_crit) and a data sweep's L(D) (the data size for the target "
+        "loss). Their target loss is used when targets.target_loss is not given.",
+    )
 
 
 class SweepJobCreate(_JobCreateBase, _SweepBase):

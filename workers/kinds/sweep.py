@@ -228,7 +228,7 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
             )
         table = [StepsPoint(batch_size=r.batch_size, steps=max(r.steps, 1e-9)) for _, r in used]
         recommendation = make_plan(
-            Measurements(steps_to_target=table),
+            Measurements(steps_to_target=table, tokens_per_example=tokens),
             Targets(target_loss=sweep.target_loss),
             seed=seed,
         )
@@ -264,7 +264,7 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
             LossPoint(n_samples=float(r.data_size or 0), loss=r.best_eval_loss) for _, r in good
         ]
         recommendation = make_plan(
-            Measurements(loss_vs_data=loss_vs_data),
+            Measurements(loss_vs_data=loss_vs_data, tokens_per_example=tokens),
             Targets(target_loss=sweep.target_loss),
             seed=seed,
         )
@@ -282,6 +282,7 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
     return {
         "sweep": out.model_dump(mode="json"),
         "measurements": measurements,
+        "recommendation": recommendation.model_dump(mode="json"),
     }
 
 
