@@ -75,6 +75,7 @@ def train_point(
     optimizer_spec: OptimizerSpec,
     *,
     report: Report | None = None,
+    on_step: Callable[[int, nn.Module], None] | None = None,
 ) -> PointResult:
     """Train ``model`` in place for one sweep point; what it measured.
 
@@ -84,6 +85,9 @@ def train_point(
     full batch's gradient). The halves' squared norms are the two-batch estimator's input
     (McCandlish et al. 2018, App. A, eq. A.2–A.3). The learning rate warms up linearly over
     ``optimizer.warmup_steps`` and is then constant.
+
+    ``on_step(step, model)``, when given, is called before each step with the model at the
+    weights the step's gradients are taken at (validation studies compute closed forms there).
 
     Batch sweep: stops at the first evaluation with loss ≤ ``target_loss``; the steps to
     target are interpolated linearly in loss between the last two evaluations. Data sweep:
@@ -138,6 +142,8 @@ def train_point(
     while not reached and step < point.max_steps:
         idx = next_batch()
         x, y = train.inputs[idx], train.targets[idx]
+        if on_step is not None:
+            on_step(step, model)
         g1, c1, _ = _half_gradient(objective, model, params, x[:half], y[:half])
         g2, c2, _ = _half_gradient(objective, model, params, x[half:], y[half:])
         if tokens_per_example is None:
