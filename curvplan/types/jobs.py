@@ -175,6 +175,11 @@ class Progress(BaseModel):
     stage: str | None = None
     message: str | None = None
     stages: list[StageMark] | None = None
+    points_done: int | None = Field(
+        default=None, description="A fan-out waiting for its children: children ended."
+    )
+    points_total: int | None = Field(default=None, description="… and children in all.")
+    points_failed: int | None = Field(default=None, description="… and children failed.")
 
 
 class JobError(BaseModel):
