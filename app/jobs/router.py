@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from curvplan.types.jobs import JOB_CREATE_ADAPTER, JOB_KINDS, TERMINAL_STATUSES, JobOut, JobPage
+from curvplan.types.planner import Recommendation
 from curvplan_server.analyze.references import prepare_job_body
 from curvplan_server.auth.dependencies import ProjectDep, authenticate
 from curvplan_server.db import SessionDep
@@ -307,8 +308,8 @@ def cancel_job(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> JSON
 @router.get(
     "/{job_id}/recommendation",
     name="get_job_recommendation",
-    response_model=dict[str, Any],
-    summary="The recommendation of a succeeded plan/analyze job",
+    response_model=Recommendation,
+    summary="The recommendation of a succeeded plan/analyze/sweep job (the budget first)",
     responses={**PROBLEM_RESPONSES},
 )
 def get_job_recommendation(
