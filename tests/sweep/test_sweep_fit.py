@@ -174,3 +174,11 @@ def test_a_data_point_trains_on_a_nested_subset_and_stops_early():
     assert result.best_eval_loss == min(result.eval_losses)
     assert result.eval_steps[-1] - result.best_step == 3 * 2 or result.eval_steps[-1] == 120
     assert result.two_batch is not None and result.two_batch.b_small == 4
+
+
+def test_the_sweep_parent_runs_on_the_cpu_queue_without_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, curvplan_worker.kinds.sweep; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -34,6 +34,7 @@ from curvplan_worker.analyze.artifacts import child_engine, job_project, resolve
 from curvplan_worker.errors import JobError
 from curvplan_worker.kinds import ChildJob, FanOut, JobContext
 from curvplan_worker.kinds.plan import seed_for_job
+from curvplan_worker.sweep.lr import lr_for_batch
 
 DEFAULT_BATCH_SIZES = (8, 16, 32, 64, 128)
 MIN_POINTS = {"batch": 3, "data": 4}
@@ -97,8 +98,6 @@ def plan_points(body: SweepJobCreate, n_train: int) -> list[ChildJob]:
         )
 
     if sweep.type == "batch":
-        from curvplan_worker.sweep.lr import lr_for_batch
-
         sizes = sorted(set(sweep.batch_sizes or DEFAULT_BATCH_SIZES))
         too_big = [b for b in sizes if b > n_train]
         if too_big:
@@ -132,8 +131,6 @@ def plan_points(body: SweepJobCreate, n_train: int) -> list[ChildJob]:
             "Invalid sweep request",
             f"sweep.data_sizes: {too_big} exceed the training data ({n_train} examples)",
         )
-    from curvplan_worker.sweep.lr import lr_for_batch
-
     for d in sizes:
         point = PointSettings(
             type="data",
