@@ -156,6 +156,12 @@ def job_summary(job: m.JobOut) -> str:
         lines.append(
             f"error      {job.error.type}: {job.error.title or ''} {job.error.detail or ''}"
         )
+    if job.parent_id is not None:
+        lines.append(f"parent     {job.parent_id}")
+    for i, child in enumerate(job.children or []):
+        label = "children  " if i == 0 else "          "
+        failed = f" ({child.error_type})" if child.error_type else ""
+        lines.append(f"{label} {child.name or '-'}: {child.status}{failed}  {child.id}")
     return "\n".join(lines)
 
 
