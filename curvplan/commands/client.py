@@ -307,7 +307,7 @@ def sweep(
         ):
             if path is not None:
                 log(f"uploading {path} …")
-                body[key] = client.upload_artifact(path, kind).id
+                body[key] = str(client.upload_artifact(path, kind).id)
         if name is not None:
             body["name"] = name
         tags = _pairs(tag, "--tag")
