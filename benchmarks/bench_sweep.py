@@ -93,8 +93,8 @@ def run_once(admin_url: str, example: Path, workers: int, args: argparse.Namespa
             body = {
                 "kind": "sweep",
                 "model": spec,
-                "train_data": train.id,
-                "eval_data": evaluation.id,
+                "train_data": str(train.id),
+                "eval_data": str(evaluation.id),
                 "optimizer": {"name": "adamw", "lr": 3e-3, "base_batch_size": 32},
                 "sweep": {
                     "type": "batch",
