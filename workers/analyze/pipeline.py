@@ -253,6 +253,9 @@ def _intermediate_noise(
 ) -> list[dict[str, Any]]:
     """Gradient-noise statistics at each intermediate checkpoint (McCandlish et al. 2018 §2.2).
 
+    In the order the checkpoints were given (oldest first: the planner reports the trend).
+    Adaptive by default (``noise_adaptive``): gradient examples are added until |G|² is
+    significantly positive or ``noise_max_examples`` are spent.
     Uses the STATS helper's ``gradient_noise_from_sample`` on the same evaluation sample,
     with the same precision, device and seed as the main analysis.
     """
@@ -314,6 +317,9 @@ def _intermediate_noise(
             n_grad=options.get("noise_grad_examples"),
             n_hessian=options.get("noise_hessian_examples"),
             seed=int(options.get("seed", 0)),
+            adaptive=bool(options.get("noise_adaptive", True)),
+            max_examples=options.get("noise_max_examples"),
+            max_groups=int(options.get("noise_max_groups", 64)),
         )
         stats = _clean(stats)
         stats.pop("grad_indices", None)

@@ -345,6 +345,7 @@ def _gradient_noise(model, objective, data, opts) -> dict | None:
         n_grad=opts.noise_grad_examples,
         n_hessian=opts.noise_hessian_examples,
         seed=opts.seed,
+        max_groups=opts.noise_max_groups,
     )
 
 
