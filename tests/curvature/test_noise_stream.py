@@ -229,3 +229,25 @@ def test_adaptive_sampling_stops_when_the_gradient_is_significant() -> None:
     assert out["stop_reason"] == "budget" and out["n_samples"] == 400
     assert out["jackknife_groups"] <= 64 and out["group_size"] >= 8  # O(groups · D) memory
     assert len(set(out["grad_indices"]) & set(out["hessian_indices"])) == 0
+
+
+def test_hutchpp_t_interval_covers_the_trace() -> None:
+    """Hutch++ with 30 products on 60 × 60 matrices (random spectra) with a flat spectrum (the
+    Hutchinson part dominates): the t interval on m/3 − 1 dof covers tr(A) at ≈ 0.95."""
+    from curvplan_worker.curvature.trace import hutchpp_trace
+
+    gen = torch.Generator().manual_seed(9)
+    hits = z_hits = 0
+    reps = 200
+    q, _ = torch.linalg.qr(torch.randn(60, 60, generator=gen, dtype=torch.float64))
+    for _ in range(reps):
+        eig = 1.0 + torch.rand(60, generator=gen, dtype=torch.float64)
+        a = q @ torch.diag(eig) @ q.T
+        est = hutchpp_trace(lambda v, a=a: a @ v, 60, n_products=30, generator=gen)
+        lo, hi = est.interval(0.95)
+        truth = float(eig.sum())
+        hits += lo <= truth <= hi
+        z_hits += abs(est.value - truth) <= 1.96 * est.stderr
+    assert est.dof == 9
+    assert 0.90 <= hits / reps <= 0.98
+    assert z_hits < hits  # normal quantiles are narrower
