@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-
 CONFIDENCE = 0.95
 
 
