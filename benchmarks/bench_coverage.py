@@ -143,16 +143,23 @@ def critical_batch(reps: int, rng: np.random.Generator) -> None:
     model = s_min * (1 + b_crit / b)
     for mode in ("additive", "multiplicative"):
         hits = {"B_crit": 0, "S_min": 0}
+        old = {"B_crit": 0, "S_min": 0}
         for _ in range(reps):
             if mode == "additive":
                 s = np.abs(model + rng.normal(0, 0.05 * model.min(), b.size))
             else:
                 s = model * np.exp(rng.normal(0, 0.1, b.size))
-            fit = fit_steps_to_target(b, s, CONF)
-            hits["B_crit"] += fit.b_crit_ci[0] <= b_crit <= fit.b_crit_ci[1]
-            hits["S_min"] += fit.s_min_ci[0] <= s_min <= fit.s_min_ci[1]
+            for count, robust in ((hits, True), (old, False)):
+                fit = fit_steps_to_target(b, s, CONF, robust=robust)
+                count["B_crit"] += fit.b_crit_ci[0] <= b_crit <= fit.b_crit_ci[1]
+                count["S_min"] += fit.s_min_ci[0] <= s_min <= fit.s_min_ci[1]
         for key, count in hits.items():
-            _row(f"{key} CI, HC3 ({mode} noise on S, 6 batch sizes 4..1024)", count / reps)
+            _row(
+                f"{key} CI, HC3 ({mode} noise on S, 6 batch sizes 4..1024)",
+                count / reps,
+                old[key] / reps,
+                "[constant-noise covariance]",
+            )
     b = 2.0 ** np.arange(5, 10)
     model = s_min * (1 + 100.0 / b)
     old = checked = 0
@@ -177,18 +184,25 @@ def loss_vs_data(reps: int, rng: np.random.Generator) -> None:
     e, a, beta = 1.5, 50.0, 0.35
     for mode in ("multiplicative", "additive"):
         hits = {"E": 0, "A": 0, "beta": 0}
+        old = {"E": 0, "A": 0, "beta": 0}
         for _ in range(reps):
             clean = e + a * d**-beta
             if mode == "multiplicative":
                 y = clean * np.exp(rng.normal(0, 0.02, d.size))
             else:
                 y = clean + rng.normal(0, 0.02 * clean.min(), d.size)
-            fit = fit_loss_vs_data(d, y, CONF)
-            hits["E"] += fit.E_ci[0] <= e <= fit.E_ci[1]
-            hits["A"] += fit.A_ci[0] <= a <= fit.A_ci[1]
-            hits["beta"] += fit.beta_ci[0] <= beta <= fit.beta_ci[1]
+            for count, robust in ((hits, True), (old, False)):
+                fit = fit_loss_vs_data(d, y, CONF, robust=robust)
+                count["E"] += fit.E_ci[0] <= e <= fit.E_ci[1]
+                count["A"] += fit.A_ci[0] <= a <= fit.A_ci[1]
+                count["beta"] += fit.beta_ci[0] <= beta <= fit.beta_ci[1]
         for key, count in hits.items():
-            _row(f"L(D) {key} CI, HC3 ({mode} noise, 8 sizes)", count / reps)
+            _row(
+                f"L(D) {key} CI, HC3 ({mode} noise, 8 sizes)",
+                count / reps,
+                old[key] / reps,
+                "[constant-noise covariance]",
+            )
 
 
 def hutchpp(reps: int) -> None:
