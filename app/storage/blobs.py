@@ -31,7 +31,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection, Engine, text
 
-from app.artifacts.blobstore import BlobStore
+from curvplan_server.artifacts.blobstore import BlobStore
 
 log = logging.getLogger("curvplan.storage")
 

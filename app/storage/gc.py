@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from app.artifacts.blobstore import BlobStore
-from app.storage.blobs import collect_blobs, sweep_temp_files
-from app.storage.retention import delete_expired_jobs
+from curvplan_server.artifacts.blobstore import BlobStore
+from curvplan_server.storage.blobs import collect_blobs, sweep_temp_files
+from curvplan_server.storage.retention import delete_expired_jobs
 
 log = logging.getLogger("curvplan.storage")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from app.problems import PROBLEM_TYPE_BASE, Problem
+from curvplan_server.problems import PROBLEM_TYPE_BASE, Problem
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.artifacts import service
-from app.artifacts.blobstore import BlobStore, BlobWriter
-from app.storage.blobs import delete_if_unreferenced, lock_blob, place_blob
-from app.storage.quota import Quota, check_room
+from curvplan_server.artifacts import service
+from curvplan_server.artifacts.blobstore import BlobStore, BlobWriter
+from curvplan_server.storage.blobs import delete_if_unreferenced, lock_blob, place_blob
+from curvplan_server.storage.quota import Quota, check_room
 
 
 def _existing_upload(session: Session, project_id: uuid.UUID, kind: str, sha256: str) -> bool:

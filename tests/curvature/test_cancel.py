@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from workers.curvature import api, per_sample
-from workers.curvature import gradient_noise as gn
-from workers.curvature.cancel import Cancelled, cancel_scope, check_cancel
-from workers.curvature.objective import RegressionObjective
-from workers.curvature.spectra import lanczos_spectrum
-from workers.curvature.trace import hutchpp_trace
+from curvplan_worker.curvature import api, per_sample
+from curvplan_worker.curvature import gradient_noise as gn
+from curvplan_worker.curvature.cancel import Cancelled, cancel_scope, check_cancel
+from curvplan_worker.curvature.objective import RegressionObjective
+from curvplan_worker.curvature.spectra import lanczos_spectrum
+from curvplan_worker.curvature.trace import hutchpp_trace
 
 
 class Flag:
@@ -168,8 +168,8 @@ def test_analyze_stops_inside_the_first_block() -> None:
         "n_layers": 1,
         "task": {"type": "causal_lm", "vocab_size": 11, "seq_len": 6},
     }
-    from workers.curvature.data import Dataset
-    from workers.curvature.model import build_model
+    from curvplan_worker.curvature.data import Dataset
+    from curvplan_worker.curvature.model import build_model
 
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 11, (6, 7), generator=g)

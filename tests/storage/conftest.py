@@ -14,7 +14,7 @@ from storage_helpers import committed_key
 
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Any:
-    from app.config import Settings
+    from curvplan_server.config import Settings
 
     return Settings(
         database_url=database_url,
@@ -28,7 +28,7 @@ def settings(database_url: str, tmp_path: Path) -> Any:
 
 @pytest.fixture
 def store(settings: Any) -> Any:
-    from app.artifacts.blobstore import default_store
+    from curvplan_server.artifacts.blobstore import default_store
 
     return default_store(settings.data_dir)
 
@@ -38,7 +38,7 @@ def live_client(settings: Any) -> Iterator[Any]:
     """A TestClient of an app whose sessions commit for real (no per-test transaction)."""
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from curvplan_server.main import create_app
 
     application = create_app(settings)
     with TestClient(application, raise_server_exceptions=False) as client:

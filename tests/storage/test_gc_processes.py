@@ -24,7 +24,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from storage_helpers import checkpoint_bytes
 
-from app.config import libpq_url, normalise_database_url
+from curvplan_server.config import libpq_url, normalise_database_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 OLD = time.time() - 7200
@@ -32,7 +32,7 @@ OLD = time.time() - 7200
 
 @pytest.fixture(scope="module")
 def private_database(pg_admin_url: str) -> Iterator[str]:
-    from app import migrations
+    from curvplan_server import migrations
 
     name = f"curvplan_gc_{secrets.token_hex(4)}"
     with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as conn:
@@ -66,7 +66,7 @@ def env_for(database_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
 
 def scenario(database_url: str, data_dir: Path, seed: int) -> dict[str, Any]:
     """An expired job with an output blob, a kept job with one, an orphan, a stale temp file."""
-    from app.artifacts.blobstore import default_store
+    from curvplan_server.artifacts.blobstore import default_store
 
     store = default_store(data_dir)
     store.ensure()

@@ -15,7 +15,7 @@ OLD = time.time() - 7200
 
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Any:
-    from app.config import Settings
+    from curvplan_server.config import Settings
 
     return Settings(
         database_url=database_url,
@@ -39,7 +39,7 @@ def temp_file(store: Any, name: str, mtime: float | None) -> Path:
 def test_stale_temp_files_are_swept_at_start_up_and_periodically(settings: Any, store: Any) -> None:
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from curvplan_server.main import create_app
 
     stale_upload = temp_file(store, "upload-deadbeef", OLD)
     stale_output = temp_file(store, "output-deadbeef", OLD)
