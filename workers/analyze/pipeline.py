@@ -4,7 +4,8 @@ Progress stages, in order: ``loading``, ``block spectra i/n``, ``off-diagonal``,
 hessian``, ``per-sample losses`` (the engine measures per-sample losses, perturbed losses and
 per-sample Hessian norms in one stage), ``gradient noise``, ``bounds``, ``gradient noise
 (intermediate i/n)``, ``storing outputs``, ``planning``. Cancellation is checked at every
-progress report, which the engine makes before each block.
+progress report and, inside the engine, before every operator product and micro-batch, so a
+cancelled job stops within about one product instead of at the end of a block.
 """
 
 from __future__ import annotations
