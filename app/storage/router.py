@@ -6,8 +6,8 @@ import uuid
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
 
+from curvplan.types.storage import StorageUsage
 from curvplan_server.artifacts.router import blob_store
 from curvplan_server.auth.dependencies import ProjectDep
 from curvplan_server.db import SessionDep
@@ -16,18 +16,6 @@ from curvplan_server.storage.deletion import delete_artifact
 from curvplan_server.storage.quota import Quota, project_usage
 
 router = APIRouter(tags=["artifacts"])
-
-
-class StorageAmounts(BaseModel):
-    bytes: int | None
-    artifacts: int | None
-
-
-class StorageUsage(BaseModel):
-    """The project's stored uploads and its limits (null: unlimited)."""
-
-    usage: StorageAmounts
-    quota: StorageAmounts
 
 
 @router.delete(

@@ -2,7 +2,7 @@
 
 ``commit_upload`` is what ``POST /v1/artifacts`` runs once the streamed file is hashed and
 validated; ``register_uri`` the same for a ``file://`` registration; ``early_quota_check``
-refuses an upload before its body is read when the project is already full.
+refuses an upload before its body is read when its declared size cannot fit.
 """
 
 from __future__ import annotations
@@ -96,16 +96,30 @@ def register_uri(
     return artifact
 
 
-def early_quota_check(
-    session: Session, project_id: uuid.UUID, quota: Quota, content_length: int | None, slack: int
-) -> None:
-    """Refuse an upload before reading its body when it cannot fit (413/409 problem).
+EARLY_CHECK_SLACK_BYTES = 16 * 1024
+"""What the multipart framing (boundaries, part headers, the text fields) may add to the file."""
 
-    ``content_length`` is the request's declared length; ``slack`` the multipart overhead
-    it may include (so a file that fits is never refused here: the exact check follows).
+
+def early_quota_check(
+    session: Session, project_id: uuid.UUID, quota: Quota, content_length: int | None
+) -> None:
+    """Refuse an upload before reading its body when its bytes cannot fit (413 problem).
+
+    ``content_length`` is the request's declared length, less :data:`EARLY_CHECK_SLACK_BYTES`
+    of framing, so a file that fits is never refused here. Only bytes are checked early: the
+    count (and content the project already stores, which costs nothing) is decided exactly
+    when the row is inserted.
     """
-    if quota.unlimited:
+    if quota.max_bytes is None or content_length is None:
         return
-    declared = max((content_length or 0) - slack, 1)  # a safetensors file has ≥ 8 bytes
-    check_room(session.connection(), project_id, quota, new_bytes=declared, lock=False)
+    declared = content_length - EARLY_CHECK_SLACK_BYTES
+    if declared <= 0:
+        return
+    check_room(
+        session.connection(),
+        project_id,
+        Quota(quota.max_bytes, None),
+        new_bytes=declared,
+        lock=False,
+    )
     session.commit()  # end the read transaction: the body may take minutes to arrive

@@ -46,8 +46,6 @@ def test_count_quota_is_a_409_with_the_usage_and_deleting_frees_room(
     assert problem["usage"] == {"bytes": used, "artifacts": 2}
     assert problem["quota"] == {"bytes": MAX_BYTES, "artifacts": MAX_ARTIFACTS}
     assert store.temp_files() == [] and len(store.blobs()) == 2
-    # Refused before the body is read: junk that would otherwise be a 422 is a 409 too.
-    assert_problem(upload(client, auth_headers, b"not a safetensors file"), 409)
     uri = {"kind": "checkpoint", "uri": f"file://{tmp_path / 'files' / 'm.safetensors'}"}
     assert_problem(client.post("/v1/artifacts", headers=auth_headers, json=uri), 409)
 
@@ -70,6 +68,11 @@ def test_byte_quota_is_a_413_with_the_usage_and_stores_nothing(
     problem = assert_problem(upload(client, auth_headers, big), 413)
     assert problem["usage"] == {"bytes": len(small), "artifacts": 1}
     assert problem["quota"]["bytes"] == MAX_BYTES
+    assert store.temp_files() == [] and len(store.blobs()) == 1
+    # A declared size that cannot fit is refused before the body is read: junk that would
+    # otherwise be a 422 (invalid safetensors) is a 413 too, and nothing reaches tmp/.
+    junk = upload(client, auth_headers, b"\x00" * (MAX_BYTES + 20 * 1024))
+    assert assert_problem(junk, 413)["usage"] == {"bytes": len(small), "artifacts": 1}
     assert store.temp_files() == [] and len(store.blobs()) == 1
     # Another project's usage is its own.
     usage = client.get("/v1/storage", headers=other_auth_headers).json()["usage"]
