@@ -88,11 +88,11 @@ class Settings(BaseSettings):
     blob_gc_grace_seconds: float = Field(
         default=600.0, ge=0, description="Unreferenced blobs younger than this are kept."
     )
-    gc_interval_seconds: float | None = Field(
+    gc_interval_seconds: float = Field(
         default=3600.0,
-        gt=0,
+        ge=0,
         description="How often a worker runs a GC pass (temp files, retention, blobs); "
-        "unset: never (run `curvplan gc`).",
+        "0: never (run `curvplan gc`).",
     )
 
     # Jobs and workers (design.md §5).

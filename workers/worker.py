@@ -136,7 +136,7 @@ class WorkerOptions:
             worker_stale_seconds=max(settings.worker_stale_seconds, 2 * lease),
             log_format=settings.log_format,
             log_level=settings.log_level,
-            gc_interval_seconds=settings.gc_interval_seconds,
+            gc_interval_seconds=settings.gc_interval_seconds or None,
             job_retention_days=settings.job_retention_days,
             blob_gc_grace_seconds=settings.blob_gc_grace_seconds,
             temp_file_max_age_seconds=settings.temp_file_max_age_seconds,
