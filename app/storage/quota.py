@@ -64,8 +64,12 @@ def project_usage(conn: Connection, project_id: uuid.UUID) -> Usage:
 
 
 def lock_project(conn: Connection, project_id: uuid.UUID) -> None:
-    """Serialise quota decisions of one project until the transaction ends."""
-    conn.execute(text("SELECT 1 FROM project WHERE id = :p FOR UPDATE"), {"p": project_id})
+    """Serialise quota decisions of one project until the transaction ends.
+
+    ``FOR NO KEY UPDATE`` conflicts with itself but not with the ``FOR KEY SHARE`` that rows
+    referencing the project take, so job submissions never wait for an upload's commit.
+    """
+    conn.execute(text("SELECT 1 FROM project WHERE id = :p FOR NO KEY UPDATE"), {"p": project_id})
 
 
 def _over_bytes(usage: Usage, quota: Quota, detail: str) -> Problem:
