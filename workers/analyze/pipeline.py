@@ -263,6 +263,7 @@ def _intermediate_noise(
 
     from curvplan.types.spec import parse_spec
     from curvplan_worker.curvature.analyze import _clean
+    from curvplan_worker.curvature.cancel import Cancelled, cancel_scope
     from curvplan_worker.curvature.checkpoint import (
         CheckpointError,
         CheckpointMismatch,
@@ -307,15 +308,19 @@ def _intermediate_noise(
                 "The dataset is too small for gradient noise",
                 "dataset: needs at least 3 examples (2 for gradients, 1 for the Hessian)",
             )
-        stats = gradient_noise_from_sample(
-            model,
-            objective,
-            data.inputs,
-            data.targets,
-            n_grad=options.get("noise_grad_examples"),
-            n_hessian=options.get("noise_hessian_examples"),
-            seed=int(options.get("seed", 0)),
-        )
+        try:
+            with cancel_scope(_should_cancel(ctx)):  # checked inside its loops too
+                stats = gradient_noise_from_sample(
+                    model,
+                    objective,
+                    data.inputs,
+                    data.targets,
+                    n_grad=options.get("noise_grad_examples"),
+                    n_hessian=options.get("noise_hessian_examples"),
+                    seed=int(options.get("seed", 0)),
+                )
+        except Cancelled:
+            raise JobCancelled() from None
         stats = _clean(stats)
         stats.pop("grad_indices", None)
         stats.pop("hessian_indices", None)
