@@ -65,7 +65,7 @@ def run(block: str, after: float, in_loop: bool) -> float:
         "self_test": False,
         "tolerance": 1e-6,
         "max_iter": 80,
-        "trace_probes": 100_000,
+        "trace_probes": 10_000,
         "off_diagonal": False,
         "per_sample": False,
         "gradient_noise": False,
