@@ -33,7 +33,7 @@ class LinearCrossCheck:
 
 
 def fit_steps_to_target(
-    batch_sizes: FloatArray, steps: FloatArray, confidence: float
+    batch_sizes: FloatArray, steps: FloatArray, confidence: float, *, robust: bool = True
 ) -> CriticalBatchFit:
     """Fit S = S_min(1 + B_crit/B) (McCandlish et al. 2018 §2.3, digest §7.1).
 
@@ -97,7 +97,7 @@ def fit_steps_to_target(
     s_ci = b_ci = e_ci = None
     sigma = math.sqrt(ss_res / (n - 2)) if n > 2 else 0.0
     if n > 2:
-        cov = robust_covariance(jacobian(theta), resid)
+        cov = robust_covariance(jacobian(theta), resid, robust=robust)
         if cov is not None and np.all(np.isfinite(cov)):
             t = float(stats.t.ppf((1 + confidence) / 2, n - 2))
             se0, se1 = math.sqrt(max(cov[0, 0], 0)), math.sqrt(max(cov[1, 1], 0))
@@ -108,13 +108,19 @@ def fit_steps_to_target(
     return CriticalBatchFit(s_min, b_crit, s_ci, b_ci, s_min * b_crit, e_ci, r2, n, sigma)
 
 
-def robust_covariance(jac: FloatArray, resid: FloatArray) -> FloatArray | None:
+def robust_covariance(
+    jac: FloatArray, resid: FloatArray, *, robust: bool = True
+) -> FloatArray | None:
     """HC3 sandwich covariance of least-squares parameters (MacKinnon & White 1985, eq. HC3):
-    (JᵀJ)⁻¹ Jᵀ diag(r_i²/(1 − h_i)²) J (JᵀJ)⁻¹, h_i the leverages. None when JᵀJ is singular."""
+    (JᵀJ)⁻¹ Jᵀ diag(r_i²/(1 − h_i)²) J (JᵀJ)⁻¹, h_i the leverages. None when JᵀJ is singular.
+    ``robust=False``: the constant-noise s²(JᵀJ)⁻¹ (for comparison in the benchmarks)."""
     try:
         bread = np.linalg.inv(jac.T @ jac)
     except np.linalg.LinAlgError:
         return None
+    if not robust:
+        dof = jac.shape[0] - jac.shape[1]
+        return bread * float(resid @ resid) / dof if dof > 0 else None
     leverage = np.einsum("ij,jk,ik->i", jac, bread, jac)
     weight = resid**2 / np.clip(1.0 - leverage, 1e-3, None) ** 2
     cov = bread @ ((jac * weight[:, None]).T @ jac) @ bread

@@ -56,7 +56,9 @@ def _profile_start(d: FloatArray, loss: FloatArray) -> tuple[float, float, float
     return best[1], best[2], best[3]
 
 
-def fit_loss_vs_data(n_samples: FloatArray, losses: FloatArray, confidence: float) -> ScalingFit:
+def fit_loss_vs_data(
+    n_samples: FloatArray, losses: FloatArray, confidence: float, *, robust: bool = True
+) -> ScalingFit:
     """Fit L(D) = E + A·D^(−β) by bounded nonlinear least squares (scipy TRF).
 
     Parameters θ = (E, log A, β) with 0 ≤ E ≤ min L and β in BETA_BOUNDS; absolute residuals.
@@ -107,7 +109,7 @@ def fit_loss_vs_data(n_samples: FloatArray, losses: FloatArray, confidence: floa
     cov = None
     dof = n - 3
     if dof > 0:
-        cov = robust_covariance(jacobian(theta), res.fun)
+        cov = robust_covariance(jacobian(theta), res.fun, robust=robust)
         if cov is not None and np.all(np.isfinite(cov)):
             t = float(stats.t.ppf((1 + confidence) / 2, dof))
             se = np.sqrt(np.maximum(np.diag(cov), 0.0))

@@ -157,3 +157,128 @@ def test_selection_bias_matches_the_sampling_distribution() -> None:
     actual_ratio = float(np.median(defined))
     assert actual_ratio < 0.8  # reported values are biased low …
     assert float(np.median(boot_ratio)) == pytest.approx(actual_ratio, rel=0.35)  # … and seen
+
+
+# ------------------------------------------------------------------------------ on the engine
+def _reference_lm(n: int):
+    from curvplan_worker.curvature.model import build_model
+    from curvplan_worker.curvature.objective import objective_for
+
+    spec = {
+        "d_model": 4,
+        "n_heads": 2,
+        "d_ff": 8,
+        "n_layers": 1,
+        "activation": "gelu",
+        "task": {"type": "causal_lm", "vocab_size": 5, "seq_len": 4},
+    }
+    model = build_model(spec, seed=3, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randint(0, 5, (n, 4), generator=gen)
+    y = torch.randint(0, 5, (n, 4), generator=gen)
+    y[0, :3] = -100  # ragged: unequal loss terms per example
+    return model, objective_for(spec), x, y
+
+
+def test_streamed_statistics_equal_the_gram_form_on_the_reference_model() -> None:
+    from curvplan_worker.curvature import gradient_noise as gn
+
+    model, objective, x, y = _reference_lm(20)
+    xa, ya, xb, yb = x[:12], y[:12], x[12:], y[12:]
+    out = gn.gradient_noise_statistics(model, objective, xa, ya, xb, yb, batch_size=5)
+    pg = gn.per_example_gradients(model, objective, xa, ya, chunk_size=5)
+    forms = gn.hessian_quadratic_forms(model, objective, xb, yb, pg.grads, batch_size=5)
+    ref = noise_estimates_from_gram(pg.grads @ pg.grads.T, forms)
+    for key in ("grad_sq_norm", "trace_sigma", "gHg", "trace_h_sigma"):
+        assert out[key] == pytest.approx(getattr(ref, key), rel=1e-10, abs=1e-14), key
+        assert out[f"{key}_se"] == pytest.approx(getattr(ref, f"{key}_se"), rel=1e-10), key
+    assert out["jackknife_groups"] == 12 and out["group_size"] == 1
+    assert out["mean_count"] == pytest.approx(float(pg.counts.mean()))
+    centred = pg.grads - pg.grads.mean(dim=0)
+    assert out["rms_deviation"] == pytest.approx(
+        float(torch.sqrt((centred**2).sum(dim=1).mean())), rel=1e-10
+    )
+
+
+def test_adaptive_sampling_stops_when_the_gradient_is_significant() -> None:
+    """A strong mean gradient stops at the first look; none (a minimum) spends the budget."""
+    from torch import nn
+
+    from curvplan_worker.curvature import gradient_noise as gn
+    from curvplan_worker.curvature.objective import RegressionObjective
+
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(600, 3, generator=gen, dtype=torch.float64)
+    y = (x @ torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)).view(-1, 1)
+    y = y + 0.5 * torch.randn(600, 1, generator=gen, dtype=torch.float64)
+    far = nn.Linear(3, 1, bias=False).double()
+    with torch.no_grad():
+        far.weight.fill_(3.0)
+    out = gn.gradient_noise_from_sample(
+        far, RegressionObjective(), x, y, adaptive=True, max_examples=400, n_grad=32
+    )
+    assert out["stop_reason"] == "significant" and out["n_samples"] < 100
+    assert out["b_simple"] is not None
+    w_star = torch.linalg.lstsq(x, y).solution
+    near = nn.Linear(3, 1, bias=False).double()
+    with torch.no_grad():
+        near.weight.copy_(w_star.T)
+    out = gn.gradient_noise_from_sample(
+        near, RegressionObjective(), x, y, adaptive=True, max_examples=400, n_grad=32
+    )
+    assert out["stop_reason"] == "budget" and out["n_samples"] == 400
+    assert out["jackknife_groups"] <= 64 and out["group_size"] >= 8  # O(groups · D) memory
+    assert len(set(out["grad_indices"]) & set(out["hessian_indices"])) == 0
+
+
+def test_hutchpp_t_interval_covers_the_trace() -> None:
+    """Hutch++ with 30 products on 60 × 60 matrices (random spectra) with a flat spectrum (the
+    Hutchinson part dominates): the t interval on m/3 − 1 dof covers tr(A) at ≈ 0.95."""
+    from curvplan_worker.curvature.trace import hutchpp_trace
+
+    gen = torch.Generator().manual_seed(9)
+    hits = z_hits = 0
+    reps = 200
+    q, _ = torch.linalg.qr(torch.randn(60, 60, generator=gen, dtype=torch.float64))
+    for _ in range(reps):
+        eig = 1.0 + torch.rand(60, generator=gen, dtype=torch.float64)
+        a = q @ torch.diag(eig) @ q.T
+        est = hutchpp_trace(lambda v, a=a: a @ v, 60, n_products=30, generator=gen)
+        lo, hi = est.interval(0.95)
+        truth = float(eig.sum())
+        hits += lo <= truth <= hi
+        z_hits += abs(est.value - truth) <= 1.96 * est.stderr
+    assert est.dof == 9
+    assert 0.90 <= hits / reps <= 0.98
+    assert z_hits < hits  # normal quantiles are narrower
+
+
+def test_log_ratio_jackknife_is_narrower_than_independent_errors_when_correlated() -> None:
+    """Per-example gradients of the squared error, g = 2x(xᵀr − ε): numerator and denominator
+    of B_simple are strongly correlated; 300 replicates, nominal 0.95."""
+    rng = np.random.default_rng(12)
+    r = np.array([0.5, -0.3, 0.2, 0.1])
+    truth = float((4 * (r @ r + 0.49) * r.size + 4 * r @ r) / (4 * r @ r))
+    hits = independent = total = 0
+    for _ in range(300):
+        x = rng.normal(size=(64, r.size))
+        g = torch.tensor(2 * x * (x @ r - 0.7 * rng.normal(size=64))[:, None])
+        est = stream_estimates(*_gram_parts(_accumulate(g, 64)))
+        if est.log_b_simple_se is None:
+            continue
+        total += 1
+        t = stats.t.ppf(0.975, est.groups - 1)
+        miss = abs(math.log(est.trace_sigma / est.grad_sq_norm) - math.log(truth))
+        hits += miss <= t * est.log_b_simple_se
+        se_ind = math.hypot(
+            est.trace_sigma_se / est.trace_sigma, est.grad_sq_norm_se / est.grad_sq_norm
+        )
+        independent += miss <= t * se_ind
+    assert total >= 250
+    assert 0.90 <= hits / total <= 0.98
+    assert independent / total > hits / total + 0.015  # the old interval over-covered
+
+
+def _gram_parts(acc: GroupedGradientSums) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _, n_b, q_b = acc.active()
+    return acc.gram(), n_b, q_b

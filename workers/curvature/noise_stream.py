@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -268,18 +270,17 @@ class SelectionBias:
     draws: int
 
 
-def _star(mat: Tensor, n_b: Tensor, eps: Tensor, shrink: float) -> Tensor:
+def _star(mat: np.ndarray, n_b: np.ndarray, eps: np.ndarray, shrink: float) -> np.ndarray:
     """Quadratic forms of T*_b = n_b·c·ḡ + ε_b·(T_b − n_b·ḡ) from Q = [T_bᵀ A T_c] (any A)."""
     n = n_b.sum()
-    mean_t = mat.sum(dim=1) / n  # ḡᵀ A T_b
+    mean_t = mat.sum(axis=1) / n  # ḡᵀ A T_b
     mean_sq = mat.sum() / n**2  # ḡᵀ A ḡ
     a = mean_t - n_b * mean_sq  # ḡᵀ A d_b
-    nb2 = torch.outer(n_b, n_b)
-    dev = mat - torch.outer(mean_t, n_b) - torch.outer(n_b, mean_t) + nb2 * mean_sq
-    nn = nb2 * mean_sq * shrink**2
+    nb2 = np.outer(n_b, n_b)
+    dev = mat - np.outer(mean_t, n_b) - np.outer(n_b, mean_t) + nb2 * mean_sq
     ea = eps * a  # (draws, m)
-    cross = shrink * (n_b.view(1, -1, 1) * ea.unsqueeze(1) + ea.unsqueeze(2) * n_b.view(1, 1, -1))
-    return nn + cross + eps.unsqueeze(2) * eps.unsqueeze(1) * dev
+    cross = shrink * (n_b[None, :, None] * ea[:, None, :] + ea[:, :, None] * n_b[None, None, :])
+    return nb2 * mean_sq * shrink**2 + cross + eps[:, :, None] * eps[:, None, :] * dev
 
 
 def selection_bias(
@@ -305,64 +306,60 @@ def selection_bias(
     """
     from scipy import stats as sps
 
-    w = w.to(torch.float64)
-    n_b = counts.to(torch.float64)
-    q_b = sq.to(torch.float64)
+    w_np = w.to(torch.float64).numpy()
+    n_b = counts.to(torch.float64).numpy()
+    q_b = sq.to(torch.float64).numpy()
     m = n_b.shape[0]
     if m < 3:
         return None, None
     n = float(n_b.sum())
-    gen = torch.Generator().manual_seed(seed)
-    eps = torch.randn(draws, m, generator=gen, dtype=torch.float64)
+    eps = np.random.default_rng(seed).standard_normal((draws, m))
     crit = float(sps.t.ppf(confidence, m - 1))
-    base = stream_estimates(w, n_b, q_b)
+    base = stream_estimates(w, counts, sq)
+    within = q_b - np.diagonal(w_np) / n_b  # within-group scatter (0 for singletons)
 
-    def run(mat: Tensor, num_fn, den_target: float) -> SelectionBias | None:  # type: ignore[no-untyped-def]
+    def run(mat: np.ndarray, num_fn: Any, den_target: float) -> SelectionBias | None:
         mean_sq = float(mat.sum()) / n**2
         if den_target <= 0 or mean_sq <= 0:
             return None
-        shrink = math.sqrt(den_target / mean_sq)
-        star = _star(mat, n_b, eps, shrink)
-        within = q_b - torch.diagonal(w) / n_b  # within-group scatter (0 for singletons)
-        num, den, den_loo = num_fn(star, within)
-        m_ = torch.tensor(m, dtype=torch.float64)
-        se = torch.sqrt((m_ - 1) / m_ * ((den_loo - den_loo.mean(1, keepdim=True)) ** 2).sum(1))
+        star = _star(mat, n_b, eps, math.sqrt(den_target / mean_sq))
+        num, den, den_loo = num_fn(star)
+        se = np.sqrt((m - 1) / m * ((den_loo - den_loo.mean(1, keepdims=True)) ** 2).sum(1))
         ok = (den - crit * se > 0) & (num > 0)
         # population truth: tr(AΣ*)/μᵀAμ with Σ* = Σ_b d_b d_bᵀ / n
-        mean_t = mat.sum(dim=1) / n
-        dd = torch.diagonal(mat) - 2 * n_b * mean_t + n_b**2 * mat.sum() / n**2
+        mean_t = mat.sum(axis=1) / n
+        dd = np.diagonal(mat) - 2 * n_b * mean_t + n_b**2 * mat.sum() / n**2
         truth = float(dd.sum() / n) / den_target
-        p = float(ok.to(torch.float64).mean())
         med = None
-        if bool(ok.any()) and truth > 0:
-            med = float(torch.median((num[ok] / den[ok]) / truth))
-        return SelectionBias(p, med, draws)
+        if ok.any() and truth > 0:
+            med = float(np.median((num[ok] / den[ok]) / truth))
+        return SelectionBias(float(ok.mean()), med, draws)
 
-    def simple(star: Tensor, within: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        diag = torch.diagonal(star, dim1=1, dim2=2)
+    def simple(star: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        diag = np.diagonal(star, axis1=1, axis2=2)
         q_star = within + diag / n_b
-        s2 = star.sum(dim=(1, 2))
+        s2 = star.sum(axis=(1, 2))
         q = q_star.sum(1)
-        g2, tr = _simple(s2, q, torch.tensor(n, dtype=torch.float64))
-        s2_loo = s2.unsqueeze(1) - 2 * star.sum(dim=2) + diag
-        g2_loo, _ = _simple(s2_loo, q.unsqueeze(1) - q_star, n - n_b)
+        g2, tr = _simple(s2, q, n)
+        s2_loo = s2[:, None] - 2 * star.sum(axis=2) + diag
+        g2_loo, _ = _simple(s2_loo, q[:, None] - q_star, n - n_b)
         return tr, g2, g2_loo
 
     out_simple = None
     if base.trace_sigma > 0:
-        out_simple = run(w, simple, base.grad_sq_norm)
+        out_simple = run(w_np, simple, base.grad_sq_norm)
     out_noise = None
     if hessian_total is not None:
-        mt = hessian_total.to(torch.float64)
+        mt = hessian_total.to(torch.float64).numpy()
         n_sq = float((n_b**2).sum())
-        ghg, trh = _hessian(mt.sum(), torch.diagonal(mt).sum(), torch.tensor(n), torch.tensor(n_sq))
+        ghg, trh = _hessian(mt.sum(), np.trace(mt), n, n_sq)
 
-        def noise(star: Tensor, within: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            diag = torch.diagonal(star, dim1=1, dim2=2)
-            tot = star.sum(dim=(1, 2))
-            g_, t_ = _hessian(tot, diag.sum(1), torch.tensor(n), torch.tensor(n_sq))
-            tot_loo = tot.unsqueeze(1) - 2 * star.sum(dim=2) + diag
-            diag_loo = diag.sum(1, keepdim=True) - diag
+        def noise(star: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            diag = np.diagonal(star, axis1=1, axis2=2)
+            tot = star.sum(axis=(1, 2))
+            g_, t_ = _hessian(tot, diag.sum(1), n, n_sq)
+            tot_loo = tot[:, None] - 2 * star.sum(axis=2) + diag
+            diag_loo = diag.sum(1, keepdims=True) - diag
             g_loo, _ = _hessian(tot_loo, diag_loo, n - n_b, n_sq - n_b**2)
             return t_, g_, g_loo
 
