@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import secrets
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -18,26 +16,6 @@ from sqlalchemy.engine import make_url
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analyze"))
 
 from curvplan_server.config import libpq_url, normalise_database_url
-
-TINY_SPEC: dict[str, Any] = {
-    "d_model": 8,
-    "n_heads": 2,
-    "d_ff": 16,
-    "n_layers": 1,
-    "task": {"type": "causal_lm", "vocab_size": 11, "seq_len": 6},
-}
-
-
-def counting_data(n: int, seed: int) -> Any:
-    """Sequences that count mod 11 from a random start: learnable in tens of steps."""
-    import torch
-
-    from curvplan_worker.curvature.data import Dataset
-
-    gen = torch.Generator().manual_seed(seed)
-    start = torch.randint(0, 11, (n, 1), generator=gen)
-    tokens = (start + torch.arange(7)) % 11
-    return Dataset(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
 
 
 @pytest.fixture(scope="module")
@@ -59,17 +37,3 @@ def sweep_database(pg_admin_url: str) -> Iterator[str]:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
-
-
-def api_key(database_url: str) -> str:
-    from curvplan_server.auth.keys import create_key
-    from curvplan_server.db import make_engine, make_sessionmaker
-
-    engine = make_engine(database_url)
-    try:
-        with make_sessionmaker(engine)() as session:
-            key = create_key(session, f"sweep-{uuid.uuid4().hex[:6]}")
-            session.commit()
-    finally:
-        engine.dispose()
-    return key

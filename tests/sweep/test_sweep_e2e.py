@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import TINY_SPEC, api_key, counting_data
 from live import Service, start_service, wait_terminal
 from sqlalchemy import create_engine, text
+from sweep_helpers import TINY_SPEC, api_key, counting_data
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import TINY_SPEC, counting_data
+from sweep_helpers import TINY_SPEC, counting_data
 
 from curvplan.types.jobs import SweepJobCreate
 from curvplan.types.sweep import OptimizerSpec, PointResult, PointSettings
