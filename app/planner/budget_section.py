@@ -198,8 +198,9 @@ def _trend_at_target(
     """(B, interval, which) from the trend at the target loss; or the reason it is missing."""
     if target is None:
         return "no target loss"
-    rows = []
+    rows: list[tuple[float, float, float | None]] = []
     which = "B_noise"
+    z = float(stats.norm.ppf((1 + confidence) / 2))
     for name, num, den in (
         ("B_noise", "trace_h_sigma", "gHg"),
         ("B_simple", "trace_sigma", "grad_sq_norm"),
@@ -209,14 +210,20 @@ def _trend_at_target(
             a, b = getattr(p, num), getattr(p, den)
             if p.loss is None or a is None or b is None or a <= 0 or b <= 0:
                 continue
+            a_se, b_se = getattr(p, f"{num}_se"), getattr(p, f"{den}_se")
+            if b_se is not None and b <= z * b_se:
+                continue  # the denominator is not significantly positive: ratio undefined
             se = getattr(p, "log_b_noise_se" if name == "B_noise" else "log_b_simple_se", None)
+            if se is None and a_se is not None and b_se is not None:
+                se = math.hypot(a_se / a, b_se / b)  # delta method on log(a/b)
             rows.append((p.loss, math.log(a / b), se))
         which = name
         if len(rows) >= 2:
             break
     if len(rows) < 2:
         return (
-            "the noise scale is defined, with a loss, at fewer than 2 intermediate checkpoints; "
+            "the noise scale is defined (significantly positive |G|² or GᵀHG), with a loss, at "
+            "fewer than 2 intermediate checkpoints; "
             "a single checkpoint's value is not used as a constant for the whole run"
         )
     loss = np.array([r[0] for r in rows])

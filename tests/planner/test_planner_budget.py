@@ -158,3 +158,21 @@ def test_learning_rate_limit_is_two_over_the_largest_block_lambda_and_labelled_g
 def test_the_budget_leads_the_recommendation_json():
     plan = make_plan(Measurements(per_sample_losses=_losses()), Targets(**FAST), seed=0)
     assert next(iter(plan.model_dump())) == "budget"
+
+
+def test_the_trend_skips_checkpoints_whose_denominator_is_not_significant():
+    # B_noise's GᵀHG is pure noise at every checkpoint (se ≫ value): B_simple's trend is used.
+    losses = [3.0, 2.5, 2.2, 2.0]
+    trend = []
+    for loss in losses:
+        point = _trend_point(loss, math.exp(8 - 2 * loss))
+        point.update(gHg=0.01, gHg_se=1.0, trace_h_sigma=5.0, trace_h_sigma_se=1.0)
+        point.update(grad_sq_norm=1.0, grad_sq_norm_se=0.01)
+        point.pop("log_b_noise_se")
+        trend.append(point)
+    plan = make_plan(
+        Measurements(gradient_noise_trend=trend), Targets(target_loss=2.5, **FAST), seed=0
+    )
+    batch = plan.budget.batch
+    assert batch.source == "noise_scale_trend" and batch.basis.startswith("B_simple")
+    assert batch.critical == pytest.approx(0.8 * math.exp(8 - 2 * 2.5), rel=1e-6)
