@@ -308,7 +308,7 @@ def jobs_show(
             _print_json(job)
             return
         typer.echo(display.job_summary(job))
-        if job.status == "succeeded" and (job.result or {}).get("recommendation") is not None:
+        if job.status == "succeeded" and job.result is not None:
             typer.echo("")
             typer.echo(display.recommendation_text(client.get_recommendation(job.id)))
 

@@ -28,6 +28,7 @@ from curvplan.client import (
 )
 from curvplan.types.jobs import JobOut, JobPage
 from curvplan.types.planner import Recommendation
+from curvplan.types.results import AnalyzeResult
 
 pytestmark = pytest.mark.e2e
 
@@ -63,7 +64,7 @@ def test_plan_submit_wait_and_recommendation(api: curvplan.Client) -> None:
 
     rec = api.get_recommendation(job.id)
     assert isinstance(rec, Recommendation)
-    assert rec.model_dump(mode="json") == done.result["recommendation"]  # type: ignore[index]
+    assert rec.model_dump(mode="json") == done.result.recommendation.model_dump(mode="json")  # type: ignore[union-attr]
     assert rec.batch_size.status == "computed"
     assert rec.batch_size.b_crit.value == pytest.approx(500.0, rel=1e-3)  # generated B_crit
     assert api.get_job(job.id).model_dump() == done.model_dump()
@@ -245,7 +246,7 @@ def test_async_client(live: LiveService, tmp_path: Any) -> None:
             done = await api.wait(job.id, timeout=60, on_progress=on_progress)
             assert done.status == "succeeded" and seen[-1] == "succeeded"
             rec = await api.get_recommendation(job.id)
-            assert rec.model_dump(mode="json") == done.result["recommendation"]  # type: ignore[index]
+            assert rec.model_dump(mode="json") == done.result.recommendation.model_dump(mode="json")  # type: ignore[union-attr]
             assert [j.id async for j in api.iter_jobs(name=name)] == [job.id]
             assert (await api.get_job(job.id)).status == "succeeded"
             with pytest.raises(ConflictError):
@@ -300,7 +301,8 @@ def test_artifacts_and_analyze(api: curvplan.Client, tmp_path: Any) -> None:
     assert rec.curvature.status == "computed"
     names = {b.name for b in rec.curvature.blocks}
     assert {"layers.0.q", "layers.0.k", "layers.0.v"} <= names
-    off = done.result["measurements"]["off_diagonal"]  # type: ignore[index]
+    assert isinstance(done.result, AnalyzeResult)
+    off = done.result.measurements.off_diagonal or []
     assert {(o["row"], o["col"]) for o in off} == {
         ("layers.0.q", "layers.0.k"),
         ("layers.0.k", "layers.0.v"),
@@ -313,7 +315,7 @@ def test_artifacts_and_analyze(api: curvplan.Client, tmp_path: Any) -> None:
     assert plots["block-norms"].svg is not None and plots["off-diagonal"].svg is not None
     assert plots["off-diagonal"].numbers["blocks"] == ["layers.0.q", "layers.0.k", "layers.0.v"]
     assert plots["bounds"].svg is not None or "bound" in (plots["bounds"].empty_reason or "")
-    measured = {b["name"]: b["spectral_norm"] for b in done.result["measurements"]["blocks"]}  # type: ignore[index]
+    measured = {b.name: b.spectral_norm for b in done.result.measurements.blocks or []}
     assert plots["bounds"].numbers["measured"] == list(measured.values())
 
     bad = api.upload_artifact(files["wider"], "checkpoint")
