@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from curvplan.types.options import MachineSettings
+
 
 def normalise_database_url(url: str) -> str:
     """Return ``url`` with the psycopg 3 driver spelled out.
@@ -76,6 +78,15 @@ class Settings(BaseSettings):
     worker_stale_seconds: float = Field(
         default=60.0, gt=0, description="A worker without heartbeat for this long is not live."
     )
+    # How a worker runs the curvature engine (MachineSettings; never a request option).
+    worker_device: str = Field(default="auto", description="auto, cpu or cuda[:index]")
+    worker_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads")
+    worker_self_test: bool = Field(
+        default=True, description="Check HVPs against finite differences before each analysis."
+    )
+    worker_cache_graph: bool = Field(
+        default=True, description="Keep the gradient graph between products (false: less memory)."
+    )
     long_poll_max_seconds: float = Field(default=60.0, gt=0)
     long_poll_interval_seconds: float = Field(default=0.2, gt=0)
     default_page_size: int = Field(default=50, ge=1)
@@ -97,6 +108,15 @@ class Settings(BaseSettings):
         if value is None or value == "":
             return None
         return normalise_database_url(value)
+
+    def machine_settings(self) -> MachineSettings:
+        """The engine's machine settings of this worker (ValueError naming a bad one)."""
+        return MachineSettings(
+            device=self.worker_device,
+            threads=self.worker_threads,
+            self_test=self.worker_self_test,
+            cache_graph=self.worker_cache_graph,
+        )
 
     @property
     def sqlalchemy_url(self) -> str:

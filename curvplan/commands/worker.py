@@ -36,12 +36,44 @@ def worker(
     shutdown_grace_seconds: float | None = typer.Option(
         None, "--shutdown-grace-seconds", min=0, help="Wait this long for the job at SIGTERM."
     ),
+    device: str | None = typer.Option(
+        None, "--device", help="Engine device: auto, cpu, cuda[:index] (CURVPLAN_WORKER_DEVICE)."
+    ),
+    threads: int | None = typer.Option(
+        None, "--threads", min=1, help="torch intra-op threads (CURVPLAN_WORKER_THREADS)."
+    ),
+    self_test: bool | None = typer.Option(
+        None,
+        "--self-test/--no-self-test",
+        help="Check HVPs against finite differences before each analysis (default: on).",
+    ),
+    cache_graph: bool | None = typer.Option(
+        None,
+        "--cache-graph/--no-cache-graph",
+        help="Keep the gradient graph between products (default: on; off saves memory).",
+    ),
 ) -> None:
-    """Claim and run jobs of QUEUES until SIGTERM/SIGINT (finish or release the running job)."""
+    """Claim and run jobs of QUEUES until SIGTERM/SIGINT (finish or release the running job).
+
+    The machine settings (device, threads, self-test, graph caching) are the worker's: flags
+    override the CURVPLAN_WORKER_* environment, which the job processes inherit.
+    """
+    import os
+
     from curvplan_server.config import get_settings
     from curvplan_worker.worker import WorkerOptions, run_worker
 
+    flags = {"device": device, "threads": threads, "self_test": self_test}
+    flags["cache_graph"] = cache_graph
+    for name, value in flags.items():
+        if value is not None:  # the job processes read their settings from the environment
+            os.environ[f"CURVPLAN_WORKER_{name.upper()}"] = str(value).lower()
+    get_settings.cache_clear()
     settings = get_settings()
+    try:
+        settings.machine_settings()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     if settings.database_url is None:
         raise typer.BadParameter(
             "DATABASE_URL is not set: a worker needs the service's PostgreSQL", param_hint="env"

@@ -48,6 +48,7 @@ def service_env(database_url: str, data_dir: Path) -> dict[str, str]:
     env.update(
         DATABASE_URL=database_url,
         CURVPLAN_DATA_DIR=str(data_dir),
+        CURVPLAN_WORKER_SELF_TEST="false",  # the engine tests check HVPs; keep jobs short
         CURVPLAN_LOG_LEVEL="WARNING",
         CURVPLAN_LONG_POLL_INTERVAL_SECONDS="0.05",
         CURVPLAN_REPORT_LINK_SECRET=REPORT_SECRET,

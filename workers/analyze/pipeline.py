@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from curvplan.types.jobs import AnalyzeJobCreate
+from curvplan.types.options import MACHINE_SETTINGS, MachineSettings
 from curvplan_server.artifacts.blobstore import default_store
 from curvplan_server.config import get_settings
 from curvplan_server.planner import Measurements, Targets, make_plan
@@ -73,6 +74,16 @@ def _engine_progress(ctx: JobContext) -> Callable[[float, str, str], None]:
     return report
 
 
+def _without_machine_settings(request: dict[str, Any]) -> dict[str, Any]:
+    """A stored request without the machine settings older API versions accepted as options
+    (a job queued before they became worker settings still runs, under the worker's)."""
+    options = request.get("options")
+    if not isinstance(options, dict) or not set(options) & set(MACHINE_SETTINGS):
+        return request
+    kept = {k: v for k, v in options.items() if k not in MACHINE_SETTINGS}
+    return {**request, "options": kept}
+
+
 def _validated(request: dict[str, Any]) -> AnalyzeJobCreate:
     try:
         return AnalyzeJobCreate.model_validate(request)
@@ -82,10 +93,12 @@ def _validated(request: dict[str, Any]) -> AnalyzeJobCreate:
 
 def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Run one attempt of an analyze job; returns ``{measurements, recommendation, …}``."""
+    request = _without_machine_settings(request)
     body = _validated(request)
     options = dict(request.get("options") or {})  # only what the client set: engine defaults
     ctx.report_progress(0.0, "loading", "resolving artifacts")
     settings = get_settings()
+    machine = _machine(settings)
     engine = child_engine(settings.sqlalchemy_url)
     store = default_store(ctx.data_dir)
     try:
@@ -101,10 +114,10 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             for i, a in enumerate(body.intermediate_checkpoints)
         ]
         result = _run_engine(
-            request["model"], str(checkpoint.path), str(dataset.path), options, ctx
+            request["model"], str(checkpoint.path), str(dataset.path), options, machine, ctx
         )
         noise = _intermediate_noise(
-            request["model"], intermediates, str(dataset.path), options, ctx
+            request["model"], intermediates, str(dataset.path), options, machine, ctx
         )
         fields, notes = planner_fields(result, noise)
         measurements = _measurements(fields)  # before any output is stored
@@ -137,6 +150,16 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         "notes": notes,
         "recommendation": recommendation.model_dump(mode="json"),
     }
+
+
+def _machine(settings: Any) -> MachineSettings:
+    """This worker's machine settings; a misconfigured worker fails the job saying which."""
+    try:
+        return settings.machine_settings()
+    except ValueError as exc:
+        raise JobError(
+            "worker-misconfigured", "The worker's machine settings are invalid", str(exc)[:300]
+        ) from None
 
 
 def _measurements(fields: dict[str, Any]) -> Measurements:
@@ -184,6 +207,7 @@ def _run_engine(
     checkpoint_path: str,
     data_path: str,
     options: dict[str, Any],
+    machine: MachineSettings,
     ctx: JobContext,
 ) -> dict[str, Any]:
     """The engine's ``analyze`` with its errors turned into job errors."""
@@ -202,6 +226,7 @@ def _run_engine(
             options,
             progress=_engine_progress(ctx),
             should_cancel=_should_cancel(ctx),
+            machine=machine,
         )
     except curvature_analysis.Cancelled:
         raise JobCancelled() from None
@@ -249,6 +274,7 @@ def _intermediate_noise(
     intermediates: list[Any],
     data_path: str,
     options: dict[str, Any],
+    machine: MachineSettings,
     ctx: JobContext,
 ) -> list[dict[str, Any]]:
     """Gradient-noise statistics at each intermediate checkpoint (McCandlish et al. 2018 §2.2).
@@ -274,7 +300,7 @@ def _intermediate_noise(
     from curvplan_worker.curvature.objective import objective_for
 
     parsed = parse_spec(spec)
-    device = resolve_device(options.get("device", "auto"))
+    device = resolve_device(machine.device)
     dtype = resolve_dtype(options.get("precision", "float32"))
     data = load_dataset(parsed, data_path).to(device, dtype)
     objective = objective_for(parsed)
