@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.curvplan-installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint openapi bench clean-venv
+.PHONY: install run test lint openapi unasync bench clean-venv
 
 install: $(STAMP)
 
@@ -32,6 +32,9 @@ lint: install
 
 openapi: install  # regenerate docs/openapi.json (the reviewed API contract)
 	$(PY) scripts/openapi.py
+
+unasync: install  # regenerate curvplan/client/sync.py from aio.py (the one implementation)
+	$(PY) scripts/unasync.py
 
 bench: install
 	$(PY) benchmarks/bench_api.py

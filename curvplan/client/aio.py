@@ -116,7 +116,8 @@ class AsyncClient:
 
         The server's sha256 is checked against the file's (ArtifactIntegrityError).
         """
-        call, digest = c.upload_call(path, kind)
+        # async only: a multi-GB file is hashed in a worker thread, off the event loop.
+        call, digest = await asyncio.to_thread(c.upload_call, path, kind)
         answer = await self._send(call)
         c.check_artifact(answer, digest, call.upload.path)  # type: ignore[union-attr]
         return m.Artifact.model_validate(answer)

@@ -1,4 +1,6 @@
-"""The synchronous client: :class:`Client`."""
+# Generated from curvplan/client/aio.py by scripts/unasync.py: do not edit by hand
+# (edit aio.py, then run `make unasync`).
+"""The synchronous client: :class:`Client` (generated from the asynchronous one)."""
 
 from __future__ import annotations
 
