@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.curvplan-installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint openapi unasync bench clean-venv
+.PHONY: install run test test-fast lint openapi unasync bench clean-venv
 
 install: $(STAMP)
 
@@ -26,6 +26,10 @@ run: install
 test: install
 	bash scripts/ensure_chromium.sh
 	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+# The fast loop: every test that starts no server/worker process (-m "not e2e").
+test-fast: install
+	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q -m "not e2e" $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from analyze_files import OPTIONS, SPEC, TARGETS, write_analyze_files
-from live_service import LiveService
+from live_plugin import LiveService
 from plan_bodies import full_measurements, full_targets, slow_plan, small_plan
 
 import curvplan
@@ -212,7 +212,7 @@ def test_wait_survives_server_restart(live: LiveService) -> None:
 
 
 def test_unreachable_server_raises_after_retries() -> None:
-    port = __import__("live_service").free_port()
+    port = __import__("live_plugin").free_port()
     policy = RetryPolicy(max_retries=2, backoff_initial=0.01, backoff_max=0.02)
     started = time.monotonic()
     with (
