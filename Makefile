@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml setup.py scripts/constraints.txt
 run: install
 	$(VENV)/bin/curvplan dev
 
-test: install
+# CI (.ci/run) runs this: the static checks first, then every test.
+test: install lint
 	bash scripts/ensure_chromium.sh
 	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
@@ -31,8 +32,12 @@ test: install
 test-fast: install
 	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q -m "not e2e" $(PYTEST_ARGS)
 
+# ruff, the layering contracts (import-linter, pyproject.toml) and mypy (scripts/typecheck.py).
 lint: install
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(PY) scripts/typecheck.py
 
 openapi: install  # regenerate docs/openapi.json (the reviewed API contract)
 	$(PY) scripts/openapi.py

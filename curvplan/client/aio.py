@@ -89,7 +89,7 @@ class AsyncClient:
             return await self._http.request(
                 call.method,
                 call.path,
-                params=call.params or None,
+                params=tuple(call.params) or None,
                 json=call.json,
                 headers=call.headers or None,
                 timeout=timeout,
@@ -151,8 +151,8 @@ class AsyncClient:
     async def submit_analyze(
         self,
         model: Mapping[str, Any],
-        checkpoint: str | m.Artifact,
-        dataset: str | m.Artifact,
+        checkpoint: str | uuid.UUID | m.Artifact,
+        dataset: str | uuid.UUID | m.Artifact,
         *,
         name: str | None = None,
         tags: Mapping[str, str] | None = None,

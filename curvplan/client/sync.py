@@ -90,7 +90,7 @@ class Client:
             return self._http.request(
                 call.method,
                 call.path,
-                params=call.params or None,
+                params=tuple(call.params) or None,
                 json=call.json,
                 headers=call.headers or None,
                 timeout=timeout,
@@ -149,8 +149,8 @@ class Client:
     def submit_analyze(
         self,
         model: Mapping[str, Any],
-        checkpoint: str | m.Artifact,
-        dataset: str | m.Artifact,
+        checkpoint: str | uuid.UUID | m.Artifact,
+        dataset: str | uuid.UUID | m.Artifact,
         *,
         name: str | None = None,
         tags: Mapping[str, str] | None = None,

@@ -29,6 +29,7 @@ MAX_TAGS = 32
 
 class _JobCreateBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    queue: ClassVar[str]  # each kind's queue (the registry below)
 
     name: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
         default=None, description="A label to find the job by (not unique)."

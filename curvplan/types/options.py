@@ -150,11 +150,11 @@ class AnalysisOptions(BaseModel):
     cache_graph: _Removed = Field(default=None, exclude=True)
 
     _no_machine_settings = field_validator(*MACHINE_SETTINGS, mode="before")(
-        classmethod(_machine_setting)  # type: ignore[arg-type]
+        classmethod(_machine_setting)
     )
 
 
-def parse_options(options: AnalysisOptions | dict | None) -> AnalysisOptions:
+def parse_options(options: AnalysisOptions | dict[str, Any] | None) -> AnalysisOptions:
     """Validate options; raise :class:`OptionsError` naming each invalid field."""
     if isinstance(options, AnalysisOptions):
         return options
