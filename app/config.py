@@ -84,6 +84,11 @@ class Settings(BaseSettings):
     worker_self_test: bool = Field(
         default=True, description="Check HVPs against finite differences before each analysis."
     )
+    worker_health_file: Path | None = Field(
+        default=None,
+        description="A worker touches this file after every heartbeat the database accepted "
+        "(`curvplan worker-health` checks its age).",
+    )
     worker_cache_graph: bool = Field(
         default=True, description="Keep the gradient graph between products (false: less memory)."
     )
