@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.curvplan-installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fast lint openapi unasync bench clean-venv
+.PHONY: install run test test-fast lint openapi unasync lock bench clean-venv
 
 install: $(STAMP)
 
@@ -44,6 +44,9 @@ openapi: install  # regenerate docs/openapi.json (the reviewed API contract)
 
 unasync: install  # regenerate curvplan/client/sync.py from aio.py (the one implementation)
 	$(PY) scripts/unasync.py
+
+lock: install  # rewrite scripts/constraints.txt from .venv (after a dependency change)
+	$(PY) scripts/lock.py
 
 bench: install
 	$(PY) benchmarks/bench_api.py
