@@ -32,6 +32,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 PIP = [sys.executable, "-m", "pip"]
+_SOURCES = {"pyproject.toml", "setup.py", "README.md", "LICENSE", "alembic", "app", "workers"}
+_SOURCES |= {"curvplan"}
 SERVER_ONLY = ("fastapi", "sqlalchemy", "alembic", "uvicorn", "numpy", "scipy", "torch")
 
 
@@ -70,7 +72,16 @@ def venv(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) -> Path:
     """A fresh venv (no system site-packages) holding only the built curvplan wheel."""
     tmp = tmp_path_factory.mktemp("wheel-install")
     dist = tmp / "dist"
-    _run([*PIP, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(ROOT)])
+    source = tmp / "source"  # a copy: setuptools writes build/ and *.egg-info into the tree
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=lambda folder, names: (
+            [n for n in names if Path(folder) == ROOT and n not in _SOURCES]
+            + [n for n in names if n in ("__pycache__", "build") or n.endswith(".egg-info")]
+        ),
+    )
+    _run([*PIP, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(source)])
     (wheel,) = dist.glob("curvplan-*.whl")
     shutil.copy(wheel, wheelhouse / wheel.name)  # replaced each run: the code changes
     env = tmp / "venv"
