@@ -69,7 +69,7 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=10, gt=0)
     db_max_overflow: int = Field(default=10, ge=0)
 
-    # Jobs and workers (design.md §5).
+    # Jobs and workers (docs/layout.md).
     lease_seconds: float = Field(default=30.0, gt=0)
     heartbeat_seconds: float = Field(default=5.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
@@ -97,7 +97,7 @@ class Settings(BaseSettings):
     default_page_size: int = Field(default=50, ge=1)
     max_page_size: int = Field(default=500, ge=1)
 
-    # Report pages (issue 6): signed links let a browser open a report without the key.
+    # Report pages: signed links let a browser open a report without the key.
     report_link_secret: SecretStr | None = Field(
         default=None,
         description="HMAC key of signed report links; set the same value on every API "

@@ -1,4 +1,4 @@
-"""How long the ``curvplan example`` model takes to analyse through the API (issue 5 goal:
+"""How long the ``curvplan example`` model takes to analyse through the API (goal:
 under two minutes on the development machine, CPU only).
 
 Runs ``curvplan example --out DIR``, starts ``curvplan serve`` and ``curvplan worker --queues

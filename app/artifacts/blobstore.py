@@ -1,4 +1,4 @@
-"""Content-addressed blob store on a directory (design.md §6).
+"""Content-addressed blob store on a directory (README.md).
 
 Layout under ``root`` (``$CURVPLAN_DATA_DIR/blobs`` by default)::
 

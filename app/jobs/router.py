@@ -1,4 +1,4 @@
-"""HTTP routes of the job resource (design.md §4)."""
+"""HTTP routes of the job resource (docs/openapi.json)."""
 
 from __future__ import annotations
 

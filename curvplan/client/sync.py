@@ -142,7 +142,7 @@ class Client:
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
     ) -> m.JobOut:
-        """Queue a ``plan`` job from measurements you already have (design.md §4)."""
+        """Queue a ``plan`` job from measurements you already have (docs/openapi.json)."""
         body = c.plan_body(measurements, targets, name, tags, max_attempts)
         return self.submit_job(body, idempotency_key=idempotency_key)
 
@@ -163,7 +163,7 @@ class Client:
         """Queue an ``analyze`` job: model spec + checkpoint and dataset artifacts (ids).
 
         ``intermediate_checkpoints`` (artifacts before convergence) give the gradient-noise
-        scale, which is undefined at a converged w* (design.md §2 item 4).
+        scale, which is undefined at a converged w* (docs/formulas.md).
         """
         body = c.analyze_body(
             model,

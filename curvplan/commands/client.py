@@ -236,7 +236,7 @@ def plan(
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
-    """Plan a data budget from measurements you already have (design.md §4)."""
+    """Plan a data budget from measurements you already have (docs/openapi.json)."""
     doc = _read_json(measurements, "MEASUREMENTS")
     if not isinstance(doc, dict) or "measurements" not in doc:
         raise _fail(

@@ -82,7 +82,7 @@ class PlanJobCreate(_JobCreateBase):
 
 
 class AnalyzeJobCreate(_JobCreateBase):
-    """Measure a checkpoint's curvature on a data sample, then plan (GPU queue; issue 5)."""
+    """Measure a checkpoint's curvature on a data sample, then plan (GPU queue)."""
 
     queue: ClassVar[str] = "gpu"
     kind: Literal["analyze"]

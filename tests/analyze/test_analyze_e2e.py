@@ -1,5 +1,5 @@
 """Analyze jobs end to end over HTTP: real ``curvplan serve`` + ``curvplan worker`` processes,
-real PostgreSQL, the real curvature engine on a tiny Transformer (issue 5)."""
+real PostgreSQL, the real curvature engine on a tiny Transformer."""
 
 from __future__ import annotations
 

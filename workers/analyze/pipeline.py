@@ -1,4 +1,4 @@
-"""The analyze job, stage by stage (design.md §2): artifacts → engine → outputs → planner.
+"""The analyze job, stage by stage (docs/formulas.md): artifacts → engine → outputs → planner.
 
 Progress stages, in order: ``loading``, ``block spectra i/n``, ``off-diagonal``, ``dense
 hessian``, ``per-sample losses`` (the engine measures per-sample losses, perturbed losses and

@@ -1,4 +1,4 @@
-"""``analyze``: the curvature engine end to end (issue 4; result JSON of the engine contract).
+"""``analyze``: the curvature engine end to end (result JSON of the engine contract).
 
 Stages (each reports progress; cancellation is checked between blocks and between stages):
 load → self-test → loss and gradient → per-block spectra (λ_max, λ_min, trace, GGN and
