@@ -30,6 +30,8 @@ from curvplan_server.middleware import BodySizeLimitMiddleware, MetricsMiddlewar
 from curvplan_server.problems import install_problem_handlers
 from curvplan_server.recommendations.router import router as recommendations_router
 from curvplan_server.reports.router import router as reports_router
+from curvplan_server.storage.housekeeping import temp_sweeper
+from curvplan_server.storage.router import router as storage_router
 from curvplan_server.workers.router import router as workers_router
 
 API_VERSION = "0.1.0"
@@ -53,7 +55,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
+        async with temp_sweeper(settings):  # files a killed upload left in blobs/tmp
+            yield
         db_executor.shutdown(wait=True)
         engine.dispose()
 
@@ -79,6 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs_router)
     app.include_router(reports_router)
     app.include_router(artifacts_router)
+    app.include_router(storage_router)
     app.include_router(recommendations_router)
     app.include_router(workers_router)
     # Outermost last: metrics see every request, including 413s from the size limit.
