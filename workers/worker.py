@@ -54,6 +54,7 @@ from curvplan_worker import store
 from curvplan_worker.attempt import AttemptProcess, Final, Progress, describe_exit, make_context
 from curvplan_worker.child import ChildTask
 from curvplan_worker.errors import error_dict
+from curvplan_worker.health import touch_health_file
 from curvplan_worker.kinds import KINDS
 
 log = logging.getLogger("curvplan.worker")
@@ -85,6 +86,9 @@ class WorkerOptions:
     start_method: str = "forkserver"
     log_format: str = "console"
     log_level: str = "INFO"
+    #: Touched after every heartbeat the database accepted: the worker's health signal
+    #: (``curvplan worker-health`` checks its age; the Docker image's HEALTHCHECK runs it).
+    health_file: Path | None = None
     #: Storage garbage collection (docs/storage.md): a pass every ``gc_interval_seconds``
     #: (None: never) over stale temp files, expired jobs and unreferenced blobs.
     gc_interval_seconds: float | None = None
@@ -136,6 +140,7 @@ class WorkerOptions:
             worker_stale_seconds=max(settings.worker_stale_seconds, 2 * lease),
             log_format=settings.log_format,
             log_level=settings.log_level,
+            health_file=settings.worker_health_file,
             gc_interval_seconds=settings.gc_interval_seconds or None,
             job_retention_days=settings.job_retention_days,
             blob_gc_grace_seconds=settings.blob_gc_grace_seconds,
@@ -493,6 +498,8 @@ class WorkerSlot:
             store.touch_worker(
                 conn, self.worker_id, status, current.fence.job_id if current else None
             )
+        if self.options.health_file is not None:  # after the commit: the beat reached the DB
+            touch_health_file(self.options.health_file)
 
     def _reap(self) -> None:
         self._last_reap = time.monotonic()

@@ -1,4 +1,4 @@
-"""Assemble a Recommendation from validated measurements and targets (design.md §3–4)."""
+"""Assemble a Recommendation from validated measurements and targets (docs/formulas.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from curvplan.types.planner import (
     Targets,
     check_workload,
 )
+from curvplan_server.planner import formulas
 from curvplan_server.planner.batch_section import build_batch_section
 from curvplan_server.planner.budget_section import build_budget, default_targets
 from curvplan_server.planner.curvature import summarize_blocks
@@ -24,7 +25,7 @@ ASSUMPTION1_RATIO_LIMIT = 0.1
 
 
 def make_plan(measurements: Measurements, targets: Targets, *, seed: int = 0) -> Recommendation:
-    """Turn curvature measurements into a data budget (design.md §3).
+    """Turn curvature measurements into a data budget (docs/formulas.md).
 
     Every section holds values or a `not_computed` reason; `targets.seed`, when given, overrides
     `seed`. Deterministic for a given seed. Raises `PlanInputError` (naming the field) when the
@@ -120,12 +121,7 @@ def _curvature_section(
         if rms is not None:
             ratio = 2.0 * rms / (m_bound * radius)
             updates["assumption1_ratio"] = ratio
-            updates["assumption1_formula"] = (
-                "2·rms_i|g_i − ḡ| / (M·R): Theorem 7 drops (g_{k+1} − ∇L_k)ᵀ(w − w*)/(k+1), "
-                "which vanishes only if EVERY per-example gradient does; its typical size "
-                "rms|g_i − ḡ|·R over the kept second-order term M·R²/2 (Petrov et al. 2025 "
-                "Assumption 1; docs/numbers.md)"
-            )
+            updates["assumption1_formula"] = formulas.ASSUMPTION1
             if ratio > ASSUMPTION1_RATIO_LIMIT:
                 log.add(
                     "assumption1_gradient_norm",

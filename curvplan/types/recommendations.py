@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
 
 from pydantic import BaseModel, Field
 
-from curvplan.types.planner import Budget
+from curvplan.types.planner import Budget, Recommendation
 
 
 class RecommendationLinks(BaseModel):
@@ -30,7 +29,7 @@ class LatestRecommendation(BaseModel):
         description="recommendation.budget, first: how much data, which batch size, the "
         "learning-rate limit (null for recommendations stored before the budget existed).",
     )
-    recommendation: dict[str, Any]
+    recommendation: Recommendation
     links: RecommendationLinks
 
 
