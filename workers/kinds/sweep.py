@@ -15,7 +15,15 @@ from typing import Any
 import numpy as np
 
 from curvplan.types.jobs import SweepJobCreate
-from curvplan.types.planner import LossPoint, Measurements, StepsPoint, Targets
+from curvplan.types.planner import (
+    BatchSizeSection,
+    BCrit,
+    LossPoint,
+    Measurements,
+    NotComputed,
+    StepsPoint,
+    Targets,
+)
 from curvplan.types.sweep import (
     BatchSweepFit,
     DataSweepFit,
@@ -183,7 +191,7 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
     failed = []
     for child in children:
         result = _point_of(child)
-        out = SweepPointOut(
+        point_out = SweepPointOut(
             job_id=child["id"],
             name=child["name"],
             status=child["status"],
@@ -192,16 +200,16 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
             result=result,
         )
         if result is None:
-            out.excluded_reason = f"the point's job {child['status']}"
+            point_out.excluded_reason = f"the point's job {child['status']}"
             failed.append(child["name"] or child["id"])
-        outs.append(out)
+        outs.append(point_out)
         if result is not None:
-            results.append((out, result))
+            results.append((point_out, result))
     tokens = next(
         (r.batch_size_tokens / r.batch_size for _, r in results if r.batch_size_tokens), None
     )
     seed = seed_for_job(ctx.job_id)
-    out = SweepResult(
+    answer = SweepResult(
         type=sweep.type,
         target_loss=sweep.target_loss,
         optimizer=body.optimizer,
@@ -230,17 +238,17 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
             seed=seed,
         )
         batch = recommendation.batch_size
-        fit = batch.b_crit if hasattr(batch, "b_crit") else batch  # type: ignore[union-attr]
+        fit: BCrit | NotComputed = batch.b_crit if isinstance(batch, BatchSizeSection) else batch
         b_crit_value = getattr(fit, "value", None)
-        out.batch = BatchSweepFit(
+        answer.batch = BatchSweepFit(
             fit=fit,
             b_crit_tokens=None if tokens is None or b_crit_value is None else b_crit_value * tokens,
             steps_at=table,
             n_points=len(table),
         )
-        out.points_used = len(used)
+        answer.points_used = len(used)
         measurements["steps_to_target"] = [p.model_dump() for p in table]
-        out.b_simple_at_target, out.b_simple_trend = _noise_scales(
+        answer.b_simple_at_target, answer.b_simple_trend = _noise_scales(
             [r for _, r in results if not r.censored] or [r for _, r in results],
             sweep.target_loss or 0.0,
             tokens,
@@ -265,19 +273,19 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
             Targets(target_loss=sweep.target_loss),
             seed=seed,
         )
-        out.data = DataSweepFit(
+        answer.data = DataSweepFit(
             fit=recommendation.scaling, loss_vs_data=loss_vs_data, n_points=len(good)
         )
-        out.points_used = len(good)
+        answer.points_used = len(good)
         measurements["loss_vs_data"] = [p.model_dump() for p in loss_vs_data]
     if failed:
-        out.notes.append(
+        answer.notes.append(
             f"{len(failed)} point(s) failed and were left out: {', '.join(map(str, failed))}; "
-            f"the fit uses the {out.points_used} remaining"
+            f"the fit uses the {answer.points_used} remaining"
         )
     ctx.report_progress(1.0, "done", "sweep fitted")
     return {
-        "sweep": out.model_dump(mode="json"),
+        "sweep": answer.model_dump(mode="json"),
         "measurements": measurements,
         "recommendation": recommendation.model_dump(mode="json"),
     }
