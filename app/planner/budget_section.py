@@ -38,6 +38,7 @@ from curvplan.types.planner import (
     ScalingSection,
     Targets,
 )
+from curvplan_server.planner import formulas
 from curvplan_server.planner.critical_batch import nearest_power_of_two
 
 TARGET_LOSS_RULE = (
@@ -45,11 +46,8 @@ TARGET_LOSS_RULE = (
     "checkpoint reached): the budget then answers 'how much data and which batch size to get "
     "back to this loss'"
 )
-STEPS_FORMULA = "S(B) = S_min·(1 + B_crit/B) (McCandlish et al. 2018, eq. 2.11)"
-TREND_FORMULA = (
-    "log B = a + b·L fitted over the intermediate checkpoints (weights 1/se² of log B), "
-    "evaluated at the target loss L"
-)
+STEPS_FORMULA = formulas.BUDGET_EXPECTED_STEPS
+TREND_FORMULA = formulas.BUDGET_NOISE_TREND
 
 
 def default_targets(measurements: Measurements, targets: Targets) -> tuple[Targets, BudgetDefaults]:
@@ -296,12 +294,11 @@ def build_batch(
                 tokens_per_example=tokens,
                 source="batch_sweep",
                 basis="B_crit = E_min/S_min fitted to the batch sweep's steps to the target loss "
-                f"({STEPS_FORMULA})",
+                "(S(B) = S_min·(1 + B_crit/B), McCandlish et al. 2018, eq. 2.11)",
                 target_loss=targets.target_loss,
                 expected_steps=steps,
                 expected_steps_ci=steps_ci,
-                expected_steps_formula=STEPS_FORMULA
-                + "; interval from the ends of the S_min and B_crit intervals (conservative)",
+                expected_steps_formula=STEPS_FORMULA,
                 expected_examples=None if steps is None or rec is None else steps * rec,
             ),
             warnings,
