@@ -1,5 +1,6 @@
 """The report page: one self-contained HTML document per job (no JavaScript, no external
-resources), with the job summary, the recommendation as tables and the SVG plots.
+resources), with the budget at the top, the job summary, the recommendation as tables and
+the figures as inline SVG (drawn by ``curvplan_server.reports.plots``).
 
 Every value that comes from a user or a job (names, tags, errors, block names) is
 HTML-escaped.
@@ -7,12 +8,28 @@ HTML-escaped.
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Sequence
 from typing import Any
 
-from curvplan_server.reports.plots import Plot, build_plots, recommendation_of
-from curvplan_server.reports.svg import esc, fmt_number
+from curvplan.headline import headline_numbers
+from curvplan_server.reports.plots import (
+    Plot,
+    build_plots,
+    fmt,
+    inline_svg,
+    recommendation_of,
+    typed_recommendation,
+)
+
+
+def esc(value: Any) -> str:
+    """HTML-escaped text of any value (quotes too: safe in attributes)."""
+    return html.escape(str(value), quote=True)
+
+
+fmt_number = fmt
 
 STYLE = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#222;background:#fff}
@@ -27,6 +44,9 @@ th{background:#f3f5f7} td.num{text-align:right;font-variant-numeric:tabular-nums
 .status-succeeded{color:#1a7f37}.status-failed,.status-cancelled{color:#b42318}
 .empty{background:#fff8e6;border:1px solid #f0d58c;padding:10px 14px;font-size:13px}
 .note{color:#555;font-size:12px}.plot-wrap{overflow-x:auto}
+.plot-wrap svg{max-width:100%;height:auto}
+.budget{background:#f0f6ff;border:1px solid #b6d0f0;padding:8px 16px;margin-top:16px}
+.budget h2{border:none;margin:6px 0}
 figure{margin:10px 0 22px} figcaption{font-size:12px;color:#555;max-width:720px}
 code{font-size:12px} pre{font-size:12px;background:#f6f8fa;padding:8px;overflow-x:auto}
 summary{cursor:pointer;font-size:13px}
@@ -280,16 +300,35 @@ def inputs_html(job: dict[str, Any]) -> str:
     )
 
 
+def budget_html(job: dict[str, Any]) -> str:
+    """The budget (what to do: data, batch size, learning-rate ceiling) above everything."""
+    rec, why = typed_recommendation(job)
+    if rec is None:
+        return f'<section class="budget" id="budget"><h2>Budget</h2>{_empty(str(why))}</section>'
+    rows = [
+        (h.label, h.value, h.unit, h.source)
+        for h in headline_numbers(rec)
+        if h.name.startswith("budget.")
+    ]
+    body = (
+        _table(("what", "value", "unit", "from"), rows, {1})
+        if rows
+        else _empty("No budget number could be computed; see the sections below for why.")
+    )
+    return f'<section class="budget" id="budget"><h2>Budget</h2>{body}</section>'
+
+
 def plot_html(plot: Plot) -> str:
     head = f'<section class="plot-section" id="section-{esc(plot.id)}"><h3>{esc(plot.title)}</h3>'
-    if plot.svg is None:
+    svg = inline_svg(plot)
+    if svg is None:
         return head + _empty(f"Empty: {plot.empty_reason}") + "</section>"
     caption = f"<figcaption>{esc(plot.caption)}</figcaption>" if plot.caption else ""
-    return f'{head}<figure><div class="plot-wrap">{plot.svg}</div>{caption}</figure></section>'
+    return f'{head}<figure><div class="plot-wrap">{svg}</div>{caption}</figure></section>'
 
 
 def render_report(job: dict[str, Any], plots: list[Plot] | None = None) -> str:
-    """The whole HTML document of a job's report."""
+    """The whole HTML document of a job's report (``plots``: the kept figures, else drawn)."""
     plots = build_plots(job) if plots is None else plots
     name = job.get("name") or "unnamed job"
     title = f"curvplan report — {name}"
@@ -301,10 +340,12 @@ def render_report(job: dict[str, Any], plots: list[Plot] | None = None) -> str:
         f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>"
         f"<header><h1>{esc(title)}</h1><p>{esc(job.get('kind'))} job {esc(job.get('id'))} · "
         f"{esc(job.get('status'))}</p></header><main>"
+        f"{budget_html(job)}"
         f"<h2>Summary</h2>{summary_html(job)}"
         f"<h2>Inputs</h2>{inputs_html(job)}"
         f"<h2>Recommendation</h2>{recommendation_html(recommendation_of(job), job)}"
         f"<h2>Plots</h2>{sections}"
-        '<p class="note">Rendered by the curvplan service; plots are static SVG.</p>'
+        '<p class="note">Rendered by the curvplan service; figures drawn with matplotlib, '
+        "also served as SVG and PNG under /v1/jobs/{id}/plots.</p>"
         "</main></body></html>"
     )

@@ -314,3 +314,13 @@ class AsyncClient:
         """The job's report page (HTML, self-contained)."""
         call = c.Call("GET", c.job_path(job_id, "/report"), expect="text")
         return await self._send(call)
+
+    async def list_plots(self, job_id: str | uuid.UUID) -> m.PlotList:
+        """The report's figures: which are drawn (with their SVG/PNG paths) and which are empty."""
+        call = c.Call("GET", c.job_path(job_id, "/plots"))
+        return m.PlotList.model_validate(await self._send(call))
+
+    async def get_plot(self, job_id: str | uuid.UUID, name: str, fmt: str = "png") -> bytes:
+        """One figure of the report as ``svg`` or ``png`` bytes (drawn by the service)."""
+        call = c.Call("GET", c.plot_path(job_id, name, fmt), expect="bytes")
+        return await self._send(call)

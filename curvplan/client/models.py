@@ -18,6 +18,7 @@ from curvplan.types.artifacts import ArtifactOut, ArtifactPage
 from curvplan.types.jobs import JobError, JobOut, JobPage, Progress
 from curvplan.types.planner import Measurements, Recommendation, Targets
 from curvplan.types.recommendations import LatestRecommendation
+from curvplan.types.reports import PlotFiles, PlotInfo, PlotList
 
 Job = JobOut
 Artifact = ArtifactOut
@@ -62,6 +63,9 @@ __all__ = [
     "JobOut",
     "JobPage",
     "Measurements",
+    "PlotFiles",
+    "PlotInfo",
+    "PlotList",
     "Progress",
     "Recommendation",
     "RecommendationEntry",

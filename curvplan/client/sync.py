@@ -306,3 +306,13 @@ class Client:
         """The job's report page (HTML, self-contained)."""
         call = c.Call("GET", c.job_path(job_id, "/report"), expect="text")
         return self._send(call)
+
+    def list_plots(self, job_id: str | uuid.UUID) -> m.PlotList:
+        """The report's figures: which are drawn (with their SVG/PNG paths) and which are empty."""
+        call = c.Call("GET", c.job_path(job_id, "/plots"))
+        return m.PlotList.model_validate(self._send(call))
+
+    def get_plot(self, job_id: str | uuid.UUID, name: str, fmt: str = "png") -> bytes:
+        """One figure of the report as ``svg`` or ``png`` bytes (drawn by the service)."""
+        call = c.Call("GET", c.plot_path(job_id, name, fmt), expect="bytes")
+        return self._send(call)

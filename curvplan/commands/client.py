@@ -382,7 +382,7 @@ def report(
         False, "--open", help="Open a short-lived signed link to the report in a browser."
     ),
     out: Path | None = typer.Option(
-        None, "--out", help="Write the plots (SVG) and numbers (JSON) to this directory."
+        None, "--out", help="Write the page, plots (SVG, PNG) and numbers.json here."
     ),
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
@@ -403,11 +403,10 @@ def report(
 
 
 def _write_report_files(client: Client, job_id: str, out: Path) -> None:
-    from curvplan_server.reports.files import write_report_files
+    from curvplan.report_files import download_report
 
-    job = client.get_job(job_id)
     try:
-        written = write_report_files(job.model_dump(mode="json"), out)
+        written = download_report(client, job_id, out)
     except OSError as exc:
         raise _fail(
             f"--out: cannot write to {out}: {exc.strerror or exc}", EXIT_BAD_INPUT

@@ -10,6 +10,7 @@ these models and nothing of each other's internals:
 - :mod:`curvplan.types.jobs` — job requests and responses, and the registry of job kinds;
 - :mod:`curvplan.types.artifacts` — artifact metadata;
 - :mod:`curvplan.types.recommendations` — the latest-recommendation listing;
+- :mod:`curvplan.types.reports` — the figures of a job's report;
 - :mod:`curvplan.types.problems` — RFC 9457 problem documents.
 
 Only pydantic (and the standard library) is imported here.
