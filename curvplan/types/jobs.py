@@ -96,7 +96,10 @@ class AnalyzeJobCreate(_JobCreateBase):
     targets: Targets = Field(default_factory=Targets)
 
 
-JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = (PlanJobCreate, AnalyzeJobCreate)
+JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = (
+    PlanJobCreate,
+    AnalyzeJobCreate,
+)
 
 
 def kind_name(create_type: type[_JobCreateBase]) -> str:
@@ -150,6 +153,18 @@ class JobError(BaseModel):
     detail: str | None = None
 
 
+class JobChild(BaseModel):
+    """A child job of a fan-out (e.g. one point of a sweep), as its parent lists it."""
+
+    id: uuid.UUID
+    kind: str
+    name: str | None
+    status: Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
+    attempt: int
+    error_type: str | None = Field(default=None, description="error.type of a failed child.")
+    links: dict[str, str]
+
+
 class JobLinks(BaseModel):
     self: str
     cancel: str
@@ -160,6 +175,9 @@ class JobOut(BaseModel):
     """The job resource as the API returns it."""
 
     id: uuid.UUID
+    parent_id: uuid.UUID | None = Field(
+        default=None, description="The job that created this one by fanning out (else null)."
+    )
     kind: str
     queue: str
     status: Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
@@ -173,6 +191,12 @@ class JobOut(BaseModel):
     error: JobError | None
     request: dict[str, Any] | None = Field(
         default=None, description="The validated body (omitted in list pages)."
+    )
+    children: list[JobChild] | None = Field(
+        default=None,
+        description="Child jobs of a fan-out (sweep points), oldest first; omitted in list "
+        "pages and for jobs without children. While they run the job is `running` at stage "
+        "`waiting for children` and its progress counts points done / total.",
     )
     created_at: datetime
     updated_at: datetime
