@@ -29,6 +29,7 @@ from curvplan_server.middleware import BodySizeLimitMiddleware, MetricsMiddlewar
 from curvplan_server.problems import install_problem_handlers
 from curvplan_server.recommendations.router import router as recommendations_router
 from curvplan_server.reports.router import router as reports_router
+from curvplan_server.webhooks.router import router as webhooks_router
 from curvplan_server.workers.router import router as workers_router
 
 API_VERSION = "0.1.0"
@@ -80,6 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(artifacts_router)
     app.include_router(recommendations_router)
     app.include_router(workers_router)
+    app.include_router(webhooks_router)
     # Outermost last: metrics see every request, including 413s from the size limit.
     app.add_middleware(
         BodySizeLimitMiddleware,

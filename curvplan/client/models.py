@@ -19,6 +19,7 @@ from curvplan.types.jobs import JobError, JobOut, JobPage, Progress
 from curvplan.types.planner import Measurements, Recommendation, Targets
 from curvplan.types.recommendations import LatestRecommendation
 from curvplan.types.reports import PlotFiles, PlotInfo, PlotList
+from curvplan.types.webhooks import WebhookDeliveryList, WebhookDeliveryOut, WebhookSecretOut
 
 Job = JobOut
 Artifact = ArtifactOut
@@ -72,6 +73,9 @@ __all__ = [
     "RecommendationPage",
     "ReportLink",
     "Targets",
+    "WebhookDeliveryList",
+    "WebhookDeliveryOut",
+    "WebhookSecretOut",
     "is_terminal",
 ]
 

@@ -316,3 +316,14 @@ class Client:
         """One figure of the report as ``svg`` or ``png`` bytes (drawn by the service)."""
         call = c.Call("GET", c.plot_path(job_id, name, fmt), expect="bytes")
         return self._send(call)
+
+    # ------------------------------------------------------------------ webhooks
+    def create_webhook_secret(self) -> m.WebhookSecretOut:
+        """A new signing secret for the project's webhooks (replaces the old one)."""
+        call = c.Call("POST", "/v1/webhooks/secret", idempotent=False)
+        return m.WebhookSecretOut.model_validate(self._send(call))
+
+    def list_webhook_deliveries(self, job_id: str | uuid.UUID) -> m.WebhookDeliveryList:
+        """The job's webhook deliveries, each with every attempt."""
+        call = c.Call("GET", c.job_path(job_id, "/webhooks"))
+        return m.WebhookDeliveryList.model_validate(self._send(call))
