@@ -38,6 +38,12 @@ KEY_OPTION = typer.Option(
 )
 JSON_OPTION = typer.Option(False, "--json", help="Print JSON on stdout (for scripts).")
 TAG_OPTION = typer.Option(None, "--tag", help="KEY=VALUE label; repeatable.")
+MLFLOW_OPTION = typer.Option(
+    False,
+    "--mlflow",
+    help="Log the finished job to MLflow: the active run, $MLFLOW_RUN_ID, or a new run in "
+    "$MLFLOW_EXPERIMENT_NAME (default curvplan) on $MLFLOW_TRACKING_URI. Needs curvplan[mlflow].",
+)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -116,12 +122,33 @@ def _print_json(value: Any) -> None:
     typer.echo(json.dumps(dump_json(value), indent=2, ensure_ascii=False))
 
 
+def _log_to_mlflow(client: Client, job_id: str, quiet: bool) -> None:
+    from curvplan.integrations.mlflow import MlflowNotInstalledError, log_job
+
+    try:
+        run_id = log_job(client, job_id)
+    except MlflowNotInstalledError as exc:
+        raise _fail(f"--mlflow: {exc}", EXIT_BAD_INPUT) from None
+    except Exception as exc:  # MLflow's own errors (unreachable server, bad run id, …)
+        raise _fail(f"--mlflow: logging to MLflow failed: {exc}", EXIT_SERVICE) from None
+    if not quiet:
+        typer.echo(f"logged job {job_id} to MLflow run {run_id}", err=True)
+
+
 def _finish(
-    client: Client, job: JobOut, wait: bool, timeout: float | None, as_json: bool, quiet: bool
+    client: Client,
+    job: JobOut,
+    wait: bool,
+    timeout: float | None,
+    as_json: bool,
+    quiet: bool,
+    mlflow: bool = False,
 ) -> None:
     """Wait (with progress on stderr) if asked, print the outcome, exit by the job's status."""
     from curvplan.client import display
 
+    if mlflow and not wait:
+        raise _fail("--mlflow logs a finished job: add --wait", EXIT_BAD_INPUT)
     if not wait:
         if as_json:
             _print_json(job)
@@ -141,6 +168,8 @@ def _finish(
             f"interrupted; job {job.id} keeps running (cancel: curvplan jobs cancel {job.id})",
             EXIT_INTERRUPTED,
         ) from None
+    if mlflow:
+        _log_to_mlflow(client, str(job.id), quiet or as_json)
     _report_outcome(client, job, as_json)
 
 
@@ -183,6 +212,7 @@ def analyze(
     idempotency_key: str | None = typer.Option(None, "--idempotency-key"),
     as_json: bool = JSON_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    mlflow: bool = MLFLOW_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
@@ -219,7 +249,7 @@ def analyze(
             intermediate_checkpoints=intermediates,
             idempotency_key=idempotency_key,
         )
-        _finish(client, job, wait, timeout, as_json, quiet)
+        _finish(client, job, wait, timeout, as_json, quiet, mlflow)
 
 
 def plan(
@@ -319,12 +349,13 @@ def jobs_wait(
     timeout: float | None = typer.Option(None, "--timeout", min=0),
     as_json: bool = JSON_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    mlflow: bool = MLFLOW_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
     """Wait for a job (progress on stderr); exit 0 if it succeeded, 1 if not."""
     with _client(url, api_key) as client:
-        _finish(client, client.get_job(job_id), True, timeout, as_json, quiet)
+        _finish(client, client.get_job(job_id), True, timeout, as_json, quiet, mlflow)
 
 
 @jobs_app.command("cancel")
@@ -384,15 +415,20 @@ def report(
     out: Path | None = typer.Option(
         None, "--out", help="Write the page, plots (SVG, PNG) and numbers.json here."
     ),
+    mlflow: bool = MLFLOW_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
-    """A job's report: the page in a browser (--open) and/or its plots as files (--out)."""
-    if not open_browser and out is None:
-        raise _fail("say what to do: --open (browser) and/or --out DIR (files)", EXIT_BAD_INPUT)
+    """A job's report: in a browser (--open), as files (--out), logged to MLflow (--mlflow)."""
+    if not open_browser and out is None and not mlflow:
+        raise _fail(
+            "say what to do: --open (browser), --out DIR (files) and/or --mlflow", EXIT_BAD_INPUT
+        )
     with _client(url, api_key) as client:
         if out is not None:
             _write_report_files(client, job_id, out)
+        if mlflow:
+            _log_to_mlflow(client, job_id, False)
         if open_browser:
             import webbrowser
 
