@@ -9,7 +9,8 @@ params, the report page, every figure (PNG and SVG) and ``numbers.json`` as arti
 Which run: the active run (``mlflow.start_run()`` around the call), else ``run_id``, else
 ``$MLFLOW_RUN_ID`` (those are logged into and left open), else a new run in
 ``experiment_name`` / ``$MLFLOW_EXPERIMENT_NAME`` (default ``curvplan``) named after the job
-and tagged ``curvplan.job_id``, ended with the job's outcome. The tracking server is MLflow's own choice (``$MLFLOW_TRACKING_URI``) unless ``tracking_uri`` is given.
+and tagged ``curvplan.job_id``, ended with the job's outcome. The tracking server is
+MLflow's own choice (``$MLFLOW_TRACKING_URI``) unless ``tracking_uri`` is given.
 Needs ``pip install 'curvplan[mlflow]'`` (mlflow-skinny). The figures are the service's:
 nothing is drawn here. Metric names are :mod:`curvplan.headline`'s (docs/integrations.md).
 """
