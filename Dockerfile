@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1
-# Two images from one file:
+# Three images from one file:
 #   docker build --target api    -t curvplan-api .     # FastAPI service, no torch
 #   docker build --target worker -t curvplan-worker .  # worker with torch (CUDA build from PyPI)
+#   docker build --target client -t curvplan-client .  # the `curvplan` CLI only, for pipeline
+#       steps (Airflow, Argo/Kubeflow, CI); --build-arg CLIENT_EXTRAS=mlflow adds --mlflow
 
 FROM python:3.11-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -35,3 +37,25 @@ RUN pip install "torch==2.13.0" \
     && pip install -c scripts/constraints.txt '.[worker]'
 USER curvplan
 CMD ["curvplan", "worker", "--queues", "gpu"]
+
+# The pipeline step: the client and its CLI only (pydantic, httpx, typer): no torch, no
+# server dependencies. `docker run curvplan-client analyze … --wait --json`; exit codes:
+# 0 succeeded · 1 job failed/cancelled · 2 bad input · 3 service unreachable · 4 timeout.
+FROM python:3.11-slim AS client
+ARG CLIENT_EXTRAS=""
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN useradd --system --uid 10001 --create-home curvplan
+WORKDIR /srv/curvplan
+COPY pyproject.toml setup.py README.md LICENSE ./
+COPY alembic ./alembic
+COPY app ./app
+COPY workers ./workers
+COPY curvplan ./curvplan
+RUN pip install ".${CLIENT_EXTRAS:+[$CLIENT_EXTRAS]}" \
+    && cd / && rm -rf /srv/curvplan \
+    && python -c "import curvplan.cli, curvplan.client, curvplan.webhooks"
+USER curvplan
+WORKDIR /work
+ENTRYPOINT ["curvplan"]
+CMD ["--help"]

@@ -122,6 +122,36 @@ def _print_json(value: Any) -> None:
     typer.echo(json.dumps(dump_json(value), indent=2, ensure_ascii=False))
 
 
+OUTPUTS_OPTION = typer.Option(
+    None,
+    "--outputs",
+    help="Append KEY=VALUE lines (job_id, status and the budget: samples, batch_size, "
+    "critical_batch_size, lr_ceiling) to this file, e.g. $GITHUB_OUTPUT.",
+)
+
+
+def _write_outputs(client: Client, job: JobOut, path: Path) -> None:
+    """The job's id, status and budget as ``KEY=VALUE`` lines for a pipeline's next step."""
+    from curvplan.client import models as m
+    from curvplan.headline import headline_numbers
+
+    lines = {"job_id": str(job.id), "status": job.status, "kind": job.kind}
+    rec = (job.result or {}).get("recommendation") if job.status == "succeeded" else None
+    if isinstance(rec, dict):
+        for h in headline_numbers(m.Recommendation.model_validate(rec)):
+            if h.name.startswith("budget."):
+                value = int(h.value) if float(h.value).is_integer() else h.value
+                lines[h.name.removeprefix("budget.")] = str(value)
+    lines["report"] = f"{client.base_url}/v1/jobs/{job.id}/report"
+    try:
+        with path.open("a", encoding="utf-8") as fh:
+            fh.writelines(f"{k}={v}\n" for k, v in lines.items())
+    except OSError as exc:
+        raise _fail(
+            f"--outputs: cannot write {path}: {exc.strerror or exc}", EXIT_BAD_INPUT
+        ) from None
+
+
 def _log_to_mlflow(client: Client, job_id: str, quiet: bool) -> None:
     from curvplan.integrations.mlflow import MlflowNotInstalledError, log_job
 
@@ -143,12 +173,13 @@ def _finish(
     as_json: bool,
     quiet: bool,
     mlflow: bool = False,
+    outputs: Path | None = None,
 ) -> None:
     """Wait (with progress on stderr) if asked, print the outcome, exit by the job's status."""
     from curvplan.client import display
 
-    if mlflow and not wait:
-        raise _fail("--mlflow logs a finished job: add --wait", EXIT_BAD_INPUT)
+    if (mlflow or outputs is not None) and not wait:
+        raise _fail("--mlflow and --outputs need a finished job: add --wait", EXIT_BAD_INPUT)
     if not wait:
         if as_json:
             _print_json(job)
@@ -168,6 +199,8 @@ def _finish(
             f"interrupted; job {job.id} keeps running (cancel: curvplan jobs cancel {job.id})",
             EXIT_INTERRUPTED,
         ) from None
+    if outputs is not None:
+        _write_outputs(client, job, outputs)
     if mlflow:
         _log_to_mlflow(client, str(job.id), quiet or as_json)
     _report_outcome(client, job, as_json)
@@ -213,6 +246,7 @@ def analyze(
     as_json: bool = JSON_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     mlflow: bool = MLFLOW_OPTION,
+    outputs: Path | None = OUTPUTS_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
@@ -249,7 +283,7 @@ def analyze(
             intermediate_checkpoints=intermediates,
             idempotency_key=idempotency_key,
         )
-        _finish(client, job, wait, timeout, as_json, quiet, mlflow)
+        _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs)
 
 
 def plan(
@@ -263,6 +297,8 @@ def plan(
     idempotency_key: str | None = typer.Option(None, "--idempotency-key"),
     as_json: bool = JSON_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    mlflow: bool = MLFLOW_OPTION,
+    outputs: Path | None = OUTPUTS_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
@@ -286,7 +322,7 @@ def plan(
             tags=tags,
             idempotency_key=idempotency_key,
         )
-        _finish(client, job, wait, timeout, as_json, quiet)
+        _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs)
 
 
 # --------------------------------------------------------------------------- jobs
@@ -350,12 +386,13 @@ def jobs_wait(
     as_json: bool = JSON_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q"),
     mlflow: bool = MLFLOW_OPTION,
+    outputs: Path | None = OUTPUTS_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
     """Wait for a job (progress on stderr); exit 0 if it succeeded, 1 if not."""
     with _client(url, api_key) as client:
-        _finish(client, client.get_job(job_id), True, timeout, as_json, quiet, mlflow)
+        _finish(client, client.get_job(job_id), True, timeout, as_json, quiet, mlflow, outputs)
 
 
 @jobs_app.command("cancel")
