@@ -18,6 +18,7 @@ from typing import Any
 from curvplan.types.planner import (
     BatchSizeSection,
     BCrit,
+    Budget,
     CurvatureSection,
     Estimate,
     PowerLawFit,
@@ -77,35 +78,10 @@ def headline_numbers(rec: Recommendation) -> list[Headline]:
     scaling = rec.scaling if isinstance(rec.scaling, ScalingSection) else None
     curvature = rec.curvature if isinstance(rec.curvature, CurvatureSection) else None
 
-    # ---- the budget: data
-    data_source = None
-    if scaling is not None and _finite(scaling.n_for_target_loss) is not None:
-        add("budget.samples", scaling.n_for_target_loss, "samples",
-            f"training samples for loss {scaling.target_loss:g}", "scaling fit L(D)")  # fmt: skip
-        data_source = "scaling"
-    elif sample is not None:
-        for row in sorted(sample.per_tolerance, key=lambda r: r.tolerance):
-            if isinstance(row.empirical, SampleSizeValue) and row.empirical.k is not None:
-                add("budget.samples", row.empirical.k, "samples",
-                    f"samples for Δ_k ≤ {row.tolerance:g} (loss units)", "Δ_k fit")  # fmt: skip
-                data_source = "delta_fit"
-                break
-    if data_source is not None and sample is not None and sample.available_samples is not None:
-        add("budget.available_samples", sample.available_samples, "samples",
-            "samples available", "targets")  # fmt: skip
-    # ---- the budget: batch
-    if batch is not None:
-        add("budget.batch_size", batch.recommended, "examples per step",
-            "recommended batch size", batch.recommended_basis or "batch section")  # fmt: skip
-        if isinstance(batch.b_crit, BCrit):
-            add("budget.critical_batch_size", batch.b_crit.value, "examples per step",
-                "critical batch size B_crit", "steps-to-target fit")  # fmt: skip
-    # ---- the budget: learning-rate ceiling
-    if curvature is not None:
-        ceilings = [b.lr_ceiling for b in curvature.blocks if _finite(b.lr_ceiling)]
-        if ceilings:
-            add("budget.lr_ceiling", min(ceilings), "learning rate",  # type: ignore[type-var]
-                "2/λ_max: stability limit of GD/SGD (not Adam)", "curvature")  # fmt: skip
+    if rec.budget is not None:
+        _budget_numbers(rec.budget, add)
+    else:  # a recommendation stored before the budget section existed
+        _derived_budget(rec, sample, batch, scaling, curvature, add)
 
     # ---- evidence: sample size
     if sample is not None:
@@ -119,6 +95,7 @@ def headline_numbers(rec: Recommendation) -> list[Headline]:
                 ("k_empirical", row.empirical),
                 ("k_theorem7", row.theoretical),
                 ("k_theorem7_tight", row.theoretical_tight),
+                ("k_loss_accuracy", row.loss_accuracy),
             ):
                 if isinstance(value, SampleSizeValue):
                     add(metric_name("sample_size", key, f"tol_{tol}"), value.k, "samples",
@@ -154,6 +131,72 @@ def headline_numbers(rec: Recommendation) -> list[Headline]:
             add(metric_name("curvature.spectral_norm", b.name), b.spectral_norm, "loss/param²",
                 f"‖H‖₂ of {b.name}", "curvature")  # fmt: skip
     return out
+
+
+def _budget_numbers(budget: Budget, add: Any) -> None:
+    data, batch, lr = budget.data, budget.batch, budget.learning_rate
+    add("budget.samples", data.recommended_examples, "examples",
+        "recommended training-set size", data.source)  # fmt: skip
+    if data.recommended_examples_ci is not None:
+        add("budget.samples_lo", data.recommended_examples_ci[0], "examples", "interval low",
+            data.source)  # fmt: skip
+        add("budget.samples_hi", data.recommended_examples_ci[1], "examples", "interval high",
+            data.source)  # fmt: skip
+    add("budget.samples_tokens", data.recommended_tokens, "tokens",
+        "recommended training-set size", data.source)  # fmt: skip
+    add("budget.available_samples", data.available_samples, "examples", "examples you have",
+        "targets")  # fmt: skip
+    if data.landscape_stabilisation is not None:
+        add("budget.landscape_stabilisation", data.landscape_stabilisation.examples, "examples",
+            data.landscape_stabilisation.label, "Δ_k fit")  # fmt: skip
+    add("budget.target_loss", data.target_loss, "loss units", "target loss", "defaults")
+    add("budget.batch_size", batch.recommended, "examples per step", "recommended batch size",
+        batch.source)  # fmt: skip
+    add("budget.batch_size_tokens", batch.recommended_tokens, "tokens per step",
+        "recommended batch size", batch.source)  # fmt: skip
+    add("budget.critical_batch_size", batch.critical, "examples per step",
+        "critical batch size B_crit", batch.source)  # fmt: skip
+    if batch.critical_ci is not None:
+        add("budget.critical_batch_size_lo", batch.critical_ci[0], "examples per step",
+            "B_crit interval low", batch.source)  # fmt: skip
+        add("budget.critical_batch_size_hi", batch.critical_ci[1], "examples per step",
+            "B_crit interval high", batch.source)  # fmt: skip
+    add("budget.expected_steps", batch.expected_steps, "steps",
+        "expected steps at the recommended batch size", batch.source)  # fmt: skip
+    add("budget.lr_ceiling", lr.gd_stability_limit, "learning rate", lr.label, "curvature")
+
+
+def _derived_budget(rec: Recommendation, sample: Any, batch: Any, scaling: Any,
+                    curvature: Any, add: Any) -> None:  # fmt: skip
+    # ---- the budget: data
+    data_source = None
+    if scaling is not None and _finite(scaling.n_for_target_loss) is not None:
+        add("budget.samples", scaling.n_for_target_loss, "samples",
+            f"training samples for loss {scaling.target_loss:g}", "scaling fit L(D)")  # fmt: skip
+        data_source = "scaling"
+    elif sample is not None:
+        for row in sorted(sample.per_tolerance, key=lambda r: r.tolerance):
+            if isinstance(row.empirical, SampleSizeValue) and row.empirical.k is not None:
+                add("budget.samples", row.empirical.k, "samples",
+                    f"samples for Δ_k ≤ {row.tolerance:g} (loss units)", "Δ_k fit")  # fmt: skip
+                data_source = "delta_fit"
+                break
+    if data_source is not None and sample is not None and sample.available_samples is not None:
+        add("budget.available_samples", sample.available_samples, "samples",
+            "samples available", "targets")  # fmt: skip
+    # ---- the budget: batch
+    if batch is not None:
+        add("budget.batch_size", batch.recommended, "examples per step",
+            "recommended batch size", batch.recommended_basis or "batch section")  # fmt: skip
+        if isinstance(batch.b_crit, BCrit):
+            add("budget.critical_batch_size", batch.b_crit.value, "examples per step",
+                "critical batch size B_crit", "steps-to-target fit")  # fmt: skip
+    # ---- the budget: learning-rate ceiling
+    if curvature is not None:
+        ceilings = [b.lr_ceiling for b in curvature.blocks if _finite(b.lr_ceiling)]
+        if ceilings:
+            add("budget.lr_ceiling", min(ceilings), "learning rate",  # type: ignore[type-var]
+                "2/λ_max: stability limit of GD/SGD (not Adam)", "curvature")  # fmt: skip
 
 
 def headline_dict(rec: Recommendation) -> dict[str, float]:

@@ -70,15 +70,29 @@ B_NOISE_TWO_BATCH = (
     "McCandlish et al. 2018 §2.2 (digest §7.1) with the two-batch estimators of GᵀHG and tr(HΣ) "
     "(digest §7.1 DERIVED); CI = bootstrap percentiles over steps"
 )
-DELTA_METHOD = "; CI by the delta method on log(ratio) from the given standard errors"
+DELTA_METHOD = (
+    "; CI by the delta method on log(ratio) from the given standard errors, treated as "
+    "independent (give log_b_*_se for the correlated case)"
+)
+JACKKNIFE_LOG_RATIO = (
+    "; CI = ratio·exp(±t·se) with se the jackknife standard error of log(ratio) on the same "
+    "per-example gradients (Efron & Tibshirani 1993 ch. 11), t on jackknife groups − 1 dof"
+)
+NOISE_RELIABILITY = (
+    "selection bias: Gaussian wild bootstrap of the gradient groups at the measured "
+    "statistics (Wu 1986); p_defined = share of re-measurements whose ratio is defined, "
+    "median_ratio = median estimate/truth among them (docs/numbers.md)"
+)
 B_CRIT_FIT = (
     "McCandlish et al. 2018 §2.3 (digest §7.1): S = S_min(1 + B_crit/B), "
     "nonlinear least squares on "
-    "log S; CIs from the Jacobian covariance with Student-t quantiles; E_min = B_crit·S_min"
+    "log S; CIs from the HC3 heteroskedasticity-robust sandwich covariance (no constant-noise "
+    "assumption) with Student-t quantiles; E_min = B_crit·S_min"
 )
 B_CRIT_LINEAR = (
     "McCandlish et al. 2018 §2.3 (digest §7.1) linear form 1/S = a + b/E (E = B·S): S_min = 1/a, "
-    "B_crit = −b (digest §7.1)"
+    "B_crit = −b (digest §7.1); informational, no alarm (errors in variables: the noisy S is "
+    "on both sides)"
 )
 B_20PCT = (
     "batch size with 20 % step overhead over perfect scaling from the smallest measured "
@@ -91,7 +105,7 @@ LR_SCALING = (
 )
 SCALING_FIT = (
     "L(D) = E + A·D^(−β) by bounded nonlinear least squares (scipy least_squares, TRF); "
-    "CIs from the Jacobian covariance with Student-t quantiles"
+    "CIs from the HC3 heteroskedasticity-robust sandwich covariance with Student-t quantiles"
 )
 N_FOR_TARGET = (
     "D = (A/(target − E))^(1/β) from L(D) = E + A·D^(−β); CI by sampling the fitted "
@@ -102,4 +116,16 @@ LR_CEILING = "η_g < 2/λ_max(H_gg), GD stability ceiling per block (digest §8 
 THM7_CONSTANT = (
     "Thm 7 (digest §3): |Δ_k| ≤ (2ℓ_max + M·r²)/(k+1) at radius r; tight: ℓ_max + M·r²; "
     "tightness = fitted C / (2ℓ_max + M·r²)"
+)
+LOSS_VARIANCE = (
+    "σ² = sample variance of the per-example losses (ddof 1); CI = σ²·exp(±z·se/σ²) with the "
+    "distribution-free se = √((m₄ − σ⁴(n−3)/(n−1))/n) (Cramér 1946 §27.4; docs/numbers.md)"
+)
+K_LOSS_ACCURACY = (
+    "loss accuracy: k = ⌈z²·σ²/ε²⌉, z = Φ⁻¹((1 + confidence)/2), so that P(|L_k − μ| ≤ ε) ≈ "
+    "confidence (Cochran 1977 eq. 4.2); CI from the CI of σ² (docs/numbers.md)"
+)
+K_LOSS_ACCURACY_SQ = (
+    "loss accuracy from the Δ_k² criterion: Δ2_k = σ²/(k(k+1)) for i.i.d. losses, so the "
+    "fixed-slope constant C2 ≈ σ² and k = ⌈z²·C2/ε²⌉; CI = percentiles over the C2 replicates"
 )

@@ -29,6 +29,7 @@ from pydantic import (
 from curvplan.types.options import AnalysisOptions  # pydantic only, like the spec
 from curvplan.types.planner import Measurements, PlanInputError, Targets, check_workload
 from curvplan.types.spec import ModelSpec  # pydantic only: the API never imports torch
+from curvplan.types.sweep import PointSettings, SweepSettings, _SweepBase
 
 TagKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
 TagValue = Annotated[str, Field(max_length=256)]
@@ -109,11 +110,42 @@ class AnalyzeJobCreate(_JobCreateBase):
     )
     options: AnalysisOptions = Field(default_factory=AnalysisOptions)
     targets: Targets = Field(default_factory=Targets)
+    sweeps: Annotated[list[uuid.UUID], Field(max_length=8)] = Field(
+        default_factory=list,
+        description="Succeeded sweep jobs of the project whose fits the budget uses: a batch "
+        "sweep's steps to target (B_crit) and a data sweep's L(D) (the data size for the target "
+        "loss). Their target loss is used when targets.target_loss is not given.",
+    )
+
+
+class SweepJobCreate(_JobCreateBase, _SweepBase):
+    """Train at a ladder of batch sizes or dataset sizes and fit the budget's curves.
+
+    The job fans out one ``sweep_point`` child per run (listed as ``children``), waits for
+    them (stage ``waiting for children``, progress = points done / total) and fits the
+    results: S_min, E_min, B_crit and the two-batch B_simple (batch sweep), or
+    L(D) = E + A·D^(−β) and the size for the target loss (data sweep). The fit runs on the
+    cpu queue, the training runs on the gpu queue (CUDA when the worker has it).
+    """
+
+    queue: ClassVar[str] = "cpu"
+    kind: Literal["sweep"]
+    sweep: SweepSettings
+
+
+class SweepPointJobCreate(_JobCreateBase, _SweepBase):
+    """One training run of a sweep (a sweep creates these; a client may run one alone)."""
+
+    queue: ClassVar[str] = "gpu"
+    kind: Literal["sweep_point"]
+    point: PointSettings
 
 
 JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = (
     PlanJobCreate,
     AnalyzeJobCreate,
+    SweepJobCreate,
+    SweepPointJobCreate,
 )
 
 

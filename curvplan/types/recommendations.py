@@ -7,7 +7,9 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+from curvplan.types.planner import Budget
 
 
 class RecommendationLinks(BaseModel):
@@ -23,6 +25,11 @@ class LatestRecommendation(BaseModel):
     kind: str
     tags: dict[str, str]
     finished_at: datetime | None
+    budget: Budget | None = Field(
+        default=None,
+        description="recommendation.budget, first: how much data, which batch size, the "
+        "learning-rate limit (null for recommendations stored before the budget existed).",
+    )
     recommendation: dict[str, Any]
     links: RecommendationLinks
 

@@ -83,7 +83,7 @@ def test_parent_waits_without_lease_and_the_last_child_queues_it(db, project_id)
     row = job_row(db, parent)
     assert row.status == "running" and row.progress["points_done"] == 2
     assert row.progress["points_failed"] == 1
-    assert "2 of 3 points done (1 failed)" == row.progress["message"]
+    assert row.progress["message"] == "2 of 3 points done (1 failed)"
     _finish_child(db, children[2].id)
     row = job_row(db, parent)
     assert row.status == "queued" and row.max_attempts == 4  # the fan-out attempt is not counted

@@ -148,4 +148,15 @@ def planner_fields(
         notes.extend(more)
         if direct:
             fields["gradient_noise"] = direct
+    trend = []
+    for stats in intermediate_noise:  # oldest first, as given
+        direct, _ = planner_gradient_noise(stats)
+        if not direct:
+            continue
+        point = {**direct, "checkpoint": str(stats.get("checkpoint"))[:200]}
+        if isinstance(stats.get("loss"), int | float) and stats["loss"] >= 0:
+            point["loss"] = float(stats["loss"])
+        trend.append(point)
+    if trend:
+        fields["gradient_noise_trend"] = trend
     return fields, notes
