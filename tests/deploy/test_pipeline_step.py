@@ -36,8 +36,11 @@ class _NotInTheClientImage:
             raise ImportError(name + " is not installed in the client image")
 sys.meta_path.insert(0, _NotInTheClientImage())
 """
-STEP_OUTPUTS = {"job_id", "status", "kind", "samples", "available_samples", "batch_size",
-                "critical_batch_size", "lr_ceiling", "report", "result"}  # fmt: skip
+STEP_OUTPUTS = {"job_id", "status", "kind", "samples", "samples_lo", "samples_hi",
+                "samples_tokens", "available_samples", "landscape_stabilisation", "target_loss",
+                "batch_size", "batch_size_tokens", "critical_batch_size",
+                "critical_batch_size_lo", "critical_batch_size_hi", "expected_steps",
+                "lr_ceiling", "report", "result"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +142,9 @@ def test_action_script_against_a_real_server(
     job = json.loads(Path(got["result"]).read_text())
     assert job["id"] == got["job_id"] and job["name"] == "ci-budget"
     rec = job["result"]["recommendation"]
-    assert int(got["batch_size"]) == rec["batch_size"]["recommended"]
+    assert int(got["batch_size"]) == rec["budget"]["batch"]["recommended"]
     assert float(got["critical_batch_size"]) == pytest.approx(B_CRIT, rel=1e-3)
-    assert float(got["samples"]) == pytest.approx(rec["scaling"]["n_for_target_loss"])
+    assert int(got["samples"]) == rec["budget"]["data"]["recommended_examples"]
     assert got["report"].endswith(f"/v1/jobs/{job['id']}/report")
 
     files = write_analyze_files(tmp_path / "files")  # a checkpoint that does not fit the spec

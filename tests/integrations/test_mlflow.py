@@ -63,14 +63,14 @@ def test_new_run_named_after_the_job_with_metrics_params_and_artifacts(
 
     rec = finished["result"]["recommendation"]
     metrics = run.data.metrics
-    assert metrics["budget.batch_size"] == rec["batch_size"]["recommended"]
+    assert metrics["budget.batch_size"] == rec["budget"]["batch"]["recommended"]
     assert metrics["batch.b_crit"] == pytest.approx(B_CRIT, rel=1e-3)
-    assert metrics["budget.critical_batch_size"] == rec["batch_size"]["b_crit"]["value"]
+    assert metrics["budget.critical_batch_size"] == rec["budget"]["batch"]["critical"]
     assert metrics["batch.b_simple"] == rec["batch_size"]["b_simple"]["value"]
     assert metrics["batch.b_noise"] == rec["batch_size"]["b_noise"]["value"]
     assert metrics["sample_size.alpha"] == rec["sample_size"]["fit"]["alpha"]
     assert metrics["sample_size.C"] == rec["sample_size"]["fit"]["C"]
-    assert metrics["budget.samples"] == rec["scaling"]["n_for_target_loss"]
+    assert metrics["budget.samples"] == rec["budget"]["data"]["recommended_examples"]
     for block in rec["curvature"]["blocks"]:
         assert metrics[f"curvature.lambda_max.{block['name']}"] == block["lambda_max"]
     first = rec["sample_size"]["per_tolerance"][0]
