@@ -584,6 +584,47 @@ def _write_report_files(client: Client, job_id: str, out: Path) -> None:
         typer.echo(str(path))
 
 
+# --------------------------------------------------------------------------- webhooks
+webhooks_app = typer.Typer(
+    help="The project's webhook signing secret and a job's deliveries.", no_args_is_help=True
+)
+
+
+@webhooks_app.command("secret")
+def webhooks_secret(
+    as_json: bool = JSON_OPTION,
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """Create (or replace) the project's webhook signing secret and print it (shown once)."""
+    with _client(url, api_key) as client:
+        made = client.create_webhook_secret()
+        if as_json:
+            _print_json(made)
+        else:
+            typer.echo(made.secret)
+
+
+@webhooks_app.command("list")
+def webhooks_list(
+    job_id: str = typer.Argument(..., metavar="JOB"),
+    as_json: bool = JSON_OPTION,
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """A job's webhook deliveries and each attempt."""
+    with _client(url, api_key) as client:
+        deliveries = client.list_webhook_deliveries(job_id)
+        if as_json:
+            _print_json(deliveries)
+            return
+        for d in deliveries.items:
+            typer.echo(f"{d.id}  {d.event_type}  {d.status}  {d.url}")
+            for a in d.attempts:
+                outcome = a.error or f"HTTP {a.status_code}"
+                typer.echo(f"  #{a.number} {a.started_at.isoformat()} {outcome}")
+
+
 def register(app: typer.Typer) -> None:
     """Attach the client commands to the top-level app."""
     app.command("analyze")(analyze)
@@ -592,6 +633,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(jobs_app, name="jobs")
     app.command("recommendations")(recommendations)
     app.command("report")(report)
+    app.add_typer(webhooks_app, name="webhooks")
 
 
 __all__: list[str] = ["register"]

@@ -109,3 +109,11 @@ def analyze_job(plan_job: dict[str, Any]) -> dict[str, Any]:
         "recommendation": plan_job["result"]["recommendation"],
     }
     return job
+
+
+@pytest.fixture(scope="session")
+def analyze_plots(analyze_job: dict[str, Any]) -> list[Any]:
+    """The figures of ``analyze_job``, drawn once per session."""
+    from curvplan_server.reports.plots import build_plots
+
+    return build_plots(analyze_job)

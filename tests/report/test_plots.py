@@ -107,8 +107,8 @@ def test_band_is_the_corner_envelope() -> None:
     assert confidence_band([1.0], [None, 2.0], [0.5, 1.0]) is None
 
 
-def test_analyze_job_figures_off_diagonal_and_bounds(analyze_job: dict[str, Any]) -> None:
-    plots = by_id(build_plots(analyze_job))
+def test_analyze_job_figures_off_diagonal_and_bounds(analyze_plots: list[Plot]) -> None:
+    plots = by_id(analyze_plots)
     off = plots["off-diagonal"]
     assert off.drawn
     assert off.numbers["blocks"] == ["layers.0.q", "layers.0.k", "layers.0.v"]

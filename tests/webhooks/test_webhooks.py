@@ -285,10 +285,17 @@ def test_api_secret_submit_checks_and_delivery_listing(
 
 @pytest.mark.e2e
 def test_a_worker_announces_a_finished_job(live: Any, receiver: Receiver) -> None:
-    import curvplan
+    from typer.testing import CliRunner
 
+    import curvplan
+    from curvplan.cli import app as cli
+
+    env = {"CURVPLAN_URL": live.url, "CURVPLAN_API_KEY": live.api_key}
+    made = CliRunner().invoke(cli, ["webhooks", "secret"], env=env)
+    assert made.exit_code == 0, made.output
+    secret = made.output.strip()
+    assert secret.startswith("whsec_")
     with curvplan.Client(live.url, live.api_key) as api:
-        secret = api.create_webhook_secret().secret
         job = api.submit_job({"kind": "plan", "measurements": full_measurements(),
                               "targets": full_targets(), "name": "hooked",
                               "webhook_url": receiver.url + "/done"})  # fmt: skip
@@ -307,5 +314,8 @@ def test_a_worker_announces_a_finished_job(live: Any, receiver: Receiver) -> Non
             time.sleep(0.1)
         assert delivery.status == "succeeded"
         assert [a.status_code for a in delivery.attempts] == [200]
+    listed = CliRunner().invoke(cli, ["webhooks", "list", str(job.id)], env=env)
+    assert listed.exit_code == 0 and "job.succeeded  succeeded" in listed.output
+    assert "#1 " in listed.output and "HTTP 200" in listed.output
     time.sleep(1.5)  # the worker polls every second: it does not send it again
     assert len(receiver.requests) == 1
