@@ -267,6 +267,13 @@ def analyze_body(
     return _common_fields(body, name, tags, max_attempts)
 
 
+def with_webhook(body: dict[str, Any], webhook_url: str | None) -> dict[str, Any]:
+    """``body`` with ``webhook_url`` set when given (the service checks its host)."""
+    if webhook_url is not None:
+        body["webhook_url"] = webhook_url
+    return body
+
+
 def _common_fields(
     body: dict[str, Any], name: str | None, tags: Mapping[str, str] | None, max_attempts: int | None
 ) -> dict[str, Any]:

@@ -141,11 +141,17 @@ class AsyncClient:
         name: str | None = None,
         tags: Mapping[str, str] | None = None,
         max_attempts: int | None = None,
+        webhook_url: str | None = None,
         idempotency_key: str | None = None,
     ) -> m.JobOut:
-        """Queue a ``plan`` job from measurements you already have (design.md §4)."""
+        """Queue a ``plan`` job from measurements you already have (design.md §4).
+
+        ``webhook_url`` is POSTed a signed event when the job ends (docs/integrations.md).
+        """
         body = c.plan_body(measurements, targets, name, tags, max_attempts)
-        return await self.submit_job(body, idempotency_key=idempotency_key)
+        return await self.submit_job(
+            c.with_webhook(body, webhook_url), idempotency_key=idempotency_key
+        )
 
     async def submit_analyze(
         self,
@@ -160,6 +166,7 @@ class AsyncClient:
         intermediate_checkpoints: Sequence[str | uuid.UUID | m.Artifact] = (),
         sweeps: Sequence[str | uuid.UUID | m.JobOut] = (),
         max_attempts: int | None = None,
+        webhook_url: str | None = None,
         idempotency_key: str | None = None,
     ) -> m.JobOut:
         """Queue an ``analyze`` job: model spec + checkpoint and dataset artifacts (ids).
@@ -180,7 +187,9 @@ class AsyncClient:
             intermediate_checkpoints,
             sweeps,
         )
-        return await self.submit_job(body, idempotency_key=idempotency_key)
+        return await self.submit_job(
+            c.with_webhook(body, webhook_url), idempotency_key=idempotency_key
+        )
 
     async def get_job(self, job_id: str | uuid.UUID) -> m.JobOut:
         return m.JobOut.model_validate(await self._send(c.Call("GET", c.job_path(job_id))))

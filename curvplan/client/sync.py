@@ -138,11 +138,15 @@ class Client:
         name: str | None = None,
         tags: Mapping[str, str] | None = None,
         max_attempts: int | None = None,
+        webhook_url: str | None = None,
         idempotency_key: str | None = None,
     ) -> m.JobOut:
-        """Queue a ``plan`` job from measurements you already have (design.md §4)."""
+        """Queue a ``plan`` job from measurements you already have (design.md §4).
+
+        ``webhook_url`` is POSTed a signed event when the job ends (docs/integrations.md).
+        """
         body = c.plan_body(measurements, targets, name, tags, max_attempts)
-        return self.submit_job(body, idempotency_key=idempotency_key)
+        return self.submit_job(c.with_webhook(body, webhook_url), idempotency_key=idempotency_key)
 
     def submit_analyze(
         self,
@@ -157,6 +161,7 @@ class Client:
         intermediate_checkpoints: Sequence[str | uuid.UUID | m.Artifact] = (),
         sweeps: Sequence[str | uuid.UUID | m.JobOut] = (),
         max_attempts: int | None = None,
+        webhook_url: str | None = None,
         idempotency_key: str | None = None,
     ) -> m.JobOut:
         """Queue an ``analyze`` job: model spec + checkpoint and dataset artifacts (ids).
@@ -177,7 +182,7 @@ class Client:
             intermediate_checkpoints,
             sweeps,
         )
-        return self.submit_job(body, idempotency_key=idempotency_key)
+        return self.submit_job(c.with_webhook(body, webhook_url), idempotency_key=idempotency_key)
 
     def get_job(self, job_id: str | uuid.UUID) -> m.JobOut:
         return m.JobOut.model_validate(self._send(c.Call("GET", c.job_path(job_id))))

@@ -122,6 +122,11 @@ def _print_json(value: Any) -> None:
     typer.echo(json.dumps(dump_json(value), indent=2, ensure_ascii=False))
 
 
+WEBHOOK_OPTION = typer.Option(
+    None,
+    "--webhook-url",
+    help="POST a signed event to this URL when the job ends (see `curvplan webhooks`).",
+)
 OUTPUTS_OPTION = typer.Option(
     None,
     "--outputs",
@@ -250,6 +255,7 @@ def analyze(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     mlflow: bool = MLFLOW_OPTION,
     outputs: Path | None = OUTPUTS_OPTION,
+    webhook_url: str | None = WEBHOOK_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
@@ -286,6 +292,7 @@ def analyze(
             intermediate_checkpoints=intermediates,
             sweeps=sweep or (),
             idempotency_key=idempotency_key,
+            webhook_url=webhook_url,
         )
         _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs)
 
@@ -395,6 +402,7 @@ def plan(
     quiet: bool = typer.Option(False, "--quiet", "-q"),
     mlflow: bool = MLFLOW_OPTION,
     outputs: Path | None = OUTPUTS_OPTION,
+    webhook_url: str | None = WEBHOOK_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
@@ -417,6 +425,7 @@ def plan(
             name=name or doc.get("name"),
             tags=tags,
             idempotency_key=idempotency_key,
+            webhook_url=webhook_url,
         )
         _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs)
 

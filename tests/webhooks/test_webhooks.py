@@ -296,9 +296,8 @@ def test_a_worker_announces_a_finished_job(live: Any, receiver: Receiver) -> Non
     secret = made.output.strip()
     assert secret.startswith("whsec_")
     with curvplan.Client(live.url, live.api_key) as api:
-        job = api.submit_job({"kind": "plan", "measurements": full_measurements(),
-                              "targets": full_targets(), "name": "hooked",
-                              "webhook_url": receiver.url + "/done"})  # fmt: skip
+        job = api.submit_plan(full_measurements(), full_targets(), name="hooked",
+                              webhook_url=receiver.url + "/done")  # fmt: skip
         assert api.wait(job.id, timeout=90).status == "succeeded"
         (got,) = receiver.wait_for(1)
         event = WebhookVerifier(secret).verify(got.body, got.headers["Curvplan-Signature"])
