@@ -7,6 +7,7 @@ both draw and the second upsert wins with the same content.
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
@@ -62,6 +63,17 @@ def job_plots(session: Session, job: dict[str, Any], *, with_png: bool = False) 
     return plots
 
 
+def _json_safe(value: Any) -> Any:
+    """``value`` with non-finite floats as None (JSONB has no NaN or infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def store_plots(session: Session, job_id: uuid.UUID, plots: list[Plot]) -> None:
     """Keep ``plots`` (in page order) as the figures of ``job_id``, replacing older ones."""
     for position, plot in enumerate(plots):
@@ -73,7 +85,7 @@ def store_plots(session: Session, job_id: uuid.UUID, plots: list[Plot]) -> None:
             "title": plot.title,
             "caption": plot.caption,
             "empty_reason": plot.empty_reason,
-            "numbers": plot.numbers,
+            "numbers": _json_safe(plot.numbers),
             "svg": plot.svg,
             "png": plot.png,
         }
