@@ -135,6 +135,28 @@ class Settings(BaseSettings):
         default=900.0, gt=0, le=7 * 24 * 3600, description="Lifetime of a signed report link."
     )
 
+    # Webhooks (docs/integrations.md): callbacks only to hosts the operator lists.
+    webhook_allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts a job's webhook_url may name (JSON list; '*.example.com' matches "
+        "subdomains, '*' any host). Empty: webhooks are off.",
+    )
+    webhook_allowed_networks: list[str] = Field(
+        default_factory=list,
+        description="CIDRs exempt from the private-address refusal (loopback, link-local, "
+        'metadata, private ranges are refused otherwise), e.g. ["10.1.0.0/16"].',
+    )
+    webhook_max_attempts: int = Field(default=8, ge=1, le=50)
+    webhook_backoff_seconds: float = Field(
+        default=10.0, gt=0, description="First retry delay; doubles per attempt (max 1 h)."
+    )
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+    public_url: str | None = Field(
+        default=None,
+        description="The service's public base URL (e.g. https://curvplan.example.com): "
+        "webhook links are absolute with it, relative without.",
+    )
+
     @field_validator("database_url")
     @classmethod
     def _normalise(cls, value: str | None) -> str | None:

@@ -32,6 +32,7 @@ from curvplan_server.recommendations.router import router as recommendations_rou
 from curvplan_server.reports.router import router as reports_router
 from curvplan_server.storage.housekeeping import temp_sweeper
 from curvplan_server.storage.router import router as storage_router
+from curvplan_server.webhooks.router import router as webhooks_router
 from curvplan_server.workers.router import router as workers_router
 
 API_VERSION = "0.1.0"
@@ -85,6 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(storage_router)
     app.include_router(recommendations_router)
     app.include_router(workers_router)
+    app.include_router(webhooks_router)
     # Outermost last: metrics see every request, including 413s from the size limit.
     app.add_middleware(
         BodySizeLimitMiddleware,

@@ -50,7 +50,8 @@ from curvplan.types.jobs import QUEUES
 from curvplan_server.config import Settings
 from curvplan_server.db import make_engine
 from curvplan_server.logging import bind, configure_logging
-from curvplan_worker import store
+from curvplan_server.webhooks.guard import AddressPolicy
+from curvplan_worker import store, webhooks
 from curvplan_worker.attempt import AttemptProcess, Final, Progress, describe_exit, make_context
 from curvplan_worker.child import ChildTask
 from curvplan_worker.errors import error_dict
@@ -95,6 +96,14 @@ class WorkerOptions:
     job_retention_days: float | None = None
     blob_gc_grace_seconds: float = 600.0
     temp_file_max_age_seconds: float = 3600.0
+    # Webhooks: the sender thread's policy and pacing (Settings.webhook_*).
+    webhook_allowed_hosts: tuple[str, ...] = ()
+    webhook_allowed_networks: tuple[str, ...] = ()
+    webhook_max_attempts: int = 8
+    webhook_backoff_seconds: float = 10.0
+    webhook_timeout_seconds: float = 10.0
+    webhook_poll_seconds: float = 1.0
+    public_url: str | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.queues) - set(VALID_QUEUES))
@@ -145,6 +154,12 @@ class WorkerOptions:
             job_retention_days=settings.job_retention_days,
             blob_gc_grace_seconds=settings.blob_gc_grace_seconds,
             temp_file_max_age_seconds=settings.temp_file_max_age_seconds,
+            webhook_allowed_hosts=tuple(settings.webhook_allowed_hosts),
+            webhook_allowed_networks=tuple(settings.webhook_allowed_networks),
+            webhook_max_attempts=settings.webhook_max_attempts,
+            webhook_backoff_seconds=settings.webhook_backoff_seconds,
+            webhook_timeout_seconds=settings.webhook_timeout_seconds,
+            public_url=settings.public_url,
         )
         rest = {k: v for k, v in given.items() if k not in ("lease_seconds", "heartbeat_seconds")}
         return replace(base, **rest)  # type: ignore[arg-type]
@@ -560,6 +575,18 @@ def _gc_loop(options: WorkerOptions, stop: threading.Event) -> None:
         engine.dispose()
 
 
+def webhook_sender_options(options: WorkerOptions) -> webhooks.SenderOptions:
+    return webhooks.SenderOptions(
+        policy=AddressPolicy.from_lists(
+            options.webhook_allowed_hosts, options.webhook_allowed_networks
+        ),
+        max_attempts=options.webhook_max_attempts,
+        backoff_seconds=options.webhook_backoff_seconds,
+        timeout_seconds=options.webhook_timeout_seconds,
+        public_url=options.public_url,
+    )
+
+
 def run_worker(options: WorkerOptions) -> int:
     """Run ``options.concurrency`` slots until SIGTERM/SIGINT; return the exit code.
 
@@ -613,9 +640,17 @@ def run_worker(options: WorkerOptions) -> int:
         threading.Thread(
             target=_gc_loop, args=(options, stop), name="storage-gc", daemon=True
         ).start()
+    sender = threading.Thread(
+        target=webhooks.sender_loop,
+        args=(engine, webhook_sender_options(options), stop, options.webhook_poll_seconds),
+        name="webhooks",
+        daemon=True,
+    )
+    sender.start()
     # The main thread only waits, so that it stays free to handle signals.
     while any(thread.is_alive() for thread in threads):
         for thread in threads:
             thread.join(timeout=0.2)
+    sender.join(timeout=15)  # a POST in flight ends within its timeout
     engine.dispose()
     return 1 if failed else 0

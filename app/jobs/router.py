@@ -28,6 +28,7 @@ from curvplan_server.problems import (
     problem_responses,
     validation_problem,
 )
+from curvplan_server.webhooks.service import check_job_webhook
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -190,6 +191,8 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
         )
     body = _validate_body(await request.body())
     settings = request.app.state.settings
+    if body.get("webhook_url") is not None:
+        await run_in_threadpool(check_job_webhook, session, settings, auth.project_id, body)
     created = await run_in_threadpool(
         _create_and_commit,
         session,

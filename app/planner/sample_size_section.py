@@ -22,6 +22,7 @@ from curvplan.types.planner import (
     Targets,
 )
 from curvplan_server.planner import formulas
+from curvplan_server.planner.laws import theorem7_constant
 from curvplan_server.planner.loss_accuracy import (
     LossVariance,
     k_loss_accuracy,
@@ -509,11 +510,11 @@ def build_sample_size_section(
             _check_fit(p_fits, f"perturbed losses at radius {perturbed.radius:g}", log)
             thm7: dict[str, float | str | None] = {}
             if loss_bound is not None and m_bound is not None:
-                r2_term = m_bound.value * perturbed.radius**2
-                full = 2.0 * loss_bound.value + r2_term
+                args = (loss_bound.value, m_bound.value, perturbed.radius)
+                full = theorem7_constant(*args)
                 thm7 = {
                     "theorem7_C": full,
-                    "theorem7_C_tight": loss_bound.value + r2_term,
+                    "theorem7_C_tight": theorem7_constant(*args, tight=True),
                     "tightness": p_fits.abs.C / full if p_fits.abs is not None else None,
                     "theorem7_formula": formulas.THM7_CONSTANT,
                 }

@@ -112,7 +112,7 @@ class Call:
     timeout: float | None = None
     upload: Upload | None = None
     idempotent: bool = True
-    expect: str = "json"  # or "text"
+    expect: str = "json"  # or "text", "bytes"
 
 
 def is_retryable_transport_error(exc: httpx.TransportError, call: Call) -> bool:
@@ -174,6 +174,8 @@ def decode(response: httpx.Response, call: Call) -> Any:
     raise_for_problem(response)
     if call.expect == "text":
         return response.text
+    if call.expect == "bytes":
+        return response.content
     if not response.content:
         return None
     try:
@@ -190,6 +192,14 @@ def decode(response: httpx.Response, call: Call) -> Any:
 # --------------------------------------------------------------------------- call builders
 def job_path(job_id: str | uuid.UUID, suffix: str = "") -> str:
     return f"/v1/jobs/{_uuid(job_id, 'job_id')}{suffix}"
+
+
+def plot_path(job_id: str | uuid.UUID, name: str, fmt: str) -> str:
+    if fmt not in ("svg", "png"):
+        raise ValueError(f"fmt must be 'svg' or 'png', not {fmt!r}")
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"not a plot name: {name!r}")
+    return job_path(job_id, f"/plots/{name}.{fmt}")
 
 
 def artifact_path(artifact_id: str | uuid.UUID) -> str:
@@ -255,6 +265,13 @@ def analyze_body(
     if targets is not None:
         body["targets"] = _jsonable(targets)
     return _common_fields(body, name, tags, max_attempts)
+
+
+def with_webhook(body: dict[str, Any], webhook_url: str | None) -> dict[str, Any]:
+    """``body`` with ``webhook_url`` set when given (the service checks its host)."""
+    if webhook_url is not None:
+        body["webhook_url"] = webhook_url
+    return body
 
 
 def _common_fields(

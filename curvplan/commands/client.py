@@ -38,6 +38,12 @@ KEY_OPTION = typer.Option(
 )
 JSON_OPTION = typer.Option(False, "--json", help="Print JSON on stdout (for scripts).")
 TAG_OPTION = typer.Option(None, "--tag", help="KEY=VALUE label; repeatable.")
+MLFLOW_OPTION = typer.Option(
+    False,
+    "--mlflow",
+    help="Log the finished job to MLflow: the active run, $MLFLOW_RUN_ID, or a new run in "
+    "$MLFLOW_EXPERIMENT_NAME (default curvplan) on $MLFLOW_TRACKING_URI. Needs curvplan[mlflow].",
+)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -116,12 +122,69 @@ def _print_json(value: Any) -> None:
     typer.echo(json.dumps(dump_json(value), indent=2, ensure_ascii=False))
 
 
+WEBHOOK_OPTION = typer.Option(
+    None,
+    "--webhook-url",
+    help="POST a signed event to this URL when the job ends (see `curvplan webhooks`).",
+)
+OUTPUTS_OPTION = typer.Option(
+    None,
+    "--outputs",
+    help="Append KEY=VALUE lines (job_id, status and the budget: samples, batch_size, "
+    "critical_batch_size, lr_ceiling) to this file, e.g. $GITHUB_OUTPUT.",
+)
+
+
+def _write_outputs(client: Client, job: JobOut, path: Path) -> None:
+    """The job's id, status and budget as ``KEY=VALUE`` lines for a pipeline's next step."""
+    from curvplan.client import models as m
+    from curvplan.headline import headline_numbers
+
+    lines = {"job_id": str(job.id), "status": job.status, "kind": job.kind}
+    rec = m.job_recommendation(job)
+    if rec is not None:
+        for h in headline_numbers(rec):
+            if h.name.startswith("budget."):
+                value = int(h.value) if float(h.value).is_integer() else h.value
+                lines[h.name.removeprefix("budget.")] = str(value)
+    lines["report"] = f"{client.base_url}/v1/jobs/{job.id}/report"
+    try:
+        with path.open("a", encoding="utf-8") as fh:
+            fh.writelines(f"{k}={v}\n" for k, v in lines.items())
+    except OSError as exc:
+        raise _fail(
+            f"--outputs: cannot write {path}: {exc.strerror or exc}", EXIT_BAD_INPUT
+        ) from None
+
+
+def _log_to_mlflow(client: Client, job_id: str, quiet: bool) -> None:
+    from curvplan.integrations.mlflow import MlflowNotInstalledError, log_job
+
+    try:
+        run_id = log_job(client, job_id)
+    except MlflowNotInstalledError as exc:
+        raise _fail(f"--mlflow: {exc}", EXIT_BAD_INPUT) from None
+    except Exception as exc:  # MLflow's own errors (unreachable server, bad run id, …)
+        raise _fail(f"--mlflow: logging to MLflow failed: {exc}", EXIT_SERVICE) from None
+    if not quiet:
+        typer.echo(f"logged job {job_id} to MLflow run {run_id}", err=True)
+
+
 def _finish(
-    client: Client, job: JobOut, wait: bool, timeout: float | None, as_json: bool, quiet: bool
+    client: Client,
+    job: JobOut,
+    wait: bool,
+    timeout: float | None,
+    as_json: bool,
+    quiet: bool,
+    mlflow: bool = False,
+    outputs: Path | None = None,
 ) -> None:
     """Wait (with progress on stderr) if asked, print the outcome, exit by the job's status."""
     from curvplan.client import display
 
+    if (mlflow or outputs is not None) and not wait:
+        raise _fail("--mlflow and --outputs need a finished job: add --wait", EXIT_BAD_INPUT)
     if not wait:
         if as_json:
             _print_json(job)
@@ -141,6 +204,10 @@ def _finish(
             f"interrupted; job {job.id} keeps running (cancel: curvplan jobs cancel {job.id})",
             EXIT_INTERRUPTED,
         ) from None
+    if outputs is not None:
+        _write_outputs(client, job, outputs)
+    if mlflow:
+        _log_to_mlflow(client, str(job.id), quiet or as_json)
     _report_outcome(client, job, as_json)
 
 
@@ -186,6 +253,9 @@ def analyze(
     idempotency_key: str | None = typer.Option(None, "--idempotency-key"),
     as_json: bool = JSON_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    mlflow: bool = MLFLOW_OPTION,
+    outputs: Path | None = OUTPUTS_OPTION,
+    webhook_url: str | None = WEBHOOK_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
@@ -222,8 +292,9 @@ def analyze(
             intermediate_checkpoints=intermediates,
             sweeps=sweep or (),
             idempotency_key=idempotency_key,
+            webhook_url=webhook_url,
         )
-        _finish(client, job, wait, timeout, as_json, quiet)
+        _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs)
 
 
 def _ints(value: str | None, opt: str) -> list[int] | None:
@@ -329,6 +400,9 @@ def plan(
     idempotency_key: str | None = typer.Option(None, "--idempotency-key"),
     as_json: bool = JSON_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    mlflow: bool = MLFLOW_OPTION,
+    outputs: Path | None = OUTPUTS_OPTION,
+    webhook_url: str | None = WEBHOOK_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
@@ -351,8 +425,9 @@ def plan(
             name=name or doc.get("name"),
             tags=tags,
             idempotency_key=idempotency_key,
+            webhook_url=webhook_url,
         )
-        _finish(client, job, wait, timeout, as_json, quiet)
+        _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs)
 
 
 # --------------------------------------------------------------------------- jobs
@@ -415,12 +490,14 @@ def jobs_wait(
     timeout: float | None = typer.Option(None, "--timeout", min=0),
     as_json: bool = JSON_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    mlflow: bool = MLFLOW_OPTION,
+    outputs: Path | None = OUTPUTS_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
     """Wait for a job (progress on stderr); exit 0 if it succeeded, 1 if not."""
     with _client(url, api_key) as client:
-        _finish(client, client.get_job(job_id), True, timeout, as_json, quiet)
+        _finish(client, client.get_job(job_id), True, timeout, as_json, quiet, mlflow, outputs)
 
 
 @jobs_app.command("cancel")
@@ -478,17 +555,22 @@ def report(
         False, "--open", help="Open a short-lived signed link to the report in a browser."
     ),
     out: Path | None = typer.Option(
-        None, "--out", help="Write the plots (SVG) and numbers (JSON) to this directory."
+        None, "--out", help="Write the page, plots (SVG, PNG) and numbers.json here."
     ),
+    mlflow: bool = MLFLOW_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
-    """A job's report: the page in a browser (--open) and/or its plots as files (--out)."""
-    if not open_browser and out is None:
-        raise _fail("say what to do: --open (browser) and/or --out DIR (files)", EXIT_BAD_INPUT)
+    """A job's report: in a browser (--open), as files (--out), logged to MLflow (--mlflow)."""
+    if not open_browser and out is None and not mlflow:
+        raise _fail(
+            "say what to do: --open (browser), --out DIR (files) and/or --mlflow", EXIT_BAD_INPUT
+        )
     with _client(url, api_key) as client:
         if out is not None:
             _write_report_files(client, job_id, out)
+        if mlflow:
+            _log_to_mlflow(client, job_id, False)
         if open_browser:
             import webbrowser
 
@@ -499,17 +581,57 @@ def report(
 
 
 def _write_report_files(client: Client, job_id: str, out: Path) -> None:
-    from curvplan_server.reports.files import write_report_files
+    from curvplan.report_files import download_report
 
-    job = client.get_job(job_id)
     try:
-        written = write_report_files(job.model_dump(mode="json"), out)
+        written = download_report(client, job_id, out)
     except OSError as exc:
         raise _fail(
             f"--out: cannot write to {out}: {exc.strerror or exc}", EXIT_BAD_INPUT
         ) from None
     for path in written:
         typer.echo(str(path))
+
+
+# --------------------------------------------------------------------------- webhooks
+webhooks_app = typer.Typer(
+    help="The project's webhook signing secret and a job's deliveries.", no_args_is_help=True
+)
+
+
+@webhooks_app.command("secret")
+def webhooks_secret(
+    as_json: bool = JSON_OPTION,
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """Create (or replace) the project's webhook signing secret and print it (shown once)."""
+    with _client(url, api_key) as client:
+        made = client.create_webhook_secret()
+        if as_json:
+            _print_json(made)
+        else:
+            typer.echo(made.secret)
+
+
+@webhooks_app.command("list")
+def webhooks_list(
+    job_id: str = typer.Argument(..., metavar="JOB"),
+    as_json: bool = JSON_OPTION,
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """A job's webhook deliveries and each attempt."""
+    with _client(url, api_key) as client:
+        deliveries = client.list_webhook_deliveries(job_id)
+        if as_json:
+            _print_json(deliveries)
+            return
+        for d in deliveries.items:
+            typer.echo(f"{d.id}  {d.event_type}  {d.status}  {d.url}")
+            for a in d.attempts:
+                outcome = a.error or f"HTTP {a.status_code}"
+                typer.echo(f"  #{a.number} {a.started_at.isoformat()} {outcome}")
 
 
 def register(app: typer.Typer) -> None:
@@ -520,6 +642,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(jobs_app, name="jobs")
     app.command("recommendations")(recommendations)
     app.command("report")(report)
+    app.add_typer(webhooks_app, name="webhooks")
 
 
 __all__: list[str] = ["register"]

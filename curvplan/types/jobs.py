@@ -15,7 +15,16 @@ from functools import reduce
 from operator import or_
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, field_validator
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    UrlConstraints,
+    ValidationInfo,
+    field_validator,
+)
 
 from curvplan.types.options import AnalysisOptions  # pydantic only, like the spec
 from curvplan.types.planner import Measurements, PlanInputError, Targets, check_workload
@@ -40,6 +49,12 @@ class _JobCreateBase(BaseModel):
     )
     max_attempts: Annotated[int, Field(ge=1, le=10)] | None = Field(
         default=None, description="Attempts before the job fails for good (default: server's)."
+    )
+    webhook_url: Annotated[AnyHttpUrl, UrlConstraints(max_length=2000)] | None = Field(
+        default=None,
+        description="POSTed a signed JSON event when the job succeeds, fails or is cancelled "
+        "(header Curvplan-Signature; docs/integrations.md). The host must be on the "
+        "operator's allow-list.",
     )
 
 

@@ -135,12 +135,12 @@ class StreamEstimates:
     hessian_se_includes_batch: bool
 
 
-def _simple(s2: Tensor, q: Tensor, n: Tensor) -> tuple[Tensor, Tensor]:
-    """(|G|², tr Σ) from |S|², Q, n (elementwise over leading dims)."""
+def _simple(s2: Any, q: Any, n: Any) -> tuple[Any, Any]:
+    """(|G|², tr Σ) from |S|², Q, n (elementwise over leading dims; tensors or arrays)."""
     return (s2 - q) / (n * (n - 1)), (q - s2 / n) / (n - 1)
 
 
-def _hessian(m_total: Tensor, m_diag: Tensor, n: Tensor, n_sq: Tensor) -> tuple[Tensor, Tensor]:
+def _hessian(m_total: Any, m_diag: Any, n: Any, n_sq: Any) -> tuple[Any, Any]:
     """(GᵀHG, tr(HΣ)) from Σ_bc M_bc, Σ_b M_bb, n, Σ_b n_b² (module docstring)."""
     ghg = (m_total - m_diag) / (n * n - n_sq)
     return ghg, (m_diag - n_sq * ghg) / n
