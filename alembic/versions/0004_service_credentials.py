@@ -1,0 +1,44 @@
+"""Service credentials: keys of no project, with scopes (operator now, worker later).
+
+``GET /v1/workers`` and ``GET /metrics`` show every project's workers and queue counts,
+so they need a credential that belongs to no project: an operator key with the scopes
+``workers:read`` / ``metrics:read``. Only the sha256 of a key is stored.
+
+Revision ID: 0004
+Revises: 0003
+Create Date: 2026-11-30 21:00:00
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from alembic import op
+
+revision: str = "0004"
+down_revision: str | None = "0003"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "service_credential",
+        sa.Column("id", sa.Uuid(), nullable=False),
+        sa.Column("name", sa.Text(), nullable=True),
+        sa.Column("prefix", sa.Text(), nullable=False),
+        sa.Column("key_hash", sa.Text(), nullable=False),
+        sa.Column("scopes", postgresql.ARRAY(sa.Text()), nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
+        sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+        sa.CheckConstraint("cardinality(scopes) > 0", name="ck_service_credential_scopes"),
+        sa.PrimaryKeyConstraint("id", name="pk_service_credential"),
+        sa.UniqueConstraint("key_hash", name="uq_service_credential_key_hash"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("service_credential")
