@@ -1,8 +1,14 @@
-"""Service credentials: keys of no project, with scopes (operator now, worker later).
+"""Service credentials (operator keys with scopes) and NOTIFY on job changes.
+
+Service credentials: keys of no project, with scopes (operator now, worker later).
 
 ``GET /v1/workers`` and ``GET /metrics`` show every project's workers and queue counts,
 so they need a credential that belongs to no project: an operator key with the scopes
 ``workers:read`` / ``metrics:read``. Only the sha256 of a key is stored.
+
+Job notifications: a trigger sends ``pg_notify('curvplan_job', '<id> <status> <queue>')``
+when a job is inserted or its status changes, so long-polls and idle workers wait on
+LISTEN instead of querying every fraction of a second.
 
 Revision ID: 0004
 Revises: 0003
@@ -40,5 +46,26 @@ def upgrade() -> None:
     )
 
 
+    op.execute(NOTIFY_FUNCTION)
+    op.execute(
+        "CREATE TRIGGER job_notify AFTER INSERT OR UPDATE OF status ON job"
+        " FOR EACH ROW EXECUTE FUNCTION curvplan_job_notify()"
+    )
+
+
+NOTIFY_FUNCTION = """
+CREATE FUNCTION curvplan_job_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' OR NEW.status IS DISTINCT FROM OLD.status THEN
+        PERFORM pg_notify('curvplan_job', NEW.id::text || ' ' || NEW.status || ' ' || NEW.queue);
+    END IF;
+    RETURN NULL;
+END
+$$
+"""
+
+
 def downgrade() -> None:
+    op.execute("DROP TRIGGER IF EXISTS job_notify ON job")
+    op.execute("DROP FUNCTION IF EXISTS curvplan_job_notify()")
     op.drop_table("service_credential")
