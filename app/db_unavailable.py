@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 
-from app.problems import PROBLEM_TYPE_BASE, problem_response
+from curvplan_server.problems import PROBLEM_TYPE_BASE, problem_response
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Waiting without polling: PostgreSQL LISTEN/NOTIFY on job changes.
 
-A trigger on ``job`` (migration ``0004``) runs ``pg_notify('curvplan_job', …)`` when a
+A trigger on ``job`` (migration ``0005``) runs ``pg_notify('curvplan_job', …)`` when a
 job is inserted or its status changes, with ``<job id> <status> <queue>`` as payload.
 Each API process holds **one** listening connection (:class:`JobNotifier`) and wakes
 the long-polls (``GET /v1/jobs/{id}?wait=``) waiting on that job; each worker process
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from app.config import libpq_url
+from curvplan_server.config import libpq_url
 
 log = logging.getLogger(__name__)
 

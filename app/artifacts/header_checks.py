@@ -8,10 +8,10 @@ known from the header, and a bad upload is refused before its body is read.
 
 from __future__ import annotations
 
-from app.artifacts.blobstore import BlobTooLarge
-from app.artifacts.checks import check_kind
-from app.artifacts.safetensors_format import InvalidSafetensors, SafetensorsInfo
-from app.storable import shown, storable_text
+from curvplan_server.artifacts.blobstore import BlobTooLarge
+from curvplan_server.artifacts.checks import check_kind
+from curvplan_server.artifacts.safetensors_format import InvalidSafetensors, SafetensorsInfo
+from curvplan_server.storable import shown, storable_text
 
 
 def check_storable(info: SafetensorsInfo) -> None:

@@ -25,9 +25,9 @@ from sqlalchemy import DateTime, Text, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from app.auth.keys import hash_key
-from app.db import Base, SessionDep
-from app.problems import Problem
+from curvplan_server.auth.keys import hash_key
+from curvplan_server.db import Base, SessionDep
+from curvplan_server.problems import Problem
 
 OPERATOR_KEY_PREFIX = "cpo_"
 

@@ -30,7 +30,7 @@ CHECKS = [
 
 @pytest.fixture
 def settings_(database_url: str, tmp_path: Path) -> Any:
-    from app.config import Settings
+    from curvplan_server.config import Settings
 
     root = tmp_path / "uri-root"
     root.mkdir()
@@ -48,7 +48,7 @@ def settings_(database_url: str, tmp_path: Path) -> Any:
 @pytest.fixture
 def fuzz_app(settings_: Any, engine: Any, api_key_committed: str) -> Any:
     """The real app (its own sessions, committed) with a key, schemathesis' bearer."""
-    from app.main import create_app
+    from curvplan_server.main import create_app
 
     application = create_app(settings_)
     application.state.fuzz_key = api_key_committed
@@ -60,8 +60,8 @@ def fuzz_app(settings_: Any, engine: Any, api_key_committed: str) -> Any:
 def api_key_committed(engine: Any) -> str:
     import uuid
 
-    from app.auth.keys import create_key
-    from app.db import make_sessionmaker
+    from curvplan_server.auth.keys import create_key
+    from curvplan_server.db import make_sessionmaker
 
     with make_sessionmaker(engine)() as session:
         key = create_key(session, f"fuzz-{uuid.uuid4().hex[:8]}")

@@ -30,8 +30,8 @@ HEALTHZ = re.compile(
 
 
 def operator_key(database_url: str) -> str:
-    from app.auth.operator import create_service_key
-    from app.db import make_engine, make_sessionmaker
+    from curvplan_server.auth.operator import create_service_key
+    from curvplan_server.db import make_engine, make_sessionmaker
 
     engine = make_engine(database_url)
     try:

@@ -60,7 +60,7 @@ def test_crafted_artifact_page_token_is_a_422(
 def test_crafted_recommendation_page_token_is_a_422(
     client: Any, auth_headers: dict[str, str], raw: str
 ) -> None:
-    from app.jobs.service import JobFilters
+    from curvplan_server.jobs.service import JobFilters
 
     # The right fingerprint where there is one, so the name itself reaches the query.
     raw = raw.replace('"f": "x"', f'"f": "{JobFilters().fingerprint}"')
@@ -155,7 +155,7 @@ def test_hostile_safetensors_header_is_a_422(
 @pytest.fixture
 def settings(database_url: str, tmp_path: Any) -> Any:
     """The artifact settings with room for a 100 kB header (the 50,000-deep nesting case)."""
-    from app.config import Settings
+    from curvplan_server.config import Settings
 
     return Settings(
         database_url=database_url,

@@ -10,8 +10,8 @@ import pytest
 
 
 def _starter(data_dir: str, barrier: Any, out: Any) -> None:
-    from app.config import Settings
-    from app.reports import signing
+    from curvplan_server.config import Settings
+    from curvplan_server.reports import signing
 
     barrier.wait()
     try:
@@ -46,8 +46,8 @@ def test_concurrent_starters_agree_on_one_nonempty_key(tmp_path: Path) -> None:
 def test_an_empty_key_is_refused(tmp_path: Path) -> None:
     from pydantic import ValidationError
 
-    from app.config import Settings
-    from app.reports import signing
+    from curvplan_server.config import Settings
+    from curvplan_server.reports import signing
 
     with pytest.raises(ValidationError, match="report_link_secret"):
         Settings(data_dir=tmp_path, report_link_secret="")

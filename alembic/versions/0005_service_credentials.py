@@ -10,8 +10,8 @@ Job notifications: a trigger sends ``pg_notify('curvplan_job', '<id> <status> <q
 when a job is inserted or its status changes, so long-polls and idle workers wait on
 LISTEN instead of querying every fraction of a second.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-11-30 21:00:00
 """
 
@@ -22,8 +22,8 @@ from sqlalchemy.dialects import postgresql
 
 from alembic import op
 
-revision: str = "0004"
-down_revision: str | None = "0003"
+revision: str = "0005"
+down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
