@@ -87,6 +87,14 @@ class Settings(BaseSettings):
         description="HMAC key of signed report links; set the same value on every API "
         "process. Unset: a random key is kept in DATA_DIR/report-link-secret.",
     )
+
+    @field_validator("report_link_secret")
+    @classmethod
+    def _non_empty_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("report_link_secret must not be empty (unset it to use a key file)")
+        return value
+
     report_link_seconds: float = Field(
         default=900.0, gt=0, le=7 * 24 * 3600, description="Lifetime of a signed report link."
     )

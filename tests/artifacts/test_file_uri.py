@@ -120,7 +120,7 @@ def uri_artifact(engine: Any) -> Iterator[Any]:
 
 def _resolve(engine: Any, tmp_path: Path, project: uuid.UUID, artifact: str) -> Any:
     from curvplan_server.artifacts.blobstore import BlobStore
-    from curvplan_worker.analysis.artifacts import resolve
+    from curvplan_worker.analyze.artifacts import resolve
 
     return resolve(engine, BlobStore(tmp_path / "blobs"), project, artifact, "checkpoint", "model")
 
