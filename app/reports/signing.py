@@ -10,6 +10,7 @@ key is created once in ``DATA_DIR/report-link-secret`` (0600) and reused.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import os
@@ -66,10 +67,8 @@ def _create_atomically(path: Path, content: bytes) -> None:
             fh.write(content)
             fh.flush()
             os.fsync(fh.fileno())
-        try:
+        with contextlib.suppress(FileExistsError):  # another process won: its key is complete
             os.link(temp, path)
-        except FileExistsError:
-            pass  # another process won: its complete key is there
     finally:
         temp.unlink(missing_ok=True)
 
