@@ -51,4 +51,3 @@ def decode_page_token(token: str, keys: tuple[str, ...]) -> dict[str, str]:
             raise page_token_problem()
         out[key] = value
     return out
-

@@ -55,6 +55,20 @@ class ArtifactUriCreate(BaseModel):
     )
     name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
 
+    @field_validator("uri", "name")
+    @classmethod
+    def _storable(cls, value: str | None) -> str | None:
+        # PostgreSQL text holds neither U+0000 nor an unpaired surrogate (JSON carries both).
+        if value is None:
+            return value
+        try:
+            value.encode("utf-8")  # fails on an unpaired surrogate
+        except UnicodeEncodeError:
+            raise ValueError("must not contain unpaired surrogate characters") from None
+        if "\x00" in value:
+            raise ValueError("must not contain the NUL character")
+        return value
+
     @field_validator("uri")
     @classmethod
     def _file_uri(cls, value: str) -> str:

@@ -70,18 +70,29 @@ def test_crafted_recommendation_page_token_is_a_422(
     assert _fields(assert_problem(response, 422)) == {"query.page_token"}
 
 
-@pytest.mark.parametrize("name", ["a\\u0000b", "a\\ud800b"], ids=["nul", "lone-surrogate"])
-def test_bad_text_in_a_registered_artifact_name_is_a_422(
-    client: Any, auth_headers: dict[str, str], name: str
+def test_nul_in_a_registered_artifact_name_is_a_422(
+    client: Any, auth_headers: dict[str, str]
 ) -> None:
-    body = '{"kind": "checkpoint", "uri": "file:///data/m.safetensors", "name": "%s"}' % name
+    body = '{"kind": "checkpoint", "uri": "file:///data/m.safetensors", "name": "a\\u0000b"}'
     response = client.post(
         "/v1/artifacts",
         content=body.encode(),
         headers={**auth_headers, "Content-Type": "application/json"},
     )
-    assert response.status_code != 500, response.text
-    assert "body.name" in _fields(assert_problem(response, 422))
+    assert _fields(assert_problem(response, 422)) == {"body.name"}
+
+
+def test_lone_surrogate_in_a_registered_artifact_name_is_a_4xx(
+    client: Any, auth_headers: dict[str, str]
+) -> None:
+    body = '{"kind": "checkpoint", "uri": "file:///data/m.safetensors", "name": "a\\ud800b"}'
+    response = client.post(
+        "/v1/artifacts",
+        content=body.encode(),
+        headers={**auth_headers, "Content-Type": "application/json"},
+    )
+    # pydantic's JSON parser already refuses an unpaired surrogate escape as malformed JSON.
+    assert_problem(response, 400)
 
 
 def _multipart(parts: list[tuple[bytes, bytes]]) -> tuple[bytes, str]:
