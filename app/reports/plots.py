@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,9 +129,30 @@ def _num(value: Any) -> float | None:
 
 
 # --------------------------------------------------------------------------- plots
+#: Plot id → title, in page order.
+PLOT_TITLES: dict[str, str] = {
+    "delta-curve": "Loss difference Δ_k vs number of samples k",
+    "block-norms": "Block Hessian spectral norms ‖H_b‖₂ (layers × sublayers)",
+    "off-diagonal": "Off-diagonal block norms ‖H_ij‖₂",
+    "bounds": "Measured block norm vs theoretical bound",
+    "batch-size": "Steps to target vs batch size (McCandlish et al. 2018)",
+    "loss-vs-data": "Loss vs dataset size L(D) = E + A·D^(−β)",
+}
+
+#: What each plot draws, as the request names it (for a plot that cannot be drawn).
+PLOT_INPUTS: dict[str, str] = {
+    "delta-curve": "the Δ_k curve of measurements.per_sample_losses",
+    "block-norms": "the measured block norms",
+    "off-diagonal": "the measured off-diagonal block norms",
+    "bounds": "the measured block norms and their bounds",
+    "batch-size": "measurements.steps_to_target (steps per batch size)",
+    "loss-vs-data": "measurements.loss_vs_data",
+}
+
+
 def delta_curve_plot(job: dict[str, Any]) -> Plot:
-    title = "Loss difference Δ_k vs number of samples k"
     pid = "delta-curve"
+    title = PLOT_TITLES[pid]
     section, why = _section(recommendation_of(job), "sample_size")
     why = _why_no_job_result(job) or why
     curve = (section or {}).get("curve")
@@ -217,8 +238,8 @@ def _blocks(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def block_heatmap_plot(job: dict[str, Any]) -> Plot:
-    title = "Block Hessian spectral norms ‖H_b‖₂ (layers × sublayers)"
     pid = "block-norms"
+    title = PLOT_TITLES[pid]
     blocks = _blocks(job)
     grid: dict[int, dict[str, float | None]] = {}
     others: dict[str, float | None] = {}
@@ -261,8 +282,8 @@ def block_heatmap_plot(job: dict[str, Any]) -> Plot:
 
 
 def off_diagonal_plot(job: dict[str, Any]) -> Plot:
-    title = "Off-diagonal block norms ‖H_ij‖₂"
     pid = "off-diagonal"
+    title = PLOT_TITLES[pid]
     off = engine_measurements(job).get("off_diagonal")
     if not isinstance(off, list) or not off:
         reason = _why_no_job_result(job) or (
@@ -300,8 +321,8 @@ def off_diagonal_plot(job: dict[str, Any]) -> Plot:
 
 
 def bounds_plot(job: dict[str, Any]) -> Plot:
-    title = "Measured block norm vs theoretical bound"
     pid = "bounds"
+    title = PLOT_TITLES[pid]
     blocks = engine_measurements(job).get("blocks")
     if not isinstance(blocks, list) or not blocks:
         reason = _why_no_job_result(job) or (
@@ -342,8 +363,8 @@ def bounds_plot(job: dict[str, Any]) -> Plot:
 
 
 def batch_size_plot(job: dict[str, Any]) -> Plot:
-    title = "Steps to target vs batch size (McCandlish et al. 2018)"
     pid = "batch-size"
+    title = PLOT_TITLES[pid]
     points = planner_inputs(job).get("steps_to_target") or []
     section, why = _section(recommendation_of(job), "batch_size")
     if not points:
@@ -386,8 +407,8 @@ def batch_size_plot(job: dict[str, Any]) -> Plot:
 
 
 def loss_vs_data_plot(job: dict[str, Any]) -> Plot:
-    title = "Loss vs dataset size L(D) = E + A·D^(−β)"
     pid = "loss-vs-data"
+    title = PLOT_TITLES[pid]
     points = planner_inputs(job).get("loss_vs_data") or []
     section, why = _section(recommendation_of(job), "scaling")
     if not points:
@@ -452,6 +473,23 @@ PLOT_BUILDERS = (
 )
 
 
+def _drawn(builder: Callable[[dict[str, Any]], Plot], pid: str, job: dict[str, Any]) -> Plot:
+    """The builder's plot, or an empty plot saying why the data cannot be drawn.
+
+    Axes need a finite range of positive width (and positive values on a log axis):
+    inputs such as every ``steps`` equal to 5e-324 collapse it. The report then explains
+    the degenerate input for that plot instead of failing as a whole.
+    """
+    try:
+        return builder(job)
+    except (ValueError, ArithmeticError) as exc:
+        reason = (
+            f"cannot be drawn: {PLOT_INPUTS[pid]} span a degenerate range ({exc}), e.g. every "
+            "value equal, or too close to zero to scale"
+        )
+        return Plot(pid, PLOT_TITLES[pid], None, "", reason)
+
+
 def build_plots(job: dict[str, Any]) -> list[Plot]:
     """Every plot of the report, in page order (empty ones carry their reason).
 
@@ -459,7 +497,8 @@ def build_plots(job: dict[str, Any]) -> list[Plot]:
     job that did not succeed has no fits (its inputs are in ``request``).
     """
     why = _why_no_job_result(job)
-    plots = [builder(job) for builder in PLOT_BUILDERS]
+    # PLOT_BUILDERS and PLOT_TITLES are both in page order.
+    plots = [_drawn(b, pid, job) for b, pid in zip(PLOT_BUILDERS, PLOT_TITLES, strict=True)]
     if why is not None:
         return [Plot(p.id, p.title, None, "", why) for p in plots]
     return plots
