@@ -21,6 +21,7 @@ from curvplan_server.artifacts.router import router as artifacts_router
 from curvplan_server.auth.dependencies import KeyCache
 from curvplan_server.config import Settings, get_settings
 from curvplan_server.db import make_engine, make_sessionmaker
+from curvplan_server.db_unavailable import install_unavailable_handlers
 from curvplan_server.health.router import router as health_router
 from curvplan_server.jobs.router import router as jobs_router
 from curvplan_server.logging import configure_logging
@@ -74,6 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics_registry = registry
 
     install_problem_handlers(app)
+    install_unavailable_handlers(app)
     app.include_router(health_router)
     app.include_router(jobs_router)
     app.include_router(reports_router)

@@ -173,6 +173,11 @@ async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _unhandled_handler(request: Request, exc: Exception) -> JSONResponse:
+    from curvplan_server.db_unavailable import is_unavailable, unavailable_response
+
+    if is_unavailable(exc):  # a lost database wrapped in another exception: still a 503
+        log.warning("database unavailable on %s %s", request.method, request.url.path)
+        return unavailable_response(request.url.path)
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return problem_response(
         500,
@@ -196,5 +201,5 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
         "content": {PROBLEM_MEDIA_TYPE: {}},
         "description": _default_title(code),
     }
-    for code in (400, 401, 404, 409, 413, 415, 422)
+    for code in (400, 401, 403, 404, 409, 413, 415, 422, 503)
 }

@@ -38,13 +38,15 @@ import socket
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
+from sqlalchemy import exc as sa_exc
 
 from curvplan.types.jobs import QUEUES
 from curvplan_server.config import Settings
@@ -379,10 +381,11 @@ class WorkerSlot:
             outcome, error = "failed", final.payload
         else:
             outcome = "cancelled"
-        with self.engine.begin() as conn:
-            status = store.finish(
+        status = self._fenced_write(
+            lambda conn: store.finish(
                 conn, fence, outcome, result=result, error=error, progress=progress
             )
+        )
         if status is None:
             log.warning("lease lost before the outcome was written; %s result discarded", outcome)
             return
@@ -395,23 +398,42 @@ class WorkerSlot:
             },
         )
 
+    def _fenced_write(self, write: Callable[[Connection], str | None]) -> str | None:
+        """Run a fenced outcome write, retrying while the database is unreachable.
+
+        A restarting database must not cost a finished attempt its result: the write is
+        retried for up to one lease (after that the reaper re-queues the job anyway). A
+        retry after a commit whose answer was lost matches no row (the fence moved on) and
+        reads as a lost lease, which is harmless.
+        """
+        deadline = time.monotonic() + self.options.lease_seconds
+        while True:
+            try:
+                with self.engine.begin() as conn:
+                    return write(conn)
+            except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("database unavailable for the outcome write (%s); retrying", exc.orig)
+                time.sleep(0.5)
+
     def _write_crash(self, fence: store.Fence, detail: str, exitcode: int | None) -> None:
-        with self.engine.begin() as conn:
-            status = store.end_crashed(
+        status = self._fenced_write(
+            lambda conn: store.end_crashed(
                 conn,
                 fence,
                 detail=detail,
                 backoff_base=self.options.backoff_base,
                 backoff_max=self.options.backoff_max,
             )
+        )
         if status is None:
             log.warning("lease lost before the crash was recorded")
             return
         log.error("attempt crashed: %s", detail, extra={"exitcode": exitcode, "status": status})
 
     def _release(self, fence: store.Fence) -> None:
-        with self.engine.begin() as conn:
-            status = store.release(conn, fence)
+        status = self._fenced_write(lambda conn: store.release(conn, fence))
         if status is None:
             log.warning("lease lost before the job could be released")
         else:
