@@ -12,6 +12,7 @@ Used by ``tests/faults/test_db_restart.py`` (short run) and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -104,10 +105,8 @@ class PrivatePostgres:
         return url
 
     def cleanup(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # already down
             self.stop()
-        except Exception:  # already down
-            pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

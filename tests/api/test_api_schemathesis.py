@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import schemathesis
-from schemathesis import checks
 from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis import checks
 
 pytestmark = pytest.mark.timeout(240)
 

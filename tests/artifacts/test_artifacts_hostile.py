@@ -40,9 +40,7 @@ def _token(raw: str) -> str:
 def test_crafted_artifact_page_token_is_a_422(
     client: Any, auth_headers: dict[str, str], raw: str
 ) -> None:
-    response = client.get(
-        "/v1/artifacts", params={"page_token": _token(raw)}, headers=auth_headers
-    )
+    response = client.get("/v1/artifacts", params={"page_token": _token(raw)}, headers=auth_headers)
     assert _fields(assert_problem(response, 422)) == {"query.page_token"}
 
 
@@ -160,7 +158,6 @@ def test_hostile_safetensors_header_is_a_422(
     problem = assert_problem(response, 422)
     assert any(f.startswith("body.file") for f in _fields(problem))
     assert store.temp_files() == [] and store.blobs() == []
-
 
 
 @pytest.fixture
