@@ -62,7 +62,16 @@ class Settings(BaseSettings):
     artifact_uri_roots: list[Path] = Field(
         default_factory=list,
         description="Directories file:// artifacts must lie under (JSON list, e.g. "
-        '["/mnt/models"]); empty: any absolute path the workers can read (single-tenant).',
+        '["/mnt/models"]); empty (the default): file:// artifacts are refused. Set it on '
+        "the API and on every worker.",
+    )
+    job_time_limits: dict[str, float] = Field(
+        default_factory=lambda: {"plan": 900.0, "analyze": 86400.0},
+        description="Seconds an attempt of each job kind may run before it is killed and "
+        'the job fails with error type "timeout" (JSON object, e.g. {"plan": 900}).',
+    )
+    default_job_time_limit: float = Field(
+        default=86400.0, gt=0, description="Time limit of a kind without an entry above."
     )
     db_pool_size: int = Field(default=10, gt=0)
     db_max_overflow: int = Field(default=10, ge=0)

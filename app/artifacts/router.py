@@ -266,7 +266,15 @@ async def _register_uri(request: Request, session: Session, project_id: uuid.UUI
         raise validation_problem(field_errors_from_pydantic(errors, prefix=("body",))) from None
 
     roots = request.app.state.settings.artifact_uri_roots
+    if not roots:
+        raise _field_problem(
+            "uri",
+            "file:// artifacts are disabled on this service: the operator has not configured "
+            "CURVPLAN_ARTIFACT_URI_ROOTS (upload the file instead)",
+            "uri_not_allowed",
+        )
     if not uri_allowed(body.uri, roots):
+        # The same answer whether the path exists, is a directory or is missing.
         raise _field_problem(
             "uri",
             "file:// artifacts must lie under one of the configured directories "

@@ -5,6 +5,7 @@ Nothing here imports torch; heavy modules are imported inside the commands.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -185,6 +186,13 @@ def dev(
     # uvicorn re-raises the signal that stopped it once it has shut down; turn SIGTERM
     # into SystemExit so the clean-up below still runs (Ctrl-C gives KeyboardInterrupt).
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    if not settings.artifact_uri_roots:
+        # file:// artifacts are refused unless roots are configured; locally, one directory
+        # under the data dir (the API and the worker child read it from the environment).
+        files = (settings.data_dir / "files").resolve()
+        files.mkdir(parents=True, exist_ok=True)
+        os.environ["CURVPLAN_ARTIFACT_URI_ROOTS"] = json.dumps([str(files)])
+        typer.echo(f"file:// artifacts: put them under {files}")
     embedded = None
     if settings.database_url is None:
         from curvplan_server.embedded_pg import start_embedded_postgres

@@ -93,11 +93,12 @@ def uri_path(uri: str) -> str:
 
 
 def uri_allowed(uri: str, roots: list[Path]) -> bool:
-    """Whether a ``file://`` URI's path lies under one of ``roots`` (all paths when empty).
+    """Whether a ``file://`` URI's path lies under one of ``roots`` (none when empty).
 
-    Symlinks are resolved on both sides, so a link under a root cannot point outside it.
+    Secure by default: without configured roots no path is allowed. Symlinks are
+    resolved on both sides, so a link under a root cannot point outside it.
     """
     if not roots:
-        return True
+        return False
     path = Path(os.path.realpath(uri_path(uri)))
     return any(path.is_relative_to(os.path.realpath(root)) for root in roots)
