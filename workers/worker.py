@@ -38,7 +38,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -87,6 +87,15 @@ class WorkerOptions:
     start_method: str = "forkserver"
     log_format: str = "console"
     log_level: str = "INFO"
+    #: Seconds an attempt of a kind may run before it is killed (error type ``timeout``).
+    time_limits: Mapping[str, float] = field(
+        default_factory=lambda: {"plan": 900.0, "analyze": 86400.0}
+    )
+    default_time_limit: float = 86400.0
+
+    def time_limit(self, kind: str) -> float:
+        """The time limit of ``kind``'s attempts."""
+        return float(self.time_limits.get(kind, self.default_time_limit))
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.queues) - set(VALID_QUEUES))
@@ -132,6 +141,8 @@ class WorkerOptions:
             worker_stale_seconds=max(settings.worker_stale_seconds, 2 * lease),
             log_format=settings.log_format,
             log_level=settings.log_level,
+            time_limits=dict(settings.job_time_limits),
+            default_time_limit=settings.default_job_time_limit,
         )
         rest = {k: v for k, v in given.items() if k not in ("lease_seconds", "heartbeat_seconds")}
         return replace(base, **rest)  # type: ignore[arg-type]
@@ -295,7 +306,7 @@ class WorkerSlot:
             return
         log.info("attempt started", extra={"kind": job.kind, "child_pid": child.pid})
         try:
-            self._supervise(child, current, started)
+            self._supervise(child, current, started, job.kind)
         finally:
             child.kill()
             child.join(timeout=5)
@@ -303,8 +314,11 @@ class WorkerSlot:
             with self.state.lock:
                 self.state.current = None
 
-    def _supervise(self, child: AttemptProcess, current: _Current, started: float) -> None:
+    def _supervise(
+        self, child: AttemptProcess, current: _Current, started: float, kind: str
+    ) -> None:
         opts = self.options
+        time_limit = opts.time_limit(kind)
         final: Final | None = None
         cancel_sent_at: float | None = None
         shutdown_deadline: float | None = None
@@ -326,6 +340,23 @@ class WorkerSlot:
             if final is not None or child.finished_talking or not child.process.is_alive():
                 break
             now = time.monotonic()
+            if now - started > time_limit and cancel_sent_at is None:
+                # A FIFO, a never-ending read or a runaway computation: the limit ends it.
+                log.warning(
+                    "attempt ran past the %s time limit of %g s: killing it", kind, time_limit
+                )
+                child.kill()
+                child.join(timeout=5)
+                final = Final(
+                    "error",
+                    error_dict(
+                        "timeout",
+                        "The job ran past its time limit",
+                        f"a {kind} attempt may run {time_limit:g} s "
+                        "(CURVPLAN_JOB_TIME_LIMITS); it was stopped",
+                    ),
+                )
+                break
             if cancel_requested and cancel_sent_at is None:
                 log.info("cancellation requested: asking the job to stop")
                 child.request_cancel()
