@@ -16,17 +16,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
-from sqlalchemy import DateTime, Text, func, select
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from curvplan_server.auth.keys import hash_key
-from curvplan_server.db import Base, SessionDep
+from curvplan_server.auth.models import ServiceCredential
+from curvplan_server.db import SessionDep
 from curvplan_server.problems import Problem
 
 OPERATOR_KEY_PREFIX = "cpo_"
@@ -37,20 +36,6 @@ SCOPES: dict[str, str] = {
     "workers:read": "GET /v1/workers (hostnames, pids, queues, heartbeats of all workers)",
     "worker": "reserved: a worker process talking to the API",
 }
-
-
-class ServiceCredential(Base):
-    """A key of no project, with scopes (operator today, worker later)."""
-
-    __tablename__ = "service_credential"
-
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
-    name: Mapped[str | None] = mapped_column(Text)
-    prefix: Mapped[str] = mapped_column(Text)
-    key_hash: Mapped[str] = mapped_column(Text, unique=True)
-    scopes: Mapped[list[str]] = mapped_column(ARRAY(Text))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,6 +116,30 @@ def keys_create(
     typer.echo(key)
 
 
+@keys_app.command("create-operator")
+def keys_create_operator(
+    scope: list[str] = typer.Option(
+        ..., "--scope", help="metrics:read (GET /metrics), workers:read (GET /v1/workers)."
+    ),
+    name: str | None = typer.Option(None, "--name", help="A label, e.g. prometheus."),
+) -> None:
+    """Create an operator key (no project, the given scopes) and print it once."""
+    from curvplan_server.auth.operator import SCOPES, create_service_key
+    from curvplan_server.db import make_engine, make_sessionmaker
+
+    unknown = sorted(set(scope) - set(SCOPES))
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown {unknown}; one of {sorted(SCOPES)}", param_hint="--scope"
+        )
+    engine = make_engine(_require_database_url())
+    with make_sessionmaker(engine)() as session:
+        key = create_service_key(session, scope, name)
+        session.commit()
+    engine.dispose()
+    typer.echo(key)
+
+
 @keys_app.command("list")
 def keys_list(
     project: str = typer.Option(..., "--project", help="Project name."),
