@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,14 +43,44 @@ def serve(
     workers: int = typer.Option(1, "--workers", min=1, help="uvicorn worker processes."),
 ) -> None:
     """Serve the HTTP API with uvicorn (needs DATABASE_URL)."""
-    import uvicorn
-
     from curvplan_server.logging import configure_logging
 
     _require_database_url()
     settings = _settings()
     configure_logging(settings.log_format, settings.log_level)
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    metrics_dir = _multiprocess_metrics_dir() if workers > 1 else None
+    try:
+        _serve(host, port, workers, settings.access_log)
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _multiprocess_metrics_dir() -> Path | None:
+    """Metrics that add up over ``--workers N``: prometheus_client's multiprocess mode.
+
+    Each uvicorn process writes its counters under ``PROMETHEUS_MULTIPROC_DIR`` and a
+    scrape sums them. The directory must be empty at start: an operator-set one is
+    emptied, else a fresh temporary one is made (and removed at exit, returned here).
+    """
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if given:
+        path = Path(given)
+        path.mkdir(parents=True, exist_ok=True)
+        for stale in path.glob("*.db"):
+            stale.unlink(missing_ok=True)
+        return None
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="curvplan-metrics-"))
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
+    return path
+
+
+def _serve(host: str, port: int, workers: int, access_log: bool) -> None:
+    import uvicorn
+
     uvicorn.run(
         "curvplan_server.main:create_app",
         factory=True,
@@ -57,7 +88,7 @@ def serve(
         port=port,
         workers=workers,
         log_config=None,
-        access_log=settings.access_log,
+        access_log=access_log,
         proxy_headers=True,
     )
 
