@@ -86,7 +86,17 @@ class Settings(BaseSettings):
         default=60.0, gt=0, description="A worker without heartbeat for this long is not live."
     )
     long_poll_max_seconds: float = Field(default=60.0, gt=0)
-    long_poll_interval_seconds: float = Field(default=0.2, gt=0)
+    long_poll_interval_seconds: float = Field(
+        default=0.2, gt=0, description="Long-poll re-check interval without notifications."
+    )
+    job_notify: bool = Field(
+        default=True,
+        description="Wait on PostgreSQL LISTEN/NOTIFY for job changes (long-polls, idle "
+        "workers); polling remains only as the fallback below.",
+    )
+    notify_fallback_seconds: float = Field(
+        default=5.0, gt=0, description="With notifications: re-check the database this often."
+    )
     default_page_size: int = Field(default=50, ge=1)
     max_page_size: int = Field(default=500, ge=1)
 

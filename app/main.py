@@ -6,6 +6,7 @@ This module never imports torch.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -27,6 +28,7 @@ from curvplan_server.jobs.router import router as jobs_router
 from curvplan_server.logging import configure_logging
 from curvplan_server.metrics import QueueCollector
 from curvplan_server.middleware import BodySizeLimitMiddleware, MetricsMiddleware
+from curvplan_server.notify import JobNotifier
 from curvplan_server.problems import install_problem_handlers
 from curvplan_server.recommendations.router import router as recommendations_router
 from curvplan_server.reports.router import router as reports_router
@@ -53,7 +55,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        notifier = None
+        if settings.job_notify:  # one LISTEN connection per process wakes the long-polls
+            notifier = JobNotifier(settings.sqlalchemy_url)
+            notifier.start(asyncio.get_running_loop())
+        app.state.job_notifier = notifier
         yield
+        if notifier is not None:
+            notifier.stop()
         db_executor.shutdown(wait=True)
         engine.dispose()
 

@@ -14,6 +14,7 @@ every waiter is woken once, because notifications sent while it was down are los
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections import defaultdict
@@ -59,8 +60,8 @@ class Listener:
         self._thread.start()
 
     def stop(self) -> None:
+        """Ask the thread to end (it does within a second; daemon, so never waited for)."""
         self._stop.set()
-        self._thread.join(timeout=5)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -117,20 +118,33 @@ class JobNotifier:
             for event in events:
                 event.set()
 
-    async def wait(self, job_id: str, timeout: float) -> None:
-        """Return when ``job_id`` changes (or on reconnect), or after ``timeout`` seconds."""
-        event = asyncio.Event()
-        self._waiters[job_id].add(event)
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
-        finally:
-            waiters = self._waiters.get(job_id)
-            if waiters is not None:
-                waiters.discard(event)
-                if not waiters:
-                    del self._waiters[job_id]
+    def subscribe(self, job_id: str) -> Subscription:
+        """Start listening for changes of ``job_id`` (before reading its status, so that a
+        change between the read and the wait is not missed); close it when done."""
+        return Subscription(self, job_id)
+
+
+class Subscription:
+    """One long-poll's interest in one job: :meth:`wait` returns on a change or timeout."""
+
+    def __init__(self, notifier: JobNotifier, job_id: str) -> None:
+        self._notifier = notifier
+        self._job_id = job_id
+        self._event = asyncio.Event()
+        notifier._waiters[job_id].add(self._event)
+
+    async def wait(self, timeout: float) -> None:
+        """Until the job changes (or the listener reconnects), at most ``timeout`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout)
+        self._event.clear()
+
+    def close(self) -> None:
+        waiters = self._notifier._waiters.get(self._job_id)
+        if waiters is not None:
+            waiters.discard(self._event)
+            if not waiters:
+                del self._notifier._waiters[self._job_id]
 
 
 class QueueNotifier:
@@ -138,14 +152,21 @@ class QueueNotifier:
 
     def __init__(self, database_url: str, queues: tuple[str, ...]) -> None:
         self.queues = set(queues)
-        self.new_job = threading.Event()
+        self._cond = threading.Condition()
+        self._generation = 0
         self._listener = Listener(
-            database_url, self._on_notify, self.new_job.set, name="curvplan-worker-listen"
+            database_url, self._on_notify, self._bump, name="curvplan-worker-listen"
         )
 
     @property
     def connected(self) -> bool:
         return self._listener.connected.is_set()
+
+    @property
+    def generation(self) -> int:
+        """Read before a claim; :meth:`wait` returns at once if a job was queued since."""
+        with self._cond:
+            return self._generation
 
     def start(self) -> None:
         self._listener.start()
@@ -153,7 +174,21 @@ class QueueNotifier:
     def stop(self) -> None:
         self._listener.stop()
 
+    def wait(self, seen: int, timeout: float) -> None:
+        """Until a job is queued after generation ``seen``, at most ``timeout`` seconds."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._generation != seen, timeout)
+
+    def wake(self) -> None:
+        """Wake every waiter now (e.g. the worker is stopping)."""
+        self._bump()
+
+    def _bump(self) -> None:
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+
     def _on_notify(self, payload: str) -> None:
         parsed = parse_payload(payload)
         if parsed is not None and parsed[1] == "queued" and parsed[2] in self.queues:
-            self.new_job.set()
+            self._bump()

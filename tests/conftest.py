@@ -143,6 +143,8 @@ def settings(database_url: str) -> Any:
         auth_disabled=False,
         log_format="console",
         long_poll_interval_seconds=0.05,
+        # Requests run inside a per-test transaction, which no NOTIFY leaves: poll.
+        job_notify=False,
     )
 
 

@@ -52,6 +52,7 @@ from curvplan.types.jobs import QUEUES
 from curvplan_server.config import Settings
 from curvplan_server.db import make_engine
 from curvplan_server.logging import bind, configure_logging
+from curvplan_server.notify import QueueNotifier
 from curvplan_worker import store
 from curvplan_worker.attempt import AttemptProcess, Final, Progress, describe_exit, make_context
 from curvplan_worker.child import ChildTask
@@ -92,6 +93,10 @@ class WorkerOptions:
         default_factory=lambda: {"plan": 900.0, "analyze": 86400.0}
     )
     default_time_limit: float = 86400.0
+    #: Idle slots wait on LISTEN/NOTIFY for new jobs; the database is then polled only
+    #: every ``notify_fallback_seconds`` (``poll_interval`` without notifications).
+    notify: bool = True
+    notify_fallback_seconds: float = 5.0
 
     def time_limit(self, kind: str) -> float:
         """The time limit of ``kind``'s attempts."""
@@ -143,6 +148,8 @@ class WorkerOptions:
             log_level=settings.log_level,
             time_limits=dict(settings.job_time_limits),
             default_time_limit=settings.default_job_time_limit,
+            notify=settings.job_notify,
+            notify_fallback_seconds=settings.notify_fallback_seconds,
         )
         rest = {k: v for k, v in given.items() if k not in ("lease_seconds", "heartbeat_seconds")}
         return replace(base, **rest)  # type: ignore[arg-type]
@@ -200,8 +207,10 @@ class WorkerSlot:
         stop: threading.Event,
         hurry: threading.Event,
         worker_id: str | None = None,
+        notifier: QueueNotifier | None = None,
     ) -> None:
         self.options = options
+        self.notifier = notifier
         self.engine = engine
         self.mp_context = mp_context
         self.stop = stop
@@ -242,18 +251,22 @@ class WorkerSlot:
                 log.info("worker stopped")
 
     def _claim_loop(self) -> None:
+        queues = list(self.options.queues)
         while not self.stop.is_set():
+            notified = self.notifier is not None and self.notifier.connected
+            seen = self.notifier.generation if self.notifier is not None else 0
+            due: float | None = None
             try:
                 with self.engine.begin() as conn:
-                    job = store.claim(
-                        conn, self.worker_id, list(self.options.queues), self.options.lease_seconds
-                    )
+                    job = store.claim(conn, self.worker_id, queues, self.options.lease_seconds)
+                    if job is None and notified:
+                        due = store.seconds_until_runnable(conn, queues)
             except Exception:
                 log.exception("claim failed; retrying after the poll interval")
                 self.stop.wait(self.options.poll_interval)
                 continue
             if job is None:
-                self.stop.wait(self.options.poll_interval)
+                self._idle_wait(notified, seen, due)
                 continue
             with bind(job_id=str(job.fence.job_id), attempt=job.fence.attempt):
                 try:
@@ -262,6 +275,17 @@ class WorkerSlot:
                     # E.g. the database went away before the outcome was written: the
                     # lease runs out and the reaper re-queues the job (or fails it).
                     log.exception("attempt supervision failed; the lease will expire")
+
+    def _idle_wait(self, notified: bool, seen: int, due: float | None) -> None:
+        """Nothing to claim: wait for a NOTIFY of a new job (or the next retry's time, or
+        the slow fallback); without notifications, poll every ``poll_interval``."""
+        if not notified or self.notifier is None:
+            self.stop.wait(self.options.poll_interval)
+            return
+        timeout = self.options.notify_fallback_seconds
+        if due is not None:
+            timeout = min(timeout, max(due, 0.05))
+        self.notifier.wait(seen, timeout)
 
     # ------------------------------------------------------------------ one attempt
     def _run_attempt(self, job: store.ClaimedJob) -> None:
@@ -552,6 +576,7 @@ def run_worker(options: WorkerOptions) -> int:
     options.data_dir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     hurry = threading.Event()
+    notifier: QueueNotifier | None = None
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if stop.is_set():
@@ -562,6 +587,8 @@ def run_worker(options: WorkerOptions) -> int:
                 "%s received: finishing the current job, then stopping", signal.Signals(signum).name
             )
             stop.set()
+        if notifier is not None:
+            notifier.wake()  # idle slots see the stop at once
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -572,8 +599,12 @@ def run_worker(options: WorkerOptions) -> int:
     engine = make_engine(
         options.database_url, pool_size=2 * options.concurrency + 1, max_overflow=2
     )
+    if options.notify:  # one LISTEN connection wakes every idle slot of this process
+        notifier = QueueNotifier(options.database_url, options.queues)
+        notifier.start()
     slots = [
-        WorkerSlot(options, engine, mp_context, stop, hurry) for _ in range(options.concurrency)
+        WorkerSlot(options, engine, mp_context, stop, hurry, notifier=notifier)
+        for _ in range(options.concurrency)
     ]
     failed: list[str] = []
 
@@ -595,5 +626,7 @@ def run_worker(options: WorkerOptions) -> int:
     while any(thread.is_alive() for thread in threads):
         for thread in threads:
             thread.join(timeout=0.2)
+    if notifier is not None:
+        notifier.stop()
     engine.dispose()
     return 1 if failed else 0
