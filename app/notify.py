@@ -1,7 +1,8 @@
 """Waiting without polling: PostgreSQL LISTEN/NOTIFY on job changes.
 
-A trigger on ``job`` (migration ``0005``) runs ``pg_notify('curvplan_job', …)`` when a
-job is inserted or its status changes, with ``<job id> <status> <queue>`` as payload.
+A trigger on ``job`` (migration ``0005``) runs ``pg_notify('curvplan_job', '<job id>
+<status> <queue>')`` when a job's status changes and ``pg_notify('curvplan_queue',
+'<queue>')`` when a job is queued (new, or again after a retry or release).
 Each API process holds **one** listening connection (:class:`JobNotifier`) and wakes
 the long-polls (``GET /v1/jobs/{id}?wait=``) waiting on that job; each worker process
 holds one too and wakes its idle slots when a job is queued on their queues.
@@ -26,7 +27,8 @@ from curvplan_server.config import libpq_url
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "curvplan_job"
+JOB_CHANNEL = "curvplan_job"  # payload "<job id> <status> <queue>": a status changed
+QUEUE_CHANNEL = "curvplan_queue"  # payload "<queue>": a job was queued (new or again)
 
 
 def parse_payload(payload: str) -> tuple[str, str, str] | None:
@@ -36,7 +38,7 @@ def parse_payload(payload: str) -> tuple[str, str, str] | None:
 
 
 class Listener:
-    """A thread that LISTENs on :data:`CHANNEL` and calls ``on_notify(payload)``.
+    """A thread that LISTENs on ``channel`` and calls ``on_notify(payload)``.
 
     ``on_connect()`` is called each time the connection is (re)established, so that
     waiters can re-check what they may have missed. Reconnects with a 1 s pause.
@@ -45,11 +47,13 @@ class Listener:
     def __init__(
         self,
         database_url: str,
+        channel: str,
         on_notify: Callable[[str], None],
         on_connect: Callable[[], None],
         name: str = "curvplan-listen",
     ) -> None:
         self.url = libpq_url(database_url)
+        self.channel = channel
         self.on_notify = on_notify
         self.on_connect = on_connect
         self.connected = threading.Event()
@@ -67,7 +71,7 @@ class Listener:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(f"LISTEN {self.channel}")
                     self.connected.set()
                     self.on_connect()
                     while not self._stop.is_set():
@@ -87,7 +91,7 @@ class JobNotifier:
     def __init__(self, database_url: str) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
-        self._listener = Listener(database_url, self._on_notify, self._wake_all)
+        self._listener = Listener(database_url, JOB_CHANNEL, self._on_notify, self._wake_all)
 
     @property
     def connected(self) -> bool:
@@ -102,7 +106,9 @@ class JobNotifier:
 
     def _on_notify(self, payload: str) -> None:
         parsed = parse_payload(payload)
-        if parsed is not None and self._loop is not None:
+        # Wake the event loop only for a job someone waits on (a racy read of the dict is
+        # fine: a waiter registers before it reads the job's status).
+        if parsed is not None and self._loop is not None and parsed[0] in self._waiters:
             self._loop.call_soon_threadsafe(self._wake, parsed[0])
 
     def _wake_all(self) -> None:
@@ -155,7 +161,7 @@ class QueueNotifier:
         self._cond = threading.Condition()
         self._generation = 0
         self._listener = Listener(
-            database_url, self._on_notify, self._bump, name="curvplan-worker-listen"
+            database_url, QUEUE_CHANNEL, self._on_notify, self._bump, name="curvplan-worker-listen"
         )
 
     @property
@@ -189,6 +195,5 @@ class QueueNotifier:
             self._cond.notify_all()
 
     def _on_notify(self, payload: str) -> None:
-        parsed = parse_payload(payload)
-        if parsed is not None and parsed[1] == "queued" and parsed[2] in self.queues:
+        if payload in self.queues:
             self._bump()

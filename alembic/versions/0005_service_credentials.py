@@ -7,8 +7,9 @@ so they need a credential that belongs to no project: an operator key with the s
 ``workers:read`` / ``metrics:read``. Only the sha256 of a key is stored.
 
 Job notifications: a trigger sends ``pg_notify('curvplan_job', '<id> <status> <queue>')``
-when a job is inserted or its status changes, so long-polls and idle workers wait on
-LISTEN instead of querying every fraction of a second.
+when a job's status changes (long-polls listen) and ``pg_notify('curvplan_queue',
+'<queue>')`` when a job is queued, new or again (idle workers listen), so neither
+queries the database every fraction of a second. API processes do not hear inserts.
 
 Revision ID: 0005
 Revises: 0004
@@ -56,8 +57,13 @@ def upgrade() -> None:
 NOTIFY_FUNCTION = """
 CREATE FUNCTION curvplan_job_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP = 'INSERT' OR NEW.status IS DISTINCT FROM OLD.status THEN
+    -- A status change of an existing job: what long-polls wait for.
+    IF TG_OP = 'UPDATE' AND NEW.status IS DISTINCT FROM OLD.status THEN
         PERFORM pg_notify('curvplan_job', NEW.id::text || ' ' || NEW.status || ' ' || NEW.queue);
+    END IF;
+    -- A job (newly or again) queued: what idle workers wait for.
+    IF NEW.status = 'queued' AND (TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM 'queued') THEN
+        PERFORM pg_notify('curvplan_queue', NEW.queue);
     END IF;
     RETURN NULL;
 END
