@@ -1,7 +1,7 @@
 """Database transactions per second while N clients long-poll queued jobs: polling vs NOTIFY.
 
 Starts ``curvplan serve`` on a fresh database (no worker: the jobs stay queued), creates
-N jobs, and lets N clients hold ``GET /v1/jobs/{id}?wait=30`` for a fixed time. The
+N jobs, then lets N clients hold ``GET /v1/jobs/{id}?wait=30`` for a fixed time. The
 database load is read from ``pg_stat_database`` (``xact_commit + xact_rollback`` of the
 benchmark database) before and after. Run twice: with ``CURVPLAN_JOB_NOTIFY=false`` (each
 long-poll queries every ``long_poll_interval_seconds``, the previous behaviour) and with
@@ -54,28 +54,37 @@ def xacts(admin: str, name: str) -> int:
     return int(row[0]) if row else 0
 
 
-async def hold(base: str, key: str, clients: int, seconds: float) -> tuple[list[str], int]:
+async def create_jobs(base: str, key: str, n: int) -> list[str]:
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=60) as http:
+        return [(await http.post("/v1/jobs", content=BODY)).json()["id"] for _ in range(n)]
+
+
+async def hold(base: str, key: str, ids: list[str], seconds: float) -> tuple[int, int]:
+    """Each job long-polled by its own client for ``seconds``; (answers, failures)."""
+    headers = {"Authorization": f"Bearer {key}"}
+    limits = httpx.Limits(max_connections=len(ids), max_keepalive_connections=len(ids))
     async with httpx.AsyncClient(
         base_url=base, headers=headers, limits=limits, timeout=120
     ) as http:
-        ids = []
-        for _ in range(clients):
-            ids.append((await http.post("/v1/jobs", content=BODY)).json()["id"])
         stop = time.monotonic() + seconds
-        answers = 0
+        answers = failures = 0
 
         async def poller(job_id: str) -> None:
-            nonlocal answers
+            nonlocal answers, failures
             while time.monotonic() < stop:
                 wait = max(0.5, min(30.0, stop - time.monotonic()))
-                await http.get(f"/v1/jobs/{job_id}", params={"wait": wait})
-                answers += 1
+                try:
+                    response = await http.get(f"/v1/jobs/{job_id}", params={"wait": wait})
+                    if response.status_code == 200:
+                        answers += 1
+                    else:
+                        failures += 1
+                except httpx.HTTPError:
+                    failures += 1
 
-        await asyncio.sleep(0)
         await asyncio.gather(*(poller(j) for j in ids))
-    return ids, answers
+    return answers, failures
 
 
 def run(admin: str, clients: int, seconds: float, notify: bool) -> dict[str, float]:
@@ -99,31 +108,39 @@ def run(admin: str, clients: int, seconds: float, notify: bool) -> dict[str, flo
             "CURVPLAN_JOB_NOTIFY": "true" if notify else "false",
             "CURVPLAN_ACCESS_LOG": "false",
         }
+        log = open(os.environ.get("BENCH_SERVER_LOG", os.devnull), "ab")  # noqa: SIM115
         server = subprocess.Popen(
-            [sys.executable, "-m", "curvplan.cli", "serve", "--port", str(port)], env=env
+            [sys.executable, "-m", "curvplan.cli", "serve", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         base = f"http://127.0.0.1:{port}"
         asyncio.run(wait_ready(base))
-        # Count only the holding phase: start the clock after the jobs exist.
-        began_x = began_t = None
-
-        async def measured() -> tuple[list[str], int]:
-            nonlocal began_x, began_t
-            return await hold(base, key, clients, seconds)
-
+        ids = asyncio.run(create_jobs(base, key, clients))
+        # Count only the holding phase: the jobs exist, nothing changes, 500 clients wait.
         began_x, began_t = xacts(admin, name), time.monotonic()
-        _, answers = asyncio.run(measured())
+        answers, failures = asyncio.run(hold(base, key, ids, seconds))
         elapsed = time.monotonic() - began_t
         used = xacts(admin, name) - began_x
     finally:
         if server is not None:
             server.terminate()
-            server.wait(30)
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(10)
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
-    return {"xact_per_s": used / elapsed, "answers": answers, "seconds": elapsed}
+    return {
+        "xact_per_s": used / elapsed,
+        "answers": answers,
+        "failures": failures,
+        "seconds": elapsed,
+    }
 
 
 def main() -> int:
@@ -143,11 +160,14 @@ def main() -> int:
     notify = run(admin, args.clients, args.seconds, notify=True)
     print(
         f"{args.clients} clients long-polling queued jobs for {args.seconds:.0f} s "
-        f"(job creation included), cores={os.cpu_count()}, load average before="
+        f"(no worker: nothing changes), cores={os.cpu_count()}, load average before="
         f"{load_before:.1f} after={os.getloadavg()[0]:.1f}"
     )
     for label, r in (("polling (before)", polling), ("LISTEN/NOTIFY (after)", notify)):
-        print(f"  {label:24s} {r['xact_per_s']:8.0f} DB transactions/s   answers={r['answers']}")
+        print(
+            f"  {label:24s} {r['xact_per_s']:8.0f} DB transactions/s   answers={r['answers']}"
+            f"  failed={r['failures']}  measured {r['seconds']:.0f} s"
+        )
     ratio = polling["xact_per_s"] / max(notify["xact_per_s"], 1e-9)
     print(f"  ratio polling / notify: {ratio:.1f}x")
     return 0

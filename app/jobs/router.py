@@ -269,10 +269,11 @@ async def get_job(
     # Subscribed before the first read: a change right after it still wakes this request.
     subscription = notifier.subscribe(str(job_id)) if notifier is not None else None
     try:
-        job = await run_in_threadpool(service.get_job, session, auth.project_id, job_id)
+        # Read and hand the connection back in one thread hop: a connection held while this
+        # request waits for a thread could deadlock the pool under hundreds of long-polls.
+        job = await run_in_threadpool(_read_job, session, auth.project_id, job_id)
         if wait <= 0 or job["status"] in TERMINAL_STATUSES:
             return _job_response(job, 200)
-        await run_in_threadpool(session.commit)  # hand the connection back while waiting
         initial = job["status"]
         deadline = time.monotonic() + wait
         while True:
@@ -288,11 +289,18 @@ async def get_job(
             status = await run_in_threadpool(_probe_status, session, auth.project_id, job_id)
             if status is None or status != initial:
                 break
-        job = await run_in_threadpool(service.get_job, session, auth.project_id, job_id)
+        job = await run_in_threadpool(_read_job, session, auth.project_id, job_id)
         return _job_response(job, 200)
     finally:
         if subscription is not None:
             subscription.close()
+
+
+def _read_job(session: Any, project_id: uuid.UUID, job_id: uuid.UUID) -> dict[str, Any]:
+    try:
+        return service.get_job(session, project_id, job_id)
+    finally:
+        session.commit()
 
 
 def _probe_status(session: Any, project_id: uuid.UUID, job_id: uuid.UUID) -> str | None:
