@@ -23,6 +23,7 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from curvplan_server.auth.dependencies import query_and_release
 from curvplan_server.auth.keys import hash_key
 from curvplan_server.auth.models import ServiceCredential
 from curvplan_server.db import SessionDep
@@ -107,7 +108,7 @@ def require_scope(scope: str) -> Callable[..., Any]:
             )
         if not key.startswith(OPERATOR_KEY_PREFIX):
             raise _problem(403, f"a project key cannot use this route; it needs {need}", "scope")
-        ctx = await run_in_threadpool(lookup_service_key, session, key)
+        ctx = await run_in_threadpool(query_and_release, lookup_service_key, session, key)
         if ctx is None:
             raise _problem(401, "invalid or revoked operator key", "invalid_token")
         if scope not in ctx.scopes:
