@@ -95,7 +95,7 @@ class Settings(BaseSettings):
         "workers); polling remains only as the fallback below.",
     )
     notify_fallback_seconds: float = Field(
-        default=5.0, gt=0, description="With notifications: re-check the database this often."
+        default=15.0, gt=0, description="With notifications: re-check the database this often."
     )
     default_page_size: int = Field(default=50, ge=1)
     max_page_size: int = Field(default=500, ge=1)

@@ -58,6 +58,8 @@ from curvplan_worker.attempt import AttemptProcess, Final, Progress, describe_ex
 from curvplan_worker.child import ChildTask
 from curvplan_worker.errors import error_dict
 from curvplan_worker.kinds import KINDS
+from curvplan_worker.metrics import WorkerMetrics
+from curvplan_worker.metrics import serve as serve_metrics
 
 log = logging.getLogger("curvplan.worker")
 
@@ -96,7 +98,10 @@ class WorkerOptions:
     #: Idle slots wait on LISTEN/NOTIFY for new jobs; the database is then polled only
     #: every ``notify_fallback_seconds`` (``poll_interval`` without notifications).
     notify: bool = True
-    notify_fallback_seconds: float = 5.0
+    notify_fallback_seconds: float = 15.0
+    #: Serve this process's /metrics and /healthz here (None: off).
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def time_limit(self, kind: str) -> float:
         """The time limit of ``kind``'s attempts."""
@@ -208,9 +213,12 @@ class WorkerSlot:
         hurry: threading.Event,
         worker_id: str | None = None,
         notifier: QueueNotifier | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.options = options
         self.notifier = notifier
+        self.metrics = metrics
+        self._outcome = "unknown"
         self.engine = engine
         self.mp_context = mp_context
         self.stop = stop
@@ -329,9 +337,14 @@ class WorkerSlot:
             self._write_crash(fence, f"the job's process could not be started ({exc})", None)
             return
         log.info("attempt started", extra={"kind": job.kind, "child_pid": child.pid})
+        self._outcome = "unknown"
+        if self.metrics is not None:
+            self.metrics.attempt_started(self.worker_id, str(fence.job_id), child.pid)
         try:
             self._supervise(child, current, started, job.kind)
         finally:
+            if self.metrics is not None:
+                self._record_metrics(job.kind, current, started)
             child.kill()
             child.join(timeout=5)
             child.close()
@@ -358,6 +371,9 @@ class WorkerSlot:
                 lease_lost = current.lease_lost
                 cancel_requested = current.cancel_requested
             if lease_lost:
+                self._outcome = "lease-lost"
+                if self.metrics is not None:
+                    self.metrics.lease_lost.inc()
                 child.kill()
                 log.warning("lease lost: attempt abandoned, its result will not be written")
                 return
@@ -442,8 +458,10 @@ class WorkerSlot:
             )
         )
         if status is None:
+            self._outcome = "lease-lost"
             log.warning("lease lost before the outcome was written; %s result discarded", outcome)
             return
+        self._outcome = status
         log.info(
             "attempt ended",
             extra={
@@ -452,6 +470,18 @@ class WorkerSlot:
                 "seconds": None if elapsed is None else round(elapsed, 3),
             },
         )
+
+    def _record_metrics(self, kind: str, current: _Current, started: float) -> None:
+        """The attempt's outcome and duration, and how long each stage it reported took."""
+        assert self.metrics is not None
+        self.metrics.attempt_ended(self.worker_id, kind, self._outcome, time.monotonic() - started)
+        with self.state.lock:
+            stages = list(current.stages)
+        ends = [datetime.fromisoformat(s["started_at"]) for s in stages[1:]]
+        ends.append(datetime.now(UTC))
+        for stage, end in zip(stages, ends, strict=True):
+            seconds = (end - datetime.fromisoformat(stage["started_at"])).total_seconds()
+            self.metrics.stage_ended(kind, stage["stage"], max(seconds, 0.0))
 
     def _fenced_write(self, write: Callable[[Connection], str | None]) -> str | None:
         """Run a fenced outcome write, retrying while the database is unreachable.
@@ -483,12 +513,15 @@ class WorkerSlot:
             )
         )
         if status is None:
+            self._outcome = "lease-lost"
             log.warning("lease lost before the crash was recorded")
             return
+        self._outcome = "crashed"
         log.error("attempt crashed: %s", detail, extra={"exitcode": exitcode, "status": status})
 
     def _release(self, fence: store.Fence) -> None:
         status = self._fenced_write(lambda conn: store.release(conn, fence))
+        self._outcome = "released" if status is not None else "lease-lost"
         if status is None:
             log.warning("lease lost before the job could be released")
         else:
@@ -499,9 +532,13 @@ class WorkerSlot:
         while not self._heartbeat_done.is_set():
             try:
                 self._beat()
+                if self.metrics is not None:
+                    self.metrics.beat(self.worker_id, True)
                 if time.monotonic() - self._last_reap >= self.options.reaper_interval:
                     self._reap()
             except Exception:
+                if self.metrics is not None:
+                    self.metrics.beat(self.worker_id, False)
                 # This thread only has the worker id bound; a failed beat concerns the
                 # attempt running now, so its log line names that job and attempt too.
                 with self.state.lock:
@@ -602,8 +639,15 @@ def run_worker(options: WorkerOptions) -> int:
     if options.notify:  # one LISTEN connection wakes every idle slot of this process
         notifier = QueueNotifier(options.database_url, options.queues)
         notifier.start()
+    metrics = WorkerMetrics() if options.metrics_port is not None else None
+    stop_metrics = None
+    if metrics is not None:
+        metrics.slots.set(options.concurrency)
+        stop_metrics = serve_metrics(
+            metrics, options.metrics_host, int(options.metrics_port), options.worker_stale_seconds
+        )
     slots = [
-        WorkerSlot(options, engine, mp_context, stop, hurry, notifier=notifier)
+        WorkerSlot(options, engine, mp_context, stop, hurry, notifier=notifier, metrics=metrics)
         for _ in range(options.concurrency)
     ]
     failed: list[str] = []
@@ -628,5 +672,7 @@ def run_worker(options: WorkerOptions) -> int:
             thread.join(timeout=0.2)
     if notifier is not None:
         notifier.stop()
+    if stop_metrics is not None:
+        stop_metrics()
     engine.dispose()
     return 1 if failed else 0

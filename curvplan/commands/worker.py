@@ -36,6 +36,12 @@ def worker(
     shutdown_grace_seconds: float | None = typer.Option(
         None, "--shutdown-grace-seconds", min=0, help="Wait this long for the job at SIGTERM."
     ),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", min=0, help="Serve this worker's /metrics and /healthz here."
+    ),
+    metrics_host: str | None = typer.Option(
+        None, "--metrics-host", help="Interface of --metrics-port (default 127.0.0.1)."
+    ),
 ) -> None:
     """Claim and run jobs of QUEUES until SIGTERM/SIGINT (finish or release the running job)."""
     from curvplan_server.config import get_settings
@@ -56,6 +62,8 @@ def worker(
             poll_interval=poll_interval,
             cancel_grace_seconds=cancel_grace_seconds,
             shutdown_grace_seconds=shutdown_grace_seconds,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
