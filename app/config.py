@@ -76,6 +76,34 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=10, gt=0)
     db_max_overflow: int = Field(default=10, ge=0)
 
+    # Storage clean-up and quotas (docs/storage.md).
+    project_max_storage_bytes: int | None = Field(
+        default=None, gt=0, description="Bytes of uploaded artifacts per project; unset: no limit."
+    )
+    project_max_artifacts: int | None = Field(
+        default=None, gt=0, description="Uploaded/registered artifacts per project; unset: none."
+    )
+    temp_file_max_age_seconds: float = Field(
+        default=3600.0, gt=0, description="Upload/output temp files untouched this long are swept."
+    )
+    storage_sweep_seconds: float = Field(
+        default=600.0, gt=0, description="How often each API process sweeps stale temp files."
+    )
+    job_retention_days: float | None = Field(
+        default=None,
+        gt=0,
+        description="Delete finished jobs (and their outputs) this old; unset: keep forever.",
+    )
+    blob_gc_grace_seconds: float = Field(
+        default=600.0, ge=0, description="Unreferenced blobs younger than this are kept."
+    )
+    gc_interval_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        description="How often a worker runs a GC pass (temp files, retention, blobs); "
+        "0: never (run `curvplan gc`).",
+    )
+
     # Jobs and workers (design.md §5).
     lease_seconds: float = Field(default=30.0, gt=0)
     heartbeat_seconds: float = Field(default=5.0, gt=0)

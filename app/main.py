@@ -32,6 +32,8 @@ from curvplan_server.notify import JobNotifier
 from curvplan_server.problems import install_problem_handlers
 from curvplan_server.recommendations.router import router as recommendations_router
 from curvplan_server.reports.router import router as reports_router
+from curvplan_server.storage.housekeeping import temp_sweeper
+from curvplan_server.storage.router import router as storage_router
 from curvplan_server.workers.router import router as workers_router
 
 API_VERSION = "0.1.0"
@@ -60,7 +62,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             notifier = JobNotifier(settings.sqlalchemy_url)
             notifier.start(asyncio.get_running_loop())
         app.state.job_notifier = notifier
-        yield
+        async with temp_sweeper(settings):  # files a killed upload left in blobs/tmp
+            yield
         if notifier is not None:
             notifier.stop()
         db_executor.shutdown(wait=True)
@@ -89,6 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs_router)
     app.include_router(reports_router)
     app.include_router(artifacts_router)
+    app.include_router(storage_router)
     app.include_router(recommendations_router)
     app.include_router(workers_router)
     # Outermost last: metrics see every request, including 413s from the size limit.

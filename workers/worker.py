@@ -102,6 +102,12 @@ class WorkerOptions:
     #: Serve this process's /metrics and /healthz here (None: off).
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    #: Storage garbage collection (docs/storage.md): a pass every ``gc_interval_seconds``
+    #: (None: never) over stale temp files, expired jobs and unreferenced blobs.
+    gc_interval_seconds: float | None = None
+    job_retention_days: float | None = None
+    blob_gc_grace_seconds: float = 600.0
+    temp_file_max_age_seconds: float = 3600.0
 
     def time_limit(self, kind: str) -> float:
         """The time limit of ``kind``'s attempts."""
@@ -155,6 +161,10 @@ class WorkerOptions:
             default_time_limit=settings.default_job_time_limit,
             notify=settings.job_notify,
             notify_fallback_seconds=settings.notify_fallback_seconds,
+            gc_interval_seconds=settings.gc_interval_seconds or None,
+            job_retention_days=settings.job_retention_days,
+            blob_gc_grace_seconds=settings.blob_gc_grace_seconds,
+            temp_file_max_age_seconds=settings.temp_file_max_age_seconds,
         )
         rest = {k: v for k, v in given.items() if k not in ("lease_seconds", "heartbeat_seconds")}
         return replace(base, **rest)  # type: ignore[arg-type]
@@ -603,6 +613,39 @@ class WorkerSlot:
             )
 
 
+def _gc_loop(options: WorkerOptions, stop: threading.Event) -> None:
+    """Storage garbage collection every ``gc_interval_seconds`` until the worker stops.
+
+    Only one process of the deployment collects at a time (a session advisory lock); the
+    others skip their turn. Failures are logged and retried at the next turn.
+    """
+    from curvplan_server.artifacts.blobstore import default_store
+    from curvplan_server.storage.gc import collector_lock, run_gc
+
+    assert options.gc_interval_seconds is not None
+    engine = make_engine(options.database_url, pool_size=1, max_overflow=1)
+    store = default_store(options.data_dir)
+    try:
+        while not stop.is_set():
+            try:
+                with collector_lock(engine) as leader:
+                    if leader:
+                        summary = run_gc(
+                            engine,
+                            store,
+                            retention_days=options.job_retention_days,
+                            blob_grace_seconds=options.blob_gc_grace_seconds,
+                            temp_max_age_seconds=options.temp_file_max_age_seconds,
+                        )
+                        if any(v for k, v in summary.items() if k.endswith("_deleted")):
+                            log.info("storage garbage collection", extra=summary)
+            except Exception:
+                log.exception("storage garbage collection failed; retrying next turn")
+            stop.wait(options.gc_interval_seconds)
+    finally:
+        engine.dispose()
+
+
 def run_worker(options: WorkerOptions) -> int:
     """Run ``options.concurrency`` slots until SIGTERM/SIGINT; return the exit code.
 
@@ -666,6 +709,10 @@ def run_worker(options: WorkerOptions) -> int:
     ]
     for thread in threads:
         thread.start()
+    if options.gc_interval_seconds is not None:
+        threading.Thread(
+            target=_gc_loop, args=(options, stop), name="storage-gc", daemon=True
+        ).start()
     # The main thread only waits, so that it stays free to handle signals.
     while any(thread.is_alive() for thread in threads):
         for thread in threads:

@@ -4,7 +4,8 @@ Progress stages, in order: ``loading``, ``block spectra i/n``, ``off-diagonal``,
 hessian``, ``per-sample losses`` (the engine measures per-sample losses, perturbed losses and
 per-sample Hessian norms in one stage), ``gradient noise``, ``bounds``, ``gradient noise
 (intermediate i/n)``, ``storing outputs``, ``planning``. Cancellation is checked at every
-progress report, which the engine makes before each block.
+progress report and, inside the engine, before every operator product and micro-batch, so a
+cancelled job stops within about one product instead of at the end of a block.
 """
 
 from __future__ import annotations
@@ -262,6 +263,7 @@ def _intermediate_noise(
 
     from curvplan.types.spec import parse_spec
     from curvplan_worker.curvature.analyze import _clean
+    from curvplan_worker.curvature.cancel import Cancelled, cancel_scope
     from curvplan_worker.curvature.checkpoint import (
         CheckpointError,
         CheckpointMismatch,
@@ -306,15 +308,19 @@ def _intermediate_noise(
                 "The dataset is too small for gradient noise",
                 "dataset: needs at least 3 examples (2 for gradients, 1 for the Hessian)",
             )
-        stats = gradient_noise_from_sample(
-            model,
-            objective,
-            data.inputs,
-            data.targets,
-            n_grad=options.get("noise_grad_examples"),
-            n_hessian=options.get("noise_hessian_examples"),
-            seed=int(options.get("seed", 0)),
-        )
+        try:
+            with cancel_scope(_should_cancel(ctx)):  # checked inside its loops too
+                stats = gradient_noise_from_sample(
+                    model,
+                    objective,
+                    data.inputs,
+                    data.targets,
+                    n_grad=options.get("noise_grad_examples"),
+                    n_hessian=options.get("noise_hessian_examples"),
+                    seed=int(options.get("seed", 0)),
+                )
+        except Cancelled:
+            raise JobCancelled() from None
         stats = _clean(stats)
         stats.pop("grad_indices", None)
         stats.pop("hessian_indices", None)

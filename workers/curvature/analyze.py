@@ -1,6 +1,7 @@
 """``analyze``: the curvature engine end to end (issue 4; result JSON of the engine contract).
 
-Stages (each reports progress; cancellation is checked between blocks and between stages):
+Stages (each reports progress; cancellation is checked at each report and inside every long loop,
+one operator product or micro-batch apart, see ``cancel.py``):
 load → self-test → loss and gradient → per-block spectra (λ_max, λ_min, trace, GGN and
 functional parts) → off-diagonal σ_max → dense (small models) → per-sample statistics →
 gradient noise → theoretical bounds. Every stage's numbers come from the same fixed evaluation
@@ -19,6 +20,7 @@ import torch
 from curvplan.types.options import AnalysisOptions, OptionsError, parse_options
 from curvplan.types.spec import ModelSpec, parse_spec
 from curvplan_worker.curvature.blocks import custom_blocks, default_blocks, select_blocks
+from curvplan_worker.curvature.cancel import Cancelled, cancel_scope
 from curvplan_worker.curvature.checkpoint import load_checkpoint
 from curvplan_worker.curvature.data import Dataset, load_dataset, validate_dataset
 from curvplan_worker.curvature.dense import DEFAULT_DENSE_LIMIT, dense_summary
@@ -36,10 +38,6 @@ from curvplan_worker.curvature.trace import hutchpp_trace
 
 Progress = Callable[[float, str, str], None]
 ShouldCancel = Callable[[], bool]
-
-
-class Cancelled(Exception):
-    """The caller asked to stop (``should_cancel()`` returned True)."""
 
 
 def _clean(value: Any) -> Any:
@@ -106,9 +104,12 @@ def analyze(
     if opts.threads:
         torch.set_num_threads(opts.threads)
     try:
-        return _analyze(
-            spec, checkpoint_path, data_path, opts, progress, should_cancel, model, data
-        )
+        # The loops inside each stage check should_cancel too (cancel.check_cancel), so a
+        # run stops within one operator product of the request, not at the next block.
+        with cancel_scope(should_cancel):
+            return _analyze(
+                spec, checkpoint_path, data_path, opts, progress, should_cancel, model, data
+            )
     finally:
         torch.set_num_threads(threads)
 

@@ -34,6 +34,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from curvplan_worker.curvature.cancel import check_cancel
 from curvplan_worker.curvature.per_sample import (
     ExampleLossObjective,
     _call_objective,
@@ -114,6 +115,7 @@ def per_example_gradients(
     used = method
     with curvature_mode(model):
         for sl in _chunks(n, chunk_size):
+            check_cancel("per-example gradients")
             x = _to_device(inputs[sl], device)
             y = _to_device(targets[sl], device)
             if used in ("vmap", "auto"):
@@ -169,6 +171,7 @@ def _loop_gradients(
     rows: list[Tensor] = []
     counts: list[Tensor] = []
     for i in range(x.shape[0]):
+        check_cancel("per-example gradients")
         leaves = {name: p.detach().clone().requires_grad_(True) for name, p in base.items()}
         sums, c = _call_objective(model, objective, leaves, x[i : i + 1], y[i : i + 1])
         g = torch.autograd.grad(sums.sum(), list(leaves.values()), allow_unused=True)
@@ -256,6 +259,7 @@ def hessian_quadratic_forms(
                 flat_grad = _flatten(grads)
                 hv = torch.empty(k, dim, dtype=torch.float64)
                 for j in range(k):
+                    check_cancel("Hessian quadratic forms")
                     parts = torch.autograd.grad(
                         torch.dot(flat_grad, v_model[j]),
                         tensors,

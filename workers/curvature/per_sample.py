@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from curvplan_worker.curvature.cancel import check_cancel
 from curvplan_worker.curvature.spectra import Spectrum, lanczos_spectrum
 
 __all__ = [
@@ -216,6 +217,7 @@ def per_example_loss_sums(
     counts = torch.empty(n, dtype=torch.float64)
     with torch.no_grad(), curvature_mode(model):
         for sl in _chunks(n, batch_size):
+            check_cancel("per-sample losses")
             s, c = _call_objective(
                 model,
                 objective,
@@ -481,6 +483,7 @@ def per_sample_hessian_norms(
     results: list[Spectrum] = []
     with curvature_mode(model):
         for i in chosen:
+            check_cancel("per-sample Hessian norms")
             x = _to_device(inputs[i : i + 1], device)
             y = _to_device(targets[i : i + 1], device)
             matvec = _example_hvp_operator(model, objective, base, x, y)

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from curvplan_worker.curvature.cancel import check_cancel
+
 MatVec = Callable[[Tensor], Tensor]
 
 
@@ -131,6 +133,7 @@ def lanczos_spectrum(
     stagnant = 0
     result: Spectrum | None = None
     for j in range(m_max):
+        check_cancel("lanczos")
         w = matvec(basis[j]).detach()
         noise_level = 30 * torch.finfo(w.dtype).eps  # residual/‖H‖ at the rounding level
         w = w.to("cpu", torch.float64).reshape(-1)
