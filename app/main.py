@@ -17,6 +17,7 @@ from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 
 from curvplan.types.jobs import JOB_CREATE_ADAPTER
+from curvplan.types.problems import ProblemDocument
 from curvplan_server.artifacts.router import UPLOAD_OVERHEAD_BYTES
 from curvplan_server.artifacts.router import router as artifacts_router
 from curvplan_server.auth.dependencies import KeyCache
@@ -107,7 +108,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def _install_openapi(app: FastAPI) -> None:
-    """Add the job-create body schema (validated by hand for speed) to the OpenAPI document."""
+    """Add the job-create body schema (validated by hand for speed) and the problem document
+    (every error answer, ``application/problem+json``) to the OpenAPI document."""
     default_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -119,6 +121,12 @@ def _install_openapi(app: FastAPI) -> None:
         for name, definition in body_schema.pop("$defs", {}).items():
             components.setdefault(name, definition)
         components["JobCreate"] = body_schema
+        problem_schema = ProblemDocument.model_json_schema(
+            ref_template="#/components/schemas/{model}"
+        )
+        for name, definition in problem_schema.pop("$defs", {}).items():
+            components.setdefault(name, definition)
+        components["ProblemDocument"] = problem_schema
         schema["components"]["securitySchemes"] = {
             "bearer": {"type": "http", "scheme": "bearer", "description": "curvplan API key"}
         }

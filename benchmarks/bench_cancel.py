@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from curvplan.types.options import MachineSettings
 from curvplan_worker.curvature import analyze as engine
 from curvplan_worker.curvature.data import Dataset
 from curvplan_worker.curvature.model import build_model
@@ -62,7 +63,6 @@ def run(block: str, after: float, in_loop: bool) -> float:
         "precision": "float64",
         "seed": 3,
         "dense": "off",
-        "self_test": False,
         "tolerance": 1e-6,
         "max_iter": 80,
         "trace_probes": 10_000,
@@ -82,6 +82,7 @@ def run(block: str, after: float, in_loop: bool) -> float:
             should_cancel=flag.is_set if in_loop else None,
             model=model,
             data=data,
+            machine=MachineSettings(self_test=False),
         )
     except engine.Cancelled:
         return time.perf_counter() - asked["t"]

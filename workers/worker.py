@@ -57,6 +57,7 @@ from curvplan_worker import store
 from curvplan_worker.attempt import AttemptProcess, Final, Progress, describe_exit, make_context
 from curvplan_worker.child import ChildTask
 from curvplan_worker.errors import error_dict
+from curvplan_worker.health import touch_health_file
 from curvplan_worker.kinds import KINDS
 from curvplan_worker.metrics import WorkerMetrics
 from curvplan_worker.metrics import serve as serve_metrics
@@ -102,6 +103,9 @@ class WorkerOptions:
     #: Serve this process's /metrics and /healthz here (None: off).
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    #: Touched after every heartbeat the database accepted: the worker's health signal
+    #: (``curvplan worker-health`` checks its age; the Docker image's HEALTHCHECK runs it).
+    health_file: Path | None = None
     #: Storage garbage collection (docs/storage.md): a pass every ``gc_interval_seconds``
     #: (None: never) over stale temp files, expired jobs and unreferenced blobs.
     gc_interval_seconds: float | None = None
@@ -161,6 +165,7 @@ class WorkerOptions:
             default_time_limit=settings.default_job_time_limit,
             notify=settings.job_notify,
             notify_fallback_seconds=settings.notify_fallback_seconds,
+            health_file=settings.worker_health_file,
             gc_interval_seconds=settings.gc_interval_seconds or None,
             job_retention_days=settings.job_retention_days,
             blob_gc_grace_seconds=settings.blob_gc_grace_seconds,
@@ -586,6 +591,8 @@ class WorkerSlot:
             store.touch_worker(
                 conn, self.worker_id, status, current.fence.job_id if current else None
             )
+        if self.options.health_file is not None:  # after the commit: the beat reached the DB
+            touch_health_file(self.options.health_file)
 
     def _reap(self) -> None:
         self._last_reap = time.monotonic()

@@ -10,17 +10,17 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from psycopg.types.json import Jsonb
-from sqlalchemy import Row, and_, select, tuple_
+from sqlalchemy import Row, Table, and_, select, tuple_
 from sqlalchemy.orm import Session
 
 from curvplan_server.artifacts.models import Artifact
 from curvplan_server.paging import decode_page_token, encode_page_token, page_token_problem
 from curvplan_server.problems import not_found, validation_problem
 
-ARTIFACT = Artifact.__table__
+ARTIFACT = cast(Table, Artifact.__table__)
 _COLUMNS = [
     ARTIFACT.c.id,
     ARTIFACT.c.kind,

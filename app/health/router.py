@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from curvplan_server.auth.operator import ServiceContext, require_scope
 from curvplan_server.metrics import render_metrics
 from curvplan_server.migrations import current_revisions, head_revisions
-from curvplan_server.problems import PROBLEM_RESPONSES, problem_response
+from curvplan_server.problems import problem_response, problem_responses
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])
@@ -29,7 +29,7 @@ def healthz() -> dict[str, str]:
     "/readyz",
     name="readyz",
     summary="Readiness: database reachable and migrated to head",
-    responses={503: PROBLEM_RESPONSES[409] | {"description": "Not ready"}},
+    responses=problem_responses(503),
 )
 async def readyz(request: Request) -> Response:
     """200 when PostgreSQL answers and its Alembic revision is the shipped head, else 503."""
@@ -68,8 +68,7 @@ def _current(engine: object) -> set[str]:
     response_class=PlainTextResponse,
     responses={
         200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
-        401: PROBLEM_RESPONSES[401],
-        403: PROBLEM_RESPONSES[403],
+        **problem_responses(401, 403),
     },
     openapi_extra={"security": [{"bearer": []}]},
 )

@@ -1,4 +1,4 @@
-"""Assemble a Recommendation from validated measurements and targets (design.md §3–4)."""
+"""Assemble a Recommendation from validated measurements and targets (docs/formulas.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from curvplan.types.planner import (
     Targets,
     check_workload,
 )
+from curvplan_server.planner import formulas
 from curvplan_server.planner.batch_section import build_batch_section
 from curvplan_server.planner.curvature import summarize_blocks
 from curvplan_server.planner.sample_size_section import build_sample_size_section
@@ -23,7 +24,7 @@ ASSUMPTION1_RATIO_LIMIT = 0.1
 
 
 def make_plan(measurements: Measurements, targets: Targets, *, seed: int = 0) -> Recommendation:
-    """Turn curvature measurements into a data budget (design.md §3).
+    """Turn curvature measurements into a data budget (docs/formulas.md).
 
     Every section holds values or a `not_computed` reason; `targets.seed`, when given, overrides
     `seed`. Deterministic for a given seed. Raises `PlanInputError` (naming the field) when the
@@ -74,9 +75,11 @@ def _curvature_section(
 ) -> CurvatureSection | NotComputed:
     blocks = measurements.blocks
     grad_norm = measurements.gradient_norm_at_w_star
-    if blocks is None and grad_norm is None:
+    rms = measurements.per_sample_gradient_rms
+    if blocks is None and grad_norm is None and rms is None:
         return NotComputed(
-            reason="neither measurements.blocks nor measurements.gradient_norm_at_w_star given"
+            reason="none of measurements.blocks, gradient_norm_at_w_star, "
+            "per_sample_gradient_rms given"
         )
     if blocks is not None:
         section, negative = summarize_blocks(blocks)
@@ -91,26 +94,41 @@ def _curvature_section(
         section = CurvatureSection(
             missing=[Missing(item="blocks", reason="measurements.blocks not given")]
         )
-    if grad_norm is None:
+    if grad_norm is None and rms is None:
         return section
-    updates: dict[str, object] = {"gradient_norm_at_w_star": grad_norm}
+    updates: dict[str, object] = {
+        "gradient_norm_at_w_star": grad_norm,
+        "per_sample_gradient_rms": rms,
+    }
     m_bound = _hessian_bound(measurements)
     radius = targets.radius
     missing = list(section.missing)
     if m_bound is not None and m_bound > 0 and radius is not None and radius > 0:
-        ratio = 2.0 * grad_norm / (m_bound * radius)
-        updates["assumption1_ratio"] = ratio
-        updates["assumption1_formula"] = (
-            "|∇L(w*)|·R / (M·R²/2) = 2|∇L(w*)|/(M·R): neglected first-order Taylor term over the "
-            "kept second-order bound (Petrov et al. 2025 Assumption 1, digest §3)"
-        )
-        if ratio > ASSUMPTION1_RATIO_LIMIT:
-            log.add(
-                "assumption1_gradient_norm",
-                "curvature",
-                f"|∇L(w*)| = {grad_norm:.4g} gives a first-order term {ratio:.3g}× the "
-                f"second-order bound at R = {radius:g}: Assumption 1 (zero gradient at w*) is "
-                "violated and Theorem 7's k* is optimistic",
+        if grad_norm is not None:
+            updates["assumption1_mean_gradient_ratio"] = 2.0 * grad_norm / (m_bound * radius)
+        if rms is not None:
+            ratio = 2.0 * rms / (m_bound * radius)
+            updates["assumption1_ratio"] = ratio
+            updates["assumption1_formula"] = formulas.ASSUMPTION1
+            if ratio > ASSUMPTION1_RATIO_LIMIT:
+                log.add(
+                    "assumption1_gradient_norm",
+                    "curvature",
+                    f"per-example gradients at w* have RMS deviation {rms:.4g}: the first-order "
+                    f"term Theorem 7 drops is {ratio:.3g}× the second-order bound at "
+                    f"R = {radius:g}, so Assumption 1 (every per-example gradient zero at w*) "
+                    "is violated and Theorem 7's k* is optimistic",
+                )
+        else:
+            assert grad_norm is not None
+            ratio = 2.0 * grad_norm / (m_bound * radius)
+            missing.append(
+                Missing(
+                    item="assumption1_ratio",
+                    reason="needs measurements.per_sample_gradient_rms: a small mean gradient "
+                    f"(2|ḡ|/(M·R) = {ratio:.3g}) does not show Assumption 1 holds, every "
+                    "per-example gradient must vanish",
+                )
             )
     else:
         missing.append(

@@ -160,7 +160,7 @@ def job_summary(job: m.JobOut) -> str:
 
 
 def recommendation_text(rec: m.Recommendation) -> str:
-    """The recommendation as tables, one per section (design.md §3)."""
+    """The recommendation as tables, one per section (docs/formulas.md)."""
     parts = [_sample_size(rec.sample_size), _batch_size(rec.batch_size), _scaling(rec.scaling)]
     parts.append(_curvature(rec.curvature))
     if rec.warnings:
@@ -193,22 +193,38 @@ def _sample_size(section: Any) -> str:
         rows.append(
             [
                 fmt(t.tolerance),
+                _k(getattr(t, "loss_accuracy", None)),
                 _k(t.empirical),
+                _k(t.squared_rms),
                 _k(t.theoretical),
-                _k(t.squared),
                 "-"
                 if t.available_is_enough is None
                 else ("yes" if t.available_is_enough else "no"),
             ]
         )
     if rows:
-        headers = ["TOLERANCE ε", "k* EMPIRICAL", "k* THEOREM 7", "k* SQUARED", "ENOUGH DATA"]
+        headers = [
+            "TOLERANCE ε",
+            "n LOSS ±ε",
+            "k* STABLE",
+            "k* RMS Δ",
+            "k* THEOREM 7",
+            "ENOUGH DATA",
+        ]
         lines.append(_indent(table(headers, rows)))
+        lines.append(
+            "  n LOSS ±ε: examples for the average loss to be within ±ε (the recommendation; "
+            "ENOUGH DATA compares your available_samples with it). k* STABLE / k* RMS Δ: adding "
+            "one more example changes the loss by ≤ ε (mean / RMS), not loss accuracy. See "
+            "docs/numbers.md."
+        )
     lines.extend(f"  missing {x.item}: {x.reason}" for x in section.missing)
     return "\n".join(lines)
 
 
 def _k(value: Any) -> str:
+    if value is None:
+        return "n/a"
     reason = _not_computed(value)
     if reason:
         return "n/a"
@@ -239,7 +255,31 @@ def _batch_size(section: Any) -> str:
         rows.append(["B_crit (S = S_min(1 + B_crit/B))", fmt(crit.value), interval(crit.ci)])
         rows.append(["S_min (steps)", fmt(crit.s_min), interval(crit.s_min_ci)])
         rows.append(["E_min (examples)", fmt(crit.e_min), interval(crit.e_min_ci)])
-    rows.append(["recommended batch size", _cell(section.recommended), section.recommended_basis])
+    unit = getattr(section, "unit", "examples")
+    rows.append(
+        [
+            f"recommended batch size ({unit})",
+            _cell(section.recommended),
+            section.recommended_basis,
+        ]
+    )
+    for label, rel in (
+        ("B_simple P(defined)", getattr(section, "b_simple_reliability", None)),
+        ("B_noise P(defined)", getattr(section, "b_noise_reliability", None)),
+    ):
+        if rel is not None:
+            median = "-" if rel.median_ratio is None else fmt(rel.median_ratio)
+            rows.append([label, fmt(rel.p_defined), f"median estimate/truth {median}"])
+    for point in getattr(section, "trend", None) or []:
+        why = _not_computed(point.b_simple)
+        name = point.checkpoint or (f"step {point.step}" if point.step is not None else "?")
+        rows.append(
+            [
+                f"B_simple at {name}",
+                "n/a" if why else fmt(point.b_simple.value),
+                why or interval(point.b_simple.ci),
+            ]
+        )
     return f"{title}\n" + _indent(table(["QUANTITY", "VALUE", "INTERVAL / NOTE"], rows))
 
 

@@ -19,7 +19,7 @@ db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_he
 keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
 
 
-def _settings():  # type: ignore[no-untyped-def]
+def _settings():
     from curvplan_server.config import Settings
 
     return Settings()

@@ -1,4 +1,4 @@
-"""Input and output models of the planner (design.md §4; the field names are an API contract).
+"""Input and output models of the planner (docs/openapi.json; the field names are an API contract).
 
 Inputs (`Measurements`, `Targets`) are validated strictly: unknown fields, NaN/inf, negative
 counts, empty arrays, mismatched lengths and non-positive tolerances raise a pydantic
@@ -29,6 +29,7 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 PosInt = Annotated[int, Field(gt=0)]
+Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
 MAX_ORDERINGS = 10_000
 MAX_BOOTSTRAP = 100_000
@@ -44,7 +45,7 @@ class _Strict(BaseModel):
 
 # --------------------------------------------------------------------------- measurements
 class PerturbedLosses(_Strict):
-    """Per-sample losses at P perturbed points w* + r·u (digest §6.4, §8 item 3)."""
+    """Per-sample losses at P perturbed points w* + r·u (docs/formulas.md#sample-size)."""
 
     radius: PosFloat
     losses: Annotated[list[Annotated[list[NonNegFloat], Field(min_length=1)]], Field(min_length=1)]
@@ -73,10 +74,19 @@ class DirectNoiseStats(_Strict):
 
     B_simple needs `grad_sq_norm` and `trace_sigma`; B_noise needs `gHg` and `trace_h_sigma`.
     The four values are unbiased estimates and may be negative (near w* the unbiased |G|² often
-    is: curvature pitfalls item 13, never clamp); the planner then reports the ratio undefined.
+    is: docs/numerics.md#negative-estimates, never clamp); the planner then reports the ratio
+    undefined.
     Standard errors (`*_se`) give intervals; without them the values are reported as points.
     `n_samples` (how many independent estimates the statistics average) switches the interval
     and significance quantiles from normal to Student-t with n_samples − 1 degrees of freedom.
+
+    From the engine (docs/numbers.md): `log_b_simple_se` / `log_b_noise_se` are jackknife
+    standard errors of log B_simple / log B_noise on the SAME gradients (numerator and
+    denominator are correlated; the planner then uses them, with `jackknife_groups` − 1 degrees
+    of freedom); `b_*_p_defined` and `b_*_median_ratio` are the selection bias of the ratio (a
+    bootstrap at the measured statistics: probability that it is defined, median
+    estimate/truth when it is); `stop_reason` says why the engine stopped adding examples.
+    Σ is the covariance of PER-EXAMPLE gradients (one row of the dataset, not one token).
     """
 
     grad_sq_norm: FiniteFloat | None = None
@@ -88,6 +98,14 @@ class DirectNoiseStats(_Strict):
     gHg_se: NonNegFloat | None = None
     trace_h_sigma_se: NonNegFloat | None = None
     n_samples: PosInt | None = None
+    log_b_simple_se: NonNegFloat | None = None
+    log_b_noise_se: NonNegFloat | None = None
+    jackknife_groups: Annotated[int, Field(ge=3)] | None = None
+    b_simple_p_defined: Probability | None = None
+    b_simple_median_ratio: PosFloat | None = None
+    b_noise_p_defined: Probability | None = None
+    b_noise_median_ratio: PosFloat | None = None
+    stop_reason: Literal["significant", "budget", "fixed"] | None = None
 
     @model_validator(mode="after")
     def _pairs_complete(self) -> DirectNoiseStats:
@@ -107,12 +125,23 @@ class DirectNoiseStats(_Strict):
         return self
 
 
+class NoiseTrendPoint(DirectNoiseStats):
+    """Gradient-noise statistics at one intermediate checkpoint (`checkpoint` names it, `step`
+    is its training step when known); the list is ordered oldest first."""
+
+    checkpoint: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    step: Annotated[int, Field(ge=0)] | None = None
+
+
+MAX_TREND_POINTS = 1000
+
+
 class TwoBatchNoiseSeries(_Strict):
     """Series of squared gradient norms at two batch sizes (McCandlish et al. 2018, App. A).
 
     `grad_sq_norm_small[t]` is |G_{B_small}|² (mean over micro-batches) and
     `grad_sq_norm_big[t]` is |G_{B_big}|² at the same step t. Optional `gHg_small/gHg_big`
-    series of G_Bᵀ H G_B (H from an independent batch) give B_noise (digest §7.1 DERIVED).
+    series of G_Bᵀ H G_B (H from an independent batch) give B_noise (docs/formulas.md#batch-size).
     """
 
     b_small: PosInt
@@ -169,7 +198,7 @@ class LossPoint(_Strict):
 
 
 class BlockCurvature(_Strict):
-    """Per-block Hessian curvature at w* from the engine (digest §8 items 1, 7)."""
+    """Per-block Hessian curvature at w* from the engine (docs/formulas.md#curvature)."""
 
     name: Annotated[str, Field(min_length=1, max_length=200)]
     lambda_max: FiniteFloat
@@ -188,7 +217,7 @@ class BlockCurvature(_Strict):
 
 class TheoryApplicability(_Strict):
     """Whether the model lies inside the assumptions of Petrov et al. 2025 (single head, post-LN,
-    ReLU, no biases/W_O, MSE…; digest §1.3, §9 item 6), as the analysis judged it."""
+    ReLU, no biases/W_O, MSE…; docs/formulas.md#bounds), as the analysis judged it."""
 
     applicable: bool
     reasons: Annotated[
@@ -197,7 +226,7 @@ class TheoryApplicability(_Strict):
 
 
 class Measurements(_Strict):
-    """The `measurements` object of a plan job (design.md §4). Every group is optional."""
+    """The `measurements` object of a plan job (docs/openapi.json). Every group is optional."""
 
     per_sample_losses: (
         Annotated[list[NonNegFloat], Field(min_length=1, max_length=MAX_PER_SAMPLE_LOSSES)] | None
@@ -218,8 +247,18 @@ class Measurements(_Strict):
     loss_vs_data: Annotated[list[LossPoint], Field(min_length=1)] | None = None
     blocks: Annotated[list[BlockCurvature], Field(min_length=1)] | None = None
     gradient_norm_at_w_star: NonNegFloat | None = None
-    available_samples: PosInt | None = None
+    per_sample_gradient_rms: NonNegFloat | None = None
+    available_samples: PosInt | None = Field(
+        default=None,
+        description="deprecated: use targets.available_samples (still accepted, with the "
+        "warning 'deprecated_field')",
+    )
     theory: TheoryApplicability | None = None
+    gradient_noise_trend: (
+        Annotated[list[NoiseTrendPoint], Field(min_length=1, max_length=MAX_TREND_POINTS)] | None
+    ) = None
+    tokens_per_example: PosFloat | None = None
+    steps_to_target_unit: Literal["examples", "tokens"] = "examples"
 
     @field_validator("perturbed_losses")
     @classmethod
@@ -278,7 +317,7 @@ class Measurements(_Strict):
 
 # --------------------------------------------------------------------------- targets
 class Targets(_Strict):
-    """The `targets` object of a plan job (design.md §4)."""
+    """The `targets` object of a plan job (docs/openapi.json)."""
 
     tolerances: Annotated[list[PosFloat], Field(min_length=1)] | None = None
     radius: NonNegFloat | None = None
@@ -288,6 +327,11 @@ class Targets(_Strict):
     bootstrap: Annotated[int, Field(ge=0, le=MAX_BOOTSTRAP)] = 1000
     fit_window: Annotated[list[PosInt], Field(min_length=2, max_length=2)] | None = None
     seed: Annotated[int, Field(ge=0)] | None = None
+    available_samples: PosInt | None = Field(
+        default=None,
+        description="examples you have (or would buy); 'enough data' compares against it "
+        "(docs/numbers.md)",
+    )
 
     @field_validator("fit_window")
     @classmethod
@@ -373,6 +417,10 @@ WarningCode = Literal[
     "noise_estimate_negative",
     "theory_assumptions_not_met",
     "few_orderings",
+    "deprecated_field",
+    "noise_scale_conditional_bias",
+    "noise_scale_trend",
+    "batch_unit_mismatch",
 ]
 
 
@@ -411,6 +459,7 @@ class SampleSizeValue(_Out):
     ci: tuple[int | None, int | None] | None = None
     formula: str
     note: str | None = None
+    meaning: str | None = None
 
 
 class PerTolerance(_Out):
@@ -420,7 +469,11 @@ class PerTolerance(_Out):
     theoretical_tight: SampleSizeValue | NotComputed
     squared: SampleSizeValue | NotComputed
     squared_rms: SampleSizeValue | NotComputed
+    loss_accuracy: SampleSizeValue | NotComputed | None = None
+    loss_accuracy_squared: SampleSizeValue | NotComputed | None = None
+    loss_error_at_empirical: float | None = None
     available_is_enough: bool | None = None
+    available_is_enough_stabilisation: bool | None = None
 
 
 class BoundValue(_Out):
@@ -441,6 +494,15 @@ class OffMinimumFit(_Out):
     theorem7_formula: str | None = None
 
 
+class LossVarianceOut(_Out):
+    """σ² of the per-example losses at w* with its interval (docs/numbers.md)."""
+
+    value: float
+    ci: Interval | None = None
+    se: float | None = None
+    formula: str
+
+
 class SampleSizeSection(_Out):
     status: Literal["computed"] = "computed"
     n_losses: int
@@ -454,6 +516,10 @@ class SampleSizeSection(_Out):
     hessian_norm_bound: BoundValue | None = None
     radius: float | None = None
     available_samples: int | None = None
+    available_samples_source: Literal["targets", "measurements (deprecated)"] | None = None
+    loss_variance: LossVarianceOut | None = None
+    recommended_criterion: Literal["loss_accuracy", "landscape_stabilisation"] | None = None
+    recommended_criterion_reason: str | None = None
     off_minimum: list[OffMinimumFit] = Field(default_factory=list)
     per_tolerance: list[PerTolerance] = Field(default_factory=list)
     missing: list[Missing] = Field(default_factory=list)
@@ -464,6 +530,26 @@ class Estimate(_Out):
     ci: Interval | None = None
     se: float | None = None
     formula: str
+    dof: int | None = None
+
+
+class NoiseReliability(_Out):
+    """Selection bias of a noise-scale ratio (docs/numbers.md): `p_defined` is the probability
+    that a re-measurement is defined, `median_ratio` the median estimate/truth among those."""
+
+    p_defined: float
+    median_ratio: float | None = None
+    formula: str
+
+
+class NoiseTrendOut(_Out):
+    """B_simple / B_noise at one intermediate checkpoint (oldest first)."""
+
+    checkpoint: str | None = None
+    step: int | None = None
+    b_simple: Estimate | NotComputed
+    b_noise: Estimate | NotComputed
+    b_simple_reliability: NoiseReliability | None = None
 
 
 class BCrit(_Out):
@@ -480,6 +566,8 @@ class BCrit(_Out):
     b_20pct_overhead_ci: Interval | None = None
     b_20pct_overhead_formula: str | None = None
     measured_range: tuple[int, int] | None = None
+    input_unit: Literal["examples", "tokens"] = "examples"
+    unit: Literal["examples", "tokens"] = "examples"
 
 
 class LrScaling(_Out):
@@ -505,6 +593,13 @@ class BatchSizeSection(_Out):
     recommended_basis: str | None = None
     recommended_formula: str | None = None
     lr_scaling: LrScaling | NotComputed
+    unit: Literal["examples", "tokens"] = "examples"
+    tokens_per_example: float | None = None
+    recommended_tokens: int | None = None
+    b_simple_reliability: NoiseReliability | None = None
+    b_noise_reliability: NoiseReliability | None = None
+    trend: list[NoiseTrendOut] = Field(default_factory=list)
+    trend_note: str | None = None
     missing: list[Missing] = Field(default_factory=list)
 
 
@@ -547,11 +642,13 @@ class CurvatureSection(_Out):
     gradient_norm_at_w_star: float | None = None
     assumption1_ratio: float | None = None
     assumption1_formula: str | None = None
+    assumption1_mean_gradient_ratio: float | None = None
+    per_sample_gradient_rms: float | None = None
     missing: list[Missing] = Field(default_factory=list)
 
 
 class Recommendation(_Out):
-    """`result.recommendation` (design.md §4)."""
+    """`result.recommendation` (docs/openapi.json)."""
 
     sample_size: SampleSizeSection | NotComputed
     batch_size: BatchSizeSection | NotComputed

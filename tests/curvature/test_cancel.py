@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from curvplan.types.options import MachineSettings
 from curvplan_worker.curvature import analyze as api
 from curvplan_worker.curvature import gradient_noise as gn
 from curvplan_worker.curvature import per_sample
@@ -191,9 +192,10 @@ def test_analyze_stops_inside_the_first_block() -> None:
             spec,
             None,
             None,
-            {"precision": "float64", "self_test": False, "dense": "off", "tolerance": 1e-10},
+            {"precision": "float64", "dense": "off", "tolerance": 1e-10},
             progress=progress,
             should_cancel=should_cancel,
+            machine=MachineSettings(self_test=False),
             model=build_model(spec, seed=1, dtype=torch.float64),
             data=Dataset(tokens[:, :-1], tokens[:, 1:]),
         )

@@ -1,4 +1,4 @@
-"""The analyze job, stage by stage (design.md §2): artifacts → engine → outputs → planner.
+"""The analyze job, stage by stage (docs/formulas.md): artifacts → engine → outputs → planner.
 
 Progress stages, in order: ``loading``, ``block spectra i/n``, ``off-diagonal``, ``dense
 hessian``, ``per-sample losses`` (the engine measures per-sample losses, perturbed losses and
@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from curvplan.types.jobs import AnalyzeJobCreate
+from curvplan.types.options import MACHINE_SETTINGS, MachineSettings
 from curvplan_server.artifacts.blobstore import default_store
 from curvplan_server.config import get_settings
 from curvplan_server.planner import Measurements, Targets, make_plan
@@ -74,6 +75,16 @@ def _engine_progress(ctx: JobContext) -> Callable[[float, str, str], None]:
     return report
 
 
+def _without_machine_settings(request: dict[str, Any]) -> dict[str, Any]:
+    """A stored request without the machine settings older API versions accepted as options
+    (a job queued before they became worker settings still runs, under the worker's)."""
+    options = request.get("options")
+    if not isinstance(options, dict) or not set(options) & set(MACHINE_SETTINGS):
+        return request
+    kept = {k: v for k, v in options.items() if k not in MACHINE_SETTINGS}
+    return {**request, "options": kept}
+
+
 def _validated(request: dict[str, Any]) -> AnalyzeJobCreate:
     try:
         return AnalyzeJobCreate.model_validate(request)
@@ -83,10 +94,12 @@ def _validated(request: dict[str, Any]) -> AnalyzeJobCreate:
 
 def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Run one attempt of an analyze job; returns ``{measurements, recommendation, …}``."""
+    request = _without_machine_settings(request)
     body = _validated(request)
     options = dict(request.get("options") or {})  # only what the client set: engine defaults
     ctx.report_progress(0.0, "loading", "resolving artifacts")
     settings = get_settings()
+    machine = _machine(settings)
     engine = child_engine(settings.sqlalchemy_url)
     store = default_store(ctx.data_dir)
     try:
@@ -102,10 +115,10 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             for i, a in enumerate(body.intermediate_checkpoints)
         ]
         result = _run_engine(
-            request["model"], str(checkpoint.path), str(dataset.path), options, ctx
+            request["model"], str(checkpoint.path), str(dataset.path), options, machine, ctx
         )
         noise = _intermediate_noise(
-            request["model"], intermediates, str(dataset.path), options, ctx
+            request["model"], intermediates, str(dataset.path), options, machine, ctx
         )
         fields, notes = planner_fields(result, noise)
         measurements = _measurements(fields)  # before any output is stored
@@ -138,6 +151,16 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         "notes": notes,
         "recommendation": recommendation.model_dump(mode="json"),
     }
+
+
+def _machine(settings: Any) -> MachineSettings:
+    """This worker's machine settings; a misconfigured worker fails the job saying which."""
+    try:
+        return settings.machine_settings()
+    except ValueError as exc:
+        raise JobError(
+            "worker-misconfigured", "The worker's machine settings are invalid", str(exc)[:300]
+        ) from None
 
 
 def _measurements(fields: dict[str, Any]) -> Measurements:
@@ -185,6 +208,7 @@ def _run_engine(
     checkpoint_path: str,
     data_path: str,
     options: dict[str, Any],
+    machine: MachineSettings,
     ctx: JobContext,
 ) -> dict[str, Any]:
     """The engine's ``analyze`` with its errors turned into job errors."""
@@ -203,6 +227,7 @@ def _run_engine(
             options,
             progress=_engine_progress(ctx),
             should_cancel=_should_cancel(ctx),
+            machine=machine,
         )
     except curvature_analysis.Cancelled:
         raise JobCancelled() from None
@@ -250,10 +275,14 @@ def _intermediate_noise(
     intermediates: list[Any],
     data_path: str,
     options: dict[str, Any],
+    machine: MachineSettings,
     ctx: JobContext,
 ) -> list[dict[str, Any]]:
     """Gradient-noise statistics at each intermediate checkpoint (McCandlish et al. 2018 §2.2).
 
+    In the order the checkpoints were given (oldest first: the planner reports the trend).
+    Adaptive by default (``noise_adaptive``): gradient examples are added until |G|² is
+    significantly positive or ``noise_max_examples`` are spent.
     Uses the STATS helper's ``gradient_noise_from_sample`` on the same evaluation sample,
     with the same precision, device and seed as the main analysis.
     """
@@ -276,7 +305,7 @@ def _intermediate_noise(
     from curvplan_worker.curvature.objective import objective_for
 
     parsed = parse_spec(spec)
-    device = resolve_device(options.get("device", "auto"))
+    device = resolve_device(machine.device)
     dtype = resolve_dtype(options.get("precision", "float32"))
     data = load_dataset(parsed, data_path).to(device, dtype)
     objective = objective_for(parsed)
@@ -318,6 +347,9 @@ def _intermediate_noise(
                     n_grad=options.get("noise_grad_examples"),
                     n_hessian=options.get("noise_hessian_examples"),
                     seed=int(options.get("seed", 0)),
+                    adaptive=bool(options.get("noise_adaptive", True)),
+                    max_examples=options.get("noise_max_examples"),
+                    max_groups=int(options.get("noise_max_groups", 64)),
                 )
         except Cancelled:
             raise JobCancelled() from None

@@ -1,4 +1,4 @@
-"""``analyze``: the curvature engine end to end (issue 4; result JSON of the engine contract).
+"""``analyze``: the curvature engine end to end (result JSON of the engine contract).
 
 Stages (each reports progress; cancellation is checked at each report and inside every long loop,
 one operator product or micro-batch apart, see ``cancel.py``):
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from curvplan.types.options import AnalysisOptions, OptionsError, parse_options
+from curvplan.types.options import AnalysisOptions, MachineSettings, OptionsError, parse_options
 from curvplan.types.spec import ModelSpec, parse_spec
 from curvplan_worker.curvature.blocks import custom_blocks, default_blocks, select_blocks
 from curvplan_worker.curvature.cancel import Cancelled, cancel_scope
@@ -90,35 +90,47 @@ def analyze(
     *,
     model: torch.nn.Module | None = None,
     data: Dataset | None = None,
+    machine: MachineSettings | None = None,
 ) -> dict:
     """Measure the curvature of the model at its checkpoint weights on an evaluation sample.
 
     ``spec`` is the model spec, ``checkpoint_path`` a safetensors checkpoint (or pass a built
     ``model``), ``data_path`` a safetensors sample with ``inputs``/``targets`` (or ``data``).
-    Returns the result JSON of the engine contract. Raises ``SpecError``, ``OptionsError``,
-    ``CheckpointMismatch``, ``DataError`` with messages naming the field, and :class:`Cancelled`.
+    ``machine`` is how to run (device, threads, self-test, graph caching): the caller's
+    configuration, never the request's. Returns the result JSON of the engine contract.
+    Raises ``SpecError``, ``OptionsError``, ``CheckpointMismatch``, ``DataError`` with
+    messages naming the field, and :class:`Cancelled`.
     """
     spec = parse_spec(spec)
     opts = parse_options(options)
+    machine = machine or MachineSettings()
     threads = torch.get_num_threads()
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
+    if machine.threads:
+        torch.set_num_threads(machine.threads)
     try:
         # The loops inside each stage check should_cancel too (cancel.check_cancel), so a
         # run stops within one operator product of the request, not at the next block.
         with cancel_scope(should_cancel):
             return _analyze(
-                spec, checkpoint_path, data_path, opts, progress, should_cancel, model, data
+                spec,
+                checkpoint_path,
+                data_path,
+                opts,
+                machine,
+                progress,
+                should_cancel,
+                model,
+                data,
             )
     finally:
         torch.set_num_threads(threads)
 
 
-def _analyze(spec, checkpoint_path, data_path, opts, progress, should_cancel, model, data):
+def _analyze(spec, checkpoint_path, data_path, opts, machine, progress, should_cancel, model, data):
     report = _Reporter(progress, should_cancel)
     started = time.perf_counter()
     report(0.0, "load", "building the model")
-    device = resolve_device(opts.device)
+    device = resolve_device(machine.device)
     dtype = resolve_dtype(opts.precision)
     if device.type == "cuda":
         configure_cuda_for_curvature()
@@ -135,7 +147,7 @@ def _analyze(spec, checkpoint_path, data_path, opts, progress, should_cancel, mo
         data = validate_dataset(spec, data)
     data = data.to(device, dtype)
     objective = objective_for(spec)
-    if opts.self_test:
+    if machine.self_test:
         report(0.02, "self_test", "HVP against finite differences on a tiny model")
         self_test(device)
     if opts.block_definitions:
@@ -151,12 +163,13 @@ def _analyze(spec, checkpoint_path, data_path, opts, progress, should_cancel, mo
         "dtype": opts.precision,
         "seed": opts.seed,
         "options": opts.model_dump(),
+        "machine": machine.model_dump(),
         "spec": spec.model_dump(),
         "n_parameters": n_params,
         "n_examples": len(data),
     }
     batches = data.batches(opts.eval_batch_size)
-    with CurvatureEngine(model, objective, batches, cache_graph=opts.cache_graph) as engine:
+    with CurvatureEngine(model, objective, batches, cache_graph=machine.cache_graph) as engine:
         report(0.05, "gradient", "loss and gradient at w*")
         grad = engine.gradient()
         result["loss"] = engine.loss_value
@@ -346,6 +359,7 @@ def _gradient_noise(model, objective, data, opts) -> dict | None:
         n_grad=opts.noise_grad_examples,
         n_hessian=opts.noise_hessian_examples,
         seed=opts.seed,
+        max_groups=opts.noise_max_groups,
     )
 
 
@@ -354,7 +368,9 @@ def _bounds(model, spec, data, opts, block_records) -> dict | None:
         from curvplan_worker.curvature.bounds import block_bounds_for_model, tightness
     except ImportError:
         return None
-    bounds = block_bounds_for_model(model, spec, data.inputs, data.targets, opts.bound_options)
+    bounds = block_bounds_for_model(
+        model, spec, data.inputs, data.targets, opts.bound_options.model_dump()
+    )
     measured = {r["name"]: r["spectral_norm"] for r in block_records}
     ratios = tightness(bounds, measured)
     for record in block_records:

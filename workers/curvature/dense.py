@@ -1,7 +1,7 @@
 """Exact dense Hessian (and its blocks) for small models, column by column from double backward.
 
 H[:, j] = ∂∇L/∂w_j = grad(∇L, w, e_j); columns are computed ``chunk`` at a time. Intended for
-models up to a few thousand parameters (the paper's MNIST model has 3,552; paper-digest §8.1).
+models up to a few thousand parameters (the paper's MNIST model has 3,552; docs/formulas.md).
 """
 
 from __future__ import annotations

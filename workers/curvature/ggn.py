@@ -1,6 +1,6 @@
 """Gauss–Newton (outer-product) and functional parts of a Hessian block.
 
-Petrov et al. 2025, eq. "gauss_decomposition" (paper-digest §1.3):
+Petrov et al. 2025, eq. "gauss_decomposition" (docs/formulas.md#bounds):
 H = Jᵀ (∂²ℓ/∂f²) J + (∂ℓ/∂f ⊗ I) ∂²f/∂w² = H_o (GGN) + H_f (functional).
 The GGN product Jᵀ H_out J v uses a forward-mode jvp through the model (J v), the loss's output
 Hessian by double backward on the outputs (H_out u), and a vjp (Jᵀ ·); the functional product is

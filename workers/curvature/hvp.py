@@ -1,15 +1,18 @@
 """Exact Hessian-vector products of the evaluation loss by double backward.
 
 The loss is the mean loss term over the whole evaluation sample,
-L(w) = Σ_b Σ_i l_i(w) / Σ_b Σ_i c_i (curvature-pitfalls §9): every batch contributes its summed
+L(w) = Σ_b Σ_i l_i(w) / Σ_b Σ_i c_i (docs/numerics.md#loss-normalisation): every batch contributes
+its summed
 loss divided by the *total* count, so uneven batches are weighted by their token counts, and
 every product walks the same batches in the same order.
 
 Products are ``torch.autograd.grad`` of the first-order gradient (built with
-``create_graph=True``) restricted to the requested parameter tensors (pitfalls §2: never
+``create_graph=True``) restricted to the requested parameter tensors
+(docs/numerics.md#double-backward: never
 ``torch.func.hessian``/``jacrev`` inside ``jvp``). By default the first backward's graph is built
 once per batch and reused by every product (each product is then only the second backward);
-``cache_graph=False`` rebuilds it per product to bound memory (pitfalls §6). Several vectors go
+``cache_graph=False`` rebuilds it per product to bound memory (docs/numerics.md#graph-cache).
+Several vectors go
 through one batched second backward (``is_grads_batched``).
 """
 
@@ -263,7 +266,8 @@ def finite_difference_hvp(
 ) -> Tensor:
     """Central difference D(h) = (∇_rows L(w + hv) − ∇_rows L(w − hv)) / 2h, Richardson-
     extrapolated (4 D(h/2) − D(h)) / 3 to O(h⁴) error, on a private copy of the weights
-    (pitfalls §8: never perturb live weights). An independent oracle for tests and the
+    (docs/numerics.md#no-live-perturbation: never perturb live weights). An independent oracle for
+    tests and the
     start-up self-test."""
     offsets = engine.layout(cols).offsets()
     v = v.to(engine.device, engine.dtype)
@@ -293,7 +297,7 @@ def finite_difference_hvp(
 
 
 class SelfTestError(RuntimeError):
-    """The start-up HVP self-test disagreed with finite differences (pitfalls §1–2)."""
+    """The start-up HVP self-test disagreed with finite differences (docs/numerics.md#self-test)."""
 
 
 def self_test(device: torch.device | str = "cpu", tol: float = 1e-7) -> float:
