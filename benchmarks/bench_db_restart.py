@@ -22,10 +22,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "client"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 import restart_load  # noqa: E402
-from live_service import free_port, make_api_key  # noqa: E402
+from live_plugin import free_port, make_api_key  # noqa: E402
 
 
 def main() -> int:

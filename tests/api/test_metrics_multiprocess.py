@@ -20,9 +20,7 @@ import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
-
-from live_service import free_port  # noqa: E402
+from live_plugin import free_port  # noqa: E402
 
 HEALTHZ = re.compile(
     r'^curvplan_http_requests_total\{method="GET",route="/healthz",status="200"\} (\S+)$', re.M

@@ -33,8 +33,7 @@ def private_pg() -> Iterator[restart_load.PrivatePostgres]:
 def test_submissions_ride_through_a_database_restart(
     private_pg: restart_load.PrivatePostgres, tmp_path: Path
 ) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
-    from live_service import free_port, make_api_key
+    from live_plugin import free_port, make_api_key
 
     url = private_pg.create_database()
     key = make_api_key(url, f"restart-{uuid.uuid4().hex[:6]}")
