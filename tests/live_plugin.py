@@ -57,6 +57,9 @@ def service_env(database_url: str, data_dir: Path, **extra: str) -> dict[str, st
         DATABASE_URL=database_url,
         CURVPLAN_DATA_DIR=str(data_dir),
         CURVPLAN_WORKER_SELF_TEST="false",
+        # One torch thread: the API, the worker and the tests share the machine's cores, and
+        # two spinning intra-op threads per worker slow a loaded box down many times over.
+        CURVPLAN_WORKER_THREADS="1",
         CURVPLAN_LOG_LEVEL="WARNING",
         CURVPLAN_LONG_POLL_INTERVAL_SECONDS="0.05",
         CURVPLAN_REPORT_LINK_SECRET=REPORT_SECRET,

@@ -327,7 +327,14 @@ class WorkerSlot:
                 ),
             )
             return
+        try:
+            with self.engine.begin() as conn:
+                children = store.load_children(conn, fence.job_id)
+        except Exception:
+            log.exception("could not read the job's children; the lease will expire")
+            return
         task = ChildTask(
+            children=children,
             kind=job.kind,
             job_id=str(fence.job_id),
             attempt=fence.attempt,
@@ -459,6 +466,9 @@ class WorkerSlot:
         progress: dict[str, Any] | None = None,
         elapsed: float | None = None,
     ) -> None:
+        if final.kind == "fan-out":
+            self._write_fan_out(fence, final, progress=progress)
+            return
         outcome: Literal["succeeded", "failed", "cancelled"]
         result = error = None
         if final.kind == "result":
@@ -516,6 +526,20 @@ class WorkerSlot:
                     raise
                 log.warning("database unavailable for the outcome write (%s); retrying", exc.orig)
                 time.sleep(0.5)
+
+    def _write_fan_out(
+        self, fence: store.Fence, final: Final, *, progress: dict[str, Any] | None
+    ) -> None:
+        children = (final.payload or {}).get("children") or []
+        status = self._fenced_write(
+            lambda conn: store.fan_out(conn, fence, children, progress=progress)
+        )
+        if status is None:
+            self._outcome = "lease-lost"
+            log.warning("lease lost before the fan-out was written; no children created")
+            return
+        self._outcome = status
+        log.info("attempt fanned out", extra={"status": status, "children": len(children)})
 
     def _write_crash(self, fence: store.Fence, detail: str, exitcode: int | None) -> None:
         status = self._fenced_write(

@@ -352,7 +352,7 @@ def cancel_job(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> JSON
     "/{job_id}/recommendation",
     name="get_job_recommendation",
     response_model=Recommendation,
-    summary="The recommendation of a succeeded plan/analyze job",
+    summary="The recommendation of a succeeded plan/analyze/sweep job (the budget first)",
     responses={
         200: {
             "description": "`result.recommendation` of the job",

@@ -138,3 +138,13 @@ ASSUMPTION1: Final = formula(
     "curvature.assumption1",
     "2·rms_i|g_i − ḡ|/(M·R): dropped first-order term over the second-order bound",
 )
+
+# The budget (docs/budget.md)
+BUDGET_EXPECTED_STEPS: Final = formula(
+    "budget.expected_steps",
+    "S(B) = S_min·(1 + B_crit/B) at the recommended B; CI from the S_min and B_crit CI ends",
+)
+BUDGET_NOISE_TREND: Final = formula(
+    "budget.noise_trend",
+    "log B = a + b·L fitted over the checkpoints (weights 1/se²), evaluated at the target L",
+)

@@ -13,6 +13,7 @@ from curvplan.types.planner import (
 )
 from curvplan_server.planner import formulas
 from curvplan_server.planner.batch_section import build_batch_section
+from curvplan_server.planner.budget_section import build_budget, default_targets
 from curvplan_server.planner.curvature import summarize_blocks
 from curvplan_server.planner.sample_size_section import build_sample_size_section
 from curvplan_server.planner.scaling_section import build_scaling_section
@@ -32,13 +33,24 @@ def make_plan(measurements: Measurements, targets: Targets, *, seed: int = 0) ->
     """
     check_workload(measurements, targets)
     effective_seed = targets.seed if targets.seed is not None else seed
+    targets, defaults = default_targets(measurements, targets)
     log = WarningLog()
     _theory_warning(measurements, log)
     sample_size = build_sample_size_section(measurements, targets, effective_seed, log)
     batch_size = build_batch_section(measurements, targets, effective_seed, log)
     scaling = build_scaling_section(measurements, targets, effective_seed, log)
     curvature = _curvature_section(measurements, targets, log)
+    budget = build_budget(
+        measurements,
+        targets,
+        defaults,
+        sample_size=sample_size,
+        batch_size=batch_size,
+        scaling=scaling,
+        curvature=curvature,
+    )
     return Recommendation(
+        budget=budget,
         sample_size=sample_size,
         batch_size=batch_size,
         scaling=scaling,

@@ -81,6 +81,7 @@ def latest_recommendations(
             "kind": row.kind,
             "tags": row.tags or {},
             "finished_at": row.finished_at.isoformat() if row.finished_at else None,
+            "budget": (row.recommendation or {}).get("budget"),
             "recommendation": row.recommendation,
             "links": {
                 "job": f"/v1/jobs/{row.id}",

@@ -99,6 +99,93 @@ def summary_html(job: dict[str, Any]) -> str:
     return f'<table class="summary">{body}</table>'
 
 
+def _interval(ci: Any) -> str:
+    if not ci:
+        return ""
+    return f"[{_text(ci[0])}, {_text(ci[1])}]"
+
+
+def budget_html(rec: dict[str, Any] | None) -> str:
+    """The budget, first on the page: data, batch, learning-rate limit, with units."""
+    budget = (rec or {}).get("budget")
+    if not isinstance(budget, dict):
+        return _empty("No budget: the job has no recommendation (yet).")
+    data, batch, lr = budget["data"], budget["batch"], budget["learning_rate"]
+    rows: list[tuple[Any, ...]] = [
+        (
+            "training data",
+            data.get("recommended_examples"),
+            _interval(data.get("recommended_examples_ci")),
+            "examples",
+            data.get("source"),
+        )
+    ]
+    stab = data.get("landscape_stabilisation")
+    if isinstance(stab, dict):
+        rows.append(
+            (
+                "landscape stabilisation k*(ε)",
+                stab.get("examples"),
+                _interval(stab.get("ci")),
+                "examples",
+                f"ε = {_text(stab.get('tolerance'))} nats",
+            )
+        )
+    if data.get("available_samples") is not None:
+        enough = {True: "enough", False: "NOT enough", None: "–"}[data.get("available_is_enough")]
+        rows.append(("you have", data.get("available_samples"), "", "examples", enough))
+    rows.append(("batch size", batch.get("recommended"), "", "examples", batch.get("source")))
+    if batch.get("recommended_tokens") is not None:
+        rows.append(("batch size", batch.get("recommended_tokens"), "", "tokens", ""))
+    rows.append(
+        (
+            "critical batch B_crit",
+            batch.get("critical"),
+            _interval(batch.get("critical_ci")),
+            "examples",
+            "",
+        )
+    )
+    if batch.get("expected_steps") is not None:
+        rows.append(
+            (
+                "expected steps",
+                batch.get("expected_steps"),
+                _interval(batch.get("expected_steps_ci")),
+                "steps",
+                "at the recommended batch",
+            )
+        )
+    rows.append(
+        (
+            "learning-rate limit 2/λ_max",
+            lr.get("gd_stability_limit"),
+            "",
+            "step size",
+            "GD/SGD only, not Adam",
+        )
+    )
+    table = _table(("", "value", "interval", "unit", "source"), rows, {1})
+    notes = [
+        data.get("guarantee") if data.get("source") != "not_available" else data.get("reason"),
+        batch.get("basis") if batch.get("source") != "not_available" else batch.get("reason"),
+        *budget.get("warnings", []),
+    ]
+    items = "".join(f"<li>{esc(_text(n))}</li>" for n in notes if n)
+    return f'<section id="budget">{table}<ul class="budget-notes">{items}</ul></section>'
+
+
+def children_html(job: dict[str, Any]) -> str:
+    children = job.get("children") or []
+    if not children:
+        return ""
+    rows = [
+        (c.get("name"), c.get("status"), c.get("attempt"), c.get("error_type"), c.get("id"))
+        for c in children
+    ]
+    return "<h2>Child jobs</h2>" + _table(("name", "status", "attempt", "error", "id"), rows, set())
+
+
 def recommendation_html(rec: dict[str, Any] | None, job: dict[str, Any]) -> str:
     if rec is None:
         return _empty(f"No recommendation: the job is {job.get('status')}.")
@@ -301,7 +388,9 @@ def render_report(job: dict[str, Any], plots: list[Plot] | None = None) -> str:
         f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>"
         f"<header><h1>{esc(title)}</h1><p>{esc(job.get('kind'))} job {esc(job.get('id'))} · "
         f"{esc(job.get('status'))}</p></header><main>"
+        f"<h2>Budget</h2>{budget_html(recommendation_of(job))}"
         f"<h2>Summary</h2>{summary_html(job)}"
+        f"{children_html(job)}"
         f"<h2>Inputs</h2>{inputs_html(job)}"
         f"<h2>Recommendation</h2>{recommendation_html(recommendation_of(job), job)}"
         f"<h2>Plots</h2>{sections}"

@@ -241,8 +241,9 @@ def analyze_body(
     targets: Mapping[str, Any] | Any | None,
     max_attempts: int | None,
     intermediate_checkpoints: Sequence[Any] = (),
+    sweeps: Sequence[Any] = (),
 ) -> dict[str, Any]:
-    """The ``analyze`` job body; artifacts may be given as results or as ids."""
+    """The ``analyze`` job body; artifacts (and sweep jobs) may be given as results or ids."""
     body: dict[str, Any] = {
         "kind": "analyze",
         "model": _jsonable(model),
@@ -251,6 +252,8 @@ def analyze_body(
     }
     if intermediate_checkpoints:
         body["intermediate_checkpoints"] = [artifact_id(a) for a in intermediate_checkpoints]
+    if sweeps:
+        body["sweeps"] = [artifact_id(j) for j in sweeps]
     if options:
         body["options"] = dict(options)
     if targets is not None:

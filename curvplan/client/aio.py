@@ -159,13 +159,15 @@ class AsyncClient:
         options: Mapping[str, Any] | None = None,
         targets: Mapping[str, Any] | m.Targets | None = None,
         intermediate_checkpoints: Sequence[str | uuid.UUID | m.Artifact] = (),
+        sweeps: Sequence[str | uuid.UUID | m.JobOut] = (),
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
     ) -> m.JobOut:
         """Queue an ``analyze`` job: model spec + checkpoint and dataset artifacts (ids).
 
         ``intermediate_checkpoints`` (artifacts before convergence) give the gradient-noise
-        scale, which is undefined at a converged w* (docs/formulas.md).
+        scale, which is undefined at a converged w* (docs/formulas.md); ``sweeps`` (succeeded
+        ``sweep`` jobs) give the budget its data-sweep and batch-sweep fits (docs/budget.md).
         """
         body = c.analyze_body(
             model,
@@ -177,6 +179,7 @@ class AsyncClient:
             targets,
             max_attempts,
             intermediate_checkpoints,
+            sweeps,
         )
         return await self.submit_job(body, idempotency_key=idempotency_key)
 

@@ -156,12 +156,19 @@ def job_summary(job: m.JobOut) -> str:
         lines.append(
             f"error      {job.error.type}: {job.error.title or ''} {job.error.detail or ''}"
         )
+    if job.parent_id is not None:
+        lines.append(f"parent     {job.parent_id}")
+    for i, child in enumerate(job.children or []):
+        label = "children  " if i == 0 else "          "
+        failed = f" ({child.error_type})" if child.error_type else ""
+        lines.append(f"{label} {child.name or '-'}: {child.status}{failed}  {child.id}")
     return "\n".join(lines)
 
 
 def recommendation_text(rec: m.Recommendation) -> str:
-    """The recommendation as tables, one per section (docs/formulas.md)."""
-    parts = [_sample_size(rec.sample_size), _batch_size(rec.batch_size), _scaling(rec.scaling)]
+    """The recommendation as tables: the budget first (docs/budget.md), then one per section."""
+    parts = [budget_text(rec.budget)] if rec.budget is not None else []
+    parts += [_sample_size(rec.sample_size), _batch_size(rec.batch_size), _scaling(rec.scaling)]
     parts.append(_curvature(rec.curvature))
     if rec.warnings:
         width = max(60, shutil.get_terminal_size((100, 20)).columns - 6)
@@ -171,6 +178,59 @@ def recommendation_text(rec: m.Recommendation) -> str:
             lines.append("  - " + "\n    ".join(wrapped))
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+def budget_text(budget: Any) -> str:
+    """The budget as one table: data, batch, learning rate, each with its unit and source."""
+    d, b, lr = budget.data, budget.batch, budget.learning_rate
+    width = max(60, shutil.get_terminal_size((100, 20)).columns - 6)
+    rows: list[list[Any]] = []
+    rows.append(
+        [
+            "data (examples)",
+            fmt(d.recommended_examples),
+            interval(d.recommended_examples_ci),
+            d.source,
+        ]
+    )
+    if d.landscape_stabilisation is not None:
+        ls = d.landscape_stabilisation
+        rows.append(
+            ["  landscape k*(ε)", fmt(ls.examples), interval(ls.ci), f"ε = {fmt(ls.tolerance)}"]
+        )
+    if d.available_samples is not None:
+        enough = {True: "ENOUGH", False: "NOT ENOUGH", None: "-"}[d.available_is_enough]
+        rows.append(["  you have", fmt(d.available_samples), "", enough])
+    rows.append(["batch (examples)", fmt(b.recommended), "", b.source])
+    rows.append(["  critical B_crit", fmt(b.critical), interval(b.critical_ci), "examples"])
+    if b.recommended_tokens is not None:
+        rows.append(
+            [
+                "  batch (tokens)",
+                fmt(b.recommended_tokens),
+                interval(b.critical_tokens_ci),
+                "tokens; B_crit interval",
+            ]
+        )
+    if b.expected_steps is not None:
+        rows.append(
+            [
+                "  expected steps",
+                fmt(b.expected_steps),
+                interval(b.expected_steps_ci),
+                "steps at the batch",
+            ]
+        )
+    rows.append(["lr limit 2/λ_max", fmt(lr.gd_stability_limit), "", "GD/SGD only, not Adam"])
+    lines = ["BUDGET", table(["", "value", "interval", "source / unit"], rows)]
+    for label, text in (
+        ("data", d.guarantee if d.source != "not_available" else d.reason),
+        ("batch", b.basis if b.source != "not_available" else b.reason),
+    ):
+        lines.append("  " + "\n    ".join(textwrap.wrap(f"{label}: {text}", width)))
+    for w in budget.warnings:
+        lines.append("  " + "\n    ".join(textwrap.wrap(f"! {w}", width)))
+    return "\n".join(lines)
 
 
 def _sample_size(section: Any) -> str:

@@ -176,6 +176,9 @@ def analyze(
         "--intermediate",
         help="Checkpoint before convergence (for the gradient-noise scale); repeatable.",
     ),
+    sweep: list[str] | None = typer.Option(
+        None, "--sweep", help="A succeeded sweep job whose fit the budget uses; repeatable."
+    ),
     wait: bool = typer.Option(False, "--wait", help="Wait for the result, with progress."),
     timeout: float | None = typer.Option(
         None, "--timeout", min=0, help="Give up waiting after S s."
@@ -217,8 +220,101 @@ def analyze(
             options=options or None,
             targets=target_body,
             intermediate_checkpoints=intermediates,
+            sweeps=sweep or (),
             idempotency_key=idempotency_key,
         )
+        _finish(client, job, wait, timeout, as_json, quiet)
+
+
+def _ints(value: str | None, opt: str) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise _fail(
+            f"{opt}: expected comma-separated integers, got {value!r}", EXIT_BAD_INPUT
+        ) from None
+
+
+def sweep(
+    spec: Path = typer.Option(..., "--spec", help="Model spec JSON."),
+    train: Path = typer.Option(..., "--train", help="Training data (.safetensors)."),
+    evaluation: Path = typer.Option(..., "--eval", help="Held-out evaluation data."),
+    sweep_type: str = typer.Option("batch", "--type", help="batch | data"),
+    checkpoint: Path | None = typer.Option(
+        None, "--checkpoint", help="Start checkpoint (default: a seeded initialisation)."
+    ),
+    target_loss: float | None = typer.Option(
+        None, "--target-loss", help="Eval loss (nats per token) to train to / size data for."
+    ),
+    batch_sizes: str | None = typer.Option(None, "--batch-sizes", help="e.g. 8,16,32,64"),
+    data_sizes: str | None = typer.Option(None, "--data-sizes", help="e.g. 256,512,1024"),
+    batch_size: int = typer.Option(32, "--batch-size", help="Data sweep: batch (examples)."),
+    max_steps: int = typer.Option(2000, "--max-steps"),
+    eval_every: int = typer.Option(5, "--eval-every"),
+    optimizer: str = typer.Option("adamw", "--optimizer", help="adamw | sgd"),
+    lr: float = typer.Option(3e-3, "--lr", help="Learning rate at --base-batch-size."),
+    base_batch_size: int = typer.Option(32, "--base-batch-size"),
+    warmup_steps: int = typer.Option(10, "--warmup-steps"),
+    lr_rule: str = typer.Option("sqrt", "--lr-rule", help="sqrt | linear | constant | grid"),
+    seed: int = typer.Option(0, "--seed", help="Initialisation and batch-order seed."),
+    name: str | None = typer.Option(None, "--name"),
+    tag: list[str] | None = TAG_OPTION,
+    wait: bool = typer.Option(False, "--wait", help="Wait for the result, with progress."),
+    timeout: float | None = typer.Option(None, "--timeout", min=0),
+    as_json: bool = JSON_OPTION,
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """Run a batch or data sweep on the workers (one child job per training run)."""
+    model = _read_json(spec, "--spec")
+    for path, opt in ((train, "--train"), (evaluation, "--eval"), (checkpoint, "--checkpoint")):
+        if path is not None and not path.is_file():
+            raise _fail(f"{opt}: file not found: {path}", EXIT_BAD_INPUT)
+    settings: dict[str, object] = {
+        "type": sweep_type,
+        "max_steps": max_steps,
+        "eval_every": eval_every,
+        "batch_size": batch_size,
+        "init_seed": seed,
+    }
+    if target_loss is not None:
+        settings["target_loss"] = target_loss
+    if batch_sizes is not None:
+        settings["batch_sizes"] = _ints(batch_sizes, "--batch-sizes")
+    if data_sizes is not None:
+        settings["data_sizes"] = _ints(data_sizes, "--data-sizes")
+    with _client(url, api_key) as client:
+        log = (lambda s: None) if as_json or quiet else (lambda s: typer.echo(s, err=True))
+        body: dict[str, object] = {
+            "kind": "sweep",
+            "model": model,
+            "optimizer": {
+                "name": optimizer,
+                "lr": lr,
+                "base_batch_size": base_batch_size,
+                "warmup_steps": warmup_steps,
+                "lr_rule": lr_rule,
+            },
+            "sweep": settings,
+        }
+        for path, key, kind in (
+            (train, "train_data", "dataset"),
+            (evaluation, "eval_data", "dataset"),
+            (checkpoint, "checkpoint", "checkpoint"),
+        ):
+            if path is not None:
+                log(f"uploading {path} …")
+                body[key] = str(client.upload_artifact(path, kind).id)
+        if name is not None:
+            body["name"] = name
+        tags = _pairs(tag, "--tag")
+        if tags:
+            body["tags"] = tags
+        job = client.submit_job(body)
+        log(f"sweep job {job.id}: use it with `curvplan analyze … --sweep {job.id}`")
         _finish(client, job, wait, timeout, as_json, quiet)
 
 
@@ -420,6 +516,7 @@ def register(app: typer.Typer) -> None:
     """Attach the client commands to the top-level app."""
     app.command("analyze")(analyze)
     app.command("plan")(plan)
+    app.command("sweep")(sweep)
     app.add_typer(jobs_app, name="jobs")
     app.command("recommendations")(recommendations)
     app.command("report")(report)

@@ -131,6 +131,11 @@ class NoiseTrendPoint(DirectNoiseStats):
 
     checkpoint: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     step: Annotated[int, Field(ge=0)] | None = None
+    loss: NonNegFloat | None = Field(
+        default=None,
+        description="Mean evaluation loss at this checkpoint (nats per token): the budget "
+        "evaluates the noise-scale trend at the target loss from it.",
+    )
 
 
 MAX_TREND_POINTS = 1000
@@ -647,9 +652,141 @@ class CurvatureSection(_Out):
     missing: list[Missing] = Field(default_factory=list)
 
 
-class Recommendation(_Out):
-    """`result.recommendation` (docs/openapi.json)."""
+# --------------------------------------------------------------------------- the budget
+DEFAULT_TOLERANCE_RATIO = 0.01
+"""Without ``targets.tolerances`` the tolerance is r × the mean loss at w*, r = 1 %."""
 
+
+class BudgetInterval(_Out):
+    low: float | None
+    high: float | None
+
+
+class LandscapeStabilisation(_Out):
+    """k*(ε) of Petrov et al. (2025): beyond it one more example changes the average loss by
+    about ε or less. A per-example increment, NOT the accuracy of the loss (docs/numbers.md)."""
+
+    examples: int | None = Field(description="k*(ε), examples.")
+    ci: tuple[int | None, int | None] | None = None
+    tolerance: float = Field(description="ε, loss units (nats per token).")
+    label: str
+
+
+class BudgetData(_Out):
+    """How many training examples to have, and what that number guarantees."""
+
+    recommended_examples: int | None = Field(description="Examples (rows: sequences).")
+    recommended_examples_ci: tuple[float | None, float | None] | None = Field(
+        default=None, description="Interval of recommended_examples, examples."
+    )
+    recommended_tokens: float | None = Field(
+        default=None, description="recommended_examples × tokens per example."
+    )
+    unit: Literal["examples"] = "examples"
+    source: Literal["data_sweep", "loss_accuracy", "not_available"]
+    criterion: str = Field(description="Which number leads and why.")
+    guarantee: str = Field(description="What the number guarantees, in a user's words.")
+    target_loss: float | None = Field(
+        default=None, description="Held-out loss the data-sweep size is for (nats per token)."
+    )
+    tolerance: float | None = Field(
+        default=None, description="ε of the loss-accuracy size, loss units (nats per token)."
+    )
+    loss_accuracy_examples: int | None = Field(
+        default=None,
+        description="The loss-accuracy sample size (examples), also when a data sweep leads.",
+    )
+    landscape_stabilisation: LandscapeStabilisation | None = None
+    available_samples: int | None = Field(
+        default=None, description="targets.available_samples: examples you have, examples."
+    )
+    available_is_enough: bool | None = Field(
+        default=None,
+        description="available_samples ≥ the upper end of the recommendation's interval "
+        "(null: available_samples not given, or nothing recommended).",
+    )
+    available_note: str | None = None
+    reason: str | None = Field(default=None, description="Why nothing is recommended.")
+
+
+class BudgetBatch(_Out):
+    """Which batch size to train at; every batch size in examples, and in tokens."""
+
+    recommended: int | None = Field(
+        description="Power of two nearest the critical batch, examples."
+    )
+    recommended_tokens: float | None = None
+    critical: float | None = Field(
+        description="Critical batch size B_crit (the batch trading steps against examples "
+        "equally: S = 2·S_min, E = 2·E_min), examples."
+    )
+    critical_ci: tuple[float | None, float | None] | None = None
+    critical_tokens: float | None = None
+    critical_tokens_ci: tuple[float | None, float | None] | None = None
+    unit: Literal["examples"] = "examples"
+    tokens_per_example: float | None = None
+    source: Literal["batch_sweep", "noise_scale_trend", "not_available"]
+    basis: str = Field(description="Where the critical batch comes from, in words.")
+    target_loss: float | None = Field(default=None, description="Loss the batch is for (nats).")
+    expected_steps: float | None = Field(
+        default=None, description="Optimizer steps to the target at `recommended` (steps)."
+    )
+    expected_steps_ci: tuple[float | None, float | None] | None = None
+    expected_steps_formula: str | None = None
+    expected_examples: float | None = Field(
+        default=None, description="expected_steps × recommended, examples."
+    )
+    reason: str | None = Field(default=None, description="Why something is not available.")
+
+
+class BudgetLearningRate(_Out):
+    """2/λ_max: the learning rate above which gradient descent / SGD diverges along the top
+    Hessian direction. Not a limit for Adam (its step is preconditioned)."""
+
+    gd_stability_limit: float | None = Field(
+        description="2/λ_max (learning-rate units of plain GD/SGD), an upper bound when λ_max "
+        "comes from the largest block."
+    )
+    lambda_max: float | None = Field(description="λ_max used (loss / parameter² units).")
+    lambda_max_source: str | None = None
+    label: str
+    reason: str | None = None
+
+
+class BudgetDefaults(_Out):
+    """What the budget assumed where `targets` was silent (docs/budget.md)."""
+
+    tolerances_given: bool
+    tolerance_ratio: float = Field(description="r: default tolerance = r × mean loss at w*.")
+    mean_loss_at_w_star: float | None = Field(description="Nats per token.")
+    tolerances: list[float] = Field(description="Tolerances used, loss units (nats per token).")
+    target_loss_given: bool
+    target_loss: float | None = Field(description="Target loss used, nats per token.")
+    target_loss_rule: str
+
+
+class Budget(_Out):
+    """The answer in one place: how much data, which batch size, which learning-rate limit.
+
+    A pipeline reads this; the sections below it hold the measurements and fits behind it
+    (docs/budget.md says what leads where and why)."""
+
+    data: BudgetData
+    batch: BudgetBatch
+    learning_rate: BudgetLearningRate
+    defaults: BudgetDefaults
+    warnings: list[str] = Field(default_factory=list)
+
+
+class Recommendation(_Out):
+    """`result.recommendation` (docs/openapi.json): the budget first (docs/budget.md), then the
+    sections behind it."""
+
+    budget: Budget | None = Field(
+        default=None,
+        description="How much data, which batch size, the learning-rate limit (always set by "
+        "the planner; null only in recommendations stored before it existed).",
+    )
     sample_size: SampleSizeSection | NotComputed
     batch_size: BatchSizeSection | NotComputed
     scaling: ScalingSection | NotComputed

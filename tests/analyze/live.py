@@ -33,6 +33,7 @@ def service_env(database_url: str, data_dir: Path) -> dict[str, str]:
         DATABASE_URL=database_url,
         CURVPLAN_DATA_DIR=str(data_dir),
         CURVPLAN_WORKER_SELF_TEST="false",  # the engine tests check HVPs; keep jobs short
+        CURVPLAN_WORKER_THREADS="1",  # cores are shared with the API and the tests
         CURVPLAN_LOG_LEVEL="INFO",
         CURVPLAN_LONG_POLL_INTERVAL_SECONDS="0.05",
         CURVPLAN_RETRY_BACKOFF_BASE_SECONDS="0.2",

@@ -167,6 +167,8 @@ def planner_fields(
                 point["checkpoint"] = str(stats["checkpoint"])[:200]
             if isinstance(stats.get("step"), int) and stats["step"] >= 0:
                 point["step"] = stats["step"]
+            if isinstance(stats.get("loss"), int | float) and stats["loss"] >= 0:
+                point["loss"] = float(stats["loss"])  # the budget evaluates the trend at a loss
             trend.append(point)
         if trend:
             # every checkpoint, oldest first: the noise scale's trend over training
