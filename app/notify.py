@@ -1,6 +1,6 @@
 """Waiting without polling: PostgreSQL LISTEN/NOTIFY on job changes.
 
-A trigger on ``job`` (migration ``0005``) runs ``pg_notify('curvplan_job', '<job id>
+A trigger on ``job`` (migration ``0006``) runs ``pg_notify('curvplan_job', '<job id>
 <status> <queue>')`` when a job's status changes and ``pg_notify('curvplan_queue',
 '<queue>')`` when a job is queued (new, or again after a retry or release).
 Each API process holds **one** listening connection (:class:`JobNotifier`) and wakes

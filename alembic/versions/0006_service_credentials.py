@@ -11,8 +11,8 @@ when a job's status changes (long-polls listen) and ``pg_notify('curvplan_queue'
 '<queue>')`` when a job is queued, new or again (idle workers listen), so neither
 queries the database every fraction of a second. API processes do not hear inserts.
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005_job_parent
 Create Date: 2026-11-30 21:00:00
 """
 
@@ -23,8 +23,8 @@ from sqlalchemy.dialects import postgresql
 
 from alembic import op
 
-revision: str = "0005"
-down_revision: str | None = "0004"
+revision: str = "0006"
+down_revision: str | None = "0005_job_parent"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
