@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from curvplan_server.artifacts.models import Artifact
-from curvplan_server.auth.models import ApiKey, Project
+from curvplan_server.auth.models import ApiKey, Project, ServiceCredential
 from curvplan_server.db import Base
 from curvplan_server.jobs.models import Job, JobAttempt
 from curvplan_server.reports.models import JobPlot
@@ -18,6 +18,7 @@ __all__ = [
     "JobAttempt",
     "JobPlot",
     "Project",
+    "ServiceCredential",
     "WebhookAttempt",
     "WebhookDelivery",
     "WebhookSecret",

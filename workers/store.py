@@ -195,6 +195,22 @@ def claim(
     )
 
 
+def seconds_until_runnable(conn: Connection, queues: list[str]) -> float | None:
+    """Seconds until the earliest queued job of ``queues`` may run (≤ 0: now), or None.
+
+    An idle worker that waits for notifications sleeps until then at most: a retried
+    job becomes runnable when its backoff ends, which no notification announces.
+    """
+    value = conn.execute(
+        text(
+            "SELECT extract(epoch FROM min(run_after) - now()) FROM job"
+            " WHERE status = 'queued' AND queue = ANY(:queues)"
+        ),
+        {"queues": queues},
+    ).scalar_one_or_none()
+    return None if value is None else float(value)
+
+
 # --------------------------------------------------------------------------- fenced writes
 def heartbeat(
     conn: Connection,

@@ -5,7 +5,7 @@ outcome ``fanned-out``); it then stays ``running`` without a lease while its chi
 and the transaction that records the last child's end queues it again for a fan-in attempt.
 Deleting a parent deletes its children (a child is never kept without its parent).
 
-Revision ID: 0005_job_parent
+Revision ID: 0005
 Revises: 0004
 Create Date: 2026-11-30 21:00:00
 """
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision: str = "0005_job_parent"
+revision: str = "0005"
 down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

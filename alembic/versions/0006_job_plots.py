@@ -1,7 +1,7 @@
 """The report's figures (SVG and PNG) of each succeeded job, drawn once and kept.
 
-Revision ID: 0006_job_plots
-Revises: 0005_job_parent
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-11-30 21:00:00
 """
 
@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0006_job_plots"
-down_revision: str | None = "0005_job_parent"
+revision: str = "0006"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -5,8 +5,8 @@ The trigger is the one place that turns a status change into an event, so every 
 ends a job (worker finish, crash, reaper, API cancel, fan-in) announces it exactly once,
 atomically with the change. Fan-out children (``parent_id`` set) do not fire.
 
-Revision ID: 0007_webhooks
-Revises: 0006_job_plots
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-11-30 21:00:00
 """
 
@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0007_webhooks"
-down_revision: str | None = "0006_job_plots"
+revision: str = "0007"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

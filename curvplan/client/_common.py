@@ -41,13 +41,15 @@ class RetryPolicy:
     """Exponential backoff for connection errors and 503 answers (502/504 on idempotent calls).
 
     Attempt ``n`` (0-based) waits ``min(backoff_max, backoff_initial·multiplier^n)``
-    seconds, ±``jitter`` (a fraction), or the server's ``Retry-After`` when it sends
-    one (capped by ``backoff_max``). ``max_retries`` bounds ordinary calls;
+    seconds, ±``jitter`` (a fraction), and at least the server's ``Retry-After`` when it
+    sends one (capped by ``backoff_max``). The default ``max_retries`` rides out about
+    17 s of a restarting database (503 + ``Retry-After: 1``). ``max_retries`` bounds
+    ordinary calls;
     ``wait`` instead rides out an unreachable or unavailable server for up to
     ``outage_seconds`` in a row (a restart, a deploy) before it gives up.
     """
 
-    max_retries: int = 4
+    max_retries: int = 6
     backoff_initial: float = 0.25
     backoff_max: float = 8.0
     multiplier: float = 2.0
@@ -56,11 +58,13 @@ class RetryPolicy:
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Seconds to sleep before retry number ``attempt + 1``."""
-        if retry_after is not None:
-            return max(0.0, min(retry_after, self.backoff_max))
         base = min(self.backoff_max, self.backoff_initial * self.multiplier**attempt)
         spread = base * self.jitter
-        return max(0.0, base + random.uniform(-spread, spread))
+        backoff = max(0.0, base + random.uniform(-spread, spread))
+        if retry_after is not None:
+            # The server's delay is a minimum; a longer outage still backs off.
+            return max(0.0, min(max(retry_after, backoff), self.backoff_max))
+        return backoff
 
 
 NO_RETRY = RetryPolicy(max_retries=0)
