@@ -12,25 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import live_plugin
 import psycopg
 import pytest
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
-
-import live_service
-
 MLFLOW_START_SECONDS = 240  # a loaded 2-core machine; about 20 s when idle
-
-
-@pytest.fixture(scope="session")
-def live(
-    pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[live_service.LiveService]:
-    """API + worker subprocesses on a private database (shared with tests/client and cli)."""
-    yield live_service.acquire(pg_admin_url, tmp_path_factory.mktemp("live-service"))
-    live_service.release()
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +33,7 @@ def mlflow_server(pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     store = make_url(pg_admin_url).set(drivername="postgresql+psycopg", database=name)
     tmp = tmp_path_factory.mktemp("mlflow")
-    port = live_service.free_port()
+    port = live_plugin.free_port()
     log = (tmp / "server.log").open("wb")
     mlflow = Path(sys.executable).with_name("mlflow")
     process = subprocess.Popen(

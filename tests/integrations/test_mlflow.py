@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_service import LiveService
+from live_plugin import LiveService
 from plan_bodies import B_CRIT, full_measurements, full_targets
 
 import curvplan

@@ -9,10 +9,8 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import live_service
 from receiver import Receiver, start_receiver
 
 
@@ -33,12 +31,3 @@ def settings(database_url: str) -> Any:
         webhook_allowed_hosts=["127.0.0.1"],
         webhook_allowed_networks=["127.0.0.0/8"],
     )
-
-
-@pytest.fixture(scope="session")
-def live(
-    pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[live_service.LiveService]:
-    """API + worker subprocesses on a private database (shared with tests/client and cli)."""
-    yield live_service.acquire(pg_admin_url, tmp_path_factory.mktemp("live-service"))
-    live_service.release()
