@@ -24,7 +24,7 @@ RETRY_AFTER_SECONDS = 1
 
 #: What a lost or unobtainable connection raises: SQLAlchemy's wrappers, and psycopg's own
 #: errors from the hot path's direct driver calls.
-UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
+UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     sa_exc.OperationalError,
     sa_exc.InterfaceError,
     sa_exc.TimeoutError,  # pool exhausted

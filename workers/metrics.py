@@ -133,14 +133,16 @@ class WorkerMetrics:
     def health(self, stale_seconds: float) -> tuple[bool, dict[str, Any]]:
         now = time.monotonic()
         with self._lock:
-            slots = {
+            slots: dict[str, dict[str, Any]] = {
                 worker_id: {
                     "heartbeat_age_seconds": round(now - at, 3),
                     "current_job_id": self._jobs.get(worker_id),
                 }
                 for worker_id, at in self._beats.items()
             }
-        ok = bool(slots) and all(s["heartbeat_age_seconds"] < stale_seconds for s in slots.values())
+        ok = bool(slots) and all(
+            float(s["heartbeat_age_seconds"]) < stale_seconds for s in slots.values()
+        )
         return ok, {"status": "ok" if ok else "unhealthy", "slots": slots}
 
 

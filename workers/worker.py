@@ -742,10 +742,10 @@ def run_worker(options: WorkerOptions) -> int:
         notifier.start()
     metrics = WorkerMetrics() if options.metrics_port is not None else None
     stop_metrics = None
-    if metrics is not None:
+    if metrics is not None and options.metrics_port is not None:
         metrics.slots.set(options.concurrency)
         stop_metrics = serve_metrics(
-            metrics, options.metrics_host, int(options.metrics_port), options.worker_stale_seconds
+            metrics, options.metrics_host, options.metrics_port, options.worker_stale_seconds
         )
     slots = [
         WorkerSlot(options, engine, mp_context, stop, hurry, notifier=notifier, metrics=metrics)

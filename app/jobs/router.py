@@ -303,7 +303,7 @@ async def get_job(
             remaining = deadline - time.monotonic()
             if remaining <= 0 or await request.is_disconnected():
                 break
-            if subscription is not None and notifier.connected:
+            if subscription is not None and notifier is not None and notifier.connected:
                 # Woken by NOTIFY; the database is re-checked only on a wake-up or, as a
                 # fallback, every notify_fallback_seconds.
                 await subscription.wait(min(settings.notify_fallback_seconds, remaining))
