@@ -117,15 +117,33 @@ def _packed_forward(self: nn.Module, packed: Tensor) -> Tensor:
     """Logits of ``(n, 2, T)`` packed (input ids, attention mask); positions follow the mask."""
     ids, mask = packed[:, 0], packed[:, 1]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = type(self).__mro__[1].forward(
-        self,
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions,
-        use_cache=False,
-        return_dict=True,
+    out = (
+        type(self)
+        .__mro__[1]
+        .forward(
+            self,
+            input_ids=ids,
+            attention_mask=_additive_mask(mask, self.dtype),
+            position_ids=positions,
+            use_cache=False,
+            return_dict=True,
+        )
     )
     return out.logits
+
+
+def _additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """The (n, 1, T, T) additive attention mask: causal, padded keys hidden from real queries,
+    and every padded query attending to itself only — so that no row is entirely masked (an
+    all-masked row is a uniform average in floating point, not the smooth function autograd
+    differentiates, and in float64 models that upcast the softmax to float32 it is NaN). Real
+    positions see exactly the tokens the usual causal + padding mask shows them."""
+    t = mask.shape[-1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=mask.device).tril()
+    eye = torch.eye(t, dtype=torch.bool, device=mask.device)
+    allowed = causal & (mask.bool()[:, None, None, :] | eye)
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)
 
 
 _PACKED_CLASSES: dict[type, type] = {}
@@ -268,15 +286,19 @@ def map_checkpoint_names(
         hit = next((c for c in candidates if c in expected), None)
         if hit is not None:
             mapping[name] = hit
-        elif any(c in tied_targets for c in candidates) and name.endswith("lm_head.weight"):
-            ignored.append(name)
-        elif any(re.search(p, name) for p in _IGNORED_UNEXPECTED):
-            ignored.append(name)
-        elif any(re.search(p, name) for p in extra_ignored) and not name.endswith(".weight"):
+        elif _ignorable(name, candidates, tied_targets, extra_ignored):
             ignored.append(name)
         else:
             unexpected.append(name)
     return mapping, ignored, unexpected
+
+
+def _ignorable(name: str, candidates, tied_targets, extra_ignored) -> bool:
+    if name.endswith("lm_head.weight") and any(c in tied_targets for c in candidates):
+        return True  # a tied head saved anyway: the embedding is the tensor
+    if any(re.search(p, name) for p in _IGNORED_UNEXPECTED):
+        return True
+    return any(re.search(p, name) for p in extra_ignored) and not name.endswith(".weight")
 
 
 def load_hf_weights(model: HFModel | nn.Module, shards: Sequence[str | Path]) -> list[str]:
@@ -328,9 +350,7 @@ def save_hf_weights(model: HFModel | nn.Module, path: str | Path) -> None:
     from safetensors.torch import save_file
 
     module = model.module if isinstance(model, HFModel) else model
-    save_file(
-        {n: p.detach().contiguous().cpu() for n, p in module.named_parameters()}, str(path)
-    )
+    save_file({n: p.detach().contiguous().cpu() for n, p in module.named_parameters()}, str(path))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,7 +368,10 @@ def pack_causal_lm(
     ``inputs`` is ``(n, 2, T)`` = (input ids, attention mask); ``targets`` ``(n, T)`` holds at
     position t the label of t+1 (``-100`` = no loss term), i.e. the shift that the models'
     ``labels=`` loss applies. Without ``labels`` the labels are the input ids where the mask is
-    1 and ``-100`` elsewhere. No validation here (see :func:`validate_hf_data`).
+    1 and ``-100`` elsewhere. A term predicted FROM a padded position (mask 0 at t) is dropped
+    too: a padded query attends to no token, its logits are not a prediction (and in floating
+    point its masked scores are all equal, so the function there is not the smooth one that
+    autograd differentiates). No validation here (see :func:`validate_hf_data`).
     """
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
@@ -356,6 +379,7 @@ def pack_causal_lm(
         labels = torch.where(attention_mask.bool(), input_ids, torch.full_like(input_ids, -100))
     pad = torch.full_like(labels[:, :1], IGNORE_INDEX)
     targets = torch.cat([labels[:, 1:], pad], dim=1)
+    targets = targets.masked_fill(attention_mask == 0, IGNORE_INDEX)
     return torch.stack([input_ids, attention_mask], dim=1), targets
 
 
