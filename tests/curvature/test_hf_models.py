@@ -24,12 +24,12 @@ from torch.func import functional_call
 
 pytest.importorskip("transformers")
 
-from workers.curvature import hf
-from workers.curvature.checkpoint import CheckpointMismatch
-from workers.curvature.model import build_model
-from workers.curvature.objective import CausalLMObjective, objective_for
-from workers.curvature.operator import CurvatureEngine, parse_member
-from workers.curvature.spectra import block_spectrum
+from curvplan_worker.curvature import hf
+from curvplan_worker.curvature.checkpoint import CheckpointMismatch
+from curvplan_worker.curvature.model import build_model
+from curvplan_worker.curvature.objective import CausalLMObjective, objective_for
+from curvplan_worker.curvature.operator import CurvatureEngine, parse_member
+from curvplan_worker.curvature.spectra import block_spectrum
 
 D, HEADS, FF, VOCAB, SEQ = 8, 2, 16, 11, 6
 
@@ -399,7 +399,7 @@ def test_hugging_face_label_conventions_padding_and_the_models_own_loss():
     s_cut, c_cut = objective.example_losses(model.module, *hf.pack_causal_lm(ids[:, 2:]))
     assert torch.equal(c_pad, c_cut)
     assert torch.allclose(s_pad, s_cut, rtol=1e-10)
-    from workers.curvature.data import DataError
+    from curvplan_worker.curvature.data import DataError
 
     with pytest.raises(DataError, match="labels"):
         hf.validate_hf_data(model, {"input_ids": ids, "labels": ids + VOCAB})

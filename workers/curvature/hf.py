@@ -28,13 +28,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from workers.curvature.checkpoint import (
+from curvplan_worker.curvature.checkpoint import (
     CheckpointError,
     CheckpointMismatch,
     TensorIssue,
     read_safetensors,
 )
-from workers.curvature.objective import IGNORE_INDEX
+from curvplan_worker.curvature.objective import IGNORE_INDEX
 
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "gpt2": "GPT2LMHeadModel",
@@ -389,7 +389,7 @@ def validate_hf_data(model: HFModel, tensors: Mapping[str, Tensor]) -> tuple[Ten
     Accepts ``{input_ids[, attention_mask][, labels]}`` (labels unshifted) or the engine's
     ``{inputs, targets}`` (targets already shifted). Raises ``DataError`` naming the tensor.
     """
-    from workers.curvature.data import DataError
+    from curvplan_worker.curvature.data import DataError
 
     def fail(name: str, msg: str) -> DataError:
         return DataError(f"data tensor {name!r}: {msg}")

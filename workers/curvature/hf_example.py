@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from workers.curvature.example import entropy_rate, markov_chain, sample_sequences
-from workers.curvature.hf import build_hf_model, pack_causal_lm
-from workers.curvature.objective import CausalLMObjective
+from curvplan_worker.curvature.example import entropy_rate, markov_chain, sample_sequences
+from curvplan_worker.curvature.hf import build_hf_model, pack_causal_lm
+from curvplan_worker.curvature.objective import CausalLMObjective
 
 VOCAB, SEQ = 16, 32
 
@@ -114,7 +114,7 @@ def write_hf_example(
     try:
         module.save_pretrained(out, safe_serialization=True)
     finally:
-        from workers.curvature.hf import _packed_class
+        from curvplan_worker.curvature.hf import _packed_class
 
         module.__class__ = _packed_class(base)
     # the config the engine builds from is the one save_pretrained wrote

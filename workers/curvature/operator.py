@@ -36,8 +36,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jvp
 
-from workers.curvature.device import eval_mode
-from workers.curvature.objective import Objective
+from curvplan_worker.curvature.device import eval_mode
+from curvplan_worker.curvature.objective import Objective
 
 # ---------------------------------------------------------------------------------------------
 # Members and layouts

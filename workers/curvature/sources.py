@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from workers.curvature.checkpoint import check_state, load_checkpoint
-from workers.curvature.data import Dataset, load_dataset, validate_dataset
-from workers.curvature.objective import CausalLMObjective, Objective, objective_for
-from workers.curvature.spec import ModelSpec, parse_spec
+from curvplan_worker.curvature.checkpoint import check_state, load_checkpoint
+from curvplan_worker.curvature.data import Dataset, load_dataset, validate_dataset
+from curvplan_worker.curvature.objective import CausalLMObjective, Objective, objective_for
+from curvplan_worker.curvature.spec import ModelSpec, parse_spec
 
 HF_SOURCE = "huggingface"
 
@@ -82,7 +82,7 @@ class ModelSource:
 def _hf_config(model: dict) -> dict:
     config = model.get("config")
     if not isinstance(config, Mapping):
-        from workers.curvature.hf import HFModelError
+        from curvplan_worker.curvature.hf import HFModelError
 
         raise HFModelError("model.config: expected the config.json object")
     return dict(config)
@@ -109,7 +109,7 @@ def load_source(
 
 
 def _load_reference(spec, checkpoint, data_path, dtype, seed, built, data) -> ModelSource:
-    from workers.curvature.model import build_model
+    from curvplan_worker.curvature.model import build_model
 
     module = built
     if module is None:
@@ -119,7 +119,7 @@ def _load_reference(spec, checkpoint, data_path, dtype, seed, built, data) -> Mo
             if len(paths) == 1:
                 load_checkpoint(module, paths[0])
             else:
-                from workers.curvature.hf import read_shards
+                from curvplan_worker.curvature.hf import read_shards
 
                 state = read_shards(paths)
                 label = f"{len(paths)} shards"
@@ -149,8 +149,8 @@ def _load_reference(spec, checkpoint, data_path, dtype, seed, built, data) -> Mo
 
 
 def _load_hf(model, checkpoint, data_path, dtype, seed, built, data) -> ModelSource:
-    from workers.curvature import hf
-    from workers.curvature.checkpoint import read_safetensors
+    from curvplan_worker.curvature import hf
+    from curvplan_worker.curvature.checkpoint import read_safetensors
 
     config = _hf_config(model)
     source = hf.build_hf_model(config, dtype=dtype, seed=seed)
