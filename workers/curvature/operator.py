@@ -187,13 +187,13 @@ class CurvatureEngine:
         self,
         model: nn.Module,
         objective: Objective,
-        batches: Sequence[tuple[Tensor, Tensor]],
+        batches: Sequence[tuple[Tensor, Tensor]] = (),
         *,
         cache_graph: bool = True,
         param_names: Sequence[str] | None = None,
     ) -> None:
-        if not batches:
-            raise ValueError("the evaluation sample has no batches")
+        """``batches`` are the fixed evaluation micro-batches of L (none: only the
+        per-example methods, which take their own inputs, are available)."""
         self.model = model
         self.objective = objective
         self.batches = list(batches)
@@ -230,11 +230,15 @@ class CurvatureEngine:
             ctx, self._mode_ctx = self._mode_ctx, None
             ctx.__exit__(None, None, None)
 
-    def _require_session(self) -> None:
+    def _require_session(self, batches: bool = True) -> None:
         if self._mode_ctx is None:
             raise RuntimeError("use the CurvatureEngine inside a `with` block")
+        if batches and not self.batches:
+            raise ValueError("the evaluation sample has no batches")
 
     def _count(self) -> None:
+        if not self.batches:
+            return
         total, loss = 0.0, 0.0
         with torch.no_grad():
             for x, y in self.batches:
@@ -436,7 +440,7 @@ class CurvatureEngine:
         """∇s_i (rows, fp64 on the CPU) over ``names`` for every example of one batch, with
         the counts c_i and the method used ("vmap", or "loop" where an operation has no
         batching rule). McCandlish et al. 2018 §2.2: the per-example gradients g_i."""
-        self._require_session()
+        self._require_session(batches=False)
         layout = self.layout(list(names or self.names))
         bases = layout.bases
         if method in ("vmap", "auto"):

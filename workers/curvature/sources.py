@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from curvplan.types.spec import ModelSpec, parse_spec
 from curvplan_worker.curvature.checkpoint import check_state, load_checkpoint
 from curvplan_worker.curvature.data import Dataset, load_dataset, validate_dataset
 from curvplan_worker.curvature.objective import CausalLMObjective, Objective, objective_for
-from curvplan_worker.curvature.spec import ModelSpec, parse_spec
 
 HF_SOURCE = "huggingface"
 
