@@ -400,7 +400,7 @@ def _bounds(model, source, data, opts, block_records) -> dict | None:
     if source.bounds_reason is not None:
         for record in block_records:
             record["bound"] = {"applicable": False, "reason": source.bounds_reason}
-        return {"applicable": False, "reason": source.bounds_reason, "blocks": {}}
+        return {"applicable": False, "reasons": [source.bounds_reason], "blocks": {}}
     try:
         from curvplan_worker.curvature.bounds import block_bounds_for_model, tightness
     except ImportError:
