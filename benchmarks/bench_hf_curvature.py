@@ -36,13 +36,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_curvature import peer_eigenthings  # noqa: E402
+from bench_curvature import peer_eigenthings
 
-from curvplan_worker.curvature import hf  # noqa: E402
-from curvplan_worker.curvature.example import markov_chain, sample_sequences  # noqa: E402
-from curvplan_worker.curvature.objective import CausalLMObjective  # noqa: E402
-from curvplan_worker.curvature.operator import CurvatureEngine  # noqa: E402
-from curvplan_worker.curvature.spectra import block_spectrum  # noqa: E402
+from curvplan_worker.curvature import hf
+from curvplan_worker.curvature.example import markov_chain, sample_sequences
+from curvplan_worker.curvature.objective import CausalLMObjective
+from curvplan_worker.curvature.operator import CurvatureEngine
+from curvplan_worker.curvature.spectra import block_spectrum
 
 CONFIG = {
     "model_type": "gpt2",
@@ -197,7 +197,7 @@ def main() -> None:
     ap.add_argument("--tol64", type=float, default=1e-6)
     ap.add_argument("--reference-tol", type=float, default=1e-8)
     ap.add_argument("--max-iter", type=int, default=300)
-    ap.add_argument("--peer-steps32", type=int, default=40, help="peer Lanczos steps (no early stop)")
+    ap.add_argument("--peer-steps32", type=int, default=40, help="peer Lanczos steps")
     ap.add_argument("--peer-steps64", type=int, default=80)
     ap.add_argument("--max-blocks", type=int, default=0, help="first N head-to-head blocks")
     args = ap.parse_args()
