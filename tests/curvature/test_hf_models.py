@@ -490,3 +490,17 @@ def test_cli_example_and_curvature_on_a_save_pretrained_directory(tmp_path):
     assert res.exit_code == 2
     assert "missing: transformer.wte.weight" in res.output
     assert "unexpected: model.embed_tokens.weight" in res.output
+
+
+def test_large_vocabularies_are_micro_batched_by_default():
+    from curvplan_worker.curvature.data import Dataset
+    from curvplan_worker.curvature.sources import LOGIT_BUDGET, ModelSource
+
+    tokens = torch.zeros(8, 1024, dtype=torch.long)
+    data = Dataset(torch.stack([tokens, tokens], dim=1), tokens)
+    source = ModelSource("huggingface", torch.nn.Linear(1, 1), CausalLMObjective(), data, None, {})
+    source.vocab_size = 50257  # GPT-2: 8 × 1024 × 50257 logits would not fit the budget
+    assert source.micro_batch(None) == max(1, LOGIT_BUDGET // (1024 * 50257)) == 1
+    assert source.micro_batch(4) == 4  # the caller's choice wins
+    source.vocab_size = 16
+    assert source.micro_batch(None) is None  # small vocabulary: one batch
