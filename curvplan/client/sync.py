@@ -1,4 +1,6 @@
-"""The synchronous client: :class:`Client`."""
+# Generated from curvplan/client/aio.py by scripts/unasync.py: do not edit by hand
+# (edit aio.py, then run `make unasync`).
+"""The synchronous client: :class:`Client` (generated from the asynchronous one)."""
 
 from __future__ import annotations
 
@@ -88,7 +90,7 @@ class Client:
             return self._http.request(
                 call.method,
                 call.path,
-                params=call.params or None,
+                params=tuple(call.params) or None,
                 json=call.json,
                 headers=call.headers or None,
                 timeout=timeout,
@@ -140,15 +142,15 @@ class Client:
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
     ) -> m.JobOut:
-        """Queue a ``plan`` job from measurements you already have (design.md §4)."""
+        """Queue a ``plan`` job from measurements you already have (docs/openapi.json)."""
         body = c.plan_body(measurements, targets, name, tags, max_attempts)
         return self.submit_job(body, idempotency_key=idempotency_key)
 
     def submit_analyze(
         self,
         model: Mapping[str, Any],
-        checkpoint: str | m.Artifact,
-        dataset: str | m.Artifact,
+        checkpoint: str | uuid.UUID | m.Artifact,
+        dataset: str | uuid.UUID | m.Artifact,
         *,
         name: str | None = None,
         tags: Mapping[str, str] | None = None,
@@ -161,7 +163,7 @@ class Client:
         """Queue an ``analyze`` job: model spec + checkpoint and dataset artifacts (ids).
 
         ``intermediate_checkpoints`` (artifacts before convergence) give the gradient-noise
-        scale, which is undefined at a converged w* (design.md §2 item 4).
+        scale, which is undefined at a converged w* (docs/formulas.md).
         """
         body = c.analyze_body(
             model,
