@@ -46,11 +46,11 @@ def run(block: str, after: float, in_loop: bool) -> float:
     asked: dict[str, float] = {}
     started = threading.Event()
 
-    def progress(fraction: float, stage: str, message: str) -> None:
-        if stage == "blocks":
+    def progress(event) -> None:
+        if event.stage == "blocks":
             started.set()
         if not in_loop and flag.is_set():  # the report-only behaviour
-            raise engine.Cancelled(stage)
+            raise engine.Cancelled(event.stage)
 
     def arm() -> None:
         started.wait()

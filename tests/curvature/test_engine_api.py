@@ -60,7 +60,7 @@ def result() -> dict:
             "hessian_subsample": 3,
             "n_directions": 2,
         },
-        progress=lambda f, s, m: stages.append((f, s)),
+        progress=lambda e: stages.append((e.fraction, e.stage)),
         machine=MachineSettings(threads=1),
         model=_trained_like_model(),
         data=_data(),
