@@ -13,16 +13,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN useradd --system --uid 10001 --create-home curvplan \
     && mkdir -p /data && chown curvplan /data
 WORKDIR /srv/curvplan
-# The source is installed in place (editable) so `curvplan db upgrade` finds
-# alembic/ next to the app package.
-COPY pyproject.toml README.md alembic.ini ./
+# A regular (non-editable) install: the migrations ship inside the wheel.
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY alembic ./alembic
 COPY app ./app
 COPY workers ./workers
 COPY curvplan ./curvplan
 
 FROM base AS api
-RUN pip install -e .
+RUN pip install '.[server]'
 USER curvplan
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --retries=3 \
@@ -33,6 +32,6 @@ FROM base AS worker
 # torch first, pinned, so the project's `worker` extra cannot pull another version.
 COPY scripts/constraints.txt ./scripts/constraints.txt
 RUN pip install "torch==2.13.0" \
-    && pip install -c scripts/constraints.txt -e '.[worker]'
+    && pip install -c scripts/constraints.txt '.[worker]'
 USER curvplan
 CMD ["curvplan", "worker", "--queues", "gpu"]

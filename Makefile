@@ -8,16 +8,16 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.curvplan-installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint bench clean-venv
+.PHONY: install run test lint openapi bench clean-venv
 
 install: $(STAMP)
 
 # Re-run only when the dependency list changes (fast no-op otherwise).
-$(STAMP): pyproject.toml scripts/constraints.txt
+$(STAMP): pyproject.toml setup.py scripts/constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
 	  || $(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -c scripts/constraints.txt -e '.[worker,dev]'
+	$(PY) -m pip install --quiet -c scripts/constraints.txt -e '.[server,worker,dev]'
 	touch $(STAMP)
 
 run: install
@@ -29,6 +29,9 @@ test: install
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+openapi: install  # regenerate docs/openapi.json (the reviewed API contract)
+	$(PY) scripts/openapi.py
 
 bench: install
 	$(PY) benchmarks/bench_api.py

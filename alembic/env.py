@@ -1,18 +1,18 @@
 """Alembic environment: migrations run online against PostgreSQL (psycopg 3).
 
 The URL is taken from the Alembic config (``sqlalchemy.url``, set by
-:func:`app.migrations.alembic_config`) or else from ``DATABASE_URL``.
+:func:`curvplan_server.migrations.alembic_config`) or else from ``DATABASE_URL``.
 """
 
 from __future__ import annotations
 
 from logging.config import fileConfig
 
+from alembic import context
 from sqlalchemy import create_engine, pool
 
-from alembic import context
-from app.config import Settings, normalise_database_url
-from app.models import Base
+from curvplan_server.config import Settings, normalise_database_url
+from curvplan_server.models import Base
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

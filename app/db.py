@@ -15,7 +15,7 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import Engine, MetaData, create_engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-from app.config import Settings, normalise_database_url
+from curvplan_server.config import Settings, normalise_database_url
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",

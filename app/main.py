@@ -1,6 +1,6 @@
 """The FastAPI application: ``create_app(settings)``.
 
-Run with ``curvplan serve`` or ``uvicorn --factory app.main:create_app``.
+Run with ``curvplan serve`` or ``uvicorn --factory curvplan_server.main:create_app``.
 This module never imports torch.
 """
 
@@ -15,21 +15,21 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 
-from app.artifacts.router import UPLOAD_OVERHEAD_BYTES
-from app.artifacts.router import router as artifacts_router
-from app.auth.dependencies import KeyCache
-from app.config import Settings, get_settings
-from app.db import make_engine, make_sessionmaker
-from app.health.router import router as health_router
-from app.jobs.router import router as jobs_router
-from app.jobs.schemas import JOB_CREATE_ADAPTER
-from app.logging import configure_logging
-from app.metrics import QueueCollector
-from app.middleware import BodySizeLimitMiddleware, MetricsMiddleware
-from app.problems import install_problem_handlers
-from app.recommendations.router import router as recommendations_router
-from app.reports.router import router as reports_router
-from app.workers_api.router import router as workers_router
+from curvplan.types.jobs import JOB_CREATE_ADAPTER
+from curvplan_server.artifacts.router import UPLOAD_OVERHEAD_BYTES
+from curvplan_server.artifacts.router import router as artifacts_router
+from curvplan_server.auth.dependencies import KeyCache
+from curvplan_server.config import Settings, get_settings
+from curvplan_server.db import make_engine, make_sessionmaker
+from curvplan_server.health.router import router as health_router
+from curvplan_server.jobs.router import router as jobs_router
+from curvplan_server.logging import configure_logging
+from curvplan_server.metrics import QueueCollector
+from curvplan_server.middleware import BodySizeLimitMiddleware, MetricsMiddleware
+from curvplan_server.problems import install_problem_handlers
+from curvplan_server.recommendations.router import router as recommendations_router
+from curvplan_server.reports.router import router as reports_router
+from curvplan_server.workers.router import router as workers_router
 
 API_VERSION = "0.1.0"
 

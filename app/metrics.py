@@ -17,7 +17,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, text
 
-from app.jobs.models import JOB_STATUSES, QUEUES
+from curvplan.types.jobs import JOB_STATUSES, QUEUES
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.metrics import HTTP_LATENCY, HTTP_REQUESTS
-from app.problems import Problem, problem_response
+from curvplan_server.metrics import HTTP_LATENCY, HTTP_REQUESTS
+from curvplan_server.problems import Problem, problem_response
 
 
 class BodyTooLarge(Problem):

@@ -4,25 +4,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, text
 
-from alembic import command
-from app.config import normalise_database_url
+from curvplan_server.config import normalise_database_url
 
 
-def project_root() -> Path:
-    """The directory holding ``alembic.ini`` and ``alembic/`` (the clone / install root)."""
-    return Path(__file__).resolve().parent.parent
+def script_location() -> Path:
+    """The migration scripts: ``curvplan_server/db_migrations`` in an installed wheel, the
+    repository's ``alembic/`` in a source checkout (editable install)."""
+    here = Path(__file__).resolve().parent
+    shipped = here / "db_migrations"
+    if (shipped / "env.py").is_file():
+        return shipped
+    return here.parent / "alembic"
 
 
 def alembic_config(database_url: str) -> Config:
     """An Alembic config for ``database_url`` that works from any working directory."""
-    root = project_root()
-    ini = root / "alembic.ini"
-    cfg = Config(str(ini)) if ini.exists() else Config()
-    cfg.set_main_option("script_location", str(root / "alembic"))
+    location = script_location()
+    ini = location.parent / "alembic.ini"
+    cfg = Config(str(ini)) if ini.exists() and location.name == "alembic" else Config()
+    cfg.set_main_option("script_location", str(location))
     # '%' must be escaped for ConfigParser interpolation (passwords may contain it).
     cfg.set_main_option("sqlalchemy.url", normalise_database_url(database_url).replace("%", "%%"))
     cfg.attributes["configure_logger"] = False
@@ -42,7 +47,7 @@ def downgrade(database_url: str, revision: str = "base") -> None:
 def head_revisions() -> set[str]:
     """The head revision ids of the shipped migration scripts."""
     cfg = Config()
-    cfg.set_main_option("script_location", str(project_root() / "alembic"))
+    cfg.set_main_option("script_location", str(script_location()))
     return set(ScriptDirectory.from_config(cfg).get_heads())
 
 

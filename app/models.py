@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from app.artifacts.models import Artifact
-from app.auth.models import ApiKey, Project
-from app.db import Base
-from app.jobs.models import Job, JobAttempt
-from app.workers_api.models import Worker
+from curvplan_server.artifacts.models import Artifact
+from curvplan_server.auth.models import ApiKey, Project
+from curvplan_server.db import Base
+from curvplan_server.jobs.models import Job, JobAttempt
+from curvplan_server.workers.models import Worker
 
 __all__ = ["ApiKey", "Artifact", "Base", "Job", "JobAttempt", "Project", "Worker"]

@@ -16,33 +16,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from curvplan.types.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE, ProblemDocument
+
 log = logging.getLogger(__name__)
-
-PROBLEM_MEDIA_TYPE = "application/problem+json"
-PROBLEM_TYPE_BASE = "https://curvplan.dev/problems/"
-
-
-class FieldError(BaseModel):
-    """One failing input field: where it is, what went wrong, the pydantic error type."""
-
-    field: str = Field(description="Dotted path of the failing input, e.g. body.targets.radius")
-    loc: list[str | int]
-    message: str
-    type: str
-
-
-class ProblemDocument(BaseModel):
-    """The RFC 9457 body; ``errors`` is present on validation failures."""
-
-    type: str
-    title: str
-    status: int
-    detail: str | None = None
-    instance: str | None = None
-    errors: list[FieldError] | None = None
 
 
 class Problem(Exception):

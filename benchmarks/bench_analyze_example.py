@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT / "tests" / "analyze"))
 
 from live import start_service  # noqa: E402
 
-from app import migrations  # noqa: E402
-from app.config import libpq_url, normalise_database_url  # noqa: E402
+from curvplan_server import migrations  # noqa: E402
+from curvplan_server.config import libpq_url, normalise_database_url  # noqa: E402
 
 
 def main() -> None:
@@ -69,8 +69,8 @@ def main() -> None:
 
 
 def _key(url: str) -> str:
-    from app.auth.keys import create_key
-    from app.db import make_engine, make_sessionmaker
+    from curvplan_server.auth.keys import create_key
+    from curvplan_server.db import make_engine, make_sessionmaker
 
     engine = make_engine(url)
     with make_sessionmaker(engine)() as session:

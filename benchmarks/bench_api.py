@@ -32,10 +32,10 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app import migrations  # noqa: E402
-from app.auth.keys import create_key  # noqa: E402
-from app.config import libpq_url  # noqa: E402
-from app.db import make_engine, make_sessionmaker  # noqa: E402
+from curvplan_server import migrations  # noqa: E402
+from curvplan_server.auth.keys import create_key  # noqa: E402
+from curvplan_server.config import libpq_url  # noqa: E402
+from curvplan_server.db import make_engine, make_sessionmaker  # noqa: E402
 
 BODY = json.dumps(
     {

@@ -34,13 +34,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workers.curvature.blocks import default_blocks
-from workers.curvature.device import configure_cuda_for_curvature
-from workers.curvature.example import markov_chain, sample_sequences
-from workers.curvature.hvp import CurvatureEngine
-from workers.curvature.model import build_model
-from workers.curvature.objective import dataset_loss, objective_for
-from workers.curvature.spectra import block_spectrum
+from curvplan_worker.curvature.blocks import default_blocks
+from curvplan_worker.curvature.device import configure_cuda_for_curvature
+from curvplan_worker.curvature.example import markov_chain, sample_sequences
+from curvplan_worker.curvature.hvp import CurvatureEngine
+from curvplan_worker.curvature.model import build_model
+from curvplan_worker.curvature.objective import dataset_loss, objective_for
+from curvplan_worker.curvature.spectra import block_spectrum
 
 REFERENCE_SPEC = {
     "d_model": 64,

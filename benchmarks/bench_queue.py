@@ -51,8 +51,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def child_latency(method: str, runs: int) -> None:
     """Start → result of one small plan attempt in a child, p50 over ``runs`` (after warm-up)."""
-    from workers.attempt import AttemptProcess, Final, make_context
-    from workers.child import ChildTask
+    from curvplan_worker.attempt import AttemptProcess, Final, make_context
+    from curvplan_worker.child import ChildTask
 
     ctx = make_context(method, ["cpu"])
     times = []
@@ -95,8 +95,8 @@ def main() -> None:
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
-    from app import migrations
-    from app.config import libpq_url, normalise_database_url
+    from curvplan_server import migrations
+    from curvplan_server.config import libpq_url, normalise_database_url
 
     name = f"curvplan_bench_queue_{secrets.token_hex(4)}"
     with psycopg.connect(libpq_url(args.admin_url), autocommit=True) as conn:

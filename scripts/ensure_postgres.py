@@ -50,7 +50,7 @@ def main() -> int:
         print(SYSTEM_URL)
         return 0
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from app.embedded_pg import start_embedded_postgres
+    from curvplan_server.embedded_pg import start_embedded_postgres
 
     data_dir = Path(os.environ.get("CURVPLAN_DATA_DIR", ".curvplan")) / "test"
     print(f"no system PostgreSQL; starting the embedded one under {data_dir}", file=sys.stderr)

@@ -36,7 +36,7 @@ with warnings.catch_warnings():
 def _reachable(url: str) -> bool:
     import psycopg
 
-    from app.config import libpq_url
+    from curvplan_server.config import libpq_url
 
     try:
         with psycopg.connect(libpq_url(url), connect_timeout=3):
@@ -63,7 +63,7 @@ def pg_admin_url() -> Iterator[str]:
     import shutil
     import tempfile
 
-    from app.embedded_pg import start_embedded_postgres
+    from curvplan_server.embedded_pg import start_embedded_postgres
 
     # Not pytest's tmp_path: it is 0700 and the embedded server runs as another user.
     data_dir = Path(tempfile.mkdtemp(prefix="curvplan-test-pg-"))
@@ -80,8 +80,8 @@ def database_url(pg_admin_url: str) -> Iterator[str]:
     import psycopg
     from psycopg import sql
 
-    from app import migrations
-    from app.config import libpq_url, normalise_database_url
+    from curvplan_server import migrations
+    from curvplan_server.config import libpq_url, normalise_database_url
 
     given = os.environ.get("TEST_DATABASE_URL")
     if given:
@@ -105,7 +105,7 @@ def database_url(pg_admin_url: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def engine(database_url: str) -> Iterator[Any]:
     """A session-wide SQLAlchemy engine on ``database_url``."""
-    from app.db import make_engine
+    from curvplan_server.db import make_engine
 
     eng = make_engine(database_url)
     yield eng
@@ -136,7 +136,7 @@ def db_session(engine: Any) -> Iterator[Any]:
 @pytest.fixture
 def settings(database_url: str) -> Any:
     """Service settings for tests: auth on, small page size limits left at defaults."""
-    from app.config import Settings
+    from curvplan_server.config import Settings
 
     return Settings(
         database_url=database_url,
@@ -149,8 +149,8 @@ def settings(database_url: str) -> Any:
 @pytest.fixture
 def app(settings: Any, db_session: Any) -> Iterator[Any]:
     """The FastAPI app with every request bound to ``db_session``."""
-    from app.db import get_db
-    from app.main import create_app
+    from curvplan_server.db import get_db
+    from curvplan_server.main import create_app
 
     application = create_app(settings)
 
@@ -177,7 +177,7 @@ def client(app: Any) -> Iterator[Any]:
 
 
 def _make_key(db_session: Any, project: str) -> str:
-    from app.auth.keys import create_key
+    from curvplan_server.auth.keys import create_key
 
     key = create_key(db_session, project)
     db_session.commit()

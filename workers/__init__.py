@@ -1,5 +1,5 @@
 """curvplan workers: claim jobs from PostgreSQL and run each attempt in a child process.
 
-The worker parent (``workers.worker``) never imports torch; job kinds that need it are
-imported only in the forkserver that starts the attempt children (``workers.child``).
+The worker parent (``curvplan_worker.worker``) never imports torch; job kinds that need it are
+imported only in the forkserver that starts the attempt children (``curvplan_worker.child``).
 """

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from workers.child import EXIT_WORKER_GONE, ChildTask, child_main
-from workers.kinds import modules_for_queues
+from curvplan_worker.child import EXIT_WORKER_GONE, ChildTask, child_main
+from curvplan_worker.kinds import modules_for_queues
 
 
 def make_context(start_method: str, queues: list[str]) -> BaseContext:
@@ -33,7 +33,7 @@ def make_context(start_method: str, queues: list[str]) -> BaseContext:
         main_spec = getattr(sys.modules["__main__"], "__spec__", None)
         main_modules = ["curvplan.cli"] + ([main_spec.name] if main_spec is not None else [])
         ctx.set_forkserver_preload(
-            [*dict.fromkeys(main_modules), "workers.child", *modules_for_queues(queues)]
+            [*dict.fromkeys(main_modules), "curvplan_worker.child", *modules_for_queues(queues)]
         )
     return ctx
 

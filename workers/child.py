@@ -24,8 +24,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from workers.errors import JobCancelled, JobError, error_dict
-from workers.kinds import JobContext, load_run
+from curvplan_worker.errors import JobCancelled, JobError, error_dict
+from curvplan_worker.kinds import JobContext, load_run
 
 log = logging.getLogger("curvplan.worker.child")
 
@@ -128,7 +128,7 @@ def child_main(
     _close_inherited_parent_end(lifeline, parent_end_fd)
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
 
-    from app.logging import bind, configure_logging
+    from curvplan_server.logging import bind, configure_logging
 
     configure_logging(task.log_format, task.log_level)  # type: ignore[arg-type]
     with bind(job_id=task.job_id, attempt=task.attempt, worker_id=task.worker_id):

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, text
 
-from workers.errors import error_dict
+from curvplan_worker.errors import error_dict
 
 ACTIVE = "('running', 'cancelling')"
 FENCE = f"id = :job_id AND worker_id = :worker_id AND attempt = :attempt AND status IN {ACTIVE}"

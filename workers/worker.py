@@ -46,14 +46,15 @@ from typing import Any, Literal
 
 from sqlalchemy import Engine
 
-from app.config import Settings
-from app.db import make_engine
-from app.logging import bind, configure_logging
-from workers import store
-from workers.attempt import AttemptProcess, Final, Progress, describe_exit, make_context
-from workers.child import ChildTask
-from workers.errors import error_dict
-from workers.kinds import KINDS
+from curvplan.types.jobs import QUEUES
+from curvplan_server.config import Settings
+from curvplan_server.db import make_engine
+from curvplan_server.logging import bind, configure_logging
+from curvplan_worker import store
+from curvplan_worker.attempt import AttemptProcess, Final, Progress, describe_exit, make_context
+from curvplan_worker.child import ChildTask
+from curvplan_worker.errors import error_dict
+from curvplan_worker.kinds import KINDS
 
 log = logging.getLogger("curvplan.worker")
 
@@ -61,7 +62,7 @@ log = logging.getLogger("curvplan.worker")
 #: recording there; the latest progress is always written).
 MAX_STAGE_HISTORY = 200
 
-VALID_QUEUES = ("cpu", "gpu")
+VALID_QUEUES = QUEUES
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.artifacts.service import ArtifactRef, check_references
-from app.planner.schemas import Measurements
-from app.problems import Problem
+from curvplan.types.planner import Measurements
+from curvplan_server.artifacts.service import ArtifactRef, check_references
+from curvplan_server.problems import Problem
 
 
 def analyze_references(body: dict[str, Any]) -> list[ArtifactRef]:
@@ -44,7 +44,7 @@ def prepare_job_body(
     if body["kind"] == "analyze":
         check_references(session, project_id, analyze_references(body))
     elif body["kind"] == "plan" and body.get("from_job") is not None:
-        from app.analyze.replan import measurements_from_job
+        from curvplan_server.analyze.replan import measurements_from_job
 
         fields = measurements_from_job(session, project_id, uuid.UUID(body["from_job"]), data_dir)
         try:

@@ -16,10 +16,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.artifacts.blobstore import default_store
-from app.artifacts.models import Artifact
-from app.jobs.models import Job
-from app.problems import Problem, conflict, validation_problem
+from curvplan_server.artifacts.blobstore import default_store
+from curvplan_server.artifacts.models import Artifact
+from curvplan_server.jobs.models import Job
+from curvplan_server.problems import Problem, conflict, validation_problem
 
 JOB = Job.__table__
 ARTIFACT = Artifact.__table__

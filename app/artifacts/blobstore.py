@@ -20,7 +20,7 @@ import secrets
 from pathlib import Path
 from typing import BinaryIO
 
-from app.artifacts.safetensors_format import SafetensorsInfo, SafetensorsValidator
+from curvplan_server.artifacts.safetensors_format import SafetensorsInfo, SafetensorsValidator
 
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 

@@ -7,7 +7,7 @@ the worker, with the engine's own loaders.
 
 from __future__ import annotations
 
-from app.artifacts.safetensors_format import SafetensorsInfo
+from curvplan_server.artifacts.safetensors_format import SafetensorsInfo
 
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
 INT_DTYPES = frozenset({"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"})

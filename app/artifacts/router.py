@@ -11,16 +11,16 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.artifacts import service
-from app.artifacts.blobstore import BlobStore, BlobTooLarge, BlobWriter, default_store
-from app.artifacts.checks import ArtifactContentError, check_kind
-from app.artifacts.models import ARTIFACT_KINDS, UPLOAD_KINDS
-from app.artifacts.safetensors_format import InvalidSafetensors
-from app.artifacts.schemas import ArtifactOut, ArtifactPage, ArtifactUriCreate, uri_allowed
-from app.artifacts.upload import UploadForm, UploadFormError, boundary_of
-from app.auth.dependencies import ProjectDep
-from app.db import SessionDep
-from app.problems import (
+from curvplan.types.artifacts import ArtifactOut, ArtifactPage, ArtifactUriCreate, uri_allowed
+from curvplan_server.artifacts import service
+from curvplan_server.artifacts.blobstore import BlobStore, BlobTooLarge, BlobWriter, default_store
+from curvplan_server.artifacts.checks import ArtifactContentError, check_kind
+from curvplan_server.artifacts.models import ARTIFACT_KINDS, UPLOAD_KINDS
+from curvplan_server.artifacts.safetensors_format import InvalidSafetensors
+from curvplan_server.artifacts.upload import UploadForm, UploadFormError, boundary_of
+from curvplan_server.auth.dependencies import ProjectDep
+from curvplan_server.db import SessionDep
+from curvplan_server.problems import (
     PROBLEM_RESPONSES,
     PROBLEM_TYPE_BASE,
     Problem,

@@ -19,8 +19,8 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import Row, and_, func, select, tuple_
 from sqlalchemy.orm import Session
 
-from app.artifacts.models import Artifact
-from app.problems import not_found, validation_problem
+from curvplan_server.artifacts.models import Artifact
+from curvplan_server.problems import not_found, validation_problem
 
 ARTIFACT = Artifact.__table__
 _COLUMNS = [
@@ -39,7 +39,7 @@ _RETURNING = ", ".join(c.name for c in _COLUMNS)
 
 
 def artifact_to_json(row: Row[Any] | Any) -> dict[str, Any]:
-    """The API representation of an artifact row (see ``app.artifacts.schemas.ArtifactOut``)."""
+    """The API representation of an artifact row (see ``curvplan.types.artifacts.ArtifactOut``)."""
     m = row._mapping
     artifact_id = str(m["id"])
     out = {

@@ -9,9 +9,9 @@ from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
-from app.auth.keys import AuthContext, get_or_create_project, hash_key, lookup_key
-from app.db import SessionDep
-from app.problems import Problem
+from curvplan_server.auth.keys import AuthContext, get_or_create_project, hash_key, lookup_key
+from curvplan_server.db import SessionDep
+from curvplan_server.problems import Problem
 
 DEFAULT_PROJECT = "default"
 

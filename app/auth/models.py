@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import DateTime, ForeignKey, Text, func
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base
+from curvplan_server.db import Base
 
 
 class Project(Base):

@@ -9,9 +9,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from app.metrics import render_metrics
-from app.migrations import current_revisions, head_revisions
-from app.problems import PROBLEM_RESPONSES, problem_response
+from curvplan_server.metrics import render_metrics
+from curvplan_server.migrations import current_revisions, head_revisions
+from curvplan_server.problems import PROBLEM_RESPONSES, problem_response
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])

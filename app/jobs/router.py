@@ -15,13 +15,12 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.analyze.references import prepare_job_body
-from app.auth.dependencies import ProjectDep, authenticate
-from app.db import SessionDep
-from app.jobs import service
-from app.jobs.models import JOB_KINDS, TERMINAL_STATUSES
-from app.jobs.schemas import JOB_CREATE_ADAPTER, JobOut, JobPage
-from app.problems import (
+from curvplan.types.jobs import JOB_CREATE_ADAPTER, JOB_KINDS, TERMINAL_STATUSES, JobOut, JobPage
+from curvplan_server.analyze.references import prepare_job_body
+from curvplan_server.auth.dependencies import ProjectDep, authenticate
+from curvplan_server.db import SessionDep
+from curvplan_server.jobs import service
+from curvplan_server.problems import (
     PROBLEM_RESPONSES,
     Problem,
     field_errors_from_pydantic,

@@ -18,8 +18,9 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import Row, and_, case, func, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from app.jobs.models import JOB_KINDS, JOB_STATUSES, QUEUE_OF_KIND, TERMINAL_STATUSES, Job
-from app.problems import Problem, conflict, not_found, validation_problem
+from curvplan.types.jobs import JOB_KINDS, JOB_STATUSES, QUEUE_OF_KIND, TERMINAL_STATUSES
+from curvplan_server.jobs.models import Job
+from curvplan_server.problems import Problem, conflict, not_found, validation_problem
 
 JOB = Job.__table__
 _OUT_COLUMNS = [
@@ -70,7 +71,7 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def job_to_json(row: Row[Any] | Any) -> dict[str, Any]:
-    """The API representation of a job row (see ``app.jobs.schemas.JobOut``)."""
+    """The API representation of a job row (see ``curvplan.types.jobs.JobOut``)."""
     m = row._mapping
     job_id = str(m["id"])
     base = f"/v1/jobs/{job_id}"

@@ -8,7 +8,7 @@ and loading scipy's fitting code in every API process start cost about 2 s.
 
 from typing import TYPE_CHECKING, Any
 
-from app.planner.schemas import (
+from curvplan.types.planner import (
     Measurements,
     PlanInputError,
     Recommendation,
@@ -17,7 +17,7 @@ from app.planner.schemas import (
 )
 
 if TYPE_CHECKING:
-    from app.planner.plan import make_plan
+    from curvplan_server.planner.plan import make_plan
 
 __all__ = [
     "Measurements",
@@ -31,7 +31,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "make_plan":
-        from app.planner.plan import make_plan
+        from curvplan_server.planner.plan import make_plan
 
         return make_plan
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,21 +7,7 @@ import math
 import numpy as np
 from scipy import stats as sps
 
-from app.planner import formulas
-from app.planner.critical_batch import (
-    batch_at_step_overhead,
-    fit_steps_to_target,
-    linear_cross_check,
-    nearest_power_of_two,
-)
-from app.planner.gradient_noise import (
-    Ratio,
-    Stat,
-    ratio_direct,
-    ratio_of_means_bootstrap,
-    two_batch_estimates,
-)
-from app.planner.schemas import (
+from curvplan.types.planner import (
     BatchSizeSection,
     BCrit,
     DirectNoiseStats,
@@ -33,7 +19,21 @@ from app.planner.schemas import (
     Targets,
     TwoBatchNoiseSeries,
 )
-from app.planner.warning_log import WarningLog
+from curvplan_server.planner import formulas
+from curvplan_server.planner.critical_batch import (
+    batch_at_step_overhead,
+    fit_steps_to_target,
+    linear_cross_check,
+    nearest_power_of_two,
+)
+from curvplan_server.planner.gradient_noise import (
+    Ratio,
+    Stat,
+    ratio_direct,
+    ratio_of_means_bootstrap,
+    two_batch_estimates,
+)
+from curvplan_server.planner.warning_log import WarningLog
 
 CROSS_CHECK_TOLERANCE = 0.2
 

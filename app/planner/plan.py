@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from app.planner.batch_section import build_batch_section
-from app.planner.curvature import summarize_blocks
-from app.planner.sample_size_section import build_sample_size_section
-from app.planner.scaling_section import build_scaling_section
-from app.planner.schemas import (
+from curvplan.types.planner import (
     CurvatureSection,
     Measurements,
     Missing,
@@ -15,7 +11,11 @@ from app.planner.schemas import (
     Targets,
     check_workload,
 )
-from app.planner.warning_log import WarningLog
+from curvplan_server.planner.batch_section import build_batch_section
+from curvplan_server.planner.curvature import summarize_blocks
+from curvplan_server.planner.sample_size_section import build_sample_size_section
+from curvplan_server.planner.scaling_section import build_scaling_section
+from curvplan_server.planner.warning_log import WarningLog
 
 # Assumption 1 (shared minimiser) is flagged when the neglected first-order Taylor term |∇L|·R
 # exceeds this fraction of the kept second-order bound M·R²/2.

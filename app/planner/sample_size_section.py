@@ -6,30 +6,7 @@ import math
 
 import numpy as np
 
-from app.planner import formulas
-from app.planner.loss_curve import (
-    DataScaleBootstrap,
-    FitError,
-    OrderingCurves,
-    PowerLawEstimate,
-    data_influence_cov,
-    data_influence_draws,
-    data_scale_bootstrap,
-    default_window,
-    fit_power_law,
-    loss_difference_curves,
-)
-from app.planner.sample_size import (
-    ceil_interval,
-    k_empirical,
-    k_empirical_many,
-    k_squared,
-    k_squared_rms,
-    k_theorem7,
-    k_theorem7_tight,
-    percentile_interval,
-)
-from app.planner.schemas import (
+from curvplan.types.planner import (
     BoundValue,
     Curve,
     Measurements,
@@ -42,7 +19,30 @@ from app.planner.schemas import (
     SampleSizeValue,
     Targets,
 )
-from app.planner.warning_log import WarningLog
+from curvplan_server.planner import formulas
+from curvplan_server.planner.loss_curve import (
+    DataScaleBootstrap,
+    FitError,
+    OrderingCurves,
+    PowerLawEstimate,
+    data_influence_cov,
+    data_influence_draws,
+    data_scale_bootstrap,
+    default_window,
+    fit_power_law,
+    loss_difference_curves,
+)
+from curvplan_server.planner.sample_size import (
+    ceil_interval,
+    k_empirical,
+    k_empirical_many,
+    k_squared,
+    k_squared_rms,
+    k_theorem7,
+    k_theorem7_tight,
+    percentile_interval,
+)
+from curvplan_server.planner.warning_log import WarningLog
 
 MIN_SAMPLES_FOR_FIT = 20
 FEW_SAMPLES = 1000

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.planner import formulas
-from app.planner.scaling import data_for_target, data_for_target_interval, fit_loss_vs_data
-from app.planner.schemas import Measurements, Missing, NotComputed, ScalingSection, Targets
-from app.planner.warning_log import WarningLog
+from curvplan.types.planner import Measurements, Missing, NotComputed, ScalingSection, Targets
+from curvplan_server.planner import formulas
+from curvplan_server.planner.scaling import (
+    data_for_target,
+    data_for_target_interval,
+    fit_loss_vs_data,
+)
+from curvplan_server.planner.warning_log import WarningLog
 
 EXTRAPOLATION_FACTOR = 10.0
 

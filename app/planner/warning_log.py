@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.planner.schemas import PlanWarning, WarningCode
+from curvplan.types.planner import PlanWarning, WarningCode
 
 
 class WarningLog:

@@ -7,14 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
-from app.auth.dependencies import ProjectDep
-from app.db import SessionDep
-from app.jobs.service import parse_filters
-from app.problems import PROBLEM_RESPONSES
-from app.recommendations.schemas import (
+from curvplan.types.recommendations import (
     RecommendationPage,
 )
-from app.recommendations.service import latest_recommendations
+from curvplan_server.auth.dependencies import ProjectDep
+from curvplan_server.db import SessionDep
+from curvplan_server.jobs.service import parse_filters
+from curvplan_server.problems import PROBLEM_RESPONSES
+from curvplan_server.recommendations.service import latest_recommendations
 
 router = APIRouter(prefix="/v1/recommendations", tags=["recommendations"])
 

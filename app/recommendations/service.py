@@ -18,8 +18,8 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.orm import Session
 
-from app.jobs.models import Job
-from app.jobs.service import JobFilters, query_field_error
+from curvplan_server.jobs.models import Job
+from curvplan_server.jobs.service import JobFilters, query_field_error
 
 JOB = Job.__table__
 

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.reports.page import render_report
-from app.reports.plots import build_plots, recommendation_of
+from curvplan_server.reports.page import render_report
+from curvplan_server.reports.plots import build_plots, recommendation_of
 
 
 def report_numbers(job: dict[str, Any], plots: list[Any]) -> dict[str, Any]:

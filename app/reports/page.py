@@ -11,8 +11,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from app.reports.plots import Plot, build_plots, recommendation_of
-from app.reports.svg import esc, fmt_number
+from curvplan_server.reports.plots import Plot, build_plots, recommendation_of
+from curvplan_server.reports.svg import esc, fmt_number
 
 STYLE = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#222;background:#fff}

@@ -15,7 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.reports.svg import Chart, DotChart, DotSeries, Heatmap, Series, VLine, fmt_number
+from curvplan_server.reports.svg import (
+    Chart,
+    DotChart,
+    DotSeries,
+    Heatmap,
+    Series,
+    VLine,
+    fmt_number,
+)
 
 SUBLAYER_ORDER = ("ln1", "q", "k", "v", "o", "ln2", "ffn_in", "ffn_out")
 LAYER_BLOCK = re.compile(r"^layers\.(\d+)\.(.+)$")

@@ -13,13 +13,13 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel
 from sqlalchemy import select
 
-from app.auth.dependencies import ProjectDep, authenticate
-from app.db import SessionDep
-from app.jobs import service
-from app.jobs.models import Job
-from app.problems import PROBLEM_RESPONSES, Problem, not_found
-from app.reports import signing
-from app.reports.page import render_report
+from curvplan_server.auth.dependencies import ProjectDep, authenticate
+from curvplan_server.db import SessionDep
+from curvplan_server.jobs import service
+from curvplan_server.jobs.models import Job
+from curvplan_server.problems import PROBLEM_RESPONSES, Problem, not_found
+from curvplan_server.reports import signing
+from curvplan_server.reports.page import render_report
 
 router = APIRouter(prefix="/v1/jobs", tags=["reports"])
 

@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-from app.config import Settings
+from curvplan_server.config import Settings
 
 SECRET_FILE = "report-link-secret"
 _lock = threading.Lock()

@@ -8,7 +8,7 @@ with curvplan.Client() as api:              # CURVPLAN_URL, CURVPLAN_API_KEY
     data = api.upload_artifact("data.safetensors", "dataset")
     job = api.submit_analyze(spec, ckpt, data, name="gpt-small-pilot")
     job = api.wait(job.id, on_progress=lambda j: print(j.status, j.progress))
-    rec = api.get_recommendation(job.id)   # app.planner.schemas.Recommendation
+    rec = api.get_recommendation(job.id)   # curvplan.types.planner.Recommendation
 ```
 """
 

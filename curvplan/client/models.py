@@ -1,7 +1,7 @@
 """Typed results of the client: the API's own pydantic models where they exist.
 
-``Job``/``JobPage`` are :mod:`app.jobs.schemas`' ``JobOut``/``JobPage``, ``Artifact`` is
-:mod:`app.artifacts.schemas`' ``ArtifactOut`` and ``Recommendation`` is the planner's
+``Job``/``JobPage`` are :mod:`curvplan.types.jobs`' ``JobOut``/``JobPage``, ``Artifact`` is
+:mod:`curvplan.types.artifacts`' ``ArtifactOut`` and ``Recommendation`` is the planner's
 output model, so a field renamed on the server is renamed here too. A
 recommendation-listing row is the API's ``LatestRecommendation`` with its recommendation
 typed; the report-link model mirrors its endpoint's JSON and accepts extra fields.
@@ -14,10 +14,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from app.artifacts.schemas import ArtifactOut, ArtifactPage
-from app.jobs.schemas import JobError, JobOut, JobPage, Progress
-from app.planner.schemas import Measurements, Recommendation, Targets
-from app.recommendations.schemas import LatestRecommendation
+from curvplan.types.artifacts import ArtifactOut, ArtifactPage
+from curvplan.types.jobs import JobError, JobOut, JobPage, Progress
+from curvplan.types.planner import Measurements, Recommendation, Targets
+from curvplan.types.recommendations import LatestRecommendation
 
 Job = JobOut
 Artifact = ArtifactOut

@@ -403,7 +403,7 @@ def report(
 
 
 def _write_report_files(client: Client, job_id: str, out: Path) -> None:
-    from app.reports.files import write_report_files
+    from curvplan_server.reports.files import write_report_files
 
     job = client.get_job(job_id)
     try:

@@ -78,10 +78,10 @@ def curvature(
     }
     opts.update({k: v for k, v in flags.items() if v is not None})
 
-    from workers.curvature.api import Cancelled, OptionsError, analyze
-    from workers.curvature.checkpoint import CheckpointError, CheckpointMismatch
-    from workers.curvature.data import DataError
-    from workers.curvature.spec import SpecError, load_spec
+    from curvplan.types.spec import SpecError, load_spec
+    from curvplan_worker.curvature.analyze import Cancelled, OptionsError, analyze
+    from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
+    from curvplan_worker.curvature.data import DataError
 
     def progress(fraction: float, stage: str, message: str) -> None:
         if not quiet:
@@ -127,7 +127,7 @@ def example(
     seed: int = typer.Option(0, help="seed of the language, the model and the data"),
 ) -> None:
     """Write spec.json, checkpoint.safetensors (briefly trained) and data.safetensors."""
-    from workers.curvature.example import write_example
+    from curvplan_worker.curvature.example import write_example
 
     summary = write_example(out, steps=steps, seed=seed)
     typer.echo(

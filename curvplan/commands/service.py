@@ -18,7 +18,7 @@ keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
 
 
 def _settings():  # type: ignore[no-untyped-def]
-    from app.config import Settings
+    from curvplan_server.config import Settings
 
     return Settings()
 
@@ -43,14 +43,14 @@ def serve(
     """Serve the HTTP API with uvicorn (needs DATABASE_URL)."""
     import uvicorn
 
-    from app.logging import configure_logging
+    from curvplan_server.logging import configure_logging
 
     _require_database_url()
     settings = _settings()
     configure_logging(settings.log_format, settings.log_level)
     signal.signal(signal.SIGTERM, _exit_on_signal)
     uvicorn.run(
-        "app.main:create_app",
+        "curvplan_server.main:create_app",
         factory=True,
         host=host,
         port=port,
@@ -66,7 +66,7 @@ def db_upgrade(
     revision: str = typer.Argument("head", help="Target revision."),
 ) -> None:
     """Apply the migrations shipped with curvplan up to REVISION (default: head)."""
-    from app import migrations
+    from curvplan_server import migrations
 
     url = _require_database_url()
     migrations.upgrade(url, revision)
@@ -76,7 +76,7 @@ def db_upgrade(
 @db_app.command("downgrade")
 def db_downgrade(revision: str = typer.Argument(..., help="Target revision, e.g. base.")) -> None:
     """Revert the migrations down to REVISION."""
-    from app import migrations
+    from curvplan_server import migrations
 
     migrations.downgrade(_require_database_url(), revision)
     typer.echo(f"database at {revision}")
@@ -85,8 +85,8 @@ def db_downgrade(revision: str = typer.Argument(..., help="Target revision, e.g.
 @db_app.command("current")
 def db_current() -> None:
     """Print the database's revision and the shipped head."""
-    from app import migrations
-    from app.db import make_engine
+    from curvplan_server import migrations
+    from curvplan_server.db import make_engine
 
     engine = make_engine(_require_database_url())
     with engine.connect() as conn:
@@ -101,8 +101,8 @@ def keys_create(
     name: str | None = typer.Option(None, "--name", help="A label for the key."),
 ) -> None:
     """Create an API key for PROJECT and print it (it is shown only this once)."""
-    from app.auth.keys import create_key
-    from app.db import make_engine, make_sessionmaker
+    from curvplan_server.auth.keys import create_key
+    from curvplan_server.db import make_engine, make_sessionmaker
 
     project = project.strip()
     if not project:
@@ -122,8 +122,8 @@ def keys_list(
     """List the keys of PROJECT: id, prefix, label, created, revoked (never the key)."""
     from sqlalchemy import select
 
-    from app.auth.models import ApiKey, Project
-    from app.db import make_engine, make_sessionmaker
+    from curvplan_server.auth.models import ApiKey, Project
+    from curvplan_server.db import make_engine, make_sessionmaker
 
     engine = make_engine(_require_database_url())
     with make_sessionmaker(engine)() as session:
@@ -149,8 +149,8 @@ def keys_revoke(key_id: str = typer.Argument(..., help="Key id (from `keys list`
 
     from sqlalchemy import func, update
 
-    from app.auth.models import ApiKey
-    from app.db import make_engine
+    from curvplan_server.auth.models import ApiKey
+    from curvplan_server.db import make_engine
 
     try:
         parsed = uuid.UUID(key_id)
@@ -177,8 +177,8 @@ def dev(
 ) -> None:
     """Run everything locally: PostgreSQL (embedded unless DATABASE_URL is set), migrations,
     a development API key for project `dev`, one worker (queues cpu,gpu) and the API."""
-    from app.config import Settings
-    from app.logging import configure_logging
+    from curvplan_server.config import Settings
+    from curvplan_server.logging import configure_logging
 
     settings = Settings()
     configure_logging(settings.log_format, settings.log_level)
@@ -187,7 +187,7 @@ def dev(
     signal.signal(signal.SIGTERM, _exit_on_signal)
     embedded = None
     if settings.database_url is None:
-        from app.embedded_pg import start_embedded_postgres
+        from curvplan_server.embedded_pg import start_embedded_postgres
 
         typer.echo(f"starting embedded PostgreSQL under {settings.data_dir / 'pg'} …")
         embedded, url = start_embedded_postgres(settings.data_dir)
@@ -218,7 +218,7 @@ def _run_dev(url: str, data_dir: Path, host: str, port: int, worker: bool) -> No
     """Migrate, print the dev key, start the worker, serve until stopped."""
     import uvicorn
 
-    from app import migrations
+    from curvplan_server import migrations
 
     migrations.upgrade(url)
     key = _dev_key(url, data_dir)
@@ -234,7 +234,9 @@ def _run_dev(url: str, data_dir: Path, host: str, port: int, worker: bool) -> No
             env={**os.environ, "DATABASE_URL": url},
         )
     try:
-        uvicorn.run("app.main:create_app", factory=True, host=host, port=port, log_config=None)
+        uvicorn.run(
+            "curvplan_server.main:create_app", factory=True, host=host, port=port, log_config=None
+        )
     finally:
         if child is not None:
             _stop_child(child)
@@ -242,8 +244,8 @@ def _run_dev(url: str, data_dir: Path, host: str, port: int, worker: bool) -> No
 
 def _dev_key(url: str, data_dir: Path) -> str:
     """Reuse the development key stored in the data dir while it is valid, else make one."""
-    from app.auth.keys import create_key, lookup_key
-    from app.db import make_engine, make_sessionmaker
+    from curvplan_server.auth.keys import create_key, lookup_key
+    from curvplan_server.db import make_engine, make_sessionmaker
 
     key_file = data_dir / "dev-api-key"
     engine = make_engine(url)

@@ -38,8 +38,8 @@ def worker(
     ),
 ) -> None:
     """Claim and run jobs of QUEUES until SIGTERM/SIGINT (finish or release the running job)."""
-    from app.config import get_settings
-    from workers.worker import WorkerOptions, run_worker
+    from curvplan_server.config import get_settings
+    from curvplan_worker.worker import WorkerOptions, run_worker
 
     settings = get_settings()
     if settings.database_url is None:

@@ -121,8 +121,8 @@ def test_artifact_of_another_project_or_wrong_kind_is_422_naming_the_field(
 
 def test_the_api_process_never_imports_torch() -> None:
     code = (
-        "import sys, app.main; app.main.create_app; "
-        "from app.jobs.schemas import JOB_CREATE_ADAPTER; "
+        "import sys, curvplan_server.main; curvplan_server.main.create_app; "
+        "from curvplan.types.jobs import JOB_CREATE_ADAPTER; "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -19,7 +19,7 @@ from psycopg import sql
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from app.config import libpq_url, normalise_database_url
+from curvplan_server.config import libpq_url, normalise_database_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -64,7 +64,7 @@ N_EXAMPLES = 12
 @pytest.fixture(scope="module")
 def e2e_database(pg_admin_url: str) -> Iterator[str]:
     """A migrated database of this module alone (its worker claims every gpu job in it)."""
-    from app import migrations
+    from curvplan_server import migrations
 
     name = f"curvplan_analyze_{secrets.token_hex(4)}"
     with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as conn:
@@ -93,8 +93,8 @@ def service(e2e_database: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def _key(database_url: str, project: str) -> str:
-    from app.auth.keys import create_key
-    from app.db import make_engine, make_sessionmaker
+    from curvplan_server.auth.keys import create_key
+    from curvplan_server.db import make_engine, make_sessionmaker
 
     engine = make_engine(database_url)
     try:
@@ -129,9 +129,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Checkpoints and samples written with the engine's own writers."""
     import torch
 
-    from workers.curvature.checkpoint import save_checkpoint
-    from workers.curvature.data import Dataset, save_dataset
-    from workers.curvature.model import build_model
+    from curvplan_worker.curvature.checkpoint import save_checkpoint
+    from curvplan_worker.curvature.data import Dataset, save_dataset
+    from curvplan_worker.curvature.model import build_model
 
     out = tmp_path_factory.mktemp("analyze-files")
     save_checkpoint(build_model(SPEC, seed=1), out / "checkpoint.safetensors")
@@ -183,7 +183,7 @@ def _engine(service: Service) -> Any:
 def test_analyze_over_http_matches_the_engine_and_plans(
     client: httpx.Client, service: Service, files: dict[str, Path]
 ) -> None:
-    from workers.curvature import api
+    from curvplan_worker.curvature import analyze as curvature_analysis
 
     ckpt = upload(client, files["checkpoint"], "checkpoint")
     data = upload(client, files["data"], "dataset")
@@ -196,7 +196,7 @@ def test_analyze_over_http_matches_the_engine_and_plans(
     result = done["result"]
 
     # Block spectra equal the engine's direct output for the same seed and options.
-    direct = api.analyze(
+    direct = curvature_analysis.analyze(
         SPEC,
         str(files["checkpoint"]),
         str(files["data"]),
@@ -459,7 +459,7 @@ def test_worker_sigkill_during_analysis_is_retried_and_finishes_once(
 
 def test_no_temp_files_and_no_orphan_blobs(client: httpx.Client, service: Service) -> None:
     """Runs last: every blob in the store is referenced by a row, nothing is left in tmp/."""
-    from app.artifacts.blobstore import default_store
+    from curvplan_server.artifacts.blobstore import default_store
 
     store = default_store(service.data_dir)
     engine = _engine(service)

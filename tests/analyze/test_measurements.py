@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.planner import Measurements
-from workers.analysis.measurements import planner_fields, split_bulky
-from workers.analysis.pipeline import job_stage
+from curvplan_server.planner import Measurements
+from curvplan_worker.analyze.measurements import planner_fields, split_bulky
+from curvplan_worker.analyze.pipeline import job_stage
 
 
 def _result() -> dict[str, Any]:

@@ -64,8 +64,8 @@ def test_health_and_metrics_need_no_key(client) -> None:
 def test_auth_disabled_acts_as_default_project(settings, db_session, plan_body) -> None:
     from fastapi.testclient import TestClient
 
-    from app.db import get_db
-    from app.main import create_app
+    from curvplan_server.db import get_db
+    from curvplan_server.main import create_app
 
     application = create_app(settings.model_copy(update={"auth_disabled": True}))
 
@@ -84,7 +84,7 @@ def test_auth_disabled_acts_as_default_project(settings, db_session, plan_body) 
 
 
 def test_auth_is_on_unless_explicitly_disabled(monkeypatch) -> None:
-    from app.config import Settings
+    from curvplan_server.config import Settings
 
     monkeypatch.delenv("CURVPLAN_AUTH_DISABLED", raising=False)
     assert Settings().auth_disabled is False
@@ -93,7 +93,7 @@ def test_auth_is_on_unless_explicitly_disabled(monkeypatch) -> None:
 def test_cli_keys_create_prints_a_working_key(database_url, settings, plan_body) -> None:
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from curvplan_server.main import create_app
 
     project = f"cli-{os.getpid()}"
     env = {**os.environ, "DATABASE_URL": database_url}
@@ -121,8 +121,8 @@ def test_cli_keys_list_and_revoke(database_url, settings) -> None:
     from fastapi.testclient import TestClient
     from typer.testing import CliRunner
 
-    from app.main import create_app
     from curvplan.cli import app as cli_app
+    from curvplan_server.main import create_app
 
     project = f"cli-revoke-{os.getpid()}"
     runner = CliRunner()

@@ -16,7 +16,7 @@ from api_helpers import assert_problem
 from psycopg import sql
 from sqlalchemy import text
 
-from app.config import libpq_url
+from curvplan_server.config import libpq_url
 
 
 def _client(application: Any) -> Any:
@@ -48,8 +48,8 @@ def empty_database_url(pg_admin_url: str) -> Any:
 
 
 def test_readyz_503_when_migrations_are_not_at_head(settings, empty_database_url) -> None:
-    from app import migrations
-    from app.main import create_app
+    from curvplan_server import migrations
+    from curvplan_server.main import create_app
 
     application = create_app(settings.model_copy(update={"database_url": empty_database_url}))
     with _client(application) as c:
@@ -63,7 +63,7 @@ def test_readyz_503_when_migrations_are_not_at_head(settings, empty_database_url
 
 
 def test_readyz_503_when_database_unreachable(settings) -> None:
-    from app.main import create_app
+    from curvplan_server.main import create_app
 
     bad = "postgresql+psycopg://postgres@127.0.0.1:1/nothing?connect_timeout=2"
     application = create_app(settings.model_copy(update={"database_url": bad}))
@@ -78,16 +78,16 @@ def test_readyz_503_when_database_unreachable(settings) -> None:
 def test_creating_the_app_does_not_touch_the_database(settings, caplog) -> None:
     """The API must start while PostgreSQL is still coming up (/readyz says when it is):
     registering the queue collector once ran a scrape, i.e. a query, in create_app."""
-    from app.main import create_app
+    from curvplan_server.main import create_app
 
     bad = "postgresql+psycopg://postgres@127.0.0.1:1/nothing?connect_timeout=2"
-    caplog.set_level("WARNING", logger="app.metrics")
+    caplog.set_level("WARNING", logger="curvplan_server.metrics")
     application = create_app(settings.model_copy(update={"database_url": bad}))
     try:
-        assert [r for r in caplog.records if r.name == "app.metrics"] == []
+        assert [r for r in caplog.records if r.name == "curvplan_server.metrics"] == []
         with _client(application) as c:  # control: a scrape does query, and says it failed
             assert "curvplan_metrics_db_up 0.0" in c.get("/metrics").text
-        assert [r for r in caplog.records if r.name == "app.metrics"] != []
+        assert [r for r in caplog.records if r.name == "curvplan_server.metrics"] != []
     finally:
         application.state.engine.dispose()
 
@@ -110,9 +110,9 @@ def test_metrics_count_requests_by_route_template(client, auth_headers) -> None:
 
 def test_queue_gauges_read_committed_jobs_at_scrape_time(settings, database_url) -> None:
     """Gauges come from the DB: committing 3 queued jobs raises the queued count by 3."""
-    from app.auth.keys import get_or_create_project
-    from app.db import make_engine, make_sessionmaker
-    from app.main import create_app
+    from curvplan_server.auth.keys import get_or_create_project
+    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_server.main import create_app
 
     application = create_app(settings)
     engine = make_engine(database_url)
@@ -194,8 +194,8 @@ def test_workers_endpoint_reports_heartbeats(
 def test_api_process_never_imports_torch(database_url) -> None:
     code = (
         "import sys\n"
-        "from app.config import Settings\n"
-        "from app.main import create_app\n"
+        "from curvplan_server.config import Settings\n"
+        "from curvplan_server.main import create_app\n"
         "from curvplan.cli import app as cli\n"
         f"create_app(Settings(database_url={database_url!r}))\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'workers'))\n"

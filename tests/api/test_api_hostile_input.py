@@ -40,7 +40,7 @@ def test_page_token_with_a_naive_time_is_a_422(client: Any, auth_headers: dict[s
     first = client.get("/v1/jobs", headers=auth_headers)
     assert first.status_code == 200
     # The right fingerprint (no filters), but a time without zone: not one we issued.
-    from app.jobs.service import JobFilters
+    from curvplan_server.jobs.service import JobFilters
 
     token = _token(
         {

@@ -19,9 +19,9 @@ CONCURRENCY = 8
 
 @pytest.fixture
 def committed_app(settings: Any, database_url: str) -> Iterator[tuple[Any, Any, str, uuid.UUID]]:
-    from app.auth.keys import create_key
-    from app.db import make_engine, make_sessionmaker
-    from app.main import create_app
+    from curvplan_server.auth.keys import create_key
+    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_server.main import create_app
 
     engine = make_engine(database_url)
     project = f"idem-race-{uuid.uuid4().hex[:8]}"

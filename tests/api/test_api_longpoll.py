@@ -24,9 +24,9 @@ def live(
     """
     from fastapi.testclient import TestClient
 
-    from app.auth.keys import create_key
-    from app.db import make_engine, make_sessionmaker
-    from app.main import create_app
+    from curvplan_server.auth.keys import create_key
+    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_server.main import create_app
 
     engine = make_engine(database_url)
     project = f"longpoll-{uuid.uuid4().hex[:8]}"

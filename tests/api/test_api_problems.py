@@ -87,8 +87,8 @@ def test_form_content_type_is_415(client, auth_headers) -> None:
 
 @pytest.fixture
 def small_app(settings, db_session):  # type: ignore[no-untyped-def]
-    from app.db import get_db
-    from app.main import create_app
+    from curvplan_server.db import get_db
+    from curvplan_server.main import create_app
 
     application = create_app(settings.model_copy(update={"max_body_bytes": 1000}))
 

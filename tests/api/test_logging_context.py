@@ -1,4 +1,4 @@
-"""app.logging: JSON/console formats and the bound context (job id, attempt, worker id)."""
+"""curvplan_server.logging: JSON/console formats and the bound context (job, attempt, worker)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ import threading
 
 import pytest
 
-from app.logging import ConsoleFormatter, ContextFilter, JsonFormatter, bind, current_context
+from curvplan_server.logging import (
+    ConsoleFormatter,
+    ContextFilter,
+    JsonFormatter,
+    bind,
+    current_context,
+)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ MAX_ARTIFACT_BYTES = 64 * 1024
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Any:
     """Service settings with the blob store under ``tmp_path`` and a 64 KiB upload limit."""
-    from app.config import Settings
+    from curvplan_server.config import Settings
 
     return Settings(
         database_url=database_url,
@@ -27,6 +27,6 @@ def settings(database_url: str, tmp_path: Path) -> Any:
 @pytest.fixture
 def store(settings: Any) -> Any:
     """The blob store the app under test writes to."""
-    from app.artifacts.blobstore import default_store
+    from curvplan_server.artifacts.blobstore import default_store
 
     return default_store(settings.data_dir)

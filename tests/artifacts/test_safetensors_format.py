@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from app.artifacts.safetensors_format import (
+from curvplan_server.artifacts.safetensors_format import (
     InvalidSafetensors,
     SafetensorsValidator,
     validate_file,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save as st_save
 
-from app.artifacts.blobstore import BlobStore
-from app.artifacts.upload import UploadForm, UploadFormError
+from curvplan_server.artifacts.blobstore import BlobStore
+from curvplan_server.artifacts.upload import UploadForm, UploadFormError
 
 BOUNDARY = b"----curvplan-test-boundary"
 

@@ -36,9 +36,9 @@ def write_analyze_files(out: Path) -> dict[str, Path]:
     """spec.json, checkpoint.safetensors, data.safetensors and a mismatched wider checkpoint."""
     import torch
 
-    from workers.curvature.checkpoint import save_checkpoint
-    from workers.curvature.data import Dataset, save_dataset
-    from workers.curvature.model import build_model
+    from curvplan_worker.curvature.checkpoint import save_checkpoint
+    from curvplan_worker.curvature.data import Dataset, save_dataset
+    from curvplan_worker.curvature.model import build_model
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.json").write_text(json.dumps(SPEC))

@@ -30,8 +30,8 @@ def free_port() -> int:
 
 
 def make_api_key(database_url: str, project: str) -> str:
-    from app.auth.keys import create_key
-    from app.db import make_engine, make_sessionmaker
+    from curvplan_server.auth.keys import create_key
+    from curvplan_server.db import make_engine, make_sessionmaker
 
     engine = make_engine(database_url)
     try:
@@ -212,8 +212,8 @@ def create_private_database(admin_url: str) -> tuple[str, str]:
     from psycopg import sql
     from sqlalchemy.engine import make_url
 
-    from app import migrations
-    from app.config import libpq_url, normalise_database_url
+    from curvplan_server import migrations
+    from curvplan_server.config import libpq_url, normalise_database_url
 
     name = f"curvplan_client_{secrets.token_hex(4)}"
     with psycopg.connect(libpq_url(admin_url), autocommit=True) as conn:
@@ -227,7 +227,7 @@ def drop_database(admin_url: str, name: str) -> None:
     import psycopg
     from psycopg import sql
 
-    from app.config import libpq_url
+    from curvplan_server.config import libpq_url
 
     with psycopg.connect(libpq_url(admin_url), autocommit=True) as conn:
         conn.execute(

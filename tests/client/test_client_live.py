@@ -17,8 +17,6 @@ from live_service import LiveService
 from plan_bodies import full_measurements, full_targets, slow_plan, small_plan
 
 import curvplan
-from app.jobs.schemas import JobOut, JobPage
-from app.planner.schemas import Recommendation
 from curvplan.client import (
     AuthenticationError,
     ConflictError,
@@ -28,6 +26,8 @@ from curvplan.client import (
     ValidationFailedError,
     WaitTimeoutError,
 )
+from curvplan.types.jobs import JobOut, JobPage
+from curvplan.types.planner import Recommendation
 
 pytestmark = pytest.mark.e2e
 
@@ -307,7 +307,7 @@ def test_artifacts_and_analyze(api: curvplan.Client, tmp_path: Any) -> None:
     }
 
     # the report draws the real analyze result: block heatmap, off-diagonal map, bounds
-    from app.reports.plots import build_plots
+    from curvplan_server.reports.plots import build_plots
 
     plots = {p.id: p for p in build_plots(done.model_dump(mode="json"))}
     assert plots["block-norms"].svg is not None and plots["off-diagonal"].svg is not None

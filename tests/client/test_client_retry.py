@@ -135,7 +135,8 @@ def test_client_cli_and_report_code_never_import_torch() -> None:
     code = (
         "import sys, curvplan, curvplan.cli; curvplan.Client; curvplan.AsyncClient; "
         "import curvplan.commands.client, curvplan.client.display; "
-        "import app.reports.files, app.reports.router, app.main; "
+        "import curvplan_server.reports.files, curvplan_server.reports.router; "
+        "import curvplan_server.main; "
         "assert 'torch' not in sys.modules, 'torch was imported'; print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

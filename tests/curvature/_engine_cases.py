@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.curvature.blocks import default_blocks
-from workers.curvature.model import build_model
-from workers.curvature.objective import objective_for
+from curvplan_worker.curvature.blocks import default_blocks
+from curvplan_worker.curvature.model import build_model
+from curvplan_worker.curvature.objective import objective_for
 
 CASES = {
     "lm_post_gelu_tied": dict(

@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-from workers.curvature.bounds import BoundOptions, theorem6_bounds
-from workers.curvature.bounds.theory import TheoryWeights
+from curvplan_worker.curvature.bounds import BoundOptions, theorem6_bounds
+from curvplan_worker.curvature.bounds.theory import TheoryWeights
 
 torch.set_default_dtype(torch.float64)
 KEYS = ("1", "2", "K", "Q", "V")

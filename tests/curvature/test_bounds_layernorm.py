@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from workers.curvature.bounds.layernorm import (
+from curvplan_worker.curvature.bounds.layernorm import (
     layernorm_hessian_norm,
     layernorm_hessian_norm_digest,
     layernorm_jacobian_norm,

@@ -1,4 +1,4 @@
-"""``block_bounds_for_model`` on the engine's reference model (workers.curvature.model).
+"""``block_bounds_for_model`` on the engine's reference model (curvplan_worker.curvature.model).
 
 Oracle: the dense Hessian of the model's MSE loss w.r.t. the layer's parameters, by autograd
 through ``torch.func.functional_call`` (no bounds code involved), per sample and for the dataset
@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from workers.curvature.bounds import (
+from curvplan_worker.curvature.bounds import (
     BoundsInputError,
     BoundsOptionError,
     block_bounds_for_model,
@@ -20,7 +20,7 @@ from workers.curvature.bounds import (
     pair_bound,
     tightness,
 )
-from workers.curvature.model import build_model
+from curvplan_worker.curvature.model import build_model
 
 torch.set_default_dtype(torch.float64)
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")

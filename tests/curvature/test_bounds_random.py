@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from workers.curvature.bounds import BoundOptions, theorem1_bounds, theorem6_bounds
-from workers.curvature.bounds.theory import TheoryWeights
+from curvplan_worker.curvature.bounds import BoundOptions, theorem1_bounds, theorem6_bounds
+from curvplan_worker.curvature.bounds.theory import TheoryWeights
 
 torch.set_default_dtype(torch.float64)
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")

@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-from workers.curvature.bounds import BoundOptions, theorem1_bounds
-from workers.curvature.bounds.attention import (
+from curvplan_worker.curvature.bounds import BoundOptions, theorem1_bounds
+from curvplan_worker.curvature.bounds.attention import (
     _dense_attention_jacobians,
     attention_jacobian_bounds,
     attention_scalars,

@@ -9,10 +9,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from workers.curvature.api import Cancelled, OptionsError, analyze, parse_options
-from workers.curvature.checkpoint import save_checkpoint
-from workers.curvature.data import Dataset, save_dataset
-from workers.curvature.model import build_model
+from curvplan_worker.curvature.analyze import Cancelled, OptionsError, analyze, parse_options
+from curvplan_worker.curvature.checkpoint import save_checkpoint
+from curvplan_worker.curvature.data import Dataset, save_dataset
+from curvplan_worker.curvature.model import build_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

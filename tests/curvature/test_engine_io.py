@@ -6,14 +6,23 @@ import pytest
 import torch
 from torch import nn
 
-from workers.curvature.blocks import BlockError, custom_blocks, default_blocks, select_blocks
-from workers.curvature.checkpoint import CheckpointMismatch, load_checkpoint, save_checkpoint
-from workers.curvature.data import DataError, Dataset, load_dataset, save_dataset
-from workers.curvature.device import DropoutActiveError, eval_mode
-from workers.curvature.hvp import CurvatureEngine
-from workers.curvature.model import build_model
-from workers.curvature.objective import objective_for
-from workers.curvature.spec import SpecError, parse_spec
+from curvplan.types.spec import SpecError, parse_spec
+from curvplan_worker.curvature.blocks import (
+    BlockError,
+    custom_blocks,
+    default_blocks,
+    select_blocks,
+)
+from curvplan_worker.curvature.checkpoint import (
+    CheckpointMismatch,
+    load_checkpoint,
+    save_checkpoint,
+)
+from curvplan_worker.curvature.data import DataError, Dataset, load_dataset, save_dataset
+from curvplan_worker.curvature.device import DropoutActiveError, eval_mode
+from curvplan_worker.curvature.hvp import CurvatureEngine
+from curvplan_worker.curvature.model import build_model
+from curvplan_worker.curvature.objective import objective_for
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

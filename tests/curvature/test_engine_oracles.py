@@ -7,11 +7,11 @@ import pytest
 import torch
 from _engine_cases import build_case
 
-from workers.curvature.dense import dense_summary
-from workers.curvature.ggn import functional_product, ggn_product
-from workers.curvature.hvp import CurvatureEngine, finite_difference_hvp
-from workers.curvature.spectra import block_spectrum, off_diagonal_norm
-from workers.curvature.trace import hutchpp_trace
+from curvplan_worker.curvature.dense import dense_summary
+from curvplan_worker.curvature.ggn import functional_product, ggn_product
+from curvplan_worker.curvature.hvp import CurvatureEngine, finite_difference_hvp
+from curvplan_worker.curvature.spectra import block_spectrum, off_diagonal_norm
+from curvplan_worker.curvature.trace import hutchpp_trace
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from workers.curvature import gradient_noise as gn
-from workers.curvature.model import build_model
-from workers.curvature.objective import RegressionObjective, objective_for
+from curvplan_worker.curvature import gradient_noise as gn
+from curvplan_worker.curvature.model import build_model
+from curvplan_worker.curvature.objective import RegressionObjective, objective_for
 
 torch.set_default_dtype(torch.float64)
 
@@ -313,8 +313,8 @@ def test_planner_dict_passes_a_negative_grad_sq_norm_through_unclamped() -> None
     assert len(notes) == 2 and "|G|²" in notes[0] and "GᵀHG" in notes[1]
     positive, none = gn.planner_gradient_noise({**stats, "grad_sq_norm": 0.5, "gHg": 0.1})
     assert positive["grad_sq_norm"] == 0.5 and not none
-    from app.planner import Measurements, Targets, make_plan
-    from app.planner.schemas import DirectNoiseStats
+    from curvplan.types.planner import DirectNoiseStats
+    from curvplan_server.planner import Measurements, Targets, make_plan
 
     DirectNoiseStats(**out)
     DirectNoiseStats(**positive)
@@ -332,7 +332,7 @@ def test_planner_measurements_carry_the_gradient_norm_and_direct_stats() -> None
     assert fields["gradient_norm_at_w_star"] == stats["gradient_norm"]
     assert fields["gradient_noise"]["gHg"] == stats["gHg"]
     try:
-        from app.planner.schemas import Measurements
+        from curvplan.types.planner import Measurements
     except ImportError:
         return
     Measurements(**fields)

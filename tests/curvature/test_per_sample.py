@@ -15,9 +15,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from workers.curvature import per_sample as ps
-from workers.curvature.model import build_model
-from workers.curvature.objective import (
+from curvplan_worker.curvature import per_sample as ps
+from curvplan_worker.curvature.model import build_model
+from curvplan_worker.curvature.objective import (
     ClassificationObjective,
     RegressionObjective,
     objective_for,
@@ -128,17 +128,9 @@ def flat_vector(model: nn.Module) -> Tensor:
 
 
 def _validate_with_planner_schema(name: str, payload: dict) -> None:
-    """Validate against the planner's pydantic model when the planner package imports.
+    """Validate against the contract's pydantic model of the planner's inputs."""
+    from curvplan.types import planner as schemas
 
-    The planner is developed in parallel; while it does not import, the field names are checked
-    against the contract by hand so that this test still fails on a mismatch.
-    """
-    try:
-        from app.planner import schemas
-    except ImportError:
-        expected = {"PerturbedLosses": {"radius", "losses", "kind"}}[name]
-        assert set(payload) == expected
-        return
     getattr(schemas, name)(**payload)
 
 
@@ -397,7 +389,7 @@ def test_tied_embeddings_are_perturbed_once_and_together() -> None:
 
 
 def test_per_sample_section_and_planner_fields() -> None:
-    from workers.curvature.gradient_noise import planner_measurements
+    from curvplan_worker.curvature.gradient_noise import planner_measurements
 
     model, objective, x, y = lm_model_and_data(6)
     eig = torch.linalg.qr(torch.randn(sum(p.numel() for p in model.parameters()), 2))[0].T
@@ -424,7 +416,7 @@ def test_per_sample_section_and_planner_fields() -> None:
     assert fields["perturbed_losses"]["kind"] == "random" and notes
     assert fields["per_sample_hessian_norms"] == section["hessian_norms"]["norms"]
     try:
-        from app.planner.schemas import Measurements
+        from curvplan.types.planner import Measurements
     except ImportError:  # the planner is built in parallel; the field names are checked above
         assert set(fields) == {"per_sample_losses", "perturbed_losses", "per_sample_hessian_norms"}
         return

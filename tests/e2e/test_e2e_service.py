@@ -73,7 +73,7 @@ def wait_until(predicate: Any, timeout: float, what: str, proc: Any = None) -> A
 
 def expected_recommendation(request: dict[str, Any], seed: int) -> dict[str, Any]:
     """Oracle: the planner run in this process on the same validated input and seed."""
-    from app.planner import Measurements, Targets, make_plan
+    from curvplan_server.planner import Measurements, Targets, make_plan
 
     measurements = Measurements.model_validate_json(json.dumps(request["measurements"]))
     targets = Targets.model_validate_json(json.dumps(request.get("targets") or {}))
@@ -125,8 +125,8 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: floa
 # --------------------------------------------------------------------------- serve + worker
 @pytest.fixture
 def e2e_key(database_url: str) -> Iterator[str]:
-    from app.auth.keys import create_key
-    from app.db import make_engine, make_sessionmaker
+    from curvplan_server.auth.keys import create_key
+    from curvplan_server.db import make_engine, make_sessionmaker
 
     engine = make_engine(database_url)
     project = f"e2e-{uuid.uuid4().hex[:8]}"
@@ -161,7 +161,7 @@ def test_serve_and_worker_run_a_plan_job(database_url: str, e2e_key: str, tmp_pa
         job, body = submit_and_wait(base, e2e_key)
         check_succeeded(job, body)
         assert any(w["live"] and w["pid"] == worker.pid for w in job["_workers"])
-        from app.db import make_engine
+        from curvplan_server.db import make_engine
 
         engine = make_engine(database_url)
         with engine.connect() as conn:

@@ -8,8 +8,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.planner import Measurements, Recommendation, Targets, make_plan
-from app.planner.schemas import NotComputed
+from curvplan.types.planner import NotComputed
+from curvplan_server.planner import Measurements, Recommendation, Targets, make_plan
 
 RNG = np.random.default_rng(7)
 BATCHES = [64, 128, 256, 512, 1024, 2048, 4096, 8192]

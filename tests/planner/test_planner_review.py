@@ -9,9 +9,16 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from app.planner import Measurements, PlanInputError, Targets, check_workload, make_plan, schemas
-from app.planner.loss_curve import default_window, fit_power_law, loss_difference_curves
-from app.planner.sample_size import k_squared, k_squared_rms
+from curvplan.types import planner as schemas
+from curvplan_server.planner import (
+    Measurements,
+    PlanInputError,
+    Targets,
+    check_workload,
+    make_plan,
+)
+from curvplan_server.planner.loss_curve import default_window, fit_power_law, loss_difference_curves
+from curvplan_server.planner.sample_size import k_squared, k_squared_rms
 
 
 def _codes(plan) -> set[str]:

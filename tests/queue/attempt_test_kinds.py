@@ -12,8 +12,8 @@ import os
 import time
 from typing import Any
 
-from workers.errors import JobError
-from workers.kinds import JobContext
+from curvplan_worker.errors import JobError
+from curvplan_worker.kinds import JobContext
 
 
 def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from queue_helpers import WorkerProcess
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from app.config import libpq_url, normalise_database_url
+from curvplan_server.config import libpq_url, normalise_database_url
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +28,7 @@ def queue_database(pg_admin_url: str) -> Iterator[str]:
     before each test (cloning a fresh database per test cost ~2 s of CREATE/DROP
     DATABASE each on a loaded machine).
     """
-    from app import migrations
+    from curvplan_server import migrations
 
     name = f"curvplan_queue_{secrets.token_hex(4)}"
     _admin(pg_admin_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

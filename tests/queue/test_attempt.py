@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from workers.attempt import AttemptProcess, Final, Progress, describe_exit
-from workers.child import EXIT_WORKER_GONE, ChildTask
-from workers.kinds import KINDS, KindSpec
+from curvplan_worker.attempt import AttemptProcess, Final, Progress, describe_exit
+from curvplan_worker.child import EXIT_WORKER_GONE, ChildTask
+from curvplan_worker.kinds import KINDS, KindSpec
 
 FORK = multiprocessing.get_context("fork")
 

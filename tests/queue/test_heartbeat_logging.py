@@ -13,9 +13,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from app.logging import ContextFilter, JsonFormatter, bind
-from workers import store
-from workers.worker import WorkerOptions, WorkerSlot, _Current
+from curvplan_server.logging import ContextFilter, JsonFormatter, bind
+from curvplan_worker import store
+from curvplan_worker.worker import WorkerOptions, WorkerSlot, _Current
 
 
 class _DownEngine:

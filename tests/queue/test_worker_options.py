@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from app.config import Settings
 from curvplan.cli import app
-from workers.kinds import KINDS, UnknownKindError, load_run, modules_for_queues
-from workers.worker import WorkerOptions
+from curvplan_server.config import Settings
+from curvplan_worker.kinds import KINDS, UnknownKindError, load_run, modules_for_queues
+from curvplan_worker.worker import WorkerOptions
 
 URL = "postgresql+psycopg://postgres@127.0.0.1:5432/unused"
 
@@ -50,13 +50,13 @@ def test_inconsistent_options_are_refused(overrides, message):
 
 
 def test_each_queue_preloads_only_its_own_kinds():
-    assert modules_for_queues(["cpu"]) == ["workers.kinds.plan"]  # no torch on cpu workers
-    assert modules_for_queues(["gpu"]) == ["workers.kinds.analyze"]
+    assert modules_for_queues(["cpu"]) == ["curvplan_worker.kinds.plan"]  # no torch on cpu workers
+    assert modules_for_queues(["gpu"]) == ["curvplan_worker.kinds.analyze"]
     assert set(modules_for_queues(["cpu", "gpu"])) == {spec.module for spec in KINDS.values()}
 
 
 def test_every_kind_matches_the_api_queue_and_has_a_run_function():
-    from app.jobs.models import QUEUE_OF_KIND
+    from curvplan.types.jobs import QUEUE_OF_KIND
 
     assert {name: spec.queue for name, spec in KINDS.items()} == QUEUE_OF_KIND
     for name in KINDS:
@@ -73,7 +73,7 @@ def test_every_kind_matches_the_api_queue_and_has_a_run_function():
     ],
 )
 def test_cli_rejects_bad_options_with_a_clear_message(monkeypatch, args, message):
-    from app.config import get_settings
+    from curvplan_server.config import get_settings
 
     monkeypatch.setenv("DATABASE_URL", URL)
     get_settings.cache_clear()
@@ -87,7 +87,7 @@ def test_cli_rejects_bad_options_with_a_clear_message(monkeypatch, args, message
 
 
 def test_cli_needs_a_database_url(monkeypatch):
-    from app.config import get_settings
+    from curvplan_server.config import get_settings
 
     monkeypatch.delenv("DATABASE_URL", raising=False)
     get_settings.cache_clear()

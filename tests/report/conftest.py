@@ -28,7 +28,7 @@ def live(
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Any:
     """The root fixture's settings with a private data dir (the link key file lives there)."""
-    from app.config import Settings
+    from curvplan_server.config import Settings
 
     return Settings(
         database_url=database_url,
@@ -42,7 +42,7 @@ def settings(database_url: str, tmp_path: Path) -> Any:
 @pytest.fixture(scope="session")
 def plan_job() -> dict[str, Any]:
     """A succeeded plan job as the API shows it, with every plan-side section computed."""
-    from app.planner import Measurements, Targets, make_plan
+    from curvplan_server.planner import Measurements, Targets, make_plan
 
     measurements, targets = full_measurements(), full_targets()
     rec = make_plan(

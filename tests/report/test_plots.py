@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from plan_bodies import B_CRIT, S_MIN
 
-from app.reports.files import write_report_files
-from app.reports.page import render_report
-from app.reports.plots import build_plots, confidence_band, power_law
+from curvplan_server.reports.files import write_report_files
+from curvplan_server.reports.page import render_report
+from curvplan_server.reports.plots import build_plots, confidence_band, power_law
 
 PLOT_IDS = ["delta-curve", "block-norms", "off-diagonal", "bounds", "batch-size", "loss-vs-data"]
 

@@ -68,7 +68,7 @@ def test_analyze_report_renders_every_plot_kind(
     browser: str, analyze_job: dict, tmp_path: Path
 ) -> None:
     """Heatmaps and the measured-vs-bound chart (analyze jobs) in the browser too."""
-    from app.reports.page import render_report
+    from curvplan_server.reports.page import render_report
 
     page = tmp_path / "analyze-report.html"
     page.write_text(render_report(analyze_job))

@@ -10,10 +10,10 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from sqlalchemy import update
 
-from app.auth.keys import lookup_key
-from app.jobs import service
-from app.jobs.models import Job
-from app.reports import signing
+from curvplan_server.auth.keys import lookup_key
+from curvplan_server.jobs import service
+from curvplan_server.jobs.models import Job
+from curvplan_server.reports import signing
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def test_expired_link_is_refused(
 
 
 def test_signing_round_trip_and_secret_file(tmp_path: Any) -> None:
-    from app.config import Settings
+    from curvplan_server.config import Settings
 
     settings = Settings(data_dir=tmp_path)
     secret = signing.link_secret(settings)

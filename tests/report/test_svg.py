@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.reports.svg import (
+from curvplan_server.reports.svg import (
     MARGIN_LEFT,
     MARGIN_TOP,
     VIRIDIS,

@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from workers.curvature.checkpoint import read_safetensors
-from workers.curvature.objective import IGNORE_INDEX
-from workers.curvature.spec import CausalLMTask, ClassificationTask, ModelSpec, RegressionTask
+from curvplan.types.spec import CausalLMTask, ClassificationTask, ModelSpec, RegressionTask
+from curvplan_worker.curvature.checkpoint import read_safetensors
+from curvplan_worker.curvature.objective import IGNORE_INDEX
 
 
 class DataError(ValueError):

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from workers.curvature.hvp import CurvatureEngine
+from curvplan_worker.curvature.hvp import CurvatureEngine
 
 DEFAULT_DENSE_LIMIT = 5000
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from workers.curvature.checkpoint import save_checkpoint
-from workers.curvature.data import Dataset, save_dataset
-from workers.curvature.model import build_model
-from workers.curvature.objective import dataset_loss, objective_for
+from curvplan_worker.curvature.checkpoint import save_checkpoint
+from curvplan_worker.curvature.data import Dataset, save_dataset
+from curvplan_worker.curvature.model import build_model
+from curvplan_worker.curvature.objective import dataset_loss, objective_for
 
 EXAMPLE_SPEC = {
     "d_model": 32,

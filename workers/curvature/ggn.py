@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, jvp
 
-from workers.curvature.hvp import CurvatureEngine
+from curvplan_worker.curvature.hvp import CurvatureEngine
 
 
 def ggn_product(engine: CurvatureEngine, names: Sequence[str], v: Tensor) -> Tensor:

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from workers.curvature.per_sample import (
+from curvplan_worker.curvature.per_sample import (
     ExampleLossObjective,
     _call_objective,
     _check_batch_size,

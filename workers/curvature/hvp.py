@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from workers.curvature.device import eval_mode
-from workers.curvature.objective import Objective
+from curvplan_worker.curvature.device import eval_mode
+from curvplan_worker.curvature.objective import Objective
 
 
 @dataclass(frozen=True)
@@ -300,8 +300,8 @@ def self_test(device: torch.device | str = "cpu", tol: float = 1e-7) -> float:
     """Start-up check: on a tiny fp64 Transformer (LayerNorm, attention, GELU) on ``device``,
     double-backward block products must match Richardson-extrapolated central differences.
     Returns the worst relative error; raises :class:`SelfTestError` above ``tol``."""
-    from workers.curvature.model import build_model
-    from workers.curvature.objective import objective_for
+    from curvplan_worker.curvature.model import build_model
+    from curvplan_worker.curvature.objective import objective_for
 
     spec = {
         "d_model": 4,

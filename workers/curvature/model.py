@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workers.curvature.spec import (
+from curvplan.types.spec import (
     CausalLMTask,
     ClassificationTask,
     ModelSpec,

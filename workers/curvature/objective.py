@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workers.curvature.spec import CausalLMTask, ClassificationTask, ModelSpec, parse_spec
+from curvplan.types.spec import CausalLMTask, ClassificationTask, ModelSpec, parse_spec
 
 IGNORE_INDEX = -100
 

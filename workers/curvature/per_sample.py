@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from workers.curvature.spectra import Spectrum, lanczos_spectrum
+from curvplan_worker.curvature.spectra import Spectrum, lanczos_spectrum
 
 __all__ = [
     "ExampleLossObjective",

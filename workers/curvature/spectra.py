@@ -187,7 +187,7 @@ def lanczos_spectrum(
 def _ritz(alphas: list[float], betas: list[float]) -> tuple[np.ndarray, np.ndarray]:
     from scipy.linalg import eigh_tridiagonal
 
-    from workers.curvature.device import pinned_blas_threads
+    from curvplan_worker.curvature.device import pinned_blas_threads
 
     d = np.asarray(alphas)
     if len(d) == 1:

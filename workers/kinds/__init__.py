@@ -5,9 +5,9 @@ the attempt (and preloaded in the forkserver), never in the worker parent, so a 
 may import torch without the parent paying for it.
 
 A kind reports progress with ``ctx.report_progress(fraction, stage, message)``; that
-call raises :class:`workers.errors.JobCancelled` once the job's cancellation was
+call raises :class:`curvplan_worker.errors.JobCancelled` once the job's cancellation was
 requested, which is how cancel reaches a running job (cooperatively). A kind raises
-:class:`workers.errors.JobError` for a failure it diagnosed (bad input, …): the job
+:class:`curvplan_worker.errors.JobError` for a failure it diagnosed (bad input, …): the job
 fails with that error and is not retried.
 """
 
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.errors import JobCancelled
+from curvplan.types.jobs import QUEUE_OF_KIND
+from curvplan_worker.errors import JobCancelled
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,10 @@ class KindSpec:
     module: str
 
 
+#: Derived from the contract's registry: kind ``x`` runs ``curvplan_worker.kinds.x.run``.
 KINDS: dict[str, KindSpec] = {
-    "plan": KindSpec(name="plan", queue="cpu", module="workers.kinds.plan"),
-    "analyze": KindSpec(name="analyze", queue="gpu", module="workers.kinds.analyze"),
+    name: KindSpec(name=name, queue=queue, module=f"{__name__}.{name}")
+    for name, queue in QUEUE_OF_KIND.items()
 }
 
 

@@ -8,9 +8,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from app.planner import Measurements, PlanInputError, Targets, check_workload, make_plan
-from workers.errors import JobError
-from workers.kinds import JobContext
+from curvplan_server.planner import Measurements, PlanInputError, Targets, check_workload, make_plan
+from curvplan_worker.errors import JobError
+from curvplan_worker.kinds import JobContext
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

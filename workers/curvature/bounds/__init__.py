@@ -9,21 +9,21 @@ Public API:
 - :class:`BoundOptions` (``mode``, ``c_A``, ``A_norm``, ``ln_norms``, ``sigma_min``).
 """
 
-from workers.curvature.bounds.attention import theorem1_bounds
-from workers.curvature.bounds.block import theorem6_bounds
-from workers.curvature.bounds.layernorm import (
+from curvplan_worker.curvature.bounds.attention import theorem1_bounds
+from curvplan_worker.curvature.bounds.block import theorem6_bounds
+from curvplan_worker.curvature.bounds.layernorm import (
     layernorm_hessian_norm,
     layernorm_hessian_norm_digest,
     layernorm_jacobian_norm,
     lemma4_bounds,
 )
-from workers.curvature.bounds.model_bounds import (
+from curvplan_worker.curvature.bounds.model_bounds import (
     BoundsInputError,
     block_bounds_for_model,
     pair_bound,
     tightness,
 )
-from workers.curvature.bounds.options import BoundOptions, BoundsOptionError
+from curvplan_worker.curvature.bounds.options import BoundOptions, BoundsOptionError
 
 __all__ = [
     "BoundOptions",

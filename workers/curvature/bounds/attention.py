@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from workers.curvature.bounds.options import BoundOptions
-from workers.curvature.bounds.theory import SA_KEYS, attention
+from curvplan_worker.curvature.bounds.options import BoundOptions
+from curvplan_worker.curvature.bounds.theory import SA_KEYS, attention
 
 SOFTMAX_HESSIAN_BOUND = 6.0  # ||d^2 A / dT^2|| <= 6 (Ormaniec et al. 2025 Lemma C.1, via S2)
 

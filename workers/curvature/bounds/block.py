@@ -26,15 +26,15 @@ from dataclasses import asdict
 import torch
 from torch import Tensor
 
-from workers.curvature.bounds.attention import (
+from curvplan_worker.curvature.bounds.attention import (
     attention_jacobian_bounds,
     attention_scalars,
     attention_second_bounds,
     spectral_norm,
 )
-from workers.curvature.bounds.layernorm import layernorm_norms
-from workers.curvature.bounds.options import BoundOptions
-from workers.curvature.bounds.theory import (
+from curvplan_worker.curvature.bounds.layernorm import layernorm_norms
+from curvplan_worker.curvature.bounds.options import BoundOptions
+from curvplan_worker.curvature.bounds.theory import (
     BLOCK_KEYS,
     SA_KEYS,
     TheoryWeights,

@@ -20,20 +20,20 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from workers.curvature.bounds.attention import (
+from curvplan_worker.curvature.bounds.attention import (
     attention_jacobian_bounds,
     attention_scalars,
     attention_second_bounds,
 )
-from workers.curvature.bounds.block import theorem6_bounds
-from workers.curvature.bounds.layernorm import (
+from curvplan_worker.curvature.bounds.block import theorem6_bounds
+from curvplan_worker.curvature.bounds.layernorm import (
     layernorm_hessian_norm,
     layernorm_hessian_norm_digest,
     layernorm_jacobian_norm,
     lemma4_bounds,
 )
-from workers.curvature.bounds.options import BoundOptions
-from workers.curvature.bounds.theory import BLOCK_KEYS, TheoryWeights, block_forward
+from curvplan_worker.curvature.bounds.options import BoundOptions
+from curvplan_worker.curvature.bounds.theory import BLOCK_KEYS, TheoryWeights, block_forward
 
 THEORY = (
     "Petrov, Kiselev, Meshkov, Grabovoy 2025 (arXiv 2510.16927), Theorems 1-6, Lemma 4, "
@@ -260,7 +260,7 @@ def block_bounds_for_model(
     ``applicable: false``, ``value: null`` and a ``reason``; parts that still hold (LayerNorm
     norms always, the block's model-Hessian bounds ||H_tr|| when only the loss differs) are kept.
     """
-    from workers.curvature.spec import parse_spec
+    from curvplan.types.spec import parse_spec
 
     spec = parse_spec(spec)
     opts = BoundOptions.from_mapping(options)

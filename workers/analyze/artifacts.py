@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine, create_engine, pool, text
 
-from app.artifacts.blobstore import BlobStore
-from app.artifacts.checks import ArtifactContentError, check_kind
-from app.artifacts.safetensors_format import InvalidSafetensors, validate_file
-from app.artifacts.schemas import uri_allowed, uri_path
-from app.config import get_settings
-from workers.errors import JobError
+from curvplan.types.artifacts import uri_allowed, uri_path
+from curvplan_server.artifacts.blobstore import BlobStore
+from curvplan_server.artifacts.checks import ArtifactContentError, check_kind
+from curvplan_server.artifacts.safetensors_format import InvalidSafetensors, validate_file
+from curvplan_server.config import get_settings
+from curvplan_worker.errors import JobError
 
 
 @dataclass(frozen=True)

@@ -16,23 +16,23 @@ from typing import Any
 
 import torch
 
-from workers.curvature.blocks import custom_blocks, default_blocks, select_blocks
-from workers.curvature.checkpoint import load_checkpoint
-from workers.curvature.data import Dataset, load_dataset, validate_dataset
-from workers.curvature.dense import DEFAULT_DENSE_LIMIT, dense_summary
-from workers.curvature.device import (
+from curvplan.types.options import AnalysisOptions, OptionsError, parse_options
+from curvplan.types.spec import ModelSpec, parse_spec
+from curvplan_worker.curvature.blocks import custom_blocks, default_blocks, select_blocks
+from curvplan_worker.curvature.checkpoint import load_checkpoint
+from curvplan_worker.curvature.data import Dataset, load_dataset, validate_dataset
+from curvplan_worker.curvature.dense import DEFAULT_DENSE_LIMIT, dense_summary
+from curvplan_worker.curvature.device import (
     configure_cuda_for_curvature,
     resolve_device,
     resolve_dtype,
 )
-from workers.curvature.ggn import functional_product, ggn_product
-from workers.curvature.hvp import CurvatureEngine, self_test
-from workers.curvature.model import build_model
-from workers.curvature.objective import objective_for
-from workers.curvature.options import AnalysisOptions, OptionsError, parse_options
-from workers.curvature.spec import ModelSpec, parse_spec
-from workers.curvature.spectra import block_spectrum, lanczos_spectrum, off_diagonal_norm
-from workers.curvature.trace import hutchpp_trace
+from curvplan_worker.curvature.ggn import functional_product, ggn_product
+from curvplan_worker.curvature.hvp import CurvatureEngine, self_test
+from curvplan_worker.curvature.model import build_model
+from curvplan_worker.curvature.objective import objective_for
+from curvplan_worker.curvature.spectra import block_spectrum, lanczos_spectrum, off_diagonal_norm
+from curvplan_worker.curvature.trace import hutchpp_trace
 
 Progress = Callable[[float, str, str], None]
 ShouldCancel = Callable[[], bool]
@@ -279,7 +279,7 @@ def _top_eigenspace(engine, opts, gen):
 
 def _per_sample(model, objective, data, opts, top_vectors, engine) -> dict | None:
     try:
-        from workers.curvature import per_sample as ps
+        from curvplan_worker.curvature import per_sample as ps
     except ImportError:
         return None
     x, y = data.inputs, data.targets
@@ -332,7 +332,7 @@ def _per_sample(model, objective, data, opts, top_vectors, engine) -> dict | Non
 
 def _gradient_noise(model, objective, data, opts) -> dict | None:
     try:
-        from workers.curvature import gradient_noise as gn
+        from curvplan_worker.curvature import gradient_noise as gn
     except ImportError:
         return None
     if len(data) < 3:
@@ -350,7 +350,7 @@ def _gradient_noise(model, objective, data, opts) -> dict | None:
 
 def _bounds(model, spec, data, opts, block_records) -> dict | None:
     try:
-        from workers.curvature.bounds import block_bounds_for_model, tightness
+        from curvplan_worker.curvature.bounds import block_bounds_for_model, tightness
     except ImportError:
         return None
     bounds = block_bounds_for_model(model, spec, data.inputs, data.targets, opts.bound_options)

@@ -8,13 +8,13 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import func, select
 
-from app.auth.dependencies import ProjectDep
-from app.db import SessionDep
-from app.jobs.models import Job
-from app.jobs.schemas import WorkerList
-from app.jobs.service import query_field_error
-from app.problems import PROBLEM_RESPONSES
-from app.workers_api.models import WORKER_STATUSES, Worker
+from curvplan.types.jobs import WorkerList
+from curvplan_server.auth.dependencies import ProjectDep
+from curvplan_server.db import SessionDep
+from curvplan_server.jobs.models import Job
+from curvplan_server.jobs.service import query_field_error
+from curvplan_server.problems import PROBLEM_RESPONSES
+from curvplan_server.workers.models import WORKER_STATUSES, Worker
 
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
 

@@ -16,14 +16,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from app.artifacts.blobstore import default_store
-from app.config import get_settings
-from app.jobs.schemas import AnalyzeJobCreate
-from app.planner import Measurements, Targets, make_plan
-from workers.analysis.artifacts import child_engine, job_project, resolve, store_output
-from workers.analysis.measurements import planner_fields, split_bulky
-from workers.errors import JobCancelled, JobError
-from workers.kinds import JobContext
+from curvplan.types.jobs import AnalyzeJobCreate
+from curvplan_server.artifacts.blobstore import default_store
+from curvplan_server.config import get_settings
+from curvplan_server.planner import Measurements, Targets, make_plan
+from curvplan_worker.analyze.artifacts import child_engine, job_project, resolve, store_output
+from curvplan_worker.analyze.measurements import planner_fields, split_bulky
+from curvplan_worker.errors import JobCancelled, JobError
+from curvplan_worker.kinds import JobContext
 
 log = logging.getLogger("curvplan.worker.analyze")
 
@@ -186,16 +186,16 @@ def _run_engine(
     options: dict[str, Any],
     ctx: JobContext,
 ) -> dict[str, Any]:
-    """``workers.curvature.api.analyze`` with the engine's errors turned into job errors."""
+    """The engine's ``analyze`` with its errors turned into job errors."""
     import torch
 
-    from workers.curvature import api
-    from workers.curvature.checkpoint import CheckpointError, CheckpointMismatch
-    from workers.curvature.data import DataError
-    from workers.curvature.spec import SpecError
+    from curvplan.types.spec import SpecError
+    from curvplan_worker.curvature import analyze as curvature_analysis
+    from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
+    from curvplan_worker.curvature.data import DataError
 
     try:
-        return api.analyze(
+        return curvature_analysis.analyze(
             spec,
             checkpoint_path,
             data_path,
@@ -203,7 +203,7 @@ def _run_engine(
             progress=_engine_progress(ctx),
             should_cancel=_should_cancel(ctx),
         )
-    except api.Cancelled:
+    except curvature_analysis.Cancelled:
         raise JobCancelled() from None
     except CheckpointMismatch as exc:
         raise JobError(
@@ -219,7 +219,7 @@ def _run_engine(
         ) from None
     except SpecError as exc:
         raise JobError("invalid-model-spec", "The model spec is invalid", str(exc)) from None
-    except api.OptionsError as exc:
+    except curvature_analysis.OptionsError as exc:
         raise JobError("invalid-options", "The analysis options are invalid", str(exc)) from None
     except torch.cuda.OutOfMemoryError as exc:
         raise JobError(
@@ -260,14 +260,18 @@ def _intermediate_noise(
         return []
     import torch
 
-    from workers.curvature.api import _clean
-    from workers.curvature.checkpoint import CheckpointError, CheckpointMismatch, load_checkpoint
-    from workers.curvature.data import load_dataset
-    from workers.curvature.device import resolve_device, resolve_dtype
-    from workers.curvature.gradient_noise import gradient_noise_from_sample
-    from workers.curvature.model import build_model
-    from workers.curvature.objective import objective_for
-    from workers.curvature.spec import parse_spec
+    from curvplan.types.spec import parse_spec
+    from curvplan_worker.curvature.analyze import _clean
+    from curvplan_worker.curvature.checkpoint import (
+        CheckpointError,
+        CheckpointMismatch,
+        load_checkpoint,
+    )
+    from curvplan_worker.curvature.data import load_dataset
+    from curvplan_worker.curvature.device import resolve_device, resolve_dtype
+    from curvplan_worker.curvature.gradient_noise import gradient_noise_from_sample
+    from curvplan_worker.curvature.model import build_model
+    from curvplan_worker.curvature.objective import objective_for
 
     parsed = parse_spec(spec)
     device = resolve_device(options.get("device", "auto"))

@@ -1,6 +1,6 @@
 """Options of a curvature analysis (``analyze``), torch-free.
 
-One definition for the engine (``workers/curvature/api.py``) and the API, which validates an
+One definition for the engine (``workers/curvature/analyze.py``) and the API, which validates an
 ``analyze`` job's options before queueing it and must never import torch (like ``spec.py``).
 """
 

@@ -1,9 +1,10 @@
-"""Request and response models of the job resource (design.md §4).
+"""Request and response models of the job resource, and the registry of job kinds.
 
-The create body is a discriminated union on ``kind``. Only ``plan`` exists now;
-to add a kind, define ``XJobCreate`` with ``kind: Literal["x"]`` and append it to
-:data:`JOB_CREATE_TYPES` (the union, the OpenAPI schema and the queue mapping in
-``app.jobs.models.QUEUE_OF_KIND`` follow).
+The create body is a discriminated union on ``kind``. To add a kind: define
+``XJobCreate`` with ``kind: Literal["x"]`` and ``queue: ClassVar[str]``, append it to
+:data:`JOB_CREATE_TYPES` (the union, the OpenAPI schema, :data:`QUEUE_OF_KIND` and the
+API's validation follow), and write its handler as the module
+``curvplan_worker.kinds.x`` exposing ``run`` (the worker derives it from the name).
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ import uuid
 from datetime import datetime
 from functools import reduce
 from operator import or_
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, field_validator
 
-from app.planner.schemas import Measurements, PlanInputError, Targets, check_workload
-from workers.curvature.options import AnalysisOptions  # pydantic only, like the spec
-from workers.curvature.spec import ModelSpec  # pydantic only: the API never imports torch
+from curvplan.types.options import AnalysisOptions  # pydantic only, like the spec
+from curvplan.types.planner import Measurements, PlanInputError, Targets, check_workload
+from curvplan.types.spec import ModelSpec  # pydantic only: the API never imports torch
 
 TagKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
 TagValue = Annotated[str, Field(max_length=256)]
@@ -46,6 +47,7 @@ class PlanJobCreate(_JobCreateBase):
     ``analyze`` job of the project, whose measurements the API copies into the job.
     """
 
+    queue: ClassVar[str] = "cpu"
     kind: Literal["plan"]
     from_job: uuid.UUID | None = Field(
         default=None, description="A succeeded analyze job whose measurements to re-plan."
@@ -80,6 +82,7 @@ class PlanJobCreate(_JobCreateBase):
 class AnalyzeJobCreate(_JobCreateBase):
     """Measure a checkpoint's curvature on a data sample, then plan (GPU queue; issue 5)."""
 
+    queue: ClassVar[str] = "gpu"
     kind: Literal["analyze"]
     model: ModelSpec = Field(description="The model spec, as the curvature engine reads it.")
     checkpoint: uuid.UUID = Field(description="Artifact id of the checkpoint at w*.")
@@ -94,6 +97,21 @@ class AnalyzeJobCreate(_JobCreateBase):
 
 
 JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = (PlanJobCreate, AnalyzeJobCreate)
+
+
+def kind_name(create_type: type[_JobCreateBase]) -> str:
+    """The ``kind`` literal a create model accepts."""
+    (name,) = get_args(create_type.model_fields["kind"].annotation)
+    return str(name)
+
+
+#: kind → queue: the registry the API (validation, queueing) and the worker derive from.
+QUEUE_OF_KIND: dict[str, str] = {kind_name(t): t.queue for t in JOB_CREATE_TYPES}
+JOB_KINDS: tuple[str, ...] = tuple(QUEUE_OF_KIND)
+QUEUES: tuple[str, ...] = tuple(sorted(set(QUEUE_OF_KIND.values())))
+JOB_STATUSES = ("queued", "running", "cancelling", "succeeded", "failed", "cancelled")
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+ACTIVE_STATUSES = frozenset({"queued", "running", "cancelling"})
 
 
 def _union(types: tuple[type[_JobCreateBase], ...]) -> Any:

@@ -1,0 +1,16 @@
+"""The curvplan contract: every model that crosses a boundary, torch-free.
+
+The API (``curvplan_server``), the workers and the curvature engine
+(``curvplan_worker``), the planner and the client (``curvplan.client``) all import
+these models and nothing of each other's internals:
+
+- :mod:`curvplan.types.spec` — the reference Transformer's model spec;
+- :mod:`curvplan.types.options` — analysis options;
+- :mod:`curvplan.types.planner` — measurements, targets and the recommendation;
+- :mod:`curvplan.types.jobs` — job requests and responses, and the registry of job kinds;
+- :mod:`curvplan.types.artifacts` — artifact metadata;
+- :mod:`curvplan.types.recommendations` — the latest-recommendation listing;
+- :mod:`curvplan.types.problems` — RFC 9457 problem documents.
+
+Only pydantic (and the standard library) is imported here.
+"""
