@@ -64,6 +64,12 @@ class Settings(BaseSettings):
         description="Directories file:// artifacts must lie under (JSON list, e.g. "
         '["/mnt/models"]); empty: any absolute path the workers can read (single-tenant).',
     )
+    max_model_parameters: int | None = Field(
+        default=2_000_000_000,
+        gt=0,
+        description="Largest Hugging Face model (parameters, computed from its config.json) "
+        "an analyze job may name; checked before the job is queued.",
+    )
     db_pool_size: int = Field(default=10, gt=0)
     db_max_overflow: int = Field(default=10, ge=0)
 

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, PlainSerializer, PlainValidator, TypeAdapter
 
 MAX_CHECKPOINT_SHARDS = 256
 """More shards than this is not a checkpoint anyone uploads one by one."""
@@ -87,8 +87,31 @@ ShardList = Annotated[
     Field(min_length=1, max_length=MAX_CHECKPOINT_SHARDS),
     AfterValidator(_distinct),
 ]
-CheckpointRef = uuid.UUID | ShardList
-"""One checkpoint artifact id, or the ids of its shards."""
+_SHARDS: TypeAdapter[list[uuid.UUID]] = TypeAdapter(ShardList)
+_ONE: TypeAdapter[uuid.UUID] = TypeAdapter(uuid.UUID)
+
+
+def _checkpoint_ref(value: object) -> uuid.UUID | list[uuid.UUID]:
+    # One form or the other by the JSON type, so an error names the field, not a union member.
+    if isinstance(value, list | tuple):
+        return _SHARDS.validate_python(list(value))
+    return _ONE.validate_python(value)
+
+
+def _dump_ref(value: uuid.UUID | list[uuid.UUID]) -> str | list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else str(value)
+
+
+CheckpointRef = Annotated[
+    uuid.UUID | list[uuid.UUID],
+    PlainValidator(
+        _checkpoint_ref,
+        json_schema_input_type=uuid.UUID
+        | Annotated[list[uuid.UUID], Field(min_length=1, max_length=MAX_CHECKPOINT_SHARDS)],
+    ),
+    PlainSerializer(_dump_ref, return_type=str | list[str]),
+]
+"""One checkpoint artifact id, or the ids of its shards (distinct, at least one)."""
 
 
 def checkpoint_ids(ref: uuid.UUID | str | list[uuid.UUID] | list[str]) -> list[uuid.UUID]:
