@@ -6,6 +6,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ from curvplan.client.errors import (
     WaitTimeoutError,
 )
 
+CheckpointArg = str | uuid.UUID | m.Artifact | Sequence[str | uuid.UUID | m.Artifact]
 ProgressCallback = Callable[[m.JobOut], None]
 
 
@@ -146,33 +148,48 @@ class Client:
 
     def submit_analyze(
         self,
-        model: Mapping[str, Any],
-        checkpoint: str | m.Artifact,
-        dataset: str | m.Artifact,
+        model: Mapping[str, Any] | str | os.PathLike[str],
+        checkpoint: CheckpointArg | None = None,
+        dataset: str | uuid.UUID | m.Artifact | os.PathLike[str] | None = None,
         *,
         name: str | None = None,
         tags: Mapping[str, str] | None = None,
         options: Mapping[str, Any] | None = None,
         targets: Mapping[str, Any] | m.Targets | None = None,
-        intermediate_checkpoints: Sequence[str | uuid.UUID | m.Artifact] = (),
+        intermediate_checkpoints: Sequence[CheckpointArg | str | os.PathLike[str]] = (),
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
+        on_upload: Callable[[Path], None] | None = None,
     ) -> m.JobOut:
-        """Queue an ``analyze`` job: model spec + checkpoint and dataset artifacts (ids).
+        """Queue an ``analyze`` job: a model, its checkpoint at w* and an evaluation sample.
 
-        ``intermediate_checkpoints`` (artifacts before convergence) give the gradient-noise
-        scale, which is undefined at a converged w* (design.md §2 item 4).
+        ``model`` is a reference model spec (with ``checkpoint``), or the path of a
+        ``save_pretrained`` directory: its ``config.json`` is sent inline and every
+        safetensors shard its ``model.safetensors.index.json`` names is uploaded (leave
+        ``checkpoint`` out). ``checkpoint``, ``dataset`` and each of
+        ``intermediate_checkpoints`` may be artifacts, their ids, or local files (uploaded
+        first; ``on_upload(path)`` is called before each); a checkpoint may also be a list
+        of shards, an intermediate checkpoint a ``save_pretrained`` directory.
+        ``intermediate_checkpoints`` (before convergence) give the gradient-noise scale,
+        which is undefined at a converged w* (design.md §2 item 4).
         """
+        sources = c.analyze_sources(model, checkpoint, dataset, intermediate_checkpoints)
+        uploaded: dict[Path, str] = {}
+        for path, kind in sources.uploads():
+            if on_upload is not None:
+                on_upload(path)
+            uploaded[path] = (self.upload_artifact(path, kind)).id
+        ckpt, data, intermediates = sources.resolved(uploaded)
         body = c.analyze_body(
-            model,
-            checkpoint,
-            dataset,
+            sources.model,
+            ckpt,
+            data,
             name,
             tags,
             options,
             targets,
             max_attempts,
-            intermediate_checkpoints,
+            intermediates,
         )
         return self.submit_job(body, idempotency_key=idempotency_key)
 
