@@ -18,9 +18,21 @@ def _fail(message: str) -> typer.Exit:
 
 
 def curvature(
-    spec: Path = typer.Option(..., "--spec", help="model spec JSON"),
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="safetensors checkpoint (w*)"),
-    data: Path = typer.Option(..., "--data", help="safetensors sample with inputs, targets"),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="model spec JSON"),  # noqa: UP045
+    checkpoint: Optional[Path] = typer.Option(  # noqa: UP045
+        None, "--checkpoint", help="safetensors checkpoint (w*) of --spec"
+    ),
+    model_dir: Optional[Path] = typer.Option(  # noqa: UP045
+        None,
+        "--model",
+        help="Hugging Face save_pretrained directory (config.json + safetensors shards)",
+    ),
+    data: Path = typer.Option(
+        ...,
+        "--data",
+        help="safetensors sample: inputs, targets (--spec) or input_ids[, attention_mask]"
+        "[, labels] (--model)",
+    ),
     out: Path = typer.Option(..., "--out", help="where to write the result JSON"),
     options: Optional[Path] = typer.Option(  # noqa: UP045 (typer needs Optional)
         None, "--options", help="JSON file of AnalysisOptions (flags below override it)"
@@ -50,6 +62,10 @@ def curvature(
     quiet: bool = typer.Option(False, "--quiet", help="no progress lines"),
 ) -> None:
     """Blockwise Hessian spectra, traces, bounds and per-sample statistics of a checkpoint."""
+    if (spec is None) == (model_dir is None):
+        raise _fail("give either --spec with --checkpoint, or --model DIR")
+    if spec is not None and checkpoint is None:
+        raise _fail("--spec needs --checkpoint")
     opts: dict = {}
     if options is not None:
         try:
@@ -82,15 +98,27 @@ def curvature(
     from curvplan_worker.curvature.analyze import Cancelled, OptionsError, analyze
     from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
     from curvplan_worker.curvature.data import DataError
+    from curvplan_worker.curvature.hf import HFModelError
+    from curvplan_worker.curvature.sources import read_model_dir
 
-    def progress(fraction: float, stage: str, message: str) -> None:
+    def progress(event) -> None:
         if not quiet:
-            typer.echo(f"[{fraction * 100:5.1f}%] {stage}: {message}", err=True)
+            typer.echo(f"[{event.fraction * 100:5.1f}%] {event.stage}: {event.message}", err=True)
 
     try:
-        model_spec = load_spec(spec)
-        result = analyze(model_spec, str(checkpoint), str(data), opts, progress=progress)
-    except (SpecError, OptionsError, CheckpointMismatch, CheckpointError, DataError) as exc:
+        if model_dir is not None:
+            source, shards = read_model_dir(model_dir)
+        else:
+            source, shards = load_spec(spec), [str(checkpoint)]
+        result = analyze(source, shards, str(data), opts, progress=progress)
+    except (
+        SpecError,
+        HFModelError,
+        OptionsError,
+        CheckpointMismatch,
+        CheckpointError,
+        DataError,
+    ) as exc:
         raise _fail(str(exc)) from None
     except Cancelled as exc:
         raise _fail(str(exc)) from None
@@ -103,6 +131,9 @@ def curvature(
 
 
 def _print_summary(result: dict) -> None:
+    limited = (result.get("precision_limited") or {}).get("reason")
+    if limited:
+        typer.echo(f"precision limited: {limited}")
     typer.echo(
         f"loss {result['loss']:.6g}  |grad| {result['gradient_norm']:.3e}  "
         f"{result['n_parameters']} parameters, {result['n_examples']} examples, "
@@ -125,8 +156,30 @@ def example(
     out: Path = typer.Option(..., "--out", help="directory to write the example into"),
     steps: int = typer.Option(300, help="Adam steps"),
     seed: int = typer.Option(0, help="seed of the language, the model and the data"),
+    arch: str = typer.Option(
+        "reference",
+        "--arch",
+        help="reference (spec.json + checkpoint) | gpt2 | llama (a save_pretrained directory)",
+    ),
 ) -> None:
-    """Write spec.json, checkpoint.safetensors (briefly trained) and data.safetensors."""
+    """Train a tiny model offline on a Markov-chain language and write it with its data."""
+    if arch in ("gpt2", "llama"):
+        from curvplan_worker.curvature.hf_example import write_hf_example
+
+        summary = write_hf_example(out, arch, steps=steps, seed=seed)
+        typer.echo(
+            f"trained a {arch} of {summary['n_parameters']} parameters for {summary['steps']} "
+            f"steps: eval loss {summary['eval_loss']:.4f} (entropy rate "
+            f"{summary['entropy_rate']:.4f}, uniform {summary['uniform_loss']:.4f})"
+        )
+        typer.echo(
+            f"wrote {out}/config.json, model.safetensors (save_pretrained), data.safetensors "
+            f"(input_ids, attention_mask); try: curvplan curvature --model {out} "
+            f"--data {out}/data.safetensors --out {out}/result.json"
+        )
+        return
+    if arch != "reference":
+        raise _fail(f"--arch: expected reference, gpt2 or llama, got {arch!r}")
     from curvplan_worker.curvature.example import write_example
 
     summary = write_example(out, steps=steps, seed=seed)

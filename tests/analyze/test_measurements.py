@@ -103,4 +103,10 @@ def test_planner_fields_validate_and_take_noise_from_the_last_intermediate() -> 
     ],
 )
 def test_engine_stages_get_the_job_stage_names(stage: str, message: str, expected: str) -> None:
-    assert job_stage(stage, message) == expected
+    from curvplan_worker.curvature.analyze import ProgressEvent
+
+    index = total = None
+    if stage == "blocks":  # structured: the block counter is a field, never parsed from text
+        index, total = 3, 10
+    event = ProgressEvent(0.5, stage, message, index=index, total=total)
+    assert job_stage(event) == expected

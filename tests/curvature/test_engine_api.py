@@ -60,7 +60,7 @@ def result() -> dict:
             "n_directions": 2,
             "threads": 1,
         },
-        progress=lambda f, s, m: stages.append((f, s)),
+        progress=lambda e: stages.append((e.fraction, e.stage)),
         model=_trained_like_model(),
         data=_data(),
     )

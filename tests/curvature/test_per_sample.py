@@ -389,7 +389,7 @@ def test_tied_embeddings_are_perturbed_once_and_together() -> None:
 
 
 def test_per_sample_section_and_planner_fields() -> None:
-    from curvplan_worker.curvature.gradient_noise import planner_measurements
+    from curvplan_worker.analyze.planner_inputs import planner_measurements
 
     model, objective, x, y = lm_model_and_data(6)
     eig = torch.linalg.qr(torch.randn(sum(p.numel() for p in model.parameters()), 2))[0].T

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from curvplan_worker.curvature.gradient_noise import planner_gradient_noise, planner_measurements
+from curvplan_worker.analyze.planner_inputs import planner_gradient_noise, planner_measurements
 
 BULKY_MIN_ELEMENTS = 64
 """A numeric list with more elements than this is stored as an array, not inline."""

@@ -3,15 +3,19 @@
 Progress stages, in order: ``loading``, ``block spectra i/n``, ``off-diagonal``, ``dense
 hessian``, ``per-sample losses`` (the engine measures per-sample losses, perturbed losses and
 per-sample Hessian norms in one stage), ``gradient noise``, ``bounds``, ``gradient noise
-(intermediate i/n)``, ``storing outputs``, ``planning``. Cancellation is checked at every
-progress report, which the engine makes before each block.
+(intermediate i/n)``, ``storing outputs``, ``planning``. The engine reports structured events
+(``ProgressEvent``: stage, fraction, block index and count); cancellation is checked at every
+one, which the engine makes before each block.
+
+The model is a reference spec or a Hugging Face source (``{"source": "huggingface", "config":
+…}``); a checkpoint is one artifact id or the ids of its shards
+(``docs/engine-model-sources.md``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -42,15 +46,15 @@ _STAGE_NAMES = {
     "bounds": "bounds",
     "done": "bounds",
 }
-_BLOCK_COUNTER = re.compile(r"\((\d+)/(\d+)\)\s*$")
 
 
-def job_stage(engine_stage: str, message: str) -> str:
-    """The job's stage name for an engine progress report (``blocks`` → ``block spectra i/n``)."""
-    if engine_stage == "blocks":
-        match = _BLOCK_COUNTER.search(message)
-        return f"block spectra {match.group(1)}/{match.group(2)}" if match else "block spectra"
-    return _STAGE_NAMES.get(engine_stage, engine_stage)
+def job_stage(event: Any) -> str:
+    """The job's stage name for an engine progress event (``blocks`` → ``block spectra i/n``)."""
+    if event.stage == "blocks":
+        if event.index is not None and event.total is not None:
+            return f"block spectra {event.index}/{event.total}"
+        return "block spectra"
+    return _STAGE_NAMES.get(event.stage, event.stage)
 
 
 def _should_cancel(ctx: JobContext) -> Callable[[], bool]:
@@ -64,13 +68,31 @@ def _should_cancel(ctx: JobContext) -> Callable[[], bool]:
     return check
 
 
-def _engine_progress(ctx: JobContext) -> Callable[[float, str, str], None]:
+def _engine_progress(ctx: JobContext) -> Callable[[Any], None]:
     low, high = ENGINE_SHARE
 
-    def report(fraction: float, stage: str, message: str) -> None:
-        ctx.report_progress(low + (high - low) * fraction, job_stage(stage, message), message)
+    def report(event: Any) -> None:
+        fraction = low + (high - low) * event.fraction
+        ctx.report_progress(fraction, job_stage(event), event.message)
 
     return report
+
+
+def _ids(value: Any) -> list[str]:
+    """A checkpoint reference: one artifact id or the list of its shards' ids."""
+    if isinstance(value, list | tuple):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def _resolve_checkpoint(engine, store, project_id, value: Any, field: str) -> list[Any]:
+    ids = _ids(value)
+    if len(ids) == 1:
+        return [resolve(engine, store, project_id, ids[0], "checkpoint", field)]
+    return [
+        resolve(engine, store, project_id, a, "checkpoint", f"{field}.{i}")
+        for i, a in enumerate(ids)
+    ]
 
 
 def _validated(request: dict[str, Any]) -> AnalyzeJobCreate:
@@ -90,18 +112,16 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     store = default_store(ctx.data_dir)
     try:
         project_id = job_project(engine, ctx.job_id)
-        checkpoint = resolve(
-            engine, store, project_id, str(body.checkpoint), "checkpoint", "checkpoint"
+        checkpoint = _resolve_checkpoint(
+            engine, store, project_id, request["checkpoint"], "checkpoint"
         )
         dataset = resolve(engine, store, project_id, str(body.dataset), "dataset", "dataset")
         intermediates = [
-            resolve(
-                engine, store, project_id, str(a), "checkpoint", f"intermediate_checkpoints.{i}"
-            )
-            for i, a in enumerate(body.intermediate_checkpoints)
+            _resolve_checkpoint(engine, store, project_id, a, f"intermediate_checkpoints.{i}")
+            for i, a in enumerate(request.get("intermediate_checkpoints") or [])
         ]
         result = _run_engine(
-            request["model"], str(checkpoint.path), str(dataset.path), options, ctx
+            request["model"], [str(c.path) for c in checkpoint], str(dataset.path), options, ctx
         )
         noise = _intermediate_noise(
             request["model"], intermediates, str(dataset.path), options, ctx
@@ -181,7 +201,7 @@ def _inline_planner_inputs(
 
 def _run_engine(
     spec: dict[str, Any],
-    checkpoint_path: str,
+    checkpoint_path: str | list[str],
     data_path: str,
     options: dict[str, Any],
     ctx: JobContext,
@@ -193,6 +213,7 @@ def _run_engine(
     from curvplan_worker.curvature import analyze as curvature_analysis
     from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
     from curvplan_worker.curvature.data import DataError
+    from curvplan_worker.curvature.hf import HFModelError
 
     try:
         return curvature_analysis.analyze(
@@ -217,7 +238,7 @@ def _run_engine(
         raise JobError(
             "dataset-mismatch", "The dataset does not match the model's task", str(exc)
         ) from None
-    except SpecError as exc:
+    except (SpecError, HFModelError) as exc:
         raise JobError("invalid-model-spec", "The model spec is invalid", str(exc)) from None
     except curvature_analysis.OptionsError as exc:
         raise JobError("invalid-options", "The analysis options are invalid", str(exc)) from None
@@ -260,45 +281,40 @@ def _intermediate_noise(
         return []
     import torch
 
-    from curvplan.types.spec import parse_spec
     from curvplan_worker.curvature.analyze import _clean
-    from curvplan_worker.curvature.checkpoint import (
-        CheckpointError,
-        CheckpointMismatch,
-        load_checkpoint,
-    )
-    from curvplan_worker.curvature.data import load_dataset
+    from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
     from curvplan_worker.curvature.device import resolve_device, resolve_dtype
     from curvplan_worker.curvature.gradient_noise import gradient_noise_from_sample
-    from curvplan_worker.curvature.model import build_model
-    from curvplan_worker.curvature.objective import objective_for
+    from curvplan_worker.curvature.sources import load_source
 
-    parsed = parse_spec(spec)
     device = resolve_device(options.get("device", "auto"))
     dtype = resolve_dtype(options.get("precision", "float32"))
-    data = load_dataset(parsed, data_path).to(device, dtype)
-    objective = objective_for(parsed)
     out = []
     n = len(intermediates)
-    for i, artifact in enumerate(intermediates):
+    for i, shards in enumerate(intermediates):
+        field = shards[0].field.rsplit(".", 1)[0] if len(shards) > 1 else shards[0].field
+        label = ",".join(str(a.id) for a in shards)
         ctx.report_progress(
             0.85 + 0.08 * i / n,
             f"gradient noise (intermediate {i + 1}/{n})",
-            f"checkpoint {artifact.id}",
+            f"checkpoint {label}",
         )
-        model = build_model(parsed, dtype=dtype)
         try:
-            load_checkpoint(model, str(artifact.path))
+            source = load_source(spec, [str(a.path) for a in shards], data_path, dtype=dtype)
         except CheckpointMismatch as exc:
             raise JobError(
                 "checkpoint-mismatch",
                 "An intermediate checkpoint does not match the model spec",
-                _mismatch_detail(exc, artifact.field),
+                _mismatch_detail(exc, field),
             ) from None
         except CheckpointError as exc:
             raise JobError(
-                "invalid-checkpoint", "A checkpoint cannot be read", f"{artifact.field}: {exc}"
+                "invalid-checkpoint", "A checkpoint cannot be read", f"{field}: {exc}"
             ) from None
+        model = source.module
+        data = source.data.to(device, dtype)
+        objective = source.objective
+        micro_batch = source.micro_batch(options.get("eval_batch_size"))
         model = model.to(device=device, dtype=dtype)
         if len(data) < 3:
             raise JobError(
@@ -314,11 +330,12 @@ def _intermediate_noise(
             n_grad=options.get("noise_grad_examples"),
             n_hessian=options.get("noise_hessian_examples"),
             seed=int(options.get("seed", 0)),
+            batch_size=micro_batch or 32,
         )
         stats = _clean(stats)
         stats.pop("grad_indices", None)
         stats.pop("hessian_indices", None)
-        stats["checkpoint"] = artifact.id
+        stats["checkpoint"] = shards[0].id if len(shards) == 1 else [a.id for a in shards]
         out.append(stats)
         del model
         if device.type == "cuda":

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,8 +20,7 @@ import torch
 from curvplan.types.options import AnalysisOptions, OptionsError, parse_options
 from curvplan.types.spec import ModelSpec, parse_spec
 from curvplan_worker.curvature.blocks import custom_blocks, default_blocks, select_blocks
-from curvplan_worker.curvature.checkpoint import load_checkpoint
-from curvplan_worker.curvature.data import Dataset, load_dataset, validate_dataset
+from curvplan_worker.curvature.data import Dataset
 from curvplan_worker.curvature.dense import DEFAULT_DENSE_LIMIT, dense_summary
 from curvplan_worker.curvature.device import (
     configure_cuda_for_curvature,
@@ -28,13 +28,32 @@ from curvplan_worker.curvature.device import (
     resolve_dtype,
 )
 from curvplan_worker.curvature.ggn import functional_product, ggn_product
-from curvplan_worker.curvature.hvp import CurvatureEngine, self_test
-from curvplan_worker.curvature.model import build_model
-from curvplan_worker.curvature.objective import objective_for
+from curvplan_worker.curvature.hvp import self_test
+from curvplan_worker.curvature.operator import CurvatureEngine, block_slices
+from curvplan_worker.curvature.sources import is_hf_source, load_source
 from curvplan_worker.curvature.spectra import block_spectrum, lanczos_spectrum, off_diagonal_norm
 from curvplan_worker.curvature.trace import hutchpp_trace
 
-Progress = Callable[[float, str, str], None]
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """One structured progress report of :func:`analyze`.
+
+    ``stage`` is one of ``load``, ``self_test``, ``gradient``, ``blocks``, ``off_diagonal``,
+    ``dense``, ``top_eigenspace``, ``per_sample``, ``gradient_noise``, ``bounds``, ``done``;
+    ``fraction`` ∈ [0, 1]; for ``blocks`` (and ``off_diagonal``) ``index`` (1-based),
+    ``total`` and ``block`` say which block is being measured.
+    """
+
+    fraction: float
+    stage: str
+    message: str = ""
+    index: int | None = None
+    total: int | None = None
+    block: str | None = None
+
+
+Progress = Callable[[ProgressEvent], None]
 ShouldCancel = Callable[[], bool]
 
 
@@ -62,8 +81,15 @@ def _versions() -> dict[str, Any]:
         curvplan = version("curvplan")
     except Exception:
         curvplan = None
+    try:
+        import transformers
+
+        hf_version = transformers.__version__
+    except ImportError:
+        hf_version = None
     return {
         "torch": torch.__version__,
+        "transformers": hf_version,
         "cuda": torch.version.cuda,
         "curvplan": curvplan,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
@@ -75,16 +101,16 @@ class _Reporter:
         self.progress = progress
         self.should_cancel = should_cancel
 
-    def __call__(self, fraction: float, stage: str, message: str = "") -> None:
+    def __call__(self, fraction: float, stage: str, message: str = "", **where: Any) -> None:
         if self.should_cancel is not None and self.should_cancel():
             raise Cancelled(f"cancelled during {stage}")
         if self.progress is not None:
-            self.progress(min(max(fraction, 0.0), 1.0), stage, message)
+            self.progress(ProgressEvent(min(max(fraction, 0.0), 1.0), stage, message, **where))
 
 
 def analyze(
-    spec: ModelSpec | dict,
-    checkpoint_path: str | None,
+    spec: ModelSpec | dict | Any,
+    checkpoint_path: str | Sequence[str] | None,
     data_path: str | None,
     options: AnalysisOptions | dict | None = None,
     progress: Progress | None = None,
@@ -95,12 +121,15 @@ def analyze(
 ) -> dict:
     """Measure the curvature of the model at its checkpoint weights on an evaluation sample.
 
-    ``spec`` is the model spec, ``checkpoint_path`` a safetensors checkpoint (or pass a built
-    ``model``), ``data_path`` a safetensors sample with ``inputs``/``targets`` (or ``data``).
-    Returns the result JSON of the engine contract. Raises ``SpecError``, ``OptionsError``,
-    ``CheckpointMismatch``, ``DataError`` with messages naming the field, and :class:`Cancelled`.
+    ``spec`` is the model source: a reference model spec, or ``{"source": "huggingface",
+    "config": {…config.json…}}`` (``docs/engine-model-sources.md``). ``checkpoint_path`` is a
+    safetensors checkpoint or a list of shards (or pass a built ``model``), ``data_path`` a
+    safetensors sample (or ``data``). Returns the result JSON of the engine contract. Raises
+    ``SpecError``, ``HFModelError``, ``OptionsError``, ``CheckpointMismatch``, ``DataError``
+    with messages naming the field, and :class:`Cancelled`.
     """
-    spec = parse_spec(spec)
+    if not is_hf_source(spec):
+        spec = parse_spec(spec)
     opts = parse_options(options)
     threads = torch.get_num_threads()
     if opts.threads:
@@ -121,40 +150,37 @@ def _analyze(spec, checkpoint_path, data_path, opts, progress, should_cancel, mo
     dtype = resolve_dtype(opts.precision)
     if device.type == "cuda":
         configure_cuda_for_curvature()
-    if model is None:
-        model = build_model(spec, dtype=dtype)
-        if checkpoint_path is not None:
-            load_checkpoint(model, checkpoint_path)
-    model = model.to(device=device, dtype=dtype)
-    if data is None:
-        if data_path is None:
-            raise ValueError("data: give a data file (safetensors with inputs and targets)")
-        data = load_dataset(spec, data_path)
-    else:
-        data = validate_dataset(spec, data)
-    data = data.to(device, dtype)
-    objective = objective_for(spec)
+    source = load_source(
+        spec, checkpoint_path, data_path, dtype=dtype, seed=0, built=model, data=data
+    )
+    model = source.module.to(device=device, dtype=dtype)
+    data = source.data.to(device, dtype)
+    objective = source.objective
     if opts.self_test:
         report(0.02, "self_test", "HVP against finite differences on a tiny model")
         self_test(device)
     if opts.block_definitions:
         all_blocks = custom_blocks(model, opts.block_definitions)
     else:
-        all_blocks = default_blocks(model)
+        all_blocks = source.default_blocks or default_blocks(model)
     blocks = select_blocks(all_blocks, opts.blocks)
     gen = torch.Generator().manual_seed(opts.seed)
     n_params = sum(p.numel() for _, p in model.named_parameters())
+    micro_batch = source.micro_batch(opts.eval_batch_size)
     result: dict[str, Any] = {
         "versions": _versions(),
         "device": str(device),
         "dtype": opts.precision,
         "seed": opts.seed,
         "options": opts.model_dump(),
-        "spec": spec.model_dump(),
+        "model": source.description,
+        "precision_limited": source.precision,
         "n_parameters": n_params,
         "n_examples": len(data),
     }
-    batches = data.batches(opts.eval_batch_size)
+    if source.spec is not None:
+        result["spec"] = source.spec.model_dump()
+    batches = data.batches(micro_batch)
     with CurvatureEngine(model, objective, batches, cache_graph=opts.cache_graph) as engine:
         report(0.05, "gradient", "loss and gradient at w*")
         grad = engine.gradient()
@@ -177,13 +203,15 @@ def _analyze(spec, checkpoint_path, data_path, opts, progress, should_cancel, mo
         engine.release_graph()
     if opts.per_sample:
         report(0.8, "per_sample", "per-sample losses, perturbed losses, Hessian norms")
-        result["per_sample"] = _per_sample(model, objective, data, opts, top_vectors, engine)
+        result["per_sample"] = _per_sample(
+            model, objective, data, opts, top_vectors, engine, micro_batch
+        )
     if opts.gradient_noise:
         report(0.88, "gradient_noise", "|G|², tr Σ, GᵀHG, tr(HΣ)")
-        result["gradient_noise"] = _gradient_noise(model, objective, data, opts)
+        result["gradient_noise"] = _gradient_noise(model, objective, data, opts, micro_batch)
     if opts.bounds:
         report(0.94, "bounds", "theoretical block bounds")
-        result["bounds"] = _bounds(model, spec, data, opts, result["blocks"])
+        result["bounds"] = _bounds(model, source, data, opts, result["blocks"])
     result["elapsed_s"] = time.perf_counter() - started
     report(1.0, "done", "analysis complete")
     return _clean(result)
@@ -192,7 +220,14 @@ def _analyze(spec, checkpoint_path, data_path, opts, progress, should_cancel, mo
 def _block_records(engine, blocks, opts, gen, report) -> list[dict]:
     records = []
     for i, (name, members) in enumerate(blocks.items()):
-        report(0.05 + 0.55 * i / len(blocks), "blocks", f"block {name} ({i + 1}/{len(blocks)})")
+        report(
+            0.05 + 0.55 * i / len(blocks),
+            "blocks",
+            f"block {name} ({i + 1}/{len(blocks)})",
+            index=i + 1,
+            total=len(blocks),
+            block=name,
+        )
         n = engine.layout(members).numel
         spectrum = block_spectrum(
             engine,
@@ -204,6 +239,9 @@ def _block_records(engine, blocks, opts, gen, report) -> list[dict]:
             floor=opts.residual_floor,
         )
         record = {"name": name, "params": list(members), "n_params": n, **spectrum.as_dict()}
+        slices = block_slices(members)
+        if slices:
+            record["slices"] = slices
         if opts.trace_probes > 0:
             trace = hutchpp_trace(
                 lambda v, m=members: engine.block_hvp(m, v),
@@ -240,7 +278,14 @@ def _off_diagonal(engine, blocks, opts, gen, report) -> list[dict]:
         pairs = list(opts.off_diagonal)
     out = []
     for i, (row, col) in enumerate(pairs):
-        report(0.6 + 0.1 * i / len(pairs), "off_diagonal", f"H[{row}, {col}]")
+        report(
+            0.6 + 0.1 * i / len(pairs),
+            "off_diagonal",
+            f"H[{row}, {col}]",
+            index=i + 1,
+            total=len(pairs),
+            block=f"{row}|{col}",
+        )
         sv = off_diagonal_norm(
             engine,
             blocks[row],
@@ -277,13 +322,13 @@ def _top_eigenspace(engine, opts, gen):
     return vectors, info
 
 
-def _per_sample(model, objective, data, opts, top_vectors, engine) -> dict | None:
+def _per_sample(model, objective, data, opts, top_vectors, engine, micro_batch) -> dict | None:
     try:
         from curvplan_worker.curvature import per_sample as ps
     except ImportError:
         return None
     x, y = data.inputs, data.targets
-    bs = opts.eval_batch_size or 64
+    bs = micro_batch or 64
     out: dict[str, Any] = {"losses": ps.per_example_losses(model, objective, x, y, batch_size=bs)}
     perturbed = []
     if opts.n_directions > 0:
@@ -330,7 +375,7 @@ def _per_sample(model, objective, data, opts, top_vectors, engine) -> dict | Non
     return out
 
 
-def _gradient_noise(model, objective, data, opts) -> dict | None:
+def _gradient_noise(model, objective, data, opts, micro_batch) -> dict | None:
     try:
         from curvplan_worker.curvature import gradient_noise as gn
     except ImportError:
@@ -345,15 +390,24 @@ def _gradient_noise(model, objective, data, opts) -> dict | None:
         n_grad=opts.noise_grad_examples,
         n_hessian=opts.noise_hessian_examples,
         seed=opts.seed,
+        batch_size=micro_batch or 32,
     )
 
 
-def _bounds(model, spec, data, opts, block_records) -> dict | None:
+def _bounds(model, source, data, opts, block_records) -> dict | None:
+    """The paper's block bounds where the model is in the theory's family; elsewhere every
+    block says not applicable, with the reason."""
+    if source.bounds_reason is not None:
+        for record in block_records:
+            record["bound"] = {"applicable": False, "reason": source.bounds_reason}
+        return {"applicable": False, "reasons": [source.bounds_reason], "blocks": {}}
     try:
         from curvplan_worker.curvature.bounds import block_bounds_for_model, tightness
     except ImportError:
         return None
-    bounds = block_bounds_for_model(model, spec, data.inputs, data.targets, opts.bound_options)
+    bounds = block_bounds_for_model(
+        model, source.spec, data.inputs, data.targets, opts.bound_options
+    )
     measured = {r["name"]: r["spectral_norm"] for r in block_records}
     ratios = tightness(bounds, measured)
     for record in block_records:

@@ -67,6 +67,8 @@ def custom_blocks(
     """Blocks defined by parameter-name patterns: ``{"attn0": ["layers.0.attn.*"], ...}``.
 
     Each parameter may belong to at most one block; a pattern matching nothing is an error.
+    A pattern written as a slice (``name[:, a:b]`` or ``name[a:b]``) is taken literally: that
+    slice of the last dimension of the parameter (e.g. one of GPT-2's fused q/k/v).
     """
     names = _names(model_or_names)
     owner: dict[str, str] = {}
@@ -74,6 +76,16 @@ def custom_blocks(
     for block, pats in patterns.items():
         members: list[str] = []
         for pat in pats:
+            if _is_slice(pat):  # a literal slice member, e.g. "h.0.attn.c_attn.weight[:, 0:64]"
+                base = pat[: pat.index("[")]
+                if base not in names:
+                    raise BlockError(f"block {block!r}: {pat!r} slices no parameter")
+                if pat in owner and owner[pat] != block:
+                    raise BlockError(f"{pat!r} is in both block {owner[pat]!r} and {block!r}")
+                owner[pat] = block
+                if pat not in members:
+                    members.append(pat)
+                continue
             hits = [n for n in names if fnmatch.fnmatchcase(n, pat)]
             if not hits:
                 raise BlockError(f"block {block!r}: pattern {pat!r} matches no parameter")
@@ -85,8 +97,14 @@ def custom_blocks(
                 if hit not in members:
                     owner[hit] = block
                     members.append(hit)
-        blocks[block] = [n for n in names if n in members]
+        blocks[block] = [n for n in names if n in members] + [m for m in members if _is_slice(m)]
     return blocks
+
+
+def _is_slice(pattern: str) -> bool:
+    from curvplan_worker.curvature.operator import parse_member
+
+    return parse_member(pattern).is_slice
 
 
 def select_blocks(

@@ -11,8 +11,9 @@ from torch import nn
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-class DropoutActiveError(RuntimeError):
-    """A stochastic layer would be active while curvature is measured."""
+class DropoutActiveError(RuntimeError, ValueError):
+    """A stochastic layer would be active while curvature is measured (a ``ValueError``
+    too: it is bad input, named like the engine's other input errors)."""
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -77,17 +78,30 @@ def active_dropouts(model: nn.Module) -> list[str]:
 
 @contextlib.contextmanager
 def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Put ``model`` in eval mode, assert no stochastic layer is active, and restore every
-    submodule's own mode on exit (pitfalls §3: never silently flip the caller's mode)."""
+    """The engine's one guard around every curvature computation: eval mode, no stochastic
+    layer active, attention on the MATH backend (fused SDPA kernels have no second derivative),
+    and every submodule's own mode restored on exit (never silently flip the caller's mode)."""
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
         active = active_dropouts(model)
         if active:
             raise DropoutActiveError(
-                f"stochastic layers still active in eval mode: {', '.join(active)}"
+                f"model: stochastic layers still active in eval mode: {', '.join(active)}"
             )
-        yield model
+        with _math_sdpa():
+            yield model
     finally:
         for module, training in modes:
             module.training = training
+
+
+@contextlib.contextmanager
+def _math_sdpa() -> Iterator[None]:
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # pragma: no cover - old torch
+        yield
+        return
+    with sdpa_kernel(SDPBackend.MATH):
+        yield

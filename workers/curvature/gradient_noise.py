@@ -27,26 +27,26 @@ exactly unbiased when every example has the same count.)
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
+from curvplan_worker.curvature.objective import Objective
+from curvplan_worker.curvature.operator import CurvatureEngine
 from curvplan_worker.curvature.per_sample import (
-    ExampleLossObjective,
-    _call_objective,
     _check_batch_size,
     _check_sample,
     _chunks,
-    _flatten,
     _model_device_dtype,
     _numel,
     _to_device,
-    curvature_mode,
     select_parameters,
 )
+
+ExampleLossObjective = Objective
 
 __all__ = [
     "DEFAULT_MAX_GRAD_EXAMPLES",
@@ -60,8 +60,6 @@ __all__ = [
     "hessian_quadratic_forms",
     "noise_estimates_from_gram",
     "per_example_gradients",
-    "planner_gradient_noise",
-    "planner_measurements",
     "two_batch_series",
 ]
 
@@ -112,21 +110,14 @@ def per_example_gradients(
     grads = torch.empty(n, dim, dtype=torch.float64)
     counts = torch.empty(n, dtype=torch.float64)
     used = method
-    with curvature_mode(model):
+    names = list(base)
+    with CurvatureEngine(model, objective, param_names=names) as engine:
         for sl in _chunks(n, chunk_size):
             x = _to_device(inputs[sl], device)
             y = _to_device(targets[sl], device)
-            if used in ("vmap", "auto"):
-                try:
-                    g, c = _vmap_gradients(model, objective, base, x, y)
-                    used = "vmap"
-                except (RuntimeError, NotImplementedError):
-                    if method == "vmap":
-                        raise
-                    used = "loop"
-                    g, c = _loop_gradients(model, objective, base, x, y)
-            else:
-                g, c = _loop_gradients(model, objective, base, x, y)
+            g, c, used = engine.per_example_gradients(
+                x, y, names, method="loop" if used == "loop" else method
+            )
             grads[sl] = g
             counts[sl] = c
     if bool((counts <= 0).any()):
@@ -139,51 +130,6 @@ def per_example_gradients(
         mean_count=mean_count,
         param_names=list(base),
         method=used,
-    )
-
-
-def _vmap_gradients(
-    model: nn.Module,
-    objective: ExampleLossObjective,
-    base: Mapping[str, Tensor],
-    x: Tensor,
-    y: Tensor,
-) -> tuple[Tensor, Tensor]:
-    def example_sum(params: dict[str, Tensor], xi: Tensor, yi: Tensor) -> tuple[Tensor, Tensor]:
-        sums, counts = _call_objective(model, objective, params, xi.unsqueeze(0), yi.unsqueeze(0))
-        return sums.sum(), counts.sum()
-
-    per_example = torch.func.vmap(torch.func.grad(example_sum, has_aux=True), in_dims=(None, 0, 0))
-    grads, counts = per_example(dict(base), x, y)
-    flat = torch.cat([grads[name].reshape(x.shape[0], -1) for name in base], dim=1)
-    return flat.detach().to("cpu", torch.float64), counts.detach().to("cpu", torch.float64)
-
-
-def _loop_gradients(
-    model: nn.Module,
-    objective: ExampleLossObjective,
-    base: Mapping[str, Tensor],
-    x: Tensor,
-    y: Tensor,
-) -> tuple[Tensor, Tensor]:
-    rows: list[Tensor] = []
-    counts: list[Tensor] = []
-    for i in range(x.shape[0]):
-        leaves = {name: p.detach().clone().requires_grad_(True) for name, p in base.items()}
-        sums, c = _call_objective(model, objective, leaves, x[i : i + 1], y[i : i + 1])
-        g = torch.autograd.grad(sums.sum(), list(leaves.values()), allow_unused=True)
-        rows.append(
-            _flatten(
-                [
-                    gi if gi is not None else torch.zeros_like(p)
-                    for gi, p in zip(g, leaves.values(), strict=True)
-                ]
-            )
-        )
-        counts.append(c.sum().detach())
-    return (
-        torch.stack(rows).detach().to("cpu", torch.float64),
-        torch.stack(counts).to("cpu", torch.float64),
     )
 
 
@@ -239,39 +185,26 @@ def hessian_quadratic_forms(
     v64 = vectors.to(torch.float64).cpu()
     v_model = vectors.to(device, dtype)
     k = vectors.shape[0]
+    names = list(base)
     groups = [g for g in torch.tensor_split(torch.arange(n), min(n_groups, n)) if g.numel() > 0]
     forms = torch.zeros(len(groups), k, k, dtype=torch.float64)
     counts = torch.zeros(len(groups), dtype=torch.float64)
     n_products = 0
-    with curvature_mode(model):
-        for b, group in enumerate(groups):
-            for sl in _chunks(group.numel(), batch_size):
-                idx = group[sl]
-                x = _to_device(inputs[idx], device)
-                y = _to_device(targets[idx], device)
-                leaves = {name: p.detach().clone().requires_grad_(True) for name, p in base.items()}
-                tensors = list(leaves.values())
-                sums, c = _call_objective(model, objective, leaves, x, y)
-                grads = torch.autograd.grad(sums.sum(), tensors, create_graph=True)
-                flat_grad = _flatten(grads)
-                hv = torch.empty(k, dim, dtype=torch.float64)
-                for j in range(k):
-                    parts = torch.autograd.grad(
-                        torch.dot(flat_grad, v_model[j]),
-                        tensors,
-                        retain_graph=True,
-                        allow_unused=True,
-                    )
-                    hv[j] = _flatten(
-                        [
-                            h if h is not None else torch.zeros_like(t)
-                            for h, t in zip(parts, tensors, strict=True)
-                        ]
-                    ).to("cpu", torch.float64)
-                    n_products += 1
-                forms[b] += v64 @ hv.T
-                counts[b] += float(c.detach().to(torch.float64).sum())
-                del flat_grad, grads, sums
+    for b, group in enumerate(groups):
+        for sl in _chunks(group.numel(), batch_size):
+            idx = group[sl]
+            x = _to_device(inputs[idx], device)
+            y = _to_device(targets[idx], device)
+            # the operator on this micro-batch differentiates s/c (its summed loss over its
+            # count c); the group's form needs the SUMMED loss: S v = c · H v
+            with CurvatureEngine(model, objective, [(x, y)], param_names=names) as engine:
+                c = engine.total_count
+                hv = torch.stack([engine.hvp(names, names, v_model[j]) for j in range(k)]).to(
+                    "cpu", torch.float64
+                )
+            n_products += k
+            forms[b] += c * (v64 @ hv.T)
+            counts[b] += c
     forms = 0.5 * (forms + forms.transpose(1, 2))
     return HessianForms(forms=forms, counts=counts, n_products=n_products)
 
@@ -607,77 +540,3 @@ def gradient_noise_from_sample(
     out["grad_indices"] = a.tolist()
     out["hessian_indices"] = b.tolist()
     return out
-
-
-_DIRECT_KEYS = (
-    "grad_sq_norm",
-    "trace_sigma",
-    "gHg",
-    "trace_h_sigma",
-    "grad_sq_norm_se",
-    "trace_sigma_se",
-    "gHg_se",
-    "trace_h_sigma_se",
-    "n_samples",
-)
-
-
-def planner_gradient_noise(stats: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The planner's ``DirectNoiseStats`` dict from ``gradient_noise_statistics`` + notes.
-
-    Every estimate is passed through unchanged, negative ones included: an unbiased |G|² (or
-    tr Σ, GᵀHG) can be negative near w* (curvature pitfalls item 13) and is never clamped or
-    dropped; the planner then reports B_simple (B_noise) undefined with its warning
-    (McCandlish et al. 2018 App. A: ratio of the unbiased estimates). A note says so.
-    Returns (dict, notes).
-    """
-    out = {key: stats.get(key) for key in _DIRECT_KEYS if stats.get(key) is not None}
-    notes: list[str] = []
-    for key, label, ratio in (
-        ("grad_sq_norm", "|G|²", "B_simple"),
-        ("trace_sigma", "tr Σ", "B_simple"),
-        ("gHg", "GᵀHG", "B_noise"),
-        ("trace_h_sigma", "tr(HΣ)", "B_noise"),
-    ):
-        value = out.get(key)
-        if value is not None and value < 0:
-            notes.append(
-                f"unbiased {label} = {value:.4g} is negative (indistinguishable from 0 at this "
-                f"sample size): passed through unclamped, {ratio} will be undefined"
-            )
-    return out, notes
-
-
-def planner_measurements(
-    per_sample: Mapping[str, Any] | None = None,
-    gradient_noise: Mapping[str, Any] | None = None,
-) -> tuple[dict[str, Any], list[str]]:
-    """Fields of the planner's ``Measurements`` from this module's and per_sample's outputs.
-
-    ``per_sample`` is ``per_sample.per_sample_section(...)``: → ``per_sample_losses``,
-    ``perturbed_losses`` (the planner takes one set: the random directions if present, else the
-    top-eigenspace ones) and ``per_sample_hessian_norms``. ``gradient_noise`` is
-    ``gradient_noise_statistics(...)``: → ``gradient_noise`` (``DirectNoiseStats``, see
-    ``planner_gradient_noise``) and ``gradient_norm_at_w_star``. Returns (fields, notes).
-    """
-    out: dict[str, Any] = {}
-    notes: list[str] = []
-    if per_sample is not None:
-        out["per_sample_losses"] = list(per_sample["losses"])
-        perturbed = list(per_sample.get("perturbed") or [])
-        if perturbed:
-            chosen = next((p for p in perturbed if p["kind"] == "random"), perturbed[0])
-            out["perturbed_losses"] = {k: chosen[k] for k in ("radius", "losses", "kind")}
-            if len(perturbed) > 1:
-                notes.append(f"perturbed_losses: passed the {chosen['kind']!r} set only")
-        norms = per_sample.get("hessian_norms")
-        if norms is not None:
-            out["per_sample_hessian_norms"] = list(norms["norms"])
-            if not norms.get("all_converged", True):
-                notes.append("per_sample_hessian_norms: some Lanczos runs did not converge")
-    if gradient_noise is not None:
-        direct, more = planner_gradient_noise(gradient_noise)
-        out["gradient_noise"] = direct
-        notes.extend(more)
-        out["gradient_norm_at_w_star"] = float(gradient_noise["gradient_norm"])
-    return out, notes

@@ -18,15 +18,17 @@ restored afterwards.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from curvplan_worker.curvature.device import eval_mode
+from curvplan_worker.curvature.objective import Objective
+from curvplan_worker.curvature.operator import CurvatureEngine
 from curvplan_worker.curvature.spectra import Spectrum, lanczos_spectrum
 
 __all__ = [
@@ -45,12 +47,8 @@ __all__ = [
 DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
 
 
-class ExampleLossObjective(Protocol):
-    """The engine's ``Objective`` protocol (engine contract): per-example summed loss and counts."""
-
-    def example_losses(
-        self, model: nn.Module, inputs: Tensor, targets: Tensor
-    ) -> tuple[Tensor, Tensor]: ...
+ExampleLossObjective = Objective
+"""The engine's one objective protocol (``objective.Objective``), under its former name here."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -58,64 +56,21 @@ class ExampleLossObjective(Protocol):
 # ---------------------------------------------------------------------------------------------
 
 
-class _ObjectiveModule(nn.Module):
-    """Wraps model + objective so that ``functional_call`` can swap the model's parameters.
-
-    Parameters are addressed as ``model.<name>``; the objective sees an ordinary module.
-    """
-
-    def __init__(self, model: nn.Module, objective: ExampleLossObjective) -> None:
-        super().__init__()
-        self.model = model
-        self._objective = objective
-
-    def forward(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-        return self._objective.example_losses(self.model, inputs, targets)
-
-
 def _call_objective(
     model: nn.Module,
-    objective: ExampleLossObjective,
+    objective: Objective,
     params: Mapping[str, Tensor],
     inputs: Tensor,
     targets: Tensor,
 ) -> tuple[Tensor, Tensor]:
-    """Per-example (summed loss, count) with ``params`` substituted (others: the model's own)."""
-    wrapper = _ObjectiveModule(model, objective)
-    prefixed = {f"model.{name}": value for name, value in params.items()}
-    sums, counts = functional_call(wrapper, prefixed, (inputs, targets))
-    return sums, counts
+    """Per-example (summed loss, count) with ``params`` substituted (others: the model's own),
+    through the same ``model(inputs)`` → ``objective.output_losses`` path as the operator."""
+    outputs = functional_call(model, dict(params), (inputs,))
+    return objective.output_losses(outputs, targets)
 
 
-@contextlib.contextmanager
-def curvature_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode + MATH attention backend for the duration; restores the caller's modes.
-
-    Raises ValueError if a dropout module with p > 0 would still be active in eval mode
-    (functional dropout inside a custom forward cannot be detected; keep it out of models).
-    """
-    modes = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
-        for name, module in model.named_modules():
-            if isinstance(module, nn.modules.dropout._DropoutNd) and module.training:
-                raise ValueError(f"model: dropout module {name!r} is active in eval mode")
-        with _math_sdpa():
-            yield
-    finally:
-        for module, training in modes.items():
-            module.train(training)
-
-
-@contextlib.contextmanager
-def _math_sdpa() -> Iterator[None]:
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:  # pragma: no cover - old torch
-        yield
-        return
-    with sdpa_kernel(SDPBackend.MATH):
-        yield
+curvature_mode = eval_mode
+"""The engine's one eval-mode guard (``device.eval_mode``), under its former name here."""
 
 
 def select_parameters(
@@ -214,7 +169,7 @@ def per_example_loss_sums(
     device = next(model.parameters()).device
     sums = torch.empty(n, dtype=torch.float64)
     counts = torch.empty(n, dtype=torch.float64)
-    with torch.no_grad(), curvature_mode(model):
+    with torch.no_grad(), eval_mode(model):
         for sl in _chunks(n, batch_size):
             s, c = _call_objective(
                 model,
@@ -393,38 +348,6 @@ def perturbed_losses_record(
 # ---------------------------------------------------------------------------------------------
 
 
-def _example_hvp_operator(
-    model: nn.Module,
-    objective: ExampleLossObjective,
-    base: Mapping[str, Tensor],
-    x: Tensor,
-    y: Tensor,
-) -> Callable[[Tensor], Tensor]:
-    """v ↦ ∇²l(w*) v for one example's mean loss l = s/c, by double backward.
-
-    The forward graph and first backward are built once and reused for every product.
-    """
-    leaves = {name: p.detach().clone().requires_grad_(True) for name, p in base.items()}
-    sums, counts = _call_objective(model, objective, leaves, x, y)
-    loss = sums.sum() / counts.sum()
-    grads = torch.autograd.grad(loss, list(leaves.values()), create_graph=True)
-    flat_grad = _flatten(grads)
-    dtype = flat_grad.dtype
-    device = flat_grad.device
-    tensors = list(leaves.values())
-
-    def matvec(v: Tensor) -> Tensor:
-        dot = torch.dot(flat_grad, v.to(device, dtype))
-        hv = torch.autograd.grad(dot, tensors, retain_graph=True, allow_unused=True)
-        parts = [
-            (h if h is not None else torch.zeros_like(t)).reshape(-1)
-            for h, t in zip(hv, tensors, strict=True)
-        ]
-        return torch.cat(parts).to("cpu", torch.float64)
-
-    return matvec
-
-
 def per_sample_hessian_norms(
     model: nn.Module,
     objective: ExampleLossObjective,
@@ -479,13 +402,20 @@ def per_sample_hessian_norms(
     device, _ = _model_device_dtype(base)
     generator = torch.Generator().manual_seed(seed)
     results: list[Spectrum] = []
-    with curvature_mode(model):
-        for i in chosen:
-            x = _to_device(inputs[i : i + 1], device)
-            y = _to_device(targets[i : i + 1], device)
-            matvec = _example_hvp_operator(model, objective, base, x, y)
+    names = list(base)
+    for i in chosen:
+        x = _to_device(inputs[i : i + 1], device)
+        y = _to_device(targets[i : i + 1], device)
+        # the operator on one example: its loss is s_i / c_i, the example's mean loss
+        with CurvatureEngine(model, objective, [(x, y)], param_names=names) as engine:
             results.append(
-                lanczos_spectrum(matvec, dim, generator=generator, tol=tol, max_iter=max_iter)
+                lanczos_spectrum(
+                    lambda v, e=engine: e.hvp(names, names, v),
+                    dim,
+                    generator=generator,
+                    tol=tol,
+                    max_iter=max_iter,
+                )
             )
     norms = torch.tensor([r.spectral_norm for r in results], dtype=torch.float64)
     return {

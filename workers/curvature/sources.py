@@ -1,0 +1,218 @@
+"""Model sources of an analysis: the reference Transformer of a ``ModelSpec``, or a Hugging
+Face causal LM built from its ``config.json`` (``{"source": "huggingface", "config": {...}}``).
+
+:func:`load_source` turns either into what the curvature operator needs — a module whose
+``forward(inputs)`` gives the outputs, the objective, the evaluation sample and the default
+blocks — plus what the result reports about the model (its description, the precision limit,
+and whether the paper's bounds apply). See ``docs/engine-model-sources.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from curvplan.types.spec import ModelSpec, parse_spec
+from curvplan_worker.curvature.checkpoint import check_state, load_checkpoint
+from curvplan_worker.curvature.data import Dataset, load_dataset, validate_dataset
+from curvplan_worker.curvature.objective import CausalLMObjective, Objective, objective_for
+
+HF_SOURCE = "huggingface"
+
+NOT_IN_THEORY_FAMILY = (
+    "the paper's bounds (Petrov et al. 2025) are derived for the reference Transformer family "
+    "(single-head or multi-head softmax attention with separate Q/K/V, LayerNorm, ReLU/GELU "
+    "FFN); a {arch} is outside it, so its blocks get no theoretical bound"
+)
+
+LOGIT_BUDGET = 2**26
+"""Default micro-batch: at most this many logits (tokens × vocabulary) per batch, so that the
+cross-entropy's double backward stays within a few GiB at a 50k vocabulary."""
+
+
+def is_hf_source(model: Any) -> bool:
+    """True for ``{"source": "huggingface", ...}`` (dict or contract model)."""
+    if isinstance(model, Mapping):
+        return model.get("source") == HF_SOURCE
+    return getattr(model, "source", None) == HF_SOURCE
+
+
+def _as_dict(model: Any) -> dict:
+    if isinstance(model, Mapping):
+        return dict(model)
+    dump = getattr(model, "model_dump", None)
+    if dump is not None:
+        return dump(mode="json", by_alias=True, exclude_none=False)
+    raise TypeError(f"model: expected a spec or a Hugging Face source, got {type(model)}")
+
+
+@dataclass
+class ModelSource:
+    """A built model at its checkpoint weights and the evaluation sample it is measured on."""
+
+    kind: str  # "reference" | "huggingface"
+    module: nn.Module
+    objective: Objective
+    data: Dataset | None
+    default_blocks: dict[str, list[str]] | None
+    description: dict[str, Any]
+    spec: ModelSpec | None = None
+    precision: dict[str, Any] = field(default_factory=dict)
+    bounds_reason: str | None = None  # None: the model is in the theory's family
+    vocab_size: int | None = None
+
+    def micro_batch(self, requested: int | None) -> int | None:
+        """The evaluation micro-batch: the requested size, else (causal LMs with a large
+        vocabulary) as many sequences as fit :data:`LOGIT_BUDGET` logits, else everything."""
+        if requested:
+            return int(requested)
+        if self.data is None or self.vocab_size is None or self.data.targets.dim() < 2:
+            return None
+        tokens = int(self.data.targets.shape[-1])
+        per_sequence = max(1, tokens * self.vocab_size)
+        fit = max(1, LOGIT_BUDGET // per_sequence)
+        return None if fit >= len(self.data) else fit
+
+
+def _hf_config(model: dict) -> dict:
+    config = model.get("config")
+    if not isinstance(config, Mapping):
+        from curvplan_worker.curvature.hf import HFModelError
+
+        raise HFModelError("model.config: expected the config.json object")
+    return dict(config)
+
+
+def load_source(
+    model: Any,
+    checkpoint: str | Path | Sequence[str | Path] | None,
+    data_path: str | Path | None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    built: nn.Module | None = None,
+    data: Dataset | None = None,
+) -> ModelSource:
+    """Build (or take ``built``) the model of ``model``, load ``checkpoint`` (one safetensors
+    file or a list of shards), read and validate the dataset. Raises the engine's
+    ``ValueError`` subclasses naming the field (``SpecError``, ``HFModelError``,
+    ``CheckpointMismatch``, ``CheckpointError``, ``DataError``)."""
+    if is_hf_source(model):
+        return _load_hf(_as_dict(model), checkpoint, data_path, dtype, seed, built, data)
+    spec = parse_spec(model if isinstance(model, ModelSpec) else _as_dict(model))
+    return _load_reference(spec, checkpoint, data_path, dtype, seed, built, data)
+
+
+def _load_reference(spec, checkpoint, data_path, dtype, seed, built, data) -> ModelSource:
+    from curvplan_worker.curvature.model import build_model
+
+    module = built
+    if module is None:
+        module = build_model(spec, dtype=dtype, seed=seed)
+        if checkpoint is not None:
+            paths = [checkpoint] if isinstance(checkpoint, str | Path) else list(checkpoint)
+            if len(paths) == 1:
+                load_checkpoint(module, paths[0])
+            else:
+                from curvplan_worker.curvature.hf import read_shards
+
+                state = read_shards(paths)
+                label = f"{len(paths)} shards"
+                check_state(module, state, label)
+                with torch.no_grad():
+                    for name, param in module.named_parameters():
+                        param.copy_(state[name].to(param.dtype))
+    if data is None:
+        if data_path is None:
+            raise ValueError("data: give a data file (safetensors with inputs and targets)")
+        data = load_dataset(spec, data_path)
+    else:
+        data = validate_dataset(spec, data)
+    task = spec.task
+    return ModelSource(
+        kind="reference",
+        module=module,
+        objective=objective_for(spec),
+        data=data,
+        default_blocks=None,
+        description={"source": "reference", "spec": spec.model_dump()},
+        spec=spec,
+        precision={"limited": False, "reason": None, "reachable_relative_accuracy": None},
+        bounds_reason=None,
+        vocab_size=getattr(task, "vocab_size", None) if task.type == "causal_lm" else None,
+    )
+
+
+def _load_hf(model, checkpoint, data_path, dtype, seed, built, data) -> ModelSource:
+    from curvplan_worker.curvature import hf
+    from curvplan_worker.curvature.checkpoint import read_safetensors
+
+    config = _hf_config(model)
+    source = hf.build_hf_model(config, dtype=dtype, seed=seed)
+    if built is not None:
+        source.module = built
+    elif checkpoint is not None:
+        shards = [checkpoint] if isinstance(checkpoint, str | Path) else list(checkpoint)
+        hf.load_hf_weights(source, shards)
+    if data is None:
+        if data_path is None:
+            raise ValueError(
+                "data: give a data file (safetensors with input_ids[, attention_mask][, labels])"
+            )
+        tensors = read_safetensors(data_path, "data")
+        inputs, targets = hf.validate_hf_data(source, tensors)
+    else:
+        inputs, targets = hf.validate_hf_data(
+            source, {"inputs": data.inputs, "targets": data.targets}
+        )
+    return ModelSource(
+        kind=HF_SOURCE,
+        module=source.module,
+        objective=CausalLMObjective(),
+        data=Dataset(inputs, targets),
+        default_blocks=hf.uniform_blocks(source.module, source.model_type),
+        description={
+            "source": HF_SOURCE,
+            "model_type": source.model_type,
+            "architecture": source.architecture,
+            "tied_embeddings": source.tied_embeddings,
+            "vocab_size": source.vocab_size,
+            "precision_limited": source.precision_limited(dtype),
+        },
+        precision=source.precision_limited(dtype),
+        bounds_reason=NOT_IN_THEORY_FAMILY.format(arch=source.architecture),
+        vocab_size=source.vocab_size,
+    )
+
+
+def read_model_dir(directory: str | Path) -> tuple[dict, list[str]]:
+    """A ``save_pretrained`` directory → (``{"source": "huggingface", "config": …}``, shard
+    paths). Shards come from ``model.safetensors.index.json`` when present, else
+    ``model.safetensors``."""
+    import json
+
+    root = Path(directory)
+    config_path = root / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"--model {root}: no config.json (expected a save_pretrained directory)")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--model {config_path}: {exc}") from None
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"--model {index}: not a safetensors index ({exc})") from None
+        shards = [str(root / name) for name in dict.fromkeys(weight_map.values())]
+    elif (root / "model.safetensors").is_file():
+        shards = [str(root / "model.safetensors")]
+    else:
+        raise ValueError(f"--model {root}: no model.safetensors or model.safetensors.index.json")
+    return {"source": HF_SOURCE, "config": config}, shards
