@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_models import GPT2_CONFIG, LLAMA_CONFIG, save_tiny
+from tiny_hf_models import GPT2_CONFIG, LLAMA_CONFIG, save_tiny
 
 from curvplan.client.pretrained import PretrainedDirError, is_pretrained_dir, read_pretrained
 
