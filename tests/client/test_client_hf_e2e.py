@@ -51,7 +51,7 @@ def _section(html: str, plot_id: str) -> str:
     return html[start : html.index("</section>", start)]
 
 
-def _check_report(api: curvplan.Client, job: Any, names: list[str]) -> None:
+def _check_report(api: curvplan.Client, job: Any, names: list[str], model: str) -> None:
     """The recommendation and the report page show the blocks under the uniform names."""
     from curvplan_server.reports.plots import block_heatmap_plot
 
@@ -62,8 +62,10 @@ def _check_report(api: curvplan.Client, job: Any, names: list[str]) -> None:
     assert heatmap.svg is not None, heatmap.empty_reason
     assert heatmap.numbers["layers"] == [0] and heatmap.numbers["sublayers"] == list(SUBLAYERS)
     assert all(v is not None and v >= 0 for v in heatmap.numbers["spectral_norm"][0])
-    section = _section(api.get_report_html(job.id), "block-norms")
+    html = api.get_report_html(job.id)
+    section = _section(html, "block-norms")
     assert "<svg" in section and "Empty:" not in section
+    assert model in html
 
 
 def test_sharded_gpt2_directory_through_the_service_matches_the_engine(
@@ -112,7 +114,7 @@ def test_sharded_gpt2_directory_through_the_service_matches_the_engine(
             got = blocks[block["name"]]
             for key in ("lambda_max", "lambda_min"):
                 assert got[key] == pytest.approx(block[key], rel=1e-6, abs=1e-12), block["name"]
-        _check_report(api, done, names)
+        _check_report(api, done, names, "Hugging Face gpt2 (GPT2LMHeadModel)")
 
 
 def test_llama_directory_with_the_cli(live: LiveService, hf_files: dict[str, Path]) -> None:
@@ -143,7 +145,7 @@ def test_llama_directory_with_the_cli(live: LiveService, hf_files: dict[str, Pat
     # RMSNorm and rotary embeddings compute in float32 inside the model: said, not hidden.
     assert measured["model"]["precision_limited"]["limited"] is True
     with curvplan.Client(live.url, live.api_key) as api:
-        _check_report(api, api.get_job(job["id"]), names)
+        _check_report(api, api.get_job(job["id"]), names, "Hugging Face llama (LlamaForCausalLM)")
 
 
 def test_shard_mismatch_fails_the_job_naming_every_tensor(
