@@ -63,3 +63,32 @@ def test_refused_configs_and_pickles_fail_locally(tmp_path: Path) -> None:
     (out / "model.safetensors").rename(out / "pytorch_model.bin")
     with pytest.raises(PretrainedDirError, match="safe_serialization"):
         read_pretrained(out)
+
+
+def test_analyze_sources_sort_out_directories_files_and_ids(tmp_path: Path) -> None:
+    import uuid
+
+    from curvplan.client._common import analyze_sources
+
+    out = save_tiny(GPT2_CONFIG, tmp_path / "gpt2", max_shard_size="2KB")
+    shards = list(read_pretrained(out).shards)
+    data = out / "model.safetensors.index.json"  # any existing file stands in for the data
+    known = str(uuid.uuid4())
+    sources = analyze_sources(str(out), None, data, [out, known, [known, shards[0]]])
+    assert sources.model["source"] == "huggingface"
+    assert sources.checkpoint == shards and sources.dataset == data
+    assert sources.intermediates == [shards, known, [known, shards[0]]]
+    assert sources.uploads() == [*((s, "checkpoint") for s in shards), (data, "dataset")]
+    ids = {path: f"id-{i}" for i, (path, _) in enumerate(sources.uploads())}
+    checkpoint, dataset, intermediates = sources.resolved(ids)
+    assert checkpoint == [ids[s] for s in shards] and dataset == ids[data]
+    assert intermediates[1:] == [known, [known, ids[shards[0]]]]
+
+    with pytest.raises(ValueError, match="do not give both"):
+        analyze_sources(out, known, data, [])
+    with pytest.raises(ValueError, match="not a save_pretrained directory"):
+        analyze_sources(str(tmp_path), None, data, [])
+    with pytest.raises(ValueError, match="give the weights"):
+        analyze_sources({"d_model": 8}, None, data, [])
+    with pytest.raises(FileNotFoundError, match="dataset"):
+        analyze_sources(out, None, tmp_path / "missing.safetensors", [])
