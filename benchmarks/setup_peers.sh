@@ -28,7 +28,9 @@ else
 fi
 "$venv/bin/pip" install -c "$constraints" \
     hessian-eigenthings==1.0.0a5 curvlinops-for-pytorch==3.0.1 \
-    numpy scipy threadpoolctl safetensors pydantic typer
+    numpy scipy threadpoolctl safetensors pydantic typer "transformers>=5.0,<6"
+# the engine itself (its installed package names) without re-resolving its dependencies
+"$venv/bin/pip" install --no-deps -e "$root"
 
 "$venv/bin/python" - <<'PY'
 import torch, hessian_eigenthings, curvlinops  # noqa: F401

@@ -273,7 +273,6 @@ def map_checkpoint_names(
     tied_targets = set((getattr(module, "_tied_weights_keys", None) or {}) or {})
     if isinstance(getattr(module, "_tied_weights_keys", None), list | tuple):
         tied_targets = set(module._tied_weights_keys)
-    extra_ignored = list(getattr(module, "_keys_to_ignore_on_load_unexpected", None) or [])
     mapping: dict[str, str] = {}
     ignored: list[str] = []
     unexpected: list[str] = []
@@ -286,19 +285,19 @@ def map_checkpoint_names(
         hit = next((c for c in candidates if c in expected), None)
         if hit is not None:
             mapping[name] = hit
-        elif _ignorable(name, candidates, tied_targets, extra_ignored):
+        elif _ignorable(name, candidates, tied_targets):
             ignored.append(name)
         else:
             unexpected.append(name)
     return mapping, ignored, unexpected
 
 
-def _ignorable(name: str, candidates, tied_targets, extra_ignored) -> bool:
+def _ignorable(name: str, candidates, tied_targets) -> bool:
     if name.endswith("lm_head.weight") and any(c in tied_targets for c in candidates):
         return True  # a tied head saved anyway: the embedding is the tensor
-    if any(re.search(p, name) for p in _IGNORED_UNEXPECTED):
-        return True
-    return any(re.search(p, name) for p in extra_ignored) and not name.endswith(".weight")
+    # known buffers only, matched exactly (the models' own ignore patterns are looser regexes:
+    # "attn.bias" would also hide a misplaced "c_attn.bias")
+    return any(re.search(p, name) for p in _IGNORED_UNEXPECTED)
 
 
 def load_hf_weights(model: HFModel | nn.Module, shards: Sequence[str | Path]) -> list[str]:
