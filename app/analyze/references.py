@@ -9,7 +9,8 @@ from the artifacts' stored safetensors headers and the model alone (no torch):
   service's ``max_model_parameters``;
 - the shards of a checkpoint must not hold the same tensor twice;
 - a reference-spec model takes an ``{inputs, targets}`` dataset (the Hugging Face layout
-  ``input_ids``/``labels`` is for Hugging Face models).
+  ``input_ids``/``labels`` is for Hugging Face models); a model with learned positions
+  (GPT-2) takes sequences no longer than its ``n_positions``.
 
 Plan jobs without references pass through untouched (no database work on the hot path).
 """
@@ -26,7 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from curvplan.types.artifact_inputs import HF_DATASET_TENSORS, checkpoint_ids
-from curvplan.types.huggingface import parameter_count
+from curvplan.types.huggingface import GPT2Config, parameter_count, parse_hf_config
 from curvplan.types.planner import Measurements
 from curvplan_server.artifacts.models import Artifact
 from curvplan_server.artifacts.service import ArtifactRef, check_references
@@ -137,6 +138,18 @@ def check_artifact_contents(session: Session, project_id: uuid.UUID, body: dict[
                 "dataset_layout",
             )
         )
+    if body["model"].get("source") == "huggingface" and "input_ids" in (dataset or {}):
+        config = parse_hf_config(body["model"]["config"])
+        shape = dataset["input_ids"].get("shape") or []
+        if isinstance(config, GPT2Config) and len(shape) == 2 and shape[1] > config.n_positions:
+            errors.append(
+                _error(
+                    ("dataset",),
+                    f"input_ids has sequences of {shape[1]} tokens, longer than the model's "
+                    f"n_positions ({config.n_positions}): GPT-2's learned positions end there",
+                    "sequence_too_long",
+                )
+            )
     if errors:
         raise validation_problem(errors)
 

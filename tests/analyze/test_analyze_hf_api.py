@@ -194,6 +194,13 @@ def test_shards_and_dataset_layout_are_checked_from_the_stored_headers(
     )
     assert field == "body.checkpoint"
 
+    # GPT-2's learned positions end at n_positions (8 here).
+    long = _upload(client, auth_headers, "dataset", {"input_ids": np.zeros((2, 9), np.int64)})
+    [(field, message)] = _errors(
+        _post(client, auth_headers, model=hf_model, checkpoint=first, dataset=long)
+    )
+    assert field == "body.dataset" and "9 tokens" in message and "n_positions (8)" in message
+
     # The reference spec reads {inputs, targets} only.
     [(field, message)] = _errors(
         _post(client, auth_headers, model=SPEC, checkpoint=first, dataset=hf_data)
