@@ -34,15 +34,26 @@ from pathlib import Path
 
 import torch
 
+
+def _hide_broken_torchvision() -> None:
+    """The peer venv's torchvision (pulled in by curvlinops' backpack) may not match the pinned
+    torch; transformers would then fail to import GPT-2. Nothing here uses torchvision."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        sys.modules["torchvision"] = None  # find_spec → None: transformers skips it
+
+
+_hide_broken_torchvision()
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_curvature import peer_eigenthings
+from bench_curvature import peer_eigenthings  # noqa: E402
 
-from curvplan_worker.curvature import hf
-from curvplan_worker.curvature.example import markov_chain, sample_sequences
-from curvplan_worker.curvature.objective import CausalLMObjective
-from curvplan_worker.curvature.operator import CurvatureEngine
-from curvplan_worker.curvature.spectra import block_spectrum
+from curvplan_worker.curvature import hf  # noqa: E402
+from curvplan_worker.curvature.example import markov_chain, sample_sequences  # noqa: E402
+from curvplan_worker.curvature.objective import CausalLMObjective  # noqa: E402
+from curvplan_worker.curvature.operator import CurvatureEngine  # noqa: E402
+from curvplan_worker.curvature.spectra import block_spectrum  # noqa: E402
 
 CONFIG = {
     "model_type": "gpt2",

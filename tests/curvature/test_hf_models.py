@@ -418,3 +418,89 @@ def test_unsupported_configs_are_refused_naming_the_field():
     assert hf.count_parameters(GPT2) == sum(
         p.numel() for p in hf.build_hf_model(GPT2).module.parameters()
     )
+
+
+def test_cli_example_and_curvature_on_a_save_pretrained_directory(tmp_path):
+    """``curvplan example --arch`` writes a save_pretrained directory that ``curvplan
+    curvature --model`` measures under the uniform block ids; a Llama in float64 is reported
+    precision-limited; a shard from another model fails naming the tensors."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from curvplan.cli import app
+
+    runner = CliRunner()
+    for arch in ("gpt2", "llama"):
+        out = tmp_path / arch
+        res = runner.invoke(app, ["example", "--arch", arch, "--out", str(out), "--steps", "5"])
+        assert res.exit_code == 0, res.output
+        assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+        options = {
+            "per_sample": False,
+            "gradient_noise": False,
+            "trace_probes": 0,
+            "self_test": False,
+            "max_iter": 40,
+            "tolerance": 1e-4,
+        }
+        (out / "options.json").write_text(json.dumps(options))
+        args = ["curvature", "--model", str(out), "--data", str(out / "data.safetensors")]
+        args += ["--out", str(out / "result.json"), "--options", str(out / "options.json")]
+        args += ["--block", "layers.0.q", "--block", "head", "--block", "embed", "--quiet"]
+        args += ["--precision", "float64", "--threads", "1"]
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, res.output
+        result = json.loads((out / "result.json").read_text())
+        assert result["model"]["architecture"] == hf.SUPPORTED_ARCHITECTURES[arch]
+        names = [b["name"] for b in result["blocks"]]
+        if arch == "gpt2":  # tied: no head block; q is a slice of the fused c_attn
+            assert names == ["embed", "layers.0.q"]
+            q = result["blocks"][1]
+            assert q["params"][0] == "transformer.h.0.attn.c_attn.weight[:, 0:32]"
+            assert q["slices"][0] == {
+                "param": "transformer.h.0.attn.c_attn.weight",
+                "dim": 1,
+                "start": 0,
+                "stop": 32,
+            }
+            assert result["precision_limited"]["limited"] is False
+        else:
+            assert names == ["embed", "layers.0.q", "head"]
+            assert result["precision_limited"]["limited"] is True
+            assert "float32" in result["precision_limited"]["reason"]
+        assert all(b["bound"]["applicable"] is False for b in result["blocks"])
+    # the GPT-2 directory with the Llama's weights: one error naming the tensors
+    (tmp_path / "gpt2" / "model.safetensors").write_bytes(
+        (tmp_path / "llama" / "model.safetensors").read_bytes()
+    )
+    res = runner.invoke(
+        app,
+        [
+            "curvature",
+            "--model",
+            str(tmp_path / "gpt2"),
+            "--data",
+            str(tmp_path / "gpt2" / "data.safetensors"),
+            "--out",
+            str(tmp_path / "bad.json"),
+            "--quiet",
+        ],
+    )
+    assert res.exit_code == 2
+    assert "missing: transformer.wte.weight" in res.output
+    assert "unexpected: model.embed_tokens.weight" in res.output
+
+
+def test_large_vocabularies_are_micro_batched_by_default():
+    from curvplan_worker.curvature.data import Dataset
+    from curvplan_worker.curvature.sources import LOGIT_BUDGET, ModelSource
+
+    tokens = torch.zeros(8, 1024, dtype=torch.long)
+    data = Dataset(torch.stack([tokens, tokens], dim=1), tokens)
+    source = ModelSource("huggingface", torch.nn.Linear(1, 1), CausalLMObjective(), data, None, {})
+    source.vocab_size = 50257  # GPT-2: 8 × 1024 × 50257 logits would not fit the budget
+    assert source.micro_batch(None) == max(1, LOGIT_BUDGET // (1024 * 50257)) == 1
+    assert source.micro_batch(4) == 4  # the caller's choice wins
+    source.vocab_size = 16
+    assert source.micro_batch(None) is None  # small vocabulary: one batch

@@ -181,7 +181,14 @@ def _analyze(spec, checkpoint_path, data_path, opts, progress, should_cancel, mo
     if source.spec is not None:
         result["spec"] = source.spec.model_dump()
     batches = data.batches(micro_batch)
-    with CurvatureEngine(model, objective, batches, cache_graph=opts.cache_graph) as engine:
+    cache_graph = opts.cache_graph
+    if "cache_graph" not in opts.model_fields_set and micro_batch and not opts.eval_batch_size:
+        # micro-batched for a large vocabulary: keeping every micro-batch's first-backward
+        # graph would undo the micro-batching, so each product rebuilds it (unless asked)
+        cache_graph = False
+    result["cache_graph"] = cache_graph
+    result["eval_batch_size"] = micro_batch
+    with CurvatureEngine(model, objective, batches, cache_graph=cache_graph) as engine:
         report(0.05, "gradient", "loss and gradient at w*")
         grad = engine.gradient()
         result["loss"] = engine.loss_value
