@@ -103,34 +103,11 @@ def summary_html(job: dict[str, Any]) -> str:
 
 
 def model_text(job: dict[str, Any]) -> str | None:
-    """What an analyze job measured: the architecture (or the reference spec's sizes), the
-    parameter count, the checkpoint's shards, and a precision limit when the engine met one."""
-    request = job.get("request")
-    if not isinstance(request, dict) or not isinstance(request.get("model"), dict):
-        return None
-    model = request["model"]
-    measured = ((job.get("result") or {}).get("measurements") or {}).get("model") or {}
-    if model.get("source") == "huggingface":
-        config = model.get("config") or {}
-        text = f"Hugging Face {config.get('model_type')}"
-        architecture = measured.get("architecture") or (config.get("architectures") or [None])[0]
-        if architecture:
-            text += f" ({architecture})"
-    else:
-        text = (
-            f"reference Transformer: {model.get('n_layers')} layers, d_model "
-            f"{model.get('d_model')}, {model.get('n_heads')} heads"
-        )
-    n_parameters = ((job.get("result") or {}).get("measurements") or {}).get("n_parameters")
-    if isinstance(n_parameters, int):
-        text += f" · {n_parameters:,} parameters"
-    checkpoint = request.get("checkpoint")
-    if isinstance(checkpoint, list):
-        text += f" · checkpoint in {len(checkpoint)} shards"
-    limited = measured.get("precision_limited")
-    if isinstance(limited, dict) and limited.get("limited"):
-        text += f" · precision limited: {limited.get('reason')}"
-    return text
+    """What an analyze job measured (see :func:`curvplan.types.model_source.describe_model`)."""
+    from curvplan.types.model_source import describe_model
+
+    measured = (job.get("result") or {}).get("measurements")
+    return describe_model(job.get("request"), measured)
 
 
 def recommendation_html(rec: dict[str, Any] | None, job: dict[str, Any]) -> str:

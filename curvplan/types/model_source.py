@@ -52,3 +52,41 @@ ModelSource = Annotated[
 def model_source_name(model: ModelSpec | HuggingFaceModel) -> str:
     """``reference`` or ``huggingface``."""
     return "huggingface" if isinstance(model, HuggingFaceModel) else "reference"
+
+
+def describe_model(request: Any, measurements: Any = None) -> str | None:
+    """One line on what an analyze job measures: the architecture (or the reference spec's
+    sizes), the parameter count, the checkpoint's shards, and a precision limit the engine met.
+
+    ``request`` is the job's stored request, ``measurements`` its ``result.measurements``
+    (absent until it succeeded); None for jobs without a model.
+    """
+    if not isinstance(request, dict) or not isinstance(request.get("model"), dict):
+        return None
+    model = request["model"]
+    measured = measurements if isinstance(measurements, dict) else {}
+    engine_model = measured.get("model") if isinstance(measured.get("model"), dict) else {}
+    if model.get("source") == "huggingface":
+        config = model.get("config") if isinstance(model.get("config"), dict) else {}
+        text = f"Hugging Face {config.get('model_type')}"
+        declared = config.get("architectures")
+        architecture = engine_model.get("architecture") or (
+            declared[0] if isinstance(declared, list) and declared else None
+        )
+        if architecture:
+            text += f" ({architecture})"
+    else:
+        text = (
+            f"reference Transformer: {model.get('n_layers')} layers, d_model "
+            f"{model.get('d_model')}, {model.get('n_heads')} heads"
+        )
+    n_parameters = measured.get("n_parameters")
+    if isinstance(n_parameters, int):
+        text += f" · {n_parameters:,} parameters"
+    checkpoint = request.get("checkpoint")
+    if isinstance(checkpoint, list):
+        text += f" · checkpoint in {len(checkpoint)} shards"
+    limited = engine_model.get("precision_limited")
+    if isinstance(limited, dict) and limited.get("limited"):
+        text += f" · precision limited: {limited.get('reason')}"
+    return text

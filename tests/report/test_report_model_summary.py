@@ -41,3 +41,45 @@ def test_reference_spec_and_plan_jobs() -> None:
     text = model_text(_job(spec, "a", {"n_parameters": 99}))
     assert text == "reference Transformer: 1 layers, d_model 8, 2 heads · 99 parameters"
     assert model_text({"kind": "plan", "request": {"kind": "plan"}}) is None
+
+
+def test_the_cli_job_summary_names_the_model_too() -> None:
+    import uuid
+    from datetime import UTC, datetime
+
+    from curvplan.client.display import job_summary
+    from curvplan.types.jobs import JobOut
+
+    now = datetime.now(UTC)
+    job = JobOut.model_validate(
+        {
+            "id": str(uuid.uuid4()),
+            "kind": "analyze",
+            "queue": "gpu",
+            "status": "queued",
+            "name": None,
+            "tags": {},
+            "progress": None,
+            "attempt": 0,
+            "max_attempts": 3,
+            "cancel_requested": False,
+            "result": None,
+            "error": None,
+            "request": {
+                "kind": "analyze",
+                "model": {
+                    "source": "huggingface",
+                    "config": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]},
+                },
+                "checkpoint": ["a", "b"],
+            },
+            "created_at": now,
+            "updated_at": now,
+            "started_at": None,
+            "finished_at": None,
+            "links": {"self": "/", "cancel": "/", "recommendation": "/"},
+        }
+    )
+    assert "model      Hugging Face gpt2 (GPT2LMHeadModel) · checkpoint in 2 shards" in job_summary(
+        job
+    )
