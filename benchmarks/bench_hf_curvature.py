@@ -211,6 +211,7 @@ def main() -> None:
     ap.add_argument("--peer-steps32", type=int, default=40, help="peer Lanczos steps")
     ap.add_argument("--peer-steps64", type=int, default=80)
     ap.add_argument("--max-blocks", type=int, default=0, help="first N head-to-head blocks")
+    ap.add_argument("--blocks", default="", help="comma-separated fnmatch patterns of blocks")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     if args.threads:
@@ -228,6 +229,11 @@ def main() -> None:
     except Exception:
         print("# hessian-eigenthings absent: only our figures")
     blocks = head_to_head_blocks(model.module)
+    if args.blocks:
+        import fnmatch
+
+        pats = args.blocks.split(",")
+        blocks = {b: m for b, m in blocks.items() if any(fnmatch.fnmatch(b, p) for p in pats)}
     if args.max_blocks:
         blocks = dict(list(blocks.items())[: args.max_blocks])
     print(f"# {len(blocks)} head-to-head blocks: {', '.join(blocks)}")

@@ -81,11 +81,11 @@ def _versions() -> dict[str, Any]:
         curvplan = version("curvplan")
     except Exception:
         curvplan = None
-    try:
-        import transformers
+    try:  # the installed version, without importing transformers (seconds) for a reference run
+        from importlib.metadata import version
 
-        hf_version = transformers.__version__
-    except ImportError:
+        hf_version = version("transformers")
+    except Exception:
         hf_version = None
     return {
         "torch": torch.__version__,
