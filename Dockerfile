@@ -2,6 +2,10 @@
 # Two images from one file:
 #   docker build --target api    -t curvplan-api .     # FastAPI service, no torch
 #   docker build --target worker -t curvplan-worker .  # worker with torch (CUDA build from PyPI)
+#
+# Layer order for the build cache: the dependencies (from the lock, scripts/constraints.txt)
+# are installed before the source is copied, so a code change rebuilds only the last layers.
+# The project itself is a regular (non-editable) install: the migrations ship in the wheel.
 
 FROM python:3.11-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -13,15 +17,19 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN useradd --system --uid 10001 --create-home curvplan \
     && mkdir -p /data && chown curvplan /data
 WORKDIR /srv/curvplan
-# A regular (non-editable) install: the migrations ship inside the wheel.
-COPY pyproject.toml setup.py README.md LICENSE ./
+COPY scripts/constraints.txt scripts/docker_requirements.py ./scripts/
+COPY pyproject.toml ./
+
+FROM base AS api
+# The server extra's dependencies only (from pyproject.toml, pinned by the lock).
+RUN python scripts/docker_requirements.py server > /tmp/requirements.txt \
+    && pip install -c scripts/constraints.txt -r /tmp/requirements.txt
+COPY setup.py README.md LICENSE ./
 COPY alembic ./alembic
 COPY app ./app
 COPY workers ./workers
 COPY curvplan ./curvplan
-
-FROM base AS api
-RUN pip install '.[server]'
+RUN pip install --no-deps '.[server]' && rm -rf build *.egg-info
 USER curvplan
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --retries=3 \
@@ -30,8 +38,18 @@ CMD ["curvplan", "serve", "--host", "0.0.0.0", "--port", "8000", "--workers", "2
 
 FROM base AS worker
 # torch first, pinned, so the project's `worker` extra cannot pull another version.
-COPY scripts/constraints.txt ./scripts/constraints.txt
 RUN pip install "torch==2.13.0" \
-    && pip install -c scripts/constraints.txt '.[worker]'
+    && python scripts/docker_requirements.py worker > /tmp/requirements.txt \
+    && pip install -c scripts/constraints.txt -r /tmp/requirements.txt
+COPY setup.py README.md LICENSE ./
+COPY alembic ./alembic
+COPY app ./app
+COPY workers ./workers
+COPY curvplan ./curvplan
+RUN pip install --no-deps '.[worker]' && rm -rf build *.egg-info
+# The worker touches this file after every heartbeat that reached the database.
+ENV CURVPLAN_WORKER_HEALTH_FILE=/tmp/curvplan-worker.alive
 USER curvplan
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["curvplan", "worker-health", "--max-age", "60"]
 CMD ["curvplan", "worker", "--queues", "gpu"]

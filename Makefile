@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.curvplan-installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint openapi bench clean-venv
+.PHONY: install run test test-fast lint openapi unasync lock bench clean-venv
 
 install: $(STAMP)
 
@@ -23,15 +23,30 @@ $(STAMP): pyproject.toml setup.py scripts/constraints.txt
 run: install
 	$(VENV)/bin/curvplan dev
 
-test: install
+# CI (.ci/run) runs this: the static checks first, then every test.
+test: install lint
 	bash scripts/ensure_chromium.sh
 	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
+# The fast loop: every test that starts no server/worker process (-m "not e2e").
+test-fast: install
+	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q -m "not e2e" $(PYTEST_ARGS)
+
+# ruff, the layering contracts (import-linter, pyproject.toml) and mypy (scripts/typecheck.py).
 lint: install
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(PY) scripts/typecheck.py
 
 openapi: install  # regenerate docs/openapi.json (the reviewed API contract)
 	$(PY) scripts/openapi.py
+
+unasync: install  # regenerate curvplan/client/sync.py from aio.py (the one implementation)
+	$(PY) scripts/unasync.py
+
+lock: install  # rewrite scripts/constraints.txt from .venv (after a dependency change)
+	$(PY) scripts/lock.py
 
 bench: install
 	$(PY) benchmarks/bench_api.py

@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from curvplan.types.options import MachineSettings
+
 
 def normalise_database_url(url: str) -> str:
     """Return ``url`` with the psycopg 3 driver spelled out.
@@ -73,7 +75,35 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=10, gt=0)
     db_max_overflow: int = Field(default=10, ge=0)
 
-    # Jobs and workers (design.md §5).
+    # Storage clean-up and quotas (docs/storage.md).
+    project_max_storage_bytes: int | None = Field(
+        default=None, gt=0, description="Bytes of uploaded artifacts per project; unset: no limit."
+    )
+    project_max_artifacts: int | None = Field(
+        default=None, gt=0, description="Uploaded/registered artifacts per project; unset: none."
+    )
+    temp_file_max_age_seconds: float = Field(
+        default=3600.0, gt=0, description="Upload/output temp files untouched this long are swept."
+    )
+    storage_sweep_seconds: float = Field(
+        default=600.0, gt=0, description="How often each API process sweeps stale temp files."
+    )
+    job_retention_days: float | None = Field(
+        default=None,
+        gt=0,
+        description="Delete finished jobs (and their outputs) this old; unset: keep forever.",
+    )
+    blob_gc_grace_seconds: float = Field(
+        default=600.0, ge=0, description="Unreferenced blobs younger than this are kept."
+    )
+    gc_interval_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        description="How often a worker runs a GC pass (temp files, retention, blobs); "
+        "0: never (run `curvplan gc`).",
+    )
+
+    # Jobs and workers (docs/layout.md).
     lease_seconds: float = Field(default=30.0, gt=0)
     heartbeat_seconds: float = Field(default=5.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
@@ -82,12 +112,26 @@ class Settings(BaseSettings):
     worker_stale_seconds: float = Field(
         default=60.0, gt=0, description="A worker without heartbeat for this long is not live."
     )
+    # How a worker runs the curvature engine (MachineSettings; never a request option).
+    worker_device: str = Field(default="auto", description="auto, cpu or cuda[:index]")
+    worker_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads")
+    worker_self_test: bool = Field(
+        default=True, description="Check HVPs against finite differences before each analysis."
+    )
+    worker_health_file: Path | None = Field(
+        default=None,
+        description="A worker touches this file after every heartbeat the database accepted "
+        "(`curvplan worker-health` checks its age).",
+    )
+    worker_cache_graph: bool = Field(
+        default=True, description="Keep the gradient graph between products (false: less memory)."
+    )
     long_poll_max_seconds: float = Field(default=60.0, gt=0)
     long_poll_interval_seconds: float = Field(default=0.2, gt=0)
     default_page_size: int = Field(default=50, ge=1)
     max_page_size: int = Field(default=500, ge=1)
 
-    # Report pages (issue 6): signed links let a browser open a report without the key.
+    # Report pages: signed links let a browser open a report without the key.
     report_link_secret: SecretStr | None = Field(
         default=None,
         description="HMAC key of signed report links; set the same value on every API "
@@ -103,6 +147,15 @@ class Settings(BaseSettings):
         if value is None or value == "":
             return None
         return normalise_database_url(value)
+
+    def machine_settings(self) -> MachineSettings:
+        """The engine's machine settings of this worker (ValueError naming a bad one)."""
+        return MachineSettings(
+            device=self.worker_device,
+            threads=self.worker_threads,
+            self_test=self.worker_self_test,
+            cache_graph=self.worker_cache_graph,
+        )
 
     @property
     def sqlalchemy_url(self) -> str:

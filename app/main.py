@@ -16,6 +16,7 @@ from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 
 from curvplan.types.jobs import JOB_CREATE_ADAPTER
+from curvplan.types.problems import ProblemDocument
 from curvplan_server.artifacts.router import UPLOAD_OVERHEAD_BYTES
 from curvplan_server.artifacts.router import router as artifacts_router
 from curvplan_server.auth.dependencies import KeyCache
@@ -29,6 +30,8 @@ from curvplan_server.middleware import BodySizeLimitMiddleware, MetricsMiddlewar
 from curvplan_server.problems import install_problem_handlers
 from curvplan_server.recommendations.router import router as recommendations_router
 from curvplan_server.reports.router import router as reports_router
+from curvplan_server.storage.housekeeping import temp_sweeper
+from curvplan_server.storage.router import router as storage_router
 from curvplan_server.workers.router import router as workers_router
 
 API_VERSION = "0.1.0"
@@ -52,7 +55,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
+        async with temp_sweeper(settings):  # files a killed upload left in blobs/tmp
+            yield
         db_executor.shutdown(wait=True)
         engine.dispose()
 
@@ -78,6 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs_router)
     app.include_router(reports_router)
     app.include_router(artifacts_router)
+    app.include_router(storage_router)
     app.include_router(recommendations_router)
     app.include_router(workers_router)
     # Outermost last: metrics see every request, including 413s from the size limit.
@@ -92,7 +97,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def _install_openapi(app: FastAPI) -> None:
-    """Add the job-create body schema (validated by hand for speed) to the OpenAPI document."""
+    """Add the job-create body schema (validated by hand for speed) and the problem document
+    (every error answer, ``application/problem+json``) to the OpenAPI document."""
     default_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -104,6 +110,12 @@ def _install_openapi(app: FastAPI) -> None:
         for name, definition in body_schema.pop("$defs", {}).items():
             components.setdefault(name, definition)
         components["JobCreate"] = body_schema
+        problem_schema = ProblemDocument.model_json_schema(
+            ref_template="#/components/schemas/{model}"
+        )
+        for name, definition in problem_schema.pop("$defs", {}).items():
+            components.setdefault(name, definition)
+        components["ProblemDocument"] = problem_schema
         schema["components"]["securitySchemes"] = {
             "bearer": {"type": "http", "scheme": "bearer", "description": "curvplan API key"}
         }

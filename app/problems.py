@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from curvplan.types.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE, ProblemDocument
+from curvplan.types.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE
 
 log = logging.getLogger(__name__)
 
@@ -190,11 +190,39 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unhandled_handler)
 
 
-PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {
-        "model": ProblemDocument,
-        "content": {PROBLEM_MEDIA_TYPE: {}},
-        "description": _default_title(code),
-    }
-    for code in (400, 401, 404, 409, 413, 415, 422)
+#: Where the problem document's schema lives in the OpenAPI components (added by main).
+PROBLEM_SCHEMA_REF = "#/components/schemas/ProblemDocument"
+
+_PROBLEM_DESCRIPTIONS = {
+    400: "Malformed request (e.g. the body is not valid JSON)",
+    401: "Missing or invalid API key",
+    404: "No such resource in the caller's project",
+    409: "The resource's state does not allow the request",
+    413: "The request body is too large",
+    415: "Unsupported Content-Type",
+    422: "Invalid input; `errors` names each failing field",
+    500: "Unexpected server error (logged; no traceback in the body)",
+    503: "Not ready",
 }
+
+
+def problem_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries: each code answers an ``application/problem+json`` body.
+
+    ``descriptions`` adds a code with its own description (``_409="already finished"``).
+    """
+    codes = tuple(sorted({*codes, *(int(key[1:]) for key in descriptions)}))
+    return {
+        code: {
+            "description": descriptions.get(f"_{code}", _PROBLEM_DESCRIPTIONS.get(code))
+            or _default_title(code),
+            "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": PROBLEM_SCHEMA_REF}}},
+        }
+        for code in codes
+    }
+
+
+#: The problems any authenticated route can answer.
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = problem_responses(
+    400, 401, 404, 409, 413, 415, 422, 500
+)

@@ -1,4 +1,4 @@
-"""How long the ``curvplan example`` model takes to analyse through the API (issue 5 goal:
+"""How long the ``curvplan example`` model takes to analyse through the API (goal:
 under two minutes on the development machine, CPU only).
 
 Runs ``curvplan example --out DIR``, starts ``curvplan serve`` and ``curvplan worker --queues
@@ -31,6 +31,7 @@ from sqlalchemy.engine import make_url
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "analyze"))
+sys.path.insert(0, str(ROOT / "tests"))  # live.py uses the shared live-service plugin
 
 from live import start_service  # noqa: E402
 

@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,9 @@ from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from live_plugin import free_port  # noqa: E402  (the tests' shared live-service helpers)
 
 from curvplan_server import migrations  # noqa: E402
 from curvplan_server.auth.keys import create_key  # noqa: E402
@@ -53,12 +55,6 @@ BODY = json.dumps(
         "targets": {"tolerances": [0.01, 0.001], "radius": 0.1},
     }
 ).encode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_ready(base: str, timeout: float = 60.0) -> None:

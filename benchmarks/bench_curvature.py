@@ -1,4 +1,4 @@
-"""Curvature-engine benchmark on the reference GPT (issue 4, "Performance").
+"""Curvature-engine benchmark on the reference GPT.
 
 Reference model: 2 pre-LN layers, d_model 64, 4 heads, d_ff 256, seq 32, vocab 100 (~115k
 parameters), briefly trained on a Markov-chain language so the weights are a realistic w*;
@@ -13,7 +13,7 @@ evaluation batch 64 × 32 tokens. Prints, side by side:
    as certified.
 
 The peers are optional: install them in a separate venv with a constraints file pinning torch
-(curvature-pitfalls §12), e.g. ``.bench-venv``. A timing is never an assertion here.
+(docs/numerics.md#benchmarks), e.g. ``.bench-venv``. A timing is never an assertion here.
 
     python benchmarks/bench_curvature.py [--device cpu|cuda] [--precision float32|float64]
         [--tol 1e-6] [--threads N] [--no-reference] [--peers eigenthings,curvlinops]
@@ -146,7 +146,7 @@ class _FlatLM(torch.nn.Module):
 
 def _peer_blas_pinned():
     """Pin only the BLAS pools (scipy/numpy OpenBLAS) to one thread around a peer's scipy
-    calls (pitfalls §7). ``pinned_blas_threads`` limits every pool threadpoolctl sees,
+    calls (docs/numerics.md#threads). ``pinned_blas_threads`` limits every pool threadpoolctl sees,
     including torch's libgomp, which would run the peer's HVPs inside ``eigsh`` on one
     thread and slow them unfairly."""
     from threadpoolctl import threadpool_limits
@@ -160,7 +160,7 @@ def peer_eigenthings(model, x, y, blocks, tol, max_iter, sync) -> dict:
     (``method="autograd"``), on the single evaluation batch (so its unweighted batch mean is
     the mean token loss); then its ``lanczos(k=1)`` once with ``which="LA"`` and once with
     ``which="SA"``. Its Lanczos has no early stop: it always runs ``max_iter`` steps (its
-    default is min(2k, n-1) = 2, far too few, pitfalls §5), so ``max_iter`` is set to
+    default is min(2k, n-1) = 2, far too few, docs/numerics.md#lanczos), so ``max_iter`` is set to
     min(``max_iter``, n-1); full reorthogonalisation keeps its own default (off above 50 steps).
     ``converged`` is its own residual test |β_m s_m| < tol·|λ|."""
     import hessian_eigenthings as he

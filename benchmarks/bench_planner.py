@@ -1,6 +1,6 @@
 """Benchmark: Δ_k for N = 1,000,000 losses × 100 orderings, fit and 1,000-resample bootstrap.
 
-Goal (issue 3): under 2 s on the 2-core dev machine, peak memory under 2 GB.
+Goal: under 2 s on the 2-core dev machine, peak memory under 2 GB.
 
 Prints, side by side:
 - the planner path (`loss_difference_curves` + `fit_power_law` with bootstrap), wall time and

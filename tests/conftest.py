@@ -10,6 +10,7 @@
   (``join_transaction_mode="create_savepoint"``: the code under test may commit).
 - ``app`` / ``client``: the API bound to ``db_session``; ``api_key`` / ``auth_headers``
   (and ``other_auth_headers`` of a second project).
+- ``live`` (the plugin tests/live_plugin.py): real API + worker processes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import live_plugin  # tests/ is on sys.path while its conftest loads
 import pytest
 
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -31,6 +33,12 @@ with warnings.catch_warnings():
     # here under the filter keeps that out of every test run's output.
     warnings.simplefilter("ignore")
     import fastapi.testclient  # noqa: F401
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the shared live-service plugin (its fixtures and the e2e marking)."""
+    if not config.pluginmanager.has_plugin("curvplan-live"):
+        config.pluginmanager.register(live_plugin, "curvplan-live")
 
 
 def _reachable(url: str) -> bool:

@@ -1,4 +1,4 @@
-"""The SQL of the queue: claim, heartbeat, fenced writes, reaper, worker rows (design.md §5).
+"""The SQL of the queue: claim, heartbeat, fenced writes, reaper, worker rows (docs/layout.md).
 
 Every statement uses the database clock (``now()``), so workers on machines with
 skewed clocks agree on leases. Every write to a job after its claim is *fenced*: it

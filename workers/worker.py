@@ -54,6 +54,7 @@ from curvplan_worker import store
 from curvplan_worker.attempt import AttemptProcess, Final, Progress, describe_exit, make_context
 from curvplan_worker.child import ChildTask
 from curvplan_worker.errors import error_dict
+from curvplan_worker.health import touch_health_file
 from curvplan_worker.kinds import KINDS
 
 log = logging.getLogger("curvplan.worker")
@@ -85,6 +86,15 @@ class WorkerOptions:
     start_method: str = "forkserver"
     log_format: str = "console"
     log_level: str = "INFO"
+    #: Touched after every heartbeat the database accepted: the worker's health signal
+    #: (``curvplan worker-health`` checks its age; the Docker image's HEALTHCHECK runs it).
+    health_file: Path | None = None
+    #: Storage garbage collection (docs/storage.md): a pass every ``gc_interval_seconds``
+    #: (None: never) over stale temp files, expired jobs and unreferenced blobs.
+    gc_interval_seconds: float | None = None
+    job_retention_days: float | None = None
+    blob_gc_grace_seconds: float = 600.0
+    temp_file_max_age_seconds: float = 3600.0
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.queues) - set(VALID_QUEUES))
@@ -130,6 +140,11 @@ class WorkerOptions:
             worker_stale_seconds=max(settings.worker_stale_seconds, 2 * lease),
             log_format=settings.log_format,
             log_level=settings.log_level,
+            health_file=settings.worker_health_file,
+            gc_interval_seconds=settings.gc_interval_seconds or None,
+            job_retention_days=settings.job_retention_days,
+            blob_gc_grace_seconds=settings.blob_gc_grace_seconds,
+            temp_file_max_age_seconds=settings.temp_file_max_age_seconds,
         )
         rest = {k: v for k, v in given.items() if k not in ("lease_seconds", "heartbeat_seconds")}
         return replace(base, **rest)  # type: ignore[arg-type]
@@ -462,6 +477,8 @@ class WorkerSlot:
             store.touch_worker(
                 conn, self.worker_id, status, current.fence.job_id if current else None
             )
+        if self.options.health_file is not None:  # after the commit: the beat reached the DB
+            touch_health_file(self.options.health_file)
 
     def _reap(self) -> None:
         self._last_reap = time.monotonic()
@@ -487,6 +504,39 @@ class WorkerSlot:
             log.warning(
                 "marked a worker without heartbeat stopped", extra={"stale_worker": worker_id}
             )
+
+
+def _gc_loop(options: WorkerOptions, stop: threading.Event) -> None:
+    """Storage garbage collection every ``gc_interval_seconds`` until the worker stops.
+
+    Only one process of the deployment collects at a time (a session advisory lock); the
+    others skip their turn. Failures are logged and retried at the next turn.
+    """
+    from curvplan_server.artifacts.blobstore import default_store
+    from curvplan_server.storage.gc import collector_lock, run_gc
+
+    assert options.gc_interval_seconds is not None
+    engine = make_engine(options.database_url, pool_size=1, max_overflow=1)
+    store = default_store(options.data_dir)
+    try:
+        while not stop.is_set():
+            try:
+                with collector_lock(engine) as leader:
+                    if leader:
+                        summary = run_gc(
+                            engine,
+                            store,
+                            retention_days=options.job_retention_days,
+                            blob_grace_seconds=options.blob_gc_grace_seconds,
+                            temp_max_age_seconds=options.temp_file_max_age_seconds,
+                        )
+                        if any(v for k, v in summary.items() if k.endswith("_deleted")):
+                            log.info("storage garbage collection", extra=summary)
+            except Exception:
+                log.exception("storage garbage collection failed; retrying next turn")
+            stop.wait(options.gc_interval_seconds)
+    finally:
+        engine.dispose()
 
 
 def run_worker(options: WorkerOptions) -> int:
@@ -538,6 +588,10 @@ def run_worker(options: WorkerOptions) -> int:
     ]
     for thread in threads:
         thread.start()
+    if options.gc_interval_seconds is not None:
+        threading.Thread(
+            target=_gc_loop, args=(options, stop), name="storage-gc", daemon=True
+        ).start()
     # The main thread only waits, so that it stays free to handle signals.
     while any(thread.is_alive() for thread in threads):
         for thread in threads:

@@ -1,4 +1,4 @@
-"""Artifacts: uploaded checkpoints/datasets and job outputs (issue 5).
+"""Artifacts: uploaded checkpoints/datasets and job outputs.
 
 Revision ID: 0002
 Revises: 0001

@@ -1,4 +1,4 @@
-"""Content-addressed blob store on a directory (design.md §6).
+"""Content-addressed blob store on a directory (README.md).
 
 Layout under ``root`` (``$CURVPLAN_DATA_DIR/blobs`` by default)::
 
@@ -20,7 +20,11 @@ import secrets
 from pathlib import Path
 from typing import BinaryIO
 
-from curvplan_server.artifacts.safetensors_format import SafetensorsInfo, SafetensorsValidator
+from curvplan_server.artifacts.safetensors_format import (
+    SafetensorsInfo,
+    SafetensorsValidator,
+    check_file,
+)
 
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
@@ -118,13 +122,16 @@ class BlobWriter:
         self._fh.write(chunk)
 
     def finish(self) -> SafetensorsInfo:
-        """Close the file after checking it is a complete safetensors file."""
-        self.info = self._validator.finish()
+        """Close the file after checking it is a complete safetensors file (the early
+        check's size, then the ``safetensors`` library on the stored bytes)."""
+        info = self._validator.finish()
         assert self._fh is not None
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
         self._fh = None
+        check_file(self.temp_path)
+        self.info = info
         self.sha256 = self._hash.hexdigest()
         return self.info
 

@@ -27,6 +27,8 @@ from curvplan_server.problems import (
     field_errors_from_pydantic,
     validation_problem,
 )
+from curvplan_server.storage.quota import Quota
+from curvplan_server.storage.uploads import commit_upload, early_quota_check, register_uri
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
 
@@ -118,6 +120,11 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
     settings = request.app.state.settings
     store = blob_store(request)
     limit = settings.max_artifact_bytes
+    quota = Quota.from_settings(settings)
+    if quota.max_bytes is not None:  # a file that cannot fit is refused before it is read
+        await run_in_threadpool(
+            early_quota_check, session, auth.project_id, quota, _content_length(request)
+        )
 
     def open_writer() -> BlobWriter:
         return store.writer(max_bytes=limit)
@@ -141,7 +148,15 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
         check_kind(kind, info)
         name = form.fields.get("name") or form.filename
         stored = await run_in_threadpool(
-            _commit_upload, session, store, form.writer, auth.project_id, kind, name, info.to_json()
+            commit_upload,
+            session,
+            store,
+            form.writer,
+            auth.project_id,
+            kind,
+            name,
+            info.to_json(),
+            quota,
         )
     except UploadFormError as exc:
         _abort(form)
@@ -181,36 +196,11 @@ def _abort(form: UploadForm) -> None:
         form.writer.abort()
 
 
-def _commit_upload(
-    session: Session,
-    store: BlobStore,
-    writer: BlobWriter,
-    project_id: uuid.UUID,
-    kind: str,
-    name: str | None,
-    summary: dict[str, Any],
-) -> service.Stored:
-    """Blob into place, row inserted and committed; on failure no orphan blob is left."""
-    assert writer.sha256 is not None
-    writer.commit()
+def _content_length(request: Request) -> int | None:
     try:
-        stored = service.insert_blob_artifact(
-            session,
-            project_id,
-            kind=kind,
-            name=name,
-            sha256=writer.sha256,
-            size=writer.size,
-            summary=summary,
-        )
-        session.commit()
-    except BaseException:
-        session.rollback()
-        if not service.blob_is_referenced(session, writer.sha256):
-            store.delete(writer.sha256)
-        session.rollback()
-        raise
-    return stored
+        return int(request.headers["content-length"])
+    except (KeyError, ValueError):
+        return None
 
 
 async def _register_uri(request: Request, session: Session, project_id: uuid.UUID) -> JSONResponse:
@@ -235,11 +225,14 @@ async def _register_uri(request: Request, session: Session, project_id: uuid.UUI
         )
 
     def insert() -> dict[str, Any]:
-        artifact = service.insert_uri_artifact(
-            session, project_id, kind=body.kind, uri=body.uri, name=body.name
+        return register_uri(
+            session,
+            project_id,
+            kind=body.kind,
+            uri=body.uri,
+            name=body.name,
+            quota=Quota.from_settings(request.app.state.settings),
         )
-        session.commit()
-        return artifact
 
     artifact = await run_in_threadpool(insert)
     return JSONResponse(artifact, status_code=201, headers={"Location": artifact["links"]["self"]})

@@ -13,16 +13,16 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from psycopg.types.json import Jsonb
-from sqlalchemy import Row, and_, func, select, tuple_
+from sqlalchemy import Row, Table, and_, select, tuple_
 from sqlalchemy.orm import Session
 
 from curvplan_server.artifacts.models import Artifact
 from curvplan_server.problems import not_found, validation_problem
 
-ARTIFACT = Artifact.__table__
+ARTIFACT = cast(Table, Artifact.__table__)
 _COLUMNS = [
     ARTIFACT.c.id,
     ARTIFACT.c.kind,
@@ -136,16 +136,6 @@ def get_artifact(session: Session, project_id: uuid.UUID, artifact_id: uuid.UUID
     return artifact_to_json(row)
 
 
-def blob_is_referenced(session: Session, sha256: str) -> bool:
-    """Whether any artifact row (of any project) points at this blob."""
-    return (
-        session.execute(
-            select(func.count()).select_from(ARTIFACT).where(ARTIFACT.c.sha256 == sha256)
-        ).scalar_one()
-        > 0
-    )
-
-
 # --------------------------------------------------------------------------- listing
 def _encode_token(created_at: datetime, artifact_id: uuid.UUID, fingerprint: str) -> str:
     blob = json.dumps({"c": created_at.isoformat(), "i": str(artifact_id), "f": fingerprint})
@@ -224,10 +214,12 @@ def check_references(session: Session, project_id: uuid.UUID, refs: Sequence[Art
     if not refs:
         return
     ids = sorted({r.artifact_id for r in refs})
+    # FOR KEY SHARE until the job is committed: a concurrent DELETE /v1/artifacts/{id} waits
+    # and then sees the queued job (docs/storage.md), or it wins and the row is not found.
     rows = session.execute(
-        select(ARTIFACT.c.id, ARTIFACT.c.kind).where(
-            ARTIFACT.c.id.in_(ids), ARTIFACT.c.project_id == project_id
-        )
+        select(ARTIFACT.c.id, ARTIFACT.c.kind)
+        .where(ARTIFACT.c.id.in_(ids), ARTIFACT.c.project_id == project_id)
+        .with_for_update(read=True, key_share=True)
     ).all()
     kinds = {row.id: row.kind for row in rows}
     errors: list[dict[str, Any]] = []

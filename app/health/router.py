@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from curvplan_server.metrics import render_metrics
 from curvplan_server.migrations import current_revisions, head_revisions
-from curvplan_server.problems import PROBLEM_RESPONSES, problem_response
+from curvplan_server.problems import problem_response, problem_responses
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])
@@ -27,7 +27,7 @@ def healthz() -> dict[str, str]:
     "/readyz",
     name="readyz",
     summary="Readiness: database reachable and migrated to head",
-    responses={503: PROBLEM_RESPONSES[409] | {"description": "Not ready"}},
+    responses=problem_responses(503),
 )
 async def readyz(request: Request) -> Response:
     """200 when PostgreSQL answers and its Alembic revision is the shipped head, else 503."""

@@ -1,4 +1,4 @@
-"""The job row is the queue (design.md §5) and ``job_attempt`` proves each claim."""
+"""The job row is the queue (docs/layout.md) and ``job_attempt`` proves each claim."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""HTTP routes of the job resource (design.md §4)."""
+"""HTTP routes of the job resource (docs/openapi.json)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,16 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from curvplan.types.jobs import JOB_CREATE_ADAPTER, JOB_KINDS, TERMINAL_STATUSES, JobOut, JobPage
+from curvplan.types.planner import Recommendation
 from curvplan_server.analyze.references import prepare_job_body
 from curvplan_server.auth.dependencies import ProjectDep, authenticate
 from curvplan_server.db import SessionDep
 from curvplan_server.jobs import service
+from curvplan_server.jobs.examples import CREATE_EXAMPLES, JOB_EXAMPLE, RECOMMENDATION_EXAMPLE
 from curvplan_server.problems import (
-    PROBLEM_RESPONSES,
     Problem,
     field_errors_from_pydantic,
+    problem_responses,
     validation_problem,
 )
 
@@ -142,12 +144,24 @@ IDEMPOTENCY_KEY_PARAMETER = {
     status_code=202,
     response_model=JobOut,
     summary="Submit a job",
-    responses={**PROBLEM_RESPONSES},
+    responses={
+        202: {
+            "description": "Queued (or replayed: header Idempotent-Replayed: true); "
+            "the job's URL is in Location",
+            "content": {"application/json": {"example": JOB_EXAMPLE}},
+        },
+        **problem_responses(400, 401, 404, 409, 413, 415, 422, 500),
+    },
     openapi_extra={
         "parameters": [IDEMPOTENCY_KEY_PARAMETER],
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobCreate"}}},
+            "content": {
+                "application/json": {
+                    "schema": {"$ref": "#/components/schemas/JobCreate"},
+                    "examples": CREATE_EXAMPLES,
+                }
+            },
         },
     },
 )
@@ -219,7 +233,7 @@ def _create_and_commit(
     name="list_jobs",
     response_model=JobPage,
     summary="List jobs (newest first, cursor pagination)",
-    responses={**PROBLEM_RESPONSES},
+    responses=problem_responses(401, 422, 500),
 )
 def list_jobs(
     request: Request,
@@ -249,7 +263,13 @@ def list_jobs(
     name="get_job",
     response_model=JobOut,
     summary="Get a job; ?wait=N long-polls",
-    responses={**PROBLEM_RESPONSES},
+    responses={
+        200: {
+            "description": "The job; `result` is set once it succeeded",
+            "content": {"application/json": {"example": JOB_EXAMPLE}},
+        },
+        **problem_responses(401, 404, 422, 500),
+    },
 )
 async def get_job(
     request: Request,
@@ -298,8 +318,13 @@ def _probe_status(session: Any, project_id: uuid.UUID, job_id: uuid.UUID) -> str
     "/{job_id}/cancel",
     name="cancel_job",
     response_model=JobOut,
+    status_code=202,
     summary="Cancel a job",
-    responses={**PROBLEM_RESPONSES},
+    responses={
+        200: {"model": JobOut, "description": "The job was queued: it is cancelled now"},
+        202: {"description": "The job is running: it is `cancelling` until its worker stops"},
+        **problem_responses(401, 404, 422, 500, _409="The job already finished"),
+    },
 )
 def cancel_job(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> JSONResponse:
     """Queued → ``cancelled`` at once (200); running → ``cancelling`` (202); terminal → 409."""
@@ -310,9 +335,15 @@ def cancel_job(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> JSON
 @router.get(
     "/{job_id}/recommendation",
     name="get_job_recommendation",
-    response_model=dict[str, Any],
+    response_model=Recommendation,
     summary="The recommendation of a succeeded plan/analyze job",
-    responses={**PROBLEM_RESPONSES},
+    responses={
+        200: {
+            "description": "`result.recommendation` of the job",
+            "content": {"application/json": {"example": RECOMMENDATION_EXAMPLE}},
+        },
+        **problem_responses(401, 404, 422, 500, _409="The job has not succeeded (yet)"),
+    },
 )
 def get_job_recommendation(
     job_id: uuid.UUID, session: SessionDep, auth: ProjectDep

@@ -12,17 +12,17 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from psycopg.types.json import Jsonb
-from sqlalchemy import Row, and_, case, func, or_, select, tuple_, update
+from sqlalchemy import Row, Table, and_, case, func, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from curvplan.types.jobs import JOB_KINDS, JOB_STATUSES, QUEUE_OF_KIND, TERMINAL_STATUSES
 from curvplan_server.jobs.models import Job
 from curvplan_server.problems import Problem, conflict, not_found, validation_problem
 
-JOB = Job.__table__
+JOB = cast(Table, Job.__table__)
 _OUT_COLUMNS = [
     JOB.c.id,
     JOB.c.kind,

@@ -85,9 +85,9 @@ def _direct_noise(stats: DirectNoiseStats, confidence: float) -> _Noise:
     out.trace_sigma = _direct_stat(
         stats.trace_sigma, stats.trace_sigma_se, z, formulas.TRACE_SIGMA_DIRECT
     )
-    out.ghg = _direct_stat(stats.gHg, stats.gHg_se, z, "GᵀHG as measured (direct statistic)")
+    out.ghg = _direct_stat(stats.gHg, stats.gHg_se, z, formulas.GHG_DIRECT)
     out.trace_h_sigma = _direct_stat(
-        stats.trace_h_sigma, stats.trace_h_sigma_se, z, "tr(HΣ) as measured (direct statistic)"
+        stats.trace_h_sigma, stats.trace_h_sigma_se, z, formulas.TRACE_H_SIGMA_DIRECT
     )
     has_se_simple = stats.grad_sq_norm_se is not None and stats.trace_sigma_se is not None
     has_se_noise = stats.gHg_se is not None and stats.trace_h_sigma_se is not None

@@ -1,4 +1,5 @@
-"""Critical batch size from a steps-to-target table (McCandlish et al. 2018 §2.3; digest §7.1)."""
+"""Critical batch size from a steps-to-target table (McCandlish et al. 2018 §2.3;
+docs/formulas.md#batch-size)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class LinearCrossCheck:
 def fit_steps_to_target(
     batch_sizes: FloatArray, steps: FloatArray, confidence: float
 ) -> CriticalBatchFit:
-    """Fit S = S_min(1 + B_crit/B) (McCandlish et al. 2018 §2.3, digest §7.1).
+    """Fit S = S_min(1 + B_crit/B) (McCandlish et al. 2018 §2.3, docs/formulas.md#batch-size).
 
     Nonlinear least squares on log S (multiplicative noise) over θ = (log S_min, log B_crit),
     which keeps both positive. Intervals: θ ± t_{n−2}·se from the Jacobian covariance
@@ -115,7 +116,8 @@ def _log_interval(center: float, half_width: float) -> tuple[float, float]:
 
 
 def linear_cross_check(batch_sizes: FloatArray, steps: FloatArray) -> LinearCrossCheck | None:
-    """Linear form 1/S = a + b/E with E = B·S (McCandlish et al. 2018 §2.3; digest §7.1):
+    """Linear form 1/S = a + b/E with E = B·S (McCandlish et al. 2018 §2.3;
+    docs/formulas.md#batch-size):
     S_min = 1/a, B_crit = −b, E_min = B_crit·S_min. None when a ≤ 0 or b ≥ 0."""
     b = np.asarray(batch_sizes, dtype=np.float64)
     s = np.asarray(steps, dtype=np.float64)
@@ -133,7 +135,8 @@ def batch_at_step_overhead(b0: float, b_crit: float, overhead: float = 0.2) -> f
     """Batch size whose steps exceed perfect linear scaling from B0 by `overhead`.
 
     With S(B) = S_min(1 + B_crit/B): S(B)·B/(S(B0)·B0) = (B + B_crit)/(B0 + B_crit) = 1 + overhead
-    ⇒ B = (1 + overhead)·B0 + overhead·B_crit (Zhang et al. 2024 definition, digest §7.2)."""
+    ⇒ B = (1 + overhead)·B0 + overhead·B_crit (Zhang et al. 2024 definition,
+    docs/formulas.md#batch-size)."""
     return (1.0 + overhead) * b0 + overhead * b_crit
 
 

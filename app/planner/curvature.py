@@ -1,4 +1,4 @@
-"""Per-block curvature summary (digest §8 items 1 and 7; design.md §3)."""
+"""Per-block curvature summary (docs/formulas.md#curvature)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ def summarize_blocks(
     blocks: list[BlockCurvature],
 ) -> tuple[CurvatureSection, list[str]]:
     """Which blocks carry the curvature, the heterogeneity ratio max/min spectral norm, the
-    per-block GD step-size ceilings 2/λ_max (digest §8 item 7), and the blocks whose λ_min is
+    per-block GD step-size ceilings 2/λ_max (docs/formulas.md#curvature), and the blocks whose
+    λ_min is
     clearly negative (w* is not a minimum there). Returns the section and the negative blocks."""
     total = sum(b.spectral_norm for b in blocks)
     max_norm = max(b.spectral_norm for b in blocks)

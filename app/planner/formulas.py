@@ -1,105 +1,118 @@
-"""The formulas behind every number the planner reports.
+"""The formula of every number the planner reports: ``"<id>: <one-line formula>"``.
 
-"digest" = docs/science/paper-digest.md.
+The id is stable (a client may key on it); the line says what the number is. What each
+number means, its assumptions, the paper's equation and our corrections are explained in
+``docs/formulas.md`` under the same id (a test checks that every id has its section).
 """
 
-DELTA_ABS = (
-    "Δ_k = |L_{k+1} − L_k| = |l_{k+1} − L_k|/(k+1) averaged over random orderings "
-    "(Petrov et al. 2025 §3.3; digest §3, §8 item 3)"
+from __future__ import annotations
+
+from typing import Final
+
+
+def formula(formula_id: str, text: str) -> str:
+    """``"<id>: <text>"``: how a reported number names its formula."""
+    return f"{formula_id}: {text}"
+
+
+def formula_id(text: str) -> str:
+    """The id of a formula string built by :func:`formula`."""
+    return text.split(": ", 1)[0]
+
+
+# Sample size (Petrov et al. 2025)
+DELTA_ABS: Final = formula(
+    "sample.delta", "Δ_k = |L_{k+1} − L_k| = |l_{k+1} − L_k|/(k+1), mean over random orderings"
 )
-DELTA_SQ = "Δ2_k = mean over orderings of (L_{k+1} − L_k)² (squared criterion; digest §6.4)"
-FIT_INTERVALS = (
-    "intervals: percentiles over bootstrap replicates combining (i) the fit refitted on "
-    "orderings resampled with replacement (randomness of the R orderings) and (ii) an "
-    "independent draw of the error from drawing the N samples: for Δ_k a normal draw of "
-    "(log C, α) with the covariance of their influence functions over the N losses "
-    "(E|l − L_k| per bin, CLT for L_k), for Δ2_k a grouped bootstrap over the N losses of "
-    "Var l, which sets C2; so the intervals cover the population C, α, k* for a fresh draw of "
-    "N i.i.d. samples, not only the given losses (synthetic check at nominal 0.90, N = 1000, "
-    "R = 100: k* 0.87-0.88, C 0.87, α 0.79-0.90; k* intervals from the orderings alone: "
-    "< 0.5)"
+DELTA_SQ: Final = formula("sample.delta_sq", "Δ2_k = mean over orderings of (L_{k+1} − L_k)²")
+FIT_INTERVALS: Final = formula(
+    "sample.fit_intervals", "bootstrap percentiles over orderings and over the N-sample draw"
 )
-POWER_LAW_FIT = (
-    "Δ_k ≈ C·k^(−α): weighted least squares in log space on log-binned k, weights "
-    "1/Var(log mean) across orderings (digest §8 item 4); " + FIT_INTERVALS
+POWER_LAW_FIT: Final = formula(
+    "sample.power_law_fit",
+    "Δ_k ≈ C·k^(−α), weighted least squares in log space on log-binned k; CIs: "
+    "sample.fit_intervals",
 )
-POWER_LAW_FIT_SQ = "Δ2_k ≈ C2·k^(−α2), same fit as Δ_k (digest §6.4, §8 item 4); " + FIT_INTERVALS
-C2_FIXED_SLOPE = (
-    "C2 = weighted geometric mean of Δ2_k·(k+1)² over the fit window, i.e. the fit "
-    "Δ2_k = C2/(k+1)² with the slope fixed at the theory's 2 (digest §3 end, §6.4)"
+POWER_LAW_FIT_SQ: Final = formula(
+    "sample.power_law_fit_sq",
+    "Δ2_k ≈ C2·k^(−α2), same fit as sample.power_law_fit; CIs: sample.fit_intervals",
 )
-K_EMPIRICAL = (
-    "k*(ε) = ⌈(C/ε)^(1/α)⌉ from the fitted Δ_k ≈ C·k^(−α) (digest §8 item 5); interval: "
-    "percentiles of k* over the (C, α) replicates, which include both the orderings and the "
-    "drawing of the N samples (see the fit's formula)"
+C2_FIXED_SLOPE: Final = formula(
+    "sample.c2_fixed_slope", "C2 = weighted geometric mean of Δ2_k·(k+1)² over the fit window"
 )
-K_THM7 = "Petrov et al. 2025 Thm 7 (digest §3): k* = ⌈(2ℓ_max + M·R²)/ε⌉ − 1"
-K_THM7_TIGHT = "Thm 7 tighter constant ℓ_max (digest §3 DERIVED): k* = ⌈(ℓ_max + M·R²)/ε⌉ − 1"
-K_SQUARED = (
-    "squared criterion (digest §3, §6.4): k* = ⌈√(C2/ε)⌉ − 1, tolerance ε applied to the "
-    "mean squared difference Δ2"
-)
-K_SQUARED_RMS = (
-    "squared criterion as RMS difference: k* = ⌈√C2/ε⌉ − 1, i.e. √Δ2 ≤ ε "
-    "(digest §6.4 with tolerance ε² on Δ2)"
+K_EMPIRICAL: Final = formula("sample.k_empirical", "k*(ε) = ⌈(C/ε)^(1/α)⌉")
+K_THM7: Final = formula("sample.k_theorem7", "k* = ⌈(2ℓ_max + M·R²)/ε⌉ − 1")
+K_THM7_TIGHT: Final = formula("sample.k_theorem7_tight", "k* = ⌈(ℓ_max + M·R²)/ε⌉ − 1")
+K_SQUARED: Final = formula("sample.k_squared", "k* = ⌈√(C2/ε)⌉ − 1 (ε on the mean Δ2)")
+K_SQUARED_RMS: Final = formula("sample.k_squared_rms", "k* = ⌈√C2/ε⌉ − 1 (ε on √Δ2)")
+THM7_CONSTANT: Final = formula(
+    "sample.theorem7_constant",
+    "|Δ_k| ≤ (2ℓ_max + M·r²)/(k+1); tight: ℓ_max + M·r²; tightness = C/(2ℓ_max + M·r²)",
 )
 
-GRAD_SQ_DIRECT = "|G|² as measured (direct statistic)"
-TRACE_SIGMA_DIRECT = "tr Σ as measured (direct statistic)"
-GRAD_SQ_TWO_BATCH = (
-    "|G|² = (B_big|G_big|² − B_small|G_small|²)/(B_big − B_small), averaged over steps "
-    "(McCandlish et al. 2018 App. A; digest §7.1)"
+LOSS_BOUND_INPUT: Final = formula("sample.loss_bound_input", "ℓ_max as given")
+LOSS_BOUND_MEASURED: Final = formula(
+    "sample.loss_bound_measured", "ℓ_max = max_i l_i(w*) over the given losses (a lower bound)"
 )
-TRACE_SIGMA_TWO_BATCH = (
-    "tr Σ = (|G_small|² − |G_big|²)/(1/B_small − 1/B_big), averaged over steps "
-    "(McCandlish et al. 2018 App. A; digest §7.1)"
+HESSIAN_BOUND_INPUT: Final = formula("sample.hessian_bound_input", "M as given")
+HESSIAN_BOUND_MEASURED: Final = formula(
+    "sample.hessian_bound_measured", "M = max_i ‖H_i(w*)‖₂ over the measured samples"
 )
-GHG_TWO_BATCH = (
-    "GᵀHG = (B_big h_big − B_small h_small)/(B_big − B_small), h = G_BᵀHG_B "
-    "(digest §7.1 DERIVED, Hessian-aware analogue of App. A)"
+
+# Batch size (McCandlish et al. 2018)
+GRAD_SQ_DIRECT: Final = formula("batch.grad_sq_direct", "|G|² as measured")
+TRACE_SIGMA_DIRECT: Final = formula("batch.trace_sigma_direct", "tr Σ as measured")
+GHG_DIRECT: Final = formula("batch.ghg_direct", "GᵀHG as measured")
+TRACE_H_SIGMA_DIRECT: Final = formula("batch.trace_h_sigma_direct", "tr(HΣ) as measured")
+GRAD_SQ_TWO_BATCH: Final = formula(
+    "batch.grad_sq_two_batch",
+    "|G|² = (B_big|G_big|² − B_small|G_small|²)/(B_big − B_small), mean over steps",
 )
-TRACE_H_SIGMA_TWO_BATCH = "tr(HΣ) = (h_small − h_big)/(1/B_small − 1/B_big) (digest §7.1 DERIVED)"
-B_SIMPLE = "McCandlish et al. 2018 eq. 2.8 (digest §7.1): B_simple = tr Σ/|G|²"
-B_SIMPLE_TWO_BATCH = (
-    "McCandlish et al. 2018 eq. 2.8 (digest §7.1) with App. A: "
-    "B_simple = mean(tr Σ_t)/mean(|G|²_t) "
-    "(ratio of separate averages); CI = bootstrap percentiles over steps"
+TRACE_SIGMA_TWO_BATCH: Final = formula(
+    "batch.trace_sigma_two_batch",
+    "tr Σ = (|G_small|² − |G_big|²)/(1/B_small − 1/B_big), mean over steps",
 )
-B_NOISE = "McCandlish et al. 2018 §2.2 (digest §7.1): B_noise = tr(HΣ)/GᵀHG"
-B_NOISE_TWO_BATCH = (
-    "McCandlish et al. 2018 §2.2 (digest §7.1) with the two-batch estimators of GᵀHG and tr(HΣ) "
-    "(digest §7.1 DERIVED); CI = bootstrap percentiles over steps"
+GHG_TWO_BATCH: Final = formula(
+    "batch.ghg_two_batch", "GᵀHG = (B_big h_big − B_small h_small)/(B_big − B_small)"
 )
-DELTA_METHOD = "; CI by the delta method on log(ratio) from the given standard errors"
-B_CRIT_FIT = (
-    "McCandlish et al. 2018 §2.3 (digest §7.1): S = S_min(1 + B_crit/B), "
-    "nonlinear least squares on "
-    "log S; CIs from the Jacobian covariance with Student-t quantiles; E_min = B_crit·S_min"
+TRACE_H_SIGMA_TWO_BATCH: Final = formula(
+    "batch.trace_h_sigma_two_batch", "tr(HΣ) = (h_small − h_big)/(1/B_small − 1/B_big)"
 )
-B_CRIT_LINEAR = (
-    "McCandlish et al. 2018 §2.3 (digest §7.1) linear form 1/S = a + b/E (E = B·S): S_min = 1/a, "
-    "B_crit = −b (digest §7.1)"
+B_SIMPLE: Final = formula("batch.b_simple", "B_simple = tr Σ/|G|²")
+B_SIMPLE_TWO_BATCH: Final = formula(
+    "batch.b_simple_two_batch", "B_simple = mean(tr Σ_t)/mean(|G|²_t); CI bootstrap over steps"
 )
-B_20PCT = (
-    "batch size with 20 % step overhead over perfect scaling from the smallest measured "
-    "batch B0: S(B)·B/(S(B0)·B0) = 1.2 ⇒ B = 1.2·B0 + 0.2·B_crit (Zhang et al. 2024 "
-    "definition, UNVERIFIED wording, digest §7.2; S(B) from McCandlish et al. 2018 §2.3)"
+B_NOISE: Final = formula("batch.b_noise", "B_noise = tr(HΣ)/GᵀHG")
+B_NOISE_TWO_BATCH: Final = formula(
+    "batch.b_noise_two_batch",
+    "B_noise = tr(HΣ)/GᵀHG from the two-batch estimators; CI bootstrap over steps",
 )
-RECOMMENDED = "power of two nearest (in log2) to {basis}"
-LR_SCALING = (
-    "McCandlish et al. 2018 §2.2 (digest §7.1): ε_opt(B) = ε_max/(1 + B_noise/B), ε_max = |G|²/GᵀHG"
+DELTA_METHOD: Final = "; CI: delta method on log(ratio) (batch.delta_method)"
+B_CRIT_FIT: Final = formula(
+    "batch.b_crit_fit", "S = S_min(1 + B_crit/B), least squares on log S; E_min = B_crit·S_min"
 )
-SCALING_FIT = (
-    "L(D) = E + A·D^(−β) by bounded nonlinear least squares (scipy least_squares, TRF); "
-    "CIs from the Jacobian covariance with Student-t quantiles"
+B_CRIT_LINEAR: Final = formula(
+    "batch.b_crit_linear", "1/S = a + b/E with E = B·S: S_min = 1/a, B_crit = −b"
 )
-N_FOR_TARGET = (
-    "D = (A/(target − E))^(1/β) from L(D) = E + A·D^(−β); CI by sampling the fitted "
-    "parameters' asymptotic normal distribution"
+B_20PCT: Final = formula(
+    "batch.b_20pct_overhead", "S(B)·B/(S(B0)·B0) = 1.2 ⇒ B = 1.2·B0 + 0.2·B_crit"
 )
-HETEROGENEITY = "max/min per-block spectral norm (digest §8 items 1, 7)"
-LR_CEILING = "η_g < 2/λ_max(H_gg), GD stability ceiling per block (digest §8 item 7)"
-THM7_CONSTANT = (
-    "Thm 7 (digest §3): |Δ_k| ≤ (2ℓ_max + M·r²)/(k+1) at radius r; tight: ℓ_max + M·r²; "
-    "tightness = fitted C / (2ℓ_max + M·r²)"
+RECOMMENDED: Final = formula("batch.recommended", "power of two nearest (in log2) to {basis}")
+LR_SCALING: Final = formula(
+    "batch.lr_scaling", "ε_opt(B) = ε_max/(1 + B_noise/B), ε_max = |G|²/GᵀHG"
+)
+
+# Data scaling
+SCALING_FIT: Final = formula(
+    "scaling.fit", "L(D) = E + A·D^(−β), bounded nonlinear least squares; CIs Student-t"
+)
+N_FOR_TARGET: Final = formula("scaling.n_for_target", "D = (A/(target − E))^(1/β)")
+
+# Curvature
+HETEROGENEITY: Final = formula(
+    "curvature.heterogeneity", "max/min of the per-block spectral norms ‖H_B‖"
+)
+LR_CEILING: Final = formula("curvature.lr_ceiling", "η_g < 2/λ_max(H_gg) per block")
+ASSUMPTION1: Final = formula(
+    "curvature.assumption1", "2|∇L(w*)|/(M·R): first-order term over the second-order bound"
 )

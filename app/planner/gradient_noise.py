@@ -1,4 +1,4 @@
-"""Gradient-noise scales B_simple and B_noise (McCandlish et al. 2018; digest §7.1).
+"""Gradient-noise scales B_simple and B_noise (McCandlish et al. 2018; docs/formulas.md#batch-size).
 
 Two input forms:
 - direct statistics |G|², tr Σ, GᵀHG, tr(HΣ), optionally with standard errors (delta-method
@@ -53,7 +53,7 @@ def two_batch_estimates(
     S_t    = (|G_small,t|² − |G_big,t|²)/(1/B_small − 1/B_big)
 
     with E|G_B|² = |G|² + tr Σ/B these have expectations |G|² and tr Σ. The same algebra on
-    h_B = G_BᵀHG_B gives GᵀHG and tr(HΣ) (digest §7.1 DERIVED).
+    h_B = G_BᵀHG_B gives GᵀHG and tr(HΣ) (docs/formulas.md#batch-size).
     """
     bs, bb = float(b_small), float(b_big)
     g2 = (bb * sq_big - bs * sq_small) / (bb - bs)

@@ -1,6 +1,6 @@
 """Loss-difference curves Δ_k over random orderings and their power-law fits.
 
-Petrov et al. 2025 §3.3 (digest §3, §8 items 3–4): for an ordering of the N samples,
+Petrov et al. 2025 §3.3 (docs/formulas.md#sample-size): for an ordering of the N samples,
 L_k is the mean of the first k per-sample losses and
 
     Δ_k = |L_{k+1} − L_k| = |l_{k+1} − L_k| / (k+1),   k = 1 … N−1.
@@ -133,11 +133,13 @@ def loss_difference_curves(
     grid: CurveGrid | None = None,
     workers: int | None = None,
 ) -> OrderingCurves:
-    """Δ_k and Δ_k² over `orderings` random orderings (Petrov et al. 2025 §3.3; digest §8 item 3).
+    """Δ_k and Δ_k² over `orderings` random orderings (Petrov et al. 2025 §3.3;
+    docs/formulas.md#sample-size).
 
     `losses` is (N,) for the losses at w*, or (P, N) for P perturbed points w* + r·u (the same
     ordering is applied to every row and the rows are averaged: the Δ1 / Δ2 Monte-Carlo criteria
-    of digest §6.4). Orderings run on a small thread pool (numpy releases the GIL); memory is a
+    of docs/formulas.md#sample-size). Orderings run on a small thread pool (numpy releases the
+    GIL); memory is a
     few copies of one (block of) row(s) per worker.
     """
     arr = np.ascontiguousarray(losses, dtype=np.float64)
@@ -221,7 +223,7 @@ def fit_power_law(
     data_scale: FloatArray | None = None,
     data_shift: FloatArray | None = None,
 ) -> PowerLawEstimate:
-    """Fit mean-over-orderings ≈ C·(k + k_offset)^(−α) (digest §8 item 4).
+    """Fit mean-over-orderings ≈ C·(k + k_offset)^(−α) (docs/formulas.md#sample-size).
 
     Weighted least squares of log(mean) on log k over the bins inside `window`, weights
     1/Var(log mean) = R·mean²/Var_orderings (delta method). The bootstrap resamples the R
@@ -301,7 +303,8 @@ def fit_power_law(
 
 
 def default_window(n_samples: int) -> tuple[int, int]:
-    """Skip the first samples: k_min = clip(N/1000, 10, 100), k_max = N − 1 (digest §8 item 4)."""
+    """Skip the first samples: k_min = clip(N/1000, 10, 100), k_max = N − 1
+    (docs/formulas.md#sample-size)."""
     k_min = int(min(100, max(10, n_samples // 1000)))
     return k_min, n_samples - 1
 
@@ -310,7 +313,8 @@ def default_window(n_samples: int) -> tuple[int, int]:
 @dataclass(frozen=True)
 class DataScaleBootstrap:
     """Bootstrap replicates, relative to the observed value, of Var(l): the data-level scale
-    that sets C2 of the squared criterion (E[Δ_k²] = Var(l)(1 + 1/k)/(k+1)², digest §3)."""
+    that sets C2 of the squared criterion (E[Δ_k²] = Var(l)(1 + 1/k)/(k+1)²,
+    docs/formulas.md#sample-size)."""
 
     sq_factor: FloatArray  # (B,) Var*/Var, Var = mean over rows of the biased variance
     groups: int
@@ -319,7 +323,8 @@ class DataScaleBootstrap:
 def data_scale_bootstrap(
     losses: FloatArray, *, bootstrap: int, seed: int, stream: int, groups: int = 1000
 ) -> DataScaleBootstrap:
-    """Bootstrap over the N samples of Var(l), which sets C2 (digest §3 end): the shape
+    """Bootstrap over the N samples of Var(l), which sets C2 (docs/formulas.md#sample-size): the
+    shape
     (1 + 1/k)/(k+1)² does not depend on the loss distribution, so the scale carries all of the
     data-sampling error of C2.
 
@@ -381,7 +386,8 @@ def data_influence_cov(
 ) -> FloatArray:
     """Covariance (2×2) of the data-sampling error of (log C, α) of the |Δ_k| fit.
 
-    The population bin means T_j = E|l − L_k|/(k+1) (k = k_rep of bin j, digest §3) are smooth
+    The population bin means T_j = E|l − L_k|/(k+1) (k = k_rep of bin j,
+    docs/formulas.md#sample-size) are smooth
     functionals of the loss distribution F; their influence function is
     IF_j(x) = E|x − L_k| + (x − μ)·E sign(L_k − X_0) + (x − μ)²·f_k(μ)/k + const
     (differentiate the U-statistic E|X_0 − (X_1 + … + X_k)/k|: x as X_0, and x as one of the

@@ -1,4 +1,4 @@
-"""Assemble a Recommendation from validated measurements and targets (design.md §3–4)."""
+"""Assemble a Recommendation from validated measurements and targets (docs/formulas.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from curvplan.types.planner import (
     Targets,
     check_workload,
 )
+from curvplan_server.planner import formulas
 from curvplan_server.planner.batch_section import build_batch_section
 from curvplan_server.planner.curvature import summarize_blocks
 from curvplan_server.planner.sample_size_section import build_sample_size_section
@@ -23,7 +24,7 @@ ASSUMPTION1_RATIO_LIMIT = 0.1
 
 
 def make_plan(measurements: Measurements, targets: Targets, *, seed: int = 0) -> Recommendation:
-    """Turn curvature measurements into a data budget (design.md §3).
+    """Turn curvature measurements into a data budget (docs/formulas.md).
 
     Every section holds values or a `not_computed` reason; `targets.seed`, when given, overrides
     `seed`. Deterministic for a given seed. Raises `PlanInputError` (naming the field) when the
@@ -100,10 +101,7 @@ def _curvature_section(
     if m_bound is not None and m_bound > 0 and radius is not None and radius > 0:
         ratio = 2.0 * grad_norm / (m_bound * radius)
         updates["assumption1_ratio"] = ratio
-        updates["assumption1_formula"] = (
-            "|∇L(w*)|·R / (M·R²/2) = 2|∇L(w*)|/(M·R): neglected first-order Taylor term over the "
-            "kept second-order bound (Petrov et al. 2025 Assumption 1, digest §3)"
-        )
+        updates["assumption1_formula"] = formulas.ASSUMPTION1
         if ratio > ASSUMPTION1_RATIO_LIMIT:
             log.add(
                 "assumption1_gradient_norm",

@@ -1,4 +1,4 @@
-"""Sample size k*(ε) for a tolerance ε (digest §3 and §8 item 5)."""
+"""Sample size k*(ε) for a tolerance ε (docs/formulas.md#sample-size)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _ceil_or_none(value: float) -> int | None:
 
 
 def k_empirical(C: float, alpha: float, tolerance: float) -> int | None:
-    """k*(ε) = ⌈(C/ε)^(1/α)⌉ for the fitted Δ_k ≈ C·k^(−α) (digest §8 item 5).
+    """k*(ε) = ⌈(C/ε)^(1/α)⌉ for the fitted Δ_k ≈ C·k^(−α) (docs/formulas.md#sample-size).
 
     None when the value is not finite (α ≤ 0, or beyond 1e18).
     """
@@ -49,25 +49,28 @@ def k_empirical_many(
 def k_theorem7(
     loss_bound: float, hessian_bound: float, radius: float, tolerance: float
 ) -> int | None:
-    """Petrov et al. 2025, Theorem 7 (digest §3): k* = ⌈(2ℓ_max + M·R²)/ε⌉ − 1."""
+    """Petrov et al. 2025, Theorem 7 (docs/formulas.md#sample-size): k* = ⌈(2ℓ_max + M·R²)/ε⌉ −
+    1."""
     return _ceil_minus_one((2.0 * loss_bound + hessian_bound * radius**2) / tolerance)
 
 
 def k_theorem7_tight(
     loss_bound: float, hessian_bound: float, radius: float, tolerance: float
 ) -> int | None:
-    """Theorem 7 with the tighter constant ℓ_max (digest §3 DERIVED, uses l ≥ 0):
+    """Theorem 7 with the tighter constant ℓ_max (docs/formulas.md#sample-size, uses l ≥ 0):
     k* = ⌈(ℓ_max + M·R²)/ε⌉ − 1."""
     return _ceil_minus_one((loss_bound + hessian_bound * radius**2) / tolerance)
 
 
 def k_squared(C2: float, tolerance: float) -> int | None:
-    """Squared criterion (digest §3 end, §6.4): Δ2_k ≤ C2/(k+1)² ≤ ε ⇒ k* = ⌈√(C2/ε)⌉ − 1."""
+    """Squared criterion (docs/formulas.md#sample-size): Δ2_k ≤ C2/(k+1)² ≤ ε ⇒ k* = ⌈√(C2/ε)⌉ −
+    1."""
     return _ceil_minus_one(math.sqrt(C2 / tolerance))
 
 
 def k_squared_rms(C2: float, tolerance: float) -> int | None:
-    """Squared criterion read as an RMS tolerance √Δ2 ≤ ε: k* = ⌈√C2/ε⌉ − 1 (digest §6.4)."""
+    """Squared criterion read as an RMS tolerance √Δ2 ≤ ε: k* = ⌈√C2/ε⌉ − 1
+    (docs/formulas.md#sample-size)."""
     return _ceil_minus_one(math.sqrt(C2) / tolerance)
 
 

@@ -1,4 +1,5 @@
-"""The `sample_size` section: loss-difference fits and k*(ε) per tolerance (digest §3, §8 3–5)."""
+"""The `sample_size` section: loss-difference fits and k*(ε) per tolerance
+(docs/formulas.md#sample-size 3–5)."""
 
 from __future__ import annotations
 
@@ -244,7 +245,9 @@ def _squared(fits: _Fits, tol: float, conf: float, rms: bool) -> SampleSizeValue
         formula = formulas.K_SQUARED
     ci = ceil_interval(percentile_interval(boot, conf), minus_one=True) if boot.size > 1 else None
     return SampleSizeValue(
-        k=k, ci=ci, formula=f"{formula}; C2 = {est.C:.6g} ({formulas.C2_FIXED_SLOPE})"
+        k=k,
+        ci=ci,
+        formula=f"{formula}; C2 = {est.C:.6g} ({formulas.formula_id(formulas.C2_FIXED_SLOPE)})",
     )
 
 
@@ -354,24 +357,26 @@ def build_sample_size_section(
     loss_bound = None
     if measurements.loss_bound is not None:
         loss_bound = BoundValue(
-            value=measurements.loss_bound, source="input", formula="ℓ_max as given (Thm 7)"
+            value=measurements.loss_bound, source="input", formula=formulas.LOSS_BOUND_INPUT
         )
     elif losses is not None:
         loss_bound = BoundValue(
             value=float(max(losses)),
             source="observed_max",
-            formula="ℓ_max = max_i l_i(w*) over the given losses (a lower bound on the true ℓ_max)",
+            formula=formulas.LOSS_BOUND_MEASURED,
         )
     m_bound = None
     if measurements.hessian_norm_bound is not None:
         m_bound = BoundValue(
-            value=measurements.hessian_norm_bound, source="input", formula="M as given (Thm 7)"
+            value=measurements.hessian_norm_bound,
+            source="input",
+            formula=formulas.HESSIAN_BOUND_INPUT,
         )
     elif measurements.per_sample_hessian_norms is not None:
         m_bound = BoundValue(
             value=float(max(measurements.per_sample_hessian_norms)),
             source="per_sample_max",
-            formula="M = max_i ‖H_i(w*)‖₂ over the measured samples (digest §8 item 5)",
+            formula=formulas.HESSIAN_BOUND_MEASURED,
         )
 
     off_minimum = []

@@ -1,4 +1,5 @@
-"""Loss-vs-data power law L(D) = E + A·D^(−β) (digest §8; Kaplan et al. 2020 / Hoffmann et al.
+"""Loss-vs-data power law L(D) = E + A·D^(−β) (docs/formulas.md; Kaplan et al. 2020 / Hoffmann et
+al.
 2022 form with an irreducible loss E)."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from curvplan.types.recommendations import (
 from curvplan_server.auth.dependencies import ProjectDep
 from curvplan_server.db import SessionDep
 from curvplan_server.jobs.service import parse_filters
-from curvplan_server.problems import PROBLEM_RESPONSES
+from curvplan_server.problems import problem_responses
 from curvplan_server.recommendations.service import latest_recommendations
 
 router = APIRouter(prefix="/v1/recommendations", tags=["recommendations"])
@@ -24,7 +24,7 @@ router = APIRouter(prefix="/v1/recommendations", tags=["recommendations"])
     name="list_recommendations",
     response_model=RecommendationPage,
     summary="Latest succeeded recommendation per job name (by name, cursor pagination)",
-    responses={**PROBLEM_RESPONSES},
+    responses=problem_responses(401, 422, 500),
 )
 def list_recommendations(
     request: Request,

@@ -42,7 +42,8 @@ class Plot:
 
 # --------------------------------------------------------------------------- formulas
 def power_law(k: float, c: float, alpha: float) -> float:
-    """Δ_k ≈ C·k^(−α), the fitted loss-difference curve (Petrov et al. 2025 §3.3; digest §8)."""
+    """Δ_k ≈ C·k^(−α), the fitted loss-difference curve (Petrov et al. 2025 §3.3;
+    docs/formulas.md)."""
     return c * k ** (-alpha)
 
 
@@ -57,7 +58,7 @@ def mccandlish_steps(batch_size: float, s_min: float, b_crit: float) -> float:
 
 
 def loss_vs_data(d: float, e: float, a: float, beta: float) -> float:
-    """L(D) = E + A·D^(−β), the data scaling law the planner fits (design.md §3)."""
+    """L(D) = E + A·D^(−β), the data scaling law the planner fits (docs/formulas.md)."""
     return e + a * d ** (-beta)
 
 

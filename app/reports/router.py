@@ -1,4 +1,4 @@
-"""Routes of the report page (issue 6): the HTML report and signed links to it."""
+"""Routes of the report page: the HTML report and signed links to it."""
 
 from __future__ import annotations
 

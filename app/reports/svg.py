@@ -370,7 +370,7 @@ class DotChart:
         for j, s in enumerate(self.series):
             color = s.color or PALETTE[j % len(PALETTE)]
             legend.append((s.label, color, "points", False))
-            for i, value in enumerate(s.values):
+            for i, value in enumerate(s.values):  # type: ignore[assignment]
                 if value is None or not _ok(sy, value):
                     continue
                 cx = left + step * (i + 0.5) + (j - (len(self.series) - 1) / 2) * 7

@@ -13,7 +13,7 @@ from curvplan_server.auth.dependencies import ProjectDep
 from curvplan_server.db import SessionDep
 from curvplan_server.jobs.models import Job
 from curvplan_server.jobs.service import query_field_error
-from curvplan_server.problems import PROBLEM_RESPONSES
+from curvplan_server.problems import problem_responses
 from curvplan_server.workers.models import WORKER_STATUSES, Worker
 
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
@@ -24,7 +24,7 @@ router = APIRouter(prefix="/v1/workers", tags=["workers"])
     name="list_workers",
     response_model=WorkerList,
     summary="List workers with their heartbeat",
-    responses={**PROBLEM_RESPONSES},
+    responses=problem_responses(401, 422, 500),
 )
 def list_workers(
     request: Request,

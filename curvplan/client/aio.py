@@ -91,7 +91,7 @@ class AsyncClient:
             return await self._http.request(
                 call.method,
                 call.path,
-                params=call.params or None,
+                params=tuple(call.params) or None,
                 json=call.json,
                 headers=call.headers or None,
                 timeout=timeout,
@@ -118,7 +118,8 @@ class AsyncClient:
 
         The server's sha256 is checked against the file's (ArtifactIntegrityError).
         """
-        call, digest = c.upload_call(path, kind)
+        # async only: a multi-GB file is hashed in a worker thread, off the event loop.
+        call, digest = await asyncio.to_thread(c.upload_call, path, kind)
         answer = await self._send(call)
         c.check_artifact(answer, digest, call.upload.path)  # type: ignore[union-attr]
         return m.Artifact.model_validate(answer)
@@ -145,7 +146,7 @@ class AsyncClient:
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
     ) -> m.JobOut:
-        """Queue a ``plan`` job from measurements you already have (design.md §4)."""
+        """Queue a ``plan`` job from measurements you already have (docs/openapi.json)."""
         body = c.plan_body(measurements, targets, name, tags, max_attempts)
         return await self.submit_job(body, idempotency_key=idempotency_key)
 
@@ -174,7 +175,7 @@ class AsyncClient:
         first; ``on_upload(path)`` is called before each); a checkpoint may also be a list
         of shards, an intermediate checkpoint a ``save_pretrained`` directory.
         ``intermediate_checkpoints`` (before convergence) give the gradient-noise scale,
-        which is undefined at a converged w* (design.md §2 item 4).
+        which is undefined at a converged w* (docs/formulas.md).
         """
         sources = c.analyze_sources(model, checkpoint, dataset, intermediate_checkpoints)
         uploaded: dict[Path, str] = {}

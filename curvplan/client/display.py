@@ -166,7 +166,7 @@ def job_summary(job: m.JobOut) -> str:
 
 
 def recommendation_text(rec: m.Recommendation) -> str:
-    """The recommendation as tables, one per section (design.md §3)."""
+    """The recommendation as tables, one per section (docs/formulas.md)."""
     parts = [_sample_size(rec.sample_size), _batch_size(rec.batch_size), _scaling(rec.scaling)]
     parts.append(_curvature(rec.curvature))
     if rec.warnings:

@@ -3,8 +3,9 @@
 ``Job``/``JobPage`` are :mod:`curvplan.types.jobs`' ``JobOut``/``JobPage``, ``Artifact`` is
 :mod:`curvplan.types.artifacts`' ``ArtifactOut`` and ``Recommendation`` is the planner's
 output model, so a field renamed on the server is renamed here too. A
-recommendation-listing row is the API's ``LatestRecommendation`` with its recommendation
-typed; the report-link model mirrors its endpoint's JSON and accepts extra fields.
+recommendation-listing row is the API's ``LatestRecommendation``; a job's ``result`` is
+``PlanResult`` or ``AnalyzeResult``; the report-link model mirrors its endpoint's JSON and
+accepts extra fields.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pydantic import BaseModel, ConfigDict
 from curvplan.types.artifacts import ArtifactOut, ArtifactPage
 from curvplan.types.jobs import JobError, JobOut, JobPage, Progress
 from curvplan.types.planner import Measurements, Recommendation, Targets
-from curvplan.types.recommendations import LatestRecommendation
+from curvplan.types.recommendations import LatestRecommendation, RecommendationPage
+from curvplan.types.results import AnalyzeResult, PlanResult
 
 Job = JobOut
 Artifact = ArtifactOut
@@ -34,15 +36,8 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class RecommendationEntry(LatestRecommendation):
-    """One row of ``GET /v1/recommendations`` (the API's model), its recommendation typed."""
-
-    recommendation: Recommendation  # type: ignore[assignment]
-
-
-class RecommendationPage(BaseModel):
-    items: list[RecommendationEntry]
-    next_page_token: str | None = None
+#: One row of ``GET /v1/recommendations`` (the API's model, its recommendation typed).
+RecommendationEntry = LatestRecommendation
 
 
 class ReportLink(_Open):
@@ -54,6 +49,7 @@ class ReportLink(_Open):
 
 
 __all__ = [
+    "AnalyzeResult",
     "Artifact",
     "ArtifactOut",
     "ArtifactPage",
@@ -62,6 +58,7 @@ __all__ = [
     "JobOut",
     "JobPage",
     "Measurements",
+    "PlanResult",
     "Progress",
     "Recommendation",
     "RecommendationEntry",

@@ -1,4 +1,6 @@
-"""The synchronous client: :class:`Client`."""
+# Generated from curvplan/client/aio.py by scripts/unasync.py: do not edit by hand
+# (edit aio.py, then run `make unasync`).
+"""The synchronous client: :class:`Client` (generated from the asynchronous one)."""
 
 from __future__ import annotations
 
@@ -90,7 +92,7 @@ class Client:
             return self._http.request(
                 call.method,
                 call.path,
-                params=call.params or None,
+                params=tuple(call.params) or None,
                 json=call.json,
                 headers=call.headers or None,
                 timeout=timeout,
@@ -142,7 +144,7 @@ class Client:
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
     ) -> m.JobOut:
-        """Queue a ``plan`` job from measurements you already have (design.md §4)."""
+        """Queue a ``plan`` job from measurements you already have (docs/openapi.json)."""
         body = c.plan_body(measurements, targets, name, tags, max_attempts)
         return self.submit_job(body, idempotency_key=idempotency_key)
 
@@ -171,7 +173,7 @@ class Client:
         first; ``on_upload(path)`` is called before each); a checkpoint may also be a list
         of shards, an intermediate checkpoint a ``save_pretrained`` directory.
         ``intermediate_checkpoints`` (before convergence) give the gradient-noise scale,
-        which is undefined at a converged w* (design.md §2 item 4).
+        which is undefined at a converged w* (docs/formulas.md).
         """
         sources = c.analyze_sources(model, checkpoint, dataset, intermediate_checkpoints)
         uploaded: dict[Path, str] = {}

@@ -272,7 +272,7 @@ def plan(
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
-    """Plan a data budget from measurements you already have (design.md §4)."""
+    """Plan a data budget from measurements you already have (docs/openapi.json)."""
     doc = _read_json(measurements, "MEASUREMENTS")
     if not isinstance(doc, dict) or "measurements" not in doc:
         raise _fail(
@@ -344,7 +344,7 @@ def jobs_show(
             _print_json(job)
             return
         typer.echo(display.job_summary(job))
-        if job.status == "succeeded" and (job.result or {}).get("recommendation") is not None:
+        if job.status == "succeeded" and job.result is not None:
             typer.echo("")
             typer.echo(display.recommendation_text(client.get_recommendation(job.id)))
 

@@ -50,7 +50,7 @@ def curvature(
     ggn: Optional[bool] = typer.Option(None, "--ggn/--no-ggn", help="GGN and functional parts"),  # noqa: UP045
     dense: Optional[str] = typer.Option(None, help="auto | on | off"),  # noqa: UP045
     precision: Optional[str] = typer.Option(None, help="float32 | float64"),  # noqa: UP045
-    device: Optional[str] = typer.Option(None, help="auto | cpu | cuda"),  # noqa: UP045
+    device: str = typer.Option("auto", help="auto | cpu | cuda[:index]"),
     seed: Optional[int] = typer.Option(None, help="seed of every probe vector"),  # noqa: UP045
     eval_batch_size: Optional[int] = typer.Option(None, help="examples per batch"),  # noqa: UP045
     per_sample: Optional[bool] = typer.Option(None, "--per-sample/--no-per-sample"),  # noqa: UP045
@@ -59,6 +59,12 @@ def curvature(
     ),
     bounds: Optional[bool] = typer.Option(None, "--bounds/--no-bounds"),  # noqa: UP045
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads"),  # noqa: UP045
+    self_test: bool = typer.Option(
+        True, "--self-test/--no-self-test", help="check HVPs against finite differences first"
+    ),
+    cache_graph: bool = typer.Option(
+        True, "--cache-graph/--no-cache-graph", help="keep the gradient graph between products"
+    ),
     quiet: bool = typer.Option(False, "--quiet", help="no progress lines"),
 ) -> None:
     """Blockwise Hessian spectra, traces, bounds and per-sample statistics of a checkpoint."""
@@ -84,18 +90,26 @@ def curvature(
         "ggn": ggn,
         "dense": dense,
         "precision": precision,
-        "device": device,
         "seed": seed,
         "eval_batch_size": eval_batch_size,
         "per_sample": per_sample,
         "gradient_noise": gradient_noise,
         "bounds": bounds,
-        "threads": threads,
     }
     opts.update({k: v for k, v in flags.items() if v is not None})
 
+    from pydantic import ValidationError
+
+    from curvplan.types.options import MachineSettings
     from curvplan.types.spec import SpecError, load_spec
     from curvplan_worker.curvature.analyze import Cancelled, OptionsError, analyze
+
+    try:
+        machine = MachineSettings(
+            device=device, threads=threads, self_test=self_test, cache_graph=cache_graph
+        )
+    except ValidationError as exc:
+        raise _fail(str(exc)) from None
     from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
     from curvplan_worker.curvature.data import DataError
     from curvplan_worker.curvature.hf import HFModelError
@@ -110,7 +124,7 @@ def curvature(
             source, shards = read_model_dir(model_dir)
         else:
             source, shards = load_spec(spec), [str(checkpoint)]
-        result = analyze(source, shards, str(data), opts, progress=progress)
+        result = analyze(source, shards, str(data), opts, progress=progress, machine=machine)
     except (
         SpecError,
         HFModelError,

@@ -1,4 +1,4 @@
-"""Service commands: ``serve``, ``db upgrade|downgrade|current``, ``keys create``, ``dev``.
+"""Service commands: ``serve``, ``db upgrade|downgrade|current``, ``keys create``, ``dev``, ``gc``.
 
 Nothing here imports torch; heavy modules are imported inside the commands.
 """
@@ -17,7 +17,7 @@ db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_he
 keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
 
 
-def _settings():  # type: ignore[no-untyped-def]
+def _settings():
     from curvplan_server.config import Settings
 
     return Settings()
@@ -281,9 +281,49 @@ def _stop_child(child: subprocess.Popen[bytes], grace: float = 30.0) -> None:
         child.wait()
 
 
+def gc(
+    older_than_days: float | None = typer.Option(
+        None,
+        "--older-than-days",
+        min=0,
+        help="Delete finished jobs older than this (default: CURVPLAN_JOB_RETENTION_DAYS; "
+        "unset: keep jobs, collect only temp files and unreferenced blobs).",
+    ),
+) -> None:
+    """One storage clean-up pass; prints a JSON summary (docs/storage.md).
+
+    Stale upload temp files, finished jobs past retention (never the latest succeeded job of
+    a name; a parent with its children), then blobs no artifact references. Safe while the
+    API and workers run.
+    """
+    import json
+
+    from curvplan_server.artifacts.blobstore import default_store
+    from curvplan_server.db import make_engine
+    from curvplan_server.storage.gc import run_gc
+
+    url = _require_database_url()
+    settings = _settings()
+    engine = make_engine(url, pool_size=1, max_overflow=1)
+    try:
+        summary = run_gc(
+            engine,
+            default_store(settings.data_dir),
+            retention_days=(
+                older_than_days if older_than_days is not None else settings.job_retention_days
+            ),
+            blob_grace_seconds=settings.blob_gc_grace_seconds,
+            temp_max_age_seconds=settings.temp_file_max_age_seconds,
+        )
+    finally:
+        engine.dispose()
+    typer.echo(json.dumps(summary, indent=2))
+
+
 def register(app: typer.Typer) -> None:
     """Attach the service commands to the top-level app."""
     app.command("serve")(serve)
+    app.command("gc")(gc)
     app.command("dev")(dev)
     app.add_typer(db_app, name="db")
     app.add_typer(keys_app, name="keys")

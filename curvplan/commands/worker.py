@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 
@@ -36,12 +38,49 @@ def worker(
     shutdown_grace_seconds: float | None = typer.Option(
         None, "--shutdown-grace-seconds", min=0, help="Wait this long for the job at SIGTERM."
     ),
+    device: str | None = typer.Option(
+        None, "--device", help="Engine device: auto, cpu, cuda[:index] (CURVPLAN_WORKER_DEVICE)."
+    ),
+    threads: int | None = typer.Option(
+        None, "--threads", min=1, help="torch intra-op threads (CURVPLAN_WORKER_THREADS)."
+    ),
+    self_test: bool | None = typer.Option(
+        None,
+        "--self-test/--no-self-test",
+        help="Check HVPs against finite differences before each analysis (default: on).",
+    ),
+    cache_graph: bool | None = typer.Option(
+        None,
+        "--cache-graph/--no-cache-graph",
+        help="Keep the gradient graph between products (default: on; off saves memory).",
+    ),
+    health_file: Path | None = typer.Option(
+        None,
+        "--health-file",
+        help="Touch this file after every heartbeat (CURVPLAN_WORKER_HEALTH_FILE).",
+    ),
 ) -> None:
-    """Claim and run jobs of QUEUES until SIGTERM/SIGINT (finish or release the running job)."""
+    """Claim and run jobs of QUEUES until SIGTERM/SIGINT (finish or release the running job).
+
+    The machine settings (device, threads, self-test, graph caching) are the worker's: flags
+    override the CURVPLAN_WORKER_* environment, which the job processes inherit.
+    """
+    import os
+
     from curvplan_server.config import get_settings
     from curvplan_worker.worker import WorkerOptions, run_worker
 
+    flags = {"device": device, "threads": threads, "self_test": self_test}
+    flags["cache_graph"] = cache_graph
+    for name, value in flags.items():
+        if value is not None:  # the job processes read their settings from the environment
+            os.environ[f"CURVPLAN_WORKER_{name.upper()}"] = str(value).lower()
+    get_settings.cache_clear()
     settings = get_settings()
+    try:
+        settings.machine_settings()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     if settings.database_url is None:
         raise typer.BadParameter(
             "DATABASE_URL is not set: a worker needs the service's PostgreSQL", param_hint="env"
@@ -56,12 +95,48 @@ def worker(
             poll_interval=poll_interval,
             cancel_grace_seconds=cancel_grace_seconds,
             shutdown_grace_seconds=shutdown_grace_seconds,
+            health_file=health_file,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     raise typer.Exit(run_worker(options))
 
 
+def worker_health(
+    health_file: Path | None = typer.Option(
+        None, "--file", help="The worker's health file (default: CURVPLAN_WORKER_HEALTH_FILE)."
+    ),
+    max_age: float = typer.Option(
+        60.0, "--max-age", min=0.1, help="Healthy if a heartbeat reached the DB this recently."
+    ),
+) -> None:
+    """Exit 0 if the worker's last heartbeat reached the database within MAX_AGE seconds.
+
+    For container health checks: the worker touches its health file after every heartbeat
+    the database accepted (a worker that lost its database, or hangs, stops touching it).
+    """
+    import os
+
+    from curvplan_worker.health import health_file_age
+
+    path = health_file or (
+        Path(os.environ["CURVPLAN_WORKER_HEALTH_FILE"])
+        if os.environ.get("CURVPLAN_WORKER_HEALTH_FILE")
+        else None
+    )
+    if path is None:
+        raise typer.BadParameter("give --file or set CURVPLAN_WORKER_HEALTH_FILE")
+    age = health_file_age(path)
+    if age is None:
+        typer.echo(f"unhealthy: {path} does not exist (no heartbeat yet)", err=True)
+        raise typer.Exit(1)
+    if age > max_age:
+        typer.echo(f"unhealthy: last heartbeat {age:.1f} s ago (> {max_age:g} s)", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"healthy: last heartbeat {age:.1f} s ago")
+
+
 def register(app: typer.Typer) -> None:
-    """Attach the worker command to the top-level app."""
+    """Attach the worker commands to the top-level app."""
     app.command("worker")(worker)
+    app.command("worker-health")(worker_health)

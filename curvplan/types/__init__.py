@@ -14,6 +14,7 @@ these models and nothing of each other's internals:
 - :mod:`curvplan.types.planner` — measurements, targets and the recommendation;
 - :mod:`curvplan.types.jobs` — job requests and responses, and the registry of job kinds;
 - :mod:`curvplan.types.artifacts` — artifact metadata;
+- :mod:`curvplan.types.storage` — a project's storage usage and quota;
 - :mod:`curvplan.types.recommendations` — the latest-recommendation listing;
 - :mod:`curvplan.types.problems` — RFC 9457 problem documents.
 

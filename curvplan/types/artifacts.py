@@ -1,4 +1,4 @@
-"""Request and response models of the artifact resource (design.md §4 and §6)."""
+"""Request and response models of the artifact resource (docs/openapi.json)."""
 
 from __future__ import annotations
 

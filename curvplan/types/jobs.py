@@ -21,6 +21,7 @@ from curvplan.types.artifact_inputs import CheckpointRef
 from curvplan.types.model_source import ModelSource
 from curvplan.types.options import AnalysisOptions  # pydantic only, like the spec
 from curvplan.types.planner import Measurements, PlanInputError, Targets, check_workload
+from curvplan.types.results import RESULT_TYPES, AnalyzeResult, PlanResult
 
 TagKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
 TagValue = Annotated[str, Field(max_length=256)]
@@ -29,6 +30,7 @@ MAX_TAGS = 32
 
 class _JobCreateBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    queue: ClassVar[str]  # each kind's queue (the registry below)
 
     name: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
         default=None, description="A label to find the job by (not unique)."
@@ -81,7 +83,7 @@ class PlanJobCreate(_JobCreateBase):
 
 
 class AnalyzeJobCreate(_JobCreateBase):
-    """Measure a checkpoint's curvature on a data sample, then plan (GPU queue; issue 5)."""
+    """Measure a checkpoint's curvature on a data sample, then plan (GPU queue)."""
 
     queue: ClassVar[str] = "gpu"
     kind: Literal["analyze"]
@@ -179,7 +181,10 @@ class JobOut(BaseModel):
     attempt: int
     max_attempts: int
     cancel_requested: bool
-    result: dict[str, Any] | None
+    result: AnalyzeResult | PlanResult | None = Field(
+        description="The kind's result once the job succeeded (plan: PlanResult, analyze: "
+        "AnalyzeResult); null before."
+    )
     error: JobError | None
     request: dict[str, Any] | None = Field(
         default=None, description="The validated body (omitted in list pages)."
@@ -189,6 +194,15 @@ class JobOut(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     links: JobLinks
+
+    @field_validator("result", mode="before")
+    @classmethod
+    def _result_of_kind(cls, value: Any, info: ValidationInfo) -> Any:
+        """The result model is the job kind's (an analyze result is also a valid plan one)."""
+        result_type = RESULT_TYPES.get(info.data.get("kind", ""))
+        if isinstance(value, dict) and result_type is not None:
+            return result_type.model_validate(value)
+        return value
 
 
 class JobPage(BaseModel):

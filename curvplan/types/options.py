@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
 
 Pattern = Annotated[str, Field(min_length=1, max_length=200)]
 
@@ -21,8 +29,78 @@ class OptionsError(ValueError):
         super().__init__("invalid analysis options: " + "; ".join(f"{f}: {m}" for f, m in errors))
 
 
+class MachineSettings(BaseModel):
+    """How the engine runs on its machine: configured per worker, never per request.
+
+    A worker reads them from its environment (``CURVPLAN_WORKER_DEVICE``,
+    ``CURVPLAN_WORKER_THREADS``, ``CURVPLAN_WORKER_SELF_TEST``, ``CURVPLAN_WORKER_CACHE_GRAPH``)
+    or the flags of ``curvplan worker``; ``curvplan curvature analyze`` takes them as flags.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: str = Field(default="auto", description="auto, cpu or cuda[:index]")
+    threads: int | None = Field(default=None, ge=1, description="torch intra-op threads")
+    self_test: bool = Field(
+        default=True, description="check HVPs against finite differences before measuring"
+    )
+    cache_graph: bool = Field(
+        default=True, description="keep the gradient graph between products (false: less memory)"
+    )
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if value not in ("auto", "cpu") and not value.startswith("cuda"):
+            raise ValueError("expected auto, cpu or cuda[:index]")
+        return value
+
+
+#: Names that were request options and are now worker settings (a request naming one is a 422).
+MACHINE_SETTINGS: tuple[str, ...] = tuple(MachineSettings.model_fields)
+
+
+class BoundsOptions(BaseModel):
+    """How the paper's bounds are evaluated (the engine's ``BoundOptions``; see
+    ``docs/formulas.md`` for the corrections each choice applies)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["paper", "exact"] = Field(
+        default="paper",
+        description="paper: the paper's inequality chain; exact: first-order ingredients from "
+        "dense Jacobians (where they have at most max_dense_entries entries)",
+    )
+    c_A: Literal["1/2", "1/L"] = Field(
+        default="1/2", description="bound on ||dA/dT||: 1/2 (any attention) or the paper's 1/L"
+    )
+    A_norm: Literal["sqrt_L", "L"] = Field(
+        default="sqrt_L", description="bound on ||A||_2: sqrt_L (row-stochastic) or the paper's L"
+    )
+    ln_norms: Literal["exact", "lemma4"] = Field(
+        default="exact", description="LayerNorm Jacobian/Hessian norms: exact or Lemma 4 bounds"
+    )
+    sigma_min: Literal["per_row_std", "row_norm"] = Field(
+        default="per_row_std", description="sigma_min of Lemma 4 (when ln_norms is lemma4)"
+    )
+    max_dense_entries: int = Field(default=4_000_000, ge=1)
+    max_samples: int | None = Field(default=None, ge=1)
+
+
+def _machine_setting(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+    name = str(info.field_name)
+    flag = name.replace("_", "-")
+    raise ValueError(
+        f"{name} is a worker setting, not a request option: configure the worker "
+        f"(CURVPLAN_WORKER_{name.upper()} or `curvplan worker --{flag}`)"
+    )
+
+
+_Removed = SkipJsonSchema[None]
+
+
 class AnalysisOptions(BaseModel):
-    """What ``analyze`` measures and how precisely."""
+    """What ``analyze`` measures and how precisely (how it runs is :class:`MachineSettings`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -49,12 +127,8 @@ class AnalysisOptions(BaseModel):
     dense: Literal["auto", "on", "off"] = "auto"
     dense_limit: int = Field(default=3000, ge=1, le=20000)
     precision: Literal["float32", "float64"] = "float32"
-    device: str = "auto"
     seed: int = Field(default=0, ge=0)
     eval_batch_size: int | None = Field(default=None, ge=1)
-    cache_graph: bool = True
-    self_test: bool = True
-    threads: int | None = Field(default=None, ge=1, description="torch intra-op threads")
     # per-sample statistics (STATS helper's functions)
     per_sample: bool = True
     perturbation_radius: float = Field(default=1e-2, gt=0)
@@ -68,17 +142,19 @@ class AnalysisOptions(BaseModel):
     noise_hessian_examples: int | None = Field(default=None, ge=1)
     # theoretical bounds (BOUNDS helper)
     bounds: bool = True
-    bound_options: dict[str, Any] = Field(default_factory=dict)
+    bound_options: BoundsOptions = Field(default_factory=BoundsOptions)
+    # Worker settings (MachineSettings): named here only to answer a clear 422.
+    device: _Removed = Field(default=None, exclude=True)
+    threads: _Removed = Field(default=None, exclude=True)
+    self_test: _Removed = Field(default=None, exclude=True)
+    cache_graph: _Removed = Field(default=None, exclude=True)
 
-    @field_validator("device")
-    @classmethod
-    def _device(cls, value: str) -> str:
-        if value not in ("auto", "cpu") and not value.startswith("cuda"):
-            raise ValueError("expected auto, cpu or cuda[:index]")
-        return value
+    _no_machine_settings = field_validator(*MACHINE_SETTINGS, mode="before")(
+        classmethod(_machine_setting)
+    )
 
 
-def parse_options(options: AnalysisOptions | dict | None) -> AnalysisOptions:
+def parse_options(options: AnalysisOptions | dict[str, Any] | None) -> AnalysisOptions:
     """Validate options; raise :class:`OptionsError` naming each invalid field."""
     if isinstance(options, AnalysisOptions):
         return options

@@ -1,4 +1,4 @@
-"""Input and output models of the planner (design.md §4; the field names are an API contract).
+"""Input and output models of the planner (docs/openapi.json; the field names are an API contract).
 
 Inputs (`Measurements`, `Targets`) are validated strictly: unknown fields, NaN/inf, negative
 counts, empty arrays, mismatched lengths and non-positive tolerances raise a pydantic
@@ -44,7 +44,7 @@ class _Strict(BaseModel):
 
 # --------------------------------------------------------------------------- measurements
 class PerturbedLosses(_Strict):
-    """Per-sample losses at P perturbed points w* + r·u (digest §6.4, §8 item 3)."""
+    """Per-sample losses at P perturbed points w* + r·u (docs/formulas.md#sample-size)."""
 
     radius: PosFloat
     losses: Annotated[list[Annotated[list[NonNegFloat], Field(min_length=1)]], Field(min_length=1)]
@@ -73,7 +73,8 @@ class DirectNoiseStats(_Strict):
 
     B_simple needs `grad_sq_norm` and `trace_sigma`; B_noise needs `gHg` and `trace_h_sigma`.
     The four values are unbiased estimates and may be negative (near w* the unbiased |G|² often
-    is: curvature pitfalls item 13, never clamp); the planner then reports the ratio undefined.
+    is: docs/numerics.md#negative-estimates, never clamp); the planner then reports the ratio
+    undefined.
     Standard errors (`*_se`) give intervals; without them the values are reported as points.
     `n_samples` (how many independent estimates the statistics average) switches the interval
     and significance quantiles from normal to Student-t with n_samples − 1 degrees of freedom.
@@ -112,7 +113,7 @@ class TwoBatchNoiseSeries(_Strict):
 
     `grad_sq_norm_small[t]` is |G_{B_small}|² (mean over micro-batches) and
     `grad_sq_norm_big[t]` is |G_{B_big}|² at the same step t. Optional `gHg_small/gHg_big`
-    series of G_Bᵀ H G_B (H from an independent batch) give B_noise (digest §7.1 DERIVED).
+    series of G_Bᵀ H G_B (H from an independent batch) give B_noise (docs/formulas.md#batch-size).
     """
 
     b_small: PosInt
@@ -169,7 +170,7 @@ class LossPoint(_Strict):
 
 
 class BlockCurvature(_Strict):
-    """Per-block Hessian curvature at w* from the engine (digest §8 items 1, 7)."""
+    """Per-block Hessian curvature at w* from the engine (docs/formulas.md#curvature)."""
 
     name: Annotated[str, Field(min_length=1, max_length=200)]
     lambda_max: FiniteFloat
@@ -188,7 +189,7 @@ class BlockCurvature(_Strict):
 
 class TheoryApplicability(_Strict):
     """Whether the model lies inside the assumptions of Petrov et al. 2025 (single head, post-LN,
-    ReLU, no biases/W_O, MSE…; digest §1.3, §9 item 6), as the analysis judged it."""
+    ReLU, no biases/W_O, MSE…; docs/formulas.md#bounds), as the analysis judged it."""
 
     applicable: bool
     reasons: Annotated[
@@ -197,7 +198,7 @@ class TheoryApplicability(_Strict):
 
 
 class Measurements(_Strict):
-    """The `measurements` object of a plan job (design.md §4). Every group is optional."""
+    """The `measurements` object of a plan job (docs/openapi.json). Every group is optional."""
 
     per_sample_losses: (
         Annotated[list[NonNegFloat], Field(min_length=1, max_length=MAX_PER_SAMPLE_LOSSES)] | None
@@ -278,7 +279,7 @@ class Measurements(_Strict):
 
 # --------------------------------------------------------------------------- targets
 class Targets(_Strict):
-    """The `targets` object of a plan job (design.md §4)."""
+    """The `targets` object of a plan job (docs/openapi.json)."""
 
     tolerances: Annotated[list[PosFloat], Field(min_length=1)] | None = None
     radius: NonNegFloat | None = None
@@ -551,7 +552,7 @@ class CurvatureSection(_Out):
 
 
 class Recommendation(_Out):
-    """`result.recommendation` (design.md §4)."""
+    """`result.recommendation` (docs/openapi.json)."""
 
     sample_size: SampleSizeSection | NotComputed
     batch_size: BatchSizeSection | NotComputed

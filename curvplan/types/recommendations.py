@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
 
 from pydantic import BaseModel
+
+from curvplan.types.planner import Recommendation
 
 
 class RecommendationLinks(BaseModel):
@@ -23,7 +24,7 @@ class LatestRecommendation(BaseModel):
     kind: str
     tags: dict[str, str]
     finished_at: datetime | None
-    recommendation: dict[str, Any]
+    recommendation: Recommendation
     links: RecommendationLinks
 
 

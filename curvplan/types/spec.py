@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -139,7 +139,7 @@ def _pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
     return out
 
 
-def parse_spec(data: dict | ModelSpec) -> ModelSpec:
+def parse_spec(data: dict[str, Any] | ModelSpec) -> ModelSpec:
     """Validate a spec dict; raise :class:`SpecError` naming each invalid field."""
     if isinstance(data, ModelSpec):
         return data

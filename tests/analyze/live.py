@@ -4,16 +4,13 @@ on a database of their own (a worker claims every gpu job of its database)."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+from live_plugin import Proc, free_port
 
 FAST_WORKER = [
     "--lease-seconds",
@@ -29,17 +26,12 @@ FAST_WORKER = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def service_env(database_url: str, data_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CURVPLAN_")}
     env.update(
         DATABASE_URL=database_url,
         CURVPLAN_DATA_DIR=str(data_dir),
+        CURVPLAN_WORKER_SELF_TEST="false",  # the engine tests check HVPs; keep jobs short
         CURVPLAN_LOG_LEVEL="INFO",
         CURVPLAN_LONG_POLL_INTERVAL_SECONDS="0.05",
         CURVPLAN_RETRY_BACKOFF_BASE_SECONDS="0.2",
@@ -49,47 +41,6 @@ def service_env(database_url: str, data_dir: Path) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     return env
-
-
-@dataclass
-class Proc:
-    """A ``curvplan`` subprocess with its log in a file."""
-
-    args: list[str]
-    env: dict[str, str]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "curvplan.cli", *self.args],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def kill(self) -> None:
-        """SIGKILL (no clean-up at all), then reap."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self, signum: int = signal.SIGTERM, timeout: float = 15) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signum)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def tail(self, n: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
 
 
 @dataclass

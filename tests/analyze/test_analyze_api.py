@@ -87,6 +87,56 @@ def test_bad_spec_and_options_name_the_field(client: Any, auth_headers: dict[str
     ) == ["body.checkpoint"]
 
 
+def test_machine_settings_and_bound_option_typos_are_422_naming_the_field(
+    client: Any, auth_headers: dict[str, str]
+) -> None:
+    ckpt = _upload(client, auth_headers, "checkpoint")
+    data = _upload(client, auth_headers, "dataset")
+    for name, value in (("device", "cpu"), ("threads", 2), ("self_test", False)):
+        response = client.post(
+            "/v1/jobs", headers=auth_headers, json=_body(ckpt, data, options={name: value})
+        )
+        assert _fields(response) == [f"body.options.{name}"]
+        (error,) = response.json()["errors"]
+        assert (
+            "worker setting" in error["message"]
+            and f"CURVPLAN_WORKER_{name.upper()}" in (error["message"])
+        )
+    typo = _body(ckpt, data, options={"bound_options": {"mdoe": "exact"}})
+    assert _fields(client.post("/v1/jobs", headers=auth_headers, json=typo)) == [
+        "body.options.bound_options.mdoe"
+    ]
+    wrong = _body(ckpt, data, options={"bound_options": {"c_A": "1/3"}})
+    assert _fields(client.post("/v1/jobs", headers=auth_headers, json=wrong)) == [
+        "body.options.bound_options.c_A"
+    ]
+    good = _body(ckpt, data, options={"bound_options": {"mode": "exact", "max_samples": 4}})
+    response = client.post("/v1/jobs", headers=auth_headers, json=good)
+    assert response.status_code == 202, response.text
+    assert response.json()["request"]["options"]["bound_options"] == {
+        "mode": "exact",
+        "max_samples": 4,
+    }
+
+
+def test_a_request_queued_with_machine_settings_still_runs_without_them() -> None:
+    from curvplan_worker.analyze.pipeline import _validated, _without_machine_settings
+
+    old = _body(str(uuid.uuid4()), str(uuid.uuid4()), options={"self_test": False, "seed": 2})
+    body = _validated(_without_machine_settings(old))
+    assert body.options.seed == 2
+    assert "self_test" not in body.options.model_dump(exclude_unset=True)
+
+
+def test_the_contract_bound_options_are_the_engines() -> None:
+    from dataclasses import asdict
+
+    from curvplan.types.options import BoundsOptions
+    from curvplan_worker.curvature.bounds.options import BoundOptions
+
+    assert BoundsOptions().model_dump() == asdict(BoundOptions())
+
+
 def test_artifact_of_another_project_or_wrong_kind_is_422_naming_the_field(
     client: Any, auth_headers: dict[str, str], other_auth_headers: dict[str, str], db_session: Any
 ) -> None:

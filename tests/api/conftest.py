@@ -27,5 +27,5 @@ PLAN_BODY: dict[str, Any] = {
 
 @pytest.fixture
 def plan_body() -> dict[str, Any]:
-    """A fresh copy of a valid plan body (design.md §4)."""
+    """A fresh copy of a valid plan body (docs/openapi.json)."""
     return copy.deepcopy(PLAN_BODY)

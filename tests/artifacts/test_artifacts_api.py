@@ -127,7 +127,7 @@ def _lying_header() -> bytes:
 BAD_FILES = {
     "pickle": (pickle.dumps({"w": [1.0, 2.0]}), "checkpoint", "pickle", None),
     "truncated": (checkpoint_bytes()[:-10], "checkpoint", "truncated", None),
-    "lying-header": (_lying_header(), "checkpoint", "needs 64", "w"),
+    "lying-header": (_lying_header(), "checkpoint", "invalid shape, data type, or offset", None),
     "trailing-bytes": (checkpoint_bytes() + b"x", "checkpoint", "after the last tensor", None),
     "int-checkpoint": (
         st_save({"embed.weight": np.zeros((2, 2), dtype=np.int64)}),

@@ -1,22 +1,9 @@
-"""Fixtures of the CLI tests: the shared live service of tests/client (real API + worker)."""
+"""The CLI tests use the shared live service (``live``, tests/live_plugin.py) and the
+client tests' input builders (tests/client)."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
-
-import live_service
-
-
-@pytest.fixture(scope="session")
-def live(
-    pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[live_service.LiveService]:
-    """API + worker subprocesses on a private database (shared with tests/client and report)."""
-    yield live_service.acquire(pg_admin_url, tmp_path_factory.mktemp("live-service"))
-    live_service.release()

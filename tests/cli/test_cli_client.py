@@ -17,7 +17,7 @@ import httpx
 import pytest
 from analyze_files import option_flags, write_analyze_files
 from cli_helpers import CLI, run_cli, run_cli_in_pty
-from live_service import LiveService, free_port
+from live_plugin import LiveService, free_port
 from plan_bodies import B_CRIT, full_measurements, full_targets, small_plan
 from typer.testing import CliRunner
 

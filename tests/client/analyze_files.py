@@ -18,7 +18,6 @@ OPTIONS: dict[str, Any] = {
     "precision": "float64",
     "seed": 3,
     "dense": "off",
-    "self_test": False,
     "max_iter": 60,
     "trace_probes": 6,
     "off_diagonal": [["layers.0.q", "layers.0.k"], ["layers.0.k", "layers.0.v"]],

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from analyze_files import OPTIONS, SPEC, TARGETS, write_analyze_files
-from live_service import LiveService
+from live_plugin import LiveService
 from plan_bodies import full_measurements, full_targets, slow_plan, small_plan
 
 import curvplan
@@ -28,6 +28,7 @@ from curvplan.client import (
 )
 from curvplan.types.jobs import JobOut, JobPage
 from curvplan.types.planner import Recommendation
+from curvplan.types.results import AnalyzeResult
 
 pytestmark = pytest.mark.e2e
 
@@ -63,7 +64,7 @@ def test_plan_submit_wait_and_recommendation(api: curvplan.Client) -> None:
 
     rec = api.get_recommendation(job.id)
     assert isinstance(rec, Recommendation)
-    assert rec.model_dump(mode="json") == done.result["recommendation"]  # type: ignore[index]
+    assert rec.model_dump(mode="json") == done.result.recommendation.model_dump(mode="json")  # type: ignore[union-attr]
     assert rec.batch_size.status == "computed"
     assert rec.batch_size.b_crit.value == pytest.approx(500.0, rel=1e-3)  # generated B_crit
     assert api.get_job(job.id).model_dump() == done.model_dump()
@@ -211,7 +212,7 @@ def test_wait_survives_server_restart(live: LiveService) -> None:
 
 
 def test_unreachable_server_raises_after_retries() -> None:
-    port = __import__("live_service").free_port()
+    port = __import__("live_plugin").free_port()
     policy = RetryPolicy(max_retries=2, backoff_initial=0.01, backoff_max=0.02)
     started = time.monotonic()
     with (
@@ -245,7 +246,7 @@ def test_async_client(live: LiveService, tmp_path: Any) -> None:
             done = await api.wait(job.id, timeout=60, on_progress=on_progress)
             assert done.status == "succeeded" and seen[-1] == "succeeded"
             rec = await api.get_recommendation(job.id)
-            assert rec.model_dump(mode="json") == done.result["recommendation"]  # type: ignore[index]
+            assert rec.model_dump(mode="json") == done.result.recommendation.model_dump(mode="json")  # type: ignore[union-attr]
             assert [j.id async for j in api.iter_jobs(name=name)] == [job.id]
             assert (await api.get_job(job.id)).status == "succeeded"
             with pytest.raises(ConflictError):
@@ -300,7 +301,8 @@ def test_artifacts_and_analyze(api: curvplan.Client, tmp_path: Any) -> None:
     assert rec.curvature.status == "computed"
     names = {b.name for b in rec.curvature.blocks}
     assert {"layers.0.q", "layers.0.k", "layers.0.v"} <= names
-    off = done.result["measurements"]["off_diagonal"]  # type: ignore[index]
+    assert isinstance(done.result, AnalyzeResult)
+    off = done.result.measurements.off_diagonal or []
     assert {(o["row"], o["col"]) for o in off} == {
         ("layers.0.q", "layers.0.k"),
         ("layers.0.k", "layers.0.v"),
@@ -313,7 +315,7 @@ def test_artifacts_and_analyze(api: curvplan.Client, tmp_path: Any) -> None:
     assert plots["block-norms"].svg is not None and plots["off-diagonal"].svg is not None
     assert plots["off-diagonal"].numbers["blocks"] == ["layers.0.q", "layers.0.k", "layers.0.v"]
     assert plots["bounds"].svg is not None or "bound" in (plots["bounds"].empty_reason or "")
-    measured = {b["name"]: b["spectral_norm"] for b in done.result["measurements"]["blocks"]}  # type: ignore[index]
+    measured = {b.name: b.spectral_norm for b in done.result.measurements.blocks or []}
     assert plots["bounds"].numbers["measured"] == list(measured.values())
 
     bad = api.upload_artifact(files["wider"], "checkpoint")

@@ -1,7 +1,7 @@
 """Each link of the Theorem 5-6 chain against its exact value (dense autograd, fp64).
 
 For random instances of the paper's block (Petrov et al. 2025 §3.2) the exact matricized
-norms (paper-digest §1.1: an (out * n_i) x n_j matrix for a second derivative) of
+norms (docs/formulas.md#bounds: an (out * n_i) x n_j matrix for a second derivative) of
 G_k = dF/dW_k, Phi_kl = d^2F/dW_k dW_l, B_i = dS/dW_i, xi_ij = d^2S/dW_i dW_j,
 J_Z B_i = dZ/dW_i, H_tr^(i,j) = d^2Z/dW_i dW_j are computed by jacrev/jacfwd on an
 independent implementation and must not exceed the package's bounds (paper and exact mode).
@@ -87,7 +87,8 @@ def _dense(X, eps, W) -> tuple[dict, dict]:
 
 
 def test_forward_over_reverse_oracle_matches_double_backward() -> None:
-    """The jacfwd(jacrev) oracle against reverse-over-reverse (curvature-pitfalls §2: forward-
+    """The jacfwd(jacrev) oracle against reverse-over-reverse (docs/numerics.md#double-backward:
+    forward-
     over-reverse was wrong for LayerNorm weights in torch 2.13; here LN has no weights, and
     this check guards the oracle anyway)."""
     X, W, eps, _ = _instance(4)

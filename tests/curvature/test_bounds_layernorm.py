@@ -13,7 +13,7 @@ import torch
 
 from curvplan_worker.curvature.bounds.layernorm import (
     layernorm_hessian_norm,
-    layernorm_hessian_norm_digest,
+    layernorm_hessian_norm_closed_form,
     layernorm_jacobian_norm,
     lemma4_bounds,
     row_scales,
@@ -72,11 +72,11 @@ def test_exact_norms_match_dense_autograd(d: int, eps: float) -> None:
     assert layernorm_hessian_norm(x, eps) == pytest.approx(hess, rel=1e-9, abs=1e-9)
     s_min = float(row_scales(x, eps).min())
     digest = math.sqrt(max(d - 2, 2) / d) / s_min**2
-    assert layernorm_hessian_norm_digest(x, eps) == pytest.approx(digest, rel=1e-12)
+    assert layernorm_hessian_norm_closed_form(x, eps) == pytest.approx(digest, rel=1e-12)
     if d >= 3:
-        # digest §2.2: ||J|| = 1 / min_i s_i exactly (any eps, d >= 3)
+        # docs/formulas.md#bounds: ||J|| = 1 / min_i s_i exactly (any eps, d >= 3)
         assert jac == pytest.approx(1.0 / s_min, rel=1e-9)
-        # digest §2.3: exact for eps = 0, an upper bound for eps > 0
+        # docs/formulas.md#bounds: exact for eps = 0, an upper bound for eps > 0
         if eps == 0.0:
             assert hess == pytest.approx(digest, rel=1e-9)
         else:
@@ -84,23 +84,25 @@ def test_exact_norms_match_dense_autograd(d: int, eps: float) -> None:
             assert hess >= 0.5 * digest  # and not vacuous
 
 
-def test_digest_hessian_formula_bounds_exact_value_on_random_inputs_except_d4() -> None:
+def test_closed_form_hessian_formula_bounds_exact_value_on_random_inputs_except_d4() -> None:
     g = torch.Generator().manual_seed(7)
     for _ in range(200):
         d = int(torch.randint(5, 12, (1,), generator=g))
         eps = float(10 ** torch.empty(1).uniform_(-6, 1, generator=g))
         x = torch.randn(2, d, generator=g) * float(torch.rand(1, generator=g) * 2 + 0.01)
-        assert layernorm_hessian_norm(x, eps) <= layernorm_hessian_norm_digest(x, eps) * (1 + 1e-12)
+        assert layernorm_hessian_norm(x, eps) <= layernorm_hessian_norm_closed_form(x, eps) * (
+            1 + 1e-12
+        )
 
 
-def test_digest_hessian_formula_is_not_a_bound_for_d4_with_eps() -> None:
-    """Finding: digest §2.3 claims sqrt(max(d-2,2)/d)/min s^2 bounds ||H|| for eps > 0; for
-    d = 4 and eps ~ 1.1 Var the dense Hessian exceeds it by ~3 % (the exact closed form of
+def test_closed_form_hessian_formula_is_not_a_bound_for_d4_with_eps() -> None:
+    """Finding: the closed form sqrt(max(d-2,2)/d)/min s^2 is not a bound on ||H|| for eps > 0:
+    for d = 4 and eps ~ 1.1 Var the dense Hessian exceeds it by ~3 % (the exact closed form of
     :func:`layernorm_hessian_norm` is what the bounds use)."""
     x = torch.tensor([[1.0, -1.0, 0.3, -0.3]])
     eps = 1.1 * float(x.var(unbiased=False))
     _, hess = _dense_norms(x, eps)
-    assert hess > layernorm_hessian_norm_digest(x, eps) * 1.02
+    assert hess > layernorm_hessian_norm_closed_form(x, eps) * 1.02
     assert hess == pytest.approx(layernorm_hessian_norm(x, eps), rel=1e-9)
 
 
@@ -129,8 +131,9 @@ def test_lemma4_with_per_row_std_holds(eps: float) -> None:
         assert hess <= hess_bound, (m, n, eps)
 
 
-def test_lemma4_literal_row_norm_fails_on_digest_counterexample() -> None:
-    """Paper-digest §2.8: m=4, n=64, standardized rows: ||J|| = 1 but the literal bound ~0.14.
+def test_lemma4_literal_row_norm_fails_on_closed_form_counterexample() -> None:
+    """Lemma 4's counterexample (docs/formulas.md#bounds): m=4, n=64, standardized rows:
+    ||J|| = 1 but the literal bound ~0.14.
 
     Documents the slip in Lemma 4's definition of sigma_min (row norm instead of row std).
     """

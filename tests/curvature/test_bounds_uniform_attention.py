@@ -1,6 +1,6 @@
 """Is the paper's ||dA/dT|| <= 1/L (uniform attention) violated on non-uniform attention?
 
-Findings asserted here (paper-digest §2.1, §9.3):
+Findings asserted here (docs/formulas.md#bounds):
 - under uniform attention (W_Q = 0) the exact ||dA/dT|| is 1/L and the 1/L chain bounds ||G_Q||;
 - on non-uniform attention ||dA/dT|| reaches 1/2 > 1/L, and the Theorem 4 ingredient
   ||G_Q|| <= ||W_V|| ||W_K|| ||X||^3 / (L sqrt(d_K)) is violated on random instances;

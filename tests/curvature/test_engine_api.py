@@ -9,6 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from curvplan.types.options import MachineSettings
 from curvplan_worker.curvature.analyze import Cancelled, OptionsError, analyze, parse_options
 from curvplan_worker.curvature.checkpoint import save_checkpoint
 from curvplan_worker.curvature.data import Dataset, save_dataset
@@ -58,9 +59,9 @@ def result() -> dict:
             "eval_batch_size": 4,
             "hessian_subsample": 3,
             "n_directions": 2,
-            "threads": 1,
         },
         progress=lambda e: stages.append((e.fraction, e.stage)),
+        machine=MachineSettings(threads=1),
         model=_trained_like_model(),
         data=_data(),
     )
@@ -119,7 +120,7 @@ def test_loss_and_gradient_norm(result):
     assert result["n_eval_batches"] == 3  # 10 examples in batches of 4: 4, 4, 2
 
 
-def test_cancel_between_blocks_restores_the_model_mode():
+def test_cancel_during_block_spectra_restores_the_model_mode():
     model = _trained_like_model()
     model.train()
     calls = {"n": 0}
@@ -128,7 +129,8 @@ def test_cancel_between_blocks_restores_the_model_mode():
         calls["n"] += 1
         return calls["n"] > 4
 
-    with pytest.raises(Cancelled, match="blocks"):
+    # The fifth check is inside the first block's Lanczos loop (not at the next block).
+    with pytest.raises(Cancelled, match="lanczos"):
         analyze(
             SPEC,
             None,
@@ -147,6 +149,23 @@ def test_options_errors_name_the_field():
         parse_options({"tolerance": 2.0, "precision": "float16", "bogus": 1})
     fields = {f for f, _ in err.value.errors}
     assert {"tolerance", "precision", "bogus"} <= fields
+
+
+def test_the_machine_device_is_the_callers_setting_and_errors_name_it():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: device 'cuda' is valid here")
+    with pytest.raises(ValueError, match=r"device.*CUDA"):
+        analyze(
+            SPEC,
+            None,
+            None,
+            {},
+            model=_trained_like_model(),
+            data=_data(),
+            machine=MachineSettings(device="cuda", self_test=False),
+        )
+    with pytest.raises(OptionsError, match="worker setting"):
+        parse_options({"device": "cpu"})
 
 
 def test_cli_curvature_writes_the_result_and_reports_mismatches(tmp_path):

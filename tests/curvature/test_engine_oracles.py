@@ -66,7 +66,7 @@ def test_block_extreme_eigenvalues_match_eigvalsh(case):
 
 
 def test_lambda_min_is_not_confused_with_largest_magnitude(lm_case):
-    """A block whose most negative eigenvalue dominates in magnitude (pitfalls §4)."""
+    """A block whose most negative eigenvalue dominates in magnitude (docs/numerics.md#lanczos)."""
     case = lm_case
     gen = torch.Generator().manual_seed(4)
     with CurvatureEngine(case.model, case.objective, case.batches) as eng:

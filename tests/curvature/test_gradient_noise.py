@@ -224,7 +224,8 @@ def test_the_unbiasedness_test_has_power(independent_draws) -> None:
 
 
 def test_hessian_from_the_gradient_batch_is_biased() -> None:
-    """Why H must come from an independent batch: reusing A biases tr(HΣ) (digest §7.1)."""
+    """Why H must come from an independent batch: reusing A biases tr(HΣ)
+    (docs/formulas.md#batch-size)."""
     pop = Population()
     rows = _draws(pop, 250, 6, 6, same_batch=True)
     mean, se = _mean_and_se([r["trace_h_sigma"] for r in rows])

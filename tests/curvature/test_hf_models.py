@@ -440,7 +440,6 @@ def test_cli_example_and_curvature_on_a_save_pretrained_directory(tmp_path):
             "per_sample": False,
             "gradient_noise": False,
             "trace_probes": 0,
-            "self_test": False,
             "max_iter": 40,
             "tolerance": 1e-4,
         }
@@ -448,7 +447,7 @@ def test_cli_example_and_curvature_on_a_save_pretrained_directory(tmp_path):
         args = ["curvature", "--model", str(out), "--data", str(out / "data.safetensors")]
         args += ["--out", str(out / "result.json"), "--options", str(out / "options.json")]
         args += ["--block", "layers.0.q", "--block", "head", "--block", "embed", "--quiet"]
-        args += ["--precision", "float64", "--threads", "1"]
+        args += ["--precision", "float64", "--threads", "1", "--no-self-test"]
         res = runner.invoke(app, args)
         assert res.exit_code == 0, res.output
         result = json.loads((out / "result.json").read_text())

@@ -57,6 +57,77 @@ def test_dockerfile_has_api_without_torch_and_worker_with_torch() -> None:
     assert worker_runs.index("torch==2.13.0") < worker_runs.index(".[worker]")
 
 
+def _copies_and_runs(lines: list[str]) -> list[tuple[str, str]]:
+    return [(i.split()[0].upper(), i) for i in lines if i.split()[0].upper() in ("COPY", "RUN")]
+
+
+@pytest.mark.parametrize("stage", ["api", "worker"])
+def test_dependencies_are_installed_before_the_source_is_copied(stage: str) -> None:
+    lines = _lineage(_stages(), stage)
+    steps = _copies_and_runs(lines)
+    source_copies = [
+        n for n, (op, i) in enumerate(steps) if op == "COPY" and re.search(r"\b(app|workers)\b", i)
+    ]
+    dep_installs = [
+        n
+        for n, (op, i) in enumerate(steps)
+        if op == "RUN" and "pip install" in i and "-r /tmp/requirements.txt" in i
+    ]
+    project_installs = [
+        (n, i)
+        for n, (op, i) in enumerate(steps)
+        if op == "RUN" and "pip install" in i and "'.[" in i
+    ]
+    assert dep_installs and source_copies and project_installs, steps
+    assert max(dep_installs) < min(source_copies) < project_installs[-1][0]
+    # The project install is not editable and adds no dependency the lock did not pin.
+    install = project_installs[-1][1]
+    assert " -e " not in install and "--editable" not in install and "--no-deps" in install
+    assert "-c scripts/constraints.txt" in " ".join(i for op, i in steps if "-r /tmp" in i)
+
+
+def test_docker_requirements_are_the_extras_dependencies() -> None:
+    import sys
+    import tomllib
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from docker_requirements import requirements
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    server = requirements(["server"])
+    assert set(project["dependencies"]) <= set(server)
+    assert set(project["optional-dependencies"]["server"]) <= set(server)
+    worker = requirements(["worker"])
+    assert set(server) < set(worker) and any(d.startswith("torch") for d in worker)
+    assert not any(d.startswith("curvplan") for d in worker)
+
+
+def test_dockerignore_keeps_the_context_to_what_the_images_install() -> None:
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".git", ".venv", "tests", "benchmarks"} <= ignored
+    copied = set()
+    for lines in _stages().values():
+        for line in lines:
+            if line.upper().startswith("COPY") and "--from" not in line:
+                copied |= {p.rstrip("/").split("/")[0] for p in line.split()[1:-1]}
+    assert copied and not copied & ignored, copied & ignored
+
+
+def test_worker_image_has_a_healthcheck_on_its_heartbeat() -> None:
+    worker = _lineage(_stages(), "worker")
+    check = next(i for i in worker if i.upper().startswith("HEALTHCHECK"))
+    command = yaml.safe_load(check.split(" CMD ", 1)[1])
+    assert command[:2] == ["curvplan", "worker-health"]
+    env = " ".join(i for i in worker if i.upper().startswith("ENV"))
+    assert "CURVPLAN_WORKER_HEALTH_FILE=" in env
+    result = CliRunner().invoke(cli, [*command[1:], "--help"])
+    assert result.exit_code == 0, result.output
+
+
 def test_worker_extra_is_the_only_torch_dependency() -> None:
     import tomllib
 

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from live_plugin import free_port
 from sqlalchemy import text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -48,12 +48,6 @@ def plan_body(n_losses: int = 40) -> dict[str, Any]:
         },
         "targets": {"tolerances": [0.05, 0.01], "radius": 0.1},
     }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(predicate: Any, timeout: float, what: str, proc: Any = None) -> Any:

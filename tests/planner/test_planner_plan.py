@@ -1,4 +1,4 @@
-"""make_plan end to end: design.md §4 field names, determinism, robustness on valid input."""
+"""make_plan end to end: docs/openapi.json field names, determinism, robustness on valid input."""
 
 from __future__ import annotations
 

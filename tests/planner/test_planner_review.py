@@ -4,6 +4,7 @@ negative unbiased estimates, the theory-applicability flag and the input size ca
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -153,8 +154,12 @@ def test_plan_intervals_include_the_data_sampling_and_say_so() -> None:
     targets = Targets(tolerances=[1e-3], orderings=60, bootstrap=400)
     section = make_plan(m, targets).sample_size
     fit = section.fit
-    assert "drawing of N" in fit.formula or "N i.i.d. samples" in fit.formula
-    assert "drawing of the N samples" in section.per_tolerance[0].empirical.formula
+    # The formulas name the interval method; docs/formulas.md says it covers the N-sample draw.
+    assert fit.formula.startswith("sample.power_law_fit:") and "sample.fit_intervals" in fit.formula
+    assert section.per_tolerance[0].empirical.formula.startswith("sample.k_empirical:")
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "formulas.md").read_text()
+    intervals = docs.split("### sample.fit_intervals", 1)[1].split("###", 1)[0]
+    assert "drawing the N samples" in intervals
     # the same fit with the orderings' bootstrap only (as before the fix) is clearly narrower
     curves = loss_difference_curves(losses, orderings=60, seed=0)
     alone = fit_power_law(

@@ -1,6 +1,7 @@
 """The sample-size intervals cover the POPULATION C, α and k* over repeated draws of the N losses.
 
-Ground truth: for i.i.d. losses the population mean curve is known in closed form (digest §3):
+Ground truth: for i.i.d. losses the population mean curve is known in closed form
+(docs/formulas.md#sample-size):
 - l ~ N(μ, 1):  E|l_{k+1} − L_k| = √(2/π)·√(1 + 1/k), so E Δ_k = √(2/π)√(1 + 1/k)/(k + 1);
 - l ~ Exp(1):   E|X − Y| with Y ~ Gamma(k, 1/k) is 2(1 + 1/k)^(−k) (E|X−Y| = 2 − 2E[1 − e^(−Y)]).
 The true (C, α) is the same weighted log-space fit applied to that exact curve on the same

@@ -70,12 +70,14 @@ def test_every_kind_matches_the_api_queue_and_has_a_run_function():
     [
         (["--queues", "cpu,tpu"], "subset of cpu,gpu"),
         (["--queues", "cpu", "--lease-seconds", "2", "--heartbeat-seconds", "1.5"], "half"),
+        (["--device", "tpu"], "expected auto, cpu or cuda"),
     ],
 )
 def test_cli_rejects_bad_options_with_a_clear_message(monkeypatch, args, message):
     from curvplan_server.config import get_settings
 
     monkeypatch.setenv("DATABASE_URL", URL)
+    monkeypatch.setenv("CURVPLAN_WORKER_DEVICE", "auto")  # the command sets it from --device
     get_settings.cache_clear()
     try:
         result = CliRunner().invoke(app, ["worker", *args])

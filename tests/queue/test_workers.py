@@ -137,18 +137,25 @@ def started_attempt(
 
 @pytest.mark.parametrize("max_attempts", [3, 1])
 def test_sigkilled_worker_job_is_reaped_and_finished_once(
-    db, project_id, start_worker, max_attempts
+    db, project_id, start_worker, max_attempts, tmp_path
 ):
     (job_id,) = insert_jobs(db, project_id, [SLOW], max_attempts=max_attempts)
-    workers = [start_worker(*FAST), start_worker(*FAST)]
+    health = [tmp_path / "alive-0", tmp_path / "alive-1"]
+    workers = [start_worker(*FAST, "--health-file", str(path)) for path in health]
     doomed, pid = started_attempt(workers, job_id)
     (rescuer,) = [w for w in workers if w is not doomed]
+    doomed_health, rescuer_health = (health[workers.index(w)] for w in (doomed, rescuer))
+    wait_for(lambda: all(p.exists() for p in health), 10, "both workers' first heartbeat")
     # Progress written by the heartbeat is visible while the job runs.
     wait_for(lambda: (job_row(db, job_id).progress or {}).get("stage") == "plan", 10, "progress")
     doomed_id = job_row(db, job_id).worker_id
     doomed.signal(signal.SIGKILL)
     doomed.wait(10)
     wait_for(lambda: process_gone(pid), 10, "the orphaned child to exit")
+    # The health signal: the live worker keeps beating, the killed one stopped.
+    time.sleep(3.0)
+    assert _worker_health(rescuer_health, max_age=2.0) == 0
+    assert _worker_health(doomed_health, max_age=2.0) == 1
 
     if max_attempts == 1:
         wait_for(lambda: status_of(db, job_id) == "failed", 30, "the job to fail")
@@ -170,6 +177,16 @@ def test_sigkilled_worker_job_is_reaped_and_finished_once(
     # The dead worker's row: no heartbeat for CURVPLAN_WORKER_STALE_SECONDS (3 s) → stopped.
     wait_for(lambda: worker_rows(db)[doomed_id].status == "stopped", 15, "the stale worker row")
     assert worker_rows(db)[doomed_id].current_job_id is None
+
+
+def _worker_health(path: Any, max_age: float) -> int:
+    """``curvplan worker-health`` (the Docker HEALTHCHECK) on a worker's health file."""
+    from typer.testing import CliRunner
+
+    from curvplan.cli import app
+
+    args = ["worker-health", "--file", str(path), "--max-age", str(max_age)]
+    return CliRunner().invoke(app, args).exit_code
 
 
 def test_paused_zombie_worker_cannot_overwrite_the_job(db, project_id, start_worker):

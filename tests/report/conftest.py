@@ -1,10 +1,10 @@
-"""Fixtures of the report tests: finished jobs built locally and the shared live service."""
+"""Fixtures of the report tests: finished jobs built locally (the live service is the shared
+``live`` of tests/live_plugin.py)."""
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,17 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
 
-import live_service
 from plan_bodies import full_measurements, full_targets
-
-
-@pytest.fixture(scope="session")
-def live(
-    pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[live_service.LiveService]:
-    """API + worker subprocesses on a private database (shared with tests/client and cli)."""
-    yield live_service.acquire(pg_admin_url, tmp_path_factory.mktemp("live-service"))
-    live_service.release()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from chromium import SvgCensus, find_chromium, png_size, run_chromium
-from live_service import LiveService
+from live_plugin import LiveService
 from plan_bodies import full_measurements, full_targets
 
 import curvplan

@@ -24,6 +24,7 @@ from curvplan_server.artifacts.blobstore import BlobStore
 from curvplan_server.artifacts.checks import ArtifactContentError, check_kind
 from curvplan_server.artifacts.safetensors_format import InvalidSafetensors, validate_file
 from curvplan_server.config import get_settings
+from curvplan_server.storage.blobs import delete_if_unreferenced, place_blob
 from curvplan_worker.errors import JobError
 
 
@@ -167,27 +168,29 @@ def store_output(
         info = validate_file(str(temp))
         digest = _sha256_file(temp)
         size = temp.stat().st_size
-        store.commit_temp(temp, digest)
+        summary = json.dumps(info.to_json())
+        # The blob's lock is held from placing the file until the row is committed, so a
+        # concurrent garbage collection cannot delete it in between (docs/storage.md).
+        with engine.begin() as conn:
+            place_blob(conn, store, temp, digest)
+            previous = conn.execute(
+                text("SELECT sha256 FROM artifact WHERE job_id = :job AND name = :name"),
+                {"job": job_id, "name": name},
+            ).scalar_one_or_none()
+            artifact_id = conn.execute(
+                _UPSERT_OUTPUT,
+                {
+                    "id": uuid.uuid4(),
+                    "name": name,
+                    "sha256": digest,
+                    "size": size,
+                    "tensors": summary,
+                    "job_id": job_id,
+                    "attempt": attempt,
+                },
+            ).scalar_one_or_none()
     finally:
         temp.unlink(missing_ok=True)
-    summary = json.dumps(info.to_json())
-    with engine.begin() as conn:
-        previous = conn.execute(
-            text("SELECT sha256 FROM artifact WHERE job_id = :job AND name = :name"),
-            {"job": job_id, "name": name},
-        ).scalar_one_or_none()
-        artifact_id = conn.execute(
-            _UPSERT_OUTPUT,
-            {
-                "id": uuid.uuid4(),
-                "name": name,
-                "sha256": digest,
-                "size": size,
-                "tensors": summary,
-                "job_id": job_id,
-                "attempt": attempt,
-            },
-        ).scalar_one_or_none()
     if artifact_id is None:
         _delete_if_unreferenced(engine, store, digest)
         raise LeaseLost(f"job {job_id} is no longer attempt {attempt}'s; output {name} dropped")
@@ -197,12 +200,8 @@ def store_output(
 
 
 def _delete_if_unreferenced(engine: Engine, store: BlobStore, digest: str) -> None:
-    with engine.connect() as conn:
-        used = conn.execute(
-            text("SELECT count(*) FROM artifact WHERE sha256 = :sha"), {"sha": digest}
-        ).scalar_one()
-    if not used:
-        store.delete(digest)
+    with engine.begin() as conn:
+        delete_if_unreferenced(conn, store, digest)
 
 
 def _sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -104,7 +104,7 @@ def planner_fields(
 
     Per-sample losses, perturbed losses and per-sample Hessian norms come from
     ``result["per_sample"]`` (the planner takes M of Petrov et al. 2025, Theorem 7, as their
-    maximum, paper-digest §8 item 5, and says it is a measured lower estimate); ``theory``
+    maximum, docs/formulas.md#sample-size, and says it is a measured lower estimate); ``theory``
     (inside the paper's assumptions or not, with reasons) from ``result["bounds"]``;
     ``blocks`` from the block spectra; ``gradient_norm_at_w_star`` from ``gradient_norm``
     (Assumption 1). Gradient noise comes from the LAST intermediate checkpoint (the one

@@ -1,11 +1,12 @@
-"""The analyze job, stage by stage (design.md §2): artifacts → engine → outputs → planner.
+"""The analyze job, stage by stage (docs/formulas.md): artifacts → engine → outputs → planner.
 
 Progress stages, in order: ``loading``, ``block spectra i/n``, ``off-diagonal``, ``dense
 hessian``, ``per-sample losses`` (the engine measures per-sample losses, perturbed losses and
 per-sample Hessian norms in one stage), ``gradient noise``, ``bounds``, ``gradient noise
 (intermediate i/n)``, ``storing outputs``, ``planning``. The engine reports structured events
-(``ProgressEvent``: stage, fraction, block index and count); cancellation is checked at every
-one, which the engine makes before each block.
+(``ProgressEvent``: stage, fraction, block index and count). Cancellation is checked at every
+progress report and, inside the engine, before every operator product and micro-batch, so a
+cancelled job stops within about one product instead of at the end of a block.
 
 The model is a reference spec or a Hugging Face source (``{"source": "huggingface", "config":
 …}``); a checkpoint is one artifact id or the ids of its shards
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from curvplan.types.jobs import AnalyzeJobCreate
+from curvplan.types.options import MACHINE_SETTINGS, MachineSettings
 from curvplan_server.artifacts.blobstore import default_store
 from curvplan_server.config import get_settings
 from curvplan_server.planner import Measurements, Targets, make_plan
@@ -95,6 +97,16 @@ def _resolve_checkpoint(engine, store, project_id, value: Any, field: str) -> li
     ]
 
 
+def _without_machine_settings(request: dict[str, Any]) -> dict[str, Any]:
+    """A stored request without the machine settings older API versions accepted as options
+    (a job queued before they became worker settings still runs, under the worker's)."""
+    options = request.get("options")
+    if not isinstance(options, dict) or not set(options) & set(MACHINE_SETTINGS):
+        return request
+    kept = {k: v for k, v in options.items() if k not in MACHINE_SETTINGS}
+    return {**request, "options": kept}
+
+
 def _validated(request: dict[str, Any]) -> AnalyzeJobCreate:
     try:
         return AnalyzeJobCreate.model_validate(request)
@@ -104,10 +116,12 @@ def _validated(request: dict[str, Any]) -> AnalyzeJobCreate:
 
 def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Run one attempt of an analyze job; returns ``{measurements, recommendation, …}``."""
+    request = _without_machine_settings(request)
     body = _validated(request)
     options = dict(request.get("options") or {})  # only what the client set: engine defaults
     ctx.report_progress(0.0, "loading", "resolving artifacts")
     settings = get_settings()
+    machine = _machine(settings)
     engine = child_engine(settings.sqlalchemy_url)
     store = default_store(ctx.data_dir)
     try:
@@ -121,10 +135,15 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             for i, a in enumerate(request.get("intermediate_checkpoints") or [])
         ]
         result = _run_engine(
-            request["model"], [str(c.path) for c in checkpoint], str(dataset.path), options, ctx
+            request["model"],
+            [str(c.path) for c in checkpoint],
+            str(dataset.path),
+            options,
+            machine,
+            ctx,
         )
         noise = _intermediate_noise(
-            request["model"], intermediates, str(dataset.path), options, ctx
+            request["model"], intermediates, str(dataset.path), options, machine, ctx
         )
         fields, notes = planner_fields(result, noise)
         measurements = _measurements(fields)  # before any output is stored
@@ -157,6 +176,16 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         "notes": notes,
         "recommendation": recommendation.model_dump(mode="json"),
     }
+
+
+def _machine(settings: Any) -> MachineSettings:
+    """This worker's machine settings; a misconfigured worker fails the job saying which."""
+    try:
+        return settings.machine_settings()
+    except ValueError as exc:
+        raise JobError(
+            "worker-misconfigured", "The worker's machine settings are invalid", str(exc)[:300]
+        ) from None
 
 
 def _measurements(fields: dict[str, Any]) -> Measurements:
@@ -204,6 +233,7 @@ def _run_engine(
     checkpoint_path: str | list[str],
     data_path: str,
     options: dict[str, Any],
+    machine: MachineSettings,
     ctx: JobContext,
 ) -> dict[str, Any]:
     """The engine's ``analyze`` with its errors turned into job errors."""
@@ -223,6 +253,7 @@ def _run_engine(
             options,
             progress=_engine_progress(ctx),
             should_cancel=_should_cancel(ctx),
+            machine=machine,
         )
     except curvature_analysis.Cancelled:
         raise JobCancelled() from None
@@ -270,6 +301,7 @@ def _intermediate_noise(
     intermediates: list[Any],
     data_path: str,
     options: dict[str, Any],
+    machine: MachineSettings,
     ctx: JobContext,
 ) -> list[dict[str, Any]]:
     """Gradient-noise statistics at each intermediate checkpoint (McCandlish et al. 2018 §2.2).
@@ -282,12 +314,13 @@ def _intermediate_noise(
     import torch
 
     from curvplan_worker.curvature.analyze import _clean
+    from curvplan_worker.curvature.cancel import Cancelled, cancel_scope
     from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
     from curvplan_worker.curvature.device import resolve_device, resolve_dtype
     from curvplan_worker.curvature.gradient_noise import gradient_noise_from_sample
     from curvplan_worker.curvature.sources import load_source
 
-    device = resolve_device(options.get("device", "auto"))
+    device = resolve_device(machine.device)
     dtype = resolve_dtype(options.get("precision", "float32"))
     out = []
     n = len(intermediates)
@@ -322,16 +355,20 @@ def _intermediate_noise(
                 "The dataset is too small for gradient noise",
                 "dataset: needs at least 3 examples (2 for gradients, 1 for the Hessian)",
             )
-        stats = gradient_noise_from_sample(
-            model,
-            objective,
-            data.inputs,
-            data.targets,
-            n_grad=options.get("noise_grad_examples"),
-            n_hessian=options.get("noise_hessian_examples"),
-            seed=int(options.get("seed", 0)),
-            batch_size=micro_batch or 32,
-        )
+        try:
+            with cancel_scope(_should_cancel(ctx)):  # checked inside its loops too
+                stats = gradient_noise_from_sample(
+                    model,
+                    objective,
+                    data.inputs,
+                    data.targets,
+                    n_grad=options.get("noise_grad_examples"),
+                    n_hessian=options.get("noise_hessian_examples"),
+                    seed=int(options.get("seed", 0)),
+                    batch_size=micro_batch or 32,
+                )
+        except Cancelled:
+            raise JobCancelled() from None
         stats = _clean(stats)
         stats.pop("grad_indices", None)
         stats.pop("hessian_indices", None)

@@ -28,7 +28,8 @@ def planner_gradient_noise(stats: Mapping[str, Any]) -> tuple[dict[str, Any], li
     """The planner's ``DirectNoiseStats`` dict from ``gradient_noise_statistics`` + notes.
 
     Every estimate is passed through unchanged, negative ones included: an unbiased |G|² (or
-    tr Σ, GᵀHG) can be negative near w* (curvature pitfalls item 13) and is never clamped or
+    tr Σ, GᵀHG) can be negative near w* (docs/numerics.md#negative-estimates) and is never
+    clamped or
     dropped; the planner then reports B_simple (B_noise) undefined with its warning
     (McCandlish et al. 2018 App. A: ratio of the unbiased estimates). A note says so.
     Returns (dict, notes).

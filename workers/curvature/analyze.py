@@ -1,6 +1,7 @@
-"""``analyze``: the curvature engine end to end (issue 4; result JSON of the engine contract).
+"""``analyze``: the curvature engine end to end (result JSON of the engine contract).
 
-Stages (each reports progress; cancellation is checked between blocks and between stages):
+Stages (each reports progress; cancellation is checked at each report and inside every long loop,
+one operator product or micro-batch apart, see ``cancel.py``):
 load → self-test → loss and gradient → per-block spectra (λ_max, λ_min, trace, GGN and
 functional parts) → off-diagonal σ_max → dense (small models) → per-sample statistics →
 gradient noise → theoretical bounds. Every stage's numbers come from the same fixed evaluation
@@ -17,9 +18,10 @@ from typing import Any
 
 import torch
 
-from curvplan.types.options import AnalysisOptions, OptionsError, parse_options
+from curvplan.types.options import AnalysisOptions, MachineSettings, OptionsError, parse_options
 from curvplan.types.spec import ModelSpec, parse_spec
 from curvplan_worker.curvature.blocks import custom_blocks, default_blocks, select_blocks
+from curvplan_worker.curvature.cancel import Cancelled, cancel_scope
 from curvplan_worker.curvature.data import Dataset
 from curvplan_worker.curvature.dense import DEFAULT_DENSE_LIMIT, dense_summary
 from curvplan_worker.curvature.device import (
@@ -55,10 +57,6 @@ class ProgressEvent:
 
 Progress = Callable[[ProgressEvent], None]
 ShouldCancel = Callable[[], bool]
-
-
-class Cancelled(Exception):
-    """The caller asked to stop (``should_cancel()`` returned True)."""
 
 
 def _clean(value: Any) -> Any:
@@ -118,35 +116,50 @@ def analyze(
     *,
     model: torch.nn.Module | None = None,
     data: Dataset | None = None,
+    machine: MachineSettings | None = None,
 ) -> dict:
     """Measure the curvature of the model at its checkpoint weights on an evaluation sample.
 
     ``spec`` is the model source: a reference model spec, or ``{"source": "huggingface",
     "config": {…config.json…}}`` (``docs/engine-model-sources.md``). ``checkpoint_path`` is a
     safetensors checkpoint or a list of shards (or pass a built ``model``), ``data_path`` a
-    safetensors sample (or ``data``). Returns the result JSON of the engine contract. Raises
-    ``SpecError``, ``HFModelError``, ``OptionsError``, ``CheckpointMismatch``, ``DataError``
-    with messages naming the field, and :class:`Cancelled`.
+    safetensors sample (or ``data``). ``machine`` is how to run (device, threads, self-test,
+    graph caching): the caller's configuration, never the request's. Returns the result JSON of
+    the engine contract. Raises ``SpecError``, ``HFModelError``, ``OptionsError``,
+    ``CheckpointMismatch``, ``DataError`` with messages naming the field, and
+    :class:`Cancelled`.
     """
     if not is_hf_source(spec):
         spec = parse_spec(spec)
     opts = parse_options(options)
+    machine = machine or MachineSettings()
     threads = torch.get_num_threads()
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
+    if machine.threads:
+        torch.set_num_threads(machine.threads)
     try:
-        return _analyze(
-            spec, checkpoint_path, data_path, opts, progress, should_cancel, model, data
-        )
+        # The loops inside each stage check should_cancel too (cancel.check_cancel), so a
+        # run stops within one operator product of the request, not at the next block.
+        with cancel_scope(should_cancel):
+            return _analyze(
+                spec,
+                checkpoint_path,
+                data_path,
+                opts,
+                machine,
+                progress,
+                should_cancel,
+                model,
+                data,
+            )
     finally:
         torch.set_num_threads(threads)
 
 
-def _analyze(spec, checkpoint_path, data_path, opts, progress, should_cancel, model, data):
+def _analyze(spec, checkpoint_path, data_path, opts, machine, progress, should_cancel, model, data):
     report = _Reporter(progress, should_cancel)
     started = time.perf_counter()
     report(0.0, "load", "building the model")
-    device = resolve_device(opts.device)
+    device = resolve_device(machine.device)
     dtype = resolve_dtype(opts.precision)
     if device.type == "cuda":
         configure_cuda_for_curvature()
@@ -156,7 +169,7 @@ def _analyze(spec, checkpoint_path, data_path, opts, progress, should_cancel, mo
     model = source.module.to(device=device, dtype=dtype)
     data = source.data.to(device, dtype)
     objective = source.objective
-    if opts.self_test:
+    if machine.self_test:
         report(0.02, "self_test", "HVP against finite differences on a tiny model")
         self_test(device)
     if opts.block_definitions:
@@ -173,6 +186,7 @@ def _analyze(spec, checkpoint_path, data_path, opts, progress, should_cancel, mo
         "dtype": opts.precision,
         "seed": opts.seed,
         "options": opts.model_dump(),
+        "machine": machine.model_dump(),
         "model": source.description,
         "precision_limited": source.precision,
         "n_parameters": n_params,
@@ -181,10 +195,11 @@ def _analyze(spec, checkpoint_path, data_path, opts, progress, should_cancel, mo
     if source.spec is not None:
         result["spec"] = source.spec.model_dump()
     batches = data.batches(micro_batch)
-    cache_graph = opts.cache_graph
-    if "cache_graph" not in opts.model_fields_set and micro_batch and not opts.eval_batch_size:
-        # micro-batched for a large vocabulary: keeping every micro-batch's first-backward
-        # graph would undo the micro-batching, so each product rebuilds it (unless asked)
+    cache_graph = machine.cache_graph
+    if micro_batch and not opts.eval_batch_size and len(batches) > 1:
+        # micro-batched automatically for a large vocabulary: keeping every micro-batch's
+        # first-backward graph would undo the micro-batching, so each product rebuilds it
+        # (an explicit eval_batch_size keeps the machine's caching)
         cache_graph = False
     result["cache_graph"] = cache_graph
     result["eval_batch_size"] = micro_batch
@@ -413,7 +428,7 @@ def _bounds(model, source, data, opts, block_records) -> dict | None:
     except ImportError:
         return None
     bounds = block_bounds_for_model(
-        model, source.spec, data.inputs, data.targets, opts.bound_options
+        model, source.spec, data.inputs, data.targets, opts.bound_options.model_dump()
     )
     measured = {r["name"]: r["spectral_norm"] for r in block_records}
     ratios = tightness(bounds, measured)

@@ -6,7 +6,7 @@ Default block names: ``embed`` (``embed.*`` and ``pos.*``), per layer ``layers.{
 ``named_parameters()`` (under their first name, ``embed.weight``) and so belong to one block.
 
 A block Hessian is the diagonal block H_BB of the full Hessian with every other parameter held
-at w* (curvature-pitfalls §10), not the Hessian of a block-only model.
+at w* (docs/numerics.md#blocks), not the Hessian of a block-only model.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Evaluation samples: a safetensors file with ``inputs`` and ``targets`` checked against the
-spec's task, and the fixed batching every product uses (curvature-pitfalls §9)."""
+spec's task, and the fixed batching every product uses (docs/numerics.md#loss-normalisation)."""
 
 from __future__ import annotations
 

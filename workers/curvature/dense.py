@@ -1,7 +1,7 @@
 """Exact dense Hessian (and its blocks) for small models, column by column from double backward.
 
 H[:, j] = ∂∇L/∂w_j = grad(∇L, w, e_j); columns are computed ``chunk`` at a time. Intended for
-models up to a few thousand parameters (the paper's MNIST model has 3,552; paper-digest §8.1).
+models up to a few thousand parameters (the paper's MNIST model has 3,552; docs/formulas.md).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from curvplan_worker.curvature.cancel import check_cancel
 from curvplan_worker.curvature.hvp import CurvatureEngine
 
 DEFAULT_DENSE_LIMIT = 5000
@@ -36,6 +37,7 @@ def dense_hessian(
     out = torch.zeros(n_rows, n_cols, dtype=engine.dtype, device=engine.device)
     eye = torch.eye(n_cols, dtype=engine.dtype, device=engine.device)
     for start in range(0, n_cols, chunk):
+        check_cancel("dense Hessian")
         stop = min(start + chunk, n_cols)
         block = eye[start:stop]
         if stop - start == 1:

@@ -1,4 +1,4 @@
-"""Device, precision and thread set-up for curvature work (curvature-pitfalls §7, §11)."""
+"""Device, precision and thread set-up for curvature work (docs/numerics.md#threads)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def resolve_dtype(name: str = "float32") -> torch.dtype:
-    """``float32`` (default) or ``float64``; half precisions are refused (pitfalls §11)."""
+    """``float32`` (default) or ``float64``; half precisions are refused
+    (docs/numerics.md#precision)."""
     try:
         return _DTYPES[name]
     except KeyError:
@@ -36,14 +37,14 @@ def resolve_dtype(name: str = "float32") -> torch.dtype:
 
 
 def configure_cuda_for_curvature() -> None:
-    """TF32 off: curvature needs full fp32 matmuls (pitfalls §11)."""
+    """TF32 off: curvature needs full fp32 matmuls (docs/numerics.md#precision)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 
 
 @contextlib.contextmanager
 def pinned_blas_threads(n_threads: int = 1) -> Iterator[None]:
-    """Pin BLAS threads around scipy calls (pitfalls §7): threadpoolctl when installed,
+    """Pin BLAS threads around scipy calls (docs/numerics.md#threads): threadpoolctl when installed,
     else torch's intra-op thread count is pinned and restored."""
     try:
         from threadpoolctl import threadpool_limits
@@ -80,7 +81,8 @@ def active_dropouts(model: nn.Module) -> list[str]:
 def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     """The engine's one guard around every curvature computation: eval mode, no stochastic
     layer active, attention on the MATH backend (fused SDPA kernels have no second derivative),
-    and every submodule's own mode restored on exit (never silently flip the caller's mode)."""
+    and every submodule's own mode restored on exit (docs/numerics.md#eval-mode: never
+    silently flip the caller's mode)."""
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:

@@ -1,6 +1,6 @@
 """Gauss–Newton (outer-product) and functional parts of a Hessian block.
 
-Petrov et al. 2025, eq. "gauss_decomposition":
+Petrov et al. 2025, eq. "gauss_decomposition" (docs/formulas.md#bounds):
 H = Jᵀ (∂²ℓ/∂f²) J + (∂ℓ/∂f ⊗ I) ∂²f/∂w² = H_o (GGN) + H_f (functional).
 The products are the curvature operator's (:meth:`CurvatureEngine.ggn_vector`: a forward-mode
 jvp through the model for J v, the loss's output Hessian by double backward on the outputs, a

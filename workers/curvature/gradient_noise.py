@@ -1,7 +1,8 @@
 """Gradient-noise statistics at w*: |G|², tr Σ, GᵀHG, tr(HΣ), B_simple, B_noise.
 
 McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training", §2.2 and App. A; paper
-digest §7.1) define, for the true gradient G, the per-example gradient covariance Σ and the
+docs/formulas.md#batch-size) define, for the true gradient G, the per-example gradient covariance Σ
+and the
 Hessian H,  B_simple = tr Σ / |G|²  and  B_noise = tr(HΣ) / GᵀHG.
 
 Estimators (all unbiased; U-statistics over the per-example gradients g_i of a sample A):
@@ -12,12 +13,14 @@ Estimators (all unbiased; U-statistics over the per-example gradients g_i of a s
 * tr(HΣ)    ≈ (1/(n−1)) Σ_i (g_i − ḡ)ᵀH_B(g_i − ḡ)
 
 with H_B the Hessian on an INDEPENDENT batch B (disjoint from A), so that E[H_B] = H is
-independent of the gradients (digest §7.1 [DERIVED]: otherwise the quadratic forms are biased).
+independent of the gradients (docs/formulas.md#batch-size: otherwise the quadratic forms are
+biased).
 All four are functions of the Gram matrices K = [g_iᵀg_j] and M = [g_iᵀH_B g_j]; M needs one
 Hessian-vector product per gradient example. Standard errors: a jackknife over the gradient
 examples, plus for the H terms the spread over disjoint groups of B.
 
-Examples are sequences, not tokens (curvature pitfalls item 13): the per-example gradient is
+Examples are sequences, not tokens (docs/numerics.md#negative-estimates): the per-example gradient
+is
 g_i = ∇s_i / c̄ with s_i the example's summed loss and c̄ the mean count over A, so that
 ḡ = Σ∇s_i / Σc_i is exactly the gradient of the mean token loss — the normalisation of the
 engine's Hessian. (With unequal counts the estimators are ratio estimators: consistent, and
@@ -34,6 +37,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from curvplan_worker.curvature.cancel import check_cancel
 from curvplan_worker.curvature.objective import Objective
 from curvplan_worker.curvature.operator import CurvatureEngine
 from curvplan_worker.curvature.per_sample import (
@@ -113,6 +117,7 @@ def per_example_gradients(
     names = list(base)
     with CurvatureEngine(model, objective, param_names=names) as engine:
         for sl in _chunks(n, chunk_size):
+            check_cancel("per-example gradients")
             x = _to_device(inputs[sl], device)
             y = _to_device(targets[sl], device)
             g, c, used = engine.per_example_gradients(
@@ -168,10 +173,11 @@ def hessian_quadratic_forms(
 ) -> HessianForms:
     """V H_b Vᵀ for k vectors (rows of V, (k, D)) on ``n_groups`` disjoint groups of the batch.
 
-    HVPs by double backward (never ``torch.func.hessian`` / ``jacrev``-in-``jvp``: pitfall 2),
+    HVPs by double backward (never ``torch.func.hessian`` / ``jacrev``-in-``jvp``:
+    docs/numerics.md#double-backward),
     one forward graph per micro-batch reused for all k vectors (k second backwards). This is
     the H_B of McCandlish et al. 2018 §2.2 evaluated on a batch independent of the gradients
-    (digest §7.1); the group split gives the batch-to-batch variability of H.
+    (docs/formulas.md#batch-size); the group split gives the batch-to-batch variability of H.
     """
     n = _check_sample(inputs, targets)
     _check_batch_size(batch_size)
@@ -199,9 +205,11 @@ def hessian_quadratic_forms(
             # count c); the group's form needs the SUMMED loss: S v = c · H v
             with CurvatureEngine(model, objective, [(x, y)], param_names=names) as engine:
                 c = engine.total_count
-                hv = torch.stack([engine.hvp(names, names, v_model[j]) for j in range(k)]).to(
-                    "cpu", torch.float64
-                )
+                rows = []
+                for j in range(k):
+                    check_cancel("Hessian quadratic forms")
+                    rows.append(engine.hvp(names, names, v_model[j]))
+                hv = torch.stack(rows).to("cpu", torch.float64)
             n_products += k
             forms[b] += c * (v64 @ hv.T)
             counts[b] += c
@@ -271,7 +279,8 @@ def noise_estimates_from_gram(
 ) -> NoiseEstimates:
     """|G|², tr Σ, GᵀHG, tr(HΣ) from K = [g_iᵀg_j] and M = [g_iᵀH_B g_j] (module docstring).
 
-    McCandlish et al. 2018 §2.2 quantities by U-statistics (digest §7.1). Standard errors: the
+    McCandlish et al. 2018 §2.2 quantities by U-statistics (docs/formulas.md#batch-size). Standard
+    errors: the
     jackknife over gradient examples; for the H terms combined (in quadrature) with the
     weighted between-group spread of the estimate over the groups of B when there are ≥ 2.
     """
@@ -339,7 +348,7 @@ def two_batch_series(
     ``grad_sq_norm_big[t]`` = |G_{B_big}|² and ``grad_sq_norm_small[t]`` = the mean over its
     ⌊b_big/b_small⌋ disjoint micro-batches of |G_{B_small}|², with G_B the mean of the batch's
     g_i. With ``hessian_gram`` (M = [g_iᵀH_B g_j]) also ``gHg_small``/``gHg_big`` = G_BᵀH G_B
-    (digest §7.1 [DERIVED] h(B)). Plus the App. A estimates computed from the series means.
+    (docs/formulas.md#batch-size h(B)). Plus the App. A estimates computed from the series means.
     """
     n = gram.shape[0]
     if not isinstance(b_small, int) or b_small < 1:
@@ -410,7 +419,7 @@ def gradient_noise_statistics(
     batch only |G|² and tr Σ are estimated. ``gradient_norm`` is the raw |ḡ| at w* (Petrov et
     al. 2025, Assumption 1 says it is 0). The keys shared with the planner's
     ``DirectNoiseStats`` carry its names; B ratios are None where the denominator is ≤ 0
-    (e.g. |G|² at w*, curvature pitfalls item 13: never clamped).
+    (e.g. |G|² at w*, docs/numerics.md#negative-estimates: never clamped).
     """
     n = _check_sample(grad_inputs, grad_targets)
     if n < 2:

@@ -26,8 +26,8 @@ def finite_difference_hvp(
 ) -> Tensor:
     """Central difference D(h) = (∇_rows L(w + hv) − ∇_rows L(w − hv)) / 2h, Richardson-
     extrapolated (4 D(h/2) − D(h)) / 3 to O(h⁴) error, on a private copy of the weights
-    (never perturbing live weights). An independent oracle for tests and the start-up
-    self-test; members may be slices (``name[:, a:b]``)."""
+    (docs/numerics.md#no-live-perturbation: never perturb live weights). An independent oracle
+    for tests and the start-up self-test; members may be slices (``name[:, a:b]``)."""
     col_layout, row_layout = engine.layout(cols), engine.layout(rows)
     v = v.to(engine.device, engine.dtype)
     scale = float(torch.linalg.vector_norm(v))
@@ -57,7 +57,7 @@ def finite_difference_hvp(
 
 
 class SelfTestError(RuntimeError):
-    """The start-up HVP self-test disagreed with finite differences."""
+    """The start-up HVP self-test disagreed with finite differences (docs/numerics.md#self-test)."""
 
 
 def self_test(device: torch.device | str = "cpu", tol: float = 1e-7) -> float:

@@ -4,7 +4,8 @@
 per-example number of loss terms (n,): tokens that are not ``ignore_index`` for causal_lm, 1 for
 classification, the number of elements for regression. The dataset loss is
 ``sum(losses) / sum(counts)`` — the mean token loss over the whole evaluation sample
-(curvature-pitfalls §9), which is what every Hessian and gradient of the engine differentiates.
+(docs/numerics.md#loss-normalisation), which is what every Hessian and gradient of the engine
+differentiates.
 """
 
 from __future__ import annotations

@@ -6,16 +6,17 @@ Hessian, per-sample Hessian norms, the gradient-noise quadratic forms) is a prod
 operator, for every model source (the reference Transformer and Hugging Face models).
 
 The loss is the mean loss term over the whole evaluation sample,
-L(w) = Σ_b Σ_i s_i(w) / Σ_b Σ_i c_i (``docs/engine-model-sources.md``; s_i the summed loss of
-example i, c_i its number of loss terms): every batch contributes its summed loss divided by
+L(w) = Σ_b Σ_i s_i(w) / Σ_b Σ_i c_i (docs/numerics.md#loss-normalisation; s_i the summed loss
+of example i, c_i its number of loss terms): every batch contributes its summed loss divided by
 the *total* count, so uneven batches are weighted by their token counts, and every product
 walks the same batches in the same order.
 
 Products are ``torch.autograd.grad`` of the first-order gradient (built with
-``create_graph=True``) restricted to the requested parameter tensors (never
-``torch.func.hessian``/``jacrev`` inside ``jvp``). By default the first backward's graph is built
-once per batch and reused by every product (each product is then only the second backward);
-``cache_graph=False`` rebuilds it per product to bound memory. Several vectors go through one
+``create_graph=True``) restricted to the requested parameter tensors
+(docs/numerics.md#double-backward: never ``torch.func.hessian``/``jacrev`` inside ``jvp``). By
+default the first backward's graph is built once per batch and reused by every product (each
+product is then only the second backward); ``cache_graph=False`` rebuilds it per product to
+bound memory (docs/numerics.md#graph-cache). Several vectors go through one
 batched second backward (``is_grads_batched``).
 
 Blocks are lists of *members*: a parameter name as ``named_parameters()`` gives it, or a slice
@@ -36,6 +37,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jvp
 
+from curvplan_worker.curvature.cancel import check_cancel
 from curvplan_worker.curvature.device import eval_mode
 from curvplan_worker.curvature.objective import Objective
 
@@ -452,6 +454,7 @@ class CurvatureEngine:
         rows, counts = [], []
         tensors = [self.params[n] for n in bases]
         for i in range(inputs.shape[0]):
+            check_cancel("per-example gradients")
             out = functional_call(self.model, self.params, (inputs[i : i + 1],))
             s, c = self.objective.output_losses(out, targets[i : i + 1])
             g = torch.autograd.grad(s.sum(), tensors, allow_unused=True)

@@ -1,7 +1,7 @@
 """Per-sample statistics at w*: losses, losses at perturbed points, per-sample Hessian norms.
 
 What the planner's sample-size criteria consume (Petrov et al. 2025, §3.3 and Theorem 7;
-the off-minimum Δ criteria of the follow-ups, paper digest §6.4):
+the off-minimum Δ criteria of the follow-ups, docs/formulas.md#sample-size):
 
 * ``per_example_losses`` — l_i(w*) for every example (an example is a sequence; its loss is
   the mean over its loss terms: summed loss / count, as the objective defines them);
@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from curvplan_worker.curvature.cancel import check_cancel
 from curvplan_worker.curvature.device import eval_mode
 from curvplan_worker.curvature.objective import Objective
 from curvplan_worker.curvature.operator import CurvatureEngine
@@ -161,7 +162,8 @@ def per_example_loss_sums(
     """Per-example summed loss s_i and count c_i (fp64), evaluated in micro-batches.
 
     The dataset loss is L = Σ s_i / Σ c_i (engine contract: loss terms weighted by their counts),
-    the empirical risk of Petrov et al. 2025 §2 (digest §1.2). ``params`` substitutes weights.
+    the empirical risk of Petrov et al. 2025 §2 (docs/formulas.md#bounds). ``params`` substitutes
+    weights.
     """
     n = _check_sample(inputs, targets)
     _check_batch_size(batch_size)
@@ -171,6 +173,7 @@ def per_example_loss_sums(
     counts = torch.empty(n, dtype=torch.float64)
     with torch.no_grad(), eval_mode(model):
         for sl in _chunks(n, batch_size):
+            check_cancel("per-sample losses")
             s, c = _call_objective(
                 model,
                 objective,
@@ -196,7 +199,7 @@ def per_example_losses(
     """l_i(w*) = s_i / c_i for every example (fp64, shape (n,)).
 
     The per-sample losses l_i of Petrov et al. 2025, §3.3 (L_k = (1/k)Σ_{i≤k} l_i) and of the
-    paper digest §8 item 3 (computed once, at w*, without augmentation).
+    docs/formulas.md#sample-size (computed once, at w*, without augmentation).
     """
     sums, counts = per_example_loss_sums(model, objective, inputs, targets, batch_size)
     return sums / counts
@@ -213,7 +216,7 @@ def random_unit_directions(
     """n directions u ~ Uniform(unit sphere) over all selected parameters jointly: (n, D) fp64.
 
     Gaussian draws normalised over the concatenation of all selected parameters (not per
-    tensor), the random unit directions of the Δ₁ criterion (paper digest §6.4 and §8 item 3).
+    tensor), the random unit directions of the Δ₁ criterion (docs/formulas.md#sample-size).
     ``params`` is the parameter dict (see ``select_parameters``) or the dimension D itself.
     Drawn on the CPU from ``generator`` so that a seed reproduces them on any device.
     """
@@ -230,7 +233,7 @@ def random_subspace_directions(basis: Tensor, n: int, generator: torch.Generator
     """n random unit directions inside span(basis): u = Uz/‖Uz‖, z ~ N(0, I_D). Shape (n, P).
 
     ``basis`` (D, P) holds orthonormal rows, e.g. the top-D Hessian eigenvectors U_D of the
-    subspace criterion Δ₂^(D) (curvature-aligned probing, paper digest §6.4).
+    subspace criterion Δ₂^(D) (curvature-aligned probing, docs/formulas.md#sample-size).
     """
     if basis.ndim != 2 or basis.shape[0] < 1:
         raise ValueError("basis: need a (D, P) matrix with D ≥ 1 rows")
@@ -274,7 +277,7 @@ def perturbed_losses(
     """l_i(w* + r·u_p) for every direction p and example i: (P, n) fp64.
 
     The losses behind the off-minimum criteria Δ₁ (random unit directions at radius ε) and the
-    subspace criteria (top-D eigenvectors) of the follow-ups (paper digest §6.4, §8 item 3).
+    subspace criteria (top-D eigenvectors) of the follow-ups (docs/formulas.md#sample-size).
     ``directions`` is a (P, D) tensor of unit rows over ``param_names`` (in that order; default
     all trainable parameters in ``named_parameters()`` order), or an int P: that many random
     unit directions from ``torch.Generator().manual_seed(seed)``. Live weights are not touched.
@@ -364,10 +367,11 @@ def per_sample_hessian_norms(
 ) -> dict[str, Any]:
     """‖H_i(w*)‖₂ = max(|λ_max|, |λ_min|) of per-example Hessians; max → M of Theorem 7.
 
-    Petrov et al. 2025, Theorem 7 assumes ‖H_i(w*)‖₂ ≤ M for all i; the paper digest §8 item 5
-    takes M as the measured max over a sample of i. H_i is the Hessian of example i's mean loss
-    l_i = s_i/c_i over ``param_names`` (default: all trainable parameters). The subsample is
-    ``indices`` or ``n_subsample`` examples drawn without replacement with ``seed`` (None: all).
+    Petrov et al. 2025, Theorem 7 assumes ‖H_i(w*)‖₂ ≤ M for all i; the
+    planner takes M as the measured max over a sample of i (docs/formulas.md#sample-size). H_i
+    is the Hessian of example i's mean loss l_i = s_i/c_i over ``param_names`` (default: all
+    trainable parameters). The subsample is ``indices`` or ``n_subsample`` examples drawn
+    without replacement with ``seed`` (None: all).
     Both ends come from the engine's residual-certified Lanczos (``spectra.lanczos_spectrum``:
     ‖Hy − θy‖ ≤ tol·max(|θ|, 10⁻³‖H‖) per end, at most ``max_iter`` steps, default min(D, 500)).
     Returns JSON-able ``{indices, norms, lambda_max, lambda_min, residual_max, residual_min,
@@ -404,6 +408,7 @@ def per_sample_hessian_norms(
     results: list[Spectrum] = []
     names = list(base)
     for i in chosen:
+        check_cancel("per-sample Hessian norms")
         x = _to_device(inputs[i : i + 1], device)
         y = _to_device(targets[i : i + 1], device)
         # the operator on one example: its loss is s_i / c_i, the example's mean loss
@@ -468,7 +473,8 @@ def per_sample_section(
     ``losses``: l_i(w*) for every example (Petrov et al. 2025 §3.3). ``perturbed``: with a
     ``radius``, the losses at w* + r·u for ``n_directions`` random unit directions (seed
     ``seed``) and, with ``eigen_directions`` ((D, P) orthonormal rows, e.g. the top-D Hessian
-    eigenvectors), at those directions (kind "top_eigenspace") — digest §6.4. ``hessian_norms``:
+    eigenvectors), at those directions (kind "top_eigenspace") (docs/formulas.md#sample-size).
+    ``hessian_norms``:
     ``per_sample_hessian_norms`` on ``n_hessian_subsample`` examples (0 skips it), → M of
     Theorem 7.
     """

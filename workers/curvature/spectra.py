@@ -1,11 +1,11 @@
 """Extreme eigenvalues of symmetric operators by Lanczos with full reorthogonalisation.
 
 λ_max and λ_min are both read from one Krylov space and each is certified separately by its
-explicit residual ‖Hy − θy‖ ≤ tol·max(|θ|, floor·‖H‖) (curvature-pitfalls §4–5: power iteration
+explicit residual ‖Hy − θy‖ ≤ tol·max(|θ|, floor·‖H‖) (docs/numerics.md#lanczos: power iteration
 returns the largest *magnitude*; stop on residuals, surface ``converged`` and the number of
 products). By the Bauer–Fike theorem for symmetric matrices a residual r certifies an eigenvalue
 within r of θ (Parlett, "The Symmetric Eigenvalue Problem", Thm 4.5.1 / §13.2 for Lanczos).
-Lanczos vectors are kept in float64 whatever the product's precision (pitfalls §11).
+Lanczos vectors are kept in float64 whatever the product's precision (docs/numerics.md#precision).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import Tensor
+
+from curvplan_worker.curvature.cancel import check_cancel
 
 MatVec = Callable[[Tensor], Tensor]
 
@@ -131,6 +133,7 @@ def lanczos_spectrum(
     stagnant = 0
     result: Spectrum | None = None
     for j in range(m_max):
+        check_cancel("lanczos")
         w = matvec(basis[j]).detach()
         noise_level = 30 * torch.finfo(w.dtype).eps  # residual/‖H‖ at the rounding level
         w = w.to("cpu", torch.float64).reshape(-1)
@@ -307,7 +310,7 @@ def off_diagonal_norm(
     max_iter: int | None = None,
 ) -> SingularValue:
     """σ_max(H_ij) = sqrt(λ_max(H_ijᵀ H_ij)); each operator product costs two Hessian products
-    (H_ij v, then H_ji u = H_ijᵀ u), as in paper-digest §8 item 1."""
+    (H_ij v, then H_ji u = H_ijᵀ u), as in docs/formulas.md#curvature."""
     n = engine.layout(cols).numel
 
     def normal_op(v: Tensor) -> Tensor:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from curvplan_worker.curvature.cancel import check_cancel
+
 
 @dataclass
 class TraceEstimate:
@@ -49,6 +51,7 @@ def hutchpp_trace(
     multiple of 3, at least 6); the exact trace when n ≤ n_products."""
 
     def apply(v: Tensor) -> Tensor:
+        check_cancel("trace")
         return matvec(v).detach().to("cpu", torch.float64).reshape(-1)
 
     if n <= n_products:

@@ -1,4 +1,4 @@
-"""The ``plan`` kind: measurements + targets → recommendation (design.md §3)."""
+"""The ``plan`` kind: measurements + targets → recommendation (docs/formulas.md)."""
 
 from __future__ import annotations
 

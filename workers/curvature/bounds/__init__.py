@@ -1,4 +1,4 @@
-"""Theoretical Hessian bounds of Petrov et al. 2025, "Closing the Curvature Gap" (issue 4).
+"""Theoretical Hessian bounds of Petrov et al. 2025, "Closing the Curvature Gap".
 
 Public API:
 - :func:`block_bounds_for_model` — the engine's entry point (per block name, per sample);
@@ -13,7 +13,7 @@ from curvplan_worker.curvature.bounds.attention import theorem1_bounds
 from curvplan_worker.curvature.bounds.block import theorem6_bounds
 from curvplan_worker.curvature.bounds.layernorm import (
     layernorm_hessian_norm,
-    layernorm_hessian_norm_digest,
+    layernorm_hessian_norm_closed_form,
     layernorm_jacobian_norm,
     lemma4_bounds,
 )
@@ -31,7 +31,7 @@ __all__ = [
     "BoundsOptionError",
     "block_bounds_for_model",
     "layernorm_hessian_norm",
-    "layernorm_hessian_norm_digest",
+    "layernorm_hessian_norm_closed_form",
     "layernorm_jacobian_norm",
     "lemma4_bounds",
     "pair_bound",

@@ -1,13 +1,14 @@
 """Self-attention ingredients and Theorem 1 (single self-attention layer, MSE, W_Q, W_K, W_V).
 
-Petrov et al. 2025, Theorem 1 and its proof (App. B.1), with the corrections of paper-digest §9:
+Petrov et al. 2025, Theorem 1 and its proof (App. B.1), with the corrections of
+docs/formulas.md#bounds:
 ||dA/dT|| <= 1/2 in general (the paper's 1/L holds for uniform attention only), ||A|| <= sqrt(L)
 (the paper's L is also valid), the Phi blocks taken without the loss prefactor 2/(L d_V) (it
 belongs to the loss gradient), the proof's dropped 1/L restored, and the consolidated constant
 computed as 3 * max of the per-block component bounds (the statement and proof disagree).
 
 Norm convention: a second derivative d^2 N / dW_i dW_j is the (out * n_i) x n_j matricization
-(paper-digest §1.1); its spectral norm is max over unit directions v of W_j of the Frobenius
+(docs/formulas.md#bounds); its spectral norm is max over unit directions v of W_j of the Frobenius
 (Hilbert-Schmidt) norm of the directional derivative of the Jacobian dN/dW_i.
 """
 
@@ -26,7 +27,7 @@ SOFTMAX_HESSIAN_BOUND = 6.0  # ||d^2 A / dT^2|| <= 6 (Ormaniec et al. 2025 Lemma
 
 
 def spectral_norm(m: Tensor) -> float:
-    """Largest singular value of a matrix (not the Frobenius norm; paper-digest §8)."""
+    """Largest singular value of a matrix (not the Frobenius norm; docs/formulas.md)."""
     if m.numel() == 0:
         return 0.0
     return float(torch.linalg.matrix_norm(m, ord=2))
@@ -35,8 +36,8 @@ def spectral_norm(m: Tensor) -> float:
 def softmax_jacobian_norm(A: Tensor) -> float:
     """Exact ||dA/dT||_2 for row-softmax A: max over rows of lambda_max(diag(a) - a a^T).
 
-    Each row block is PSD with norm <= max_i 2 a_i (1 - a_i) <= 1/2 (Gershgorin; paper-digest
-    §2.1); under uniform attention it is 1/L (Noci et al. 2022 Lemma A.3).
+    Each row block is PSD with norm <= max_i 2 a_i (1 - a_i) <= 1/2 (Gershgorin;
+    docs/formulas.md#bounds); under uniform attention it is 1/L (Noci et al. 2022 Lemma A.3).
     """
     blocks = torch.diag_embed(A) - A.unsqueeze(-1) * A.unsqueeze(-2)
     return float(torch.linalg.eigvalsh(blocks).max())
@@ -109,7 +110,8 @@ def attention_jacobian_bounds(s: AttentionScalars) -> dict[str, float]:
 def attention_second_bounds(s: AttentionScalars) -> dict[tuple[str, str], float]:
     """Bounds on ||Phi_kl|| = ||d G_k / d W_l|| = ||d^2 F / dW_k dW_l|| for ordered (k, l).
 
-    Petrov et al. 2025 Lemma 2 / App. B.6 without the loss prefactor 2/(L d_V) (digest §2.6):
+    Petrov et al. 2025 Lemma 2 / App. B.6 without the loss prefactor 2/(L d_V)
+    (docs/formulas.md#bounds):
     Phi_VV = 0; Phi_VQ <= sqrt(d_V) c_A ||W_K|| x^3 / sqrt(d_K) (the paper's "S" factor);
     Phi_QQ <= 6 ||W_V|| ||W_K||^2 x^5 / d_K; Phi_QK <= 6 ||W_V|| ||W_K|| ||W_Q|| x^5 / d_K +
     c_A ||W_V|| x^2 ||X||_F / sqrt(d_K) (the paper's sqrt(d_V) x^3 with ||X||_F <= sqrt(d_V) x).
@@ -183,7 +185,7 @@ def dense_attention_second_derivatives(
 def theorem1_statement_constant(s: AttentionScalars, target_norm: float) -> float:
     """Theorem 1's consolidated M as printed in the main text (for reference only; unused).
 
-    Petrov et al. 2025 Theorem 1 (paper-digest §2.1): it assumes c_A = 1/L and ||A|| <= L and
+    Petrov et al. 2025 Theorem 1 (docs/formulas.md#bounds): it assumes c_A = 1/L and ||A|| <= L and
     its constants disagree with the proof; reported so the discrepancy is visible.
     """
     L, d, dk = s.L, s.d, s.d_K

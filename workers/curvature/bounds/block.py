@@ -8,8 +8,10 @@ Z = LN(S), B_i = dS/dW_i and xi_ij = dB_i/dW_j (Theorem 5):
                              + ||dl/dZ|| min(||H_tr^(i,j)||, ||H_tr^(j,i)||)     (S3 general loss)
     ||H|| <= 5 max_(i,j) (the above) =: M_tr                                    (sqrt(5 * 5) = 5)
 
-The ingredient bounds follow the App. B.6 table with the digest-§9 corrections. Labels follow
-the *definition* xi_ij = dB_i/dW_j (the paper prints xi_12 and xi_21 swapped, digest §2.6):
+The ingredient bounds follow the App. B.6 table with the docs/formulas.md#bounds corrections.
+Labels follow
+the *definition* xi_ij = dB_i/dW_j (the paper prints xi_12 and xi_21 swapped,
+docs/formulas.md#bounds):
 xi_11 = xi_22 = 0 (ReLU a.e.); ||xi_21|| = ||dB_2/dW_1|| <= sqrt(d_V) ||Y|| (the paper's
 "xi_12"); ||xi_12|| = ||dB_1/dW_2|| <= min(sqrt(d_ff) ||Y||_F, sqrt(L) ||Y||) (derived here: the
 paper's sqrt(d_ff) ||W_2|| is not a bound on either mixed derivative);
@@ -79,8 +81,9 @@ def _dense_second_order(
     X: Tensor, w: TheoryWeights, eps: float
 ) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
     """Exact ||Phi_kl|| = ||d^2F/dW_k dW_l|| and ||xi_ij|| = ||d^2S/dW_i dW_j|| (matricized
-    (out * n_i) x n_j, paper-digest §1.1) by forward-over-reverse (jacfwd(jacrev)). The
-    torch 2.13 fault of that route (curvature-pitfalls §2) concerns LayerNorm *weights*; this
+    (out * n_i) x n_j, docs/formulas.md#bounds) by forward-over-reverse (jacfwd(jacrev)). The
+    torch 2.13 fault of that route (docs/numerics.md#double-backward) concerns LayerNorm *weights*;
+    this
     block has none and writes LN out in elementary ops; the tests compare it with double
     backward."""
     keys = BLOCK_KEYS

@@ -50,10 +50,10 @@ def layernorm_jacobian_norm(x: Tensor, eps: float = 0.0, gamma: Tensor | None = 
     """Exact spectral norm of the LayerNorm Jacobian (Petrov et al. 2025, Theorem 2).
 
     Per row J_i = (1/s_i)(P_c - y_i y_i^T / d), y_i = (x_i - mu_i)/s_i, P_c the centring
-    projector (paper-digest §2.2, per-row form). Its eigenvalues are 1/s_i on the (d-2)-dim
+    projector (docs/formulas.md#bounds, per-row form). Its eigenvalues are 1/s_i on the (d-2)-dim
     complement of {1, y_i} and (1/s_i)(1 - |y_i|^2/d) = eps/s_i^3 along y_i; so the norm is
-    1/min_i s_i for d >= 3 (the digest's value) and smaller for d <= 2. With an affine gamma the
-    result is multiplied by max|gamma| (then an upper bound).
+    1/min_i s_i for d >= 3 (the closed form's value) and smaller for d <= 2. With an affine gamma
+    the result is multiplied by max|gamma| (then an upper bound).
     """
     _check_input(x, eps)
     _min_scale(x, eps)
@@ -73,12 +73,12 @@ def layernorm_jacobian_norm(x: Tensor, eps: float = 0.0, gamma: Tensor | None = 
 def layernorm_hessian_norm(x: Tensor, eps: float = 0.0, gamma: Tensor | None = None) -> float:
     """Exact spectral norm of the LayerNorm Hessian matricization (Petrov et al. 2025, Thm 3).
 
-    Closed per-row form (paper-digest §2.3): d^2 y_a/dx_b dx_c =
+    Closed per-row form (docs/formulas.md#bounds): d^2 y_a/dx_b dx_c =
     [-(P_ab y_c + P_ac y_b + P_bc y_a) + (3/d) y_a y_b y_c] / (d s^2). Contracting with a unit
     w = alpha*u + beta*e (u = y/|y|, e orthogonal to u and 1) gives the squared Frobenius norm
     t [alpha^2 (9 (1 - t/d)^2 + d - 2) + 2 beta^2] / (d s^2)^2 with t = |y|^2 = d Var/s^2 (derived
     here), so per row ||H_i|| = sqrt(t max(9 (1 - t/d)^2 + d - 2, 2)) / (d s_i^2) for d >= 3
-    (and sqrt(9 t) |1 - t/d| / (d s^2) for d = 2). With eps = 0 (t = d) this is the digest's
+    (and sqrt(9 t) |1 - t/d| / (d s^2) for d = 2). With eps = 0 (t = d) this is the closed form's
     sqrt(max(d-2, 2)/d) / min_i s_i^2. Affine gamma multiplies by max|gamma| (upper bound).
     """
     _check_input(x, eps)
@@ -97,14 +97,15 @@ def layernorm_hessian_norm(x: Tensor, eps: float = 0.0, gamma: Tensor | None = N
     return float(per_row.max()) * _gamma_scale(gamma)
 
 
-def layernorm_hessian_norm_digest(
+def layernorm_hessian_norm_closed_form(
     x: Tensor, eps: float = 0.0, gamma: Tensor | None = None
 ) -> float:
-    """The digest's LayerNorm Hessian norm sqrt(max(d-2, 2)/d) / min_i s_i^2 (paper-digest §2.3).
+    """The closed-form LayerNorm Hessian norm bound sqrt(max(d-2, 2)/d) / min_i s_i^2
+    (docs/formulas.md#bounds).
 
     Equal to :func:`layernorm_hessian_norm` for eps = 0 and d >= 3. For eps > 0 it is an upper
     bound for every d except d = 4, where it can be up to ~3 % too small (at eps ~ 1.1 Var;
-    found with the exact closed form, contrary to the digest's claim): the bounds use
+    found with the exact closed form, contrary to what the closed form suggests): the bounds use
     :func:`layernorm_hessian_norm`, this value is reported for reference only.
     """
     _check_input(x, eps)
@@ -117,7 +118,7 @@ def lemma4_sigma_min(x: Tensor, eps: float = 0.0, sigma_min: SigmaMin = "per_row
 
     ``per_row_std``: min_i sqrt(Var_i + eps) — what the proof uses (||P|| = 1/sigma_min); the
     corrected reading. ``row_norm``: min_i ||M_i||_2, the norm of the centred row — the lemma's
-    literal definition, which makes the bound false (paper-digest §2.8, §9.4).
+    literal definition, which makes the bound false (docs/formulas.md#bounds).
     """
     _check_input(x, eps)
     if sigma_min == "per_row_std":

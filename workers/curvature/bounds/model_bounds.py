@@ -28,7 +28,7 @@ from curvplan_worker.curvature.bounds.attention import (
 from curvplan_worker.curvature.bounds.block import theorem6_bounds
 from curvplan_worker.curvature.bounds.layernorm import (
     layernorm_hessian_norm,
-    layernorm_hessian_norm_digest,
+    layernorm_hessian_norm_closed_form,
     layernorm_jacobian_norm,
     lemma4_bounds,
 )
@@ -37,7 +37,7 @@ from curvplan_worker.curvature.bounds.theory import BLOCK_KEYS, TheoryWeights, b
 
 THEORY = (
     "Petrov, Kiselev, Meshkov, Grabovoy 2025 (arXiv 2510.16927), Theorems 1-6, Lemma 4, "
-    "Prop. 10, with the corrections of paper-digest §9"
+    "Prop. 10, with the corrections of docs/formulas.md#bounds"
 )
 ENGINE_NAME = {"1": "ffn_in", "2": "ffn_out", "K": "k", "Q": "q", "V": "v"}
 PAPER_NAME = {"1": "W_1", "2": "W_2", "K": "W_K", "Q": "W_Q", "V": "W_V"}
@@ -215,7 +215,7 @@ def _ln_record(x: Tensor, eps: float, gamma: Tensor | None, sigma_min: str) -> d
     return {
         "jacobian_norm": layernorm_jacobian_norm(x, eps, gamma),
         "hessian_norm": layernorm_hessian_norm(x, eps, gamma),
-        "hessian_norm_digest": layernorm_hessian_norm_digest(x, eps, gamma),
+        "hessian_norm_closed_form": layernorm_hessian_norm_closed_form(x, eps, gamma),
         "lemma4_jacobian_bound": jac_l4,
         "lemma4_hessian_bound": hess_l4,
     }
@@ -366,7 +366,7 @@ def _layer_bounds(
             "value": None,
             "max_over_samples": None,
             "formula": "exact LayerNorm norms w.r.t. its input (Petrov et al. 2025 Thms 2-3, "
-            "digest §2.2-2.3): 'jacobian_norm', 'hessian_norm' (max over samples)",
+            "docs/formulas.md#bounds): 'jacobian_norm', 'hessian_norm' (max over samples)",
             "corrections": ["exact_ln_norms"],
             "applicable": False,
             "reason": "the theory has no LayerNorm parameters (gamma=1, beta=0 fixed); "

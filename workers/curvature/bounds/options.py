@@ -22,7 +22,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class BoundOptions:
-    """How the paper's bounds are evaluated (Petrov et al. 2025 with paper-digest §9 fixes).
+    """How the paper's bounds are evaluated (Petrov et al. 2025 with the corrections of
+    docs/formulas.md#bounds).
 
     - ``mode``: ``paper`` evaluates the paper's inequality chain (Theorem 1 proof, App. B.6
       ingredient table, Prop. 10) from spectral norms of weights and activations; ``exact``
@@ -84,7 +85,8 @@ class BoundOptions:
         return cls(**dict(options))
 
     def corrections(self) -> list[str]:
-        """Names of the digest-§9 corrections these options apply (for the result record)."""
+        """Names of the docs/formulas.md#bounds corrections these options apply (for the result
+        record)."""
         out = []
         if self.mode == "exact":
             out += ["exact_c_A", "exact_A_norm"]

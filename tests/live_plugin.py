@@ -1,7 +1,12 @@
-"""Real ``curvplan serve`` and ``curvplan worker`` processes for the client, CLI and report tests.
+"""The shared live-service pytest plugin: real ``curvplan serve`` / ``curvplan worker``
+processes for the tests that need them (registered by tests/conftest.py).
 
-Imported by the conftests of tests/client, tests/cli and tests/report (one shared
-service per test session: starting processes is the slow part).
+- helpers every harness uses: :func:`free_port`, :func:`service_env`, :class:`Proc` (a
+  ``curvplan`` subprocess with its log), :func:`create_private_database`;
+- the ``live`` fixture: one API + worker per test session on a private database, shared
+  by tests/client, tests/cli and tests/report (starting processes is the slow part);
+- every test that uses ``live`` is marked ``e2e``, so ``make test-fast`` (``-m "not e2e"``)
+  starts no process.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import pytest
 
 REPORT_SECRET = "test-report-link-secret-" + uuid.uuid4().hex
 
@@ -43,17 +49,77 @@ def make_api_key(database_url: str, project: str) -> str:
     return key
 
 
-def service_env(database_url: str, data_dir: Path) -> dict[str, str]:
+def service_env(database_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment of a service process: this database and data dir, fast polling,
+    no HVP self-test (the engine tests check HVPs), nothing inherited from CURVPLAN_*."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CURVPLAN_")}
     env.update(
         DATABASE_URL=database_url,
         CURVPLAN_DATA_DIR=str(data_dir),
+        CURVPLAN_WORKER_SELF_TEST="false",
         CURVPLAN_LOG_LEVEL="WARNING",
         CURVPLAN_LONG_POLL_INTERVAL_SECONDS="0.05",
         CURVPLAN_REPORT_LINK_SECRET=REPORT_SECRET,
         PYTHONUNBUFFERED="1",
     )
+    env.update(extra)
     return env
+
+
+@dataclass
+class Proc:
+    """A ``curvplan`` subprocess with its log in a file."""
+
+    args: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "curvplan.cli", *self.args],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL (no clean-up at all), then reap."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 15) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signum)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def tail(self, n: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
+
+
+def wait_healthy(url: str, proc: Proc | None = None, timeout: float = 60.0) -> None:
+    """Until ``GET url/healthz`` answers 200 (RuntimeError with the log if ``proc`` exits)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url + "/healthz", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        exited = proc is not None and proc.proc is not None and proc.proc.poll() is not None
+        if exited or time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not come up:\n" + (proc.tail() if proc else ""))
+        time.sleep(0.1)
 
 
 @dataclass
@@ -257,3 +323,18 @@ def release() -> None:
         if _shared_db is not None:
             drop_database(*_shared_db)
             _shared_db = None
+
+
+# --------------------------------------------------------------------------- plugin hooks
+@pytest.fixture(scope="session")
+def live(pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
+    """API + worker subprocesses on a private database (shared by every test that asks)."""
+    yield acquire(pg_admin_url, tmp_path_factory.mktemp("live-service"))
+    release()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the live service runs real processes: it is an ``e2e`` test."""
+    for item in items:
+        if "live" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)

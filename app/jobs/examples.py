@@ -1,0 +1,174 @@
+"""Examples of the main job operations in the OpenAPI document.
+
+The recommendation example is the planner's own answer for ``EXAMPLE_MEASUREMENTS`` with
+default targets and seed 1 (a test recomputes it, so the example cannot drift from the code).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+EXAMPLE_MEASUREMENTS: dict[str, Any] = {
+    "gradient_noise": {
+        "grad_sq_norm": 0.02,
+        "trace_sigma": 3.1,
+        "gHg": 0.004,
+        "trace_h_sigma": 0.9,
+    },
+    "blocks": [{"name": "layers.0.q", "lambda_max": 2.0, "lambda_min": 0.0, "spectral_norm": 2.0}],
+}
+EXAMPLE_SEED = 1
+
+RECOMMENDATION_EXAMPLE: dict[str, Any] = {
+    "sample_size": {
+        "status": "not_computed",
+        "reason": "needs measurements.per_sample_losses (empirical k*) or "
+        "loss_bound, hessian_norm_bound and targets.radius (Theorem 7 "
+        "k*)",
+    },
+    "batch_size": {
+        "status": "computed",
+        "grad_sq_norm": {
+            "value": 0.02,
+            "ci": None,
+            "se": None,
+            "formula": "batch.grad_sq_direct: |G|² as measured",
+        },
+        "trace_sigma": {
+            "value": 3.1,
+            "ci": None,
+            "se": None,
+            "formula": "batch.trace_sigma_direct: tr Σ as measured",
+        },
+        "gHg": {
+            "value": 0.004,
+            "ci": None,
+            "se": None,
+            "formula": "batch.ghg_direct: GᵀHG as measured",
+        },
+        "trace_h_sigma": {
+            "value": 0.9,
+            "ci": None,
+            "se": None,
+            "formula": "batch.trace_h_sigma_direct: tr(HΣ) as measured",
+        },
+        "source": "direct",
+        "b_simple": {
+            "value": 155.0,
+            "ci": None,
+            "se": None,
+            "formula": "batch.b_simple: B_simple = tr Σ/|G|²",
+        },
+        "b_noise": {
+            "value": 225.0,
+            "ci": None,
+            "se": None,
+            "formula": "batch.b_noise: B_noise = tr(HΣ)/GᵀHG",
+        },
+        "b_crit": {"status": "not_computed", "reason": "measurements.steps_to_target not given"},
+        "recommended": 256,
+        "recommended_basis": "B_noise",
+        "recommended_formula": "batch.recommended: power of two nearest (in log2) to B_noise",
+        "lr_scaling": {
+            "formula": "batch.lr_scaling: ε_opt(B) = ε_max/(1 + B_noise/B), ε_max = |G|²/GᵀHG",
+            "b_noise": 225.0,
+            "epsilon_max": 5.0,
+            "factor_at_recommended": 0.5322245322245323,
+            "epsilon_opt_at_recommended": 2.6611226611226613,
+            "note": None,
+        },
+        "missing": [],
+    },
+    "scaling": {"status": "not_computed", "reason": "measurements.loss_vs_data not given"},
+    "curvature": {
+        "status": "computed",
+        "blocks": [
+            {
+                "name": "layers.0.q",
+                "spectral_norm": 2.0,
+                "lambda_max": 2.0,
+                "lambda_min": 0.0,
+                "share_of_total_norm": 1.0,
+                "lr_ceiling": 1.0,
+                "negative_curvature": False,
+                "trace": None,
+            }
+        ],
+        "top_blocks": ["layers.0.q"],
+        "heterogeneity_ratio": 1.0,
+        "heterogeneity_formula": "curvature.heterogeneity: max/min of the "
+        "per-block spectral norms ‖H_B‖",
+        "lr_ceiling_formula": "curvature.lr_ceiling: η_g < 2/λ_max(H_gg) per block",
+        "gradient_norm_at_w_star": None,
+        "assumption1_ratio": None,
+        "assumption1_formula": None,
+        "missing": [],
+    },
+    "warnings": [],
+    "seed": 1,
+}
+
+_JOB_ID = "0b6e3a0e-5d1c-4f4e-9a57-3f1f2a3c4d5e"
+
+JOB_EXAMPLE: dict[str, Any] = {
+    "id": _JOB_ID,
+    "kind": "plan",
+    "queue": "cpu",
+    "status": "succeeded",
+    "name": "gpt-small",
+    "tags": {"team": "nlp"},
+    "progress": {"fraction": 1.0, "stage": "done", "message": "recommendation ready"},
+    "attempt": 1,
+    "max_attempts": 3,
+    "cancel_requested": False,
+    "result": {"recommendation": RECOMMENDATION_EXAMPLE},
+    "error": None,
+    "request": {"kind": "plan", "name": "gpt-small", "measurements": EXAMPLE_MEASUREMENTS},
+    "created_at": "2026-11-30T12:00:00Z",
+    "updated_at": "2026-11-30T12:00:02Z",
+    "started_at": "2026-11-30T12:00:01Z",
+    "finished_at": "2026-11-30T12:00:02Z",
+    "links": {
+        "self": f"/v1/jobs/{_JOB_ID}",
+        "cancel": f"/v1/jobs/{_JOB_ID}/cancel",
+        "recommendation": f"/v1/jobs/{_JOB_ID}/recommendation",
+    },
+}
+
+CREATE_EXAMPLES: dict[str, dict[str, Any]] = {
+    "plan": {
+        "summary": "Plan from measurements the client has",
+        "value": {
+            "kind": "plan",
+            "name": "gpt-small",
+            "tags": {"team": "nlp"},
+            "measurements": EXAMPLE_MEASUREMENTS,
+            "targets": {"tolerances": [0.01]},
+        },
+    },
+    "replan": {
+        "summary": "Re-plan a finished analyze job with other targets",
+        "value": {
+            "kind": "plan",
+            "from_job": "5f0c7d2e-8a43-4a7c-9d0e-6b1f2c3d4e5f",
+            "targets": {"tolerances": [0.005], "target_loss": 2.1},
+        },
+    },
+    "analyze": {
+        "summary": "Analyze a checkpoint on an evaluation sample (artifact ids from uploads)",
+        "value": {
+            "kind": "analyze",
+            "name": "gpt-small",
+            "model": {
+                "d_model": 64,
+                "n_heads": 4,
+                "d_ff": 256,
+                "n_layers": 2,
+                "task": {"type": "causal_lm", "vocab_size": 1000, "seq_len": 32},
+            },
+            "checkpoint": "7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d",
+            "dataset": "8b2c3d4e-5f6a-4b7c-9d8e-0f1a2b3c4d5e",
+            "targets": {"tolerances": [0.01], "radius": 0.05},
+        },
+    },
+}

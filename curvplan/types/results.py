@@ -1,0 +1,131 @@
+"""Per-kind job results: what ``GET /v1/jobs/{id}`` answers in ``result`` once a job succeeded.
+
+A ``plan`` job's result is :class:`PlanResult`, an ``analyze`` job's :class:`AnalyzeResult`.
+The recommendation inside both is :class:`curvplan.types.planner.Recommendation`.
+
+The engine's measurements are wide and grow with the engine; :class:`EngineMeasurements`
+types the fields a client reads and keeps any other field (``extra="allow"``), so a result
+stored by an older or newer worker still validates. Bulky arrays are not inline: they are
+:class:`ArrayRef` objects pointing into the job's output artifacts (``AnalyzeResult.artifacts``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from curvplan.types.planner import Recommendation
+
+
+class _Open(BaseModel):
+    """A section that keeps fields it does not name (results outlive the code that wrote them)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ArrayRef(_Open):
+    """A bulky array moved out of the result: tensor ``tensor`` of output ``artifact``."""
+
+    artifact: str = Field(description="Name of the output group; its id is in `artifacts`.")
+    tensor: str = Field(description="Tensor name inside that safetensors artifact.")
+    shape: list[int]
+
+
+class TraceEstimate(_Open):
+    """tr(H_B): exact (dense) or a Hutch++ estimate with its standard error."""
+
+    value: float
+    stderr: float | None = None
+    method: str | None = None
+    exact: bool | None = None
+    n_products: int | None = None
+
+
+class BlockSpectrum(_Open):
+    """One parameter block's Hessian spectrum as the engine measured it (Lanczos, certified
+    to ``tolerance``; ``residual*`` are the attained residuals)."""
+
+    name: str
+    params: list[str] = Field(default_factory=list)
+    n_params: int | None = None
+    lambda_max: float | None = None
+    lambda_min: float | None = None
+    spectral_norm: float | None = None
+    trace: TraceEstimate | None = None
+    converged: bool | None = None
+    iterations: int | None = None
+    n_products: int | None = None
+    tolerance: float | None = None
+    attained_tolerance: float | None = None
+    residual: float | None = None
+    bound: dict[str, Any] | None = Field(
+        default=None, description="The paper's bound for this block, when one applies."
+    )
+
+
+class EngineMeasurements(_Open):
+    """The curvature engine's answer for the checkpoint at w* (bulky arrays as references)."""
+
+    versions: dict[str, str | None] | None = None
+    device: str | None = None
+    dtype: str | None = None
+    seed: int | None = None
+    options: dict[str, Any] | None = Field(
+        default=None, description="The analysis options the engine ran with."
+    )
+    spec: dict[str, Any] | None = Field(default=None, description="The model spec it built.")
+    n_parameters: int | None = None
+    n_examples: int | None = None
+    loss: float | None = None
+    n_loss_terms: int | None = None
+    gradient_norm: float | None = None
+    n_eval_batches: int | None = None
+    blocks: list[BlockSpectrum] | None = None
+    off_diagonal: list[dict[str, Any]] | None = None
+    dense: dict[str, Any] | None = None
+    top_eigenspace: dict[str, Any] | None = None
+    per_sample: dict[str, Any] | None = Field(
+        default=None, description="Per-sample losses and perturbations ({artifact, tensor}…)."
+    )
+    gradient_noise: dict[str, Any] | None = None
+    bounds: dict[str, Any] | None = None
+    elapsed_s: float | None = None
+
+
+class PlannerInputs(_Open):
+    """The planner's measurements without the bulky arrays (a re-plan rebuilds them)."""
+
+    fields: dict[str, Any] = Field(default_factory=dict)
+    arrays: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="{field: {artifact_id, tensor, …}}"
+    )
+
+
+class PlanResult(_Open):
+    """Result of a succeeded ``plan`` job."""
+
+    recommendation: Recommendation
+
+
+class AnalyzeResult(_Open):
+    """Result of a succeeded ``analyze`` job: measurements, recommendation, output artifacts."""
+
+    measurements: EngineMeasurements
+    intermediate_gradient_noise: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Gradient-noise statistics at each intermediate checkpoint, in order.",
+    )
+    planner_inputs: PlannerInputs | None = None
+    artifacts: dict[str, uuid.UUID] = Field(
+        default_factory=dict, description="Output artifacts of the job: {group name: artifact id}."
+    )
+    notes: list[str] = Field(default_factory=list)
+    recommendation: Recommendation
+
+
+#: kind → result model (the job resource's ``result`` is one of these or null).
+RESULT_TYPES: dict[str, type[BaseModel]] = {"plan": PlanResult, "analyze": AnalyzeResult}
+
+JobResult = AnalyzeResult | PlanResult

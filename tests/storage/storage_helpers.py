@@ -1,0 +1,69 @@
+"""Small builders shared by the storage tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save as st_save
+from sqlalchemy import text
+
+
+def checkpoint_bytes(seed: int = 0, rows: int = 8) -> bytes:
+    rng = np.random.default_rng(seed)
+    return st_save(
+        {
+            "embed.weight": rng.standard_normal((rows, 4)).astype(np.float32),
+            "head.weight": rng.standard_normal((3, 4)).astype(np.float32),
+        }
+    )
+
+
+def upload(client: Any, headers: dict[str, str], data: bytes, kind: str = "checkpoint") -> Any:
+    return client.post(
+        "/v1/artifacts",
+        headers=headers,
+        files={"file": ("model.safetensors", data, "application/octet-stream")},
+        data={"kind": kind},
+    )
+
+
+def assert_problem(response: Any, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    return response.json()
+
+
+def _waiting_on_a_lock(engine: Any) -> int:
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one()
+
+
+def wait_until_blocked(engine: Any, thread: threading.Thread, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _waiting_on_a_lock(engine) == 0:
+        assert thread.is_alive(), "the request finished without waiting for the lock"
+        assert time.monotonic() < deadline, "the request never waited for the lock"
+        time.sleep(0.02)
+
+
+def committed_key(database_url: str, project: str) -> str:
+    """An API key of a new project, committed (visible to every connection)."""
+    from curvplan_server.auth.keys import create_key
+    from curvplan_server.db import make_engine, make_sessionmaker
+
+    engine = make_engine(database_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            key = create_key(session, project)
+            session.commit()
+    finally:
+        engine.dispose()
+    return key

@@ -1,0 +1,49 @@
+"""CI runs the static checks through the README's test command (`make test` → `make lint`)."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _recipe(makefile: str, target: str) -> tuple[list[str], list[str]]:
+    match = re.search(rf"^{re.escape(target)}:([^\n]*)\n((?:\t[^\n]*\n)*)", makefile, re.M)
+    assert match, f"no target {target!r}"
+    return match.group(1).split(), [line.strip() for line in match.group(2).splitlines()]
+
+
+def test_ci_runs_the_static_checks_through_make_test() -> None:
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    deps, _ = _recipe(makefile, "test")
+    assert "lint" in deps
+    _, lint = _recipe(makefile, "lint")
+    joined = "\n".join(lint)
+    for command in ("ruff check .", "ruff format --check .", "lint-imports", "typecheck.py"):
+        assert command in joined, command
+    _, fast = _recipe(makefile, "test-fast")
+    assert any('-m "not e2e"' in line for line in fast)
+
+
+def test_layering_contracts_and_mypy_settings_are_declared() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contracts = config["tool"]["importlinter"]["contracts"]
+    sources = {m for c in contracts for m in c["source_modules"]}
+    assert {"curvplan.types", "curvplan.client", "curvplan_server"} <= sources
+    assert "curvplan_worker.curvature" in sources
+    mypy = config["tool"]["mypy"]
+    assert "pydantic.mypy" in mypy["plugins"]
+    overrides = {tuple(o["module"]): o for o in mypy["overrides"]}
+    assert overrides[("torch", "torch.*")]["follow_imports"] == "silent"
+    assert overrides[("curvplan.types", "curvplan.types.*")]["disallow_untyped_defs"] is True
+
+
+def test_pre_commit_runs_the_same_checks() -> None:
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    ids = {hook["id"] for repo in config["repos"] for hook in repo["hooks"]}
+    assert {"ruff-check", "ruff-format", "lint-imports", "mypy", "unasync", "openapi"} <= ids
