@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from analyze_files import TARGETS
-from live_service import LiveService
+from live_plugin import LiveService
 from tiny_hf_models import (
     GPT2_CONFIG,
     HF_OPTIONS,
@@ -71,6 +71,7 @@ def _check_report(api: curvplan.Client, job: Any, names: list[str], model: str) 
 def test_sharded_gpt2_directory_through_the_service_matches_the_engine(
     live: LiveService, hf_files: dict[str, Path]
 ) -> None:
+    from curvplan.types.options import MachineSettings
     from curvplan_worker.curvature.analyze import analyze
 
     pretrained = read_pretrained(hf_files["gpt2"])
@@ -109,6 +110,7 @@ def test_sharded_gpt2_directory_through_the_service_matches_the_engine(
             [str(p) for p in pretrained.shards],
             str(hf_files["masked"]),
             {**HF_OPTIONS, "per_sample": False, "bounds": False},
+            machine=MachineSettings(self_test=False),  # as the live worker runs
         )
         for block in direct["blocks"]:
             got = blocks[block["name"]]

@@ -50,7 +50,6 @@ HF_OPTIONS: dict[str, Any] = {
     "precision": "float64",
     "seed": 3,
     "dense": "off",
-    "self_test": False,
     "tolerance": 1e-6,
     "max_iter": 40,
     "trace_probes": 3,
