@@ -143,7 +143,8 @@ def job_summary(job: m.JobOut) -> str:
         f"name       {job.name or '-'}",
         f"tags       {', '.join(f'{k}={v}' for k, v in sorted(job.tags.items())) or '-'}",
     ]
-    model = describe_model(job.request, (job.result or {}).get("measurements"))
+    result = m.dump_json(job.result) if job.result is not None else {}
+    model = describe_model(job.request, result.get("measurements"))
     if model is not None:
         lines.append(f"model      {model}")
     lines += [

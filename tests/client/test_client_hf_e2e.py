@@ -93,7 +93,7 @@ def test_sharded_gpt2_directory_through_the_service_matches_the_engine(
         done = api.wait(job.id, timeout=240)
         assert done.status == "succeeded", (done.error, live.logs())
 
-        measured = done.result["measurements"]
+        measured = done.model_dump(mode="json")["result"]["measurements"]
         blocks = {b["name"]: b for b in measured["blocks"]}
         names = ["embed", *LAYER0, "final_norm"]  # tied embeddings: no head block
         assert list(blocks) == names
@@ -147,7 +147,15 @@ def test_llama_directory_with_the_cli(live: LiveService, hf_files: dict[str, Pat
     # RMSNorm and rotary embeddings compute in float32 inside the model: said, not hidden.
     assert measured["model"]["precision_limited"]["limited"] is True
     with curvplan.Client(live.url, live.api_key) as api:
-        _check_report(api, api.get_job(job["id"]), names, "Hugging Face llama (LlamaForCausalLM)")
+        typed = api.get_job(job["id"])
+        _check_report(api, typed, names, "Hugging Face llama (LlamaForCausalLM)")
+    from curvplan.client.display import job_summary  # what `curvplan jobs show` prints
+
+    n_parameters = measured["n_parameters"]
+    assert (
+        f"model      Hugging Face llama (LlamaForCausalLM) · {n_parameters:,} parameters"
+        " · precision limited: " in job_summary(typed)
+    )
 
 
 def test_shard_mismatch_fails_the_job_naming_every_tensor(
