@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1
-# Two images from one file:
+# Three images from one file:
 #   docker build --target api    -t curvplan-api .     # FastAPI service, no torch
 #   docker build --target worker -t curvplan-worker .  # worker with torch (CUDA build from PyPI)
+#   docker build --target client -t curvplan-client .  # the `curvplan` CLI only, for pipeline
+#       steps (Airflow, Argo/Kubeflow, CI); --build-arg CLIENT_EXTRAS=mlflow adds --mlflow
 #
 # Layer order for the build cache: the dependencies (from the lock, scripts/constraints.txt)
 # are installed before the source is copied, so a code change rebuilds only the last layers.
@@ -53,3 +55,30 @@ USER curvplan
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["curvplan", "worker-health", "--max-age", "60"]
 CMD ["curvplan", "worker", "--queues", "gpu"]
+
+# The pipeline step: the client and its CLI only (pydantic, httpx, typer): no torch, no
+# server dependencies. `docker run curvplan-client analyze … --wait --json`; exit codes:
+# 0 succeeded · 1 job failed/cancelled · 2 bad input · 3 service unreachable · 4 timeout.
+FROM python:3.11-slim AS client
+ARG CLIENT_EXTRAS=""
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN useradd --system --uid 10001 --create-home curvplan
+WORKDIR /srv/curvplan
+COPY scripts/constraints.txt scripts/docker_requirements.py ./scripts/
+COPY pyproject.toml ./
+# The base install's dependencies (plus CLIENT_EXTRAS'), pinned by the lock, before the source.
+RUN python scripts/docker_requirements.py $CLIENT_EXTRAS > /tmp/requirements.txt \
+    && pip install -c scripts/constraints.txt -r /tmp/requirements.txt
+COPY setup.py README.md LICENSE ./
+COPY alembic ./alembic
+COPY app ./app
+COPY workers ./workers
+COPY curvplan ./curvplan
+RUN pip install --no-deps . \
+    && cd / && rm -rf /srv/curvplan \
+    && python -c "import curvplan.cli, curvplan.client, curvplan.webhooks"
+USER curvplan
+WORKDIR /work
+ENTRYPOINT ["curvplan"]
+CMD ["--help"]

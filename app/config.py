@@ -64,7 +64,16 @@ class Settings(BaseSettings):
     artifact_uri_roots: list[Path] = Field(
         default_factory=list,
         description="Directories file:// artifacts must lie under (JSON list, e.g. "
-        '["/mnt/models"]); empty: any absolute path the workers can read (single-tenant).',
+        '["/mnt/models"]); empty (the default): file:// artifacts are refused. Set it on '
+        "the API and on every worker.",
+    )
+    job_time_limits: dict[str, float] = Field(
+        default_factory=lambda: {"plan": 900.0, "analyze": 86400.0},
+        description="Seconds an attempt of each job kind may run before it is killed and "
+        'the job fails with error type "timeout" (JSON object, e.g. {"plan": 900}).',
+    )
+    default_job_time_limit: float = Field(
+        default=86400.0, gt=0, description="Time limit of a kind without an entry above."
     )
     max_model_parameters: int | None = Field(
         default=2_000_000_000,
@@ -127,7 +136,17 @@ class Settings(BaseSettings):
         default=True, description="Keep the gradient graph between products (false: less memory)."
     )
     long_poll_max_seconds: float = Field(default=60.0, gt=0)
-    long_poll_interval_seconds: float = Field(default=0.2, gt=0)
+    long_poll_interval_seconds: float = Field(
+        default=0.2, gt=0, description="Long-poll re-check interval without notifications."
+    )
+    job_notify: bool = Field(
+        default=True,
+        description="Wait on PostgreSQL LISTEN/NOTIFY for job changes (long-polls, idle "
+        "workers); polling remains only as the fallback below.",
+    )
+    notify_fallback_seconds: float = Field(
+        default=15.0, gt=0, description="With notifications: re-check the database this often."
+    )
     default_page_size: int = Field(default=50, ge=1)
     max_page_size: int = Field(default=500, ge=1)
 
@@ -137,8 +156,38 @@ class Settings(BaseSettings):
         description="HMAC key of signed report links; set the same value on every API "
         "process. Unset: a random key is kept in DATA_DIR/report-link-secret.",
     )
+
+    @field_validator("report_link_secret")
+    @classmethod
+    def _non_empty_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("report_link_secret must not be empty (unset it to use a key file)")
+        return value
+
     report_link_seconds: float = Field(
         default=900.0, gt=0, le=7 * 24 * 3600, description="Lifetime of a signed report link."
+    )
+
+    # Webhooks (docs/integrations.md): callbacks only to hosts the operator lists.
+    webhook_allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts a job's webhook_url may name (JSON list; '*.example.com' matches "
+        "subdomains, '*' any host). Empty: webhooks are off.",
+    )
+    webhook_allowed_networks: list[str] = Field(
+        default_factory=list,
+        description="CIDRs exempt from the private-address refusal (loopback, link-local, "
+        'metadata, private ranges are refused otherwise), e.g. ["10.1.0.0/16"].',
+    )
+    webhook_max_attempts: int = Field(default=8, ge=1, le=50)
+    webhook_backoff_seconds: float = Field(
+        default=10.0, gt=0, description="First retry delay; doubles per attempt (max 1 h)."
+    )
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+    public_url: str | None = Field(
+        default=None,
+        description="The service's public base URL (e.g. https://curvplan.example.com): "
+        "webhook links are absolute with it, relative without.",
     )
 
     @field_validator("database_url")

@@ -6,6 +6,7 @@ This module never imports torch.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -22,16 +23,19 @@ from curvplan_server.artifacts.router import router as artifacts_router
 from curvplan_server.auth.dependencies import KeyCache
 from curvplan_server.config import Settings, get_settings
 from curvplan_server.db import make_engine, make_sessionmaker
+from curvplan_server.db_unavailable import install_unavailable_handlers
 from curvplan_server.health.router import router as health_router
 from curvplan_server.jobs.router import router as jobs_router
 from curvplan_server.logging import configure_logging
 from curvplan_server.metrics import QueueCollector
 from curvplan_server.middleware import BodySizeLimitMiddleware, MetricsMiddleware
+from curvplan_server.notify import JobNotifier
 from curvplan_server.problems import install_problem_handlers
 from curvplan_server.recommendations.router import router as recommendations_router
 from curvplan_server.reports.router import router as reports_router
 from curvplan_server.storage.housekeeping import temp_sweeper
 from curvplan_server.storage.router import router as storage_router
+from curvplan_server.webhooks.router import router as webhooks_router
 from curvplan_server.workers.router import router as workers_router
 
 API_VERSION = "0.1.0"
@@ -55,8 +59,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        notifier = None
+        if settings.job_notify:  # one LISTEN connection per process wakes the long-polls
+            notifier = JobNotifier(settings.sqlalchemy_url)
+            notifier.start(asyncio.get_running_loop())
+        app.state.job_notifier = notifier
         async with temp_sweeper(settings):  # files a killed upload left in blobs/tmp
             yield
+        if notifier is not None:
+            notifier.stop()
         db_executor.shutdown(wait=True)
         engine.dispose()
 
@@ -78,6 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics_registry = registry
 
     install_problem_handlers(app)
+    install_unavailable_handlers(app)
     app.include_router(health_router)
     app.include_router(jobs_router)
     app.include_router(reports_router)
@@ -85,6 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(storage_router)
     app.include_router(recommendations_router)
     app.include_router(workers_router)
+    app.include_router(webhooks_router)
     # Outermost last: metrics see every request, including 413s from the size limit.
     app.add_middleware(
         BodySizeLimitMiddleware,

@@ -3,16 +3,26 @@
 HTTP metrics live in the process-wide default registry (with the process and GC
 collectors). Queue gauges are computed at scrape time by :class:`QueueCollector`
 from the ``job`` and ``worker`` tables, so every API replica reports the same
-numbers and no background task is needed. With several uvicorn worker
-processes each process counts its own HTTP requests (Prometheus sums them).
+numbers and no background task is needed. With several uvicorn worker processes
+(``curvplan serve --workers N``) prometheus_client's multiprocess mode is used: each
+process writes its counters to ``PROMETHEUS_MULTIPROC_DIR`` and a scrape, whichever
+process answers it, reports their sum.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, text
@@ -121,5 +131,17 @@ class QueueCollector(Collector):
 
 
 def render_metrics(app_registry: CollectorRegistry) -> bytes:
-    """The exposition text: process-wide HTTP metrics followed by the app's queue gauges."""
+    """The exposition text: HTTP metrics followed by the app's queue gauges.
+
+    Under ``curvplan serve --workers N`` (``PROMETHEUS_MULTIPROC_DIR`` set) the HTTP
+    counters and histograms are the sum over all N processes, read from their shared
+    files, whichever process answers the scrape; otherwise this process's own registry.
+    """
+    if os.environ.get(MULTIPROC_ENV):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry) + generate_latest(app_registry)
     return generate_latest(REGISTRY) + generate_latest(app_registry)
+
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"

@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 from curvplan_server.artifacts.models import Artifact
-from curvplan_server.auth.models import ApiKey, Project
+from curvplan_server.auth.models import ApiKey, Project, ServiceCredential
 from curvplan_server.db import Base
 from curvplan_server.jobs.models import Job, JobAttempt
+from curvplan_server.reports.models import JobPlot
+from curvplan_server.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookSecret
 from curvplan_server.workers.models import Worker
 
-__all__ = ["ApiKey", "Artifact", "Base", "Job", "JobAttempt", "Project", "Worker"]
+__all__ = [
+    "ApiKey",
+    "Artifact",
+    "Base",
+    "Job",
+    "JobAttempt",
+    "JobPlot",
+    "Project",
+    "ServiceCredential",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookSecret",
+    "Worker",
+]

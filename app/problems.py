@@ -173,6 +173,11 @@ async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _unhandled_handler(request: Request, exc: Exception) -> JSONResponse:
+    from curvplan_server.db_unavailable import is_unavailable, unavailable_response
+
+    if is_unavailable(exc):  # a lost database wrapped in another exception: still a 503
+        log.warning("database unavailable on %s %s", request.method, request.url.path)
+        return unavailable_response(request.url.path)
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return problem_response(
         500,
@@ -196,13 +201,14 @@ PROBLEM_SCHEMA_REF = "#/components/schemas/ProblemDocument"
 _PROBLEM_DESCRIPTIONS = {
     400: "Malformed request (e.g. the body is not valid JSON)",
     401: "Missing or invalid API key",
+    403: "A valid key without access: an operator route needs a service key with its scope",
     404: "No such resource in the caller's project",
     409: "The resource's state does not allow the request",
     413: "The request body is too large",
     415: "Unsupported Content-Type",
     422: "Invalid input; `errors` names each failing field",
     500: "Unexpected server error (logged; no traceback in the body)",
-    503: "Not ready",
+    503: "Not ready, or the database is unavailable (Retry-After says when to retry)",
 }
 
 
@@ -224,5 +230,5 @@ def problem_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[
 
 #: The problems any authenticated route can answer.
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = problem_responses(
-    400, 401, 404, 409, 413, 415, 422, 500
+    400, 401, 404, 409, 413, 415, 422, 500, 503
 )

@@ -151,6 +151,8 @@ def settings(database_url: str) -> Any:
         auth_disabled=False,
         log_format="console",
         long_poll_interval_seconds=0.05,
+        # Requests run inside a per-test transaction, which no NOTIFY leaves: poll.
+        job_notify=False,
     )
 
 
@@ -207,3 +209,13 @@ def auth_headers(api_key: str) -> dict[str, str]:
 def other_auth_headers(db_session: Any) -> dict[str, str]:
     """Headers of a key of another project (cross-project isolation tests)."""
     return {"Authorization": f"Bearer {_make_key(db_session, f'other-{uuid.uuid4().hex[:8]}')}"}
+
+
+@pytest.fixture
+def operator_headers(db_session: Any) -> dict[str, str]:
+    """Headers of an operator key (no project) with the scopes metrics:read, workers:read."""
+    from curvplan_server.auth.operator import create_service_key
+
+    key = create_service_key(db_session, ["metrics:read", "workers:read"], "test operator")
+    db_session.commit()
+    return {"Authorization": f"Bearer {key}"}

@@ -57,9 +57,17 @@ def service_env(database_url: str, data_dir: Path, **extra: str) -> dict[str, st
         DATABASE_URL=database_url,
         CURVPLAN_DATA_DIR=str(data_dir),
         CURVPLAN_WORKER_SELF_TEST="false",
+        # One torch thread: the API, the worker and the tests share the machine's cores, and
+        # two spinning intra-op threads per worker slow a loaded box down many times over.
+        CURVPLAN_WORKER_THREADS="1",
         CURVPLAN_LOG_LEVEL="WARNING",
         CURVPLAN_LONG_POLL_INTERVAL_SECONDS="0.05",
         CURVPLAN_REPORT_LINK_SECRET=REPORT_SECRET,
+        # Webhook tests post to receivers on this machine: loopback allowed explicitly.
+        CURVPLAN_WEBHOOK_ALLOWED_HOSTS='["127.0.0.1"]',
+        CURVPLAN_WEBHOOK_ALLOWED_NETWORKS='["127.0.0.0/8"]',
+        CURVPLAN_WEBHOOK_BACKOFF_SECONDS="0.2",
+        CURVPLAN_PUBLIC_URL="http://public.example",
         PYTHONUNBUFFERED="1",
     )
     env.update(extra)

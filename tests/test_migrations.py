@@ -68,7 +68,7 @@ def test_constraint_names_follow_the_convention(database_url: str) -> None:
         insp = inspect(engine)
         assert insp.get_pk_constraint("job")["name"] == "pk_job"
         fks = {fk["name"] for fk in insp.get_foreign_keys("job")}
-        assert fks == {"fk_job_project_id_project"}
+        assert fks == {"fk_job_project_id_project", "fk_job_parent_id_job"}
         checks = {ck["name"] for ck in insp.get_check_constraints("job")}
         assert "ck_job_status" in checks
         # kinds and queues are validated by the application's registry (migration 0004)

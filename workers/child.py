@@ -4,7 +4,8 @@ The child never touches the database; the worker parent does every (fenced) writ
 Messages on the result pipe, in order:
 
 * ``("progress", fraction, stage, message)`` any number of times, then at most one of
-* ``("result", dict)``, ``("error", {type, title, detail})``, ``("cancelled",)``.
+* ``("result", dict)``, ``("error", {type, title, detail})``, ``("cancelled",)``, or
+  ``("fan-out", {"children": [{kind, request, name}], "message": str})``.
 
 A child that exits without a final message crashed (signal, ``os._exit``, out of
 memory). The child also watches a *lifeline* pipe whose other end only the worker
@@ -24,8 +25,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from curvplan.types.jobs import JOB_CREATE_ADAPTER
 from curvplan_worker.errors import JobCancelled, JobError, error_dict
-from curvplan_worker.kinds import JobContext, load_run
+from curvplan_worker.kinds import FanOut, JobContext, load_run
 
 log = logging.getLogger("curvplan.worker.child")
 
@@ -45,6 +47,7 @@ class ChildTask:
     data_dir: str
     log_format: str
     log_level: str
+    children: list[dict[str, Any]] | None = None
 
 
 def _close_inherited_parent_end(lifeline: Connection, parent_end_fd: int) -> None:
@@ -85,9 +88,12 @@ def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[
         data_dir=Path(task.data_dir),
         send_progress=send_progress,
         is_cancelled=cancel_event.is_set,
+        children=task.children,
     )
     try:
         result = load_run(task.kind)(task.request, ctx)
+        if isinstance(result, FanOut):
+            return ("fan-out", _fan_out_payload(task, result))
         if not isinstance(result, dict):
             raise TypeError(f"kind {task.kind!r} returned {type(result).__name__}, not a dict")
         json.dumps(result, allow_nan=False)  # must be storable as jsonb
@@ -109,6 +115,20 @@ def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[
                 "internal-error", "Internal error while running the job", _short_detail(exc)
             ),
         )
+
+
+def _fan_out_payload(task: ChildTask, fan_out: FanOut) -> dict[str, Any]:
+    """The children as the worker inserts them; each request validated by the contract."""
+    if task.children is not None:
+        raise TypeError(f"kind {task.kind!r} fanned out again in its fan-in attempt")
+    children = []
+    for child in fan_out.children:
+        body = {**child.request, "kind": child.kind}
+        validated = JOB_CREATE_ADAPTER.validate_python(body)
+        request = validated.model_dump(mode="json", exclude_none=True)
+        children.append({"kind": child.kind, "request": request, "name": child.name})
+    json.dumps(children, allow_nan=False)
+    return {"children": children, "message": fan_out.message}
 
 
 def child_main(

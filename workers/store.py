@@ -17,6 +17,13 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, text
 
+from curvplan.types.jobs import QUEUE_OF_KIND
+from curvplan_server.jobs.fanout import (
+    children_of,
+    settle_orphaned_waits,
+    settle_parents,
+    waiting_progress,
+)
 from curvplan_worker.errors import error_dict
 
 ACTIVE = "('running', 'cancelling')"
@@ -188,6 +195,22 @@ def claim(
     )
 
 
+def seconds_until_runnable(conn: Connection, queues: list[str]) -> float | None:
+    """Seconds until the earliest queued job of ``queues`` may run (≤ 0: now), or None.
+
+    An idle worker that waits for notifications sleeps until then at most: a retried
+    job becomes runnable when its backoff ends, which no notification announces.
+    """
+    value = conn.execute(
+        text(
+            "SELECT extract(epoch FROM min(run_after) - now()) FROM job"
+            " WHERE status = 'queued' AND queue = ANY(:queues)"
+        ),
+        {"queues": queues},
+    ).scalar_one_or_none()
+    return None if value is None else float(value)
+
+
 # --------------------------------------------------------------------------- fenced writes
 def heartbeat(
     conn: Connection,
@@ -270,6 +293,7 @@ def finish(
         return None
     _end_attempt(conn, fence, "cancelled" if row.status == "cancelled" else outcome)
     _clear_current_job(conn, fence)
+    settle_parents(conn, [fence.job_id])
     return row.status
 
 
@@ -322,6 +346,7 @@ def end_crashed(
     )
     _end_attempt(conn, fence, "crashed")
     _clear_current_job(conn, fence)
+    settle_parents(conn, [fence.job_id])
     return status
 
 
@@ -349,6 +374,7 @@ def release(conn: Connection, fence: Fence) -> str | None:
         return None
     _end_attempt(conn, fence, "released")
     _clear_current_job(conn, fence)
+    settle_parents(conn, [fence.job_id])
     return row.status
 
 
@@ -419,9 +445,92 @@ def reap_expired(
         REAP_SQL,
         {"backoff_base": float(backoff_base), "backoff_max": float(backoff_max), "batch": batch},
     )
-    return [
+    reaped = [
         ReapedJob(
             job_id=row.id, attempt=row.attempt, lost_worker_id=row.lost_worker_id, status=row.status
         )
         for row in rows
     ]
+    # A reaped child that ended (failed / cancelled) settles its waiting parent here, in the
+    # same transaction; then the safety net for a parent whose children all ended otherwise.
+    settle_parents(conn, [job.job_id for job in reaped if job.status != "queued"])
+    settle_orphaned_waits(conn)
+    return reaped
+
+
+# --------------------------------------------------------------------------- fan-out
+def fan_out(
+    conn: Connection,
+    fence: Fence,
+    children: list[dict[str, Any]],
+    *,
+    progress: dict[str, Any] | None = None,
+) -> str | None:
+    """End a fan-out attempt: insert ``children`` and leave the job waiting for them (fenced).
+
+    ``children`` are ``{"kind", "request", "name"}`` objects (requests already validated by
+    the contract). In one transaction: the children are inserted (``queued``, same project
+    and tags as the parent, ``parent_id`` set), the parent keeps status ``running`` but
+    loses its lease and worker (stage ``waiting for children``), and the attempt ends with
+    outcome ``fanned-out``. A job whose cancellation was requested meanwhile ends
+    ``cancelled`` and creates nothing. Returns the job's status, or None if fenced out.
+    """
+    row = conn.execute(
+        text(
+            "SELECT status, project_id, tags, max_attempts, progress FROM job"
+            f" WHERE {FENCE} FOR UPDATE"
+        ),
+        fence.params(),
+    ).one_or_none()
+    if row is None:
+        return None
+    if row.status == "cancelling" or not children:
+        return finish(
+            conn,
+            fence,
+            "cancelled" if row.status == "cancelling" else "failed",
+            error=None
+            if row.status == "cancelling"
+            else error_dict("internal-error", "Empty fan-out", "the job fanned out no children"),
+        )
+    conn.execute(
+        text(
+            "INSERT INTO job (id, project_id, parent_id, kind, queue, name, tags, status,"
+            " request, max_attempts, created_at, updated_at)"
+            " VALUES (:id, :project_id, :parent_id, :kind, :queue, :name, CAST(:tags AS jsonb),"
+            " 'queued', CAST(:request AS jsonb), :max_attempts,"
+            " clock_timestamp(), clock_timestamp())"
+        ),
+        [
+            {
+                "id": uuid.uuid4(),
+                "project_id": row.project_id,
+                "parent_id": fence.job_id,
+                "kind": child["kind"],
+                "queue": QUEUE_OF_KIND[child["kind"]],
+                "name": child.get("name"),
+                "tags": _json(row.tags or {}),
+                "request": _json(child["request"]),
+                "max_attempts": int(child.get("max_attempts") or row.max_attempts),
+            }
+            for child in children
+        ],
+    )
+    stages = (progress or row.progress or {}).get("stages")
+    waiting = waiting_progress({"queued": len(children)}, stages)
+    conn.execute(
+        text(
+            "UPDATE job SET lease_expires_at = NULL, worker_id = NULL, updated_at = now(),"
+            f" progress = CAST(:progress AS jsonb) WHERE {FENCE}"
+        ),
+        {**fence.params(), "progress": _json(waiting)},
+    )
+    _end_attempt(conn, fence, "fanned-out")
+    _clear_current_job(conn, fence)
+    return "running"
+
+
+def load_children(conn: Connection, job_id: uuid.UUID) -> list[dict[str, Any]] | None:
+    """The children of a job with their outcomes (None when it has none: not a fan-in)."""
+    children = children_of(conn, job_id)
+    return children or None

@@ -38,24 +38,30 @@ import socket
 import threading
 import time
 import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
+from sqlalchemy import exc as sa_exc
 
 from curvplan.types.jobs import QUEUES
 from curvplan_server.config import Settings
 from curvplan_server.db import make_engine
 from curvplan_server.logging import bind, configure_logging
-from curvplan_worker import store
+from curvplan_server.notify import QueueNotifier
+from curvplan_server.webhooks.guard import AddressPolicy
+from curvplan_worker import store, webhooks
 from curvplan_worker.attempt import AttemptProcess, Final, Progress, describe_exit, make_context
 from curvplan_worker.child import ChildTask
 from curvplan_worker.errors import error_dict
 from curvplan_worker.health import touch_health_file
 from curvplan_worker.kinds import KINDS
+from curvplan_worker.metrics import WorkerMetrics
+from curvplan_worker.metrics import serve as serve_metrics
 
 log = logging.getLogger("curvplan.worker")
 
@@ -86,6 +92,18 @@ class WorkerOptions:
     start_method: str = "forkserver"
     log_format: str = "console"
     log_level: str = "INFO"
+    #: Seconds an attempt of a kind may run before it is killed (error type ``timeout``).
+    time_limits: Mapping[str, float] = field(
+        default_factory=lambda: {"plan": 900.0, "analyze": 86400.0}
+    )
+    default_time_limit: float = 86400.0
+    #: Idle slots wait on LISTEN/NOTIFY for new jobs; the database is then polled only
+    #: every ``notify_fallback_seconds`` (``poll_interval`` without notifications).
+    notify: bool = True
+    notify_fallback_seconds: float = 15.0
+    #: Serve this process's /metrics and /healthz here (None: off).
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
     #: Touched after every heartbeat the database accepted: the worker's health signal
     #: (``curvplan worker-health`` checks its age; the Docker image's HEALTHCHECK runs it).
     health_file: Path | None = None
@@ -95,6 +113,18 @@ class WorkerOptions:
     job_retention_days: float | None = None
     blob_gc_grace_seconds: float = 600.0
     temp_file_max_age_seconds: float = 3600.0
+    # Webhooks: the sender thread's policy and pacing (Settings.webhook_*).
+    webhook_allowed_hosts: tuple[str, ...] = ()
+    webhook_allowed_networks: tuple[str, ...] = ()
+    webhook_max_attempts: int = 8
+    webhook_backoff_seconds: float = 10.0
+    webhook_timeout_seconds: float = 10.0
+    webhook_poll_seconds: float = 1.0
+    public_url: str | None = None
+
+    def time_limit(self, kind: str) -> float:
+        """The time limit of ``kind``'s attempts."""
+        return float(self.time_limits.get(kind, self.default_time_limit))
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.queues) - set(VALID_QUEUES))
@@ -140,11 +170,21 @@ class WorkerOptions:
             worker_stale_seconds=max(settings.worker_stale_seconds, 2 * lease),
             log_format=settings.log_format,
             log_level=settings.log_level,
+            time_limits=dict(settings.job_time_limits),
+            default_time_limit=settings.default_job_time_limit,
+            notify=settings.job_notify,
+            notify_fallback_seconds=settings.notify_fallback_seconds,
             health_file=settings.worker_health_file,
             gc_interval_seconds=settings.gc_interval_seconds or None,
             job_retention_days=settings.job_retention_days,
             blob_gc_grace_seconds=settings.blob_gc_grace_seconds,
             temp_file_max_age_seconds=settings.temp_file_max_age_seconds,
+            webhook_allowed_hosts=tuple(settings.webhook_allowed_hosts),
+            webhook_allowed_networks=tuple(settings.webhook_allowed_networks),
+            webhook_max_attempts=settings.webhook_max_attempts,
+            webhook_backoff_seconds=settings.webhook_backoff_seconds,
+            webhook_timeout_seconds=settings.webhook_timeout_seconds,
+            public_url=settings.public_url,
         )
         rest = {k: v for k, v in given.items() if k not in ("lease_seconds", "heartbeat_seconds")}
         return replace(base, **rest)  # type: ignore[arg-type]
@@ -202,8 +242,13 @@ class WorkerSlot:
         stop: threading.Event,
         hurry: threading.Event,
         worker_id: str | None = None,
+        notifier: QueueNotifier | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.options = options
+        self.notifier = notifier
+        self.metrics = metrics
+        self._outcome = "unknown"
         self.engine = engine
         self.mp_context = mp_context
         self.stop = stop
@@ -244,18 +289,22 @@ class WorkerSlot:
                 log.info("worker stopped")
 
     def _claim_loop(self) -> None:
+        queues = list(self.options.queues)
         while not self.stop.is_set():
+            notified = self.notifier is not None and self.notifier.connected
+            seen = self.notifier.generation if self.notifier is not None else 0
+            due: float | None = None
             try:
                 with self.engine.begin() as conn:
-                    job = store.claim(
-                        conn, self.worker_id, list(self.options.queues), self.options.lease_seconds
-                    )
+                    job = store.claim(conn, self.worker_id, queues, self.options.lease_seconds)
+                    if job is None and notified:
+                        due = store.seconds_until_runnable(conn, queues)
             except Exception:
                 log.exception("claim failed; retrying after the poll interval")
                 self.stop.wait(self.options.poll_interval)
                 continue
             if job is None:
-                self.stop.wait(self.options.poll_interval)
+                self._idle_wait(notified, seen, due)
                 continue
             with bind(job_id=str(job.fence.job_id), attempt=job.fence.attempt):
                 try:
@@ -264,6 +313,17 @@ class WorkerSlot:
                     # E.g. the database went away before the outcome was written: the
                     # lease runs out and the reaper re-queues the job (or fails it).
                     log.exception("attempt supervision failed; the lease will expire")
+
+    def _idle_wait(self, notified: bool, seen: int, due: float | None) -> None:
+        """Nothing to claim: wait for a NOTIFY of a new job (or the next retry's time, or
+        the slow fallback); without notifications, poll every ``poll_interval``."""
+        if not notified or self.notifier is None:
+            self.stop.wait(self.options.poll_interval)
+            return
+        timeout = self.options.notify_fallback_seconds
+        if due is not None:
+            timeout = min(timeout, max(due, 0.05))
+        self.notifier.wait(seen, timeout)
 
     # ------------------------------------------------------------------ one attempt
     def _run_attempt(self, job: store.ClaimedJob) -> None:
@@ -282,7 +342,14 @@ class WorkerSlot:
                 ),
             )
             return
+        try:
+            with self.engine.begin() as conn:
+                children = store.load_children(conn, fence.job_id)
+        except Exception:
+            log.exception("could not read the job's children; the lease will expire")
+            return
         task = ChildTask(
+            children=children,
             kind=job.kind,
             job_id=str(fence.job_id),
             attempt=fence.attempt,
@@ -307,17 +374,25 @@ class WorkerSlot:
             self._write_crash(fence, f"the job's process could not be started ({exc})", None)
             return
         log.info("attempt started", extra={"kind": job.kind, "child_pid": child.pid})
+        self._outcome = "unknown"
+        if self.metrics is not None:
+            self.metrics.attempt_started(self.worker_id, str(fence.job_id), child.pid)
         try:
-            self._supervise(child, current, started)
+            self._supervise(child, current, started, job.kind)
         finally:
+            if self.metrics is not None:
+                self._record_metrics(job.kind, current, started)
             child.kill()
             child.join(timeout=5)
             child.close()
             with self.state.lock:
                 self.state.current = None
 
-    def _supervise(self, child: AttemptProcess, current: _Current, started: float) -> None:
+    def _supervise(
+        self, child: AttemptProcess, current: _Current, started: float, kind: str
+    ) -> None:
         opts = self.options
+        time_limit = opts.time_limit(kind)
         final: Final | None = None
         cancel_sent_at: float | None = None
         shutdown_deadline: float | None = None
@@ -333,12 +408,32 @@ class WorkerSlot:
                 lease_lost = current.lease_lost
                 cancel_requested = current.cancel_requested
             if lease_lost:
+                self._outcome = "lease-lost"
+                if self.metrics is not None:
+                    self.metrics.lease_lost.inc()
                 child.kill()
                 log.warning("lease lost: attempt abandoned, its result will not be written")
                 return
             if final is not None or child.finished_talking or not child.process.is_alive():
                 break
             now = time.monotonic()
+            if now - started > time_limit and cancel_sent_at is None:
+                # A FIFO, a never-ending read or a runaway computation: the limit ends it.
+                log.warning(
+                    "attempt ran past the %s time limit of %g s: killing it", kind, time_limit
+                )
+                child.kill()
+                child.join(timeout=5)
+                final = Final(
+                    "error",
+                    error_dict(
+                        "timeout",
+                        "The job ran past its time limit",
+                        f"a {kind} attempt may run {time_limit:g} s "
+                        "(CURVPLAN_JOB_TIME_LIMITS); it was stopped",
+                    ),
+                )
+                break
             if cancel_requested and cancel_sent_at is None:
                 log.info("cancellation requested: asking the job to stop")
                 child.request_cancel()
@@ -386,6 +481,9 @@ class WorkerSlot:
         progress: dict[str, Any] | None = None,
         elapsed: float | None = None,
     ) -> None:
+        if final.kind == "fan-out":
+            self._write_fan_out(fence, final, progress=progress)
+            return
         outcome: Literal["succeeded", "failed", "cancelled"]
         result = error = None
         if final.kind == "result":
@@ -394,13 +492,16 @@ class WorkerSlot:
             outcome, error = "failed", final.payload
         else:
             outcome = "cancelled"
-        with self.engine.begin() as conn:
-            status = store.finish(
+        status = self._fenced_write(
+            lambda conn: store.finish(
                 conn, fence, outcome, result=result, error=error, progress=progress
             )
+        )
         if status is None:
+            self._outcome = "lease-lost"
             log.warning("lease lost before the outcome was written; %s result discarded", outcome)
             return
+        self._outcome = status
         log.info(
             "attempt ended",
             extra={
@@ -410,23 +511,71 @@ class WorkerSlot:
             },
         )
 
+    def _record_metrics(self, kind: str, current: _Current, started: float) -> None:
+        """The attempt's outcome and duration, and how long each stage it reported took."""
+        assert self.metrics is not None
+        self.metrics.attempt_ended(self.worker_id, kind, self._outcome, time.monotonic() - started)
+        with self.state.lock:
+            stages = list(current.stages)
+        ends = [datetime.fromisoformat(s["started_at"]) for s in stages[1:]]
+        ends.append(datetime.now(UTC))
+        for stage, end in zip(stages, ends, strict=True):
+            seconds = (end - datetime.fromisoformat(stage["started_at"])).total_seconds()
+            self.metrics.stage_ended(kind, stage["stage"], max(seconds, 0.0))
+
+    def _fenced_write(self, write: Callable[[Connection], str | None]) -> str | None:
+        """Run a fenced outcome write, retrying while the database is unreachable.
+
+        A restarting database must not cost a finished attempt its result: the write is
+        retried for up to one lease (after that the reaper re-queues the job anyway). A
+        retry after a commit whose answer was lost matches no row (the fence moved on) and
+        reads as a lost lease, which is harmless.
+        """
+        deadline = time.monotonic() + self.options.lease_seconds
+        while True:
+            try:
+                with self.engine.begin() as conn:
+                    return write(conn)
+            except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("database unavailable for the outcome write (%s); retrying", exc.orig)
+                time.sleep(0.5)
+
+    def _write_fan_out(
+        self, fence: store.Fence, final: Final, *, progress: dict[str, Any] | None
+    ) -> None:
+        children = (final.payload or {}).get("children") or []
+        status = self._fenced_write(
+            lambda conn: store.fan_out(conn, fence, children, progress=progress)
+        )
+        if status is None:
+            self._outcome = "lease-lost"
+            log.warning("lease lost before the fan-out was written; no children created")
+            return
+        self._outcome = status
+        log.info("attempt fanned out", extra={"status": status, "children": len(children)})
+
     def _write_crash(self, fence: store.Fence, detail: str, exitcode: int | None) -> None:
-        with self.engine.begin() as conn:
-            status = store.end_crashed(
+        status = self._fenced_write(
+            lambda conn: store.end_crashed(
                 conn,
                 fence,
                 detail=detail,
                 backoff_base=self.options.backoff_base,
                 backoff_max=self.options.backoff_max,
             )
+        )
         if status is None:
+            self._outcome = "lease-lost"
             log.warning("lease lost before the crash was recorded")
             return
+        self._outcome = "crashed"
         log.error("attempt crashed: %s", detail, extra={"exitcode": exitcode, "status": status})
 
     def _release(self, fence: store.Fence) -> None:
-        with self.engine.begin() as conn:
-            status = store.release(conn, fence)
+        status = self._fenced_write(lambda conn: store.release(conn, fence))
+        self._outcome = "released" if status is not None else "lease-lost"
         if status is None:
             log.warning("lease lost before the job could be released")
         else:
@@ -437,9 +586,13 @@ class WorkerSlot:
         while not self._heartbeat_done.is_set():
             try:
                 self._beat()
+                if self.metrics is not None:
+                    self.metrics.beat(self.worker_id, True)
                 if time.monotonic() - self._last_reap >= self.options.reaper_interval:
                     self._reap()
             except Exception:
+                if self.metrics is not None:
+                    self.metrics.beat(self.worker_id, False)
                 # This thread only has the worker id bound; a failed beat concerns the
                 # attempt running now, so its log line names that job and attempt too.
                 with self.state.lock:
@@ -539,6 +692,18 @@ def _gc_loop(options: WorkerOptions, stop: threading.Event) -> None:
         engine.dispose()
 
 
+def webhook_sender_options(options: WorkerOptions) -> webhooks.SenderOptions:
+    return webhooks.SenderOptions(
+        policy=AddressPolicy.from_lists(
+            options.webhook_allowed_hosts, options.webhook_allowed_networks
+        ),
+        max_attempts=options.webhook_max_attempts,
+        backoff_seconds=options.webhook_backoff_seconds,
+        timeout_seconds=options.webhook_timeout_seconds,
+        public_url=options.public_url,
+    )
+
+
 def run_worker(options: WorkerOptions) -> int:
     """Run ``options.concurrency`` slots until SIGTERM/SIGINT; return the exit code.
 
@@ -549,6 +714,7 @@ def run_worker(options: WorkerOptions) -> int:
     options.data_dir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     hurry = threading.Event()
+    notifier: QueueNotifier | None = None
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if stop.is_set():
@@ -559,6 +725,8 @@ def run_worker(options: WorkerOptions) -> int:
                 "%s received: finishing the current job, then stopping", signal.Signals(signum).name
             )
             stop.set()
+        if notifier is not None:
+            notifier.wake()  # idle slots see the stop at once
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -569,8 +737,19 @@ def run_worker(options: WorkerOptions) -> int:
     engine = make_engine(
         options.database_url, pool_size=2 * options.concurrency + 1, max_overflow=2
     )
+    if options.notify:  # one LISTEN connection wakes every idle slot of this process
+        notifier = QueueNotifier(options.database_url, options.queues)
+        notifier.start()
+    metrics = WorkerMetrics() if options.metrics_port is not None else None
+    stop_metrics = None
+    if metrics is not None and options.metrics_port is not None:
+        metrics.slots.set(options.concurrency)
+        stop_metrics = serve_metrics(
+            metrics, options.metrics_host, options.metrics_port, options.worker_stale_seconds
+        )
     slots = [
-        WorkerSlot(options, engine, mp_context, stop, hurry) for _ in range(options.concurrency)
+        WorkerSlot(options, engine, mp_context, stop, hurry, notifier=notifier, metrics=metrics)
+        for _ in range(options.concurrency)
     ]
     failed: list[str] = []
 
@@ -592,9 +771,21 @@ def run_worker(options: WorkerOptions) -> int:
         threading.Thread(
             target=_gc_loop, args=(options, stop), name="storage-gc", daemon=True
         ).start()
+    sender = threading.Thread(
+        target=webhooks.sender_loop,
+        args=(engine, webhook_sender_options(options), stop, options.webhook_poll_seconds),
+        name="webhooks",
+        daemon=True,
+    )
+    sender.start()
     # The main thread only waits, so that it stays free to handle signals.
     while any(thread.is_alive() for thread in threads):
         for thread in threads:
             thread.join(timeout=0.2)
+    sender.join(timeout=15)  # a POST in flight ends within its timeout
+    if notifier is not None:
+        notifier.stop()
+    if stop_metrics is not None:
+        stop_metrics()
     engine.dispose()
     return 1 if failed else 0

@@ -17,6 +17,7 @@ import hashlib
 import os
 import re
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -108,6 +109,10 @@ class BlobWriter:
         self.size = 0
         self.sha256: str | None = None
         self.info: SafetensorsInfo | None = None
+        #: Called once with (header, declared file size) as soon as the header has arrived,
+        #: before its chunk is stored; what it raises aborts the upload there.
+        self.on_header: Callable[[SafetensorsInfo, int], None] | None = None
+        self._header_seen = False
 
     def write(self, chunk: bytes) -> None:
         """Append a chunk; raises BlobTooLarge or InvalidSafetensors as soon as it is provable."""
@@ -118,6 +123,11 @@ class BlobWriter:
         if self.max_bytes is not None and self.size > self.max_bytes:
             raise BlobTooLarge(self.max_bytes)
         self._validator.feed(chunk)
+        if self.on_header is not None and not self._header_seen:
+            header = self._validator.header
+            if header is not None:
+                self._header_seen = True
+                self.on_header(header, self._validator.declared_bytes)
         self._hash.update(chunk)
         self._fh.write(chunk)
 

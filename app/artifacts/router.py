@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 from curvplan.types.artifacts import ArtifactOut, ArtifactPage, ArtifactUriCreate, uri_allowed
 from curvplan_server.artifacts import service
 from curvplan_server.artifacts.blobstore import BlobStore, BlobTooLarge, BlobWriter, default_store
-from curvplan_server.artifacts.checks import ArtifactContentError, check_kind
+from curvplan_server.artifacts.checks import ArtifactContentError
+from curvplan_server.artifacts.header_checks import check_header
 from curvplan_server.artifacts.models import ARTIFACT_KINDS, UPLOAD_KINDS
 from curvplan_server.artifacts.safetensors_format import InvalidSafetensors
 from curvplan_server.artifacts.upload import UploadForm, UploadFormError, boundary_of
@@ -27,6 +28,7 @@ from curvplan_server.problems import (
     field_errors_from_pydantic,
     validation_problem,
 )
+from curvplan_server.storable import shown, storable_text
 from curvplan_server.storage.quota import Quota
 from curvplan_server.storage.uploads import commit_upload, early_quota_check, register_uri
 
@@ -55,6 +57,8 @@ def _field_problem(field: str, message: str, type_: str) -> Problem:
 
 
 def _invalid_file(reason: str, tensor: str | None, kind: str, title: str) -> Problem:
+    # Names come from the client's header: escape what JSON answers cannot carry raw.
+    reason, tensor = shown(reason), (shown(tensor) if tensor is not None else None)
     detail = reason if tensor is None else f"tensor {tensor!r}: {reason}"
     return Problem(
         422,
@@ -120,6 +124,18 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
     settings = request.app.state.settings
     store = blob_store(request)
     limit = settings.max_artifact_bytes
+    query_kind = request.query_params.get("kind")
+    if query_kind is not None and query_kind not in UPLOAD_KINDS:
+        raise validation_problem(
+            [
+                {
+                    "field": "query.kind",
+                    "loc": ["query", "kind"],
+                    "message": f"must be one of {list(UPLOAD_KINDS)}",
+                    "type": "enum",
+                }
+            ]
+        )
     quota = Quota.from_settings(settings)
     if quota.max_bytes is not None:  # a file that cannot fit is refused before it is read
         await run_in_threadpool(
@@ -127,7 +143,15 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
         )
 
     def open_writer() -> BlobWriter:
-        return store.writer(max_bytes=limit)
+        # The kind known before the file (``?kind=`` or a ``kind`` field sent first) lets
+        # the header be checked as soon as it arrives, before the body is read.
+        writer = store.writer(max_bytes=limit)
+        early_kind = query_kind or form.fields.get("kind")
+        if early_kind in UPLOAD_KINDS:
+            writer.on_header = lambda info, declared: check_header(
+                early_kind, info, declared, limit
+            )
+        return writer
 
     try:
         form = UploadForm(boundary_of(request.headers["content-type"]), open_writer)
@@ -139,14 +163,16 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
                 await run_in_threadpool(form.write, chunk)
         form.close()
         assert form.writer is not None
-        kind = form.fields["kind"]
+        kind = form.fields.get("kind") or query_kind or ""
         if kind not in UPLOAD_KINDS:
             raise _field_problem(
-                "kind", f"must be one of {list(UPLOAD_KINDS)}, not {kind!r}", "enum"
+                "kind", f"must be one of {list(UPLOAD_KINDS)}, not {shown(kind)!r}", "enum"
             )
+        if query_kind is not None and kind != query_kind:
+            raise _field_problem("kind", f"the form says {kind!r}, the URL {query_kind!r}", "enum")
         info = await run_in_threadpool(form.writer.finish)
-        check_kind(kind, info)
-        name = form.fields.get("name") or form.filename
+        check_header(kind, info, info.total_bytes, limit)
+        name = _upload_name(form)
         stored = await run_in_threadpool(
             commit_upload,
             session,
@@ -191,6 +217,20 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
     )
 
 
+def _upload_name(form: UploadForm) -> str | None:
+    """The artifact's name: the ``name`` field, else the file name; text PostgreSQL stores."""
+    if form.fields.get("name"):
+        field, name = "name", form.fields["name"]
+    elif form.filename:
+        field, name = "file", form.filename
+    else:
+        return None
+    if not storable_text(name):
+        what = "the name" if field == "name" else "the file name"
+        raise _field_problem(field, f"{what} must not contain NUL characters", "string_nul")
+    return name
+
+
 def _abort(form: UploadForm) -> None:
     if form.writer is not None:
         form.writer.abort()
@@ -216,7 +256,15 @@ async def _register_uri(request: Request, session: Session, project_id: uuid.UUI
         raise validation_problem(field_errors_from_pydantic(errors, prefix=("body",))) from None
 
     roots = request.app.state.settings.artifact_uri_roots
+    if not roots:
+        raise _field_problem(
+            "uri",
+            "file:// artifacts are disabled on this service: the operator has not configured "
+            "CURVPLAN_ARTIFACT_URI_ROOTS (upload the file instead)",
+            "uri_not_allowed",
+        )
     if not uri_allowed(body.uri, roots):
+        # The same answer whether the path exists, is a directory or is missing.
         raise _field_problem(
             "uri",
             "file:// artifacts must lie under one of the configured directories "

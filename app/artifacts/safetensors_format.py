@@ -87,6 +87,8 @@ def parse_header(header: bytes) -> tuple[dict[str, TensorInfo], dict[str, str], 
         decoded = json.loads(header.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidSafetensors(f"header is not valid UTF-8 JSON ({exc})") from None
+    except RecursionError:
+        raise InvalidSafetensors("header JSON is nested too deeply") from None
     if not isinstance(decoded, dict):
         raise InvalidSafetensors("header must be a JSON object")
 
@@ -175,6 +177,17 @@ class SafetensorsValidator:
             self._buffer_expected = buffer_len
             self._prefix = bytearray()  # drop the header copy; the buffer is only counted
             self._check_not_too_long()
+
+    @property
+    def header(self) -> SafetensorsInfo | None:
+        """What the header declares, once it has arrived and parsed (else None)."""
+        return self._info
+
+    @property
+    def declared_bytes(self) -> int:
+        """The file size the header declares (valid once :attr:`header` is set)."""
+        assert self._info is not None
+        return 8 + self._info.header_bytes + self._buffer_expected
 
     def finish(self) -> SafetensorsInfo:
         """Check that the file has the size its header declares and return what it declares

@@ -6,9 +6,6 @@ body refers to it), so ids do not leak across projects.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +17,7 @@ from sqlalchemy import Row, Table, and_, select, tuple_
 from sqlalchemy.orm import Session
 
 from curvplan_server.artifacts.models import Artifact
+from curvplan_server.paging import decode_page_token, encode_page_token, page_token_problem
 from curvplan_server.problems import not_found, validation_problem
 
 ARTIFACT = cast(Table, Artifact.__table__)
@@ -138,25 +136,20 @@ def get_artifact(session: Session, project_id: uuid.UUID, artifact_id: uuid.UUID
 
 # --------------------------------------------------------------------------- listing
 def _encode_token(created_at: datetime, artifact_id: uuid.UUID, fingerprint: str) -> str:
-    blob = json.dumps({"c": created_at.isoformat(), "i": str(artifact_id), "f": fingerprint})
-    return base64.urlsafe_b64encode(blob.encode()).decode().rstrip("=")
+    return encode_page_token({"c": created_at.isoformat(), "i": str(artifact_id), "f": fingerprint})
 
 
 def _decode_token(token: str, fingerprint: str) -> tuple[datetime, uuid.UUID]:
-    def bad(message: str) -> Exception:
-        loc: list[str | int] = ["query", "page_token"]
-        return validation_problem(
-            [{"field": "query.page_token", "loc": loc, "message": message, "type": "value_error"}]
-        )
-
+    """The cursor of a token we issued; anything else (crafted, damaged) is a 422."""
+    data = decode_page_token(token, ("c", "i", "f"))
     try:
-        data = json.loads(base64.urlsafe_b64decode((token + "=" * (-len(token) % 4)).encode()))
         created_at, artifact_id = datetime.fromisoformat(data["c"]), uuid.UUID(data["i"])
-        given = data["f"]
-    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
-        raise bad("invalid page token") from None
-    if given != fingerprint:
-        raise bad("this page token was issued for other filters")
+    except ValueError:
+        raise page_token_problem() from None
+    if created_at.tzinfo is None:
+        raise page_token_problem()
+    if data["f"] != fingerprint:
+        raise page_token_problem("this page token was issued for other filters")
     return created_at, artifact_id
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
@@ -14,6 +15,7 @@ from curvplan_server.db import SessionDep
 from curvplan_server.problems import Problem
 
 DEFAULT_PROJECT = "default"
+T = TypeVar("T")
 
 
 def _unauthorized(detail: str, error: str | None = None) -> Problem:
@@ -63,7 +65,9 @@ async def authenticate(request: Request, session: Session) -> AuthContext:
     """The body of :func:`require_project`, callable directly from a hot-path endpoint."""
     settings = request.app.state.settings
     if settings.auth_disabled:
-        project = await run_in_threadpool(get_or_create_project, session, DEFAULT_PROJECT)
+        project = await run_in_threadpool(
+            query_and_release, get_or_create_project, session, DEFAULT_PROJECT
+        )
         return AuthContext(project.id, project.name)
     header = request.headers.get("authorization")
     if not header:
@@ -76,11 +80,24 @@ async def authenticate(request: Request, session: Session) -> AuthContext:
     digest = hash_key(key)
     ctx = cache.get(digest)
     if ctx is None:
-        ctx = await run_in_threadpool(lookup_key, session, key)
+        ctx = await run_in_threadpool(query_and_release, lookup_key, session, key)
         if ctx is None:
             raise _unauthorized("invalid or revoked API key", "invalid_token")
         cache.put(digest, ctx)
     return ctx
+
+
+def query_and_release(query: Callable[..., T], session: Session, *args: Any) -> T:
+    """Run ``query`` and commit in the same thread hop, handing the connection back.
+
+    A connection kept while the request waits for its next thread can deadlock the pool
+    under load: every pooled connection held by a request waiting for a thread, every
+    thread waiting for a connection.
+    """
+    try:
+        return query(session, *args)
+    finally:
+        session.commit()
 
 
 ProjectDep = Annotated[AuthContext, Depends(require_project)]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from curvplan_server.auth.operator import ServiceContext, require_scope
 from curvplan_server.metrics import render_metrics
 from curvplan_server.migrations import current_revisions, head_revisions
 from curvplan_server.problems import problem_response, problem_responses
@@ -59,9 +61,26 @@ def _current(engine: object) -> set[str]:
         return current_revisions(conn)
 
 
-@router.get("/metrics", name="metrics", summary="Prometheus metrics")
-def metrics(request: Request) -> Response:
-    """HTTP request metrics and queue gauges (read from the database at scrape time)."""
+@router.get(
+    "/metrics",
+    name="metrics",
+    summary="Prometheus metrics (operator key with scope metrics:read)",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
+        **problem_responses(401, 403),
+    },
+    openapi_extra={"security": [{"bearer": []}]},
+)
+def metrics(
+    request: Request,
+    operator: Annotated[ServiceContext, Depends(require_scope("metrics:read"))],
+) -> Response:
+    """HTTP request metrics and queue gauges (read from the database at scrape time).
+
+    The queue gauges count every project's jobs, so this is an operator route: send a
+    service credential with scope ``metrics:read`` (``curvplan keys create-operator``).
+    """
     return Response(
         render_metrics(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST
     )

@@ -28,7 +28,15 @@ from curvplan.types.jobs import (  # the registry: kinds and queues are validate
 )
 from curvplan_server.db import Base
 
-ATTEMPT_OUTCOMES = ("succeeded", "failed", "cancelled", "lease-lost", "released", "crashed")
+ATTEMPT_OUTCOMES = (
+    "succeeded",
+    "failed",
+    "cancelled",
+    "lease-lost",
+    "released",
+    "crashed",
+    "fanned-out",  # the attempt created child jobs; the job waits for them (migration 0005)
+)
 
 
 def _sql_in(values: tuple[str, ...]) -> str:
@@ -63,6 +71,11 @@ class Job(Base):
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
     project_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("project.id", ondelete="CASCADE"), index=True
+    )
+    #: The job that fanned this one out (None for a job a client created); see
+    #: curvplan_server.jobs.fanout. Deleting a parent deletes its children.
+    parent_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("job.id", ondelete="CASCADE"), index=True
     )
     kind: Mapped[str] = mapped_column(Text)
     queue: Mapped[str] = mapped_column(Text)

@@ -28,6 +28,7 @@ from curvplan_server.problems import (
     problem_responses,
     validation_problem,
 )
+from curvplan_server.webhooks.service import check_job_webhook
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -190,6 +191,8 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
         )
     body = _validate_body(await request.body())
     settings = request.app.state.settings
+    if body.get("webhook_url") is not None:
+        await run_in_threadpool(check_job_webhook, session, settings, auth.project_id, body)
     created = await run_in_threadpool(
         _create_and_commit,
         session,
@@ -287,24 +290,43 @@ async def get_job(
 ) -> JSONResponse:
     """The job. With ``wait`` the answer comes when its status changes or ends, or at timeout."""
     settings = request.app.state.settings
-    job = await run_in_threadpool(service.get_job, session, auth.project_id, job_id)
     wait = min(wait, settings.long_poll_max_seconds)
-    if wait <= 0 or job["status"] in TERMINAL_STATUSES:
+    notifier = getattr(request.app.state, "job_notifier", None) if wait > 0 else None
+    # Subscribed before the first read: a change right after it still wakes this request.
+    subscription = notifier.subscribe(str(job_id)) if notifier is not None else None
+    try:
+        # Read and hand the connection back in one thread hop: a connection held while this
+        # request waits for a thread could deadlock the pool under hundreds of long-polls.
+        job = await run_in_threadpool(_read_job, session, auth.project_id, job_id)
+        if wait <= 0 or job["status"] in TERMINAL_STATUSES:
+            return _job_response(job, 200)
+        initial = job["status"]
+        deadline = time.monotonic() + wait
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or await request.is_disconnected():
+                break
+            if subscription is not None and notifier is not None and notifier.connected:
+                # Woken by NOTIFY; the database is re-checked only on a wake-up or, as a
+                # fallback, every notify_fallback_seconds.
+                await subscription.wait(min(settings.notify_fallback_seconds, remaining))
+            else:
+                await asyncio.sleep(min(settings.long_poll_interval_seconds, remaining))
+            status = await run_in_threadpool(_probe_status, session, auth.project_id, job_id)
+            if status is None or status != initial:
+                break
+        job = await run_in_threadpool(_read_job, session, auth.project_id, job_id)
         return _job_response(job, 200)
-    await run_in_threadpool(session.commit)  # hand the connection back while waiting
-    initial = job["status"]
-    deadline = time.monotonic() + wait
-    interval = settings.long_poll_interval_seconds
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or await request.is_disconnected():
-            break
-        await asyncio.sleep(min(interval, remaining))
-        status = await run_in_threadpool(_probe_status, session, auth.project_id, job_id)
-        if status is None or status != initial:
-            break
-    job = await run_in_threadpool(service.get_job, session, auth.project_id, job_id)
-    return _job_response(job, 200)
+    finally:
+        if subscription is not None:
+            subscription.close()
+
+
+def _read_job(session: Any, project_id: uuid.UUID, job_id: uuid.UUID) -> dict[str, Any]:
+    try:
+        return service.get_job(session, project_id, job_id)
+    finally:
+        session.commit()
 
 
 def _probe_status(session: Any, project_id: uuid.UUID, job_id: uuid.UUID) -> str | None:
@@ -336,7 +358,7 @@ def cancel_job(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> JSON
     "/{job_id}/recommendation",
     name="get_job_recommendation",
     response_model=Recommendation,
-    summary="The recommendation of a succeeded plan/analyze job",
+    summary="The recommendation of a succeeded plan/analyze/sweep job (the budget first)",
     responses={
         200: {
             "description": "`result.recommendation` of the job",

@@ -19,12 +19,14 @@ from sqlalchemy import Row, Table, and_, case, func, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from curvplan.types.jobs import JOB_KINDS, JOB_STATUSES, QUEUE_OF_KIND, TERMINAL_STATUSES
+from curvplan_server.jobs import fanout
 from curvplan_server.jobs.models import Job
 from curvplan_server.problems import Problem, conflict, not_found, validation_problem
 
 JOB = cast(Table, Job.__table__)
 _OUT_COLUMNS = [
     JOB.c.id,
+    JOB.c.parent_id,
     JOB.c.kind,
     JOB.c.queue,
     JOB.c.status,
@@ -77,6 +79,7 @@ def job_to_json(row: Row[Any] | Any) -> dict[str, Any]:
     base = f"/v1/jobs/{job_id}"
     out: dict[str, Any] = {
         "id": job_id,
+        "parent_id": str(m["parent_id"]) if m.get("parent_id") else None,
         "kind": m["kind"],
         "queue": m["queue"],
         "status": m["status"],
@@ -221,7 +224,32 @@ def get_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> dict[
     ).first()
     if row is None:
         raise not_found("job")
-    return job_to_json(row)
+    out = job_to_json(row)
+    children = list_children(session, job_id)
+    if children:
+        out["children"] = children
+    return out
+
+
+def list_children(session: Session, parent_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The children of a job (a fan-out), oldest first: id, kind, name, status, error type."""
+    rows = session.execute(
+        select(JOB.c.id, JOB.c.kind, JOB.c.name, JOB.c.status, JOB.c.attempt, JOB.c.error)
+        .where(JOB.c.parent_id == parent_id)
+        .order_by(JOB.c.created_at, JOB.c.id)
+    ).all()
+    return [
+        {
+            "id": str(r.id),
+            "kind": r.kind,
+            "name": r.name,
+            "status": r.status,
+            "attempt": r.attempt,
+            "error_type": (r.error or {}).get("type"),
+            "links": {"self": f"/v1/jobs/{r.id}"},
+        }
+        for r in rows
+    ]
 
 
 def job_status(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> str | None:
@@ -363,7 +391,12 @@ def cancel_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> di
     """Cancel: queued → cancelled at once; running → cancelling (the worker stops it).
 
     Cancelling a job that is already ``cancelling`` is a no-op; a terminal job is a 409.
+    A job with children (a fan-out) cancels them too; a cancelled child settles its parent
+    (see :mod:`curvplan_server.jobs.fanout`). Children are locked before the parent, the
+    order every child's end uses.
     """
+    conn = session.connection()
+    has_children = fanout.lock_children(conn, job_id) > 0
     row = session.execute(
         update(JOB)
         .where(
@@ -381,6 +414,12 @@ def cancel_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> di
         .returning(*_OUT_WITH_REQUEST)
     ).first()
     if row is not None:
+        if has_children:
+            fanout.cancel_children(conn, job_id)
+        elif row.status == "cancelled" and row.parent_id is not None:
+            fanout.settle_parents(conn, [job_id])
+        if has_children or row.parent_id is not None:
+            return get_job(session, project_id, job_id)
         return job_to_json(row)
     job = get_job(session, project_id, job_id)  # 404 when missing
     if job["status"] == "cancelling":

@@ -23,6 +23,7 @@ class CriticalBatchFit:
     e_min_ci: tuple[float, float] | None
     r2: float
     n_points: int
+    sigma: float = 0.0  # residual SD on log S (dof n − 2)
 
 
 @dataclass(frozen=True)
@@ -33,14 +34,16 @@ class LinearCrossCheck:
 
 
 def fit_steps_to_target(
-    batch_sizes: FloatArray, steps: FloatArray, confidence: float
+    batch_sizes: FloatArray, steps: FloatArray, confidence: float, *, robust: bool = True
 ) -> CriticalBatchFit:
     """Fit S = S_min(1 + B_crit/B) (McCandlish et al. 2018 §2.3, docs/formulas.md#batch-size).
 
     Nonlinear least squares on log S (multiplicative noise) over θ = (log S_min, log B_crit),
-    which keeps both positive. Intervals: θ ± t_{n−2}·se from the Jacobian covariance
-    s²(JᵀJ)⁻¹, mapped through exp; E_min = B_crit·S_min with its log-variance from the same
-    covariance. Needs at least 2 distinct batch sizes (intervals need 3).
+    which keeps both positive. Intervals: θ ± t_{n−2}·se with the heteroskedasticity-robust
+    HC3 sandwich covariance (JᵀJ)⁻¹ Jᵀ diag(r_i²/(1 − h_i)²) J (JᵀJ)⁻¹ (MacKinnon & White 1985),
+    which does not assume the noise has the same size on log S at every batch size (additive
+    noise on S does not), mapped through exp; E_min = B_crit·S_min with its log-variance from
+    the same covariance. Needs at least 2 distinct batch sizes (intervals need 3).
     """
     b = np.asarray(batch_sizes, dtype=np.float64)
     s = np.asarray(steps, dtype=np.float64)
@@ -93,13 +96,9 @@ def fit_steps_to_target(
     ss_tot = float(((log_s - log_s.mean()) ** 2).sum())
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
     s_ci = b_ci = e_ci = None
+    sigma = math.sqrt(ss_res / (n - 2)) if n > 2 else 0.0
     if n > 2:
-        jac = jacobian(theta)
-        sigma2 = ss_res / (n - 2)
-        try:
-            cov = sigma2 * np.linalg.inv(jac.T @ jac)
-        except np.linalg.LinAlgError:
-            cov = None
+        cov = robust_covariance(jacobian(theta), resid, robust=robust)
         if cov is not None and np.all(np.isfinite(cov)):
             t = float(stats.t.ppf((1 + confidence) / 2, n - 2))
             se0, se1 = math.sqrt(max(cov[0, 0], 0)), math.sqrt(max(cov[1, 1], 0))
@@ -107,7 +106,26 @@ def fit_steps_to_target(
             s_ci = _log_interval(theta[0], t * se0)
             b_ci = _log_interval(theta[1], t * se1)
             e_ci = _log_interval(theta[0] + theta[1], t * se_e)
-    return CriticalBatchFit(s_min, b_crit, s_ci, b_ci, s_min * b_crit, e_ci, r2, n)
+    return CriticalBatchFit(s_min, b_crit, s_ci, b_ci, s_min * b_crit, e_ci, r2, n, sigma)
+
+
+def robust_covariance(
+    jac: FloatArray, resid: FloatArray, *, robust: bool = True
+) -> FloatArray | None:
+    """HC3 sandwich covariance of least-squares parameters (MacKinnon & White 1985, eq. HC3):
+    (JᵀJ)⁻¹ Jᵀ diag(r_i²/(1 − h_i)²) J (JᵀJ)⁻¹, h_i the leverages. None when JᵀJ is singular.
+    ``robust=False``: the constant-noise s²(JᵀJ)⁻¹ (for comparison in the benchmarks)."""
+    try:
+        bread = np.linalg.inv(jac.T @ jac)
+    except np.linalg.LinAlgError:
+        return None
+    if not robust:
+        dof = jac.shape[0] - jac.shape[1]
+        return bread * float(resid @ resid) / dof if dof > 0 else None
+    leverage = np.einsum("ij,jk,ik->i", jac, bread, jac)
+    weight = resid**2 / np.clip(1.0 - leverage, 1e-3, None) ** 2
+    cov = bread @ ((jac * weight[:, None]).T @ jac) @ bread
+    return cov if np.all(np.isfinite(cov)) else None
 
 
 def _log_interval(center: float, half_width: float) -> tuple[float, float]:

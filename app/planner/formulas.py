@@ -45,6 +45,16 @@ K_THM7: Final = formula("sample.k_theorem7", "k* = ⌈(2ℓ_max + M·R²)/ε⌉ 
 K_THM7_TIGHT: Final = formula("sample.k_theorem7_tight", "k* = ⌈(ℓ_max + M·R²)/ε⌉ − 1")
 K_SQUARED: Final = formula("sample.k_squared", "k* = ⌈√(C2/ε)⌉ − 1 (ε on the mean Δ2)")
 K_SQUARED_RMS: Final = formula("sample.k_squared_rms", "k* = ⌈√C2/ε⌉ − 1 (ε on √Δ2)")
+LOSS_VARIANCE: Final = formula(
+    "sample.loss_variance",
+    "σ² = sample variance of the losses; CI σ²·exp(±z·se/σ²), se = √((m₄ − σ⁴(n−3)/(n−1))/n)",
+)
+K_LOSS_ACCURACY: Final = formula(
+    "sample.k_loss_accuracy", "n = ⌈z²·σ²/ε²⌉, z = Φ⁻¹((1 + confidence)/2); CI from σ²'s CI"
+)
+K_LOSS_ACCURACY_SQ: Final = formula(
+    "sample.k_loss_accuracy_sq", "n = ⌈z²·C2/ε²⌉ (C2 ≈ σ² from the Δ2_k fit); CI over C2 draws"
+)
 THM7_CONSTANT: Final = formula(
     "sample.theorem7_constant",
     "|Δ_k| ≤ (2ℓ_max + M·r²)/(k+1); tight: ℓ_max + M·r²; tightness = C/(2ℓ_max + M·r²)",
@@ -87,12 +97,22 @@ B_NOISE_TWO_BATCH: Final = formula(
     "batch.b_noise_two_batch",
     "B_noise = tr(HΣ)/GᵀHG from the two-batch estimators; CI bootstrap over steps",
 )
-DELTA_METHOD: Final = "; CI: delta method on log(ratio) (batch.delta_method)"
+DELTA_METHOD: Final = "; CI: delta method on log(ratio), independent errors (batch.delta_method)"
+JACKKNIFE_LOG_RATIO: Final = (
+    "; CI: ratio·exp(±t·se), se = jackknife of log(ratio) on the same gradients "
+    "(batch.jackknife_log_ratio)"
+)
+NOISE_RELIABILITY: Final = formula(
+    "batch.noise_reliability",
+    "P(defined), median estimate/truth | defined: wild bootstrap at the measured statistics",
+)
 B_CRIT_FIT: Final = formula(
-    "batch.b_crit_fit", "S = S_min(1 + B_crit/B), least squares on log S; E_min = B_crit·S_min"
+    "batch.b_crit_fit",
+    "S = S_min(1 + B_crit/B), least squares on log S, HC3 CIs; E_min = B_crit·S_min",
 )
 B_CRIT_LINEAR: Final = formula(
-    "batch.b_crit_linear", "1/S = a + b/E with E = B·S: S_min = 1/a, B_crit = −b"
+    "batch.b_crit_linear",
+    "1/S = a + b/E with E = B·S: S_min = 1/a, B_crit = −b (informational, no alarm)",
 )
 B_20PCT: Final = formula(
     "batch.b_20pct_overhead", "S(B)·B/(S(B0)·B0) = 1.2 ⇒ B = 1.2·B0 + 0.2·B_crit"
@@ -104,7 +124,8 @@ LR_SCALING: Final = formula(
 
 # Data scaling
 SCALING_FIT: Final = formula(
-    "scaling.fit", "L(D) = E + A·D^(−β), bounded nonlinear least squares; CIs Student-t"
+    "scaling.fit",
+    "L(D) = E + A·D^(−β), bounded nonlinear least squares; HC3 CIs, Student-t",
 )
 N_FOR_TARGET: Final = formula("scaling.n_for_target", "D = (A/(target − E))^(1/β)")
 
@@ -114,5 +135,16 @@ HETEROGENEITY: Final = formula(
 )
 LR_CEILING: Final = formula("curvature.lr_ceiling", "η_g < 2/λ_max(H_gg) per block")
 ASSUMPTION1: Final = formula(
-    "curvature.assumption1", "2|∇L(w*)|/(M·R): first-order term over the second-order bound"
+    "curvature.assumption1",
+    "2·rms_i|g_i − ḡ|/(M·R): dropped first-order term over the second-order bound",
+)
+
+# The budget (docs/budget.md)
+BUDGET_EXPECTED_STEPS: Final = formula(
+    "budget.expected_steps",
+    "S(B) = S_min·(1 + B_crit/B) at the recommended B; CI from the S_min and B_crit CI ends",
+)
+BUDGET_NOISE_TREND: Final = formula(
+    "budget.noise_trend",
+    "log B = a + b·L fitted over the checkpoints (weights 1/se²), evaluated at the target L",
 )

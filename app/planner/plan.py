@@ -13,6 +13,7 @@ from curvplan.types.planner import (
 )
 from curvplan_server.planner import formulas
 from curvplan_server.planner.batch_section import build_batch_section
+from curvplan_server.planner.budget_section import build_budget, default_targets
 from curvplan_server.planner.curvature import summarize_blocks
 from curvplan_server.planner.sample_size_section import build_sample_size_section
 from curvplan_server.planner.scaling_section import build_scaling_section
@@ -32,13 +33,24 @@ def make_plan(measurements: Measurements, targets: Targets, *, seed: int = 0) ->
     """
     check_workload(measurements, targets)
     effective_seed = targets.seed if targets.seed is not None else seed
+    targets, defaults = default_targets(measurements, targets)
     log = WarningLog()
     _theory_warning(measurements, log)
     sample_size = build_sample_size_section(measurements, targets, effective_seed, log)
     batch_size = build_batch_section(measurements, targets, effective_seed, log)
     scaling = build_scaling_section(measurements, targets, effective_seed, log)
     curvature = _curvature_section(measurements, targets, log)
+    budget = build_budget(
+        measurements,
+        targets,
+        defaults,
+        sample_size=sample_size,
+        batch_size=batch_size,
+        scaling=scaling,
+        curvature=curvature,
+    )
     return Recommendation(
+        budget=budget,
         sample_size=sample_size,
         batch_size=batch_size,
         scaling=scaling,
@@ -75,9 +87,11 @@ def _curvature_section(
 ) -> CurvatureSection | NotComputed:
     blocks = measurements.blocks
     grad_norm = measurements.gradient_norm_at_w_star
-    if blocks is None and grad_norm is None:
+    rms = measurements.per_sample_gradient_rms
+    if blocks is None and grad_norm is None and rms is None:
         return NotComputed(
-            reason="neither measurements.blocks nor measurements.gradient_norm_at_w_star given"
+            reason="none of measurements.blocks, gradient_norm_at_w_star, "
+            "per_sample_gradient_rms given"
         )
     if blocks is not None:
         section, negative = summarize_blocks(blocks)
@@ -92,23 +106,41 @@ def _curvature_section(
         section = CurvatureSection(
             missing=[Missing(item="blocks", reason="measurements.blocks not given")]
         )
-    if grad_norm is None:
+    if grad_norm is None and rms is None:
         return section
-    updates: dict[str, object] = {"gradient_norm_at_w_star": grad_norm}
+    updates: dict[str, object] = {
+        "gradient_norm_at_w_star": grad_norm,
+        "per_sample_gradient_rms": rms,
+    }
     m_bound = _hessian_bound(measurements)
     radius = targets.radius
     missing = list(section.missing)
     if m_bound is not None and m_bound > 0 and radius is not None and radius > 0:
-        ratio = 2.0 * grad_norm / (m_bound * radius)
-        updates["assumption1_ratio"] = ratio
-        updates["assumption1_formula"] = formulas.ASSUMPTION1
-        if ratio > ASSUMPTION1_RATIO_LIMIT:
-            log.add(
-                "assumption1_gradient_norm",
-                "curvature",
-                f"|∇L(w*)| = {grad_norm:.4g} gives a first-order term {ratio:.3g}× the "
-                f"second-order bound at R = {radius:g}: Assumption 1 (zero gradient at w*) is "
-                "violated and Theorem 7's k* is optimistic",
+        if grad_norm is not None:
+            updates["assumption1_mean_gradient_ratio"] = 2.0 * grad_norm / (m_bound * radius)
+        if rms is not None:
+            ratio = 2.0 * rms / (m_bound * radius)
+            updates["assumption1_ratio"] = ratio
+            updates["assumption1_formula"] = formulas.ASSUMPTION1
+            if ratio > ASSUMPTION1_RATIO_LIMIT:
+                log.add(
+                    "assumption1_gradient_norm",
+                    "curvature",
+                    f"per-example gradients at w* have RMS deviation {rms:.4g}: the first-order "
+                    f"term Theorem 7 drops is {ratio:.3g}× the second-order bound at "
+                    f"R = {radius:g}, so Assumption 1 (every per-example gradient zero at w*) "
+                    "is violated and Theorem 7's k* is optimistic",
+                )
+        else:
+            assert grad_norm is not None
+            ratio = 2.0 * grad_norm / (m_bound * radius)
+            missing.append(
+                Missing(
+                    item="assumption1_ratio",
+                    reason="needs measurements.per_sample_gradient_rms: a small mean gradient "
+                    f"(2|ḡ|/(M·R) = {ratio:.3g}) does not show Assumption 1 holds, every "
+                    "per-example gradient must vanish",
+                )
             )
     else:
         missing.append(

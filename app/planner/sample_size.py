@@ -7,6 +7,8 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
+from curvplan_server.planner.laws import theorem7_constant
+
 # Sample sizes above this are reported as "not finite" rather than as a meaningless integer.
 K_REPORT_LIMIT = 1e18
 
@@ -51,7 +53,7 @@ def k_theorem7(
 ) -> int | None:
     """Petrov et al. 2025, Theorem 7 (docs/formulas.md#sample-size): k* = ⌈(2ℓ_max + M·R²)/ε⌉ −
     1."""
-    return _ceil_minus_one((2.0 * loss_bound + hessian_bound * radius**2) / tolerance)
+    return _ceil_minus_one(theorem7_constant(loss_bound, hessian_bound, radius) / tolerance)
 
 
 def k_theorem7_tight(
@@ -59,7 +61,8 @@ def k_theorem7_tight(
 ) -> int | None:
     """Theorem 7 with the tighter constant ℓ_max (docs/formulas.md#sample-size, uses l ≥ 0):
     k* = ⌈(ℓ_max + M·R²)/ε⌉ − 1."""
-    return _ceil_minus_one((loss_bound + hessian_bound * radius**2) / tolerance)
+    constant = theorem7_constant(loss_bound, hessian_bound, radius, tight=True)
+    return _ceil_minus_one(constant / tolerance)
 
 
 def k_squared(C2: float, tolerance: float) -> int | None:

@@ -10,6 +10,7 @@ import numpy as np
 from curvplan.types.planner import (
     BoundValue,
     Curve,
+    LossVarianceOut,
     Measurements,
     Missing,
     NotComputed,
@@ -21,6 +22,13 @@ from curvplan.types.planner import (
     Targets,
 )
 from curvplan_server.planner import formulas
+from curvplan_server.planner.laws import theorem7_constant
+from curvplan_server.planner.loss_accuracy import (
+    LossVariance,
+    k_loss_accuracy,
+    loss_error_at,
+    loss_variance,
+)
 from curvplan_server.planner.loss_curve import (
     DataScaleBootstrap,
     FitError,
@@ -57,6 +65,96 @@ POOR_R2 = 0.9
 _BOOT_STREAM = 1
 _DATA_STREAM = 2
 _IF_STREAM = 40
+
+
+MEANING_STABILISATION = (
+    "landscape stabilisation (Petrov et al. 2025): beyond k*, adding ONE example changes the "
+    "average loss by about ε or less; it does not make the loss itself accurate to ε (that "
+    "error is ≈ σ/√k*, see loss_error_at_empirical and loss_accuracy)"
+)
+MEANING_THEOREM7 = (
+    "worst-case bound on the same per-example increment (Theorem 7), in practice ≈ 2ℓ_max/ε; "
+    "a ceiling, not an estimate, and not a loss-accuracy guarantee"
+)
+MEANING_SQUARED_RMS = (
+    "per-example increment as an RMS, √E(L_{k+1} − L_k)² ≤ ε: comparable with the empirical k*"
+)
+MEANING_LOSS_ACCURACY = (
+    "loss accuracy: with k i.i.d. examples the average loss at w* is within ±ε of its "
+    "population value with probability ≈ confidence; says nothing about a different w"
+)
+RECOMMENDED_REASON = (
+    "loss_accuracy: it is the sample size at which the measured loss is within ±ε of the "
+    "population loss at the requested confidence, which is what 'enough data' means for a "
+    "data purchase; the landscape-stabilisation k*(ε) only bounds the change from adding one "
+    "example (≈ σ/k), so at k* the loss error is typically many times ε"
+)
+
+
+def _available_samples(
+    measurements: Measurements, targets: Targets, log: WarningLog
+) -> tuple[int | None, str | None]:
+    """targets.available_samples, else the deprecated measurements.available_samples (with a
+    `deprecated_field` warning); never the size of the evaluation sample."""
+    old = measurements.available_samples
+    if old is not None:
+        detail = (
+            "measurements.available_samples is deprecated: give targets.available_samples "
+            "(your dataset size)"
+        )
+        if targets.available_samples is not None:
+            detail += "; targets.available_samples was given and is used"
+        log.add("deprecated_field", "sample_size", detail)
+    if targets.available_samples is not None:
+        return targets.available_samples, "targets"
+    if old is not None:
+        return old, "measurements (deprecated)"
+    return None, None
+
+
+def _loss_accuracy(
+    variance: LossVariance | None, tol: float, conf: float, n: int
+) -> SampleSizeValue | NotComputed:
+    if variance is None:
+        return NotComputed(
+            reason="needs measurements.per_sample_losses (at least 4) for the loss variance"
+        )
+    k = math.ceil(k_loss_accuracy(variance.variance, tol, conf) * (1 - 1e-12))
+    lo, hi = variance.ci
+    ci = (
+        max(1, math.ceil(k_loss_accuracy(lo, tol, conf) * (1 - 1e-12))),
+        math.ceil(k_loss_accuracy(hi, tol, conf) * (1 - 1e-12)),
+    )
+    note = None
+    if ci[1] > n:
+        note = (
+            f"beyond the {n} measured losses: assumes the loss variance stays what it is on "
+            "the measured sample"
+        )
+    return SampleSizeValue(
+        k=max(1, k),
+        ci=ci,
+        formula=formulas.K_LOSS_ACCURACY,
+        note=note,
+        meaning=MEANING_LOSS_ACCURACY,
+    )
+
+
+def _loss_accuracy_squared(fits: _Fits, tol: float, conf: float) -> SampleSizeValue | NotComputed:
+    est = fits.c2
+    if est is None:
+        return NotComputed(reason="the Δ_k² fit could not be computed")
+    k = math.ceil(k_loss_accuracy(est.C, tol, conf) * (1 - 1e-12))
+    ci = None
+    if est.C_boot.size > 1:
+        boot = np.asarray([k_loss_accuracy(float(c), tol, conf) for c in est.C_boot])
+        ci = ceil_interval(percentile_interval(boot, conf))
+    return SampleSizeValue(
+        k=max(1, k),
+        ci=ci,
+        formula=f"{formulas.K_LOSS_ACCURACY_SQ}; C2 = {est.C:.6g}",
+        meaning=MEANING_LOSS_ACCURACY + " (from the Δ_k² fit: an independent cross-check)",
+    )
 
 
 class _Fits:
@@ -228,7 +326,9 @@ def _empirical(fits: _Fits, tol: float, conf: float) -> SampleSizeValue | NotCom
     note = None
     if k is None:
         note = "not finite: the fitted exponent is not positive or k* exceeds 1e18"
-    return SampleSizeValue(k=k, ci=ci, formula=formulas.K_EMPIRICAL, note=note)
+    return SampleSizeValue(
+        k=k, ci=ci, formula=formulas.K_EMPIRICAL, note=note, meaning=MEANING_STABILISATION
+    )
 
 
 def _squared(fits: _Fits, tol: float, conf: float, rms: bool) -> SampleSizeValue | NotComputed:
@@ -284,7 +384,10 @@ def _theoretical(
         notes.append(theory_note)
     note = "; ".join(notes) if notes else None
     return SampleSizeValue(
-        k=k, formula=formulas.K_THM7_TIGHT if tight else formulas.K_THM7, note=note
+        k=k,
+        formula=formulas.K_THM7_TIGHT if tight else formulas.K_THM7,
+        note=note,
+        meaning=MEANING_THEOREM7,
     )
 
 
@@ -407,11 +510,11 @@ def build_sample_size_section(
             _check_fit(p_fits, f"perturbed losses at radius {perturbed.radius:g}", log)
             thm7: dict[str, float | str | None] = {}
             if loss_bound is not None and m_bound is not None:
-                r2_term = m_bound.value * perturbed.radius**2
-                full = 2.0 * loss_bound.value + r2_term
+                args = (loss_bound.value, m_bound.value, perturbed.radius)
+                full = theorem7_constant(*args)
                 thm7 = {
                     "theorem7_C": full,
-                    "theorem7_C_tight": loss_bound.value + r2_term,
+                    "theorem7_C_tight": theorem7_constant(*args, tight=True),
                     "tightness": p_fits.abs.C / full if p_fits.abs is not None else None,
                     "theorem7_formula": formulas.THM7_CONSTANT,
                 }
@@ -430,9 +533,13 @@ def build_sample_size_section(
         theory_note = (
             "the model is outside Theorem 7's assumptions (measurements.theory): indicative only"
         )
-    available = measurements.available_samples or (n if losses is not None else None)
+    available, available_source = _available_samples(measurements, targets, log)
+    variance = None
+    if losses is not None and n >= 4:
+        variance = loss_variance(np.asarray(losses, dtype=np.float64), conf)
     per_tolerance = []
     short = []
+    short_stabilisation = []
     if targets.tolerances is None:
         missing.append(Missing(item="per_tolerance", reason="targets.tolerances not given"))
     else:
@@ -442,13 +549,34 @@ def build_sample_size_section(
                 if losses is not None
                 else NotComputed(reason="measurements.per_sample_losses not given")
             )
-            enough = None
-            if available is not None and isinstance(empirical, SampleSizeValue):
+            accuracy = _loss_accuracy(variance, tol, conf, n)
+            accuracy_sq = _loss_accuracy_squared(fits, tol, conf)
+            enough = enough_stab = None
+            if available is not None and isinstance(accuracy, SampleSizeValue):
                 # conservative: the upper end of the interval when there is one
-                needed = empirical.ci[1] if empirical.ci is not None else empirical.k
+                needed = accuracy.ci[1] if accuracy.ci is not None else accuracy.k
                 enough = needed is not None and available >= needed
                 if not enough:
                     short.append(tol)
+            if available is not None and isinstance(empirical, SampleSizeValue):
+                needed = empirical.ci[1] if empirical.ci is not None else empirical.k
+                enough_stab = needed is not None and available >= needed
+                if not enough_stab:
+                    short_stabilisation.append(tol)
+            error_at = None
+            if (
+                variance is not None
+                and isinstance(empirical, SampleSizeValue)
+                and empirical.k is not None
+            ):
+                error_at = loss_error_at(empirical.k, variance.variance, conf)
+            squared_rms = (
+                _squared(fits, tol, conf, rms=True)
+                if losses is not None
+                else NotComputed(reason="measurements.per_sample_losses not given")
+            )
+            if isinstance(squared_rms, SampleSizeValue):
+                squared_rms = squared_rms.model_copy(update={"meaning": MEANING_SQUARED_RMS})
             per_tolerance.append(
                 PerTolerance(
                     tolerance=tol,
@@ -462,10 +590,12 @@ def build_sample_size_section(
                     squared=_squared(fits, tol, conf, rms=False)
                     if losses is not None
                     else NotComputed(reason="measurements.per_sample_losses not given"),
-                    squared_rms=_squared(fits, tol, conf, rms=True)
-                    if losses is not None
-                    else NotComputed(reason="measurements.per_sample_losses not given"),
+                    squared_rms=squared_rms,
+                    loss_accuracy=accuracy,
+                    loss_accuracy_squared=accuracy_sq,
+                    loss_error_at_empirical=error_at,
                     available_is_enough=enough,
+                    available_is_enough_stabilisation=enough_stab,
                 )
             )
             if (
@@ -479,12 +609,37 @@ def build_sample_size_section(
                     f"empirical k*(ε={tol:g}) lies beyond the fitted range k ≤ "
                     f"{fits.abs.window[1]}: the power law is extrapolated",
                 )
+    if available is None and targets.tolerances is not None:
+        missing.append(
+            Missing(
+                item="available_is_enough",
+                reason="targets.available_samples (your dataset size) not given",
+            )
+        )
     if short:
         log.add(
             "available_samples_insufficient",
             "sample_size",
-            f"{available} available samples are fewer than the empirical k* (upper end of its "
-            f"interval) for tolerance(s) {', '.join(f'{t:g}' for t in short)}",
+            f"{available} available samples are fewer than the loss-accuracy sample size "
+            f"(upper end of its interval) for tolerance(s) {', '.join(f'{t:g}' for t in short)}: "
+            "the average loss would not be within ±ε of its population value at confidence "
+            f"{conf:g}",
+        )
+    elif short_stabilisation:
+        log.add(
+            "available_samples_insufficient",
+            "sample_size",
+            f"{available} available samples are fewer than the landscape-stabilisation k*(ε) "
+            f"(upper end of its interval) for tolerance(s) "
+            f"{', '.join(f'{t:g}' for t in short_stabilisation)}",
+        )
+    variance_out = None
+    if variance is not None:
+        variance_out = LossVarianceOut(
+            value=variance.variance,
+            ci=variance.ci,
+            se=variance.se,
+            formula=formulas.LOSS_VARIANCE,
         )
     return SampleSizeSection(
         n_losses=n,
@@ -498,6 +653,10 @@ def build_sample_size_section(
         hessian_norm_bound=m_bound,
         radius=targets.radius,
         available_samples=available,
+        available_samples_source=available_source,
+        loss_variance=variance_out,
+        recommended_criterion="loss_accuracy" if targets.tolerances is not None else None,
+        recommended_criterion_reason=RECOMMENDED_REASON if targets.tolerances is not None else None,
         off_minimum=off_minimum,
         per_tolerance=per_tolerance,
         missing=missing,

@@ -11,6 +11,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import optimize, stats
 
+from curvplan_server.planner.critical_batch import robust_covariance
+
 FloatArray = NDArray[np.float64]
 
 BETA_BOUNDS = (1e-3, 5.0)
@@ -55,11 +57,15 @@ def _profile_start(d: FloatArray, loss: FloatArray) -> tuple[float, float, float
     return best[1], best[2], best[3]
 
 
-def fit_loss_vs_data(n_samples: FloatArray, losses: FloatArray, confidence: float) -> ScalingFit:
+def fit_loss_vs_data(
+    n_samples: FloatArray, losses: FloatArray, confidence: float, *, robust: bool = True
+) -> ScalingFit:
     """Fit L(D) = E + A·D^(−β) by bounded nonlinear least squares (scipy TRF).
 
     Parameters θ = (E, log A, β) with 0 ≤ E ≤ min L and β in BETA_BOUNDS; absolute residuals.
-    Intervals: θ ± t_{n−3}·se from s²(JᵀJ)⁻¹ (A's interval through exp). Needs 3 points (4 for
+    Intervals: θ ± t_{n−3}·se with the HC3 sandwich covariance (MacKinnon & White 1985; see
+    critical_batch.robust_covariance), which does not assume constant noise on the loss scale
+    (multiplicative noise on L does not have it); A's interval through exp. Needs 3 points (4 for
     intervals) and at least 3 distinct dataset sizes.
     """
     d = np.asarray(n_samples, dtype=np.float64)
@@ -104,11 +110,7 @@ def fit_loss_vs_data(n_samples: FloatArray, losses: FloatArray, confidence: floa
     cov = None
     dof = n - 3
     if dof > 0:
-        jac = jacobian(theta)
-        try:
-            cov = (ss_res / dof) * np.linalg.inv(jac.T @ jac)
-        except np.linalg.LinAlgError:
-            cov = None
+        cov = robust_covariance(jacobian(theta), res.fun, robust=robust)
         if cov is not None and np.all(np.isfinite(cov)):
             t = float(stats.t.ppf((1 + confidence) / 2, dof))
             se = np.sqrt(np.maximum(np.diag(cov), 0.0))

@@ -8,9 +8,6 @@ token is the last name of the page bound to the filters.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import uuid
 from typing import Any
 
@@ -19,25 +16,22 @@ from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.orm import Session
 
 from curvplan_server.jobs.models import Job
-from curvplan_server.jobs.service import JobFilters, query_field_error
+from curvplan_server.jobs.service import JobFilters
+from curvplan_server.paging import decode_page_token, encode_page_token, page_token_problem
 
 JOB = Job.__table__
 
 
 def _encode(last_name: str, filters: JobFilters) -> str:
-    blob = json.dumps({"n": last_name, "f": filters.fingerprint})
-    return base64.urlsafe_b64encode(blob.encode()).decode().rstrip("=")
+    return encode_page_token({"n": last_name, "f": filters.fingerprint})
 
 
 def _decode(token: str, filters: JobFilters) -> str:
-    try:
-        data = json.loads(base64.urlsafe_b64decode((token + "=" * (-len(token) % 4)).encode()))
-        name, fingerprint = str(data["n"]), data["f"]
-    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
-        raise query_field_error("page_token", "invalid page token") from None
-    if fingerprint != filters.fingerprint:
-        raise query_field_error("page_token", "this page token was issued for other filters")
-    return name
+    """The last name of a token we issued; anything else (crafted, damaged) is a 422."""
+    data = decode_page_token(token, ("n", "f"))
+    if data["f"] != filters.fingerprint:
+        raise page_token_problem("this page token was issued for other filters")
+    return data["n"]
 
 
 def latest_recommendations(
@@ -87,6 +81,7 @@ def latest_recommendations(
             "kind": row.kind,
             "tags": row.tags or {},
             "finished_at": row.finished_at.isoformat() if row.finished_at else None,
+            "budget": (row.recommendation or {}).get("budget"),
             "recommendation": row.recommendation,
             "links": {
                 "job": f"/v1/jobs/{row.id}",

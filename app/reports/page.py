@@ -1,5 +1,6 @@
 """The report page: one self-contained HTML document per job (no JavaScript, no external
-resources), with the job summary, the recommendation as tables and the SVG plots.
+resources), with the budget at the top, the job summary, the recommendation as tables and
+the figures as inline SVG (drawn by ``curvplan_server.reports.plots``).
 
 Every value that comes from a user or a job (names, tags, errors, block names) is
 HTML-escaped.
@@ -7,12 +8,26 @@ HTML-escaped.
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Sequence
 from typing import Any
 
-from curvplan_server.reports.plots import Plot, build_plots, recommendation_of
-from curvplan_server.reports.svg import esc, fmt_number
+from curvplan_server.reports.plots import (
+    Plot,
+    build_plots,
+    fmt,
+    inline_svg,
+    recommendation_of,
+)
+
+
+def esc(value: Any) -> str:
+    """HTML-escaped text of any value (quotes too: safe in attributes)."""
+    return html.escape(str(value), quote=True)
+
+
+fmt_number = fmt
 
 STYLE = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#222;background:#fff}
@@ -27,6 +42,9 @@ th{background:#f3f5f7} td.num{text-align:right;font-variant-numeric:tabular-nums
 .status-succeeded{color:#1a7f37}.status-failed,.status-cancelled{color:#b42318}
 .empty{background:#fff8e6;border:1px solid #f0d58c;padding:10px 14px;font-size:13px}
 .note{color:#555;font-size:12px}.plot-wrap{overflow-x:auto}
+.plot-wrap svg{max-width:100%;height:auto}
+.budget{background:#f0f6ff;border:1px solid #b6d0f0;padding:8px 16px;margin-top:16px}
+.budget h2{border:none;margin:6px 0}
 figure{margin:10px 0 22px} figcaption{font-size:12px;color:#555;max-width:720px}
 code{font-size:12px} pre{font-size:12px;background:#f6f8fa;padding:8px;overflow-x:auto}
 summary{cursor:pointer;font-size:13px}
@@ -108,6 +126,93 @@ def model_text(job: dict[str, Any]) -> str | None:
 
     measured = (job.get("result") or {}).get("measurements")
     return describe_model(job.get("request"), measured)
+
+
+def _interval(ci: Any) -> str:
+    if not ci:
+        return ""
+    return f"[{_text(ci[0])}, {_text(ci[1])}]"
+
+
+def budget_html(rec: dict[str, Any] | None) -> str:
+    """The budget, first on the page: data, batch, learning-rate limit, with units."""
+    budget = (rec or {}).get("budget")
+    if not isinstance(budget, dict):
+        return _empty("No budget: the job has no recommendation (yet).")
+    data, batch, lr = budget["data"], budget["batch"], budget["learning_rate"]
+    rows: list[tuple[Any, ...]] = [
+        (
+            "training data",
+            data.get("recommended_examples"),
+            _interval(data.get("recommended_examples_ci")),
+            "examples",
+            data.get("source"),
+        )
+    ]
+    stab = data.get("landscape_stabilisation")
+    if isinstance(stab, dict):
+        rows.append(
+            (
+                "landscape stabilisation k*(ε)",
+                stab.get("examples"),
+                _interval(stab.get("ci")),
+                "examples",
+                f"ε = {_text(stab.get('tolerance'))} nats",
+            )
+        )
+    if data.get("available_samples") is not None:
+        enough = {True: "enough", False: "NOT enough", None: "–"}[data.get("available_is_enough")]
+        rows.append(("you have", data.get("available_samples"), "", "examples", enough))
+    rows.append(("batch size", batch.get("recommended"), "", "examples", batch.get("source")))
+    if batch.get("recommended_tokens") is not None:
+        rows.append(("batch size", batch.get("recommended_tokens"), "", "tokens", ""))
+    rows.append(
+        (
+            "critical batch B_crit",
+            batch.get("critical"),
+            _interval(batch.get("critical_ci")),
+            "examples",
+            "",
+        )
+    )
+    if batch.get("expected_steps") is not None:
+        rows.append(
+            (
+                "expected steps",
+                batch.get("expected_steps"),
+                _interval(batch.get("expected_steps_ci")),
+                "steps",
+                "at the recommended batch",
+            )
+        )
+    rows.append(
+        (
+            "learning-rate limit 2/λ_max",
+            lr.get("gd_stability_limit"),
+            "",
+            "step size",
+            "GD/SGD only, not Adam",
+        )
+    )
+    table = _table(("", "value", "interval", "unit", "source"), rows, {1})
+    notes = [
+        data.get("guarantee") if data.get("source") != "not_available" else data.get("reason"),
+        batch.get("basis") if batch.get("source") != "not_available" else batch.get("reason"),
+        *budget.get("warnings", []),
+    ]
+    items = "".join(f"<li>{esc(_text(n))}</li>" for n in notes if n)
+    return f'<section id="budget">{table}<ul class="budget-notes">{items}</ul></section>'
+
+
+def children_html(job: dict[str, Any]) -> str:
+    children = job.get("children") or []
+    if not children:
+        return ""
+    rows = [
+        (c.get("name"), c.get("status"), c.get("attempt"), c.get("error_type"), c.get("id"))
+        for c in children
+    ]
+    return "<h2>Child jobs</h2>" + _table(("name", "status", "attempt", "error", "id"), rows, set())
 
 
 def recommendation_html(rec: dict[str, Any] | None, job: dict[str, Any]) -> str:
@@ -293,14 +398,15 @@ def inputs_html(job: dict[str, Any]) -> str:
 
 def plot_html(plot: Plot) -> str:
     head = f'<section class="plot-section" id="section-{esc(plot.id)}"><h3>{esc(plot.title)}</h3>'
-    if plot.svg is None:
+    svg = inline_svg(plot)
+    if svg is None:
         return head + _empty(f"Empty: {plot.empty_reason}") + "</section>"
     caption = f"<figcaption>{esc(plot.caption)}</figcaption>" if plot.caption else ""
-    return f'{head}<figure><div class="plot-wrap">{plot.svg}</div>{caption}</figure></section>'
+    return f'{head}<figure><div class="plot-wrap">{svg}</div>{caption}</figure></section>'
 
 
 def render_report(job: dict[str, Any], plots: list[Plot] | None = None) -> str:
-    """The whole HTML document of a job's report."""
+    """The whole HTML document of a job's report (``plots``: the kept figures, else drawn)."""
     plots = build_plots(job) if plots is None else plots
     name = job.get("name") or "unnamed job"
     title = f"curvplan report — {name}"
@@ -312,10 +418,13 @@ def render_report(job: dict[str, Any], plots: list[Plot] | None = None) -> str:
         f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>"
         f"<header><h1>{esc(title)}</h1><p>{esc(job.get('kind'))} job {esc(job.get('id'))} · "
         f"{esc(job.get('status'))}</p></header><main>"
+        f"<h2>Budget</h2>{budget_html(recommendation_of(job))}"
         f"<h2>Summary</h2>{summary_html(job)}"
+        f"{children_html(job)}"
         f"<h2>Inputs</h2>{inputs_html(job)}"
         f"<h2>Recommendation</h2>{recommendation_html(recommendation_of(job), job)}"
         f"<h2>Plots</h2>{sections}"
-        '<p class="note">Rendered by the curvplan service; plots are static SVG.</p>'
+        '<p class="note">Rendered by the curvplan service; figures drawn with matplotlib, '
+        "also served as SVG and PNG under /v1/jobs/{id}/plots.</p>"
         "</main></body></html>"
     )

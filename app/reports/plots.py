@@ -1,94 +1,107 @@
-"""The report's plots, built from a job's JSON (the ``GET /v1/jobs/{id}`` document).
+"""The report's figures, drawn with matplotlib from a job's typed recommendation.
 
-Each :class:`Plot` holds the SVG (or, when its data are missing, the reason why), a
-caption, and the numbers it draws (``curvplan report --out`` writes those as JSON).
-Plan jobs carry their inputs in ``request.measurements``; analyze jobs keep the
-engine's measurements in ``result.measurements`` and the planner's inputs in
+Each :class:`Plot` holds its SVG and PNG (or, when its data are missing, the reason why), a
+caption, and the numbers it draws (``numbers.json`` of ``curvplan report --out``). Every
+fitted curve and bound is evaluated by the planner's own laws (``curvplan_server.planner.laws``)
+with the values the recommendation carries, so the figures cannot disagree with the planner.
+
+Drawing uses matplotlib's object-oriented API on the Agg canvas (``Figure`` +
+``FigureCanvasAgg``), never ``pyplot``: pyplot keeps global figure state and is not
+thread-safe, and the API renders in a thread pool. Figures are rendered once per succeeded job
+and cached (``curvplan_server.reports.cache``).
+
+Plan jobs carry their inputs in ``request.measurements``; analyze jobs keep the engine's
+measurements in ``result.measurements`` and the planner's inputs in
 ``result.planner_inputs.fields``.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from curvplan_server.reports.svg import (
-    Chart,
-    DotChart,
-    DotSeries,
-    Heatmap,
-    Series,
-    VLine,
-    fmt_number,
-)
+import matplotlib
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import LogNorm
+from matplotlib.figure import Figure
+from pydantic import ValidationError
 
+from curvplan.types.planner import (
+    BatchSizeSection,
+    CurvatureSection,
+    NotComputed,
+    PowerLawFit,
+    Recommendation,
+    SampleSizeSection,
+    ScalingSection,
+)
+from curvplan_server.planner import laws
+
+# Text stays text in the SVG (searchable, accessible, a tenth of the size of glyph paths).
+# Set once at import: a process-wide setting, not per-figure state.
+matplotlib.rcParams["svg.fonttype"] = "none"
+
+# Bump when a figure changes: cached figures drawn by another renderer are drawn again.
+RENDERER = "matplotlib-1"
 SUBLAYER_ORDER = ("ln1", "q", "k", "v", "o", "ln2", "ffn_in", "ffn_out")
+_METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.DOTALL)
 LAYER_BLOCK = re.compile(r"^layers\.(\d+)\.(.+)$")
 CURVE_POINTS = 80
+FIGSIZE = (7.6, 4.4)  # inches
+PNG_DPI = 150
+GREY = "#7f7f7f"
+METADATA_SVG = {"Date": None, "Creator": "curvplan"}
+METADATA_PNG = {"Software": "curvplan"}
 
 
 @dataclass
 class Plot:
     id: str
     title: str
-    svg: str | None
     caption: str
     empty_reason: str | None = None
     numbers: dict[str, Any] = field(default_factory=dict)
+    svg: str | None = None  # the whole SVG document
+    png: bytes | None = None
+
+    @property
+    def drawn(self) -> bool:
+        return self.svg is not None
 
 
-# --------------------------------------------------------------------------- formulas
-def power_law(k: float, c: float, alpha: float) -> float:
-    """Δ_k ≈ C·k^(−α), the fitted loss-difference curve (Petrov et al. 2025 §3.3;
-    docs/formulas.md)."""
-    return c * k ** (-alpha)
-
-
-def theorem7_bound(k: float, loss_bound: float, hessian_bound: float, radius: float) -> float:
-    """|L_{k+1}(w) − L_k(w)| ≤ (2ℓ_max + M·R²)/(k+1) (Petrov et al. 2025, Theorem 7)."""
-    return (2.0 * loss_bound + hessian_bound * radius**2) / (k + 1.0)
-
-
-def mccandlish_steps(batch_size: float, s_min: float, b_crit: float) -> float:
-    """Steps to a target loss S = S_min·(1 + B_crit/B) (McCandlish et al. 2018, §2.3)."""
-    return s_min * (1.0 + b_crit / batch_size)
-
-
-def loss_vs_data(d: float, e: float, a: float, beta: float) -> float:
-    """L(D) = E + A·D^(−β), the data scaling law the planner fits (docs/formulas.md)."""
-    return e + a * d ** (-beta)
-
-
-def log_grid(lo: float, hi: float, n: int = CURVE_POINTS) -> list[float]:
-    """``n`` points evenly spaced in log between lo and hi (both > 0)."""
-    a, b = math.log10(lo), math.log10(hi)
-    return [10 ** (a + (b - a) * i / (n - 1)) for i in range(n)]
-
-
-def confidence_band(
-    ks: Sequence[float], c_ci: Sequence[float | None], alpha_ci: Sequence[float | None]
-) -> tuple[list[float], list[float]] | None:
-    """Lower/upper envelope of C·k^(−α) over the corners of the C and α intervals.
-
-    The corners of [C_lo, C_hi] × [α_lo, α_hi] bound the curve for every (C, α) in the
-    rectangle because C·k^(−α) is monotone in each; this is conservative (it ignores the
-    bootstrap correlation of C and α).
-    """
-    if None in (*c_ci, *alpha_ci) or len(c_ci) != 2 or len(alpha_ci) != 2:
-        return None
-    corners = [(c, a) for c in c_ci for a in alpha_ci]
-    lows = [min(power_law(k, c, a) for c, a in corners) for k in ks]  # type: ignore[arg-type]
-    highs = [max(power_law(k, c, a) for c, a in corners) for k in ks]  # type: ignore[arg-type]
-    return lows, highs
+def fmt(value: float | None) -> str:
+    """A short human form of a number: 3 significant digits, thousands separators."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    if value == 0:
+        return "0"
+    mag = abs(value)
+    if 1e-3 <= mag < 1e6:
+        if float(value).is_integer() and mag >= 1:
+            return f"{int(value):,}"
+        return f"{value:.3g}"
+    return f"{value:.2e}"
 
 
 # --------------------------------------------------------------------------- job access
 def recommendation_of(job: dict[str, Any]) -> dict[str, Any] | None:
     rec = (job.get("result") or {}).get("recommendation")
     return rec if isinstance(rec, dict) else None
+
+
+def typed_recommendation(job: dict[str, Any]) -> tuple[Recommendation | None, str | None]:
+    """(the recommendation as the contract's model, None) or (None, why there is none)."""
+    rec = recommendation_of(job)
+    if rec is None:
+        return None, "the job has no recommendation yet (it has not succeeded)"
+    try:
+        return Recommendation.model_validate(rec), None
+    except ValidationError as exc:
+        return None, f"the recommendation does not match the current contract: {exc.errors()[0]}"
 
 
 def planner_inputs(job: dict[str, Any]) -> dict[str, Any]:
@@ -107,120 +120,177 @@ def engine_measurements(job: dict[str, Any]) -> dict[str, Any]:
     return measured if isinstance(measured, dict) else {}
 
 
-def _section(rec: dict[str, Any] | None, name: str) -> tuple[dict[str, Any] | None, str | None]:
-    """(section, None) when computed, else (None, why not)."""
-    if rec is None:
-        return None, "the job has no recommendation yet (it has not succeeded)"
-    section = rec.get(name)
-    if not isinstance(section, dict):
+def _num(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _computed(section: Any, name: str) -> tuple[Any, str | None]:
+    if section is None:
         return None, f"the recommendation has no {name} section"
-    if section.get("status") == "not_computed":
-        return None, f"not computed: {section.get('reason', 'no reason given')}"
+    if isinstance(section, NotComputed):
+        return None, f"not computed: {section.reason}"
     return section, None
 
 
-def _why_no_job_result(job: dict[str, Any]) -> str | None:
-    if job.get("status") != "succeeded":
-        return f"the job is {job.get('status')}; plots need a succeeded job"
-    return None
+def log_grid(lo: float, hi: float, n: int = CURVE_POINTS) -> list[float]:
+    """``n`` points evenly spaced in log between lo and hi (both > 0)."""
+    a, b = math.log10(lo), math.log10(hi)
+    return [10 ** (a + (b - a) * i / (n - 1)) for i in range(n)]
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+def confidence_band(
+    ks: Sequence[float], c_ci: Sequence[float | None], alpha_ci: Sequence[float | None]
+) -> tuple[list[float], list[float]] | None:
+    """Lower/upper envelope of C·k^(−α) over the corners of the C and α intervals.
+
+    C·k^(−α) is monotone in C and in α, so the four corners of [C_lo, C_hi] × [α_lo, α_hi]
+    bound the curve for every (C, α) in the rectangle; conservative (it ignores the
+    bootstrap correlation of C and α).
+    """
+    if len(c_ci) != 2 or len(alpha_ci) != 2 or None in (*c_ci, *alpha_ci):
+        return None
+    corners = [(float(c), float(a)) for c in c_ci for a in alpha_ci]  # type: ignore[arg-type]
+    lows = [min(laws.power_law(k, c, a) for c, a in corners) for k in ks]
+    highs = [max(laws.power_law(k, c, a) for c, a in corners) for k in ks]
+    return lows, highs
+
+
+# --------------------------------------------------------------------------- drawing
+def new_figure() -> tuple[Figure, Any]:
+    fig = Figure(figsize=FIGSIZE, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.grid(True, which="major", color="#e5e5e5", linewidth=0.8)
+    ax.set_axisbelow(True)
+    return fig, ax
+
+
+def render(fig: Figure) -> tuple[str, bytes]:
+    """(SVG document, PNG bytes) of a figure."""
+    fig.draw_without_rendering()  # lay out once (constrained layout), then keep that layout
+    fig.set_layout_engine("none")  # for both formats instead of solving it again per save
+    svg_buf, png_buf = io.StringIO(), io.BytesIO()
+    fig.savefig(svg_buf, format="svg", metadata=METADATA_SVG)
+    fig.savefig(png_buf, format="png", dpi=PNG_DPI, metadata=METADATA_PNG)
+    return svg_buf.getvalue(), png_buf.getvalue()
+
+
+def _finish(plot: Plot, fig: Figure) -> Plot:
+    plot.svg, plot.png = render(fig)
+    return plot
 
 
 # --------------------------------------------------------------------------- plots
-def delta_curve_plot(job: dict[str, Any]) -> Plot:
-    title = "Loss difference Δ_k vs number of samples k"
-    pid = "delta-curve"
-    section, why = _section(recommendation_of(job), "sample_size")
-    why = _why_no_job_result(job) or why
-    curve = (section or {}).get("curve")
-    if section is None or not curve or not curve.get("k"):
-        reason = why or "the sample-size section has no Δ_k curve (too few per-sample losses)"
-        return Plot(pid, title, None, "", reason)
-    ks = [float(k) for k in curve["k"]]
-    deltas = [float(d) for d in curve["delta"]]
-    series = [Series("measured Δ_k (mean over orderings)", ks, deltas, kind="points")]
-    numbers: dict[str, Any] = {"k": ks, "delta": deltas}
+def delta_curve_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
+    plot = Plot("delta-curve", "Loss difference Δ_k vs number of samples k", "")
+    section, why = _computed(rec.sample_size, "sample_size")
+    curve = section.curve if isinstance(section, SampleSizeSection) else None
+    if curve is None or not curve.k:
+        plot.empty_reason = why or "the sample-size section has no Δ_k curve (too few losses)"
+        return plot
+    assert isinstance(section, SampleSizeSection)
+    ks = [float(k) for k in curve.k]
+    deltas = [float(d) for d in curve.delta]
+    plot.numbers = {"k": ks, "delta": deltas}
     grid = log_grid(min(ks), max(ks))
-    notes = []
-    fit = section.get("fit") or {}
-    if fit.get("status") == "not_computed" or "C" not in fit:
-        notes.append(f"fit not computed: {fit.get('reason', 'unknown')}")
-    else:
-        c, alpha = float(fit["C"]), float(fit["alpha"])
-        band = confidence_band(grid, fit.get("C_ci") or (), fit.get("alpha_ci") or ())
+    notes: list[str] = []
+    fig, ax = new_figure()
+    ax.scatter(ks, deltas, s=14, color="C0", label="measured Δ_k (mean over orderings)", zorder=3)
+    fit = section.fit
+    if isinstance(fit, PowerLawFit):
+        band = confidence_band(grid, fit.C_ci or (), fit.alpha_ci or ())
         if band is not None:
-            series.insert(0, Series("CI band of C and α", grid, band[0], kind="band", y_hi=band[1]))
-            numbers["band"] = {"k": grid, "low": band[0], "high": band[1]}
+            ax.fill_between(grid, band[0], band[1], color="C1", alpha=0.18, lw=0,
+                            label="interval band of C and α")  # fmt: skip
+            plot.numbers["band"] = {"k": grid, "low": band[0], "high": band[1]}
         else:
-            notes.append("no confidence band: the fit has no bootstrap intervals")
-        fit_label = f"fit C·k^(−α), C = {fmt_number(c)}, α = {fmt_number(alpha)}"
-        series.append(Series(fit_label, grid, [power_law(k, c, alpha) for k in grid]))
-        numbers["fit"] = {k: fit.get(k) for k in ("C", "alpha", "C_ci", "alpha_ci", "r2", "window")}
-        if fit.get("window"):
-            notes.append(f"fit window k ∈ [{fit['window'][0]}, {fit['window'][1]}]")
-    for off in section.get("off_minimum") or []:
-        off_fit = off.get("fit") or {}
-        if "C" in off_fit and "alpha" in off_fit:
-            c_off, a_off = float(off_fit["C"]), float(off_fit["alpha"])
-            label = f"off-minimum fit at r = {fmt_number(float(off['radius']))} ({off['kind']})"
-            values = [power_law(k, c_off, a_off) for k in grid]
-            series.append(Series(label, grid, values, color="#9467bd", dash=True))
-            numbers.setdefault("off_minimum", []).append(
-                {"radius": off["radius"], "kind": off["kind"], "C": c_off, "alpha": a_off}
+            notes.append("no interval band: the fit has no intervals")
+        fitted = [laws.power_law(k, fit.C, fit.alpha) for k in grid]
+        ax.plot(grid, fitted, color="C1", lw=2,
+                label=f"fit C·k^(−α): C = {fmt(fit.C)}, α = {fmt(fit.alpha)}")  # fmt: skip
+        plot.numbers["fit"] = fit.model_dump(
+            mode="json", include={"C", "alpha", "C_ci", "alpha_ci", "r2", "window"}
+        )
+        notes.append(f"fit window k ∈ [{fit.window[0]}, {fit.window[1]}]")
+        ax.axvspan(fit.window[0], fit.window[1], color="C1", alpha=0.04, lw=0)
+    else:
+        notes.append(f"fit not computed: {fit.reason}")
+    for i, off in enumerate(section.off_minimum):
+        if isinstance(off.fit, PowerLawFit):
+            values = [laws.power_law(k, off.fit.C, off.fit.alpha) for k in grid]
+            ax.plot(grid, values, color=f"C{4 + i % 5}", lw=1.4, ls="--",
+                    label=f"off-minimum fit at r = {fmt(off.radius)} ({off.kind})")  # fmt: skip
+            plot.numbers.setdefault("off_minimum", []).append(
+                {"radius": off.radius, "kind": off.kind, "C": off.fit.C, "alpha": off.fit.alpha}
             )
-    loss_bound = _num((section.get("loss_bound") or {}).get("value"))
-    m_bound = _num((section.get("hessian_norm_bound") or {}).get("value"))
-    radius = _num(section.get("radius"))
-    if loss_bound is not None:
-        if m_bound is not None and radius is not None:
-            label = f"Thm 7 bound (2ℓ_max + M·R²)/(k+1), R = {fmt_number(radius)}"
-            m_used, r_used = m_bound, radius
+    if section.loss_bound is not None:
+        m_bound = section.hessian_norm_bound.value if section.hessian_norm_bound else None
+        if m_bound is not None and section.radius is not None:
+            m_used, r_used = m_bound, section.radius
+            label = f"Theorem 7 bound (2ℓ_max + M·R²)/(k+1), R = {fmt(r_used)}"
         else:
-            label = "Thm 7 bound at w* (R = 0): 2ℓ_max/(k+1)"
             m_used, r_used = 0.0, 0.0
+            label = "Theorem 7 bound at w* (R = 0): 2ℓ_max/(k+1)"
             notes.append("bound drawn at R = 0: M or the radius R is unknown")
-        bound = [theorem7_bound(k, loss_bound, m_used, r_used) for k in grid]
-        series.append(Series(label, grid, bound, color="#7f7f7f", dash=True))
-        numbers["theorem7_bound"] = {
+        constant = laws.theorem7_constant(section.loss_bound.value, m_used, r_used)
+        bound = [laws.theorem7_bound(k, constant) for k in grid]
+        ax.plot(grid, bound, color=GREY, lw=1.4, ls=":", label=label)
+        plot.numbers["theorem7_bound"] = {
             "k": grid,
             "value": bound,
-            "loss_bound": loss_bound,
+            "constant": constant,
+            "loss_bound": section.loss_bound.value,
             "M": m_used,
             "R": r_used,
         }
     else:
         notes.append("no Theorem 7 bound: loss_bound (ℓ_max) was not given")
-    chart = Chart(
-        title,
-        "samples k (count, log scale)",
-        "Δ_k = |L_{k+1} − L_k| (loss units)",
-        series,
-        x_log=True,
-        y_log=True,
-        plot_id=pid,
-    )
-    caption = "Log–log axes. " + " ".join(f"{n.capitalize()}." for n in notes)
-    return Plot(pid, title, chart.render(), caption.strip(), numbers=numbers)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("samples k (count, log scale)")
+    ax.set_ylabel("Δ_k = |L_{k+1} − L_k| (loss units)")
+    ax.set_title(plot.title)
+    ax.legend(fontsize=8, loc="lower left")
+    plot.caption = ("Log–log axes. " + " ".join(f"{n[0].upper()}{n[1:]}." for n in notes)).strip()
+    return _finish(plot, fig)
 
 
-def _blocks(job: dict[str, Any]) -> list[dict[str, Any]]:
+def _blocks(job: dict[str, Any], rec: Recommendation) -> list[dict[str, Any]]:
     """Per-block curvature: the recommendation's summary, else the engine's or the inputs'."""
-    section, _ = _section(recommendation_of(job), "curvature")
-    if section and section.get("blocks"):
-        return list(section["blocks"])
+    if isinstance(rec.curvature, CurvatureSection) and rec.curvature.blocks:
+        return [b.model_dump(mode="json") for b in rec.curvature.blocks]
     engine = engine_measurements(job).get("blocks")
     if isinstance(engine, list) and engine:
-        return engine
-    return list(planner_inputs(job).get("blocks") or [])
+        return [b for b in engine if isinstance(b, dict)]
+    return [b for b in planner_inputs(job).get("blocks") or [] if isinstance(b, dict)]
 
 
-def block_heatmap_plot(job: dict[str, Any]) -> Plot:
-    title = "Block Hessian spectral norms ‖H_b‖₂ (layers × sublayers)"
-    pid = "block-norms"
-    blocks = _blocks(job)
+def _heatmap(ax: Any, fig: Figure, values: list[list[float | None]], label: str) -> None:
+    import numpy as np
+
+    data = np.ma.masked_invalid(np.array([[np.nan if v is None else v for v in row]
+                                          for row in values], dtype=float))  # fmt: skip
+    positive = data[data > 0]
+    norm = None
+    if positive.count():
+        lo, hi = float(positive.min()), float(positive.max())
+        norm = LogNorm(vmin=lo, vmax=hi if hi > lo else lo * 10)
+        data = np.ma.masked_where(data <= 0, data)
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#d9d9d9")
+    image = ax.imshow(data, cmap=cmap, norm=norm, aspect="auto")
+    fig.colorbar(image, ax=ax, label=label)
+    for (i, j), value in np.ndenumerate(np.array(values, dtype=object)):
+        if value is not None:
+            shade = image.norm(value) if norm is not None and value > 0 else 0.0
+            ax.text(j, i, fmt(value), ha="center", va="center", fontsize=7,
+                    color="black" if shade > 0.6 else "white")  # fmt: skip
+    ax.grid(False)
+
+
+def block_heatmap_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
+    plot = Plot("block-norms", "Block Hessian spectral norms ‖H_b‖₂ (layers × sublayers)", "")
+    blocks = _blocks(job, rec)
     grid: dict[int, dict[str, float | None]] = {}
     others: dict[str, float | None] = {}
     for b in blocks:
@@ -230,49 +300,44 @@ def block_heatmap_plot(job: dict[str, Any]) -> Plot:
             grid.setdefault(int(match.group(1)), {})[match.group(2)] = norm
         elif name:
             others[name] = norm
+    plot.numbers = {"others": others}
     if not grid:
-        reason = _why_no_job_result(job) or (
+        plot.empty_reason = (
             "no per-block Hessian norms: give `blocks` in the measurements or run an analyze job"
             if not blocks
             else "no block is named layers.<i>.<sublayer>; nothing to arrange by layer"
         )
-        return Plot(pid, title, None, "", reason, numbers={"others": others})
+        return plot
     subs = [s for s in SUBLAYER_ORDER if any(s in row for row in grid.values())]
     subs += sorted({s for row in grid.values() for s in row} - set(subs))
     layers = sorted(grid)
     values = [[grid[i].get(s) for s in subs] for i in layers]
-    heat = Heatmap(
-        title,
-        "sublayer",
-        "layer",
-        [f"layer {i}" for i in layers],
-        subs,
-        values,
-        "‖H_b‖₂ (loss/param², log colour)",
-        plot_id=pid,
-    )
-    caption = "Grey cells: block not measured. Colour is on a log scale."
+    plot.numbers.update({"layers": layers, "sublayers": subs, "spectral_norm": values})
+    fig, ax = new_figure()
+    _heatmap(ax, fig, values, "‖H_b‖₂ (loss/param², log colour)")
+    ax.set_xticks(range(len(subs)), subs, rotation=30, ha="right")
+    ax.set_yticks(range(len(layers)), [f"layer {i}" for i in layers])
+    ax.set_xlabel("sublayer")
+    ax.set_ylabel("layer")
+    ax.set_title(plot.title)
+    plot.caption = "Grey cells: block not measured. Colour is on a log scale."
     if others:
-        rest = ", ".join(
-            f"{k} {fmt_number(v) if v is not None else 'n/a'}" for k, v in others.items()
-        )
-        caption += f" Blocks outside the layers: {rest}."
-    numbers = {"layers": layers, "sublayers": subs, "spectral_norm": values, "others": others}
-    return Plot(pid, title, heat.render(), caption, numbers=numbers)
+        rest = ", ".join(f"{k} {fmt(v)}" for k, v in others.items())
+        plot.caption += f" Blocks outside the layers: {rest}."
+    return _finish(plot, fig)
 
 
-def off_diagonal_plot(job: dict[str, Any]) -> Plot:
-    title = "Off-diagonal block norms ‖H_ij‖₂"
-    pid = "off-diagonal"
+def off_diagonal_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
+    plot = Plot("off-diagonal", "Off-diagonal block norms ‖H_ij‖₂", "")
     off = engine_measurements(job).get("off_diagonal")
     if not isinstance(off, list) or not off:
-        reason = _why_no_job_result(job) or (
+        plot.empty_reason = (
             "off-diagonal blocks ‖H_ij‖ are measured by analyze jobs; this job has none"
             if job.get("kind") != "analyze"
             else "the analysis measured no off-diagonal blocks (disabled in its options?)"
         )
-        return Plot(pid, title, None, "", reason)
-    diag = {str(b.get("name")): _num(b.get("spectral_norm")) for b in _blocks(job)}
+        return plot
+    diag = {str(b.get("name")): _num(b.get("spectral_norm")) for b in _blocks(job, rec)}
     names: list[str] = []
     for entry in off:
         for key in ("row", "col"):
@@ -284,32 +349,28 @@ def off_diagonal_plot(job: dict[str, Any]) -> Plot:
         matrix[index[n]][index[n]] = diag.get(n)
     for entry in off:
         i, j = index[str(entry.get("row"))], index[str(entry.get("col"))]
-        value = _num(entry.get("sigma_max"))
-        matrix[i][j] = matrix[j][i] = value
-    heat = Heatmap(
-        title,
-        "block j",
-        "block i",
-        names,
-        names,
-        matrix,
-        "‖H_ij‖₂ (loss/param², log colour)",
-        plot_id=pid,
-    )
-    caption = "Diagonal: ‖H_ii‖₂ of the block itself; grey: pair not measured. Symmetric."
-    return Plot(pid, title, heat.render(), caption, numbers={"blocks": names, "norm": matrix})
+        matrix[i][j] = matrix[j][i] = _num(entry.get("sigma_max"))
+    plot.numbers = {"blocks": names, "norm": matrix}
+    fig, ax = new_figure()
+    _heatmap(ax, fig, matrix, "‖H_ij‖₂ (loss/param², log colour)")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.set_xlabel("block j")
+    ax.set_ylabel("block i")
+    ax.set_title(plot.title)
+    plot.caption = "Diagonal: ‖H_ii‖₂ of the block itself; grey: pair not measured. Symmetric."
+    return _finish(plot, fig)
 
 
-def bounds_plot(job: dict[str, Any]) -> Plot:
-    title = "Measured block norm vs theoretical bound"
-    pid = "bounds"
+def bounds_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
+    plot = Plot("bounds", "Measured block norm vs theoretical bound", "")
     blocks = engine_measurements(job).get("blocks")
     if not isinstance(blocks, list) or not blocks:
-        reason = _why_no_job_result(job) or (
+        plot.empty_reason = (
             "theoretical block bounds (Petrov et al. 2025 Thms 1, 6) are evaluated by analyze "
             "jobs from the weights; this job has none"
         )
-        return Plot(pid, title, None, "", reason)
+        return plot
     names, measured, bounds, reasons = [], [], [], []
     for b in blocks:
         bound = b.get("bound") if isinstance(b.get("bound"), dict) else {}
@@ -319,131 +380,117 @@ def bounds_plot(job: dict[str, Any]) -> Plot:
         bounds.append(_num(bound.get("value")) if ok else None)
         if not ok and bound.get("reason"):
             reasons.append(str(bound["reason"]))
-    numbers = {"blocks": names, "measured": measured, "bound": bounds}
+    plot.numbers = {"blocks": names, "measured": measured, "bound": bounds}
     if all(v is None for v in bounds):
         why = "; ".join(sorted(set(reasons))) or "no bound values in the result"
-        return Plot(
-            pid, title, None, "", f"no block bound applies to this model: {why}", numbers=numbers
-        )
-    chart = DotChart(
-        title,
-        "block",
-        "spectral norm (loss/param², log scale)",
-        names,
-        [
-            DotSeries("measured ‖H_b‖₂", measured),
-            DotSeries("theoretical bound", bounds, marker="triangle"),
-        ],
-        plot_id=pid,
+        plot.empty_reason = f"no block bound applies to this model: {why}"
+        return plot
+    fig, ax = new_figure()
+    xs = list(range(len(names)))
+    pairs = [(x, v) for x, v in zip(xs, measured, strict=True) if v is not None and v > 0]
+    ax.scatter([p[0] for p in pairs], [p[1] for p in pairs], s=30, color="C0",
+               label="measured ‖H_b‖₂", zorder=3)  # fmt: skip
+    pairs = [(x, v) for x, v in zip(xs, bounds, strict=True) if v is not None and v > 0]
+    ax.scatter([p[0] for p in pairs], [p[1] for p in pairs], s=40, marker="^", color="C3",
+               label="theoretical bound", zorder=3)  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_xticks(xs, names, rotation=30, ha="right", fontsize=7)
+    ax.set_xlabel("block")
+    ax.set_ylabel("spectral norm (loss/param², log scale)")
+    ax.set_title(plot.title)
+    ax.legend(fontsize=8)
+    plot.caption = (
+        "A bound below its measured norm would be a bug; the gap shows the bound's slack."
     )
-    caption = "A bound below its measured norm would be a bug; the gap shows the bound's slack."
     if reasons:
-        caption += f" Blocks without a bound: {'; '.join(sorted(set(reasons)))}."
-    return Plot(pid, title, chart.render(), caption, numbers=numbers)
+        plot.caption += f" Blocks without a bound: {'; '.join(sorted(set(reasons)))}."
+    return _finish(plot, fig)
 
 
-def batch_size_plot(job: dict[str, Any]) -> Plot:
-    title = "Steps to target vs batch size (McCandlish et al. 2018)"
-    pid = "batch-size"
-    points = planner_inputs(job).get("steps_to_target") or []
-    section, why = _section(recommendation_of(job), "batch_size")
+def _points(rows: Any, x: str, y: str) -> list[tuple[float, float]]:
+    out = []
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, dict) and _num(row.get(x)) is not None and _num(row.get(y)) is not None:
+            out.append((float(row[x]), float(row[y])))
+    return out
+
+
+def batch_size_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
+    plot = Plot("batch-size", "Steps to target vs batch size (McCandlish et al. 2018)", "")
+    points = _points(planner_inputs(job).get("steps_to_target"), "batch_size", "steps")
+    section, why = _computed(rec.batch_size, "batch_size")
     if not points:
-        reason = (
-            _why_no_job_result(job)
-            or why
-            or ("no steps_to_target table was given (steps to reach a target loss per batch size)")
+        plot.empty_reason = why or (
+            "no steps_to_target table was given (steps to reach a target loss per batch size)"
         )
-        return Plot(pid, title, None, "", reason)
-    bs = [float(p["batch_size"]) for p in points]
-    steps = [float(p["steps"]) for p in points]
-    series = [Series("measured steps to target", bs, steps, kind="points")]
-    vlines = []
-    numbers: dict[str, Any] = {"batch_size": bs, "steps": steps}
-    crit = (section or {}).get("b_crit") or {}
-    caption = "Log–log axes."
-    if crit.get("status") == "not_computed" or "value" not in crit:
-        caption += f" No fit: {crit.get('reason') or why or 'B_crit was not computed'}."
+        return plot
+    bs, steps = [p[0] for p in points], [p[1] for p in points]
+    plot.numbers = {"batch_size": bs, "steps": steps}
+    fig, ax = new_figure()
+    ax.scatter(bs, steps, s=24, color="C0", label="measured steps to target", zorder=3)
+    crit = section.b_crit if isinstance(section, BatchSizeSection) else None
+    plot.caption = "Log–log axes."
+    if crit is None or isinstance(crit, NotComputed):
+        reason = crit.reason if isinstance(crit, NotComputed) else why
+        plot.caption += f" No fit: {reason or 'B_crit was not computed'}."
     else:
-        s_min, b_crit = float(crit["s_min"]), float(crit["value"])
         grid = log_grid(min(bs) / 1.5, max(bs) * 1.5)
-        label = f"fit S_min(1 + B_crit/B): S_min = {fmt_number(s_min)}"
-        series.append(Series(label, grid, [mccandlish_steps(b, s_min, b_crit) for b in grid]))
-        series.append(
-            Series("S_min (infinite batch)", grid, [s_min] * len(grid), color="#7f7f7f", dash=True)
-        )
-        vlines.append(VLine(b_crit, f"B_crit = {fmt_number(b_crit)}"))
-        numbers["fit"] = {"s_min": s_min, "b_crit": b_crit, "ci": crit.get("ci")}
-    chart = Chart(
-        title,
-        "batch size B (examples per step)",
-        "steps to target S (steps)",
-        series,
-        vlines,
-        x_log=True,
-        y_log=True,
-        plot_id=pid,
-    )
-    return Plot(pid, title, chart.render(), caption, numbers=numbers)
+        ax.plot(grid, [laws.steps_to_target(b, crit.s_min, crit.value) for b in grid], color="C1",
+                lw=2, label=f"fit S_min(1 + B_crit/B): S_min = {fmt(crit.s_min)}")  # fmt: skip
+        ax.axhline(crit.s_min, color=GREY, ls="--", lw=1.2, label="S_min (infinite batch)")
+        if crit.ci is not None and None not in crit.ci:
+            ax.axvspan(crit.ci[0], crit.ci[1], color="C3", alpha=0.1, lw=0,
+                       label="B_crit interval")  # fmt: skip
+        ax.axvline(crit.value, color="C3", lw=1.4, label=f"B_crit = {fmt(crit.value)}")
+        plot.numbers["fit"] = {"s_min": crit.s_min, "b_crit": crit.value, "ci": crit.ci}
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size B (examples per step)")
+    ax.set_ylabel("steps to target S (steps)")
+    ax.set_title(plot.title)
+    ax.legend(fontsize=8)
+    return _finish(plot, fig)
 
 
-def loss_vs_data_plot(job: dict[str, Any]) -> Plot:
-    title = "Loss vs dataset size L(D) = E + A·D^(−β)"
-    pid = "loss-vs-data"
-    points = planner_inputs(job).get("loss_vs_data") or []
-    section, why = _section(recommendation_of(job), "scaling")
+def loss_vs_data_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
+    plot = Plot("loss-vs-data", "Loss vs dataset size L(D) = E + A·D^(−β)", "")
+    points = _points(planner_inputs(job).get("loss_vs_data"), "n_samples", "loss")
+    section, why = _computed(rec.scaling, "scaling")
     if not points:
-        reason = (
-            _why_no_job_result(job)
-            or why
-            or ("no loss_vs_data pilot runs were given (final loss per dataset size)")
+        plot.empty_reason = why or (
+            "no loss_vs_data pilot runs were given (final loss per dataset size)"
         )
-        return Plot(pid, title, None, "", reason)
-    ds = [float(p["n_samples"]) for p in points]
-    losses = [float(p["loss"]) for p in points]
-    series = [Series("measured final loss", ds, losses, kind="points")]
-    numbers: dict[str, Any] = {"n_samples": ds, "loss": losses}
-    caption = "Log x axis."
-    if section is None:
-        caption += f" No fit: {why}."
+        return plot
+    ds, losses = [p[0] for p in points], [p[1] for p in points]
+    plot.numbers = {"n_samples": ds, "loss": losses}
+    fig, ax = new_figure()
+    ax.scatter(ds, losses, s=24, color="C0", label="measured final loss", zorder=3)
+    plot.caption = "Log x axis."
+    if not isinstance(section, ScalingSection):
+        plot.caption += f" No fit: {why}."
     else:
-        e, a, beta = float(section["E"]), float(section["A"]), float(section["beta"])
-        hi = max(ds) * 3
-        target_n = _num(section.get("n_for_target_loss"))
-        if target_n is not None:
-            hi = max(hi, target_n * 1.5)
+        target_n = _num(section.n_for_target_loss)
+        hi = max(max(ds) * 3, (target_n or 0) * 1.5)
         grid = log_grid(min(ds) / 2, hi)
-        label = f"fit: E = {fmt_number(e)}, A = {fmt_number(a)}, β = {fmt_number(beta)}"
-        series.append(Series(label, grid, [loss_vs_data(d, e, a, beta) for d in grid]))
-        series.append(
-            Series("E (irreducible loss)", grid, [e] * len(grid), color="#7f7f7f", dash=True)
-        )
-        numbers["fit"] = {"E": e, "A": a, "beta": beta}
-        vlines = []
+        fitted = [laws.loss_vs_data(d, section.E, section.A, section.beta) for d in grid]
+        ax.plot(grid, fitted, color="C1", lw=2,
+                label=f"fit: E = {fmt(section.E)}, A = {fmt(section.A)}, "
+                f"β = {fmt(section.beta)}")  # fmt: skip
+        ax.axhline(section.E, color=GREY, ls="--", lw=1.2, label="E (irreducible loss)")
+        plot.numbers["fit"] = {"E": section.E, "A": section.A, "beta": section.beta}
         if target_n is not None:
-            vlines.append(VLine(target_n, f"D for loss {fmt_number(section['target_loss'])}"))
-            numbers["n_for_target_loss"] = target_n
-        chart = Chart(
-            title,
-            "dataset size D (samples, log scale)",
-            "loss L (loss units)",
-            series,
-            vlines,
-            x_log=True,
-            plot_id=pid,
-        )
-        return Plot(pid, title, chart.render(), caption, numbers=numbers)
-    chart = Chart(
-        title,
-        "dataset size D (samples, log scale)",
-        "loss L (loss units)",
-        series,
-        x_log=True,
-        plot_id=pid,
-    )
-    return Plot(pid, title, chart.render(), caption, numbers=numbers)
+            ax.axvline(target_n, color="C3", lw=1.4,
+                       label=f"D for loss {fmt(section.target_loss)}")  # fmt: skip
+            plot.numbers["n_for_target_loss"] = target_n
+    ax.set_xscale("log")
+    ax.set_xlabel("dataset size D (samples, log scale)")
+    ax.set_ylabel("loss L (loss units)")
+    ax.set_title(plot.title)
+    ax.legend(fontsize=8)
+    return _finish(plot, fig)
 
 
-PLOT_BUILDERS = (
+PLOT_BUILDERS: tuple[Callable[[dict[str, Any], Recommendation], Plot], ...] = (
     delta_curve_plot,
     block_heatmap_plot,
     off_diagonal_plot,
@@ -451,16 +498,44 @@ PLOT_BUILDERS = (
     batch_size_plot,
     loss_vs_data_plot,
 )
+PLOT_IDS = (
+    "delta-curve",
+    "block-norms",
+    "off-diagonal",
+    "bounds",
+    "batch-size",
+    "loss-vs-data",
+)
+PLOT_TITLES = {
+    "delta-curve": "Loss difference Δ_k vs number of samples k",
+    "block-norms": "Block Hessian spectral norms ‖H_b‖₂ (layers × sublayers)",
+    "off-diagonal": "Off-diagonal block norms ‖H_ij‖₂",
+    "bounds": "Measured block norm vs theoretical bound",
+    "batch-size": "Steps to target vs batch size (McCandlish et al. 2018)",
+    "loss-vs-data": "Loss vs dataset size L(D) = E + A·D^(−β)",
+}
 
 
 def build_plots(job: dict[str, Any]) -> list[Plot]:
-    """Every plot of the report, in page order (empty ones carry their reason).
+    """Every figure of the report, in page order (empty ones carry their reason).
 
-    Only a succeeded job is plotted: the plots show the fits next to their data, and a
+    Only a succeeded job is plotted: the figures show the fits next to their data, and a
     job that did not succeed has no fits (its inputs are in ``request``).
     """
-    why = _why_no_job_result(job)
-    plots = [builder(job) for builder in PLOT_BUILDERS]
-    if why is not None:
-        return [Plot(p.id, p.title, None, "", why) for p in plots]
-    return plots
+    if job.get("status") != "succeeded":
+        status = f"the job is {job.get('status')}; plots need a succeeded job"
+        return [Plot(pid, PLOT_TITLES[pid], "", status) for pid in PLOT_IDS]
+    rec, why = typed_recommendation(job)
+    if rec is None:
+        return [Plot(pid, PLOT_TITLES[pid], "", why or "no recommendation") for pid in PLOT_IDS]
+    return [builder(job, rec) for builder in PLOT_BUILDERS]
+
+
+def inline_svg(plot: Plot) -> str | None:
+    """The SVG element alone (no XML prolog or doctype), with ``id`` = the plot's id, for the
+    report page."""
+    if plot.svg is None:
+        return None
+    start = plot.svg.index("<svg")
+    body = _METADATA.sub("", plot.svg[start:], count=1)  # RDF names remote vocabularies
+    return body.replace("<svg", f'<svg id="{plot.id}" role="img"', 1)

@@ -1,25 +1,25 @@
-"""Routes of the report page: the HTML report and signed links to it."""
+"""Routes of the report: the HTML page, signed links to it, and its figures as SVG and PNG."""
 
 from __future__ import annotations
 
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel
 from sqlalchemy import select
 
+from curvplan.types.reports import PlotFiles, PlotInfo, PlotList
 from curvplan_server.auth.dependencies import ProjectDep, authenticate
 from curvplan_server.db import SessionDep
 from curvplan_server.jobs import service
 from curvplan_server.jobs.models import Job
-from curvplan_server.problems import PROBLEM_RESPONSES, Problem, not_found
+from curvplan_server.problems import PROBLEM_RESPONSES, Problem, conflict, not_found
 from curvplan_server.reports import signing
-from curvplan_server.reports.page import render_report
 
 router = APIRouter(prefix="/v1/jobs", tags=["reports"])
 
@@ -82,8 +82,92 @@ async def get_job_report(
     else:
         project_id = (await authenticate(request, session)).project_id
     job = await run_in_threadpool(service.get_job, session, project_id, job_id)
-    html = await run_in_threadpool(render_report, job)
+    html = await run_in_threadpool(_render_page, session, job)
     return HTMLResponse(html, headers=REPORT_HEADERS)
+
+
+def _render_page(session: SessionDep, job: dict) -> str:
+    # matplotlib loads here, on the first report, not at API start.
+    from curvplan_server.reports.cache import job_plots
+    from curvplan_server.reports.page import render_report
+
+    return render_report(job, job_plots(session, job))
+
+
+def _plots(session: SessionDep, job: dict, with_png: bool = False) -> list:
+    from curvplan_server.reports.cache import job_plots
+
+    return job_plots(session, job, with_png=with_png)
+
+
+@router.get(
+    "/{job_id}/plots",
+    name="list_job_plots",
+    response_model=PlotList,
+    summary="The report's figures: which are drawn (SVG and PNG links), which are empty and why",
+    responses={**PROBLEM_RESPONSES},
+)
+async def list_job_plots(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> PlotList:
+    """Figures are drawn once, on the first request for a succeeded job, and kept."""
+    job = await run_in_threadpool(service.get_job, session, auth.project_id, job_id)
+    plots = await run_in_threadpool(_plots, session, job)
+    base = f"/v1/jobs/{job_id}/plots"
+    return PlotList(
+        job_id=str(job_id),
+        plots=[
+            PlotInfo(
+                id=p.id,
+                title=p.title,
+                caption=p.caption,
+                empty_reason=p.empty_reason,
+                numbers=p.numbers,
+                files=PlotFiles(svg=f"{base}/{p.id}.svg", png=f"{base}/{p.id}.png")
+                if p.drawn
+                else None,
+            )
+            for p in plots
+        ],
+    )
+
+
+MEDIA_TYPES = {"svg": "image/svg+xml", "png": "image/png"}
+
+
+@router.get(
+    "/{job_id}/plots/{name}.{fmt}",
+    name="get_job_plot",
+    response_class=Response,
+    summary="One figure of the report as SVG or PNG",
+    responses={
+        200: {"content": {"image/svg+xml": {}, "image/png": {}}},
+        **PROBLEM_RESPONSES,
+    },
+)
+async def get_job_plot(
+    job_id: uuid.UUID,
+    session: SessionDep,
+    auth: ProjectDep,
+    name: Annotated[str, Path(description="The figure's id (see GET /v1/jobs/{id}/plots).")],
+    fmt: Annotated[Literal["svg", "png"], Path(description="svg or png")],
+) -> Response:
+    job = await run_in_threadpool(service.get_job, session, auth.project_id, job_id)
+    if job["status"] != "succeeded":
+        raise conflict(f"the job is {job['status']}; figures are drawn for succeeded jobs")
+    plots = await run_in_threadpool(_plots, session, job, fmt == "png")
+    plot = next((p for p in plots if p.id == name), None)
+    if plot is None:
+        raise not_found(f"plot {name!r}")
+    if not plot.drawn:
+        raise Problem(404, f"plot {name!r} is empty: {plot.empty_reason}", title="Not Found")
+    content = plot.svg.encode() if fmt == "svg" else plot.png
+    headers = {
+        # A succeeded job's figures never change.
+        "Cache-Control": "private, max-age=86400, immutable",
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'",
+        "Content-Disposition": f'inline; filename="{name}.{fmt}"',
+    }
+    return Response(content, media_type=MEDIA_TYPES[fmt], headers=headers)
 
 
 @router.post(

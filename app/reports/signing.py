@@ -10,6 +10,7 @@ key is created once in ``DATA_DIR/report-link-secret`` (0600) and reused.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import os
@@ -27,24 +28,49 @@ _cached: dict[Path, bytes] = {}
 
 
 def link_secret(settings: Settings) -> bytes:
-    """The HMAC key: from settings, else the data dir's key file (created on first use)."""
+    """The HMAC key: from settings, else the data dir's key file (created on first use).
+
+    The file is created atomically: the key is written and synced to a private temporary
+    file, which is then hard-linked to its final name (``link`` fails if the name exists).
+    A process starting at the same moment either loses the race and reads the complete
+    winner's key, or finds no file yet; it never sees an empty or half-written file.
+    An empty key is refused rather than used.
+    """
     if settings.report_link_secret is not None:
-        return settings.report_link_secret.get_secret_value().encode()
+        key = settings.report_link_secret.get_secret_value().encode()
+        if not key.strip():
+            raise RuntimeError("CURVPLAN_REPORT_LINK_SECRET is empty; set a long random value")
+        return key
     path = (settings.data_dir / SECRET_FILE).resolve()
     with _lock:
         if path in _cached:
             return _cached[path]
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            key = path.read_bytes().strip()
-        else:
-            key = secrets.token_hex(32).encode()
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(key + b"\n")
+        if not path.exists():
+            _create_atomically(path, secrets.token_hex(32).encode() + b"\n")
+        key = path.read_bytes().strip()
+        if not key:
+            raise RuntimeError(
+                f"the report-link key file {path} is empty; delete it (a new key is created) "
+                "or set CURVPLAN_REPORT_LINK_SECRET"
+            )
         _cached[path] = key
         return key
+
+
+def _create_atomically(path: Path, content: bytes) -> None:
+    """Make ``path`` hold ``content`` in one step, unless it exists already (then keep it)."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(content)
+            fh.flush()
+            os.fsync(fh.fileno())
+        with contextlib.suppress(FileExistsError):  # another process won: its key is complete
+            os.link(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def sign(secret: bytes, job_id: uuid.UUID, project_id: uuid.UUID, expires: int) -> str:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import func, select
 
 from curvplan.types.jobs import WorkerList
-from curvplan_server.auth.dependencies import ProjectDep
+from curvplan_server.auth.operator import ServiceContext, require_scope
 from curvplan_server.db import SessionDep
-from curvplan_server.jobs.models import Job
 from curvplan_server.jobs.service import query_field_error
 from curvplan_server.problems import problem_responses
 from curvplan_server.workers.models import WORKER_STATUSES, Worker
@@ -24,37 +23,30 @@ router = APIRouter(prefix="/v1/workers", tags=["workers"])
     name="list_workers",
     response_model=WorkerList,
     summary="List workers with their heartbeat",
-    responses=problem_responses(401, 422, 500),
+    responses=problem_responses(401, 403, 422, 500, 503),
 )
 def list_workers(
     request: Request,
     session: SessionDep,
-    auth: ProjectDep,
+    operator: Annotated[ServiceContext, Depends(require_scope("workers:read"))],
     status: Annotated[str | None, Query(description="running | stopping | stopped")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> JSONResponse:
-    """Workers (shared by all projects), most recent heartbeat first.
-
-    ``current_job_id`` is null unless the job belongs to the caller's project.
+    """Workers (shared by all projects), most recent heartbeat first. An operator route:
+    it needs a service credential with scope ``workers:read`` (a project key gets 403),
+    since hostnames, pids and current jobs span every project.
 
     ``live`` is true for a running worker whose heartbeat is younger than
     ``CURVPLAN_WORKER_STALE_SECONDS``.
     """
     stale = request.app.state.settings.worker_stale_seconds
-    # Workers are shared, their jobs are not: the current job's id is shown only to its
-    # own project (another project's job id would leak that it exists).
-    own_job = (
-        select(Job.id)
-        .where(Job.id == Worker.current_job_id, Job.project_id == auth.project_id)
-        .scalar_subquery()
-    )
     stmt = select(
         Worker,
         (
             (Worker.status == "running")
             & (Worker.last_heartbeat_at > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale))
         ).label("live"),
-        own_job.label("visible_job_id"),
+        Worker.current_job_id.label("visible_job_id"),
     )
     if status is not None:
         if status not in WORKER_STATUSES:

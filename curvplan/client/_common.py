@@ -41,13 +41,15 @@ class RetryPolicy:
     """Exponential backoff for connection errors and 503 answers (502/504 on idempotent calls).
 
     Attempt ``n`` (0-based) waits ``min(backoff_max, backoff_initial·multiplier^n)``
-    seconds, ±``jitter`` (a fraction), or the server's ``Retry-After`` when it sends
-    one (capped by ``backoff_max``). ``max_retries`` bounds ordinary calls;
+    seconds, ±``jitter`` (a fraction), and at least the server's ``Retry-After`` when it
+    sends one (capped by ``backoff_max``). The default ``max_retries`` rides out about
+    17 s of a restarting database (503 + ``Retry-After: 1``). ``max_retries`` bounds
+    ordinary calls;
     ``wait`` instead rides out an unreachable or unavailable server for up to
     ``outage_seconds`` in a row (a restart, a deploy) before it gives up.
     """
 
-    max_retries: int = 4
+    max_retries: int = 6
     backoff_initial: float = 0.25
     backoff_max: float = 8.0
     multiplier: float = 2.0
@@ -56,11 +58,13 @@ class RetryPolicy:
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Seconds to sleep before retry number ``attempt + 1``."""
-        if retry_after is not None:
-            return max(0.0, min(retry_after, self.backoff_max))
         base = min(self.backoff_max, self.backoff_initial * self.multiplier**attempt)
         spread = base * self.jitter
-        return max(0.0, base + random.uniform(-spread, spread))
+        backoff = max(0.0, base + random.uniform(-spread, spread))
+        if retry_after is not None:
+            # The server's delay is a minimum; a longer outage still backs off.
+            return max(0.0, min(max(retry_after, backoff), self.backoff_max))
+        return backoff
 
 
 NO_RETRY = RetryPolicy(max_retries=0)
@@ -112,7 +116,7 @@ class Call:
     timeout: float | None = None
     upload: Upload | None = None
     idempotent: bool = True
-    expect: str = "json"  # or "text"
+    expect: str = "json"  # or "text", "bytes"
 
 
 def is_retryable_transport_error(exc: httpx.TransportError, call: Call) -> bool:
@@ -174,6 +178,8 @@ def decode(response: httpx.Response, call: Call) -> Any:
     raise_for_problem(response)
     if call.expect == "text":
         return response.text
+    if call.expect == "bytes":
+        return response.content
     if not response.content:
         return None
     try:
@@ -190,6 +196,14 @@ def decode(response: httpx.Response, call: Call) -> Any:
 # --------------------------------------------------------------------------- call builders
 def job_path(job_id: str | uuid.UUID, suffix: str = "") -> str:
     return f"/v1/jobs/{_uuid(job_id, 'job_id')}{suffix}"
+
+
+def plot_path(job_id: str | uuid.UUID, name: str, fmt: str) -> str:
+    if fmt not in ("svg", "png"):
+        raise ValueError(f"fmt must be 'svg' or 'png', not {fmt!r}")
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"not a plot name: {name!r}")
+    return job_path(job_id, f"/plots/{name}.{fmt}")
 
 
 def artifact_path(artifact_id: str | uuid.UUID) -> str:
@@ -237,9 +251,10 @@ def analyze_body(
     targets: Mapping[str, Any] | Any | None,
     max_attempts: int | None,
     intermediate_checkpoints: Sequence[Any] = (),
+    sweeps: Sequence[Any] = (),
 ) -> dict[str, Any]:
-    """The ``analyze`` job body; artifacts may be given as results or as ids, a checkpoint
-    also as a list of shards."""
+    """The ``analyze`` job body; artifacts (and sweep jobs) may be given as results or ids, a
+    checkpoint also as a list of shards."""
     body: dict[str, Any] = {
         "kind": "analyze",
         "model": _jsonable(model),
@@ -248,6 +263,8 @@ def analyze_body(
     }
     if intermediate_checkpoints:
         body["intermediate_checkpoints"] = [_checkpoint_ref(a) for a in intermediate_checkpoints]
+    if sweeps:
+        body["sweeps"] = [artifact_id(j) for j in sweeps]
     if options:
         body["options"] = dict(options)
     if targets is not None:
@@ -364,6 +381,13 @@ def analyze_sources(
             for i, v in enumerate(intermediate_checkpoints)
         ],
     )
+
+
+def with_webhook(body: dict[str, Any], webhook_url: str | None) -> dict[str, Any]:
+    """``body`` with ``webhook_url`` set when given (the service checks its host)."""
+    if webhook_url is not None:
+        body["webhook_url"] = webhook_url
+    return body
 
 
 def _common_fields(

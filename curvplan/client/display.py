@@ -163,12 +163,19 @@ def job_summary(job: m.JobOut) -> str:
         lines.append(
             f"error      {job.error.type}: {job.error.title or ''} {job.error.detail or ''}"
         )
+    if job.parent_id is not None:
+        lines.append(f"parent     {job.parent_id}")
+    for i, child in enumerate(job.children or []):
+        label = "children  " if i == 0 else "          "
+        failed = f" ({child.error_type})" if child.error_type else ""
+        lines.append(f"{label} {child.name or '-'}: {child.status}{failed}  {child.id}")
     return "\n".join(lines)
 
 
 def recommendation_text(rec: m.Recommendation) -> str:
-    """The recommendation as tables, one per section (docs/formulas.md)."""
-    parts = [_sample_size(rec.sample_size), _batch_size(rec.batch_size), _scaling(rec.scaling)]
+    """The recommendation as tables: the budget first (docs/budget.md), then one per section."""
+    parts = [budget_text(rec.budget)] if rec.budget is not None else []
+    parts += [_sample_size(rec.sample_size), _batch_size(rec.batch_size), _scaling(rec.scaling)]
     parts.append(_curvature(rec.curvature))
     if rec.warnings:
         width = max(60, shutil.get_terminal_size((100, 20)).columns - 6)
@@ -178,6 +185,59 @@ def recommendation_text(rec: m.Recommendation) -> str:
             lines.append("  - " + "\n    ".join(wrapped))
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+def budget_text(budget: Any) -> str:
+    """The budget as one table: data, batch, learning rate, each with its unit and source."""
+    d, b, lr = budget.data, budget.batch, budget.learning_rate
+    width = max(60, shutil.get_terminal_size((100, 20)).columns - 6)
+    rows: list[list[Any]] = []
+    rows.append(
+        [
+            "data (examples)",
+            fmt(d.recommended_examples),
+            interval(d.recommended_examples_ci),
+            d.source,
+        ]
+    )
+    if d.landscape_stabilisation is not None:
+        ls = d.landscape_stabilisation
+        rows.append(
+            ["  landscape k*(ε)", fmt(ls.examples), interval(ls.ci), f"ε = {fmt(ls.tolerance)}"]
+        )
+    if d.available_samples is not None:
+        enough = {True: "ENOUGH", False: "NOT ENOUGH", None: "-"}[d.available_is_enough]
+        rows.append(["  you have", fmt(d.available_samples), "", enough])
+    rows.append(["batch (examples)", fmt(b.recommended), "", b.source])
+    rows.append(["  critical B_crit", fmt(b.critical), interval(b.critical_ci), "examples"])
+    if b.recommended_tokens is not None:
+        rows.append(
+            [
+                "  batch (tokens)",
+                fmt(b.recommended_tokens),
+                interval(b.critical_tokens_ci),
+                "tokens; B_crit interval",
+            ]
+        )
+    if b.expected_steps is not None:
+        rows.append(
+            [
+                "  expected steps",
+                fmt(b.expected_steps),
+                interval(b.expected_steps_ci),
+                "steps at the batch",
+            ]
+        )
+    rows.append(["lr limit 2/λ_max", fmt(lr.gd_stability_limit), "", "GD/SGD only, not Adam"])
+    lines = ["BUDGET", table(["", "value", "interval", "source / unit"], rows)]
+    for label, text in (
+        ("data", d.guarantee if d.source != "not_available" else d.reason),
+        ("batch", b.basis if b.source != "not_available" else b.reason),
+    ):
+        lines.append("  " + "\n    ".join(textwrap.wrap(f"{label}: {text}", width)))
+    for w in budget.warnings:
+        lines.append("  " + "\n    ".join(textwrap.wrap(f"! {w}", width)))
+    return "\n".join(lines)
 
 
 def _sample_size(section: Any) -> str:
@@ -200,22 +260,38 @@ def _sample_size(section: Any) -> str:
         rows.append(
             [
                 fmt(t.tolerance),
+                _k(getattr(t, "loss_accuracy", None)),
                 _k(t.empirical),
+                _k(t.squared_rms),
                 _k(t.theoretical),
-                _k(t.squared),
                 "-"
                 if t.available_is_enough is None
                 else ("yes" if t.available_is_enough else "no"),
             ]
         )
     if rows:
-        headers = ["TOLERANCE ε", "k* EMPIRICAL", "k* THEOREM 7", "k* SQUARED", "ENOUGH DATA"]
+        headers = [
+            "TOLERANCE ε",
+            "n LOSS ±ε",
+            "k* STABLE",
+            "k* RMS Δ",
+            "k* THEOREM 7",
+            "ENOUGH DATA",
+        ]
         lines.append(_indent(table(headers, rows)))
+        lines.append(
+            "  n LOSS ±ε: examples for the average loss to be within ±ε (the recommendation; "
+            "ENOUGH DATA compares your available_samples with it). k* STABLE / k* RMS Δ: adding "
+            "one more example changes the loss by ≤ ε (mean / RMS), not loss accuracy. See "
+            "docs/numbers.md."
+        )
     lines.extend(f"  missing {x.item}: {x.reason}" for x in section.missing)
     return "\n".join(lines)
 
 
 def _k(value: Any) -> str:
+    if value is None:
+        return "n/a"
     reason = _not_computed(value)
     if reason:
         return "n/a"
@@ -246,7 +322,31 @@ def _batch_size(section: Any) -> str:
         rows.append(["B_crit (S = S_min(1 + B_crit/B))", fmt(crit.value), interval(crit.ci)])
         rows.append(["S_min (steps)", fmt(crit.s_min), interval(crit.s_min_ci)])
         rows.append(["E_min (examples)", fmt(crit.e_min), interval(crit.e_min_ci)])
-    rows.append(["recommended batch size", _cell(section.recommended), section.recommended_basis])
+    unit = getattr(section, "unit", "examples")
+    rows.append(
+        [
+            f"recommended batch size ({unit})",
+            _cell(section.recommended),
+            section.recommended_basis,
+        ]
+    )
+    for label, rel in (
+        ("B_simple P(defined)", getattr(section, "b_simple_reliability", None)),
+        ("B_noise P(defined)", getattr(section, "b_noise_reliability", None)),
+    ):
+        if rel is not None:
+            median = "-" if rel.median_ratio is None else fmt(rel.median_ratio)
+            rows.append([label, fmt(rel.p_defined), f"median estimate/truth {median}"])
+    for point in getattr(section, "trend", None) or []:
+        why = _not_computed(point.b_simple)
+        name = point.checkpoint or (f"step {point.step}" if point.step is not None else "?")
+        rows.append(
+            [
+                f"B_simple at {name}",
+                "n/a" if why else fmt(point.b_simple.value),
+                why or interval(point.b_simple.ci),
+            ]
+        )
     return f"{title}\n" + _indent(table(["QUANTITY", "VALUE", "INTERVAL / NOTE"], rows))
 
 

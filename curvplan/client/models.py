@@ -19,12 +19,26 @@ from curvplan.types.artifacts import ArtifactOut, ArtifactPage
 from curvplan.types.jobs import JobError, JobOut, JobPage, Progress
 from curvplan.types.planner import Measurements, Recommendation, Targets
 from curvplan.types.recommendations import LatestRecommendation, RecommendationPage
+from curvplan.types.reports import PlotFiles, PlotInfo, PlotList
 from curvplan.types.results import AnalyzeResult, PlanResult
+from curvplan.types.webhooks import WebhookDeliveryList, WebhookDeliveryOut, WebhookSecretOut
 
 Job = JobOut
 Artifact = ArtifactOut
 
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def job_recommendation(job: JobOut) -> Recommendation | None:
+    """The recommendation of a succeeded job; None before it succeeded or when its result has
+    none. A result stored as a plain dict is validated (ValueError if it does not fit)."""
+    result = job.result
+    if job.status != "succeeded" or result is None:
+        return None
+    if isinstance(result, dict):
+        rec = result.get("recommendation")
+        return Recommendation.model_validate(rec) if isinstance(rec, dict) else None
+    return result.recommendation
 
 
 def is_terminal(job: JobOut) -> bool:
@@ -59,12 +73,18 @@ __all__ = [
     "JobPage",
     "Measurements",
     "PlanResult",
+    "PlotFiles",
+    "PlotInfo",
+    "PlotList",
     "Progress",
     "Recommendation",
     "RecommendationEntry",
     "RecommendationPage",
     "ReportLink",
     "Targets",
+    "WebhookDeliveryList",
+    "WebhookDeliveryOut",
+    "WebhookSecretOut",
     "is_terminal",
 ]
 

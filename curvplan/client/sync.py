@@ -142,11 +142,15 @@ class Client:
         name: str | None = None,
         tags: Mapping[str, str] | None = None,
         max_attempts: int | None = None,
+        webhook_url: str | None = None,
         idempotency_key: str | None = None,
     ) -> m.JobOut:
-        """Queue a ``plan`` job from measurements you already have (docs/openapi.json)."""
+        """Queue a ``plan`` job from measurements you already have (docs/openapi.json).
+
+        ``webhook_url`` is POSTed a signed event when the job ends (docs/integrations.md).
+        """
         body = c.plan_body(measurements, targets, name, tags, max_attempts)
-        return self.submit_job(body, idempotency_key=idempotency_key)
+        return self.submit_job(c.with_webhook(body, webhook_url), idempotency_key=idempotency_key)
 
     def submit_analyze(
         self,
@@ -159,7 +163,9 @@ class Client:
         options: Mapping[str, Any] | None = None,
         targets: Mapping[str, Any] | m.Targets | None = None,
         intermediate_checkpoints: Sequence[CheckpointArg | str | os.PathLike[str]] = (),
+        sweeps: Sequence[str | uuid.UUID | m.JobOut] = (),
         max_attempts: int | None = None,
+        webhook_url: str | None = None,
         idempotency_key: str | None = None,
         on_upload: Callable[[Path], None] | None = None,
     ) -> m.JobOut:
@@ -174,6 +180,8 @@ class Client:
         of shards, an intermediate checkpoint a ``save_pretrained`` directory.
         ``intermediate_checkpoints`` (before convergence) give the gradient-noise scale,
         which is undefined at a converged w* (docs/formulas.md).
+        ``sweeps`` (succeeded ``sweep`` jobs) give the budget its data-sweep and batch-sweep
+        fits (docs/budget.md).
         """
         sources = c.analyze_sources(model, checkpoint, dataset, intermediate_checkpoints)
         uploaded: dict[Path, str] = {}
@@ -192,8 +200,9 @@ class Client:
             targets,
             max_attempts,
             intermediates,
+            sweeps,
         )
-        return self.submit_job(body, idempotency_key=idempotency_key)
+        return self.submit_job(c.with_webhook(body, webhook_url), idempotency_key=idempotency_key)
 
     def get_job(self, job_id: str | uuid.UUID) -> m.JobOut:
         return m.JobOut.model_validate(self._send(c.Call("GET", c.job_path(job_id))))
@@ -325,3 +334,24 @@ class Client:
         """The job's report page (HTML, self-contained)."""
         call = c.Call("GET", c.job_path(job_id, "/report"), expect="text")
         return self._send(call)
+
+    def list_plots(self, job_id: str | uuid.UUID) -> m.PlotList:
+        """The report's figures: which are drawn (with their SVG/PNG paths) and which are empty."""
+        call = c.Call("GET", c.job_path(job_id, "/plots"))
+        return m.PlotList.model_validate(self._send(call))
+
+    def get_plot(self, job_id: str | uuid.UUID, name: str, fmt: str = "png") -> bytes:
+        """One figure of the report as ``svg`` or ``png`` bytes (drawn by the service)."""
+        call = c.Call("GET", c.plot_path(job_id, name, fmt), expect="bytes")
+        return self._send(call)
+
+    # ------------------------------------------------------------------ webhooks
+    def create_webhook_secret(self) -> m.WebhookSecretOut:
+        """A new signing secret for the project's webhooks (replaces the old one)."""
+        call = c.Call("POST", "/v1/webhooks/secret", idempotent=False)
+        return m.WebhookSecretOut.model_validate(self._send(call))
+
+    def list_webhook_deliveries(self, job_id: str | uuid.UUID) -> m.WebhookDeliveryList:
+        """The job's webhook deliveries, each with every attempt."""
+        call = c.Call("GET", c.job_path(job_id, "/webhooks"))
+        return m.WebhookDeliveryList.model_validate(self._send(call))

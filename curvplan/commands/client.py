@@ -38,6 +38,12 @@ KEY_OPTION = typer.Option(
 )
 JSON_OPTION = typer.Option(False, "--json", help="Print JSON on stdout (for scripts).")
 TAG_OPTION = typer.Option(None, "--tag", help="KEY=VALUE label; repeatable.")
+MLFLOW_OPTION = typer.Option(
+    False,
+    "--mlflow",
+    help="Log the finished job to MLflow: the active run, $MLFLOW_RUN_ID, or a new run in "
+    "$MLFLOW_EXPERIMENT_NAME (default curvplan) on $MLFLOW_TRACKING_URI. Needs curvplan[mlflow].",
+)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -116,12 +122,69 @@ def _print_json(value: Any) -> None:
     typer.echo(json.dumps(dump_json(value), indent=2, ensure_ascii=False))
 
 
+WEBHOOK_OPTION = typer.Option(
+    None,
+    "--webhook-url",
+    help="POST a signed event to this URL when the job ends (see `curvplan webhooks`).",
+)
+OUTPUTS_OPTION = typer.Option(
+    None,
+    "--outputs",
+    help="Append KEY=VALUE lines (job_id, status and the budget: samples, batch_size, "
+    "critical_batch_size, lr_ceiling) to this file, e.g. $GITHUB_OUTPUT.",
+)
+
+
+def _write_outputs(client: Client, job: JobOut, path: Path) -> None:
+    """The job's id, status and budget as ``KEY=VALUE`` lines for a pipeline's next step."""
+    from curvplan.client import models as m
+    from curvplan.headline import headline_numbers
+
+    lines = {"job_id": str(job.id), "status": job.status, "kind": job.kind}
+    rec = m.job_recommendation(job)
+    if rec is not None:
+        for h in headline_numbers(rec):
+            if h.name.startswith("budget."):
+                value = int(h.value) if float(h.value).is_integer() else h.value
+                lines[h.name.removeprefix("budget.")] = str(value)
+    lines["report"] = f"{client.base_url}/v1/jobs/{job.id}/report"
+    try:
+        with path.open("a", encoding="utf-8") as fh:
+            fh.writelines(f"{k}={v}\n" for k, v in lines.items())
+    except OSError as exc:
+        raise _fail(
+            f"--outputs: cannot write {path}: {exc.strerror or exc}", EXIT_BAD_INPUT
+        ) from None
+
+
+def _log_to_mlflow(client: Client, job_id: str, quiet: bool) -> None:
+    from curvplan.integrations.mlflow import MlflowNotInstalledError, log_job
+
+    try:
+        run_id = log_job(client, job_id)
+    except MlflowNotInstalledError as exc:
+        raise _fail(f"--mlflow: {exc}", EXIT_BAD_INPUT) from None
+    except Exception as exc:  # MLflow's own errors (unreachable server, bad run id, …)
+        raise _fail(f"--mlflow: logging to MLflow failed: {exc}", EXIT_SERVICE) from None
+    if not quiet:
+        typer.echo(f"logged job {job_id} to MLflow run {run_id}", err=True)
+
+
 def _finish(
-    client: Client, job: JobOut, wait: bool, timeout: float | None, as_json: bool, quiet: bool
+    client: Client,
+    job: JobOut,
+    wait: bool,
+    timeout: float | None,
+    as_json: bool,
+    quiet: bool,
+    mlflow: bool = False,
+    outputs: Path | None = None,
 ) -> None:
     """Wait (with progress on stderr) if asked, print the outcome, exit by the job's status."""
     from curvplan.client import display
 
+    if (mlflow or outputs is not None) and not wait:
+        raise _fail("--mlflow and --outputs need a finished job: add --wait", EXIT_BAD_INPUT)
     if not wait:
         if as_json:
             _print_json(job)
@@ -141,6 +204,10 @@ def _finish(
             f"interrupted; job {job.id} keeps running (cancel: curvplan jobs cancel {job.id})",
             EXIT_INTERRUPTED,
         ) from None
+    if outputs is not None:
+        _write_outputs(client, job, outputs)
+    if mlflow:
+        _log_to_mlflow(client, str(job.id), quiet or as_json)
     _report_outcome(client, job, as_json)
 
 
@@ -192,6 +259,9 @@ def analyze(
         help="Checkpoint before convergence (for the gradient-noise scale): a file, or a "
         "save_pretrained directory with --model; repeatable.",
     ),
+    sweep: list[str] | None = typer.Option(
+        None, "--sweep", help="A succeeded sweep job whose fit the budget uses; repeatable."
+    ),
     wait: bool = typer.Option(False, "--wait", help="Wait for the result, with progress."),
     timeout: float | None = typer.Option(
         None, "--timeout", min=0, help="Give up waiting after S s."
@@ -199,6 +269,9 @@ def analyze(
     idempotency_key: str | None = typer.Option(None, "--idempotency-key"),
     as_json: bool = JSON_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    mlflow: bool = MLFLOW_OPTION,
+    outputs: Path | None = OUTPUTS_OPTION,
+    webhook_url: str | None = WEBHOOK_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
@@ -252,9 +325,103 @@ def analyze(
             options=options or None,
             targets=target_body,
             intermediate_checkpoints=list(intermediate or []),
+            sweeps=sweep or (),
             idempotency_key=idempotency_key,
+            webhook_url=webhook_url,
             on_upload=lambda path: log(f"uploading {path} …"),
         )
+        _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs)
+
+
+def _ints(value: str | None, opt: str) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise _fail(
+            f"{opt}: expected comma-separated integers, got {value!r}", EXIT_BAD_INPUT
+        ) from None
+
+
+def sweep(
+    spec: Path = typer.Option(..., "--spec", help="Model spec JSON."),
+    train: Path = typer.Option(..., "--train", help="Training data (.safetensors)."),
+    evaluation: Path = typer.Option(..., "--eval", help="Held-out evaluation data."),
+    sweep_type: str = typer.Option("batch", "--type", help="batch | data"),
+    checkpoint: Path | None = typer.Option(
+        None, "--checkpoint", help="Start checkpoint (default: a seeded initialisation)."
+    ),
+    target_loss: float | None = typer.Option(
+        None, "--target-loss", help="Eval loss (nats per token) to train to / size data for."
+    ),
+    batch_sizes: str | None = typer.Option(None, "--batch-sizes", help="e.g. 8,16,32,64"),
+    data_sizes: str | None = typer.Option(None, "--data-sizes", help="e.g. 256,512,1024"),
+    batch_size: int = typer.Option(32, "--batch-size", help="Data sweep: batch (examples)."),
+    max_steps: int = typer.Option(2000, "--max-steps"),
+    eval_every: int = typer.Option(5, "--eval-every"),
+    optimizer: str = typer.Option("adamw", "--optimizer", help="adamw | sgd"),
+    lr: float = typer.Option(3e-3, "--lr", help="Learning rate at --base-batch-size."),
+    base_batch_size: int = typer.Option(32, "--base-batch-size"),
+    warmup_steps: int = typer.Option(10, "--warmup-steps"),
+    lr_rule: str = typer.Option("sqrt", "--lr-rule", help="sqrt | linear | constant | grid"),
+    seed: int = typer.Option(0, "--seed", help="Initialisation and batch-order seed."),
+    name: str | None = typer.Option(None, "--name"),
+    tag: list[str] | None = TAG_OPTION,
+    wait: bool = typer.Option(False, "--wait", help="Wait for the result, with progress."),
+    timeout: float | None = typer.Option(None, "--timeout", min=0),
+    as_json: bool = JSON_OPTION,
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """Run a batch or data sweep on the workers (one child job per training run)."""
+    model = _read_json(spec, "--spec")
+    for path, opt in ((train, "--train"), (evaluation, "--eval"), (checkpoint, "--checkpoint")):
+        if path is not None and not path.is_file():
+            raise _fail(f"{opt}: file not found: {path}", EXIT_BAD_INPUT)
+    settings: dict[str, object] = {
+        "type": sweep_type,
+        "max_steps": max_steps,
+        "eval_every": eval_every,
+        "batch_size": batch_size,
+        "init_seed": seed,
+    }
+    if target_loss is not None:
+        settings["target_loss"] = target_loss
+    if batch_sizes is not None:
+        settings["batch_sizes"] = _ints(batch_sizes, "--batch-sizes")
+    if data_sizes is not None:
+        settings["data_sizes"] = _ints(data_sizes, "--data-sizes")
+    with _client(url, api_key) as client:
+        log = (lambda s: None) if as_json or quiet else (lambda s: typer.echo(s, err=True))
+        body: dict[str, object] = {
+            "kind": "sweep",
+            "model": model,
+            "optimizer": {
+                "name": optimizer,
+                "lr": lr,
+                "base_batch_size": base_batch_size,
+                "warmup_steps": warmup_steps,
+                "lr_rule": lr_rule,
+            },
+            "sweep": settings,
+        }
+        for path, key, kind in (
+            (train, "train_data", "dataset"),
+            (evaluation, "eval_data", "dataset"),
+            (checkpoint, "checkpoint", "checkpoint"),
+        ):
+            if path is not None:
+                log(f"uploading {path} …")
+                body[key] = str(client.upload_artifact(path, kind).id)
+        if name is not None:
+            body["name"] = name
+        tags = _pairs(tag, "--tag")
+        if tags:
+            body["tags"] = tags
+        job = client.submit_job(body)
+        log(f"sweep job {job.id}: use it with `curvplan analyze … --sweep {job.id}`")
         _finish(client, job, wait, timeout, as_json, quiet)
 
 
@@ -269,6 +436,9 @@ def plan(
     idempotency_key: str | None = typer.Option(None, "--idempotency-key"),
     as_json: bool = JSON_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    mlflow: bool = MLFLOW_OPTION,
+    outputs: Path | None = OUTPUTS_OPTION,
+    webhook_url: str | None = WEBHOOK_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
@@ -291,8 +461,9 @@ def plan(
             name=name or doc.get("name"),
             tags=tags,
             idempotency_key=idempotency_key,
+            webhook_url=webhook_url,
         )
-        _finish(client, job, wait, timeout, as_json, quiet)
+        _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs)
 
 
 # --------------------------------------------------------------------------- jobs
@@ -355,12 +526,14 @@ def jobs_wait(
     timeout: float | None = typer.Option(None, "--timeout", min=0),
     as_json: bool = JSON_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    mlflow: bool = MLFLOW_OPTION,
+    outputs: Path | None = OUTPUTS_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
     """Wait for a job (progress on stderr); exit 0 if it succeeded, 1 if not."""
     with _client(url, api_key) as client:
-        _finish(client, client.get_job(job_id), True, timeout, as_json, quiet)
+        _finish(client, client.get_job(job_id), True, timeout, as_json, quiet, mlflow, outputs)
 
 
 @jobs_app.command("cancel")
@@ -418,17 +591,22 @@ def report(
         False, "--open", help="Open a short-lived signed link to the report in a browser."
     ),
     out: Path | None = typer.Option(
-        None, "--out", help="Write the plots (SVG) and numbers (JSON) to this directory."
+        None, "--out", help="Write the page, plots (SVG, PNG) and numbers.json here."
     ),
+    mlflow: bool = MLFLOW_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
-    """A job's report: the page in a browser (--open) and/or its plots as files (--out)."""
-    if not open_browser and out is None:
-        raise _fail("say what to do: --open (browser) and/or --out DIR (files)", EXIT_BAD_INPUT)
+    """A job's report: in a browser (--open), as files (--out), logged to MLflow (--mlflow)."""
+    if not open_browser and out is None and not mlflow:
+        raise _fail(
+            "say what to do: --open (browser), --out DIR (files) and/or --mlflow", EXIT_BAD_INPUT
+        )
     with _client(url, api_key) as client:
         if out is not None:
             _write_report_files(client, job_id, out)
+        if mlflow:
+            _log_to_mlflow(client, job_id, False)
         if open_browser:
             import webbrowser
 
@@ -439,11 +617,10 @@ def report(
 
 
 def _write_report_files(client: Client, job_id: str, out: Path) -> None:
-    from curvplan_server.reports.files import write_report_files
+    from curvplan.report_files import download_report
 
-    job = client.get_job(job_id)
     try:
-        written = write_report_files(job.model_dump(mode="json"), out)
+        written = download_report(client, job_id, out)
     except OSError as exc:
         raise _fail(
             f"--out: cannot write to {out}: {exc.strerror or exc}", EXIT_BAD_INPUT
@@ -452,13 +629,56 @@ def _write_report_files(client: Client, job_id: str, out: Path) -> None:
         typer.echo(str(path))
 
 
+# --------------------------------------------------------------------------- webhooks
+webhooks_app = typer.Typer(
+    help="The project's webhook signing secret and a job's deliveries.", no_args_is_help=True
+)
+
+
+@webhooks_app.command("secret")
+def webhooks_secret(
+    as_json: bool = JSON_OPTION,
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """Create (or replace) the project's webhook signing secret and print it (shown once)."""
+    with _client(url, api_key) as client:
+        made = client.create_webhook_secret()
+        if as_json:
+            _print_json(made)
+        else:
+            typer.echo(made.secret)
+
+
+@webhooks_app.command("list")
+def webhooks_list(
+    job_id: str = typer.Argument(..., metavar="JOB"),
+    as_json: bool = JSON_OPTION,
+    url: str | None = URL_OPTION,
+    api_key: str | None = KEY_OPTION,
+) -> None:
+    """A job's webhook deliveries and each attempt."""
+    with _client(url, api_key) as client:
+        deliveries = client.list_webhook_deliveries(job_id)
+        if as_json:
+            _print_json(deliveries)
+            return
+        for d in deliveries.items:
+            typer.echo(f"{d.id}  {d.event_type}  {d.status}  {d.url}")
+            for a in d.attempts:
+                outcome = a.error or f"HTTP {a.status_code}"
+                typer.echo(f"  #{a.number} {a.started_at.isoformat()} {outcome}")
+
+
 def register(app: typer.Typer) -> None:
     """Attach the client commands to the top-level app."""
     app.command("analyze")(analyze)
     app.command("plan")(plan)
+    app.command("sweep")(sweep)
     app.add_typer(jobs_app, name="jobs")
     app.command("recommendations")(recommendations)
     app.command("report")(report)
+    app.add_typer(webhooks_app, name="webhooks")
 
 
 __all__: list[str] = ["register"]

@@ -5,7 +5,9 @@ Nothing here imports torch; heavy modules are imported inside the commands.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,14 +43,44 @@ def serve(
     workers: int = typer.Option(1, "--workers", min=1, help="uvicorn worker processes."),
 ) -> None:
     """Serve the HTTP API with uvicorn (needs DATABASE_URL)."""
-    import uvicorn
-
     from curvplan_server.logging import configure_logging
 
     _require_database_url()
     settings = _settings()
     configure_logging(settings.log_format, settings.log_level)
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    metrics_dir = _multiprocess_metrics_dir() if workers > 1 else None
+    try:
+        _serve(host, port, workers, settings.access_log)
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _multiprocess_metrics_dir() -> Path | None:
+    """Metrics that add up over ``--workers N``: prometheus_client's multiprocess mode.
+
+    Each uvicorn process writes its counters under ``PROMETHEUS_MULTIPROC_DIR`` and a
+    scrape sums them. The directory must be empty at start: an operator-set one is
+    emptied, else a fresh temporary one is made (and removed at exit, returned here).
+    """
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if given:
+        path = Path(given)
+        path.mkdir(parents=True, exist_ok=True)
+        for stale in path.glob("*.db"):
+            stale.unlink(missing_ok=True)
+        return None
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="curvplan-metrics-"))
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
+    return path
+
+
+def _serve(host: str, port: int, workers: int, access_log: bool) -> None:
+    import uvicorn
+
     uvicorn.run(
         "curvplan_server.main:create_app",
         factory=True,
@@ -56,7 +88,7 @@ def serve(
         port=port,
         workers=workers,
         log_config=None,
-        access_log=settings.access_log,
+        access_log=access_log,
         proxy_headers=True,
     )
 
@@ -110,6 +142,30 @@ def keys_create(
     engine = make_engine(_require_database_url())
     with make_sessionmaker(engine)() as session:
         key = create_key(session, project, name)
+        session.commit()
+    engine.dispose()
+    typer.echo(key)
+
+
+@keys_app.command("create-operator")
+def keys_create_operator(
+    scope: list[str] = typer.Option(
+        ..., "--scope", help="metrics:read (GET /metrics), workers:read (GET /v1/workers)."
+    ),
+    name: str | None = typer.Option(None, "--name", help="A label, e.g. prometheus."),
+) -> None:
+    """Create an operator key (no project, the given scopes) and print it once."""
+    from curvplan_server.auth.operator import SCOPES, create_service_key
+    from curvplan_server.db import make_engine, make_sessionmaker
+
+    unknown = sorted(set(scope) - set(SCOPES))
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown {unknown}; one of {sorted(SCOPES)}", param_hint="--scope"
+        )
+    engine = make_engine(_require_database_url())
+    with make_sessionmaker(engine)() as session:
+        key = create_service_key(session, scope, name)
         session.commit()
     engine.dispose()
     typer.echo(key)
@@ -185,6 +241,13 @@ def dev(
     # uvicorn re-raises the signal that stopped it once it has shut down; turn SIGTERM
     # into SystemExit so the clean-up below still runs (Ctrl-C gives KeyboardInterrupt).
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    if not settings.artifact_uri_roots:
+        # file:// artifacts are refused unless roots are configured; locally, one directory
+        # under the data dir (the API and the worker child read it from the environment).
+        files = (settings.data_dir / "files").resolve()
+        files.mkdir(parents=True, exist_ok=True)
+        os.environ["CURVPLAN_ARTIFACT_URI_ROOTS"] = json.dumps([str(files)])
+        typer.echo(f"file:// artifacts: put them under {files}")
     embedded = None
     if settings.database_url is None:
         from curvplan_server.embedded_pg import start_embedded_postgres

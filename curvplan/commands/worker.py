@@ -59,6 +59,12 @@ def worker(
         "--health-file",
         help="Touch this file after every heartbeat (CURVPLAN_WORKER_HEALTH_FILE).",
     ),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", min=0, help="Serve this worker's /metrics and /healthz here."
+    ),
+    metrics_host: str | None = typer.Option(
+        None, "--metrics-host", help="Interface of --metrics-port (default 127.0.0.1)."
+    ),
 ) -> None:
     """Claim and run jobs of QUEUES until SIGTERM/SIGINT (finish or release the running job).
 
@@ -96,6 +102,8 @@ def worker(
             cancel_grace_seconds=cancel_grace_seconds,
             shutdown_grace_seconds=shutdown_grace_seconds,
             health_file=health_file,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None

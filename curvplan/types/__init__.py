@@ -16,6 +16,7 @@ these models and nothing of each other's internals:
 - :mod:`curvplan.types.artifacts` — artifact metadata;
 - :mod:`curvplan.types.storage` — a project's storage usage and quota;
 - :mod:`curvplan.types.recommendations` — the latest-recommendation listing;
+- :mod:`curvplan.types.reports` — the figures of a job's report;
 - :mod:`curvplan.types.problems` — RFC 9457 problem documents.
 
 Only pydantic (and the standard library) is imported here.

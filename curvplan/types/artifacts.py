@@ -55,6 +55,20 @@ class ArtifactUriCreate(BaseModel):
     )
     name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
 
+    @field_validator("uri", "name")
+    @classmethod
+    def _storable(cls, value: str | None) -> str | None:
+        # PostgreSQL text holds neither U+0000 nor an unpaired surrogate (JSON carries both).
+        if value is None:
+            return value
+        try:
+            value.encode("utf-8")  # fails on an unpaired surrogate
+        except UnicodeEncodeError:
+            raise ValueError("must not contain unpaired surrogate characters") from None
+        if "\x00" in value:
+            raise ValueError("must not contain the NUL character")
+        return value
+
     @field_validator("uri")
     @classmethod
     def _file_uri(cls, value: str) -> str:
@@ -79,11 +93,12 @@ def uri_path(uri: str) -> str:
 
 
 def uri_allowed(uri: str, roots: list[Path]) -> bool:
-    """Whether a ``file://`` URI's path lies under one of ``roots`` (all paths when empty).
+    """Whether a ``file://`` URI's path lies under one of ``roots`` (none when empty).
 
-    Symlinks are resolved on both sides, so a link under a root cannot point outside it.
+    Secure by default: without configured roots no path is allowed. Symlinks are
+    resolved on both sides, so a link under a root cannot point outside it.
     """
     if not roots:
-        return True
+        return False
     path = Path(os.path.realpath(uri_path(uri)))
     return any(path.is_relative_to(os.path.realpath(root)) for root in roots)

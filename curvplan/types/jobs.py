@@ -15,13 +15,23 @@ from functools import reduce
 from operator import or_
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, field_validator
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    UrlConstraints,
+    ValidationInfo,
+    field_validator,
+)
 
 from curvplan.types.artifact_inputs import CheckpointRef
 from curvplan.types.model_source import ModelSource
 from curvplan.types.options import AnalysisOptions  # pydantic only, like the spec
 from curvplan.types.planner import Measurements, PlanInputError, Targets, check_workload
 from curvplan.types.results import RESULT_TYPES, AnalyzeResult, PlanResult
+from curvplan.types.sweep import PointSettings, SweepSettings, _SweepBase
 
 TagKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
 TagValue = Annotated[str, Field(max_length=256)]
@@ -40,6 +50,12 @@ class _JobCreateBase(BaseModel):
     )
     max_attempts: Annotated[int, Field(ge=1, le=10)] | None = Field(
         default=None, description="Attempts before the job fails for good (default: server's)."
+    )
+    webhook_url: Annotated[AnyHttpUrl, UrlConstraints(max_length=2000)] | None = Field(
+        default=None,
+        description="POSTed a signed JSON event when the job succeeds, fails or is cancelled "
+        "(header Curvplan-Signature; docs/integrations.md). The host must be on the "
+        "operator's allow-list.",
     )
 
 
@@ -106,9 +122,43 @@ class AnalyzeJobCreate(_JobCreateBase):
     )
     options: AnalysisOptions = Field(default_factory=AnalysisOptions)
     targets: Targets = Field(default_factory=Targets)
+    sweeps: Annotated[list[uuid.UUID], Field(max_length=8)] = Field(
+        default_factory=list,
+        description="Succeeded sweep jobs of the project whose fits the budget uses: a batch "
+        "sweep's steps to target (B_crit) and a data sweep's L(D) (the data size for the target "
+        "loss). Their target loss is used when targets.target_loss is not given.",
+    )
 
 
-JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = (PlanJobCreate, AnalyzeJobCreate)
+class SweepJobCreate(_JobCreateBase, _SweepBase):
+    """Train at a ladder of batch sizes or dataset sizes and fit the budget's curves.
+
+    The job fans out one ``sweep_point`` child per run (listed as ``children``), waits for
+    them (stage ``waiting for children``, progress = points done / total) and fits the
+    results: S_min, E_min, B_crit and the two-batch B_simple (batch sweep), or
+    L(D) = E + A·D^(−β) and the size for the target loss (data sweep). The fit runs on the
+    cpu queue, the training runs on the gpu queue (CUDA when the worker has it).
+    """
+
+    queue: ClassVar[str] = "cpu"
+    kind: Literal["sweep"]
+    sweep: SweepSettings
+
+
+class SweepPointJobCreate(_JobCreateBase, _SweepBase):
+    """One training run of a sweep (a sweep creates these; a client may run one alone)."""
+
+    queue: ClassVar[str] = "gpu"
+    kind: Literal["sweep_point"]
+    point: PointSettings
+
+
+JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = (
+    PlanJobCreate,
+    AnalyzeJobCreate,
+    SweepJobCreate,
+    SweepPointJobCreate,
+)
 
 
 def kind_name(create_type: type[_JobCreateBase]) -> str:
@@ -152,6 +202,11 @@ class Progress(BaseModel):
     stage: str | None = None
     message: str | None = None
     stages: list[StageMark] | None = None
+    points_done: int | None = Field(
+        default=None, description="A fan-out waiting for its children: children ended."
+    )
+    points_total: int | None = Field(default=None, description="… and children in all.")
+    points_failed: int | None = Field(default=None, description="… and children failed.")
 
 
 class JobError(BaseModel):
@@ -160,6 +215,18 @@ class JobError(BaseModel):
     type: str
     title: str | None = None
     detail: str | None = None
+
+
+class JobChild(BaseModel):
+    """A child job of a fan-out (e.g. one point of a sweep), as its parent lists it."""
+
+    id: uuid.UUID
+    kind: str
+    name: str | None
+    status: Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
+    attempt: int
+    error_type: str | None = Field(default=None, description="error.type of a failed child.")
+    links: dict[str, str]
 
 
 class JobLinks(BaseModel):
@@ -172,6 +239,9 @@ class JobOut(BaseModel):
     """The job resource as the API returns it."""
 
     id: uuid.UUID
+    parent_id: uuid.UUID | None = Field(
+        default=None, description="The job that created this one by fanning out (else null)."
+    )
     kind: str
     queue: str
     status: Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
@@ -188,6 +258,12 @@ class JobOut(BaseModel):
     error: JobError | None
     request: dict[str, Any] | None = Field(
         default=None, description="The validated body (omitted in list pages)."
+    )
+    children: list[JobChild] | None = Field(
+        default=None,
+        description="Child jobs of a fan-out (sweep points), oldest first; omitted in list "
+        "pages and for jobs without children. While they run the job is `running` at stage "
+        "`waiting for children` and its progress counts points done / total.",
     )
     created_at: datetime
     updated_at: datetime

@@ -140,6 +140,20 @@ class AnalysisOptions(BaseModel):
     gradient_noise: bool = True
     noise_grad_examples: int | None = Field(default=None, ge=2)
     noise_hessian_examples: int | None = Field(default=None, ge=1)
+    noise_adaptive: bool = Field(
+        default=True,
+        description="at intermediate checkpoints, add gradient examples (doubling from "
+        "noise_grad_examples, default 64) until |G|² is significantly positive or "
+        "noise_max_examples are spent",
+    )
+    noise_max_examples: int = Field(default=1024, ge=2, le=1_000_000)
+    noise_max_groups: int = Field(
+        default=64,
+        ge=4,
+        le=4096,
+        multiple_of=2,
+        description="jackknife groups held in memory (each one D fp64 numbers)",
+    )
     # theoretical bounds (BOUNDS helper)
     bounds: bool = True
     bound_options: BoundsOptions = Field(default_factory=BoundsOptions)

@@ -29,6 +29,7 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 PosInt = Annotated[int, Field(gt=0)]
+Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
 MAX_ORDERINGS = 10_000
 MAX_BOOTSTRAP = 100_000
@@ -78,6 +79,14 @@ class DirectNoiseStats(_Strict):
     Standard errors (`*_se`) give intervals; without them the values are reported as points.
     `n_samples` (how many independent estimates the statistics average) switches the interval
     and significance quantiles from normal to Student-t with n_samples − 1 degrees of freedom.
+
+    From the engine (docs/numbers.md): `log_b_simple_se` / `log_b_noise_se` are jackknife
+    standard errors of log B_simple / log B_noise on the SAME gradients (numerator and
+    denominator are correlated; the planner then uses them, with `jackknife_groups` − 1 degrees
+    of freedom); `b_*_p_defined` and `b_*_median_ratio` are the selection bias of the ratio (a
+    bootstrap at the measured statistics: probability that it is defined, median
+    estimate/truth when it is); `stop_reason` says why the engine stopped adding examples.
+    Σ is the covariance of PER-EXAMPLE gradients (one row of the dataset, not one token).
     """
 
     grad_sq_norm: FiniteFloat | None = None
@@ -89,6 +98,14 @@ class DirectNoiseStats(_Strict):
     gHg_se: NonNegFloat | None = None
     trace_h_sigma_se: NonNegFloat | None = None
     n_samples: PosInt | None = None
+    log_b_simple_se: NonNegFloat | None = None
+    log_b_noise_se: NonNegFloat | None = None
+    jackknife_groups: Annotated[int, Field(ge=3)] | None = None
+    b_simple_p_defined: Probability | None = None
+    b_simple_median_ratio: PosFloat | None = None
+    b_noise_p_defined: Probability | None = None
+    b_noise_median_ratio: PosFloat | None = None
+    stop_reason: Literal["significant", "budget", "fixed"] | None = None
 
     @model_validator(mode="after")
     def _pairs_complete(self) -> DirectNoiseStats:
@@ -106,6 +123,22 @@ class DirectNoiseStats(_Strict):
             if (a is None) != (b is None):
                 raise ValueError(f"{na} and {nb} must be given together")
         return self
+
+
+class NoiseTrendPoint(DirectNoiseStats):
+    """Gradient-noise statistics at one intermediate checkpoint (`checkpoint` names it, `step`
+    is its training step when known); the list is ordered oldest first."""
+
+    checkpoint: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    step: Annotated[int, Field(ge=0)] | None = None
+    loss: NonNegFloat | None = Field(
+        default=None,
+        description="Mean evaluation loss at this checkpoint (nats per token): the budget "
+        "evaluates the noise-scale trend at the target loss from it.",
+    )
+
+
+MAX_TREND_POINTS = 1000
 
 
 class TwoBatchNoiseSeries(_Strict):
@@ -219,8 +252,18 @@ class Measurements(_Strict):
     loss_vs_data: Annotated[list[LossPoint], Field(min_length=1)] | None = None
     blocks: Annotated[list[BlockCurvature], Field(min_length=1)] | None = None
     gradient_norm_at_w_star: NonNegFloat | None = None
-    available_samples: PosInt | None = None
+    per_sample_gradient_rms: NonNegFloat | None = None
+    available_samples: PosInt | None = Field(
+        default=None,
+        description="deprecated: use targets.available_samples (still accepted, with the "
+        "warning 'deprecated_field')",
+    )
     theory: TheoryApplicability | None = None
+    gradient_noise_trend: (
+        Annotated[list[NoiseTrendPoint], Field(min_length=1, max_length=MAX_TREND_POINTS)] | None
+    ) = None
+    tokens_per_example: PosFloat | None = None
+    steps_to_target_unit: Literal["examples", "tokens"] = "examples"
 
     @field_validator("perturbed_losses")
     @classmethod
@@ -289,6 +332,11 @@ class Targets(_Strict):
     bootstrap: Annotated[int, Field(ge=0, le=MAX_BOOTSTRAP)] = 1000
     fit_window: Annotated[list[PosInt], Field(min_length=2, max_length=2)] | None = None
     seed: Annotated[int, Field(ge=0)] | None = None
+    available_samples: PosInt | None = Field(
+        default=None,
+        description="examples you have (or would buy); 'enough data' compares against it "
+        "(docs/numbers.md)",
+    )
 
     @field_validator("fit_window")
     @classmethod
@@ -374,6 +422,10 @@ WarningCode = Literal[
     "noise_estimate_negative",
     "theory_assumptions_not_met",
     "few_orderings",
+    "deprecated_field",
+    "noise_scale_conditional_bias",
+    "noise_scale_trend",
+    "batch_unit_mismatch",
 ]
 
 
@@ -412,6 +464,7 @@ class SampleSizeValue(_Out):
     ci: tuple[int | None, int | None] | None = None
     formula: str
     note: str | None = None
+    meaning: str | None = None
 
 
 class PerTolerance(_Out):
@@ -421,7 +474,11 @@ class PerTolerance(_Out):
     theoretical_tight: SampleSizeValue | NotComputed
     squared: SampleSizeValue | NotComputed
     squared_rms: SampleSizeValue | NotComputed
+    loss_accuracy: SampleSizeValue | NotComputed | None = None
+    loss_accuracy_squared: SampleSizeValue | NotComputed | None = None
+    loss_error_at_empirical: float | None = None
     available_is_enough: bool | None = None
+    available_is_enough_stabilisation: bool | None = None
 
 
 class BoundValue(_Out):
@@ -442,6 +499,15 @@ class OffMinimumFit(_Out):
     theorem7_formula: str | None = None
 
 
+class LossVarianceOut(_Out):
+    """σ² of the per-example losses at w* with its interval (docs/numbers.md)."""
+
+    value: float
+    ci: Interval | None = None
+    se: float | None = None
+    formula: str
+
+
 class SampleSizeSection(_Out):
     status: Literal["computed"] = "computed"
     n_losses: int
@@ -455,6 +521,10 @@ class SampleSizeSection(_Out):
     hessian_norm_bound: BoundValue | None = None
     radius: float | None = None
     available_samples: int | None = None
+    available_samples_source: Literal["targets", "measurements (deprecated)"] | None = None
+    loss_variance: LossVarianceOut | None = None
+    recommended_criterion: Literal["loss_accuracy", "landscape_stabilisation"] | None = None
+    recommended_criterion_reason: str | None = None
     off_minimum: list[OffMinimumFit] = Field(default_factory=list)
     per_tolerance: list[PerTolerance] = Field(default_factory=list)
     missing: list[Missing] = Field(default_factory=list)
@@ -465,6 +535,26 @@ class Estimate(_Out):
     ci: Interval | None = None
     se: float | None = None
     formula: str
+    dof: int | None = None
+
+
+class NoiseReliability(_Out):
+    """Selection bias of a noise-scale ratio (docs/numbers.md): `p_defined` is the probability
+    that a re-measurement is defined, `median_ratio` the median estimate/truth among those."""
+
+    p_defined: float
+    median_ratio: float | None = None
+    formula: str
+
+
+class NoiseTrendOut(_Out):
+    """B_simple / B_noise at one intermediate checkpoint (oldest first)."""
+
+    checkpoint: str | None = None
+    step: int | None = None
+    b_simple: Estimate | NotComputed
+    b_noise: Estimate | NotComputed
+    b_simple_reliability: NoiseReliability | None = None
 
 
 class BCrit(_Out):
@@ -481,6 +571,8 @@ class BCrit(_Out):
     b_20pct_overhead_ci: Interval | None = None
     b_20pct_overhead_formula: str | None = None
     measured_range: tuple[int, int] | None = None
+    input_unit: Literal["examples", "tokens"] = "examples"
+    unit: Literal["examples", "tokens"] = "examples"
 
 
 class LrScaling(_Out):
@@ -506,6 +598,13 @@ class BatchSizeSection(_Out):
     recommended_basis: str | None = None
     recommended_formula: str | None = None
     lr_scaling: LrScaling | NotComputed
+    unit: Literal["examples", "tokens"] = "examples"
+    tokens_per_example: float | None = None
+    recommended_tokens: int | None = None
+    b_simple_reliability: NoiseReliability | None = None
+    b_noise_reliability: NoiseReliability | None = None
+    trend: list[NoiseTrendOut] = Field(default_factory=list)
+    trend_note: str | None = None
     missing: list[Missing] = Field(default_factory=list)
 
 
@@ -548,12 +647,146 @@ class CurvatureSection(_Out):
     gradient_norm_at_w_star: float | None = None
     assumption1_ratio: float | None = None
     assumption1_formula: str | None = None
+    assumption1_mean_gradient_ratio: float | None = None
+    per_sample_gradient_rms: float | None = None
     missing: list[Missing] = Field(default_factory=list)
 
 
-class Recommendation(_Out):
-    """`result.recommendation` (docs/openapi.json)."""
+# --------------------------------------------------------------------------- the budget
+DEFAULT_TOLERANCE_RATIO = 0.01
+"""Without ``targets.tolerances`` the tolerance is r × the mean loss at w*, r = 1 %."""
 
+
+class BudgetInterval(_Out):
+    low: float | None
+    high: float | None
+
+
+class LandscapeStabilisation(_Out):
+    """k*(ε) of Petrov et al. (2025): beyond it one more example changes the average loss by
+    about ε or less. A per-example increment, NOT the accuracy of the loss (docs/numbers.md)."""
+
+    examples: int | None = Field(description="k*(ε), examples.")
+    ci: tuple[int | None, int | None] | None = None
+    tolerance: float = Field(description="ε, loss units (nats per token).")
+    label: str
+
+
+class BudgetData(_Out):
+    """How many training examples to have, and what that number guarantees."""
+
+    recommended_examples: int | None = Field(description="Examples (rows: sequences).")
+    recommended_examples_ci: tuple[float | None, float | None] | None = Field(
+        default=None, description="Interval of recommended_examples, examples."
+    )
+    recommended_tokens: float | None = Field(
+        default=None, description="recommended_examples × tokens per example."
+    )
+    unit: Literal["examples"] = "examples"
+    source: Literal["data_sweep", "loss_accuracy", "not_available"]
+    criterion: str = Field(description="Which number leads and why.")
+    guarantee: str = Field(description="What the number guarantees, in a user's words.")
+    target_loss: float | None = Field(
+        default=None, description="Held-out loss the data-sweep size is for (nats per token)."
+    )
+    tolerance: float | None = Field(
+        default=None, description="ε of the loss-accuracy size, loss units (nats per token)."
+    )
+    loss_accuracy_examples: int | None = Field(
+        default=None,
+        description="The loss-accuracy sample size (examples), also when a data sweep leads.",
+    )
+    landscape_stabilisation: LandscapeStabilisation | None = None
+    available_samples: int | None = Field(
+        default=None, description="targets.available_samples: examples you have, examples."
+    )
+    available_is_enough: bool | None = Field(
+        default=None,
+        description="available_samples ≥ the upper end of the recommendation's interval "
+        "(null: available_samples not given, or nothing recommended).",
+    )
+    available_note: str | None = None
+    reason: str | None = Field(default=None, description="Why nothing is recommended.")
+
+
+class BudgetBatch(_Out):
+    """Which batch size to train at; every batch size in examples, and in tokens."""
+
+    recommended: int | None = Field(
+        description="Power of two nearest the critical batch, examples."
+    )
+    recommended_tokens: float | None = None
+    critical: float | None = Field(
+        description="Critical batch size B_crit (the batch trading steps against examples "
+        "equally: S = 2·S_min, E = 2·E_min), examples."
+    )
+    critical_ci: tuple[float | None, float | None] | None = None
+    critical_tokens: float | None = None
+    critical_tokens_ci: tuple[float | None, float | None] | None = None
+    unit: Literal["examples"] = "examples"
+    tokens_per_example: float | None = None
+    source: Literal["batch_sweep", "noise_scale_trend", "not_available"]
+    basis: str = Field(description="Where the critical batch comes from, in words.")
+    target_loss: float | None = Field(default=None, description="Loss the batch is for (nats).")
+    expected_steps: float | None = Field(
+        default=None, description="Optimizer steps to the target at `recommended` (steps)."
+    )
+    expected_steps_ci: tuple[float | None, float | None] | None = None
+    expected_steps_formula: str | None = None
+    expected_examples: float | None = Field(
+        default=None, description="expected_steps × recommended, examples."
+    )
+    reason: str | None = Field(default=None, description="Why something is not available.")
+
+
+class BudgetLearningRate(_Out):
+    """2/λ_max: the learning rate above which gradient descent / SGD diverges along the top
+    Hessian direction. Not a limit for Adam (its step is preconditioned)."""
+
+    gd_stability_limit: float | None = Field(
+        description="2/λ_max (learning-rate units of plain GD/SGD), an upper bound when λ_max "
+        "comes from the largest block."
+    )
+    lambda_max: float | None = Field(description="λ_max used (loss / parameter² units).")
+    lambda_max_source: str | None = None
+    label: str
+    reason: str | None = None
+
+
+class BudgetDefaults(_Out):
+    """What the budget assumed where `targets` was silent (docs/budget.md)."""
+
+    tolerances_given: bool
+    tolerance_ratio: float = Field(description="r: default tolerance = r × mean loss at w*.")
+    mean_loss_at_w_star: float | None = Field(description="Nats per token.")
+    tolerances: list[float] = Field(description="Tolerances used, loss units (nats per token).")
+    target_loss_given: bool
+    target_loss: float | None = Field(description="Target loss used, nats per token.")
+    target_loss_rule: str
+
+
+class Budget(_Out):
+    """The answer in one place: how much data, which batch size, which learning-rate limit.
+
+    A pipeline reads this; the sections below it hold the measurements and fits behind it
+    (docs/budget.md says what leads where and why)."""
+
+    data: BudgetData
+    batch: BudgetBatch
+    learning_rate: BudgetLearningRate
+    defaults: BudgetDefaults
+    warnings: list[str] = Field(default_factory=list)
+
+
+class Recommendation(_Out):
+    """`result.recommendation` (docs/openapi.json): the budget first (docs/budget.md), then the
+    sections behind it."""
+
+    budget: Budget | None = Field(
+        default=None,
+        description="How much data, which batch size, the learning-rate limit (always set by "
+        "the planner; null only in recommendations stored before it existed).",
+    )
     sample_size: SampleSizeSection | NotComputed
     batch_size: BatchSizeSection | NotComputed
     scaling: ScalingSection | NotComputed

@@ -6,9 +6,9 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from curvplan.types.planner import Recommendation
+from curvplan.types.planner import Budget, Recommendation
 
 
 class RecommendationLinks(BaseModel):
@@ -24,6 +24,11 @@ class LatestRecommendation(BaseModel):
     kind: str
     tags: dict[str, str]
     finished_at: datetime | None
+    budget: Budget | None = Field(
+        default=None,
+        description="recommendation.budget, first: how much data, which batch size, the "
+        "learning-rate limit (null for recommendations stored before the budget existed).",
+    )
     recommendation: Recommendation
     links: RecommendationLinks
 

@@ -3,6 +3,7 @@ on a database of their own (a worker claims every gpu job of its database)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -32,14 +33,18 @@ def service_env(database_url: str, data_dir: Path) -> dict[str, str]:
         DATABASE_URL=database_url,
         CURVPLAN_DATA_DIR=str(data_dir),
         CURVPLAN_WORKER_SELF_TEST="false",  # the engine tests check HVPs; keep jobs short
+        CURVPLAN_WORKER_THREADS="1",  # cores are shared with the API and the tests
         CURVPLAN_LOG_LEVEL="INFO",
         CURVPLAN_LONG_POLL_INTERVAL_SECONDS="0.05",
         CURVPLAN_RETRY_BACKOFF_BASE_SECONDS="0.2",
         CURVPLAN_RETRY_BACKOFF_MAX_SECONDS="0.5",
         CURVPLAN_WORKER_STALE_SECONDS="4",
         CURVPLAN_MAX_ARTIFACT_BYTES=str(256 * 1024),
+        # file:// artifacts are refused unless the operator names roots: one under the data dir.
+        CURVPLAN_ARTIFACT_URI_ROOTS=json.dumps([str(data_dir / "files")]),
         PYTHONUNBUFFERED="1",
     )
+    (data_dir / "files").mkdir(parents=True, exist_ok=True)
     return env
 
 

@@ -321,23 +321,25 @@ def test_replan_refuses_unfinished_foreign_and_non_analyze_jobs(
 
 
 def test_file_uri_artifacts_are_validated_when_the_job_starts(
-    client: httpx.Client, tmp_path: Path, files: dict[str, Path]
+    client: httpx.Client, service: Service, files: dict[str, Path]
 ) -> None:
     import pickle
 
-    fake = tmp_path / "checkpoint.safetensors"
+    root = service.data_dir / "files"  # the service's configured file:// root
+    fake = root / f"checkpoint-{uuid.uuid4().hex[:6]}.safetensors"
     fake.write_bytes(pickle.dumps({"embed.weight": [0.0] * 88}))
     data = upload(client, files["data"], "dataset")
     outcomes = {}
-    for label, uri in (("pickle", fake.as_uri()), ("missing", (tmp_path / "nope").as_uri())):
+    for label, uri in (("pickle", fake.as_uri()), ("missing", (root / "nope").as_uri())):
         registered = client.post("/v1/artifacts", json={"kind": "checkpoint", "uri": uri})
         assert registered.status_code == 201, registered.text
         job = submit(client, checkpoint=registered.json()["id"], dataset=data)
         outcomes[label] = wait_terminal(client, job["id"], timeout=60)
     assert outcomes["pickle"]["status"] == "failed"
     assert outcomes["pickle"]["error"]["type"] == "invalid-artifact"
-    assert "pickle" in outcomes["pickle"]["error"]["detail"]
-    assert outcomes["pickle"]["error"]["detail"].startswith("checkpoint: ")
+    detail = outcomes["pickle"]["error"]["detail"]
+    assert detail.startswith("checkpoint: ") and "not a valid safetensors" in detail
+    assert "pickle" not in detail  # what the file holds stays in the worker's log
     assert outcomes["missing"]["error"]["type"] == "artifact-unreadable"
 
 

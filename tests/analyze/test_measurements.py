@@ -89,6 +89,28 @@ def test_planner_fields_validate_and_take_noise_from_the_last_intermediate() -> 
     without, notes = planner_fields(result, [])
     assert "gradient_noise" not in without
     assert any("undefined" in n for n in notes)
+    # every intermediate checkpoint, oldest first, is the trend; names travel with it
+    named = [{**n, "checkpoint": f"ckpt-{i}"} for i, n in enumerate(noise)]
+    trend = Measurements(**planner_fields(result, named)[0]).gradient_noise_trend
+    assert [p.checkpoint for p in trend] == ["ckpt-0", "ckpt-1"]
+    assert [p.grad_sq_norm for p in trend] == [9.0, 4.0]
+
+
+def test_planner_fields_carry_the_rms_per_example_gradient_and_tokens_per_example() -> None:
+    result = {
+        **_result(),
+        "gradient_noise": {
+            "grad_sq_norm": -0.1,
+            "trace_sigma": 3.0,
+            "rms_deviation": 1.7,
+            "mean_count": 31.5,
+            "gradient_norm": 0.01,
+        },
+    }
+    fields, _ = planner_fields(result, [])
+    measurements = Measurements(**fields)
+    assert measurements.per_sample_gradient_rms == 1.7
+    assert measurements.tokens_per_example == 31.5
 
 
 @pytest.mark.parametrize(

@@ -56,9 +56,25 @@ def test_revoked_key_is_401(client, db_session, api_key) -> None:
     assert_problem(client.get("/v1/jobs", headers={"Authorization": f"Bearer {api_key}"}), 401)
 
 
-def test_health_and_metrics_need_no_key(client) -> None:
+def test_health_needs_no_key_and_metrics_an_operator_key(
+    client, auth_headers, operator_headers, db_session
+) -> None:
+    from curvplan_server.auth.operator import create_service_key
+
     assert client.get("/healthz").status_code == 200
-    assert client.get("/metrics").status_code == 200
+    assert_problem(client.get("/metrics"), 401)
+    # A project key is valid, but /metrics counts every project's jobs: 403.
+    assert_problem(client.get("/metrics", headers=auth_headers), 403)
+    assert client.get("/metrics", headers=operator_headers).status_code == 200
+    # Scopes decide: a workers-only operator key cannot scrape.
+    workers_only = create_service_key(db_session, ["workers:read"])
+    db_session.commit()
+    limited = {"Authorization": f"Bearer {workers_only}"}
+    assert_problem(client.get("/metrics", headers=limited), 403)
+    assert client.get("/v1/workers", headers=limited).status_code == 200
+    assert_problem(client.get("/v1/workers", headers=auth_headers), 403)
+    bogus = {"Authorization": "Bearer cpo_not-a-key"}
+    assert_problem(client.get("/v1/workers", headers=bogus), 401)
 
 
 def test_auth_disabled_acts_as_default_project(settings, db_session, plan_body) -> None:

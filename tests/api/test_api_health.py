@@ -25,6 +25,12 @@ def _client(application: Any) -> Any:
     return TestClient(application, raise_server_exceptions=False)
 
 
+def _scrape(application: Any) -> str:
+    from curvplan_server.metrics import render_metrics
+
+    return render_metrics(application.state.metrics_registry).decode()
+
+
 def test_healthz(client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
 
@@ -70,9 +76,8 @@ def test_readyz_503_when_database_unreachable(settings) -> None:
     with _client(application) as c:
         problem = assert_problem(c.get("/readyz"), 503)
         assert problem["checks"]["database"] == "unreachable"
-        metrics = c.get("/metrics")
-        assert metrics.status_code == 200
-        assert "curvplan_metrics_db_up 0.0" in metrics.text
+        # A scrape still answers, and says the queue gauges could not be read.
+        assert "curvplan_metrics_db_up 0.0" in _scrape(application)
 
 
 def test_creating_the_app_does_not_touch_the_database(settings, caplog) -> None:
@@ -85,8 +90,8 @@ def test_creating_the_app_does_not_touch_the_database(settings, caplog) -> None:
     application = create_app(settings.model_copy(update={"database_url": bad}))
     try:
         assert [r for r in caplog.records if r.name == "curvplan_server.metrics"] == []
-        with _client(application) as c:  # control: a scrape does query, and says it failed
-            assert "curvplan_metrics_db_up 0.0" in c.get("/metrics").text
+        # control: a scrape does query, and says it failed
+        assert "curvplan_metrics_db_up 0.0" in _scrape(application)
         assert [r for r in caplog.records if r.name == "curvplan_server.metrics"] != []
     finally:
         application.state.engine.dispose()
@@ -99,9 +104,9 @@ def _gauge(text_: str, name: str, labels: str = "") -> float:
     return float(match.group(1))
 
 
-def test_metrics_count_requests_by_route_template(client, auth_headers) -> None:
+def test_metrics_count_requests_by_route_template(client, auth_headers, operator_headers) -> None:
     client.get(f"/v1/jobs/{uuid.uuid4()}", headers=auth_headers)
-    body = client.get("/metrics").text
+    body = client.get("/metrics", headers=operator_headers).text
     assert (
         'curvplan_http_requests_total{method="GET",route="/v1/jobs/{job_id}",status="404"}' in body
     )
@@ -118,28 +123,28 @@ def test_queue_gauges_read_committed_jobs_at_scrape_time(settings, database_url)
     engine = make_engine(database_url)
     name = f"metrics-{uuid.uuid4().hex[:6]}"
     try:
-        with _client(application) as c:
-            before = c.get("/metrics").text
-            with make_sessionmaker(engine)() as s:
-                project = get_or_create_project(s, name)
-                for i in range(3):
-                    s.execute(
-                        text(
-                            "INSERT INTO job (id, project_id, kind, queue, request, created_at) "
-                            "VALUES (:id, :p, 'plan', 'cpu', '{}', "
-                            "now() - make_interval(secs => :age))"
-                        ),
-                        {"id": uuid.uuid4(), "p": project.id, "age": 100 + i},
-                    )
+        # The collector itself (the route's operator key is tested in test_api_auth).
+        before = _scrape(application)
+        with make_sessionmaker(engine)() as s:
+            project = get_or_create_project(s, name)
+            for i in range(3):
                 s.execute(
                     text(
-                        "INSERT INTO worker (id, hostname, pid, queues) "
-                        "VALUES (:id, 'h', 1, ARRAY['cpu'])"
+                        "INSERT INTO job (id, project_id, kind, queue, request, created_at) "
+                        "VALUES (:id, :p, 'plan', 'cpu', '{}', "
+                        "now() - make_interval(secs => :age))"
                     ),
-                    {"id": f"w-{name}"},
+                    {"id": uuid.uuid4(), "p": project.id, "age": 100 + i},
                 )
-                s.commit()
-            after = c.get("/metrics").text
+            s.execute(
+                text(
+                    "INSERT INTO worker (id, hostname, pid, queues) "
+                    "VALUES (:id, 'h', 1, ARRAY['cpu'])"
+                ),
+                {"id": f"w-{name}"},
+            )
+            s.commit()
+        after = _scrape(application)
         key = 'queue="cpu",status="queued"'
         assert _gauge(after, "curvplan_jobs", key) - _gauge(before, "curvplan_jobs", key) == 3
         assert _gauge(after, "curvplan_queue_oldest_queued_age_seconds", 'queue="cpu"') >= 102
@@ -154,7 +159,7 @@ def test_queue_gauges_read_committed_jobs_at_scrape_time(settings, database_url)
 
 
 def test_workers_endpoint_reports_heartbeats(
-    client, auth_headers, other_auth_headers, db_session, plan_body
+    client, auth_headers, operator_headers, db_session, plan_body
 ) -> None:
     created = client.post("/v1/jobs", json=plan_body, headers=auth_headers)
     assert created.status_code == 202, created.text
@@ -171,7 +176,9 @@ def test_workers_endpoint_reports_heartbeats(
         {"job": job_id},
     )
     db_session.commit()
-    response = client.get("/v1/workers", headers=auth_headers)
+    # Hostnames, pids and jobs of every project: an operator concern, not a project's.
+    assert_problem(client.get("/v1/workers", headers=auth_headers), 403)
+    response = client.get("/v1/workers", headers=operator_headers)
     assert response.status_code == 200
     by_id = {w["id"]: w for w in response.json()["items"]}
     assert by_id["fresh-1"]["live"] is True
@@ -179,16 +186,11 @@ def test_workers_endpoint_reports_heartbeats(
     assert by_id["fresh-1"]["queues"] == ["gpu"]
     assert by_id["stale-1"]["live"] is False
     assert by_id["done-1"]["live"] is False
-    stopped = client.get("/v1/workers", params={"status": "stopped"}, headers=auth_headers)
+    stopped = client.get("/v1/workers", params={"status": "stopped"}, headers=operator_headers)
     assert {w["id"] for w in stopped.json()["items"]} >= {"done-1"}
     assert "fresh-1" not in {w["id"] for w in stopped.json()["items"]}
-    assert_problem(client.get("/v1/workers", params={"status": "x"}, headers=auth_headers), 422)
-    # Workers are shared, but another project does not learn the id of this project's job.
-    others = {
-        w["id"]: w for w in client.get("/v1/workers", headers=other_auth_headers).json()["items"]
-    }
-    assert others["fresh-1"]["live"] is True
-    assert others["fresh-1"]["current_job_id"] is None
+    bad = client.get("/v1/workers", params={"status": "x"}, headers=operator_headers)
+    assert_problem(bad, 422)
 
 
 def test_api_process_never_imports_torch(database_url) -> None:

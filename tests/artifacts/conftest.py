@@ -21,6 +21,8 @@ def settings(database_url: str, tmp_path: Path) -> Any:
         log_format="console",
         data_dir=tmp_path / "data",
         max_artifact_bytes=MAX_ARTIFACT_BYTES,
+        # file:// artifacts are refused unless the operator names roots: one under the data dir.
+        artifact_uri_roots=[tmp_path / "data" / "files"],
     )
 
 

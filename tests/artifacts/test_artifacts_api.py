@@ -236,20 +236,17 @@ def test_unauthenticated_upload_is_401(client: Any) -> None:
 
 # --------------------------------------------------------------------------- uri artifacts
 def test_file_uri_is_registered_and_other_schemes_refused(
-    client: Any, auth_headers: dict[str, str]
+    client: Any, auth_headers: dict[str, str], settings: Any
 ) -> None:
+    uri = (settings.artifact_uri_roots[0] / "sample.safetensors").as_uri()
     ok = client.post(
         "/v1/artifacts",
         headers=auth_headers,
-        json={"kind": "dataset", "uri": "file:///data/sample.safetensors", "name": "sample"},
+        json={"kind": "dataset", "uri": uri, "name": "sample"},
     )
     assert ok.status_code == 201, ok.text
     body = ok.json()
-    assert (body["storage"], body["uri"], body["sha256"]) == (
-        "uri",
-        "file:///data/sample.safetensors",
-        None,
-    )
+    assert (body["storage"], body["uri"], body["sha256"]) == ("uri", uri, None)
     assert "content" not in body["links"]
     for uri in ("s3://bucket/x.safetensors", "http://host/x", "file://host/x", "file:///a/../b"):
         refused = client.post(

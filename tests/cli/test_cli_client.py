@@ -108,10 +108,15 @@ def test_plan_json_in_a_pipe_and_report_files(
     files = run_cli(["report", job["id"], "--out", str(out)], live.client_env())
     assert files.code == 0, files.stderr
     written = sorted(Path(line).name for line in files.stdout.split())
-    assert written == sorted(["delta-curve.svg", "block-norms.svg", "batch-size.svg",
-                              "loss-vs-data.svg", "report.html", "numbers.json"])  # fmt: skip
+    drawn = ["delta-curve", "block-norms", "batch-size", "loss-vs-data"]
+    assert written == sorted([*(f"{p}.{fmt}" for p in drawn for fmt in ("svg", "png")),
+                              "report.html", "numbers.json"])  # fmt: skip
+    for plot in drawn:  # the service's drawings, byte for byte
+        assert (out / f"{plot}.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+        assert "<svg" in (out / f"{plot}.svg").read_text()
     numbers = json.loads((out / "numbers.json").read_text())
     assert numbers["job"]["id"] == job["id"]
+    assert numbers["headline"]["batch.b_crit"] == pytest.approx(b_crit)
     assert numbers["plots"]["batch-size"]["numbers"]["fit"]["b_crit"] == pytest.approx(b_crit)
     assert "analyze" in numbers["plots"]["off-diagonal"]["empty_reason"]
 

@@ -309,12 +309,11 @@ def test_artifacts_and_analyze(api: curvplan.Client, tmp_path: Any) -> None:
     }
 
     # the report draws the real analyze result: block heatmap, off-diagonal map, bounds
-    from curvplan_server.reports.plots import build_plots
-
-    plots = {p.id: p for p in build_plots(done.model_dump(mode="json"))}
-    assert plots["block-norms"].svg is not None and plots["off-diagonal"].svg is not None
+    plots = {p.id: p for p in api.list_plots(done.id).plots}
+    assert plots["block-norms"].files is not None and plots["off-diagonal"].files is not None
     assert plots["off-diagonal"].numbers["blocks"] == ["layers.0.q", "layers.0.k", "layers.0.v"]
-    assert plots["bounds"].svg is not None or "bound" in (plots["bounds"].empty_reason or "")
+    assert plots["bounds"].files is not None or "bound" in (plots["bounds"].empty_reason or "")
+    assert api.get_plot(done.id, "off-diagonal", "png").startswith(b"\x89PNG")
     measured = {b.name: b.spectral_norm for b in done.result.measurements.blocks or []}
     assert plots["bounds"].numbers["measured"] == list(measured.values())
 

@@ -132,11 +132,17 @@ def test_url_must_be_http() -> None:
 
 
 def test_client_cli_and_report_code_never_import_torch() -> None:
+    """Nor does the client draw: it downloads the service's figures (no matplotlib), and
+    the API loads matplotlib on the first report, not at start."""
     code = (
         "import sys, curvplan, curvplan.cli; curvplan.Client; curvplan.AsyncClient; "
-        "import curvplan.commands.client, curvplan.client.display; "
-        "import curvplan_server.reports.files, curvplan_server.reports.router; "
+        "import curvplan.commands.client, curvplan.client.display, curvplan.report_files; "
+        "assert 'matplotlib' not in sys.modules, 'the client imported matplotlib'; "
+        "assert 'curvplan_server' not in sys.modules, 'the client imported the server'; "
+        "import curvplan_server.reports.router; "
         "import curvplan_server.main; "
+        "assert 'matplotlib' not in sys.modules, 'the API start imported matplotlib'; "
+        "import curvplan_server.reports.cache; "
         "assert 'torch' not in sys.modules, 'torch was imported'; print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

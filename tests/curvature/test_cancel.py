@@ -68,12 +68,16 @@ class CountingObjective:
         self.arm_at = arm_at
         self.calls = 0
 
-    def example_losses(self, model: nn.Module, inputs: Tensor, targets: Tensor):
+    def output_losses(self, outputs: Tensor, targets: Tensor):
+        """The engine's one objective protocol: every evaluation goes through here."""
         self.flag.work()
         self.calls += 1
         if self.calls == self.arm_at:
             self.flag.arm()
-        return self.inner.example_losses(model, inputs, targets)
+        return self.inner.output_losses(outputs, targets)
+
+    def example_losses(self, model: nn.Module, inputs: Tensor, targets: Tensor):
+        return self.output_losses(model(inputs), targets)
 
 
 def mlp_and_data(n: int = 12) -> tuple[nn.Module, Tensor, Tensor]:

@@ -170,9 +170,12 @@ def test_compose_services_and_gpu_reservation() -> None:
 def _named_commands() -> list[list[str]]:
     commands = [svc["command"] for svc in _compose()["services"].values() if "command" in svc]
     for lines in _stages().values():
+        entrypoint: list[str] = []  # a stage's ENTRYPOINT comes before its CMD
         for line in lines:
+            if line.upper().startswith("ENTRYPOINT"):
+                entrypoint = yaml.safe_load(line[len("ENTRYPOINT") :].strip())
             if line.upper().startswith("CMD"):
-                commands.append(yaml.safe_load(line[3:].strip()))
+                commands.append([*entrypoint, *yaml.safe_load(line[3:].strip())])
     return [c if isinstance(c, list) else shlex.split(c) for c in commands]
 
 

@@ -74,7 +74,9 @@ def expected_recommendation(request: dict[str, Any], seed: int) -> dict[str, Any
     return make_plan(measurements, targets, seed=seed).model_dump(mode="json")
 
 
-def submit_and_wait(base: str, key: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def submit_and_wait(
+    base: str, key: str, operator_key: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """POST a plan job, long-poll it to a terminal status; return (job, submitted body)."""
     body = plan_body()
     headers = {"Authorization": f"Bearer {key}"}
@@ -90,7 +92,9 @@ def submit_and_wait(base: str, key: str) -> tuple[dict[str, Any], dict[str, Any]
         recommendation = client.get(f"{location}/recommendation")
         job["_recommendation_status"] = recommendation.status_code
         job["_recommendation"] = recommendation.json()
-        job["_workers"] = client.get("/v1/workers").json()["items"]
+        if operator_key is not None:  # /v1/workers is an operator route
+            workers = client.get("/v1/workers", headers={"Authorization": f"Bearer {operator_key}"})
+            job["_workers"] = workers.json()["items"]
     return job, body
 
 
@@ -133,7 +137,25 @@ def e2e_key(database_url: str) -> Iterator[str]:
     engine.dispose()
 
 
-def test_serve_and_worker_run_a_plan_job(database_url: str, e2e_key: str, tmp_path) -> None:
+@pytest.fixture
+def e2e_operator_key(database_url: str) -> Iterator[str]:
+    from curvplan_server.auth.operator import create_service_key
+    from curvplan_server.db import make_engine, make_sessionmaker
+
+    engine = make_engine(database_url)
+    name = f"e2e-operator-{uuid.uuid4().hex[:8]}"
+    with make_sessionmaker(engine)() as session:
+        key = create_service_key(session, ["workers:read"], name)
+        session.commit()
+    yield key
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM service_credential WHERE name = :n"), {"n": name})
+    engine.dispose()
+
+
+def test_serve_and_worker_run_a_plan_job(
+    database_url: str, e2e_key: str, e2e_operator_key: str, tmp_path
+) -> None:
     port = free_port()
     env = {**os.environ, "DATABASE_URL": database_url, "CURVPLAN_DATA_DIR": str(tmp_path)}
     logs = {name: (tmp_path / f"{name}.log").open("wb") for name in ("api", "worker")}
@@ -152,7 +174,7 @@ def test_serve_and_worker_run_a_plan_job(database_url: str, e2e_key: str, tmp_pa
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: httpx.get(f"{base}/readyz").status_code == 200, 90, "/readyz", api)
-        job, body = submit_and_wait(base, e2e_key)
+        job, body = submit_and_wait(base, e2e_key, e2e_operator_key)
         check_succeeded(job, body)
         assert any(w["live"] and w["pid"] == worker.pid for w in job["_workers"])
         from curvplan_server.db import make_engine

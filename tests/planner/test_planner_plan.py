@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,6 +35,7 @@ FULL = {
         {"name": "l0.v", "lambda_max": 30.0, "lambda_min": 0.0, "spectral_norm": 30.0},
     ],
     "gradient_norm_at_w_star": 0.5,
+    "per_sample_gradient_rms": 0.8,
 }
 TARGETS = {
     "tolerances": [0.01, 0.001],
@@ -167,3 +169,27 @@ def test_property_two_batch_series_never_break_the_plan(
         assert "b_simple_undefined" in [w.code for w in rec.warnings]
     else:
         assert batch.b_simple.value > 0
+
+
+def test_assumption1_checks_per_example_gradients_not_the_mean() -> None:
+    """At an exact least-squares minimum the mean gradient is 0 but the per-example gradients
+    are not: the check uses their RMS, and the mean-gradient ratio alone is not a pass."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(500, 3))
+    y = x @ np.array([1.0, -2.0, 0.5]) + rng.normal(0, 0.3, 500)
+    w_star = np.linalg.lstsq(x, y, rcond=None)[0]
+    per_example = 2 * x * (x @ w_star - y)[:, None]  # ∇(xᵀw − y)² at w*
+    mean = per_example.mean(axis=0)
+    rms = float(np.sqrt(((per_example - mean) ** 2).sum(axis=1).mean()))
+    m_bound = float(np.linalg.eigvalsh(2 * x.T @ x / 500).max())
+    body = {
+        "gradient_norm_at_w_star": float(np.linalg.norm(mean)),
+        "per_sample_gradient_rms": rms,
+        "hessian_norm_bound": m_bound,
+    }
+    rec = _plan(body, {"radius": 0.01})
+    curvature = rec["curvature"]
+    assert curvature["assumption1_mean_gradient_ratio"] < 1e-10
+    assert curvature["assumption1_ratio"] == pytest.approx(2 * rms / (m_bound * 0.01))
+    assert curvature["assumption1_ratio"] > 10
+    assert "assumption1_gradient_norm" in {w["code"] for w in rec["warnings"]}

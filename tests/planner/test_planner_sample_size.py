@@ -75,8 +75,10 @@ def test_property_plan_k_monotone_in_tolerance(tolerances: list[float]) -> None:
 
 
 def test_section_values_and_intervals() -> None:
-    m = Measurements(per_sample_losses=LOSSES, hessian_norm_bound=12.3, available_samples=1000)
-    t = Targets(tolerances=[0.01, 0.0001], radius=0.1, orderings=50, bootstrap=300)
+    m = Measurements(per_sample_losses=LOSSES, hessian_norm_bound=12.3)
+    t = Targets(
+        tolerances=[0.01, 0.0001], radius=0.1, orderings=50, bootstrap=300, available_samples=1000
+    )
     section = make_plan(m, t).sample_size
     fit = section.fit
     assert fit.alpha_ci[0] <= fit.alpha <= fit.alpha_ci[1]
@@ -89,11 +91,29 @@ def test_section_values_and_intervals() -> None:
     assert loose.empirical.ci[0] <= loose.empirical.k <= loose.empirical.ci[1]
     assert loose.theoretical.k == math.ceil((2 * max(LOSSES) + 12.3 * 0.01) / 0.01) - 1
     assert loose.theoretical_tight.k == math.ceil((max(LOSSES) + 12.3 * 0.01) / 0.01) - 1
-    assert loose.available_is_enough is True
-    assert tight.available_is_enough is False
+    # 1000 examples stabilise the landscape at ε = 0.01 but do not pin the loss to ±0.01
+    assert loose.available_is_enough_stabilisation is True
+    assert loose.loss_accuracy.ci[1] > 1000 and loose.available_is_enough is False
+    assert tight.available_is_enough is False and tight.available_is_enough_stabilisation is False
+    assert section.available_samples == 1000 and section.available_samples_source == "targets"
+    assert section.recommended_criterion == "loss_accuracy"
     codes = [w.code for w in make_plan(m, t).warnings]
     assert "available_samples_insufficient" in codes
     assert "extrapolation" in codes
+    assert "deprecated_field" not in codes
+
+
+def test_available_samples_in_measurements_is_deprecated_but_accepted() -> None:
+    t = Targets(tolerances=[0.5], orderings=8, bootstrap=0)
+    old = make_plan(Measurements(per_sample_losses=LOSSES, available_samples=10**6), t)
+    assert old.sample_size.available_samples == 10**6
+    assert old.sample_size.available_samples_source == "measurements (deprecated)"
+    assert old.sample_size.per_tolerance[0].available_is_enough is True
+    assert "deprecated_field" in [w.code for w in old.warnings]
+    # no fallback to the number of measured losses: without a dataset size there is no verdict
+    none = make_plan(Measurements(per_sample_losses=LOSSES), t).sample_size
+    assert none.available_samples is None and none.per_tolerance[0].available_is_enough is None
+    assert "available_is_enough" in [m.item for m in none.missing]
 
 
 def test_off_minimum_curves_from_perturbed_losses() -> None:

@@ -50,8 +50,15 @@ def test_inconsistent_options_are_refused(overrides, message):
 
 
 def test_each_queue_preloads_only_its_own_kinds():
-    assert modules_for_queues(["cpu"]) == ["curvplan_worker.kinds.plan"]  # no torch on cpu workers
-    assert modules_for_queues(["gpu"]) == ["curvplan_worker.kinds.analyze"]
+    # no torch on cpu workers: the plan kind and the sweep's parent (fan-out and fit)
+    assert modules_for_queues(["cpu"]) == [
+        "curvplan_worker.kinds.plan",
+        "curvplan_worker.kinds.sweep",
+    ]
+    assert modules_for_queues(["gpu"]) == [
+        "curvplan_worker.kinds.analyze",
+        "curvplan_worker.kinds.sweep_point",
+    ]
     assert set(modules_for_queues(["cpu", "gpu"])) == {spec.module for spec in KINDS.values()}
 
 

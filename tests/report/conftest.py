@@ -57,7 +57,15 @@ def plan_job() -> dict[str, Any]:
     }
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
+def plan_plots(plan_job: dict[str, Any]) -> list[Any]:
+    """The figures of ``plan_job``, drawn once per session (drawing costs seconds)."""
+    from curvplan_server.reports.plots import build_plots
+
+    return build_plots(plan_job)
+
+
+@pytest.fixture(scope="session")
 def analyze_job(plan_job: dict[str, Any]) -> dict[str, Any]:
     """An analyze-shaped job: engine blocks with bounds and off-diagonal norms."""
     names = ["layers.0.q", "layers.0.k", "layers.0.v", "layers.1.q"]
@@ -91,3 +99,11 @@ def analyze_job(plan_job: dict[str, Any]) -> dict[str, Any]:
         "recommendation": plan_job["result"]["recommendation"],
     }
     return job
+
+
+@pytest.fixture(scope="session")
+def analyze_plots(analyze_job: dict[str, Any]) -> list[Any]:
+    """The figures of ``analyze_job``, drawn once per session."""
+    from curvplan_server.reports.plots import build_plots
+
+    return build_plots(analyze_job)

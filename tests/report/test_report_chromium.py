@@ -65,13 +65,13 @@ def test_report_page_in_chromium(browser: str, live: LiveService) -> None:
 
 
 def test_analyze_report_renders_every_plot_kind(
-    browser: str, analyze_job: dict, tmp_path: Path
+    browser: str, analyze_job: dict, analyze_plots: list, tmp_path: Path
 ) -> None:
     """Heatmaps and the measured-vs-bound chart (analyze jobs) in the browser too."""
     from curvplan_server.reports.page import render_report
 
     page = tmp_path / "analyze-report.html"
-    page.write_text(render_report(analyze_job))
+    page.write_text(render_report(analyze_job, analyze_plots))
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report-analyze-synthetic.png"
     shot.unlink(missing_ok=True)

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import time
 import uuid
+import xml.etree.ElementTree as ET
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from curvplan_server.auth.keys import lookup_key
 from curvplan_server.jobs import service
 from curvplan_server.jobs.models import Job
 from curvplan_server.reports import signing
 
+SVG = "{http://www.w3.org/2000/svg}"
+
 
 @pytest.fixture
-def finished_job(db_session: Any, api_key: str, plan_job: dict[str, Any]) -> str:
+def undrawn_job(db_session: Any, api_key: str, plan_job: dict[str, Any]) -> str:
     """A succeeded plan job of the api_key's project, with the plan_job fixture's result."""
     project_id = lookup_key(db_session, api_key).project_id  # type: ignore[union-attr]
     body = {**plan_job["request"], "name": '<script>alert("x")</script>', "tags": {"t": "a&b"}}
@@ -30,6 +33,16 @@ def finished_job(db_session: Any, api_key: str, plan_job: dict[str, Any]) -> str
     )
     db_session.commit()
     return job_id
+
+
+@pytest.fixture
+def finished_job(db_session: Any, undrawn_job: str, plan_plots: list[Any]) -> str:
+    """``undrawn_job`` with its figures already kept (drawn once per session, for speed)."""
+    from curvplan_server.reports.cache import store_plots
+
+    store_plots(db_session, uuid.UUID(undrawn_job), plan_plots)
+    db_session.commit()
+    return undrawn_job
 
 
 def test_report_with_bearer_key(
@@ -119,3 +132,73 @@ def test_signing_round_trip_and_secret_file(tmp_path: Any) -> None:
     assert signing.verify(secret, job, uuid.uuid4(), 2_000_000_000, token, now=1e9)
     assert signing.verify(b"other", job, project, 2_000_000_000, token, now=1e9)
     assert "expired" in (signing.verify(secret, job, project, 2_000_000_000, token, now=3e9) or "")
+
+
+def _kept(db_session: Any, job_id: str) -> list[tuple[str, Any]]:
+    from curvplan_server.reports.models import JobPlot
+
+    t = JobPlot.__table__.c
+    rows = db_session.execute(
+        select(t.name, t.created_at).where(t.job_id == uuid.UUID(job_id)).order_by(t.position)
+    )
+    return [tuple(r) for r in rows]
+
+
+def test_figures_are_drawn_once_and_served_as_svg_and_png(
+    client: Any, db_session: Any, auth_headers: dict[str, str], undrawn_job: str
+) -> None:
+    assert _kept(db_session, undrawn_job) == []
+    listing = client.get(f"/v1/jobs/{undrawn_job}/plots", headers=auth_headers)
+    assert listing.status_code == 200
+    plots = {p["id"]: p for p in listing.json()["plots"]}
+    assert list(plots) == ["delta-curve", "block-norms", "off-diagonal", "bounds",
+                           "batch-size", "loss-vs-data"]  # fmt: skip
+    kept = _kept(db_session, undrawn_job)
+    assert [name for name, _ in kept] == list(plots)
+
+    drawn = plots["batch-size"]
+    assert drawn["files"]["png"] == f"/v1/jobs/{undrawn_job}/plots/batch-size.png"
+    png = client.get(drawn["files"]["png"], headers=auth_headers)
+    assert png.status_code == 200 and png.headers["content-type"] == "image/png"
+    assert png.content.startswith(b"\x89PNG\r\n\x1a\n")
+    assert "immutable" in png.headers["cache-control"]
+    svg = client.get(drawn["files"]["svg"], headers=auth_headers)
+    assert svg.headers["content-type"].startswith("image/svg+xml")
+    texts = ["".join(t.itertext()) for t in ET.fromstring(svg.content).iter(f"{SVG}text")]
+    assert any(t.startswith("B_crit = ") for t in texts)
+    assert _kept(db_session, undrawn_job) == kept  # served from the kept drawing, not redrawn
+    page = client.get(f"/v1/jobs/{undrawn_job}/report", headers=auth_headers)
+    assert page.status_code == 200 and 'id="batch-size"' in page.text
+    assert _kept(db_session, undrawn_job) == kept
+
+    empty = client.get(f"/v1/jobs/{undrawn_job}/plots/bounds.svg", headers=auth_headers)
+    assert empty.status_code == 404 and "analyze" in empty.json()["detail"]
+    assert plots["bounds"]["files"] is None and plots["bounds"]["empty_reason"]
+    unknown = client.get(f"/v1/jobs/{undrawn_job}/plots/nope.png", headers=auth_headers)
+    assert unknown.status_code == 404
+    gif = client.get(f"/v1/jobs/{undrawn_job}/plots/batch-size.gif", headers=auth_headers)
+    assert gif.status_code == 422 and gif.headers["content-type"].startswith(
+        "application/problem+json"
+    )
+
+
+def test_figures_need_the_project_and_a_succeeded_job(
+    client: Any,
+    db_session: Any,
+    auth_headers: dict[str, str],
+    other_auth_headers: dict[str, str],
+    finished_job: str,
+) -> None:
+    path = f"/v1/jobs/{finished_job}/plots/delta-curve.png"
+    assert client.get(path).status_code == 401
+    assert client.get(path, headers=other_auth_headers).status_code == 404
+    db_session.execute(
+        update(Job.__table__)
+        .where(Job.__table__.c.id == uuid.UUID(finished_job))
+        .values(status="failed")
+    )
+    db_session.commit()
+    refused = client.get(path, headers=auth_headers)
+    assert refused.status_code == 409 and "failed" in refused.json()["detail"]
+    listing = client.get(f"/v1/jobs/{finished_job}/plots", headers=auth_headers).json()
+    assert all(p["files"] is None and "failed" in p["empty_reason"] for p in listing["plots"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,10 +23,13 @@ from sqlalchemy import Engine, create_engine, pool, text
 from curvplan.types.artifacts import uri_allowed, uri_path
 from curvplan_server.artifacts.blobstore import BlobStore
 from curvplan_server.artifacts.checks import ArtifactContentError, check_kind
+from curvplan_server.artifacts.regular_files import NotARegularFile, validate_regular_file
 from curvplan_server.artifacts.safetensors_format import InvalidSafetensors, validate_file
 from curvplan_server.config import get_settings
 from curvplan_server.storage.blobs import delete_if_unreferenced, place_blob
 from curvplan_worker.errors import JobError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -102,15 +106,17 @@ def resolve(
             )
         return ResolvedArtifact(str(row.id), row.kind, path, row.sha256, field)
     roots = get_settings().artifact_uri_roots
-    if not uri_allowed(row.uri, roots):  # the roots may have narrowed since registration
+    if not uri_allowed(row.uri, roots):  # none configured, or narrowed since registration
+        # One answer for every path outside the roots: it must not tell which exist.
         raise JobError(
             "artifact-not-allowed",
             "An artifact's file is outside the allowed directories",
-            f"{field}: {row.uri} is not under {', '.join(str(r) for r in roots)}",
+            f"{field}: artifact {artifact_id}: file:// artifacts must lie under the "
+            "directories the operator configured (CURVPLAN_ARTIFACT_URI_ROOTS)",
         )
     path = Path(uri_path(row.uri))
     try:
-        info = validate_file(str(path))
+        info = validate_regular_file(str(path))
         check_kind(kind, info)
     except FileNotFoundError:
         raise JobError(
@@ -118,15 +124,27 @@ def resolve(
             "An artifact's file cannot be read",
             f"{field}: {row.uri} does not exist on this worker",
         ) from None
+    except NotARegularFile:
+        raise JobError(
+            "artifact-unreadable",
+            "An artifact's file cannot be read",
+            f"{field}: {row.uri} is not a regular file (a FIFO, device or directory)",
+        ) from None
     except OSError as exc:
         raise JobError(
             "artifact-unreadable",
             "An artifact's file cannot be read",
-            f"{field}: {row.uri}: {exc.strerror or exc}",
+            f"{field}: {row.uri}: {exc.strerror or type(exc).__name__}",
         ) from None
-    except (InvalidSafetensors, ArtifactContentError) as exc:
+    except (InvalidSafetensors, ArtifactContentError, RecursionError) as exc:
+        # The reason may quote what the file holds (a declared length, tensor names): it
+        # goes to the worker's log, never into the job's error.
+        log.warning("file:// artifact %s is invalid: %s", artifact_id, exc)
         raise JobError(
-            "invalid-artifact", "An artifact is not a valid safetensors file", f"{field}: {exc}"
+            "invalid-artifact",
+            "An artifact is not a valid safetensors file",
+            f"{field}: {row.uri} is not a valid safetensors {kind} (the worker's log has "
+            "the reason)",
         ) from None
     return ResolvedArtifact(str(row.id), row.kind, path, None, field)
 

@@ -107,9 +107,12 @@ def planner_fields(
     maximum, docs/formulas.md#sample-size, and says it is a measured lower estimate); ``theory``
     (inside the paper's assumptions or not, with reasons) from ``result["bounds"]``;
     ``blocks`` from the block spectra; ``gradient_norm_at_w_star`` from ``gradient_norm``
-    (Assumption 1). Gradient noise comes from the LAST intermediate checkpoint (the one
-    closest to w*; at w* itself |G|² ≈ 0 and B_simple is undefined, McCandlish et al. 2018
-    §2.2); without intermediate checkpoints there is none and a note says so.
+    (Assumption 1) and ``per_sample_gradient_rms`` (the RMS per-example gradient deviation at
+    w*, what Assumption 1 really needs) with ``tokens_per_example`` from the w* gradient noise.
+    Gradient noise comes from the LAST intermediate checkpoint (the one closest to w*; at w*
+    itself |G|² ≈ 0 and B_simple is undefined, McCandlish et al. 2018 §2.2) and EVERY
+    intermediate checkpoint, oldest first, goes to ``gradient_noise_trend``; without
+    intermediate checkpoints there is none and a note says so.
     """
     per_sample = result.get("per_sample")
     fields, notes = planner_measurements(per_sample=per_sample if per_sample else None)
@@ -137,6 +140,13 @@ def planner_fields(
         fields["blocks"] = blocks
     if result.get("gradient_norm") is not None:
         fields["gradient_norm_at_w_star"] = float(result["gradient_norm"])
+    if result.get("gradient_noise"):
+        at_w_star = result["gradient_noise"]
+        if isinstance(at_w_star, Mapping) and at_w_star.get("rms_deviation") is not None:
+            # Assumption 1 needs every per-example gradient at w* small, not only the mean
+            fields["per_sample_gradient_rms"] = float(at_w_star["rms_deviation"])
+        if isinstance(at_w_star, Mapping) and at_w_star.get("mean_count"):
+            fields["tokens_per_example"] = float(at_w_star["mean_count"])
     noise_source = intermediate_noise[-1] if intermediate_noise else None
     if noise_source is None:
         notes.append(
@@ -148,4 +158,19 @@ def planner_fields(
         notes.extend(more)
         if direct:
             fields["gradient_noise"] = direct
+        trend = []
+        for stats in intermediate_noise:
+            point, _ = planner_gradient_noise(stats)
+            if not point:
+                continue
+            if stats.get("checkpoint") is not None:
+                point["checkpoint"] = str(stats["checkpoint"])[:200]
+            if isinstance(stats.get("step"), int) and stats["step"] >= 0:
+                point["step"] = stats["step"]
+            if isinstance(stats.get("loss"), int | float) and stats["loss"] >= 0:
+                point["loss"] = float(stats["loss"])  # the budget evaluates the trend at a loss
+            trend.append(point)
+        if trend:
+            # every checkpoint, oldest first: the noise scale's trend over training
+            fields["gradient_noise_trend"] = trend
     return fields, notes

@@ -146,6 +146,11 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             request["model"], intermediates, str(dataset.path), options, machine, ctx
         )
         fields, notes = planner_fields(result, noise)
+        sweep_fields, sweep_target = _sweep_fields(engine, project_id, body.sweeps)
+        fields.update(sweep_fields)
+        fields.setdefault("tokens_per_example", _tokens_per_example(request["model"], dataset))
+        if fields["tokens_per_example"] is None:
+            fields.pop("tokens_per_example")
         measurements = _measurements(fields)  # before any output is stored
         ctx.report_progress(0.93, "storing outputs", "bulky arrays → job artifacts")
         slim, groups = split_bulky(result)
@@ -165,6 +170,8 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         engine.dispose()
     ctx.report_progress(0.96, "planning", "measurements → recommendation")
     targets: Targets = body.targets
+    if targets.target_loss is None and sweep_target is not None:
+        targets = targets.model_copy(update={"target_loss": sweep_target})
     seed = targets.seed if targets.seed is not None else uuid.UUID(ctx.job_id).int % (2**31)
     recommendation = make_plan(measurements, targets, seed=seed)
     ctx.report_progress(1.0, "planning", "recommendation ready")
@@ -176,6 +183,50 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         "notes": notes,
         "recommendation": recommendation.model_dump(mode="json"),
     }
+
+
+def _sweep_fields(
+    engine: Any, project_id: uuid.UUID, sweeps: list[uuid.UUID]
+) -> tuple[dict[str, Any], float | None]:
+    """Measurements from finished sweep jobs of the project: the batch sweep's steps to target
+    and the data sweep's loss-vs-data table (the budget then leads with them), and the sweep's
+    target loss (used when targets.target_loss is not given)."""
+    from sqlalchemy import text
+
+    fields: dict[str, Any] = {}
+    target = None
+    for i, sweep_id in enumerate(sweeps):
+        with engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT kind, status, result FROM job WHERE id = :id AND project_id = :p"),
+                {"id": sweep_id, "p": project_id},
+            ).one_or_none()
+        if row is None or row.kind != "sweep":
+            raise JobError("invalid-request", "Not a sweep", f"sweeps.{i}: no sweep job {sweep_id}")
+        if row.status != "succeeded":
+            raise JobError(
+                "invalid-request",
+                "The sweep has not succeeded",
+                f"sweeps.{i}: sweep job {sweep_id} is {row.status}",
+            )
+        measured = (row.result or {}).get("measurements") or {}
+        sweep = (row.result or {}).get("sweep") or {}
+        for key in ("steps_to_target", "loss_vs_data"):
+            if key in measured:
+                fields[key] = measured[key]
+        if sweep.get("tokens_per_example"):
+            fields["tokens_per_example"] = sweep["tokens_per_example"]
+        if sweep.get("target_loss") is not None and (target is None or sweep["type"] == "batch"):
+            target = float(sweep["target_loss"])
+    return fields, target
+
+
+def _tokens_per_example(spec: dict[str, Any], dataset: Any) -> float | None:
+    """Loss terms per example of a causal LM (its sequence length); None otherwise."""
+    task = spec.get("task") or {}
+    if task.get("type") == "causal_lm":
+        return float(task["seq_len"])
+    return None
 
 
 def _machine(settings: Any) -> MachineSettings:
@@ -306,6 +357,9 @@ def _intermediate_noise(
 ) -> list[dict[str, Any]]:
     """Gradient-noise statistics at each intermediate checkpoint (McCandlish et al. 2018 §2.2).
 
+    In the order the checkpoints were given (oldest first: the planner reports the trend).
+    Adaptive by default (``noise_adaptive``): gradient examples are added until |G|² is
+    significantly positive or ``noise_max_examples`` are spent.
     Uses the STATS helper's ``gradient_noise_from_sample`` on the same evaluation sample,
     with the same precision, device and seed as the main analysis.
     """
@@ -366,10 +420,16 @@ def _intermediate_noise(
                     n_hessian=options.get("noise_hessian_examples"),
                     seed=int(options.get("seed", 0)),
                     batch_size=micro_batch or 32,
+                    adaptive=bool(options.get("noise_adaptive", True)),
+                    max_examples=options.get("noise_max_examples"),
+                    max_groups=int(options.get("noise_max_groups", 64)),
                 )
         except Cancelled:
             raise JobCancelled() from None
         stats = _clean(stats)
+        with torch.no_grad():
+            losses, counts = objective.example_losses(model, data.inputs, data.targets)
+            stats["loss"] = float(losses.sum() / counts.sum())
         stats.pop("grad_indices", None)
         stats.pop("hessian_indices", None)
         stats["checkpoint"] = shards[0].id if len(shards) == 1 else [a.id for a in shards]

@@ -21,6 +21,14 @@ _DIRECT_KEYS = (
     "gHg_se",
     "trace_h_sigma_se",
     "n_samples",
+    "log_b_simple_se",
+    "log_b_noise_se",
+    "jackknife_groups",
+    "b_simple_p_defined",
+    "b_simple_median_ratio",
+    "b_noise_p_defined",
+    "b_noise_median_ratio",
+    "stop_reason",
 )
 
 
@@ -28,8 +36,8 @@ def planner_gradient_noise(stats: Mapping[str, Any]) -> tuple[dict[str, Any], li
     """The planner's ``DirectNoiseStats`` dict from ``gradient_noise_statistics`` + notes.
 
     Every estimate is passed through unchanged, negative ones included: an unbiased |G|² (or
-    tr Σ, GᵀHG) can be negative near w* (docs/numerics.md#negative-estimates) and is never
-    clamped or
+    tr Σ, GᵀHG) can be negative near w* (docs/numerics.md#negative-estimates) and is never clamped
+    or
     dropped; the planner then reports B_simple (B_noise) undefined with its warning
     (McCandlish et al. 2018 App. A: ratio of the unbiased estimates). A note says so.
     Returns (dict, notes).
@@ -83,4 +91,8 @@ def planner_measurements(
         out["gradient_noise"] = direct
         notes.extend(more)
         out["gradient_norm_at_w_star"] = float(gradient_noise["gradient_norm"])
+        if gradient_noise.get("rms_deviation") is not None:
+            out["per_sample_gradient_rms"] = float(gradient_noise["rms_deviation"])
+        if gradient_noise.get("mean_count"):
+            out["tokens_per_example"] = float(gradient_noise["mean_count"])
     return out, notes

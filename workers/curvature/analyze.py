@@ -413,6 +413,7 @@ def _gradient_noise(model, objective, data, opts, micro_batch) -> dict | None:
         n_hessian=opts.noise_hessian_examples,
         seed=opts.seed,
         batch_size=micro_batch or 32,
+        max_groups=opts.noise_max_groups,
     )
 
 

@@ -71,9 +71,15 @@ def write_example(
     n_eval: int = 64,
     seed: int = 0,
     lr: float = 3e-3,
+    n_train: int = 4096,
+    checkpoint_steps: tuple[int, ...] = (10, 25, 50, 100, 200),
 ) -> dict:
-    """Train the example model and write ``spec.json``, ``checkpoint.safetensors``,
-    ``data.safetensors`` (held-out evaluation sample) into ``out_dir``. Returns a summary."""
+    """Train the example model and write into ``out_dir``: ``spec.json``,
+    ``checkpoint.safetensors`` (w* at the end), ``data.safetensors`` (held-out evaluation
+    sample), ``train.safetensors`` (the ``n_train`` training sequences the model was trained
+    on, for sweeps) and ``step_<n>.safetensors`` intermediate checkpoints at
+    ``checkpoint_steps`` (for the gradient-noise trend, and as a sweep's start). Returns a
+    summary."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     spec = EXAMPLE_SPEC
@@ -87,9 +93,15 @@ def write_example(
     objective = objective_for(spec)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     first = last = math.nan
+    train_seq = sample_sequences(trans, pi, n_train, task["seq_len"], gen)
+    saved = []
     try:
         for step in range(steps):
-            seq = sample_sequences(trans, pi, batch_size, task["seq_len"], gen)
+            if step in checkpoint_steps:
+                save_checkpoint(model, out / f"step_{step}.safetensors")
+                saved.append(step)
+            pick = torch.randint(0, n_train, (batch_size,), generator=gen)
+            seq = train_seq[pick]
             loss = dataset_loss(objective, model, seq[:, :-1], seq[:, 1:])
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -108,7 +120,13 @@ def write_example(
     (out / "spec.json").write_text(json.dumps(spec, indent=2) + "\n")
     save_checkpoint(model, out / "checkpoint.safetensors")
     save_dataset(data, out / "data.safetensors")
+    save_dataset(
+        Dataset(train_seq[:, :-1].contiguous(), train_seq[:, 1:].contiguous()),
+        out / "train.safetensors",
+    )
     summary = {
+        "intermediate_checkpoints": [f"step_{n}.safetensors" for n in saved],
+        "n_train": n_train,
         "steps": steps,
         "first_train_loss": first,
         "last_train_loss": last,

@@ -30,7 +30,7 @@ exactly unbiased when every example has the same count.)
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,6 +38,12 @@ import torch
 from torch import Tensor, nn
 
 from curvplan_worker.curvature.cancel import check_cancel
+from curvplan_worker.curvature.device import eval_mode
+from curvplan_worker.curvature.noise_stream import (
+    GroupedGradientSums,
+    selection_bias,
+    stream_estimates,
+)
 from curvplan_worker.curvature.objective import Objective
 from curvplan_worker.curvature.operator import CurvatureEngine
 from curvplan_worker.curvature.per_sample import (
@@ -54,7 +60,9 @@ ExampleLossObjective = Objective
 
 __all__ = [
     "DEFAULT_MAX_GRAD_EXAMPLES",
+    "DEFAULT_MAX_GROUPS",
     "DEFAULT_MAX_HESSIAN_EXAMPLES",
+    "DEFAULT_NOISE_BUDGET",
     "HessianForms",
     "NoiseEstimates",
     "PerExampleGradients",
@@ -68,6 +76,11 @@ __all__ = [
 ]
 
 GradientMethod = Literal["vmap", "loop", "auto"]
+
+DEFAULT_MAX_GRAD_EXAMPLES = 64
+DEFAULT_MAX_HESSIAN_EXAMPLES = 64
+DEFAULT_MAX_GROUPS = 64
+DEFAULT_NOISE_BUDGET = 1024
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,6 +408,96 @@ def two_batch_series(
 # ---------------------------------------------------------------------------------------------
 
 
+def _raw_gradient_chunks(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    inputs: Tensor,
+    targets: Tensor,
+    order: Tensor,
+    base: Mapping[str, Tensor],
+    chunk_size: int,
+    method: GradientMethod,
+) -> Iterator[tuple[Tensor, Tensor, str]]:
+    """(∇s_i rows fp64 on CPU, counts, method used) per chunk of ``order`` (unnormalised)."""
+    device, _ = _model_device_dtype(base)
+    names = list(base)
+    used = method
+    with CurvatureEngine(model, objective, param_names=names) as engine:
+        for start in range(0, order.numel(), chunk_size):
+            check_cancel("per-example gradients")
+            idx = order[start : start + chunk_size]
+            x = _to_device(inputs[idx], device)
+            y = _to_device(targets[idx], device)
+            g, c, used = engine.per_example_gradients(
+                x, y, names, method="loop" if used == "loop" else method
+            )
+            if bool((c <= 0).any()):
+                bad = idx[torch.nonzero(c <= 0).flatten()[:10]].tolist()
+                raise ValueError(
+                    f"targets: examples {bad} have no loss terms (count 0, e.g. all ignored)"
+                )
+            yield g, c, used
+
+
+def _significant(acc: GroupedGradientSums, confidence: float) -> bool:
+    """One-sided test |G|² > 0 at ``confidence`` (Student-t, groups − 1 dof) on the sums so far."""
+    from scipy import stats as sps
+
+    _, n_b, q_b = acc.active()
+    if n_b.numel() < 3:
+        return False
+    est = stream_estimates(acc.gram(), n_b, q_b)
+    crit = float(sps.t.ppf(confidence, n_b.numel() - 1))
+    return est.grad_sq_norm_se is not None and est.grad_sq_norm - crit * est.grad_sq_norm_se > 0
+
+
+def stream_gradient_sums(
+    model: nn.Module,
+    objective: ExampleLossObjective,
+    inputs: Tensor,
+    targets: Tensor,
+    *,
+    param_names: Sequence[str] | None = None,
+    chunk_size: int = 32,
+    method: GradientMethod = "auto",
+    max_groups: int = DEFAULT_MAX_GROUPS,
+    adaptive: bool = False,
+    min_examples: int = DEFAULT_MAX_GRAD_EXAMPLES,
+    confidence: float = 0.95,
+) -> tuple[GroupedGradientSums, list[str], str, str]:
+    """Per-example gradients streamed into ``GroupedGradientSums`` (O(max_groups · D) memory).
+
+    Non-adaptive: every example. Adaptive: examples in order, looking at n = min_examples,
+    2·min_examples, 4·min_examples, … (few looks, so the optional stopping barely moves the
+    test's level) and stopping once |G|² is significantly positive at ``confidence``
+    (McCandlish et al. 2018 §2.2 needs |G|² > 0 for B_simple) or the examples are spent.
+    Returns (sums, parameter names, gradient method, stop reason: "significant" | "budget" |
+    "fixed").
+    """
+    n = _check_sample(inputs, targets)
+    _check_batch_size(chunk_size)
+    if method not in ("vmap", "loop", "auto"):
+        raise ValueError(f"method: must be 'vmap', 'loop' or 'auto', got {method!r}")
+    base = select_parameters(model, param_names)
+    acc = GroupedGradientSums(_numel(base), max_groups=max_groups)
+    look = max(2, min(min_examples, n))
+    used = method
+    stop = "fixed" if not adaptive else "budget"
+    with eval_mode(model):
+        for g, c, chunk_method in _raw_gradient_chunks(
+            model, objective, inputs, targets, torch.arange(n), base, chunk_size, method
+        ):
+            used = chunk_method
+            acc.add(g, c)
+            if adaptive and acc.n >= look:
+                if _significant(acc, confidence):
+                    stop = "significant"
+                    break
+                while look <= acc.n:
+                    look *= 2
+    return acc, list(base), used, stop
+
+
 def gradient_noise_statistics(
     model: nn.Module,
     objective: ExampleLossObjective,
@@ -409,6 +512,12 @@ def gradient_noise_statistics(
     b_small: int | None = None,
     b_big: int | None = None,
     method: GradientMethod = "auto",
+    max_groups: int = DEFAULT_MAX_GROUPS,
+    adaptive: bool = False,
+    min_examples: int = DEFAULT_MAX_GRAD_EXAMPLES,
+    confidence: float = 0.95,
+    bias_draws: int = 1000,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """|G|², tr Σ, GᵀHG, tr(HΣ) with standard errors, B_simple, B_noise, |ḡ| (JSON-able).
 
@@ -417,16 +526,26 @@ def gradient_noise_statistics(
     ``hessian_targets``; must be different examples from the gradient batch — the caller's
     responsibility; ``gradient_noise_from_sample`` draws a disjoint split). Without a Hessian
     batch only |G|² and tr Σ are estimated. ``gradient_norm`` is the raw |ḡ| at w* (Petrov et
-    al. 2025, Assumption 1 says it is 0). The keys shared with the planner's
-    ``DirectNoiseStats`` carry its names; B ratios are None where the denominator is ≤ 0
-    (e.g. |G|² at w*, docs/numerics.md#negative-estimates: never clamped).
+    al. 2025, Assumption 1 says it is 0); ``rms_deviation`` is √(mean_i |g_i − ḡ|²), what the
+    Assumption 1 check needs (every per-example gradient must vanish, not only the mean).
+
+    The gradients are streamed (``noise_stream``): memory is ``max_groups`` × D fp64 whatever
+    the number of examples; with at most ``max_groups`` examples every statistic equals the
+    Gram-matrix form (``noise_estimates_from_gram``) and its leave-one-out jackknife. The
+    Hessian terms use one Hessian-vector product per group (micro-batch gradients). Also:
+    ``log_b_simple_se``/``log_b_noise_se`` (jackknife of the log-ratio on the same gradients),
+    ``jackknife_groups``, and the selection bias of the ratios (``b_*_p_defined``,
+    ``b_*_median_ratio``, ``noise_stream.selection_bias``). ``adaptive`` stops adding examples
+    once |G|² is significantly positive (``stream_gradient_sums``). Σ is the covariance of
+    PER-EXAMPLE (per-sequence) gradients. B ratios are None where the denominator is ≤ 0 (e.g.
+    |G|² at w*, docs/numerics.md#negative-estimates: never clamped).
     """
-    n = _check_sample(grad_inputs, grad_targets)
-    if n < 2:
+    n_total = _check_sample(grad_inputs, grad_targets)
+    if n_total < 2:
         raise ValueError("grad_inputs: the unbiased estimators need at least 2 examples")
     if (hessian_inputs is None) != (hessian_targets is None):
         raise ValueError("hessian_inputs/hessian_targets: give both or neither")
-    pg = per_example_gradients(
+    acc, names, used, stop = stream_gradient_sums(
         model,
         objective,
         grad_inputs,
@@ -434,8 +553,16 @@ def gradient_noise_statistics(
         param_names=param_names,
         chunk_size=batch_size,
         method=method,
+        max_groups=max_groups,
+        adaptive=adaptive,
+        min_examples=min_examples,
+        confidence=confidence,
     )
-    gram = pg.grads @ pg.grads.T
+    n = acc.n
+    scale = 1.0 / acc.mean_count
+    sums, n_b, q_b = acc.active()
+    w = acc.gram() * scale**2
+    q_s = q_b * scale**2
     forms: HessianForms | None = None
     n_hessian = 0
     if hessian_inputs is not None and hessian_targets is not None:
@@ -445,17 +572,35 @@ def gradient_noise_statistics(
             objective,
             hessian_inputs,
             hessian_targets,
-            pg.grads,
-            param_names=pg.param_names,
+            sums * scale,
+            param_names=names,
             batch_size=batch_size,
             n_groups=n_hessian_groups,
         )
-    est = noise_estimates_from_gram(gram, forms)
+    est = stream_estimates(
+        w,
+        n_b,
+        q_s,
+        hessian_forms=forms.forms if forms is not None else None,
+        hessian_counts=forms.counts if forms is not None else None,
+    )
+    bias_simple = bias_noise = None
+    if bias_draws > 0:
+        bias_simple, bias_noise = selection_bias(
+            w,
+            n_b,
+            q_s,
+            confidence=confidence,
+            draws=bias_draws,
+            seed=seed,
+            hessian_total=forms.total if forms is not None else None,
+        )
     series = None
     if b_small is not None or b_big is not None:
         if b_small is None or b_big is None:
             raise ValueError("b_small/b_big: give both or neither")
-        series = two_batch_series(gram, b_small, b_big, forms.total if forms else None)
+        if acc.group_size == 1:
+            series = two_batch_series(w, b_small, b_big, forms.total if forms else None)
     return {
         "grad_sq_norm": est.grad_sq_norm,
         "grad_sq_norm_se": est.grad_sq_norm_se,
@@ -465,18 +610,29 @@ def gradient_noise_statistics(
         "gHg_se": est.gHg_se,
         "trace_h_sigma": est.trace_h_sigma,
         "trace_h_sigma_se": est.trace_h_sigma_se,
+        "log_b_simple_se": est.log_b_simple_se,
+        "log_b_noise_se": est.log_b_noise_se,
+        "jackknife_groups": est.groups if est.groups >= 3 else None,
+        "group_size": acc.group_size,
+        "b_simple_p_defined": None if bias_simple is None else bias_simple.p_defined,
+        "b_simple_median_ratio": None if bias_simple is None else bias_simple.median_ratio,
+        "b_noise_p_defined": None if bias_noise is None else bias_noise.p_defined,
+        "b_noise_median_ratio": None if bias_noise is None else bias_noise.median_ratio,
         "n_samples": n,
+        "n_available": n_total,
+        "stop_reason": stop,
         "n_hessian_samples": n_hessian,
         "n_hessian_groups": int(forms.forms.shape[0]) if forms is not None else 0,
         "hessian_se_includes_batch": est.hessian_se_includes_batch,
         "b_simple": _ratio(est.trace_sigma, est.grad_sq_norm),
         "b_noise": _ratio(est.trace_h_sigma, est.gHg),
-        "gradient_norm": math.sqrt(est.raw_grad_sq_norm),
+        "gradient_norm": math.sqrt(max(est.raw_grad_sq_norm, 0.0)),
         "raw_grad_sq_norm": est.raw_grad_sq_norm,
-        "mean_count": pg.mean_count,
-        "n_parameters": int(pg.grads.shape[1]),
+        "rms_deviation": est.rms_deviation,
+        "mean_count": acc.mean_count,
+        "n_parameters": acc.dim,
         "n_hvp_products": forms.n_products if forms is not None else 0,
-        "gradient_method": pg.method,
+        "gradient_method": used,
         "series": series,
     }
 
@@ -485,10 +641,6 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     if num is None or den is None or not den > 0:
         return None
     return num / den
-
-
-DEFAULT_MAX_GRAD_EXAMPLES = 64
-DEFAULT_MAX_HESSIAN_EXAMPLES = 64
 
 
 def default_series_sizes(n_grad: int) -> tuple[int, int] | None:
@@ -508,18 +660,53 @@ def gradient_noise_from_sample(
     seed: int = 0,
     b_small: int | None = None,
     b_big: int | None = None,
+    adaptive: bool = False,
+    max_examples: int | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """``gradient_noise_statistics`` on a seeded disjoint split of one sample into A and B.
 
-    A (gradients) gets ``n_grad`` examples, B (Hessian) the next ``n_hessian`` of a
-    ``torch.Generator().manual_seed(seed)`` permutation. Defaults: n_grad = min(n/2, 64),
-    n_hessian = min(rest, 64) — the cost is n_grad Hessian-vector products over B and
-    n_grad × D fp64 of memory, so larger samples are opt-in. The App. A series uses
-    ``b_small``/``b_big`` (default ``default_series_sizes(n_grad)``). The split's indices are
+    Fixed size (default): A (gradients) gets ``n_grad`` examples, B (Hessian) the next
+    ``n_hessian`` of a ``torch.Generator().manual_seed(seed)`` permutation. Defaults:
+    n_grad = min(n/2, 64), n_hessian = min(rest, 64). The App. A series uses
+    ``b_small``/``b_big`` (default ``default_series_sizes(n_grad)``).
+
+    ``adaptive``: B is the LAST ``n_hessian`` (default min(n/4, 64), at least 1) examples of the
+    permutation and A grows through the rest, from ``n_grad`` (default 64) examples up to
+    ``max_examples`` (default 1024), until |G|² is significantly positive
+    (``stream_gradient_sums``); memory stays O(max_groups · D). The split's indices are
     returned under ``grad_indices``/``hessian_indices``.
     """
     n = _check_sample(inputs, targets)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    if adaptive:
+        if n_hessian is None:
+            n_hessian = max(1, min(n // 4, DEFAULT_MAX_HESSIAN_EXAMPLES))
+        if not 1 <= n_hessian <= n - 2:
+            raise ValueError(f"n_hessian: need 1 ≤ n_hessian ≤ {n - 2}")
+        budget = DEFAULT_NOISE_BUDGET if max_examples is None else max_examples
+        if budget < 2:
+            raise ValueError(f"max_examples: need ≥ 2, got {budget}")
+        a = perm[: min(n - n_hessian, budget)]
+        b = perm[n - n_hessian :].sort().values
+        start = DEFAULT_MAX_GRAD_EXAMPLES if n_grad is None else n_grad
+        kwargs.setdefault("min_examples", max(2, start))
+        out = gradient_noise_statistics(
+            model,
+            objective,
+            inputs[a],
+            targets[a],
+            inputs[b],
+            targets[b],
+            adaptive=True,
+            seed=seed,
+            **kwargs,
+        )
+        used = a[: out["n_samples"]]
+        out["seed"] = int(seed)
+        out["grad_indices"] = used.sort().values.tolist()
+        out["hessian_indices"] = b.tolist()
+        return out
     n_grad = min(n // 2, DEFAULT_MAX_GRAD_EXAMPLES) if n_grad is None else n_grad
     if not 2 <= n_grad < n:
         raise ValueError(f"n_grad: need 2 ≤ n_grad < {n} (the Hessian batch needs examples)")
@@ -531,7 +718,6 @@ def gradient_noise_from_sample(
         sizes = default_series_sizes(n_grad)
         if sizes is not None:
             b_small, b_big = sizes
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     a = perm[:n_grad].sort().values
     b = perm[n_grad : n_grad + n_hessian].sort().values
     out = gradient_noise_statistics(
@@ -543,6 +729,7 @@ def gradient_noise_from_sample(
         targets[b],
         b_small=b_small,
         b_big=b_big,
+        seed=seed,
         **kwargs,
     )
     out["seed"] = int(seed)

@@ -4,7 +4,9 @@ Meyer, Musco, Musco & Woodruff 2021, "Hutch++: Optimal Stochastic Trace Estimati
 Algorithm 1: with m products, S, G ∈ {±1}^{n×m/3}, Q = orth(H S),
 tr(H) ≈ tr(Qᵀ H Q) + (3/m) tr(Gᵀ (I − QQᵀ) H (I − QQᵀ) G).
 The standard error is that of the Hutchinson part (sample std of gᵢᵀ P H P gᵢ over √(m/3));
-the low-rank part is exact given Q. Blocks with n ≤ m are traced exactly from n products.
+the low-rank part is exact given Q. With only m/3 (≈ 10) Hutchinson samples the interval uses
+Student-t quantiles on m/3 − 1 degrees of freedom (``dof``, ``ci``), not normal ones. Blocks
+with n ≤ m are traced exactly from n products.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from torch import Tensor
 
 from curvplan_worker.curvature.cancel import check_cancel
 
+CONFIDENCE = 0.95
+
 
 @dataclass
 class TraceEstimate:
@@ -25,11 +29,27 @@ class TraceEstimate:
     stderr: float
     n_products: int
     exact: bool
+    dof: int | None = None
+
+    def interval(self, confidence: float = CONFIDENCE) -> tuple[float, float]:
+        """value ± t_{dof}·stderr (Student-t: the SE comes from few Hutchinson samples)."""
+        if self.exact:
+            return self.value, self.value
+        if self.dof is None or self.dof < 1 or not math.isfinite(self.stderr):
+            return -math.inf, math.inf
+        from scipy import stats
+
+        half = float(stats.t.ppf((1 + confidence) / 2, self.dof)) * self.stderr
+        return self.value - half, self.value + half
 
     def as_dict(self) -> dict:
+        lo, hi = self.interval()
         return {
             "value": self.value,
             "stderr": self.stderr,
+            "dof": self.dof,
+            "ci": [lo, hi] if math.isfinite(lo) and math.isfinite(hi) else None,
+            "confidence": CONFIDENCE,
             "n_products": self.n_products,
             "exact": self.exact,
             "method": "exact" if self.exact else "hutch++",
@@ -73,4 +93,4 @@ def hutchpp_trace(
     t = torch.tensor(samples, dtype=torch.float64)
     value = low_rank + float(t.mean())
     stderr = float(t.std(unbiased=True)) / math.sqrt(third) if third > 1 else float("inf")
-    return TraceEstimate(value, stderr, 3 * third, False)
+    return TraceEstimate(value, stderr, 3 * third, False, third - 1)

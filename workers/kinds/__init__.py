@@ -9,6 +9,11 @@ call raises :class:`curvplan_worker.errors.JobCancelled` once the job's cancella
 requested, which is how cancel reaches a running job (cooperatively). A kind raises
 :class:`curvplan_worker.errors.JobError` for a failure it diagnosed (bad input, …): the job
 fails with that error and is not retried.
+
+Fan-out: instead of a result dict a kind may return :class:`FanOut` (child jobs to
+create). The job then waits for its children (``curvplan_server.jobs.fanout``) and is run
+again once they have all ended, this time with ``ctx.children`` holding their outcomes:
+that second run (the fan-in) returns the job's result.
 """
 
 from __future__ import annotations
@@ -22,6 +27,26 @@ from typing import Any
 
 from curvplan.types.jobs import QUEUE_OF_KIND
 from curvplan_worker.errors import JobCancelled
+
+
+@dataclass(frozen=True)
+class ChildJob:
+    """One child job of a fan-out: its kind, its request (a valid create body) and a name."""
+
+    kind: str
+    request: dict[str, Any]
+    name: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "request": self.request, "name": self.name}
+
+
+@dataclass(frozen=True)
+class FanOut:
+    """What a kind returns to run child jobs first; it is run again when they have ended."""
+
+    children: list[ChildJob]
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -55,7 +80,11 @@ class JobContext:
         data_dir: Path,
         send_progress: Callable[[float, str, str], None],
         is_cancelled: Callable[[], bool],
+        children: list[dict[str, Any]] | None = None,
     ) -> None:
+        #: The children's outcomes in a fan-in attempt (``id``, ``kind``, ``name``,
+        #: ``status``, ``request``, ``result``, ``error``), oldest first; None otherwise.
+        self.children = children
         self.job_id = job_id
         self.attempt = attempt
         self.data_dir = data_dir
@@ -77,7 +106,7 @@ class JobContext:
             raise JobCancelled()
 
 
-RunFunction = Callable[[dict[str, Any], JobContext], dict[str, Any]]
+RunFunction = Callable[[dict[str, Any], JobContext], "dict[str, Any] | FanOut"]
 
 
 def kind_spec(name: str) -> KindSpec:

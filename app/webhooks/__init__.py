@@ -1,0 +1,1 @@
+"""Webhooks: signing secrets, the delivery outbox and the address policy of callbacks."""

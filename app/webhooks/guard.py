@@ -1,0 +1,137 @@
+"""Where a webhook may go: the operator's host allow-list and the address policy.
+
+Checked twice: when a job names a ``webhook_url`` (the host must be allowed) and at every
+delivery, on the addresses the host resolves to *then* (a name that resolved to a public
+address at submission may resolve to 127.0.0.1 later: DNS rebinding). The connection is
+made to the address that was checked, never to a second resolution. Loopback, link-local
+(which holds the cloud metadata service 169.254.169.254), private, shared, multicast and
+reserved addresses are refused unless the operator lists their network explicitly.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# Not globally routable, or the metadata services of the big clouds: refused by default.
+BLOCKED_NETWORKS: tuple[IPNetwork, ...] = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "0.0.0.0/8",
+        "10.0.0.0/8",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",  # link-local; 169.254.169.254 is the metadata service
+        "172.16.0.0/12",
+        "192.0.0.0/24",
+        "192.168.0.0/16",
+        "198.18.0.0/15",
+        "224.0.0.0/4",
+        "240.0.0.0/4",
+        "::/128",
+        "::1/128",
+        "fc00::/7",
+        "fe80::/10",
+        "ff00::/8",
+        "fd00:ec2::254/128",  # AWS metadata over IPv6
+    )
+)
+
+
+class WebhookRefused(ValueError):
+    """The URL or the address it resolves to is not allowed."""
+
+
+def host_allowed(host: str, allowed_hosts: Iterable[str]) -> bool:
+    """``host`` matches an entry: exact (case-insensitive), '*.domain' (subdomains), '*'."""
+    host = host.lower().rstrip(".")
+    for pattern in allowed_hosts:
+        pattern = pattern.lower().strip().rstrip(".")
+        if pattern == "*" or pattern == host:
+            return True
+        if pattern.startswith("*.") and host.endswith(pattern[1:]):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class AddressPolicy:
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_networks: tuple[IPNetwork, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_lists(cls, hosts: Iterable[str], networks: Iterable[str]) -> AddressPolicy:
+        return cls(tuple(hosts), tuple(ipaddress.ip_network(n, strict=False) for n in networks))
+
+    def check_url(self, url: str) -> tuple[str, str, int]:
+        """(scheme, host, port) of an allowed URL; raises WebhookRefused otherwise."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https"):
+            raise WebhookRefused("the webhook URL must be http:// or https://")
+        if parts.username or parts.password:
+            raise WebhookRefused("the webhook URL must not carry credentials")
+        host = parts.hostname or ""
+        if not self.allowed_hosts:
+            raise WebhookRefused(
+                "webhooks are off on this service: the operator lists callback hosts in "
+                "CURVPLAN_WEBHOOK_ALLOWED_HOSTS"
+            )
+        if not host_allowed(host, self.allowed_hosts):
+            raise WebhookRefused(f"the host {host!r} is not on the webhook allow-list")
+        try:  # a literal address is checked now too
+            literal = ipaddress.ip_address(host)
+        except ValueError:
+            literal = None
+        if literal is not None:
+            self.check_address(literal)
+        return parts.scheme, host, parts.port or (443 if parts.scheme == "https" else 80)
+
+    def check_address(self, address: IPAddress) -> None:
+        """Raise WebhookRefused for a non-public address outside the allowed networks."""
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        if any(address in n for n in self.allowed_networks if n.version == address.version):
+            return
+        blocked = any(address in n for n in BLOCKED_NETWORKS if n.version == address.version)
+        if blocked or not address.is_global:
+            raise WebhookRefused(
+                f"the webhook host resolves to {address}, a loopback, link-local, private or "
+                "reserved address (allow its network in CURVPLAN_WEBHOOK_ALLOWED_NETWORKS)"
+            )
+
+    def connect(
+        self,
+        address: tuple[str, int],
+        timeout: float | None = None,
+        source_address: tuple[str, int] | None = None,
+    ) -> socket.socket:
+        """``socket.create_connection`` that resolves once, checks every address the name
+        resolves to, and connects to a checked one (used for each delivery)."""
+        host, port = address
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise WebhookRefused(f"the webhook host {host!r} does not resolve: {exc}") from None
+        resolved = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+        for ip in resolved:  # one bad address refuses the host: no choosing among them
+            self.check_address(ip)
+        last: OSError | None = None
+        for family, kind, proto, _, sockaddr in infos:
+            sock = socket.socket(family, kind, proto)
+            try:
+                if timeout is not None:
+                    sock.settimeout(timeout)
+                if source_address is not None:
+                    sock.bind(source_address)
+                sock.connect(sockaddr)
+                return sock
+            except OSError as exc:
+                sock.close()
+                last = exc
+        raise last or OSError(f"could not connect to {host}:{port}")

@@ -1,0 +1,122 @@
+"""Secrets, the submit-time check of a job's ``webhook_url`` and the delivery listing."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from curvplan.types.webhooks import (
+    WebhookAttemptOut,
+    WebhookDeliveryList,
+    WebhookDeliveryOut,
+    WebhookSecretOut,
+)
+from curvplan_server.config import Settings
+from curvplan_server.problems import Problem, validation_problem
+from curvplan_server.webhooks.guard import AddressPolicy, WebhookRefused
+from curvplan_server.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookSecret
+
+
+def policy_of(settings: Settings) -> AddressPolicy:
+    return AddressPolicy.from_lists(
+        settings.webhook_allowed_hosts, settings.webhook_allowed_networks
+    )
+
+
+def _field_problem(message: str) -> Problem:
+    return validation_problem(
+        [
+            {
+                "field": "body.webhook_url",
+                "loc": ["body", "webhook_url"],
+                "message": message,
+                "type": "value_error",
+            }
+        ]
+    )
+
+
+def check_job_webhook(
+    session: Session, settings: Settings, project_id: uuid.UUID, body: dict[str, Any]
+) -> None:
+    """422 naming ``body.webhook_url`` when its host is not allowed or the project has no
+    signing secret yet (events would be unverifiable)."""
+    url = body.get("webhook_url")
+    if url is None:
+        return
+    try:
+        policy_of(settings).check_url(str(url))
+    except WebhookRefused as exc:
+        raise _field_problem(str(exc)) from None
+    has_secret = session.execute(
+        select(WebhookSecret.__table__.c.project_id).where(
+            WebhookSecret.__table__.c.project_id == project_id
+        )
+    ).first()
+    if has_secret is None:
+        raise _field_problem(
+            "the project has no webhook signing secret: create one first with "
+            "POST /v1/webhooks/secret (`curvplan webhooks secret`)"
+        )
+
+
+def rotate_secret(session: Session, project_id: uuid.UUID) -> WebhookSecretOut:
+    """A new signing secret for the project (replaces the old one at once)."""
+    value = "whsec_" + secrets.token_urlsafe(32)
+    insert_secret = insert(WebhookSecret).values(project_id=project_id, secret=value)
+    stmt = insert_secret.on_conflict_do_update(
+        index_elements=["project_id"],
+        set_={"secret": value, "created_at": insert_secret.excluded.created_at},
+    ).returning(WebhookSecret.__table__.c.created_at)
+    created_at = session.execute(stmt).scalar_one()
+    session.commit()
+    return WebhookSecretOut(secret=value, created_at=created_at)
+
+
+def list_deliveries(
+    session: Session, project_id: uuid.UUID, job_id: uuid.UUID
+) -> WebhookDeliveryList:
+    d = WebhookDelivery.__table__.c
+    a = WebhookAttempt.__table__.c
+    rows = session.execute(
+        select(WebhookDelivery.__table__)
+        .where(d.job_id == job_id, d.project_id == project_id)
+        .order_by(d.created_at)
+    ).all()
+    attempts: dict[uuid.UUID, list[WebhookAttemptOut]] = {r.id: [] for r in rows}
+    if rows:
+        for att in session.execute(
+            select(WebhookAttempt.__table__)
+            .where(a.delivery_id.in_(list(attempts)))
+            .order_by(a.number)
+        ):
+            attempts[att.delivery_id].append(
+                WebhookAttemptOut(
+                    number=att.number,
+                    started_at=att.started_at,
+                    status_code=att.status_code,
+                    error=att.error,
+                    duration_ms=att.duration_ms,
+                )
+            )
+    return WebhookDeliveryList(
+        items=[
+            WebhookDeliveryOut(
+                id=str(r.id),
+                job_id=str(r.job_id),
+                url=r.url,
+                event_type=r.event_type,
+                status=r.status,
+                attempts=attempts[r.id],
+                next_attempt_at=r.next_attempt_at,
+                created_at=r.created_at,
+                delivered_at=r.delivered_at,
+            )
+            for r in rows
+        ]
+    )

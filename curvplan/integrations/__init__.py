@@ -1,0 +1,1 @@
+"""Connections to the tools ML teams already run (MLflow: ``curvplan.integrations.mlflow``)."""

@@ -1,0 +1,254 @@
+"""Sweeps: training runs the workers do to measure what the budget's formulas need.
+
+A ``sweep`` job fans out one ``sweep_point`` child job per training run and fits the
+results when they have all ended (see ``docs/budget.md``):
+
+* **batch sweep** — from a start checkpoint (or a seeded initialisation) train at a ladder
+  of power-of-two batch sizes until the evaluation loss reaches ``target_loss`` or the step
+  cap; fit S/S_min − 1 = (E/E_min − 1)⁻¹ (McCandlish et al. 2018, eq. 2.11) for S_min, E_min
+  and B_crit; measure B_simple with the two-batch estimator (McCandlish et al. 2018, App. A)
+  from the training gradients of the same runs.
+* **data sweep** — train on nested subsets of geometric sizes D_i with early stopping on the
+  held-out split; fit L(D) = E + A·D^(−β) and size the dataset for ``target_loss``.
+
+Batch sizes are in **examples** (rows of the dataset: sequences for a language model); the
+results also give them in tokens.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from curvplan.types.planner import BCrit, LossPoint, NotComputed, ScalingSection, StepsPoint
+from curvplan.types.spec import ModelSpec
+
+PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+MAX_POINTS = 64
+
+
+class OptimizerSpec(BaseModel):
+    """The optimizer every point of a sweep uses, at ``lr`` for ``base_batch_size`` examples."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["adamw", "sgd"] = Field(default="adamw", description="AdamW or plain SGD.")
+    lr: PosFloat = Field(default=3e-3, description="Learning rate at base_batch_size.")
+    base_batch_size: Annotated[int, Field(ge=1)] = Field(
+        default=32, description="The batch size (examples) at which `lr` is the learning rate."
+    )
+    warmup_steps: Annotated[int, Field(ge=0, le=100_000)] = Field(
+        default=10, description="Linear warm-up from 0 to the point's learning rate (steps)."
+    )
+    weight_decay: Annotated[float, Field(ge=0, le=1)] = 0.0
+    momentum: Annotated[float, Field(ge=0, lt=1)] = Field(
+        default=0.0, description="SGD momentum (ignored by AdamW)."
+    )
+    lr_rule: Literal["sqrt", "linear", "constant", "grid"] = Field(
+        default="sqrt",
+        description="Learning rate at batch B: sqrt: lr·√(B/B₀); linear: lr·B/B₀; constant: lr; "
+        "grid: the sqrt rule times each of `lr_grid`, keeping the run that reaches the "
+        "target in the fewest steps.",
+    )
+    lr_grid: Annotated[list[PosFloat], Field(min_length=1, max_length=5)] = Field(
+        default_factory=lambda: [0.5, 1.0, 2.0],
+        description="Multipliers of the sqrt-rule learning rate tried by the grid rule.",
+    )
+
+
+class SweepSettings(BaseModel):
+    """What a sweep measures and how long each run may be."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["batch", "data"] = Field(description="Batch-size sweep or dataset-size sweep.")
+    target_loss: PosFloat | None = Field(
+        default=None,
+        description="Evaluation loss (mean per-token loss, nats) a batch-sweep run trains to; "
+        "the loss a data sweep sizes the dataset for. Batch sweep: required.",
+    )
+    batch_sizes: Annotated[list[Annotated[int, Field(ge=2)]], Field(max_length=12)] | None = Field(
+        default=None,
+        description="Batch sweep: powers of two, in examples (default 8 … 128).",
+    )
+    data_sizes: Annotated[list[Annotated[int, Field(ge=2)]], Field(max_length=12)] | None = Field(
+        default=None,
+        description="Data sweep: nested subset sizes D_i in examples (default: geometric, "
+        "factor 2, from the training-data size down to 1/32 of it).",
+    )
+    batch_size: Annotated[int, Field(ge=2)] = Field(
+        default=32, description="Data sweep: the batch size of every run (examples)."
+    )
+    max_steps: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        default=2000, description="Step cap of a run; a run that hits it is censored."
+    )
+    eval_every: Annotated[int, Field(ge=1, le=10_000)] = Field(
+        default=5, description="Evaluate (and check the target / early stopping) every n steps."
+    )
+    patience: Annotated[int, Field(ge=1, le=1000)] = Field(
+        default=5, description="Data sweep: evaluations without improvement before stopping."
+    )
+    init_seed: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="Seed of the initialisation (no checkpoint) and the batch order."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SweepSettings:
+        if self.type == "batch":
+            if self.target_loss is None:
+                raise ValueError("target_loss is required for a batch sweep")
+            for b in self.batch_sizes or []:
+                if b & (b - 1):
+                    raise ValueError(f"batch_sizes must be powers of two, got {b}")
+            if self.batch_sizes is not None and len(set(self.batch_sizes)) < 2:
+                raise ValueError("batch_sizes needs at least two distinct sizes")
+        if self.data_sizes is not None and len(set(self.data_sizes)) < 3:
+            raise ValueError("data_sizes needs at least three distinct sizes")
+        return self
+
+
+class _SweepBase(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelSpec = Field(description="The model spec, as the curvature engine reads it.")
+    checkpoint: uuid.UUID | None = Field(
+        default=None,
+        description="Artifact id of the start checkpoint (an early one); null: a seeded "
+        "initialisation (sweep.init_seed).",
+    )
+    train_data: uuid.UUID = Field(description="Artifact id of the training data (dataset).")
+    eval_data: uuid.UUID = Field(
+        description="Artifact id of the held-out evaluation data (dataset): the target loss "
+        "and early stopping are measured on it."
+    )
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+
+
+class PointSettings(BaseModel):
+    """One training run of a sweep (what a ``sweep_point`` job does)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["batch", "data"]
+    batch_size: Annotated[int, Field(ge=2)]
+    lr: PosFloat = Field(description="This run's peak learning rate (after the rule).")
+    lr_multiplier: PosFloat = 1.0
+    data_size: Annotated[int, Field(ge=2)] | None = Field(
+        default=None, description="Data sweep: train on the first data_size examples."
+    )
+    target_loss: PosFloat | None = None
+    max_steps: Annotated[int, Field(ge=1, le=1_000_000)]
+    eval_every: Annotated[int, Field(ge=1)]
+    patience: Annotated[int, Field(ge=1)] = 5
+    seed: Annotated[int, Field(ge=0)] = 0
+
+
+class PointResult(BaseModel):
+    """What one run measured."""
+
+    batch_size: int = Field(description="Examples per step.")
+    batch_size_tokens: float | None = Field(description="Loss terms (tokens) per step.")
+    lr: float
+    lr_multiplier: float = 1.0
+    data_size: int | None = None
+    reached_target: bool
+    censored: bool = Field(description="Hit the step cap before the target: not in the fit.")
+    steps: float = Field(
+        description="Steps to the target, interpolated between evaluations (or run, when "
+        "censored; data sweep: the best evaluation's step)."
+    )
+    examples: float = Field(description="steps × batch_size: examples processed.")
+    best_eval_loss: float
+    best_step: int
+    eval_steps: list[int]
+    eval_losses: list[float]
+    two_batch: TwoBatchWindows | None = None
+    seconds: float
+
+
+class TwoBatchWindows(BaseModel):
+    """Squared norms of training gradients at two batch sizes, per evaluation window.
+
+    At every step the batch of b_big examples is split into two halves of b_small: their
+    gradients g₁, g₂ give |G_small|² = (|g₁|²+|g₂|²)/2 and the step's gradient
+    |G_big|² = |(g₁+g₂)/2|² (McCandlish et al. 2018, App. A)."""
+
+    b_small: int
+    b_big: int
+    window_end_steps: list[int]
+    window_eval_losses: list[float] = Field(description="Eval loss at the window's start.")
+    grad_sq_norm_small: list[list[float]]
+    grad_sq_norm_big: list[list[float]]
+
+
+PointResult.model_rebuild()
+
+
+class SweepPointOut(BaseModel):
+    """A point of a finished sweep: its child job, outcome, and whether the fit used it."""
+
+    job_id: str
+    name: str | None
+    status: str
+    used_in_fit: bool
+    excluded_reason: str | None = Field(
+        default=None, description="Why the fit left it out (censored, failed, worse lr, …)."
+    )
+    error_type: str | None = None
+    result: PointResult | None = None
+
+
+class NoiseScaleAtLoss(BaseModel):
+    """The two-batch B_simple of the training gradients of the runs, at a band of eval loss."""
+
+    eval_loss_low: float
+    eval_loss_high: float
+    value: float | None = Field(description="B_simple = tr Σ / |G|² in examples (null: undefined).")
+    ci: tuple[float | None, float | None] | None = None
+    value_tokens: float | None = None
+    n_steps: int
+    undefined_reason: str | None = None
+    formula: str
+
+
+class BatchSweepFit(BaseModel):
+    """S = S_min(1 + B_crit/B), i.e. S/S_min − 1 = (E/E_min − 1)⁻¹ (McCandlish et al. 2018,
+    eq. 2.11), fitted by the planner to the uncensored points (batch sizes in examples)."""
+
+    fit: BCrit | NotComputed
+    b_crit_tokens: float | None = Field(default=None, description="B_crit in tokens.")
+    steps_at: list[StepsPoint] = Field(
+        default_factory=list, description="The (batch size, steps) table the fit used."
+    )
+    n_points: int
+
+
+class DataSweepFit(BaseModel):
+    """L(D) = E + A·D^(−β) fitted by the planner to the best held-out loss of each subset
+    size (D in examples), and the size for the target loss."""
+
+    fit: ScalingSection | NotComputed
+    loss_vs_data: list[LossPoint] = Field(default_factory=list)
+    n_points: int
+
+
+class SweepResult(BaseModel):
+    """What a finished sweep job returns under ``result.sweep``."""
+
+    type: Literal["batch", "data"]
+    target_loss: float | None
+    optimizer: OptimizerSpec
+    tokens_per_example: float | None
+    points: list[SweepPointOut]
+    points_total: int
+    points_used: int
+    failed_points: list[str] = Field(
+        default_factory=list, description="Names of the points whose job failed."
+    )
+    batch: BatchSweepFit | None = None
+    b_simple_at_target: NoiseScaleAtLoss | None = None
+    b_simple_trend: list[NoiseScaleAtLoss] = Field(default_factory=list)
+    data: DataSweepFit | None = None
+    notes: list[str] = Field(default_factory=list)

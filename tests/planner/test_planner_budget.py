@@ -1,0 +1,178 @@
+"""recommendation.budget against generated ground truth: what leads, defaults, units."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from curvplan.types.planner import Measurements, Targets
+from curvplan_server.planner import make_plan
+
+FAST = {"orderings": 8, "bootstrap": 50}
+
+
+def _losses(n: int = 300, seed: int = 0) -> list[float]:
+    return list(np.random.default_rng(seed).gamma(4.0, 0.5, size=n))
+
+
+def test_without_targets_the_tolerance_is_r_times_the_mean_loss_and_loss_accuracy_leads():
+    losses = _losses()
+    plan = make_plan(Measurements(per_sample_losses=losses), Targets(**FAST), seed=1)
+    budget = plan.budget
+    assert budget is not None
+    mean = float(np.mean(losses))
+    assert budget.defaults.tolerances_given is False
+    assert budget.defaults.tolerances == [pytest.approx(0.01 * mean)]
+    assert budget.defaults.target_loss == pytest.approx(mean)
+    data = budget.data
+    assert data.source == "loss_accuracy" and data.unit == "examples"
+    # Oracle: k = z²σ²/ε² from the losses themselves.
+    z = stats.norm.ppf(0.975)
+    expected = z**2 * np.var(losses, ddof=1) / (0.01 * mean) ** 2
+    assert data.recommended_examples == pytest.approx(expected, rel=0.02)
+    lo, hi = data.recommended_examples_ci
+    assert lo <= data.recommended_examples <= hi
+    assert data.landscape_stabilisation is not None
+    assert "not the accuracy" in data.landscape_stabilisation.label
+    assert data.available_is_enough is None
+    assert any("defaults: tolerance" in w for w in budget.warnings)
+
+
+def test_available_samples_is_compared_with_the_upper_end_of_the_interval():
+    losses = _losses()
+    base = make_plan(Measurements(per_sample_losses=losses), Targets(**FAST), seed=1)
+    hi = base.budget.data.recommended_examples_ci[1]
+    enough = make_plan(
+        Measurements(per_sample_losses=losses),
+        Targets(**FAST, available_samples=math.ceil(hi)),
+        seed=1,
+    )
+    short = make_plan(
+        Measurements(per_sample_losses=losses),
+        Targets(**FAST, available_samples=base.budget.data.recommended_examples),
+        seed=1,
+    )
+    assert enough.budget.data.available_is_enough is True
+    assert short.budget.data.available_is_enough is False
+    assert any("not enough data" in w for w in short.budget.warnings)
+
+
+def test_a_data_sweep_leads_the_data_budget_and_covers_the_true_size():
+    e, a, beta, target = 1.0, 20.0, 0.4, 1.5
+    rng = np.random.default_rng(3)
+    sizes = [200, 400, 800, 1600, 3200, 6400, 12800]
+    table = [
+        {"n_samples": d, "loss": (e + a * d**-beta) * math.exp(rng.normal(0, 0.003))} for d in sizes
+    ]
+    plan = make_plan(
+        Measurements(per_sample_losses=_losses(), loss_vs_data=table),
+        Targets(**FAST, target_loss=target, tolerances=[0.05]),
+        seed=2,
+    )
+    data = plan.budget.data
+    assert data.source == "data_sweep"
+    truth = (a / (target - e)) ** (1 / beta)
+    lo, hi = data.recommended_examples_ci
+    assert lo <= truth <= (math.inf if hi is None else hi)
+    assert data.loss_accuracy_examples is not None  # shown beside it
+    assert data.target_loss == target
+
+
+def test_a_batch_sweep_leads_the_batch_budget_with_expected_steps():
+    s_min, b_crit = 50.0, 100.0
+    rng = np.random.default_rng(4)
+    table = [
+        {"batch_size": b, "steps": s_min * (1 + b_crit / b) * math.exp(rng.normal(0, 0.01))}
+        for b in (16, 32, 64, 128, 256, 512)
+    ]
+    plan = make_plan(
+        Measurements(steps_to_target=table, tokens_per_example=32.0),
+        Targets(target_loss=1.0, **FAST),
+        seed=0,
+    )
+    batch = plan.budget.batch
+    assert batch.source == "batch_sweep" and batch.unit == "examples"
+    assert batch.critical_ci[0] <= b_crit <= batch.critical_ci[1]
+    assert batch.recommended == 128  # nearest power of two to ≈100
+    assert batch.critical_tokens == pytest.approx(batch.critical * 32.0)
+    assert batch.recommended_tokens == 128 * 32.0
+    assert batch.expected_steps == pytest.approx(s_min * (1 + b_crit / 128), rel=0.05)
+    lo, hi = batch.expected_steps_ci
+    assert lo <= s_min * (1 + b_crit / 128) <= hi
+
+
+def _trend_point(loss: float, b_noise: float, se: float = 0.05) -> dict:
+    g2 = 1.0
+    return {
+        "loss": loss,
+        "grad_sq_norm": g2,
+        "trace_sigma": b_noise * g2 * 0.8,
+        "gHg": 2.0,
+        "trace_h_sigma": 2.0 * b_noise,
+        "log_b_noise_se": se,
+        "log_b_simple_se": se,
+    }
+
+
+def test_the_noise_scale_trend_is_evaluated_at_the_target_loss_not_taken_late():
+    # log B_noise = 8 − 2·L exactly: at L = 1.5 it is e^5 ≈ 148, the latest value is e^4.
+    losses = [3.0, 2.5, 2.2, 2.0]
+    trend = [_trend_point(loss, math.exp(8 - 2 * loss)) for loss in losses]
+    plan = make_plan(
+        Measurements(gradient_noise_trend=trend), Targets(target_loss=1.5, **FAST), seed=0
+    )
+    batch = plan.budget.batch
+    assert batch.source == "noise_scale_trend"
+    assert batch.critical == pytest.approx(math.exp(5), rel=1e-6)
+    assert batch.recommended == 128
+    assert "B_noise" in batch.basis
+    assert any("extrapolated" in w for w in plan.budget.warnings)  # 1.5 below every checkpoint
+
+
+def test_a_single_checkpoint_noise_scale_is_not_used_as_a_constant():
+    plan = make_plan(
+        Measurements(gradient_noise={"grad_sq_norm": 1.0, "trace_sigma": 50.0}),
+        Targets(target_loss=1.0, **FAST),
+        seed=0,
+    )
+    batch = plan.budget.batch
+    assert batch.source == "not_available" and batch.recommended is None
+    assert "not used as a constant" in batch.reason
+
+
+def test_learning_rate_limit_is_two_over_the_largest_block_lambda_and_labelled_gd():
+    blocks = [
+        {"name": "a", "lambda_max": 4.0, "lambda_min": -0.1, "spectral_norm": 4.0},
+        {"name": "b", "lambda_max": 10.0, "lambda_min": 0.0, "spectral_norm": 10.0},
+    ]
+    plan = make_plan(Measurements(blocks=blocks), Targets(**FAST), seed=0)
+    lr = plan.budget.learning_rate
+    assert lr.gd_stability_limit == pytest.approx(0.2)
+    assert "not a limit for Adam" in lr.label and "b" in lr.lambda_max_source
+    assert plan.budget.data.source == "not_available" and plan.budget.data.reason
+
+
+def test_the_budget_leads_the_recommendation_json():
+    plan = make_plan(Measurements(per_sample_losses=_losses()), Targets(**FAST), seed=0)
+    assert next(iter(plan.model_dump())) == "budget"
+
+
+def test_the_trend_skips_checkpoints_whose_denominator_is_not_significant():
+    # B_noise's GᵀHG is pure noise at every checkpoint (se ≫ value): B_simple's trend is used.
+    losses = [3.0, 2.5, 2.2, 2.0]
+    trend = []
+    for loss in losses:
+        point = _trend_point(loss, math.exp(8 - 2 * loss))
+        point.update(gHg=0.01, gHg_se=1.0, trace_h_sigma=5.0, trace_h_sigma_se=1.0)
+        point.update(grad_sq_norm=1.0, grad_sq_norm_se=0.01)
+        point.pop("log_b_noise_se")
+        trend.append(point)
+    plan = make_plan(
+        Measurements(gradient_noise_trend=trend), Targets(target_loss=2.5, **FAST), seed=0
+    )
+    batch = plan.budget.batch
+    assert batch.source == "noise_scale_trend" and batch.basis.startswith("B_simple")
+    assert batch.critical == pytest.approx(0.8 * math.exp(8 - 2 * 2.5), rel=1e-6)

@@ -1,0 +1,49 @@
+"""The report page opens with the budget and lists a fan-out's children."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from curvplan.types.planner import Measurements, Targets
+from curvplan_server.planner import make_plan
+from curvplan_server.reports.page import render_report
+
+
+def _job(recommendation: dict, children: list[dict] | None = None) -> dict:
+    return {
+        "id": "00000000-0000-0000-0000-000000000001",
+        "kind": "sweep",
+        "status": "succeeded",
+        "name": "tiny",
+        "tags": {},
+        "attempt": 2,
+        "max_attempts": 4,
+        "request": {"kind": "plan"},
+        "result": {"recommendation": recommendation},
+        "children": children or [],
+    }
+
+
+def test_budget_comes_first_with_units_and_the_children_are_listed():
+    losses = list(np.random.default_rng(0).gamma(4.0, 0.5, size=200))
+    steps = [{"batch_size": b, "steps": 40 * (1 + 64 / b)} for b in (8, 16, 32, 64, 128)]
+    rec = make_plan(
+        Measurements(per_sample_losses=losses, steps_to_target=steps, tokens_per_example=16),
+        Targets(orderings=8, bootstrap=50),
+        seed=0,
+    ).model_dump(mode="json")
+    child = {"id": "c1", "name": "B=8", "status": "failed", "attempt": 1, "error_type": "diverged"}
+    html = render_report(_job(rec, [child]), plots=[])
+    assert html.index("<h2>Budget</h2>") < html.index("<h2>Summary</h2>")
+    budget = html[html.index('<section id="budget">') : html.index("</section>")]
+    assert "examples" in budget and "tokens" in budget and "batch_sweep" in budget
+    assert str(rec["budget"]["batch"]["recommended"]) in budget
+    assert "GD/SGD only, not Adam" in budget
+    assert "<h2>Child jobs</h2>" in html and "diverged" in html
+
+
+def test_a_job_without_recommendation_says_so_in_the_budget():
+    job = _job({})
+    job["result"] = None
+    html = render_report(job, plots=[])
+    assert "No budget" in html

@@ -1,0 +1,49 @@
+"""A report whose inputs span a degenerate range explains it instead of answering 500."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from plan_bodies import full_measurements, full_targets
+from sqlalchemy import update
+
+from curvplan_server.auth.keys import lookup_key
+from curvplan_server.jobs import service
+from curvplan_server.jobs.models import Job
+
+
+def test_report_of_a_plan_with_subnormal_steps_explains_the_plot(
+    client: Any, db_session: Any, api_key: str, auth_headers: dict[str, str]
+) -> None:
+    from curvplan_server.planner import Measurements, Targets, make_plan
+
+    measurements, targets = full_measurements(), full_targets()
+    # Every batch size needs 5e-324 steps: both ends of the log axis are the same number.
+    measurements["steps_to_target"] = [
+        {"batch_size": b, "steps": 5e-324} for b in (32, 64, 128, 256)
+    ]
+    rec = make_plan(
+        Measurements.model_validate_json(json.dumps(measurements)),
+        Targets.model_validate_json(json.dumps(targets)),
+        seed=0,
+    )
+    project_id = lookup_key(db_session, api_key).project_id  # type: ignore[union-attr]
+    body = {"kind": "plan", "name": "subnormal", "measurements": measurements, "targets": targets}
+    job_id = service.create_job(db_session, project_id, body, default_max_attempts=3).job["id"]
+    db_session.execute(
+        update(Job.__table__)
+        .where(Job.__table__.c.id == uuid.UUID(job_id))
+        .values(status="succeeded", result={"recommendation": rec.model_dump(mode="json")})
+    )
+    db_session.commit()
+
+    response = client.get(f"/v1/jobs/{job_id}/report", headers=auth_headers)
+    assert response.status_code == 200, response.text
+    html = response.text
+    section = html[html.index('id="section-batch-size"') :]
+    section = section[: section.index("</section>")]
+    assert "degenerate" in section and "steps" in section
+    # The other plots are still drawn.
+    assert 'id="loss-vs-data"' in html and 'id="delta-curve"' in html

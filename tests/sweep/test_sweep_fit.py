@@ -1,0 +1,184 @@
+"""The sweep's fan-in on generated ground truth, and single training runs in-process."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from sweep_helpers import TINY_SPEC, counting_data
+
+from curvplan.types.jobs import SweepJobCreate
+from curvplan.types.sweep import OptimizerSpec, PointResult, PointSettings
+from curvplan_worker.errors import JobError
+from curvplan_worker.kinds import JobContext
+from curvplan_worker.kinds.sweep import plan_points, run
+
+S_MIN, B_CRIT = 40.0, 48.0
+
+
+def _body(kind: str, **sweep: Any) -> dict[str, Any]:
+    return {
+        "kind": "sweep",
+        "model": TINY_SPEC,
+        "train_data": str(uuid.uuid4()),
+        "eval_data": str(uuid.uuid4()),
+        "sweep": {"type": kind, **sweep},
+    }
+
+
+def _ctx(children: list[dict[str, Any]]) -> JobContext:
+    return JobContext(
+        job_id=str(uuid.uuid4()),
+        attempt=2,
+        data_dir=Path("."),
+        send_progress=lambda *a: None,
+        is_cancelled=lambda: False,
+        children=children,
+    )
+
+
+def _child(name: str, point: PointResult | None, status: str = "succeeded") -> dict[str, Any]:
+    return {
+        "id": str(uuid.uuid4()),
+        "kind": "sweep_point",
+        "name": name,
+        "status": status,
+        "request": {},
+        "result": None if point is None else {"point": point.model_dump(mode="json")},
+        "error": None if point is not None else {"type": "diverged", "title": "x", "detail": "x"},
+        "attempt": 1,
+    }
+
+
+def _batch_point(b: int, steps: float, *, censored: bool = False, lr_mult: float = 1.0):
+    return PointResult(
+        batch_size=b,
+        batch_size_tokens=6.0 * b,
+        lr=1e-3,
+        lr_multiplier=lr_mult,
+        reached_target=not censored,
+        censored=censored,
+        steps=steps,
+        examples=steps * b,
+        best_eval_loss=1.0,
+        best_step=int(steps),
+        eval_steps=[0],
+        eval_losses=[2.0],
+        seconds=0.1,
+    )
+
+
+def test_batch_fit_recovers_b_crit_and_leaves_out_censored_failed_and_worse_lr_points():
+    rng = np.random.default_rng(0)
+    ladder = [8, 16, 32, 64, 128, 256]
+    children = [
+        _child(f"B={b}", _batch_point(b, S_MIN * (1 + B_CRIT / b) * math.exp(rng.normal(0, 0.01))))
+        for b in ladder
+    ]
+    children.append(_child("B=512", _batch_point(512, 400.0, censored=True)))
+    children.append(_child("B=1024", None, status="failed"))
+    children.append(_child("B=64, lr×2", _batch_point(64, 500.0, lr_mult=2.0)))
+    out = run(_body("batch", target_loss=1.0), _ctx(children))
+    sweep = out["sweep"]
+    fit = sweep["batch"]["fit"]
+    assert fit["ci"][0] <= B_CRIT <= fit["ci"][1]
+    assert abs(fit["value"] / B_CRIT - 1) < 0.1 and abs(fit["s_min"] / S_MIN - 1) < 0.1
+    assert sweep["batch"]["b_crit_tokens"] == pytest.approx(fit["value"] * 6.0)
+    by_name = {p["name"]: p for p in sweep["points"]}
+    assert by_name["B=512"]["used_in_fit"] is False
+    assert "censored" in by_name["B=512"]["excluded_reason"]
+    assert by_name["B=1024"]["used_in_fit"] is False and by_name["B=1024"]["error_type"]
+    assert by_name["B=64, lr×2"]["used_in_fit"] is False
+    assert sweep["points_used"] == 6 and sweep["failed_points"] == ["B=1024"]
+    assert any("B=1024" in note for note in sweep["notes"])
+
+
+def test_batch_sweep_with_too_few_points_left_fails_with_a_named_error():
+    children = [
+        _child("B=8", _batch_point(8, 100.0)),
+        _child("B=16", _batch_point(16, 70.0)),
+        _child("B=32", None, status="failed"),
+        _child("B=64", _batch_point(64, 400.0, censored=True)),
+    ]
+    with pytest.raises(JobError) as info:
+        run(_body("batch", target_loss=1.0), _ctx(children))
+    assert info.value.type == "too-few-points"
+    assert "B=32" in info.value.detail and "B=64" in info.value.detail
+
+
+def test_data_fit_recovers_the_law_and_sizes_the_dataset_for_the_target():
+    e, a, beta = 1.2, 30.0, 0.5
+    rng = np.random.default_rng(1)
+    sizes = [64, 128, 256, 512, 1024, 2048, 4096]
+    children = []
+    for d in sizes:
+        loss = (e + a * d**-beta) * math.exp(rng.normal(0, 0.002))
+        point = _batch_point(32, 10.0).model_copy(update={"data_size": d, "best_eval_loss": loss})
+        children.append(_child(f"D={d}", point))
+    target = 1.5
+    out = run(_body("data", target_loss=target), _ctx(children))
+    fit = out["sweep"]["data"]["fit"]
+    assert fit["E_ci"][0] <= e <= fit["E_ci"][1] if "E_ci" in fit else True
+    truth = (a / (target - e)) ** (1 / beta)
+    lo, hi = fit["n_for_target_loss_ci"]
+    assert lo <= truth <= hi
+    assert out["measurements"]["loss_vs_data"][0]["n_samples"] == 64
+
+
+def test_points_follow_the_learning_rate_rule_and_the_grid():
+    body = SweepJobCreate.model_validate(
+        _body("batch", target_loss=1.0, batch_sizes=[8, 32])
+        | {"optimizer": {"lr": 1e-3, "base_batch_size": 8, "lr_rule": "grid", "lr_grid": [0.5, 2]}}
+    )
+    points = plan_points(body, n_train=100)
+    lrs = {
+        (c.request["point"]["batch_size"], c.request["point"]["lr_multiplier"]): c.request["point"][
+            "lr"
+        ]
+        for c in points
+    }
+    assert lrs[(32, 2.0)] == pytest.approx(1e-3 * 2 * 2.0)  # √(32/8) = 2
+    assert lrs[(8, 0.5)] == pytest.approx(0.5e-3)
+    with pytest.raises(JobError, match="exceed the training data"):
+        plan_points(body, n_train=16)
+
+
+def test_a_data_point_trains_on_a_nested_subset_and_stops_early():
+    import torch
+
+    from curvplan_worker.curvature.model import build_model
+    from curvplan_worker.curvature.objective import objective_for
+    from curvplan_worker.sweep.train import nested_order, train_point
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: threads only contend on a shared machine
+    order = nested_order(100, 3)
+    assert sorted(order.tolist()) == list(range(100))
+    point = PointSettings(
+        type="data", batch_size=8, lr=0.03, data_size=16, max_steps=120, eval_every=2, patience=3
+    )
+    result = train_point(
+        build_model(TINY_SPEC, seed=0),
+        objective_for(TINY_SPEC),
+        counting_data(64, 0),
+        counting_data(32, 1),
+        point,
+        OptimizerSpec(lr=0.03, base_batch_size=8, warmup_steps=2),
+    )
+    torch.set_num_threads(threads)
+    assert result.data_size == 16 and not result.censored
+    assert result.best_eval_loss == min(result.eval_losses)
+    assert result.eval_steps[-1] - result.best_step == 3 * 2 or result.eval_steps[-1] == 120
+    assert result.two_batch is not None and result.two_batch.b_small == 4
+
+
+def test_the_sweep_parent_runs_on_the_cpu_queue_without_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, curvplan_worker.kinds.sweep; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -1,0 +1,320 @@
+"""Webhooks: the outbox trigger, the signed POSTs to a real receiver on 127.0.0.1, retries,
+redirects, the address policy at each delivery, the API, and the client's verification."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import time
+import uuid
+from typing import Any
+
+import pytest
+from plan_bodies import full_measurements, full_targets
+from receiver import Receiver
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from curvplan.webhooks import (
+    WebhookVerificationError,
+    WebhookVerifier,
+    signature_header,
+    verify,
+)
+from curvplan_server.auth.keys import create_key, lookup_key
+from curvplan_server.jobs import service
+from curvplan_server.webhooks.guard import AddressPolicy, WebhookRefused, host_allowed
+from curvplan_server.webhooks.service import list_deliveries, rotate_secret
+from curvplan_worker.webhooks import SenderOptions, deliver_due
+
+LOOPBACK = AddressPolicy.from_lists(["127.0.0.1", "localhost"], ["127.0.0.0/8"])
+FAST = SenderOptions(policy=LOOPBACK, max_attempts=4, backoff_seconds=0.05, timeout_seconds=5)
+
+
+# --------------------------------------------------------------------------- helpers
+def _project(engine: Any) -> tuple[uuid.UUID, str]:
+    """A committed project with a signing secret: (project id, secret)."""
+    with Session(engine) as session:
+        key = create_key(session, f"hooks-{uuid.uuid4().hex[:8]}")
+        session.commit()
+        project_id = lookup_key(session, key).project_id  # type: ignore[union-attr]
+        secret = rotate_secret(session, project_id).secret
+    return project_id, secret
+
+
+def _job(engine: Any, project_id: uuid.UUID, url: str | None, parent: uuid.UUID | None = None
+         ) -> uuid.UUID:  # fmt: skip
+    body: dict[str, Any] = {"kind": "plan", "measurements": {"loss_bound": 1.0}, "name": "hooked"}
+    if url is not None:
+        body["webhook_url"] = url
+    with Session(engine) as session:
+        job = service.create_job(session, project_id, body, default_max_attempts=3).job
+        if parent is not None:
+            session.execute(text("UPDATE job SET parent_id = :p WHERE id = :j"),
+                            {"p": parent, "j": job["id"]})  # fmt: skip
+        session.commit()
+    return uuid.UUID(job["id"])
+
+
+def _set_status(engine: Any, job_id: uuid.UUID, status: str, *, commit: bool = True) -> None:
+    with engine.connect() as conn:
+        conn.execute(
+            text("UPDATE job SET status = :s, finished_at = now() WHERE id = :j"),
+            {"s": status, "j": job_id},
+        )
+        if commit:
+            conn.commit()
+        else:
+            conn.rollback()
+
+
+def _deliveries(engine: Any, job_id: uuid.UUID) -> list[Any]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(text("SELECT * FROM webhook_delivery WHERE job_id = :j"), {"j": job_id})
+        )
+
+
+def _drain(engine: Any, options: SenderOptions, *jobs: uuid.UUID, until: float = 10.0) -> None:
+    """Run the sender until the jobs' deliveries are settled (or ``until`` seconds)."""
+    deadline = time.monotonic() + until
+    while time.monotonic() < deadline:
+        deliver_due(engine, options)
+        with engine.connect() as conn:
+            pending = conn.execute(
+                text(
+                    "SELECT count(*) FROM webhook_delivery WHERE status = 'pending' "
+                    "AND job_id = ANY(:jobs)"
+                ),
+                {"jobs": list(jobs)},
+            ).scalar_one()
+        if not pending:
+            return
+        time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------- verification
+def test_verify_accepts_the_signed_event_and_rejects_tampering_and_replays() -> None:
+    secret = "whsec_test"
+    event = {
+        "id": str(uuid.uuid4()),
+        "type": "job.succeeded",
+        "created_at": "2026-11-30T20:00:00+00:00",
+        "job": {"id": str(uuid.uuid4()), "kind": "plan", "name": "x", "status": "succeeded"},
+        "links": {"job": "/j", "recommendation": "/r", "report": "/p"},
+    }
+    body = json.dumps(event).encode()
+    header = signature_header(secret, body, timestamp=1_000_000)
+    assert verify(body, header, secret, now=1_000_010).id == event["id"]
+
+    tampered = body.replace(b"succeeded", b"failed\x20\x20\x20")
+    bad_cases = [
+        (tampered, header, secret, 1_000_010, "does not match"),
+        (body, header.replace("t=1000000", "t=1000001"), secret, 1_000_010, "does not match"),
+        (body, header, "whsec_other", 1_000_010, "does not match"),
+        (body, header, secret, 1_000_000 + 301, "old"),  # a captured request, replayed later
+        (body, "v1=abc", secret, 1_000_010, "malformed"),
+        (body, None, secret, 1_000_010, "no Curvplan-Signature"),
+    ]
+    for data, head, key, now, match in bad_cases:
+        with pytest.raises(WebhookVerificationError, match=match):
+            verify(data, head, key, now=now)
+
+    verifier = WebhookVerifier(secret)
+    assert verifier.verify(body, header, now=1_000_010).job.kind == "plan"
+    with pytest.raises(WebhookVerificationError, match="already received"):
+        verifier.verify(body, header, now=1_000_020)  # replayed within the tolerance
+    # a rotation window: two v1 entries, one valid, is accepted
+    both = f"{header},v1={'0' * 64}"
+    assert verify(body, both, secret, now=1_000_010).id == event["id"]
+
+
+# --------------------------------------------------------------------------- address policy
+@pytest.mark.parametrize(
+    "address",
+    ["127.0.0.1", "127.8.9.10", "169.254.169.254", "10.0.0.1", "192.168.1.1", "172.16.0.5",
+     "100.64.0.1", "0.0.0.0", "::1", "fe80::1", "fc00::1", "::ffff:127.0.0.1",
+     "::ffff:169.254.169.254", "224.0.0.1", "fd00:ec2::254"],
+)  # fmt: skip
+def test_private_addresses_are_refused_unless_their_network_is_allowed(address: str) -> None:
+    ip = ipaddress.ip_address(address)
+    with pytest.raises(WebhookRefused):
+        AddressPolicy.from_lists(["*"], []).check_address(ip)
+    AddressPolicy.from_lists(["*"], ["0.0.0.0/0", "::/0"]).check_address(ip)
+
+
+def test_public_addresses_pass_and_hosts_follow_the_allow_list() -> None:
+    AddressPolicy.from_lists(["*"], []).check_address(ipaddress.ip_address("93.184.215.14"))
+    assert host_allowed("hooks.example.com", ["*.example.com"])
+    assert host_allowed("HOOKS.Example.com.", ["hooks.example.com"])
+    assert not host_allowed("example.com.evil.net", ["*.example.com", "example.com"])
+    assert not host_allowed("evilexample.com", ["*.example.com"])
+    policy = AddressPolicy.from_lists(["hooks.example.com", "127.0.0.1"], [])
+    assert policy.check_url("https://hooks.example.com/x") == ("https", "hooks.example.com", 443)
+    for url, match in [
+        ("https://other.example.com/", "allow-list"),
+        ("ftp://hooks.example.com/", "http"),
+        ("https://u:p@hooks.example.com/", "credentials"),
+        ("http://127.0.0.1:9/", "loopback"),  # listed host, but a loopback literal
+    ]:
+        with pytest.raises(WebhookRefused, match=match):
+            policy.check_url(url)
+    with pytest.raises(WebhookRefused, match="webhooks are off"):
+        AddressPolicy().check_url("https://hooks.example.com/")
+
+
+# --------------------------------------------------------------------------- the outbox
+def test_outbox_row_is_written_with_the_terminal_status_and_only_then(engine: Any) -> None:
+    project_id, _ = _project(engine)
+    job = _job(engine, project_id, "http://127.0.0.1:9/hook")
+    _set_status(engine, job, "running")
+    assert _deliveries(engine, job) == []
+    _set_status(engine, job, "succeeded", commit=False)  # the transaction rolls back ...
+    assert _deliveries(engine, job) == []  # ... and its event with it
+    _set_status(engine, job, "succeeded")
+    (row,) = _deliveries(engine, job)
+    assert row.event_type == "job.succeeded" and row.url == "http://127.0.0.1:9/hook"
+    assert row.payload["job"] == {"id": str(job), "kind": "plan", "name": "hooked",
+                                  "status": "succeeded", "tags": {}}  # fmt: skip
+    assert row.payload["links"]["recommendation"] == f"/v1/jobs/{job}/recommendation"
+    _set_status(engine, job, "failed")  # terminal → terminal: not a new end of the job
+    assert len(_deliveries(engine, job)) == 1
+
+    child = _job(engine, project_id, "http://127.0.0.1:9/hook", parent=job)
+    _set_status(engine, child, "failed")
+    assert _deliveries(engine, child) == []  # fan-out children do not fire
+    silent = _job(engine, project_id, None)
+    _set_status(engine, silent, "cancelled")
+    assert _deliveries(engine, silent) == []
+
+
+# --------------------------------------------------------------------------- delivery
+def test_signed_post_retried_after_500s_and_never_sent_again(
+    engine: Any, receiver: Receiver
+) -> None:
+    project_id, secret = _project(engine)
+    receiver.answers = [500, 503]
+    job = _job(engine, project_id, receiver.url + "/hook?src=curvplan")
+    _set_status(engine, job, "failed")
+    _drain(engine, FAST, job)
+    got = receiver.wait_for(3)
+    assert len(got) == 3 and {r.path for r in got} == {"/hook?src=curvplan"}
+    assert len({r.body for r in got}) == 1  # the same event each time, freshly signed
+    for r in got:
+        event = verify(r.body, r.headers["Curvplan-Signature"], secret)
+        assert event.id == r.headers["Curvplan-Event-Id"] and event.job.id == str(job)
+        assert event.type == "job.failed" and event.job.status == "failed"
+    with Session(engine) as session:
+        (delivery,) = list_deliveries(session, project_id, job).items
+    assert delivery.status == "succeeded" and delivery.delivered_at is not None
+    assert [a.status_code for a in delivery.attempts] == [500, 503, 200]
+    assert [a.number for a in delivery.attempts] == [1, 2, 3]
+    for _ in range(3):  # nothing is sent twice after a success
+        assert deliver_due(engine, FAST) == 0
+    time.sleep(0.2)
+    assert len(receiver.requests) == 3
+
+
+def test_redirects_are_not_followed_and_4xx_not_retried(engine: Any, receiver: Receiver) -> None:
+    project_id, _ = _project(engine)
+    receiver.answers = [302]
+    redirected = _job(engine, project_id, receiver.url + "/a")
+    _set_status(engine, redirected, "succeeded")
+    _drain(engine, FAST, redirected)
+    receiver.answers = [410]
+    gone = _job(engine, project_id, receiver.url + "/b")
+    _set_status(engine, gone, "succeeded")
+    _drain(engine, FAST, gone)
+    assert [r.path for r in receiver.requests] == ["/a", "/b"]  # never /redirected
+    with Session(engine) as session:
+        (a,) = list_deliveries(session, project_id, redirected).items
+        (b,) = list_deliveries(session, project_id, gone).items
+    assert a.status == "failed" and "redirect" in (a.attempts[0].error or "")
+    assert b.status == "failed" and len(b.attempts) == 1 and b.attempts[0].status_code == 410
+
+
+def test_address_is_checked_at_each_delivery(engine: Any, receiver: Receiver) -> None:
+    """A host name on the allow-list that resolves to loopback at delivery time (DNS
+    rebinding) is refused when loopback is not allowed, and nothing reaches the receiver."""
+    project_id, _ = _project(engine)
+    port = receiver.server.server_address[1]
+    job = _job(engine, project_id, f"http://localhost:{port}/hook")
+    _set_status(engine, job, "succeeded")
+    strict = SenderOptions(policy=AddressPolicy.from_lists(["localhost"], []), max_attempts=2,
+                           backoff_seconds=0.05)  # fmt: skip
+    _drain(engine, strict, job)
+    with Session(engine) as session:
+        (delivery,) = list_deliveries(session, project_id, job).items
+    assert delivery.status == "failed" and len(delivery.attempts) == 2
+    assert all("loopback" in (a.error or "") for a in delivery.attempts)
+    assert receiver.requests == []
+
+
+# --------------------------------------------------------------------------- the API
+def test_api_secret_submit_checks_and_delivery_listing(
+    client: Any, db_session: Any, auth_headers: dict[str, str], engine: Any
+) -> None:
+    body = {"kind": "plan", "measurements": full_measurements(), "targets": full_targets(),
+            "webhook_url": "http://127.0.0.1:9/hook"}  # fmt: skip
+    no_secret = client.post("/v1/jobs", json=body, headers=auth_headers)
+    assert no_secret.status_code == 422
+    assert no_secret.json()["errors"][0]["field"] == "body.webhook_url"
+    assert "secret" in no_secret.json()["errors"][0]["message"]
+
+    made = client.post("/v1/webhooks/secret", headers=auth_headers)
+    assert made.status_code == 201 and made.json()["secret"].startswith("whsec_")
+    again = client.post("/v1/webhooks/secret", headers=auth_headers).json()["secret"]
+    assert again != made.json()["secret"]  # rotated
+    for url, why in [("http://10.0.0.8/h", "allow-list"), ("http://169.254.169.254/", "allow"),
+                     ("file:///etc/passwd", "URL")]:  # fmt: skip
+        refused = client.post("/v1/jobs", json={**body, "webhook_url": url}, headers=auth_headers)
+        assert refused.status_code == 422, url
+        assert refused.json()["errors"][0]["field"] == "body.webhook_url"
+        assert why in refused.json()["errors"][0]["message"], refused.json()
+    created = client.post("/v1/jobs", json=body, headers=auth_headers)
+    assert created.status_code == 202
+    job_id = created.json()["id"]
+    listing = client.get(f"/v1/jobs/{job_id}/webhooks", headers=auth_headers)
+    assert listing.status_code == 200 and listing.json() == {"items": []}
+    db_session.execute(text("UPDATE job SET status = 'cancelled' WHERE id = :j"), {"j": job_id})
+    db_session.commit()
+    (item,) = client.get(f"/v1/jobs/{job_id}/webhooks", headers=auth_headers).json()["items"]
+    assert item["status"] == "pending" and item["event_type"] == "job.cancelled"
+    assert client.get(f"/v1/jobs/{uuid.uuid4()}/webhooks", headers=auth_headers).status_code == 404
+
+
+@pytest.mark.e2e
+def test_a_worker_announces_a_finished_job(live: Any, receiver: Receiver) -> None:
+    from typer.testing import CliRunner
+
+    import curvplan
+    from curvplan.cli import app as cli
+
+    env = {"CURVPLAN_URL": live.url, "CURVPLAN_API_KEY": live.api_key}
+    made = CliRunner().invoke(cli, ["webhooks", "secret"], env=env)
+    assert made.exit_code == 0, made.output
+    secret = made.output.strip()
+    assert secret.startswith("whsec_")
+    with curvplan.Client(live.url, live.api_key) as api:
+        job = api.submit_plan(full_measurements(), full_targets(), name="hooked",
+                              webhook_url=receiver.url + "/done")  # fmt: skip
+        assert api.wait(job.id, timeout=90).status == "succeeded"
+        (got,) = receiver.wait_for(1)
+        event = WebhookVerifier(secret).verify(got.body, got.headers["Curvplan-Signature"])
+        assert event.job.id == str(job.id) and event.type == "job.succeeded"
+        assert (
+            event.links.recommendation == f"http://public.example/v1/jobs/{job.id}/recommendation"
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            (delivery,) = api.list_webhook_deliveries(job.id).items
+            if delivery.status == "succeeded":
+                break
+            time.sleep(0.1)
+        assert delivery.status == "succeeded"
+        assert [a.status_code for a in delivery.attempts] == [200]
+    listed = CliRunner().invoke(cli, ["webhooks", "list", str(job.id)], env=env)
+    assert listed.exit_code == 0 and "job.succeeded  succeeded" in listed.output
+    assert "#1 " in listed.output and "HTTP 200" in listed.output
+    time.sleep(1.5)  # the worker polls every second: it does not send it again
+    assert len(receiver.requests) == 1

@@ -1,0 +1,370 @@
+"""The ``sweep`` kind: fan out one ``sweep_point`` per training run, then fit (no torch).
+
+First attempt (fan-out): validate, read the training data's size from its safetensors
+header, and return the points as child jobs. Fan-in attempt (``ctx.children`` set): fit
+the finished points with the planner. A failed point leaves the fit to the others when
+enough remain (3 for a batch sweep, 4 for a data sweep); the result names the failed ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+
+from curvplan.types.jobs import SweepJobCreate
+from curvplan.types.planner import (
+    BatchSizeSection,
+    BCrit,
+    LossPoint,
+    Measurements,
+    NotComputed,
+    StepsPoint,
+    Targets,
+)
+from curvplan.types.sweep import (
+    BatchSweepFit,
+    DataSweepFit,
+    NoiseScaleAtLoss,
+    PointResult,
+    PointSettings,
+    SweepPointOut,
+    SweepResult,
+)
+from curvplan_server.artifacts.blobstore import default_store
+from curvplan_server.artifacts.safetensors_format import validate_file
+from curvplan_server.config import get_settings
+from curvplan_server.planner import make_plan
+from curvplan_server.planner.gradient_noise import ratio_of_means_bootstrap, two_batch_estimates
+from curvplan_worker.analyze.artifacts import child_engine, job_project, resolve
+from curvplan_worker.errors import JobError
+from curvplan_worker.kinds import ChildJob, FanOut, JobContext
+from curvplan_worker.kinds.plan import seed_for_job
+from curvplan_worker.sweep.lr import lr_for_batch
+
+DEFAULT_BATCH_SIZES = (8, 16, 32, 64, 128)
+MIN_POINTS = {"batch": 3, "data": 4}
+DATA_SIZE_STEPS = 6  # default data sweep: N, N/2, …, N/32
+B_SIMPLE_FORMULA = (
+    "B_simple = mean_t tr Σ_t / mean_t |G|²_t with |G|²_t = (B|G_B|² − b|G_b|²)/(B − b), "
+    "tr Σ_t = (|G_b|² − |G_B|²)/(1/b − 1/B), b = B/2 (McCandlish et al. 2018, App. A)"
+)
+TARGET_BAND = 0.2
+"""B_simple at the target pools the steps whose window started within 20 % of the
+(start − target) loss gap above the target."""
+
+
+def _validated(request: dict[str, Any]) -> SweepJobCreate:
+    try:
+        return SweepJobCreate.model_validate(request)
+    except Exception as exc:
+        raise JobError("invalid-request", "Invalid sweep request", str(exc)[:300]) from None
+
+
+def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
+    body = _validated(request)
+    if ctx.children is None:
+        return _fan_out(body, ctx)
+    return _fan_in(body, ctx)
+
+
+# --------------------------------------------------------------------------- fan-out
+def _train_size(body: SweepJobCreate, ctx: JobContext) -> int:
+    engine = child_engine(get_settings().sqlalchemy_url)
+    try:
+        project_id = job_project(engine, ctx.job_id)
+        store = default_store(ctx.data_dir)
+        art = resolve(engine, store, project_id, str(body.train_data), "dataset", "train_data")
+        resolve(engine, store, project_id, str(body.eval_data), "dataset", "eval_data")
+        if body.checkpoint is not None:
+            resolve(engine, store, project_id, str(body.checkpoint), "checkpoint", "checkpoint")
+    finally:
+        engine.dispose()
+    info = validate_file(str(art.path))
+    inputs = info.tensors.get("inputs")
+    if inputs is None or not inputs.shape:
+        raise JobError("invalid-dataset", "Invalid training data", "train_data: no inputs tensor")
+    return int(inputs.shape[0])
+
+
+def plan_points(body: SweepJobCreate, n_train: int) -> list[ChildJob]:
+    """The sweep's runs as child jobs (one per batch size, × lr multipliers for the grid rule;
+    one per subset size for a data sweep)."""
+    sweep, opt = body.sweep, body.optimizer
+    common = body.model_dump(
+        mode="json", include={"model", "checkpoint", "train_data", "eval_data", "optimizer"}
+    )
+    children: list[ChildJob] = []
+
+    def child(name: str, point: PointSettings) -> ChildJob:
+        return ChildJob(
+            kind="sweep_point",
+            request={**common, "point": point.model_dump(mode="json", exclude_none=True)},
+            name=name,
+        )
+
+    if sweep.type == "batch":
+        sizes = sorted(set(sweep.batch_sizes or DEFAULT_BATCH_SIZES))
+        too_big = [b for b in sizes if b > n_train]
+        if too_big:
+            raise JobError(
+                "invalid-request",
+                "Invalid sweep request",
+                f"sweep.batch_sizes: {too_big} exceed the training data ({n_train} examples)",
+            )
+        multipliers = opt.lr_grid if opt.lr_rule == "grid" else [1.0]
+        for b in sizes:
+            for m in multipliers:
+                lr = lr_for_batch(opt, b, m)
+                suffix = f", lr×{m:g}" if opt.lr_rule == "grid" else ""
+                point = PointSettings(
+                    type="batch",
+                    batch_size=b,
+                    lr=lr,
+                    lr_multiplier=m,
+                    target_loss=sweep.target_loss,
+                    max_steps=sweep.max_steps,
+                    eval_every=sweep.eval_every,
+                    seed=sweep.init_seed,
+                )
+                children.append(child(f"B={b}{suffix}", point))
+        return children
+    sizes = sorted(set(sweep.data_sizes or _default_data_sizes(n_train, sweep.batch_size)))
+    too_big = [d for d in sizes if d > n_train]
+    if too_big:
+        raise JobError(
+            "invalid-request",
+            "Invalid sweep request",
+            f"sweep.data_sizes: {too_big} exceed the training data ({n_train} examples)",
+        )
+    for d in sizes:
+        point = PointSettings(
+            type="data",
+            batch_size=sweep.batch_size,
+            lr=lr_for_batch(opt, sweep.batch_size),
+            data_size=d,
+            target_loss=sweep.target_loss,
+            max_steps=sweep.max_steps,
+            eval_every=sweep.eval_every,
+            patience=sweep.patience,
+            seed=sweep.init_seed,
+        )
+        children.append(child(f"D={d}", point))
+    return children
+
+
+def _default_data_sizes(n_train: int, batch_size: int) -> list[int]:
+    sizes = [n_train // 2**k for k in range(DATA_SIZE_STEPS)]
+    return [d for d in sizes if d >= max(2, batch_size)]
+
+
+def _fan_out(body: SweepJobCreate, ctx: JobContext) -> FanOut:
+    ctx.report_progress(0.0, "planning points", "reading the training data")
+    n_train = _train_size(body, ctx)
+    children = plan_points(body, n_train)
+    if len(set(c.name for c in children)) < MIN_POINTS[body.sweep.type]:
+        raise JobError(
+            "invalid-request",
+            "Invalid sweep request",
+            f"sweep: {len(children)} points; a {body.sweep.type} sweep needs at least "
+            f"{MIN_POINTS[body.sweep.type]} to fit",
+        )
+    ctx.report_progress(0.01, "planning points", f"{len(children)} points")
+    return FanOut(children=children, message=f"{len(children)} training runs")
+
+
+# --------------------------------------------------------------------------- fan-in
+def _point_of(child: dict[str, Any]) -> PointResult | None:
+    if child["status"] != "succeeded" or not child.get("result"):
+        return None
+    return PointResult.model_validate(child["result"]["point"])
+
+
+def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
+    ctx.report_progress(0.0, "fitting", f"{len(ctx.children or [])} points")
+    children = ctx.children or []
+    sweep = body.sweep
+    outs: list[SweepPointOut] = []
+    results: list[tuple[SweepPointOut, PointResult]] = []
+    failed = []
+    for child in children:
+        result = _point_of(child)
+        point_out = SweepPointOut(
+            job_id=child["id"],
+            name=child["name"],
+            status=child["status"],
+            used_in_fit=False,
+            error_type=(child.get("error") or {}).get("type"),
+            result=result,
+        )
+        if result is None:
+            point_out.excluded_reason = f"the point's job {child['status']}"
+            failed.append(child["name"] or child["id"])
+        outs.append(point_out)
+        if result is not None:
+            results.append((point_out, result))
+    tokens = next(
+        (r.batch_size_tokens / r.batch_size for _, r in results if r.batch_size_tokens), None
+    )
+    seed = seed_for_job(ctx.job_id)
+    answer = SweepResult(
+        type=sweep.type,
+        target_loss=sweep.target_loss,
+        optimizer=body.optimizer,
+        tokens_per_example=tokens,
+        points=outs,
+        points_total=len(children),
+        points_used=0,
+        failed_points=failed,
+    )
+    measurements: dict[str, Any] = {}
+    if sweep.type == "batch":
+        used = _best_per_batch(results)
+        if len(used) < MIN_POINTS["batch"]:
+            raise JobError(
+                "too-few-points",
+                "Too few sweep points reached the target",
+                f"{len(used)} of {len(children)} points reached target_loss "
+                f"{sweep.target_loss} (failed: {failed or 'none'}; censored: "
+                f"{[o.name for o, r in results if r.censored]}); the fit needs "
+                f"{MIN_POINTS['batch']}: raise sweep.max_steps or the target loss",
+            )
+        table = [StepsPoint(batch_size=r.batch_size, steps=max(r.steps, 1e-9)) for _, r in used]
+        recommendation = make_plan(
+            Measurements(steps_to_target=table, tokens_per_example=tokens),
+            Targets(target_loss=sweep.target_loss),
+            seed=seed,
+        )
+        batch = recommendation.batch_size
+        fit: BCrit | NotComputed = batch.b_crit if isinstance(batch, BatchSizeSection) else batch
+        b_crit_value = getattr(fit, "value", None)
+        answer.batch = BatchSweepFit(
+            fit=fit,
+            b_crit_tokens=None if tokens is None or b_crit_value is None else b_crit_value * tokens,
+            steps_at=table,
+            n_points=len(table),
+        )
+        answer.points_used = len(used)
+        measurements["steps_to_target"] = [p.model_dump() for p in table]
+        answer.b_simple_at_target, answer.b_simple_trend = _noise_scales(
+            [r for _, r in results if not r.censored] or [r for _, r in results],
+            sweep.target_loss or 0.0,
+            tokens,
+            seed,
+        )
+    else:
+        good = [(o, r) for o, r in results if r.data_size is not None]
+        for o, _ in good:
+            o.used_in_fit = True
+        if len(good) < MIN_POINTS["data"]:
+            raise JobError(
+                "too-few-points",
+                "Too few sweep points finished",
+                f"{len(good)} of {len(children)} points finished (failed: {failed}); the "
+                f"L(D) fit with intervals needs {MIN_POINTS['data']}",
+            )
+        loss_vs_data = [
+            LossPoint(n_samples=float(r.data_size or 0), loss=r.best_eval_loss) for _, r in good
+        ]
+        recommendation = make_plan(
+            Measurements(loss_vs_data=loss_vs_data, tokens_per_example=tokens),
+            Targets(target_loss=sweep.target_loss),
+            seed=seed,
+        )
+        answer.data = DataSweepFit(
+            fit=recommendation.scaling, loss_vs_data=loss_vs_data, n_points=len(good)
+        )
+        answer.points_used = len(good)
+        measurements["loss_vs_data"] = [p.model_dump() for p in loss_vs_data]
+    if failed:
+        answer.notes.append(
+            f"{len(failed)} point(s) failed and were left out: {', '.join(map(str, failed))}; "
+            f"the fit uses the {answer.points_used} remaining"
+        )
+    ctx.report_progress(1.0, "done", "sweep fitted")
+    return {
+        "sweep": answer.model_dump(mode="json"),
+        "measurements": measurements,
+        "recommendation": recommendation.model_dump(mode="json"),
+    }
+
+
+def _best_per_batch(
+    results: list[tuple[SweepPointOut, PointResult]],
+) -> list[tuple[SweepPointOut, PointResult]]:
+    """Uncensored points, one per batch size: the fewest steps (the grid rule keeps the best
+    learning rate); censored and worse-lr points are marked excluded."""
+    best: dict[int, tuple[SweepPointOut, PointResult]] = {}
+    for out, r in results:
+        if r.censored:
+            out.excluded_reason = "censored: hit the step cap before the target loss"
+            continue
+        current = best.get(r.batch_size)
+        if current is None or r.steps < current[1].steps:
+            if current is not None:
+                current[0].excluded_reason = "a better learning rate reached the target sooner"
+            best[r.batch_size] = (out, r)
+        else:
+            out.excluded_reason = "a better learning rate reached the target sooner"
+    for out, _ in best.values():
+        out.used_in_fit = True
+        out.excluded_reason = None
+    return [best[b] for b in sorted(best)]
+
+
+def _noise_scales(
+    points: list[PointResult], target: float, tokens: float | None, seed: int
+) -> tuple[NoiseScaleAtLoss | None, list[NoiseScaleAtLoss]]:
+    """Two-batch B_simple pooled over the runs' steps, per band of evaluation loss, and at
+    the band just above the target loss."""
+    rows: list[tuple[float, float, float]] = []  # (window start loss, |G|²_t, tr Σ_t)
+    for p in points:
+        tb = p.two_batch
+        if tb is None:
+            continue
+        for loss, small, big in zip(
+            tb.window_eval_losses, tb.grad_sq_norm_small, tb.grad_sq_norm_big, strict=True
+        ):
+            g2, tr = two_batch_estimates(tb.b_small, tb.b_big, np.array(small), np.array(big))
+            rows.extend((loss, float(a), float(b)) for a, b in zip(g2, tr, strict=True))
+    if not rows:
+        return None, []
+    losses = np.array([r[0] for r in rows])
+    g2 = np.array([r[1] for r in rows])
+    tr = np.array([r[2] for r in rows])
+    start = float(losses.max())
+    rng = np.random.default_rng(seed)
+
+    def band(lo: float, hi: float) -> NoiseScaleAtLoss | None:
+        mask = (losses >= lo) & (losses <= hi)
+        if mask.sum() < 2:
+            return None
+        _, _, ratio = ratio_of_means_bootstrap(
+            tr[mask],
+            g2[mask],
+            confidence=0.95,
+            bootstrap=1000,
+            rng=rng,
+            formula=B_SIMPLE_FORMULA,
+            names=("tr Σ", "|G|²"),
+        )
+        ci = None
+        if ratio.ci is not None:
+            ci = tuple(v if math.isfinite(v) else None for v in ratio.ci)
+        return NoiseScaleAtLoss(
+            eval_loss_low=lo,
+            eval_loss_high=hi,
+            value=ratio.value,
+            ci=ci,  # type: ignore[arg-type]
+            value_tokens=None if ratio.value is None or tokens is None else ratio.value * tokens,
+            n_steps=int(mask.sum()),
+            undefined_reason=ratio.undefined_reason,
+            formula=B_SIMPLE_FORMULA,
+        )
+
+    at_target = band(target, target + TARGET_BAND * max(start - target, 0.0)) if target else None
+    edges = np.quantile(losses, np.linspace(0, 1, 6))
+    trend = [b for lo, hi in itertools.pairwise(edges) if (b := band(lo, hi))]
+    return at_target, trend

@@ -1,0 +1,85 @@
+"""The ``sweep_point`` kind: one training run of a sweep (torch; gpu queue, CUDA if present).
+
+Loads the start checkpoint (or a seeded initialisation), the training data and the
+evaluation data, and runs :func:`curvplan_worker.sweep.train.train_point`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from curvplan.types.jobs import SweepPointJobCreate
+from curvplan_server.artifacts.blobstore import default_store
+from curvplan_server.config import get_settings
+from curvplan_worker.analyze.artifacts import child_engine, job_project, resolve
+from curvplan_worker.curvature.checkpoint import load_checkpoint
+from curvplan_worker.curvature.data import DataError, load_dataset
+from curvplan_worker.curvature.model import build_model
+from curvplan_worker.curvature.objective import objective_for
+from curvplan_worker.errors import JobError
+from curvplan_worker.kinds import JobContext
+from curvplan_worker.sweep.train import train_point
+
+#: Below this many parameters one thread is fastest and leaves the other cores to other runs.
+SMALL_MODEL_PARAMETERS = 1_000_000
+
+
+def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Train one point; returns ``{"point": PointResult}``."""
+    try:
+        body = SweepPointJobCreate.model_validate(request)
+    except Exception as exc:
+        raise JobError("invalid-request", "Invalid sweep point", str(exc)[:300]) from None
+    ctx.report_progress(0.0, "loading", "resolving artifacts")
+    engine = child_engine(get_settings().sqlalchemy_url)
+    store = default_store(ctx.data_dir)
+    try:
+        project_id = job_project(engine, ctx.job_id)
+        train_art = resolve(
+            engine, store, project_id, str(body.train_data), "dataset", "train_data"
+        )
+        eval_art = resolve(engine, store, project_id, str(body.eval_data), "dataset", "eval_data")
+        ckpt = (
+            resolve(engine, store, project_id, str(body.checkpoint), "checkpoint", "checkpoint")
+            if body.checkpoint is not None
+            else None
+        )
+    finally:
+        engine.dispose()
+    spec = body.model
+    model = build_model(spec, seed=body.point.seed)
+    if ckpt is not None:
+        try:
+            load_checkpoint(model, ckpt.path)
+        except ValueError as exc:
+            raise JobError(
+                "invalid-checkpoint", "Checkpoint does not fit the spec", str(exc)
+            ) from None
+    try:
+        train = load_dataset(spec, train_art.path)
+        evaluation = load_dataset(spec, eval_art.path)
+    except DataError as exc:
+        raise JobError("invalid-dataset", "Dataset does not fit the spec", str(exc)) from None
+    threads = torch.get_num_threads()
+    if sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS:
+        torch.set_num_threads(1)
+    try:
+        result = train_point(
+            model,
+            objective_for(spec),
+            train,
+            evaluation,
+            body.point,
+            body.optimizer,
+            report=lambda f, stage, msg: ctx.report_progress(0.02 + 0.97 * f, stage, msg),
+        )
+    except ValueError as exc:
+        raise JobError("invalid-request", "Invalid sweep point", str(exc)) from None
+    except FloatingPointError as exc:
+        raise JobError("diverged", "The training run diverged", str(exc)) from None
+    finally:
+        torch.set_num_threads(threads)
+    ctx.report_progress(1.0, "done", "point trained")
+    return {"point": result.model_dump(mode="json")}

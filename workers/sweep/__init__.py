@@ -1,0 +1,1 @@
+"""Sweeps: the training runs of batch-size and dataset-size sweeps (torch)."""
