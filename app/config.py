@@ -75,6 +75,12 @@ class Settings(BaseSettings):
     default_job_time_limit: float = Field(
         default=86400.0, gt=0, description="Time limit of a kind without an entry above."
     )
+    max_model_parameters: int | None = Field(
+        default=2_000_000_000,
+        gt=0,
+        description="Largest Hugging Face model (parameters, computed from its config.json) "
+        "an analyze job may name; checked before the job is queued.",
+    )
     db_pool_size: int = Field(default=10, gt=0)
     db_max_overflow: int = Field(default=10, ge=0)
 

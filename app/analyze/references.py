@@ -2,8 +2,17 @@
 
 ``prepare_job_body`` is called by ``POST /v1/jobs`` after the body's schema validation, in
 the same transaction as the insert. For an ``analyze`` job every artifact id must be an
-artifact of the caller's project with the right kind (else a 422 naming the field). Plan
-jobs without references pass through untouched (no database work on the hot path).
+artifact of the caller's project with the right kind (else a 422 naming the field); then,
+from the artifacts' stored safetensors headers and the model alone (no torch):
+
+- a Hugging Face model's parameter count (computed from its config) must not exceed the
+  service's ``max_model_parameters``;
+- the shards of a checkpoint must not hold the same tensor twice;
+- a reference-spec model takes an ``{inputs, targets}`` dataset (the Hugging Face layout
+  ``input_ids``/``labels`` is for Hugging Face models); a model with learned positions
+  (GPT-2) takes sequences no longer than its ``n_positions``.
+
+Plan jobs without references pass through untouched (no database work on the hot path).
 """
 
 from __future__ import annotations
@@ -14,35 +23,153 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from curvplan.types.artifact_inputs import HF_DATASET_TENSORS, checkpoint_ids
+from curvplan.types.huggingface import GPT2Config, parameter_count, parse_hf_config
 from curvplan.types.planner import Measurements
+from curvplan_server.artifacts.models import Artifact
 from curvplan_server.artifacts.service import ArtifactRef, check_references
-from curvplan_server.problems import Problem
+from curvplan_server.problems import Problem, validation_problem
+
+ARTIFACT = Artifact.__table__
+Loc = tuple[str | int, ...]
+
+
+def _checkpoint_fields(body: dict[str, Any]) -> list[list[tuple[Loc, uuid.UUID]]]:
+    """Each checkpoint of the body (main, then intermediates) as its shards' (loc, id)."""
+    out = []
+    refs: list[tuple[Loc, Any]] = [(("checkpoint",), body["checkpoint"])]
+    refs += [
+        (("intermediate_checkpoints", i), ref)
+        for i, ref in enumerate(body.get("intermediate_checkpoints") or [])
+    ]
+    for loc, ref in refs:
+        ids = checkpoint_ids(ref)
+        if isinstance(ref, list):
+            out.append([((*loc, j), shard) for j, shard in enumerate(ids)])
+        else:
+            out.append([(loc, ids[0])])
+    return out
 
 
 def analyze_references(body: dict[str, Any]) -> list[ArtifactRef]:
     """The artifact fields of a validated analyze body, with the kind each must have."""
-    refs = [
-        ArtifactRef(("checkpoint",), uuid.UUID(body["checkpoint"]), "checkpoint"),
-        ArtifactRef(("dataset",), uuid.UUID(body["dataset"]), "dataset"),
-    ]
-    for i, artifact_id in enumerate(body.get("intermediate_checkpoints") or []):
-        refs.append(
-            ArtifactRef(("intermediate_checkpoints", i), uuid.UUID(artifact_id), "checkpoint")
-        )
+    refs = [ArtifactRef(("dataset",), uuid.UUID(body["dataset"]), "dataset")]
+    for shards in _checkpoint_fields(body):
+        refs += [ArtifactRef(loc, artifact_id, "checkpoint") for loc, artifact_id in shards]
     return refs
 
 
+def _error(loc: Loc, message: str, type_: str) -> dict[str, Any]:
+    full: list[str | int] = ["body", *loc]
+    return {"field": ".".join(map(str, full)), "loc": full, "message": message, "type": type_}
+
+
+def check_model_size(body: dict[str, Any], max_parameters: int | None) -> None:
+    """422 naming ``body.model.config`` when a Hugging Face model is larger than allowed."""
+    model = body["model"]
+    if max_parameters is None or model.get("source") != "huggingface":
+        return
+    count = parameter_count(model["config"])
+    if count > max_parameters:
+        raise validation_problem(
+            [
+                _error(
+                    ("model", "config"),
+                    f"the model has {count:,} parameters (computed from its config), more than "
+                    f"this service analyses ({max_parameters:,}; CURVPLAN_MAX_MODEL_PARAMETERS)",
+                    "model_too_large",
+                )
+            ]
+        )
+
+
+def _headers(
+    session: Session, project_id: uuid.UUID, ids: list[uuid.UUID]
+) -> dict[uuid.UUID, dict[str, Any]]:
+    """Stored tensor summaries (name → dtype, shape) of blob artifacts; file:// ones have none
+    until a worker reads them."""
+    rows = session.execute(
+        select(ARTIFACT.c.id, ARTIFACT.c.tensors).where(
+            ARTIFACT.c.id.in_(ids), ARTIFACT.c.project_id == project_id
+        )
+    ).all()
+    out = {}
+    for row in rows:
+        tensors = (row.tensors or {}).get("tensors") if isinstance(row.tensors, dict) else None
+        if isinstance(tensors, dict):
+            out[row.id] = tensors
+    return out
+
+
+def check_artifact_contents(session: Session, project_id: uuid.UUID, body: dict[str, Any]) -> None:
+    """422 for shards that repeat a tensor, and for a dataset layout the model cannot take."""
+    checkpoints = _checkpoint_fields(body)
+    dataset_id = uuid.UUID(body["dataset"])
+    ids = [dataset_id] + [artifact_id for shards in checkpoints for _, artifact_id in shards]
+    headers = _headers(session, project_id, ids)
+    errors = []
+    for shards in checkpoints:
+        owner: dict[str, Loc] = {}
+        for loc, artifact_id in shards:
+            for name in sorted(headers.get(artifact_id) or {}):
+                if name in owner:
+                    where = ".".join(map(str, ("body", *owner[name])))
+                    errors.append(
+                        _error(
+                            loc,
+                            f"tensor {name!r} is also in the shard at {where}: each tensor "
+                            "must be in exactly one shard",
+                            "duplicate_tensor",
+                        )
+                    )
+                    break
+                owner[name] = loc
+    dataset = headers.get(dataset_id)
+    hf_names = sorted(set(dataset or {}) & set(HF_DATASET_TENSORS))
+    if body["model"].get("source") != "huggingface" and hf_names:
+        errors.append(
+            _error(
+                ("dataset",),
+                f"the dataset holds {', '.join(hf_names)} (the Hugging Face layout), which is "
+                "for Hugging Face models; a reference model spec takes 'inputs' and 'targets'",
+                "dataset_layout",
+            )
+        )
+    if body["model"].get("source") == "huggingface" and "input_ids" in (dataset or {}):
+        config = parse_hf_config(body["model"]["config"])
+        shape = dataset["input_ids"].get("shape") or []
+        if isinstance(config, GPT2Config) and len(shape) == 2 and shape[1] > config.n_positions:
+            errors.append(
+                _error(
+                    ("dataset",),
+                    f"input_ids has sequences of {shape[1]} tokens, longer than the model's "
+                    f"n_positions ({config.n_positions}): GPT-2's learned positions end there",
+                    "sequence_too_long",
+                )
+            )
+    if errors:
+        raise validation_problem(errors)
+
+
 def prepare_job_body(
-    session: Session, project_id: uuid.UUID, body: dict[str, Any], data_dir: Path
+    session: Session,
+    project_id: uuid.UUID,
+    body: dict[str, Any],
+    data_dir: Path,
+    max_model_parameters: int | None = None,
 ) -> dict[str, Any]:
     """Check (and, for re-plans, complete) a validated job body; raises a 422/409 problem.
 
-    ``data_dir`` is the service's data directory (the blob store a re-plan reads from).
+    ``data_dir`` is the service's data directory (the blob store a re-plan reads from);
+    ``max_model_parameters`` the largest Hugging Face model accepted (None: no limit).
     """
     if body["kind"] == "analyze":
+        check_model_size(body, max_model_parameters)
         check_references(session, project_id, analyze_references(body))
+        check_artifact_contents(session, project_id, body)
     elif body["kind"] == "plan" and body.get("from_job") is not None:
         from curvplan_server.analyze.replan import measurements_from_job
 

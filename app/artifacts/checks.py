@@ -7,11 +7,20 @@ the worker, with the engine's own loaders.
 
 from __future__ import annotations
 
-from curvplan_server.artifacts.safetensors_format import SafetensorsInfo
+from curvplan.types.artifact_inputs import (
+    HF_DATASET_OPTIONAL,
+    REFERENCE_DATASET_TENSORS,
+    DatasetLayoutError,
+    dataset_layout,
+)
+from curvplan_server.artifacts.safetensors_format import SafetensorsInfo, TensorInfo
 
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
 INT_DTYPES = frozenset({"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"})
-DATASET_TENSORS = ("inputs", "targets")
+DATASET_TENSORS = REFERENCE_DATASET_TENSORS
+BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".inv_freq", "position_ids")
+"""Non-parameter tensors that older ``transformers`` checkpoints carry (GPT-2's causal mask,
+rotary frequencies, position ids) and that ``from_pretrained`` ignores: any dtype is fine."""
 
 
 class ArtifactContentError(ValueError):
@@ -24,11 +33,12 @@ class ArtifactContentError(ValueError):
 
 
 def check_checkpoint(info: SafetensorsInfo) -> None:
-    """A checkpoint holds at least one tensor and only floating-point parameters."""
+    """A checkpoint (or one shard of one) holds at least one tensor and only floating-point
+    parameters (known buffers, :data:`BUFFER_SUFFIXES`, may have any dtype)."""
     if not info.tensors:
         raise ArtifactContentError("a checkpoint must hold at least one tensor")
     for name, tensor in sorted(info.tensors.items()):
-        if tensor.dtype not in FLOAT_DTYPES:
+        if tensor.dtype not in FLOAT_DTYPES and not name.endswith(BUFFER_SUFFIXES):
             raise ArtifactContentError(
                 f"checkpoint parameters must be floating point ({', '.join(sorted(FLOAT_DTYPES))})"
                 f", found {tensor.dtype}",
@@ -37,18 +47,26 @@ def check_checkpoint(info: SafetensorsInfo) -> None:
 
 
 def check_dataset(info: SafetensorsInfo) -> None:
-    """A dataset holds exactly ``inputs`` and ``targets``, numeric, with the same length."""
-    names = set(info.tensors)
-    for required in DATASET_TENSORS:
-        if required not in names:
-            raise ArtifactContentError(
-                f"a dataset must hold tensors 'inputs' and 'targets'; found {sorted(names)}",
-                required,
-            )
-    for extra in sorted(names - set(DATASET_TENSORS)):
-        raise ArtifactContentError("a dataset holds only 'inputs' and 'targets'", extra)
+    """A dataset in one of the two layouts (``curvplan.types.artifact_inputs``).
+
+    ``{inputs, targets}``: numeric, the same number of examples. ``{input_ids[,
+    attention_mask][, labels]}``: integer token ids ``(n, seq)`` with ``seq ≥ 2`` (a causal
+    LM predicts from the second token on), the mask (integer or bool) and labels (integer)
+    of exactly that shape.
+    """
+    try:
+        layout = dataset_layout(info.tensors)
+    except DatasetLayoutError as exc:
+        raise ArtifactContentError(exc.reason, exc.tensor) from None
+    if layout == "reference":
+        _check_reference_dataset(info.tensors)
+    else:
+        _check_hf_dataset(info.tensors)
+
+
+def _check_reference_dataset(tensors: dict[str, TensorInfo]) -> None:
     for name in DATASET_TENSORS:
-        tensor = info.tensors[name]
+        tensor = tensors[name]
         if tensor.dtype not in FLOAT_DTYPES | INT_DTYPES:
             raise ArtifactContentError(f"dtype {tensor.dtype} is neither integer nor float", name)
         if not tensor.shape or tensor.shape[0] == 0:
@@ -56,10 +74,32 @@ def check_dataset(info: SafetensorsInfo) -> None:
                 f"needs a first dimension of examples (≥ 1), found shape {list(tensor.shape)}",
                 name,
             )
-    n_inputs = info.tensors["inputs"].shape[0]
-    n_targets = info.tensors["targets"].shape[0]
+    n_inputs = tensors["inputs"].shape[0]
+    n_targets = tensors["targets"].shape[0]
     if n_inputs != n_targets:
         raise ArtifactContentError(f"{n_targets} examples but 'inputs' has {n_inputs}", "targets")
+
+
+def _check_hf_dataset(tensors: dict[str, TensorInfo]) -> None:
+    ids = tensors["input_ids"]
+    if ids.dtype not in INT_DTYPES:
+        raise ArtifactContentError(f"token ids must be integers, found {ids.dtype}", "input_ids")
+    if len(ids.shape) != 2 or ids.shape[0] == 0 or ids.shape[1] < 2:
+        raise ArtifactContentError(
+            "needs shape (examples ≥ 1, sequence length ≥ 2), found " + str(list(ids.shape)),
+            "input_ids",
+        )
+    allowed = {"attention_mask": INT_DTYPES | {"BOOL"}, "labels": INT_DTYPES}
+    for name in HF_DATASET_OPTIONAL:
+        tensor = tensors.get(name)
+        if tensor is None:
+            continue
+        if tensor.dtype not in allowed[name]:
+            raise ArtifactContentError(f"dtype {tensor.dtype} is not an integer dtype", name)
+        if tensor.shape != ids.shape:
+            raise ArtifactContentError(
+                f"shape {list(tensor.shape)} differs from input_ids' {list(ids.shape)}", name
+            )
 
 
 def check_kind(kind: str, info: SafetensorsInfo) -> None:

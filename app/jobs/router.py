@@ -201,6 +201,7 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
         settings.max_attempts,
         idempotency_key,
         settings.data_dir,
+        settings.max_model_parameters,
     )
     headers = {"Location": created.job["links"]["self"]}
     if created.replayed:
@@ -215,8 +216,10 @@ def _create_and_commit(
     default_max_attempts: int,
     idempotency_key: str | None,
     data_dir: Path,
+    max_model_parameters: int | None,
 ) -> service.Created:
-    body = prepare_job_body(session, project_id, body, data_dir)  # artifact ids, from_job
+    # artifact ids, model size, shards, from_job
+    body = prepare_job_body(session, project_id, body, data_dir, max_model_parameters)
     created = service.create_job(
         session,
         project_id,

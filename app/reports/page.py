@@ -100,6 +100,9 @@ def summary_html(job: dict[str, Any]) -> str:
         ("started", job.get("started_at")),
         ("finished", job.get("finished_at")),
     ]
+    model = model_text(job)
+    if model is not None:
+        rows.insert(2, ("model", model))
     error = job.get("error")
     if isinstance(error, dict):
         rows.append(
@@ -115,6 +118,14 @@ def summary_html(job: dict[str, Any]) -> str:
         for k, v in rows
     )
     return f'<table class="summary">{body}</table>'
+
+
+def model_text(job: dict[str, Any]) -> str | None:
+    """What an analyze job measured (see :func:`curvplan.types.model_source.describe_model`)."""
+    from curvplan.types.model_source import describe_model
+
+    measured = (job.get("result") or {}).get("measurements")
+    return describe_model(job.get("request"), measured)
 
 
 def _interval(ci: Any) -> str:

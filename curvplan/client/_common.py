@@ -253,15 +253,16 @@ def analyze_body(
     intermediate_checkpoints: Sequence[Any] = (),
     sweeps: Sequence[Any] = (),
 ) -> dict[str, Any]:
-    """The ``analyze`` job body; artifacts (and sweep jobs) may be given as results or ids."""
+    """The ``analyze`` job body; artifacts (and sweep jobs) may be given as results or ids, a
+    checkpoint also as a list of shards."""
     body: dict[str, Any] = {
         "kind": "analyze",
         "model": _jsonable(model),
-        "checkpoint": artifact_id(checkpoint),
+        "checkpoint": _checkpoint_ref(checkpoint),
         "dataset": artifact_id(dataset),
     }
     if intermediate_checkpoints:
-        body["intermediate_checkpoints"] = [artifact_id(a) for a in intermediate_checkpoints]
+        body["intermediate_checkpoints"] = [_checkpoint_ref(a) for a in intermediate_checkpoints]
     if sweeps:
         body["sweeps"] = [artifact_id(j) for j in sweeps]
     if options:
@@ -269,6 +270,117 @@ def analyze_body(
     if targets is not None:
         body["targets"] = _jsonable(targets)
     return _common_fields(body, name, tags, max_attempts)
+
+
+def _checkpoint_ref(value: Any) -> str | list[str]:
+    if isinstance(value, list | tuple):
+        return [artifact_id(a) for a in value]
+    return artifact_id(value)
+
+
+# --------------------------------------------------------------------------- analyze inputs
+Source = Any  # an artifact result, an id (str or UUID), or a local file (Path)
+
+
+@dataclass
+class AnalyzeSources:
+    """What an analyze submission names: the model JSON, and each artifact field as ids or
+    local files still to upload (a list for a sharded checkpoint)."""
+
+    model: Any
+    checkpoint: Source | list[Source]
+    dataset: Source
+    intermediates: list[Source | list[Source]]
+
+    def uploads(self) -> list[tuple[Path, str]]:
+        """Local files to upload, each once, with their artifact kind (checkpoints first)."""
+        out: dict[Path, str] = {}
+        for ref in [self.checkpoint, *self.intermediates]:
+            for item in ref if isinstance(ref, list) else [ref]:
+                if isinstance(item, Path):
+                    out.setdefault(item, "checkpoint")
+        if isinstance(self.dataset, Path):
+            out.setdefault(self.dataset, "dataset")
+        return list(out.items())
+
+    def resolved(self, uploaded: Mapping[Path, str]) -> tuple[Any, Any, list[Any]]:
+        """(checkpoint, dataset, intermediates) with every local file replaced by its id."""
+
+        def one(item: Source) -> Any:
+            return uploaded[item] if isinstance(item, Path) else item
+
+        def ref(value: Source | list[Source]) -> Any:
+            return [one(v) for v in value] if isinstance(value, list) else one(value)
+
+        return ref(self.checkpoint), one(self.dataset), [ref(r) for r in self.intermediates]
+
+
+def _local_or_id(value: Any, option: str) -> Source:
+    """A path becomes a Path to upload; an artifact or a UUID (string) stays an id."""
+    if isinstance(value, os.PathLike):
+        path = Path(value)
+    elif isinstance(value, str):
+        try:
+            return str(uuid.UUID(value))
+        except ValueError:
+            path = Path(value)
+    else:
+        return value  # an Artifact result or a uuid.UUID
+    if not path.is_file():
+        raise FileNotFoundError(f"{option}: file not found: {path}")
+    return path
+
+
+def _checkpoint_source(value: Any, option: str) -> Source | list[Source]:
+    """A save_pretrained directory → its shard files; else an id, a file or a list of them."""
+    from curvplan.client.pretrained import is_pretrained_dir, read_pretrained
+
+    if is_pretrained_dir(value):
+        shards = list(read_pretrained(value).shards)
+        return shards if len(shards) > 1 else shards[0]
+    if isinstance(value, list | tuple):
+        if not value:
+            raise ValueError(f"{option}: an empty list of shards")
+        return [_local_or_id(v, option) for v in value]
+    return _local_or_id(value, option)
+
+
+def analyze_sources(
+    model: Any, checkpoint: Any, dataset: Any, intermediate_checkpoints: Sequence[Any]
+) -> AnalyzeSources:
+    """Sort out what ``submit_analyze`` was given (see its docstring)."""
+    from curvplan.client.pretrained import is_pretrained_dir, read_pretrained
+
+    if dataset is None:
+        raise ValueError("dataset: give the evaluation sample (an artifact, its id or a file)")
+    if isinstance(model, str | os.PathLike):
+        if not is_pretrained_dir(model):
+            raise ValueError(
+                f"model: {model} is not a save_pretrained directory (no config.json in it); "
+                "give the directory or a model spec object"
+            )
+        pretrained = read_pretrained(model)
+        if checkpoint is not None:
+            raise ValueError(
+                "checkpoint: the weights come from the model directory; do not give both"
+            )
+        model_json: Any = pretrained.model
+        shards = list(pretrained.shards)
+        ckpt: Source | list[Source] = shards if len(shards) > 1 else shards[0]
+    else:
+        if checkpoint is None:
+            raise ValueError("checkpoint: give the weights (or pass a save_pretrained directory)")
+        model_json = _jsonable(model)
+        ckpt = _checkpoint_source(checkpoint, "checkpoint")
+    return AnalyzeSources(
+        model_json,
+        ckpt,
+        _local_or_id(dataset, "dataset"),
+        [
+            _checkpoint_source(v, f"intermediate_checkpoints[{i}]")
+            for i, v in enumerate(intermediate_checkpoints)
+        ],
+    )
 
 
 def with_webhook(body: dict[str, Any], webhook_url: str | None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,6 +21,7 @@ from curvplan.client.errors import (
     WaitTimeoutError,
 )
 
+CheckpointArg = str | uuid.UUID | m.Artifact | Sequence[str | uuid.UUID | m.Artifact]
 ProgressCallback = Callable[[m.JobOut], Awaitable[None] | None]
 
 
@@ -156,36 +158,52 @@ class AsyncClient:
 
     async def submit_analyze(
         self,
-        model: Mapping[str, Any],
-        checkpoint: str | uuid.UUID | m.Artifact,
-        dataset: str | uuid.UUID | m.Artifact,
+        model: Mapping[str, Any] | str | os.PathLike[str],
+        checkpoint: CheckpointArg | None = None,
+        dataset: str | uuid.UUID | m.Artifact | os.PathLike[str] | None = None,
         *,
         name: str | None = None,
         tags: Mapping[str, str] | None = None,
         options: Mapping[str, Any] | None = None,
         targets: Mapping[str, Any] | m.Targets | None = None,
-        intermediate_checkpoints: Sequence[str | uuid.UUID | m.Artifact] = (),
+        intermediate_checkpoints: Sequence[CheckpointArg | str | os.PathLike[str]] = (),
         sweeps: Sequence[str | uuid.UUID | m.JobOut] = (),
         max_attempts: int | None = None,
         webhook_url: str | None = None,
         idempotency_key: str | None = None,
+        on_upload: Callable[[Path], None] | None = None,
     ) -> m.JobOut:
-        """Queue an ``analyze`` job: model spec + checkpoint and dataset artifacts (ids).
+        """Queue an ``analyze`` job: a model, its checkpoint at w* and an evaluation sample.
 
-        ``intermediate_checkpoints`` (artifacts before convergence) give the gradient-noise
-        scale, which is undefined at a converged w* (docs/formulas.md); ``sweeps`` (succeeded
-        ``sweep`` jobs) give the budget its data-sweep and batch-sweep fits (docs/budget.md).
+        ``model`` is a reference model spec (with ``checkpoint``), or the path of a
+        ``save_pretrained`` directory: its ``config.json`` is sent inline and every
+        safetensors shard its ``model.safetensors.index.json`` names is uploaded (leave
+        ``checkpoint`` out). ``checkpoint``, ``dataset`` and each of
+        ``intermediate_checkpoints`` may be artifacts, their ids, or local files (uploaded
+        first; ``on_upload(path)`` is called before each); a checkpoint may also be a list
+        of shards, an intermediate checkpoint a ``save_pretrained`` directory.
+        ``intermediate_checkpoints`` (before convergence) give the gradient-noise scale,
+        which is undefined at a converged w* (docs/formulas.md).
+        ``sweeps`` (succeeded ``sweep`` jobs) give the budget its data-sweep and batch-sweep
+        fits (docs/budget.md).
         """
+        sources = c.analyze_sources(model, checkpoint, dataset, intermediate_checkpoints)
+        uploaded: dict[Path, str] = {}
+        for path, kind in sources.uploads():
+            if on_upload is not None:
+                on_upload(path)
+            uploaded[path] = (await self.upload_artifact(path, kind)).id
+        ckpt, data, intermediates = sources.resolved(uploaded)
         body = c.analyze_body(
-            model,
-            checkpoint,
-            dataset,
+            sources.model,
+            ckpt,
+            data,
             name,
             tags,
             options,
             targets,
             max_attempts,
-            intermediate_checkpoints,
+            intermediates,
             sweeps,
         )
         return await self.submit_job(

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from curvplan.client import models as m
+from curvplan.types.model_source import describe_model
 
 BAR_WIDTH = 28
 
@@ -141,6 +142,12 @@ def job_summary(job: m.JobOut) -> str:
         f"status     {job.status}" + ("  (cancel requested)" if job.cancel_requested else ""),
         f"name       {job.name or '-'}",
         f"tags       {', '.join(f'{k}={v}' for k, v in sorted(job.tags.items())) or '-'}",
+    ]
+    result = m.dump_json(job.result) if job.result is not None else {}
+    model = describe_model(job.request, result.get("measurements"))
+    if model is not None:
+        lines.append(f"model      {model}")
+    lines += [
         f"attempt    {job.attempt}/{job.max_attempts}",
         f"created    {job.created_at.isoformat()}",
     ]

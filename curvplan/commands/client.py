@@ -229,9 +229,24 @@ def _report_outcome(client: Client, job: JobOut, as_json: bool) -> None:
 
 # --------------------------------------------------------------------------- analyze / plan
 def analyze(
-    spec: Path = typer.Option(..., "--spec", help="Model spec JSON (see the engine contract)."),
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="Weights at w* (.safetensors)."),
-    data: Path = typer.Option(..., "--data", help="inputs/targets tensors (.safetensors)."),
+    model_dir: Path | None = typer.Option(
+        None,
+        "--model",
+        help="A save_pretrained directory (config.json + safetensors shards): GPT-2, Llama, "
+        "Mistral, Qwen2 causal LMs. Replaces --spec/--checkpoint.",
+    ),
+    spec: Path | None = typer.Option(
+        None, "--spec", help="Reference model spec JSON (see the engine contract)."
+    ),
+    checkpoint: list[Path] | None = typer.Option(
+        None, "--checkpoint", help="Weights at w* (.safetensors) for --spec; repeat per shard."
+    ),
+    data: Path = typer.Option(
+        ...,
+        "--data",
+        help="Evaluation sample (.safetensors): inputs/targets, or input_ids "
+        "[+ attention_mask] [+ labels].",
+    ),
     name: str | None = typer.Option(None, "--name", help="Label to find the job by."),
     tag: list[str] | None = TAG_OPTION,
     option: list[str] | None = typer.Option(
@@ -241,7 +256,8 @@ def analyze(
     intermediate: list[Path] | None = typer.Option(
         None,
         "--intermediate",
-        help="Checkpoint before convergence (for the gradient-noise scale); repeatable.",
+        help="Checkpoint before convergence (for the gradient-noise scale): a file, or a "
+        "save_pretrained directory with --model; repeatable.",
     ),
     sweep: list[str] | None = typer.Option(
         None, "--sweep", help="A succeeded sweep job whose fit the budget uses; repeatable."
@@ -259,40 +275,60 @@ def analyze(
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
-    """Upload a checkpoint and data, run the curvature analysis and plan on the service."""
-    model = _read_json(spec, "--spec")
-    if not isinstance(model, dict):
-        raise _fail("--spec: the model spec must be a JSON object", EXIT_BAD_INPUT)
-    paths = [(checkpoint, "--checkpoint"), (data, "--data")]
-    paths += [(p, "--intermediate") for p in intermediate or []]
+    """Upload a model's weights and data, run the curvature analysis and plan on the service.
+
+    Either --model DIR (a Hugging Face save_pretrained directory) or --spec with --checkpoint.
+    """
+    model: Any
+    ckpt: Any = None
+    if model_dir is not None:
+        if spec is not None or checkpoint:
+            raise _fail(
+                "--model DIR brings its own config and weights: drop --spec/--checkpoint",
+                EXIT_BAD_INPUT,
+            )
+        from curvplan.client.pretrained import PretrainedDirError, read_pretrained
+
+        try:
+            read_pretrained(model_dir)  # refused configs and stale shards fail before uploads
+        except PretrainedDirError as exc:
+            raise _fail(f"--model: {exc}", EXIT_BAD_INPUT) from None
+        model = model_dir
+    else:
+        if spec is None or not checkpoint:
+            raise _fail(
+                "give --model DIR (a save_pretrained directory), or --spec with --checkpoint",
+                EXIT_BAD_INPUT,
+            )
+        model = _read_json(spec, "--spec")
+        if not isinstance(model, dict):
+            raise _fail("--spec: the model spec must be a JSON object", EXIT_BAD_INPUT)
+        ckpt = checkpoint[0] if len(checkpoint) == 1 else list(checkpoint)
+    paths = [(p, "--checkpoint") for p in checkpoint or []] + [(data, "--data")]
     for path, opt in paths:
         if not path.is_file():
             raise _fail(f"{opt}: file not found: {path}", EXIT_BAD_INPUT)
+    for path in intermediate or []:
+        if not (path.is_file() or (model_dir is not None and path.is_dir())):
+            raise _fail(f"--intermediate: not found: {path}", EXIT_BAD_INPUT)
     target_body = _read_json(targets, "--targets") if targets is not None else None
     tags = _pairs(tag, "--tag")
     options = _pairs(option, "--option", parse_json=True)
     with _client(url, api_key) as client:
         log = (lambda s: None) if as_json or quiet else (lambda s: typer.echo(s, err=True))
-        log(f"uploading {checkpoint} …")
-        ckpt = client.upload_artifact(checkpoint, "checkpoint")
-        log(f"uploading {data} …")
-        dataset = client.upload_artifact(data, "dataset")
-        intermediates = []
-        for path in intermediate or []:
-            log(f"uploading {path} …")
-            intermediates.append(client.upload_artifact(path, "checkpoint").id)
         job = client.submit_analyze(
             model,
-            ckpt.id,
-            dataset.id,
+            ckpt,
+            data,
             name=name,
             tags=tags,
             options=options or None,
             targets=target_body,
-            intermediate_checkpoints=intermediates,
+            intermediate_checkpoints=list(intermediate or []),
             sweeps=sweep or (),
             idempotency_key=idempotency_key,
             webhook_url=webhook_url,
+            on_upload=lambda path: log(f"uploading {path} …"),
         )
         _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs)
 

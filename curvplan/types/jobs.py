@@ -26,10 +26,11 @@ from pydantic import (
     field_validator,
 )
 
+from curvplan.types.artifact_inputs import CheckpointRef
+from curvplan.types.model_source import ModelSource
 from curvplan.types.options import AnalysisOptions  # pydantic only, like the spec
 from curvplan.types.planner import Measurements, PlanInputError, Targets, check_workload
 from curvplan.types.results import RESULT_TYPES, AnalyzeResult, PlanResult
-from curvplan.types.spec import ModelSpec  # pydantic only: the API never imports torch
 from curvplan.types.sweep import PointSettings, SweepSettings, _SweepBase
 
 TagKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
@@ -102,13 +103,22 @@ class AnalyzeJobCreate(_JobCreateBase):
 
     queue: ClassVar[str] = "gpu"
     kind: Literal["analyze"]
-    model: ModelSpec = Field(description="The model spec, as the curvature engine reads it.")
-    checkpoint: uuid.UUID = Field(description="Artifact id of the checkpoint at w*.")
-    dataset: uuid.UUID = Field(description="Artifact id of the evaluation sample.")
-    intermediate_checkpoints: Annotated[list[uuid.UUID], Field(max_length=32)] = Field(
+    model: ModelSource = Field(
+        description="The reference model spec, or {source: huggingface, config: <config.json>} "
+        "(GPT-2, Llama, Mistral, Qwen2 causal LMs; remote code is refused)."
+    )
+    checkpoint: CheckpointRef = Field(
+        description="Artifact id of the checkpoint at w*, or the ids of its shards (one per "
+        "safetensors file of a sharded save_pretrained checkpoint)."
+    )
+    dataset: uuid.UUID = Field(
+        description="Artifact id of the evaluation sample: {inputs, targets} or "
+        "{input_ids[, attention_mask][, labels]} (Hugging Face conventions)."
+    )
+    intermediate_checkpoints: Annotated[list[CheckpointRef], Field(max_length=32)] = Field(
         default_factory=list,
-        description="Checkpoint artifacts before convergence, for the gradient-noise scale "
-        "(undefined at a converged w*).",
+        description="Checkpoints before convergence (each an id or a list of shard ids), for "
+        "the gradient-noise scale (undefined at a converged w*).",
     )
     options: AnalysisOptions = Field(default_factory=AnalysisOptions)
     targets: Targets = Field(default_factory=Targets)
