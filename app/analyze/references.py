@@ -140,7 +140,7 @@ def check_artifact_contents(session: Session, project_id: uuid.UUID, body: dict[
         )
     if body["model"].get("source") == "huggingface" and "input_ids" in (dataset or {}):
         config = parse_hf_config(body["model"]["config"])
-        shape = dataset["input_ids"].get("shape") or []
+        shape = (dataset or {})["input_ids"].get("shape") or []
         if isinstance(config, GPT2Config) and len(shape) == 2 and shape[1] > config.n_positions:
             errors.append(
                 _error(

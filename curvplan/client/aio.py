@@ -192,7 +192,7 @@ class AsyncClient:
         for path, kind in sources.uploads():
             if on_upload is not None:
                 on_upload(path)
-            uploaded[path] = (await self.upload_artifact(path, kind)).id
+            uploaded[path] = str((await self.upload_artifact(path, kind)).id)
         ckpt, data, intermediates = sources.resolved(uploaded)
         body = c.analyze_body(
             sources.model,

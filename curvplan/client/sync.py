@@ -188,7 +188,7 @@ class Client:
         for path, kind in sources.uploads():
             if on_upload is not None:
                 on_upload(path)
-            uploaded[path] = (self.upload_artifact(path, kind)).id
+            uploaded[path] = str((self.upload_artifact(path, kind)).id)
         ckpt, data, intermediates = sources.resolved(uploaded)
         body = c.analyze_body(
             sources.model,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -120,9 +120,11 @@ def curvature(
             typer.echo(f"[{event.fraction * 100:5.1f}%] {event.stage}: {event.message}", err=True)
 
     try:
+        source: Any
         if model_dir is not None:
             source, shards = read_model_dir(model_dir)
         else:
+            assert spec is not None  # checked with the option parsing above
             source, shards = load_spec(spec), [str(checkpoint)]
         result = analyze(source, shards, str(data), opts, progress=progress, machine=machine)
     except (

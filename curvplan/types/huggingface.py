@@ -315,7 +315,7 @@ def parse_hf_config(config: Any) -> ArchConfig:
     if errors:
         raise HFConfigError(errors)
     try:
-        return _CONFIG_CLASSES[model_type].model_validate(config)  # type: ignore[return-value]
+        return _CONFIG_CLASSES[str(model_type)].model_validate(config)  # type: ignore[return-value]
     except ValidationError as exc:
         raise HFConfigError(
             [(tuple(e["loc"]), str(e["msg"]).removeprefix("Value error, ")) for e in exc.errors()]

@@ -65,9 +65,11 @@ def describe_model(request: Any, measurements: Any = None) -> str | None:
         return None
     model = request["model"]
     measured = measurements if isinstance(measurements, dict) else {}
-    engine_model = measured.get("model") if isinstance(measured.get("model"), dict) else {}
+    engine_model: dict[str, Any] = (
+        measured["model"] if isinstance(measured.get("model"), dict) else {}
+    )
     if model.get("source") == "huggingface":
-        config = model.get("config") if isinstance(model.get("config"), dict) else {}
+        config: dict[str, Any] = model["config"] if isinstance(model.get("config"), dict) else {}
         text = f"Hugging Face {config.get('model_type')}"
         declared = config.get("architectures")
         architecture = engine_model.get("architecture") or (

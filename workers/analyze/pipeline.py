@@ -399,6 +399,10 @@ def _intermediate_noise(
                 "invalid-checkpoint", "A checkpoint cannot be read", f"{field}: {exc}"
             ) from None
         model = source.module
+        if source.data is None:
+            raise JobError(
+                "dataset-mismatch", "The dataset does not fit the model", "dataset: no data"
+            )
         data = source.data.to(device, dtype)
         objective = source.objective
         micro_batch = source.micro_batch(options.get("eval_batch_size"))

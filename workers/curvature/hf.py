@@ -459,6 +459,7 @@ def validate_hf_data(model: HFModel, tensors: Mapping[str, Tensor]) -> tuple[Ten
         packed, targets = pack_causal_lm(ids, mask, labels)
     if not bool((targets != IGNORE_INDEX).any()):
         raise fail(label_name if labels is not None else id_name, "no loss terms (all ignored)")
+    assert targets is not None  # labels given, or derived from input_ids by pack_causal_lm
     return packed, targets
 
 
