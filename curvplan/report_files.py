@@ -30,7 +30,7 @@ def report_numbers(job: m.JobOut, plots: m.PlotList) -> dict[str, Any]:
     summary["finished_at"] = job.finished_at.isoformat() if job.finished_at else None
     return {
         "job": summary,
-        "recommendation": rec,
+        "recommendation": rec.model_dump(mode="json") if rec is not None else None,
         "headline": headline,
         "plots": {
             p.id: {

@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import math
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -426,6 +427,12 @@ def batch_size_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
         return plot
     bs, steps = [p[0] for p in points], [p[1] for p in points]
     plot.numbers = {"batch_size": bs, "steps": steps}
+    if min(steps) < sys.float_info.min or not math.isfinite(math.log(max(steps) / min(steps))):
+        plot.empty_reason = (
+            f"degenerate steps_to_target: steps from {fmt(min(steps))} to {fmt(max(steps))} "
+            "give no usable range on a log axis (subnormal or overflowing numbers)"
+        )
+        return plot
     fig, ax = new_figure()
     ax.scatter(bs, steps, s=24, color="C0", label="measured steps to target", zorder=3)
     crit = section.b_crit if isinstance(section, BatchSizeSection) else None
