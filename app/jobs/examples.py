@@ -20,11 +20,77 @@ EXAMPLE_MEASUREMENTS: dict[str, Any] = {
 EXAMPLE_SEED = 1
 
 RECOMMENDATION_EXAMPLE: dict[str, Any] = {
+    "budget": {
+        "data": {
+            "recommended_examples": None,
+            "recommended_examples_ci": None,
+            "recommended_tokens": None,
+            "unit": "examples",
+            "source": "not_available",
+            "criterion": "nothing to lead with",
+            "guarantee": "no recommendation",
+            "target_loss": None,
+            "tolerance": None,
+            "loss_accuracy_examples": None,
+            "landscape_stabilisation": None,
+            "available_samples": None,
+            "available_is_enough": None,
+            "available_note": None,
+            "reason": "no data sweep (measurements.loss_vs_data with "
+            "targets.target_loss) and no loss-accuracy sample size (needs "
+            "measurements.per_sample_losses)",
+        },
+        "batch": {
+            "recommended": None,
+            "recommended_tokens": None,
+            "critical": None,
+            "critical_ci": None,
+            "critical_tokens": None,
+            "critical_tokens_ci": None,
+            "unit": "examples",
+            "tokens_per_example": None,
+            "source": "not_available",
+            "basis": "not available",
+            "target_loss": None,
+            "expected_steps": None,
+            "expected_steps_ci": None,
+            "expected_steps_formula": None,
+            "expected_examples": None,
+            "reason": "only one checkpoint's noise scale was measured; its late "
+            "value is not used as a constant for the whole run: give "
+            "intermediate checkpoints or run a batch sweep",
+        },
+        "learning_rate": {
+            "gd_stability_limit": 1.0,
+            "lambda_max": 2.0,
+            "lambda_max_source": "largest block λ_max (layers.0.q); the "
+            "full Hessian's λ_max is at least this, so "
+            "2/λ_max here is an upper bound on the "
+            "limit",
+            "label": "stability limit of gradient descent / SGD: η < "
+            "2/λ_max (Cohen et al. 2021); not a limit for Adam or "
+            "other preconditioned optimizers",
+            "reason": None,
+        },
+        "defaults": {
+            "tolerances_given": False,
+            "tolerance_ratio": 0.01,
+            "mean_loss_at_w_star": None,
+            "tolerances": [],
+            "target_loss_given": False,
+            "target_loss": None,
+            "target_loss_rule": "without targets.target_loss the target is the "
+            "mean loss at w* (the loss the analysed "
+            "checkpoint reached): the budget then answers "
+            "'how much data and which batch size to get back "
+            "to this loss'",
+        },
+        "warnings": [],
+    },
     "sample_size": {
         "status": "not_computed",
         "reason": "needs measurements.per_sample_losses (empirical k*) or "
-        "loss_bound, hessian_norm_bound and targets.radius (Theorem 7 "
-        "k*)",
+        "loss_bound, hessian_norm_bound and targets.radius (Theorem 7 k*)",
     },
     "batch_size": {
         "status": "computed",
@@ -33,24 +99,28 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
             "ci": None,
             "se": None,
             "formula": "batch.grad_sq_direct: |G|² as measured",
+            "dof": None,
         },
         "trace_sigma": {
             "value": 3.1,
             "ci": None,
             "se": None,
             "formula": "batch.trace_sigma_direct: tr Σ as measured",
+            "dof": None,
         },
         "gHg": {
             "value": 0.004,
             "ci": None,
             "se": None,
             "formula": "batch.ghg_direct: GᵀHG as measured",
+            "dof": None,
         },
         "trace_h_sigma": {
             "value": 0.9,
             "ci": None,
             "se": None,
             "formula": "batch.trace_h_sigma_direct: tr(HΣ) as measured",
+            "dof": None,
         },
         "source": "direct",
         "b_simple": {
@@ -58,12 +128,14 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
             "ci": None,
             "se": None,
             "formula": "batch.b_simple: B_simple = tr Σ/|G|²",
+            "dof": None,
         },
         "b_noise": {
             "value": 225.0,
             "ci": None,
             "se": None,
             "formula": "batch.b_noise: B_noise = tr(HΣ)/GᵀHG",
+            "dof": None,
         },
         "b_crit": {"status": "not_computed", "reason": "measurements.steps_to_target not given"},
         "recommended": 256,
@@ -77,6 +149,13 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
             "epsilon_opt_at_recommended": 2.6611226611226613,
             "note": None,
         },
+        "unit": "examples",
+        "tokens_per_example": None,
+        "recommended_tokens": None,
+        "b_simple_reliability": None,
+        "b_noise_reliability": None,
+        "trend": [],
+        "trend_note": None,
         "missing": [],
     },
     "scaling": {"status": "not_computed", "reason": "measurements.loss_vs_data not given"},
@@ -96,12 +175,14 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
         ],
         "top_blocks": ["layers.0.q"],
         "heterogeneity_ratio": 1.0,
-        "heterogeneity_formula": "curvature.heterogeneity: max/min of the "
-        "per-block spectral norms ‖H_B‖",
+        "heterogeneity_formula": "curvature.heterogeneity: max/min of the per-block "
+        "spectral norms ‖H_B‖",
         "lr_ceiling_formula": "curvature.lr_ceiling: η_g < 2/λ_max(H_gg) per block",
         "gradient_norm_at_w_star": None,
         "assumption1_ratio": None,
         "assumption1_formula": None,
+        "assumption1_mean_gradient_ratio": None,
+        "per_sample_gradient_rms": None,
         "missing": [],
     },
     "warnings": [],
