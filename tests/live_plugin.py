@@ -274,7 +274,7 @@ _shared_db: tuple[str, str] | None = None  # (admin URL, database name)
 _users = 0
 
 
-def create_private_database(admin_url: str) -> tuple[str, str]:
+def create_private_database(admin_url: str, prefix: str = "curvplan_client") -> tuple[str, str]:
     """A fresh database migrated with the real migrations: (its URL, its name).
 
     The live worker claims every queued job of its database, so it gets one of its own
@@ -289,12 +289,27 @@ def create_private_database(admin_url: str) -> tuple[str, str]:
     from curvplan_server import migrations
     from curvplan_server.config import libpq_url, normalise_database_url
 
-    name = f"curvplan_client_{secrets.token_hex(4)}"
+    name = f"{prefix}_{secrets.token_hex(4)}"
     with psycopg.connect(libpq_url(admin_url), autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     url = normalise_database_url(make_url(admin_url).set(database=name).render_as_string(False))
-    migrations.upgrade(url)
+    try:
+        migrations.upgrade(url)
+    except BaseException:
+        drop_database(admin_url, name)
+        raise
     return url, name
+
+
+@contextmanager
+def private_database(admin_url: str, prefix: str) -> Iterator[str]:
+    """A migrated database of one test module alone (its worker claims every job in it),
+    dropped afterwards."""
+    url, name = create_private_database(admin_url, prefix)
+    try:
+        yield url
+    finally:
+        drop_database(admin_url, name)
 
 
 def drop_database(admin_url: str, name: str) -> None:

@@ -3,7 +3,6 @@ real PostgreSQL, the real curvature engine on a tiny Transformer."""
 
 from __future__ import annotations
 
-import secrets
 import time
 import uuid
 from collections.abc import Iterator
@@ -11,15 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import live_plugin
 import numpy as np
-import psycopg
 import pytest
 from live import Service, start_service, wait_terminal
-from psycopg import sql
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
-
-from curvplan_server.config import libpq_url, normalise_database_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -63,22 +58,8 @@ N_EXAMPLES = 12
 @pytest.fixture(scope="module")
 def e2e_database(pg_admin_url: str) -> Iterator[str]:
     """A migrated database of this module alone (its worker claims every gpu job in it)."""
-    from curvplan_server import migrations
-
-    name = f"curvplan_analyze_{secrets.token_hex(4)}"
-    with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = normalise_database_url(
-        make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
-    )
-    try:
-        migrations.upgrade(url)
+    with live_plugin.private_database(pg_admin_url, "curvplan_analyze") as url:
         yield url
-    finally:
-        with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -17,14 +16,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
+import live_plugin
 import pytest
-from psycopg import sql
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 from storage_helpers import checkpoint_bytes
-
-from curvplan_server.config import libpq_url, normalise_database_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 OLD = time.time() - 7200
@@ -32,22 +27,8 @@ OLD = time.time() - 7200
 
 @pytest.fixture(scope="module")
 def private_database(pg_admin_url: str) -> Iterator[str]:
-    from curvplan_server import migrations
-
-    name = f"curvplan_gc_{secrets.token_hex(4)}"
-    with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = normalise_database_url(
-        make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
-    )
-    try:
-        migrations.upgrade(url)
+    with live_plugin.private_database(pg_admin_url, "curvplan_gc") as url:
         yield url
-    finally:
-        with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 def env_for(database_url: str, data_dir: Path, **extra: str) -> dict[str, str]:

@@ -3,37 +3,18 @@ tests, real ``curvplan serve`` + ``curvplan worker`` processes (helpers of tests
 
 from __future__ import annotations
 
-import secrets
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
+import live_plugin
 import pytest
-from psycopg import sql
-from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analyze"))
-
-from curvplan_server.config import libpq_url, normalise_database_url
 
 
 @pytest.fixture(scope="module")
 def sweep_database(pg_admin_url: str) -> Iterator[str]:
     """A migrated database of this module alone (its worker claims every job in it)."""
-    from curvplan_server import migrations
-
-    name = f"curvplan_sweep_{secrets.token_hex(4)}"
-    with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = normalise_database_url(
-        make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
-    )
-    try:
-        migrations.upgrade(url)
+    with live_plugin.private_database(pg_admin_url, "curvplan_sweep") as url:
         yield url
-    finally:
-        with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
