@@ -415,13 +415,35 @@ def test_a_claim_falls_back_when_every_head_is_locked(db, project_id):
     jobs = [insert_jobs(db, project_id, [plan_request()])[0] for _ in range(store.CLAIM_DEPTH + 2)]
     with db.connect() as holder:
         trans = holder.begin()
-        held = holder.execute(
-            text(
-                "SELECT id FROM job WHERE status = 'queued' ORDER BY created_at LIMIT :n"
-                " FOR UPDATE"
-            ),
-            {"n": store.CLAIM_DEPTH},
-        ).scalars().all()
+        held = (
+            holder.execute(
+                text(
+                    "SELECT id FROM job WHERE status = 'queued' ORDER BY created_at LIMIT :n"
+                    " FOR UPDATE"
+                ),
+                {"n": store.CLAIM_DEPTH},
+            )
+            .scalars()
+            .all()
+        )
         got = claim(db, "w1").fence.job_id
         trans.rollback()
     assert got == jobs[store.CLAIM_DEPTH] and got not in held
+
+
+def test_live_workers_counts_fresh_slots_of_the_queue(db):
+    """The default number of fan-out groups: running gpu worker slots with a fresh heartbeat."""
+    from curvplan_worker.analyze.fanout import live_workers
+
+    with db.begin() as conn:
+        store.register_worker(conn, "g1", "host", 1, ["gpu", "cpu"])
+        store.register_worker(conn, "g2", "host", 1, ["gpu"])
+        store.register_worker(conn, "c1", "host", 1, ["cpu"])
+        store.register_worker(conn, "old", "host", 1, ["gpu"])
+        store.register_worker(conn, "gone", "host", 1, ["gpu"])
+        conn.execute(
+            text("UPDATE worker SET last_heartbeat_at = now() - interval '1 minute' WHERE id='old'")
+        )
+        store.stop_worker(conn, "gone")
+    assert live_workers(db, "gpu", stale_seconds=30) == 2
+    assert live_workers(db, "cpu", stale_seconds=30) == 2
