@@ -474,6 +474,10 @@ def test_block_fan_out_over_two_workers_equals_the_single_process_run(
     assert got["off_diagonal"] == want["off_diagonal"]
     assert got["loss"] == want["loss"]
     assert "fan_out" not in want
+    # The fan-in reports the same stages as one process (block spectra from the children).
+    history = [mark["stage"] for mark in fanned_done["progress"]["stages"]]
+    n_blocks = len(want["blocks"])
+    assert f"block spectra {n_blocks}/{n_blocks}" in history and "off-diagonal" in history, history
     # Two analyze_blocks children, every block and pair exactly once.
     children = client.get(f"/v1/jobs/{fanned['id']}").json()["children"]
     assert [(c["kind"], c["status"]) for c in children] == [("analyze_blocks", "succeeded")] * 2

@@ -1,5 +1,10 @@
 """The analyze job, stage by stage (docs/formulas.md): artifacts → engine → outputs → planner.
 
+Block fan-out (docs/numerics.md#block-fan-out): an analysis with two or more blocks first plans
+(``planning blocks``), hands its block spectra and off-diagonal pairs to ``analyze_blocks``
+child jobs (``waiting for children``, children done / total), and its fan-in attempt runs the
+stages below with their records (``block spectra n/n`` then comes in one step).
+
 Progress stages, in order: ``loading``, ``block spectra i/n``, ``off-diagonal``, ``dense
 hessian``, ``per-sample losses`` (the engine measures per-sample losses, perturbed losses and
 per-sample Hessian norms in one stage), ``gradient noise``, ``bounds``, ``gradient noise

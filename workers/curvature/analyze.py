@@ -304,7 +304,17 @@ def _analyze(
             result["elapsed_s"] = time.perf_counter() - started
             return _clean(result)
         if measured is not None:
+            # the same stages as a single-process run, each in one step: their records
+            report(
+                0.6,
+                "blocks",
+                f"{len(blocks)} blocks measured by the fan-out's child jobs",
+                index=len(blocks),
+                total=len(blocks),
+            )
             result["blocks"] = _in_order(measured.blocks, list(blocks), "blocks", _name)
+            if pairs:
+                report(0.7, "off_diagonal", f"{len(pairs)} pairs measured by the child jobs")
             result["off_diagonal"] = _in_order(
                 measured.off_diagonal, [f"{r}|{c}" for r, c in pairs], "off_diagonal", _pair
             )
