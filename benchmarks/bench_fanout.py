@@ -201,9 +201,8 @@ def main() -> None:
     print(f"{'workers':>8} {'wall s':>8} {'speed-up':>9} {'Σ child s':>10}")
     for row in rows:
         child_s = sum(c["elapsed_s"] or 0.0 for c in row["children"])
-        print(
-            f"{row['workers']:>8} {row['wall_s']:>8.1f} {base / row['wall_s']:>9.2f} {child_s:>10.1f}"
-        )
+        speed_up = base / row["wall_s"]
+        print(f"{row['workers']:>8} {row['wall_s']:>8.1f} {speed_up:>9.2f} {child_s:>10.1f}")
     print(f"identical block numbers across runs: {same}")
 
 
