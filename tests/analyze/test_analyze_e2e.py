@@ -490,6 +490,10 @@ def test_block_fan_out_over_two_workers_equals_the_single_process_run(
         tuple(p) for p in options["off_diagonal"]
     )
     assert all(c["estimated_cost"] > 0 and "est. cost" in c["name"] for c in record)
+    child = client.get(f"/v1/jobs/{children[0]['id']}")
+    assert child.status_code == 200, child.text
+    assert child.json()["parent_id"] == fanned["id"]
+    assert child.json()["result"]["measurements"]["blocks"], child.json()
 
 
 def test_no_temp_files_and_no_orphan_blobs(client: httpx.Client, service: Service) -> None:
