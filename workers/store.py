@@ -141,23 +141,28 @@ def mark_stale_workers(conn: Connection, stale_seconds: float) -> list[str]:
 
 # --------------------------------------------------------------------------- claim
 CLAIM_DEPTH = 4
-"""Head jobs per project the fair claim considers: a claimer skips the ones other claimers hold
-locked (SKIP LOCKED), so a few per project keep concurrent claims on one project apart."""
+"""Head jobs per project and queue the fair claim considers: a claimer skips the ones other
+claimers hold locked (SKIP LOCKED), so a few per project keep concurrent claims apart."""
 
 CLAIM_SQL = text(
     f"""
-    WITH RECURSIVE queued_project AS (
-        -- the projects with queued jobs: one skip-scan step of ix_job_project_claim each
-        (SELECT project_id FROM job WHERE status = 'queued' ORDER BY project_id LIMIT 1)
-        UNION ALL
-        SELECT (
-            SELECT j.project_id FROM job j
-            WHERE j.status = 'queued' AND j.project_id > q.project_id
-            ORDER BY j.project_id LIMIT 1
+    WITH RECURSIVE queued AS (
+        -- the (project, queue) pairs with queued jobs: one skip-scan step of
+        -- ix_job_project_claim each
+        (
+            SELECT project_id, queue FROM job WHERE status = 'queued'
+            ORDER BY project_id, queue LIMIT 1
         )
-        FROM queued_project q WHERE q.project_id IS NOT NULL
+        UNION ALL
+        SELECT next.project_id, next.queue
+        FROM queued q
+        CROSS JOIN LATERAL (
+            SELECT j.project_id, j.queue FROM job j
+            WHERE j.status = 'queued' AND (j.project_id, j.queue) > (q.project_id, q.queue)
+            ORDER BY j.project_id, j.queue LIMIT 1
+        ) next
     ),
-    running AS (
+    running AS MATERIALIZED (  -- computed once, not per head
         SELECT project_id, count(*) AS n FROM job
         WHERE status IN {ACTIVE} AND lease_expires_at IS NOT NULL
         GROUP BY project_id
@@ -165,16 +170,17 @@ CLAIM_SQL = text(
     head AS (
         SELECT h.id, h.priority, h.created_at, coalesce(r.n, 0) AS n_running,
                p.last_claimed_at
-        FROM queued_project q
+        FROM queued q
         JOIN project p ON p.id = q.project_id
         LEFT JOIN running r ON r.project_id = q.project_id
         CROSS JOIN LATERAL (
             SELECT id, priority, created_at FROM job
-            WHERE project_id = q.project_id
+            WHERE project_id = q.project_id AND queue = q.queue
               AND status = 'queued' AND queue = ANY(:queues) AND run_after <= now()
             ORDER BY priority DESC, created_at
             LIMIT {CLAIM_DEPTH}
         ) h
+        WHERE q.queue = ANY(:queues)
     ),
     claimed AS (
         UPDATE job SET
@@ -226,9 +232,10 @@ CLAIM_SQL = text(
 
 Within a priority the claim prefers the project with the fewest running (leased) jobs, then
 the project whose last claim is oldest, then the oldest job: one project's many queued jobs
-(a fan-out's children) cannot starve another project's. Each project's candidates come from
-``ix_job_project_claim`` (a skip scan over projects with queued jobs, then at most
-:data:`CLAIM_DEPTH` rows each), so the sort sees projects × depth rows, never the backlog.
+(a fan-out's children) cannot starve another project's. The candidates come from
+``ix_job_project_claim`` (a skip scan over the (project, queue) pairs with queued jobs, then
+at most :data:`CLAIM_DEPTH` rows of each pair on the claimer's queues), so the sort sees
+pairs × depth rows, never the backlog.
 """
 
 

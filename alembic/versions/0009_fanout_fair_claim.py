@@ -3,9 +3,9 @@
 The claim (``curvplan_worker.store.CLAIM_SQL``) now orders, within equal priority, by the
 project's running jobs (fewest first), then by when the project was last served (longest ago
 first, round robin), then by ``created_at``. It finds each project's head job through
-``ix_job_project_claim`` (project_id, priority DESC, created_at) WHERE status = 'queued' —
-one skip-scan step per project with queued jobs — instead of sorting the backlog, and stamps
-``project.last_claimed_at`` in the same statement.
+``ix_job_project_claim`` (project_id, queue, priority DESC, created_at) WHERE status =
+'queued' — one skip-scan step per (project, queue) with queued jobs — instead of sorting the
+backlog, and stamps ``project.last_claimed_at`` in the same statement.
 
 Revision ID: 0009_fanout
 Revises: 0008
@@ -31,7 +31,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_job_project_claim",
         "job",
-        ["project_id", sa.literal_column("priority DESC"), "created_at"],
+        ["project_id", "queue", sa.literal_column("priority DESC"), "created_at"],
         unique=False,
         postgresql_where=QUEUED,
     )

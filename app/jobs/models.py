@@ -64,6 +64,7 @@ class Job(Base):
         Index(
             "ix_job_project_claim",
             "project_id",
+            "queue",
             text("priority DESC"),
             "created_at",
             postgresql_where=text("status = 'queued'"),
