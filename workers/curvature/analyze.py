@@ -23,6 +23,7 @@ from curvplan.types.spec import ModelSpec, parse_spec
 from curvplan_worker.curvature.blocks import custom_blocks, default_blocks, select_blocks
 from curvplan_worker.curvature.cancel import Cancelled, cancel_scope
 from curvplan_worker.curvature.data import Dataset
+from curvplan_worker.curvature.distributed import DataParallel
 from curvplan_worker.curvature.dense import DEFAULT_DENSE_LIMIT, dense_summary
 from curvplan_worker.curvature.device import (
     configure_cuda_for_curvature,
@@ -117,6 +118,7 @@ def analyze(
     model: torch.nn.Module | None = None,
     data: Dataset | None = None,
     machine: MachineSettings | None = None,
+    distributed: DataParallel | None = None,
 ) -> dict:
     """Measure the curvature of the model at its checkpoint weights on an evaluation sample.
 
@@ -124,7 +126,10 @@ def analyze(
     "config": {…config.json…}}`` (``docs/engine-model-sources.md``). ``checkpoint_path`` is a
     safetensors checkpoint or a list of shards (or pass a built ``model``), ``data_path`` a
     safetensors sample (or ``data``). ``machine`` is how to run (device, threads, self-test,
-    graph caching): the caller's configuration, never the request's. Returns the result JSON of
+    graph caching): the caller's configuration, never the request's. ``distributed`` is this
+    process's rank of a data-parallel group (``distributed.py``): the operator stages are
+    sharded over the ranks, rank 0 alone runs the rest and gets the result (other ranks get
+    ``{}``). Returns the result JSON of
     the engine contract. Raises ``SpecError``, ``HFModelError``, ``OptionsError``,
     ``CheckpointMismatch``, ``DataError`` with messages naming the field, and
     :class:`Cancelled`.
@@ -150,16 +155,21 @@ def analyze(
                 should_cancel,
                 model,
                 data,
+                distributed,
             )
     finally:
         torch.set_num_threads(threads)
 
 
-def _analyze(spec, checkpoint_path, data_path, opts, machine, progress, should_cancel, model, data):
+def _analyze(
+    spec, checkpoint_path, data_path, opts, machine, progress, should_cancel, model, data, dist
+):
     report = _Reporter(progress, should_cancel)
     started = time.perf_counter()
     report(0.0, "load", "building the model")
     device = resolve_device(machine.device)
+    if dist is not None:
+        device = dist.place(device)
     dtype = resolve_dtype(opts.precision)
     if device.type == "cuda":
         configure_cuda_for_curvature()
@@ -203,7 +213,13 @@ def _analyze(spec, checkpoint_path, data_path, opts, machine, progress, should_c
         cache_graph = False
     result["cache_graph"] = cache_graph
     result["eval_batch_size"] = micro_batch
-    with CurvatureEngine(model, objective, batches, cache_graph=cache_graph) as engine:
+    shard, reducer = batches, None
+    if dist is not None:  # docs/numerics.md#data-parallel
+        shard, reducer = dist.start(batches), dist.reduce
+        result["data_parallel"] = {"world_size": dist.world_size, "backend": dist.backend}
+    with CurvatureEngine(
+        model, objective, shard, cache_graph=cache_graph, reducer=reducer
+    ) as engine:
         report(0.05, "gradient", "loss and gradient at w*")
         grad = engine.gradient()
         result["loss"] = engine.loss_value
@@ -223,6 +239,8 @@ def _analyze(spec, checkpoint_path, data_path, opts, machine, progress, should_c
             top_vectors, top_info = _top_eigenspace(engine, opts, gen)
             result["top_eigenspace"] = top_info
         engine.release_graph()
+    if dist is not None and not dist.is_root:
+        return {}  # the rest runs on rank 0 alone
     if opts.per_sample:
         report(0.8, "per_sample", "per-sample losses, perturbed losses, Hessian norms")
         result["per_sample"] = _per_sample(
