@@ -205,13 +205,14 @@ def _watch_rank_zero() -> None:
         os._exit(EXIT_WORKER_GONE)
 
 
-def main() -> int:
-    """Entry of ranks 1 … W−1 (``python -m curvplan_worker.analyze.ranks``)."""
+def main() -> NoReturn:
+    """Entry of ranks 1 … W−1 (``python -m curvplan_worker.analyze.ranks``); exits 0 after its
+    share of the operator stages."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0's worker owns shutdown
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     line = sys.stdin.buffer.readline()
     if not line:
-        return EXIT_WORKER_GONE
+        os._exit(EXIT_WORKER_GONE)
     task = json.loads(line)
     threading.Thread(target=_watch_rank_zero, name="lifeline", daemon=True).start()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -252,8 +253,12 @@ def main() -> int:
         sys.stderr.flush()
         os._exit(EXIT_RANK_RAISED)
     dp.close()
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # os._exit: the lifeline thread is blocked reading stdin, which a normal interpreter
+    # shutdown would wait on
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()
