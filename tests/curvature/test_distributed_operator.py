@@ -78,5 +78,5 @@ def test_shards_are_contiguous_and_cover_the_sample_in_order():
         assert max(map(len, shards)) - min(map(len, shards)) <= 1
     resplit = [shard_batches(batches[:1], r, 3)[0][0] for r in range(3)]
     assert torch.equal(torch.cat(resplit), x[:3]) and all(len(p) == 1 for p in resplit)
-    with pytest.raises(ValueError, match="resources.devices"):
+    with pytest.raises(ValueError, match=r"resources\.devices"):
         shard_batches(batches[:1], 0, 4)

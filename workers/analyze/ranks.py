@@ -120,8 +120,10 @@ class RankGroup:
             for rank, fd in enumerate(ready, start=1):
                 # EOF without the byte: the rank died while loading
                 if os.read(fd, 1) != b"r":
-                    self.die(f"rank {rank} {_describe(self.processes[rank - 1].wait())} "
-                             "before joining the process group")
+                    self.die(
+                        f"rank {rank} {_describe(self.processes[rank - 1].wait())} "
+                        "before joining the process group"
+                    )
         finally:
             for fd in ready:
                 os.close(fd)

@@ -23,13 +23,13 @@ from curvplan.types.spec import ModelSpec, parse_spec
 from curvplan_worker.curvature.blocks import custom_blocks, default_blocks, select_blocks
 from curvplan_worker.curvature.cancel import Cancelled, cancel_scope
 from curvplan_worker.curvature.data import Dataset
-from curvplan_worker.curvature.distributed import DataParallel
 from curvplan_worker.curvature.dense import DEFAULT_DENSE_LIMIT, dense_summary
 from curvplan_worker.curvature.device import (
     configure_cuda_for_curvature,
     resolve_device,
     resolve_dtype,
 )
+from curvplan_worker.curvature.distributed import DataParallel
 from curvplan_worker.curvature.ggn import functional_product, ggn_product
 from curvplan_worker.curvature.hvp import self_test
 from curvplan_worker.curvature.operator import CurvatureEngine, block_slices
