@@ -311,6 +311,15 @@ def _run_engine(
     if devices > 1:
         from curvplan_worker.analyze.ranks import group_timeout, rank_zero
 
+        visible = torch.cuda.device_count()
+        if machine.device != "cpu" and torch.cuda.is_available() and visible < devices:
+            raise JobError(
+                "worker-misconfigured",
+                "The worker has fewer GPUs than it offers",
+                f"resources.devices: {devices} asked for, {visible} CUDA devices visible to "
+                "the worker (CURVPLAN_WORKER_DEVICES is above what the machine has)",
+            )
+
         task = {
             "spec": spec,
             "checkpoint": checkpoint_path,

@@ -195,6 +195,8 @@ def rank_zero(world_size: int, task: dict[str, Any], timeout_s: float) -> Iterat
         ok = True
     finally:
         group._stop.set()  # from here on a rank's exit is expected
+        if not ok:
+            group.kill()  # before leaving the group: they may be waiting in a collective
         dp.close()
         group.close(wait_s=timeout_s if ok else 0.0)
 
