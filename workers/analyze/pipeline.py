@@ -295,6 +295,7 @@ def _run_engine(
     from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
     from curvplan_worker.curvature.data import DataError
     from curvplan_worker.curvature.hf import HFModelError
+    from curvplan_worker.curvature.memory import OutOfDeviceMemory
 
     try:
         return curvature_analysis.analyze(
@@ -324,6 +325,8 @@ def _run_engine(
         raise JobError("invalid-model-spec", "The model spec is invalid", str(exc)) from None
     except curvature_analysis.OptionsError as exc:
         raise JobError("invalid-options", "The analysis options are invalid", str(exc)) from None
+    except OutOfDeviceMemory as exc:  # retried down to micro-batch 1 (docs/numerics.md#oom-retry)
+        raise JobError("out-of-memory", "One example does not fit in memory", str(exc)) from None
     except torch.cuda.OutOfMemoryError as exc:
         raise JobError(
             "out-of-memory",
