@@ -182,7 +182,19 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         "artifacts": outputs,
         "notes": notes,
         "recommendation": recommendation.model_dump(mode="json"),
+        **_peak_memory(result),
     }
+
+
+def _peak_memory(result: dict[str, Any]) -> dict[str, Any]:
+    """The attempt's peak memory over all its stages: CUDA peak allocated on the engine's
+    device, else the process's peak resident memory (docs/numerics.md#memory-plan)."""
+    import torch
+
+    from curvplan_worker.curvature.memory import peak_memory
+
+    value, source = peak_memory(torch.device(result.get("device") or "cpu"))
+    return {"peak_memory_bytes": value, "peak_memory_source": source}
 
 
 def _sweep_fields(

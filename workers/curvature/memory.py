@@ -84,9 +84,13 @@ class OutOfDeviceMemory(RuntimeError):
             f"one product on one example needs about {format_bytes(per_example_bytes)} "
             f"(measured: {source})"
             if per_example_bytes is not None
-            else "the product ran out of memory at micro-batch 1"
+            else "not measured"
         )
-        super().__init__(f"one example does not fit in {where}: {measured} ({during})")
+        if during == "planning":
+            text = measured
+        else:
+            text = f"out of memory at micro-batch 1 in {during}, repeatedly (plan: {measured})"
+        super().__init__(f"one example does not fit in {where}: {text}")
 
 
 @dataclass(frozen=True)
@@ -245,6 +249,7 @@ def fit_to_memory(
     engine: CurvatureEngine, budget: int | None, budget_source: str, allow_cache: bool
 ) -> MemoryPlan:
     """Measure one product, choose micro-batch and caching, apply them to ``engine``."""
+    engine._require_session()
     try:
         memory = measure_product(engine)
     except torch.cuda.OutOfMemoryError:
