@@ -149,6 +149,7 @@ class Settings(BaseSettings):
             return parse_byte_size(value)
         except ValueError as exc:
             raise ValueError(f"CURVPLAN_WORKER_MEMORY_BUDGET: {exc}") from None
+
     long_poll_max_seconds: float = Field(default=60.0, gt=0)
     long_poll_interval_seconds: float = Field(
         default=0.2, gt=0, description="Long-poll re-check interval without notifications."

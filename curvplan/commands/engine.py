@@ -108,12 +108,14 @@ def curvature(
     from curvplan_worker.curvature.analyze import Cancelled, OptionsError, analyze
 
     try:
-        machine = MachineSettings(
-            device=device,
-            threads=threads,
-            self_test=self_test,
-            cache_graph=cache_graph,
-            memory_budget=memory_budget,
+        machine = MachineSettings.model_validate(
+            {
+                "device": device,
+                "threads": threads,
+                "self_test": self_test,
+                "cache_graph": cache_graph,
+                "memory_budget": memory_budget,  # "8GiB" or bytes
+            }
         )
     except ValidationError as exc:
         raise _fail(str(exc)) from None

@@ -168,7 +168,9 @@ def measure_product(engine: CurvatureEngine, probe_examples: int = PROBE_EXAMPLE
             losses.sum() / engine.total_count, tensors, create_graph=True, allow_unused=True
         )
     gradient_bytes = sum(g.numel() * g.element_size() for g in grads if g is not None)
-    pairs = [(g, t) for g, t in zip(grads, tensors, strict=True) if g is not None and g.requires_grad]
+    pairs = [
+        (g, t) for g, t in zip(grads, tensors, strict=True) if g is not None and g.requires_grad
+    ]
     if pairs:
         torch.autograd.grad(
             [g for g, _ in pairs],
