@@ -92,7 +92,7 @@ def _numbers(result: dict) -> list[float]:
 @pytest.fixture(scope="module")
 def unplanned() -> dict:
     """The whole sample in one cached batch, no budget: the oracle."""
-    return _analyze(MachineSettings(self_test=False))
+    return _analyze(MachineSettings(self_test=False, device="cpu"))
 
 
 def _assert_same_numbers(result: dict, oracle: dict) -> None:
@@ -138,7 +138,7 @@ def test_a_small_budget_plans_a_smaller_uncached_micro_batch_with_the_same_resul
     assert probe["source"] == "saved-tensors"
     per_example, gradient = probe["per_example_bytes"], probe["gradient_bytes"]
     budget = int(2 * (3 * per_example + gradient)) + 1  # uncached micro-batch 3 fits, 4 not
-    result = _analyze(MachineSettings(self_test=False, memory_budget=budget))
+    result = _analyze(MachineSettings(self_test=False, device="cpu", memory_budget=budget))
     plan = result["memory_plan"]
     assert (plan["micro_batch"], plan["cache_graph"], plan["budget_bytes"]) == (3, False, budget)
     assert plan["predicted_peak_bytes"] <= budget and plan["retries"] == []
@@ -163,7 +163,7 @@ def test_injected_out_of_memory_halves_the_micro_batch_and_redoes_the_product(
         return real(self, index, params)
 
     monkeypatch.setattr(CurvatureEngine, "batch_loss", failing)
-    result = _analyze(MachineSettings(self_test=False), eval_batch_size=4)
+    result = _analyze(MachineSettings(self_test=False, device="cpu"), eval_batch_size=4)
     plan = result["memory_plan"]
     assert plan["micro_batch"] == 4 and plan["cache_graph"] is True
     assert [(r["from_micro_batch"], r["to_micro_batch"]) for r in plan["retries"]] == [
@@ -199,7 +199,7 @@ def test_out_of_memory_at_micro_batch_one_is_a_named_job_error(monkeypatch, tmp_
             str(tmp_path / "ckpt.safetensors"),
             str(tmp_path / "data.safetensors"),
             OPTIONS,
-            MachineSettings(self_test=False, memory_budget="1GiB"),
+            MachineSettings(self_test=False, device="cpu", memory_budget="1GiB"),
             ctx,
         )
     error = err.value.as_dict()
@@ -230,3 +230,15 @@ def test_worker_settings_read_the_budget_from_the_environment(monkeypatch):
     monkeypatch.setenv("CURVPLAN_WORKER_MEMORY_BUDGET", "2 gallons")
     with pytest.raises(ValidationError, match="CURVPLAN_WORKER_MEMORY_BUDGET"):
         Settings()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_plan_uses_the_measured_peak_and_the_free_memory(unplanned):
+    result = _analyze(MachineSettings(self_test=False, device="cuda"))
+    plan = result["memory_plan"]
+    assert plan["source"] == "cuda-peak" and plan["cuda_peak_bytes_probe"] > 0
+    assert plan["product_factor"] >= 1.0 and plan["budget_source"].startswith("free CUDA")
+    assert result["peak_memory_source"] == "cuda-max-allocated"
+    assert result["peak_memory_bytes"] >= plan["cuda_peak_bytes_probe"]
+    got, want = _numbers(result), _numbers(unplanned)
+    assert got == pytest.approx(want, rel=1e-10, abs=1e-13)  # another device's summation order

@@ -158,6 +158,7 @@ def measure_product(engine: CurvatureEngine, probe_examples: int = PROBE_EXAMPLE
     before = 0
     if cuda:
         torch.cuda.synchronize(engine.device)
+        _keep_peak(engine.device)  # the job's peak so far survives the reset
         torch.cuda.reset_peak_memory_stats(engine.device)
         before = torch.cuda.memory_allocated(engine.device)
     tensors = [engine.params[n] for n in engine.params]
@@ -192,7 +193,9 @@ def default_budget(device: torch.device, configured: int | None) -> tuple[int | 
         return int(configured), "memory_budget"
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free * CUDA_SAFETY), f"free CUDA memory × {CUDA_SAFETY:g}"
+        # memory this process's allocator holds but does not use is free for it too
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int((free + cached) * CUDA_SAFETY), f"free CUDA memory × {CUDA_SAFETY:g}"
     return None, "unbounded (CPU without memory_budget)"
 
 
@@ -291,13 +294,26 @@ def fit_to_memory(
     )
 
 
+_PEAK_FLOOR: dict[str, int] = {}
+"""CUDA peaks from before a measurement reset the device's peak statistics."""
+
+
+def _keep_peak(device: torch.device) -> None:
+    key = str(device)
+    _PEAK_FLOOR[key] = max(_PEAK_FLOOR.get(key, 0), int(torch.cuda.max_memory_allocated(device)))
+
+
 def reset_peak(device: torch.device) -> None:
+    """Start measuring the job's peak memory (CUDA; the process's max RSS cannot be reset)."""
     if device.type == "cuda":
+        _PEAK_FLOOR.pop(str(device), None)
         torch.cuda.reset_peak_memory_stats(device)
 
 
 def peak_memory(device: torch.device) -> tuple[int, str]:
-    """The job's peak memory and what it is: CUDA peak allocated, else the process's max RSS."""
+    """The job's peak memory and what it is: CUDA peak allocated since :func:`reset_peak`,
+    else the process's peak resident memory."""
     if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device)), "cuda-max-allocated"
+        peak = max(_PEAK_FLOOR.get(str(device), 0), int(torch.cuda.max_memory_allocated(device)))
+        return peak, "cuda-max-allocated"
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "process-max-rss"
