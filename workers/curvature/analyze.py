@@ -31,6 +31,7 @@ from curvplan_worker.curvature.device import (
 )
 from curvplan_worker.curvature.ggn import functional_product, ggn_product
 from curvplan_worker.curvature.hvp import self_test
+from curvplan_worker.curvature.memory import default_budget, fit_to_memory, peak_memory, reset_peak
 from curvplan_worker.curvature.operator import CurvatureEngine, block_slices
 from curvplan_worker.curvature.sources import is_hf_source, load_source
 from curvplan_worker.curvature.spectra import block_spectrum, lanczos_spectrum, off_diagonal_norm
@@ -203,13 +204,20 @@ def _analyze(spec, checkpoint_path, data_path, opts, machine, progress, should_c
         cache_graph = False
     result["cache_graph"] = cache_graph
     result["eval_batch_size"] = micro_batch
+    reset_peak(device)
     with CurvatureEngine(model, objective, batches, cache_graph=cache_graph) as engine:
+        # docs/numerics.md#memory-plan: micro-batch and caching chosen to fit the budget
+        plan = fit_to_memory(engine, *default_budget(device, machine.memory_budget), cache_graph)
+        result["memory_plan"] = plan.as_dict()
+        result["cache_graph"] = plan.cache_graph
+        if plan.micro_batch != plan.configured_micro_batch:
+            result["eval_batch_size"] = plan.micro_batch
         report(0.05, "gradient", "loss and gradient at w*")
         grad = engine.gradient()
         result["loss"] = engine.loss_value
         result["n_loss_terms"] = engine.total_count
         result["gradient_norm"] = float(torch.linalg.vector_norm(grad.double()))
-        result["n_eval_batches"] = len(batches)
+        result["n_eval_batches"] = len(engine.batches)
         result["blocks"] = _block_records(engine, blocks, opts, gen, report)
         result["off_diagonal"] = _off_diagonal(engine, blocks, opts, gen, report)
         if opts.dense == "on" or (opts.dense == "auto" and n_params <= opts.dense_limit):
@@ -223,6 +231,9 @@ def _analyze(spec, checkpoint_path, data_path, opts, machine, progress, should_c
             top_vectors, top_info = _top_eigenspace(engine, opts, gen)
             result["top_eigenspace"] = top_info
         engine.release_graph()
+        result["memory_plan"].update(
+            retries=list(engine.oom_retries), final_micro_batch=engine.micro_batch
+        )
     if opts.per_sample:
         report(0.8, "per_sample", "per-sample losses, perturbed losses, Hessian norms")
         result["per_sample"] = _per_sample(
@@ -234,6 +245,7 @@ def _analyze(spec, checkpoint_path, data_path, opts, machine, progress, should_c
     if opts.bounds:
         report(0.94, "bounds", "theoretical block bounds")
         result["bounds"] = _bounds(model, source, data, opts, result["blocks"])
+    result["peak_memory_bytes"], result["peak_memory_source"] = peak_memory(device)
     result["elapsed_s"] = time.perf_counter() - started
     report(1.0, "done", "analysis complete")
     return _clean(result)
