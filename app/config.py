@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from curvplan.types.options import MachineSettings
+from curvplan.types.options import MachineSettings, parse_byte_size
 
 
 def normalise_database_url(url: str) -> str:
@@ -147,6 +147,21 @@ class Settings(BaseSettings):
     worker_cache_graph: bool = Field(
         default=True, description="Keep the gradient graph between products (false: less memory)."
     )
+    worker_memory_budget: int | None = Field(
+        default=None,
+        description="Bytes the curvature products of a job may use on top of the model and "
+        "data, e.g. 8GiB (docs/numerics.md#memory-plan); unset: free CUDA memory × 0.9, "
+        "unbounded on CPU.",
+    )
+
+    @field_validator("worker_memory_budget", mode="before")
+    @classmethod
+    def _byte_size(cls, value: Any) -> int | None:
+        try:
+            return parse_byte_size(value)
+        except ValueError as exc:
+            raise ValueError(f"CURVPLAN_WORKER_MEMORY_BUDGET: {exc}") from None
+
     long_poll_max_seconds: float = Field(default=60.0, gt=0)
     long_poll_interval_seconds: float = Field(
         default=0.2, gt=0, description="Long-poll re-check interval without notifications."
@@ -216,6 +231,7 @@ class Settings(BaseSettings):
             threads=self.worker_threads,
             self_test=self.worker_self_test,
             cache_graph=self.worker_cache_graph,
+            memory_budget=self.worker_memory_budget,
         )
 
     @property

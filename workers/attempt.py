@@ -49,6 +49,13 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class MemoryReport:
+    """The child's device memory, ``{device: {allocated, reserved, peak}}`` (bytes)."""
+
+    devices: dict[str, dict[str, int]]
+
+
+@dataclass(frozen=True)
 class Final:
     """How the child said the attempt ended: ``result``, ``error``, ``cancelled`` or
     ``fan-out`` (children to create before the job resumes)."""
@@ -94,9 +101,9 @@ class AttemptProcess:
         self.pid: int = self.process.pid
         self._eof = False
 
-    def receive(self, timeout: float) -> list[Progress | Final]:
+    def receive(self, timeout: float) -> list[Progress | MemoryReport | Final]:
         """Messages that arrive within ``timeout`` seconds (empty list if none)."""
-        messages: list[Progress | Final] = []
+        messages: list[Progress | MemoryReport | Final] = []
         if self._eof:
             return messages
         if not self._results.poll(timeout):
@@ -110,6 +117,8 @@ class AttemptProcess:
             tag = message[0]
             if tag == "progress":
                 messages.append(Progress(*message[1:]))
+            elif tag == "memory":
+                messages.append(MemoryReport(message[1]))
             elif tag in ("result", "error", "fan-out"):
                 messages.append(Final(tag, message[1]))
             elif tag == "cancelled":

@@ -3,7 +3,9 @@
 The child never touches the database; the worker parent does every (fenced) write.
 Messages on the result pipe, in order:
 
-* ``("progress", fraction, stage, message)`` any number of times, then at most one of
+* ``("progress", fraction, stage, message)`` any number of times, each followed by
+  ``("memory", {device: {allocated, reserved, peak}})`` once the attempt uses CUDA, then at
+  most one of
 * ``("result", dict)``, ``("error", {type, title, detail})``, ``("cancelled",)``, or
   ``("fan-out", {"children": [{kind, request, name}], "message": str})``.
 
@@ -28,6 +30,7 @@ from typing import Any
 from curvplan.types.jobs import JOB_CREATE_ADAPTER
 from curvplan_worker.errors import JobCancelled, JobError, error_dict
 from curvplan_worker.kinds import FanOut, JobContext, load_run
+from curvplan_worker.memstats import device_memory
 
 log = logging.getLogger("curvplan.worker.child")
 
@@ -83,6 +86,9 @@ def _short_detail(exc: BaseException) -> str:
 def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[Any, ...]:
     def send_progress(fraction: float, stage: str, message: str) -> None:
         results.send(("progress", fraction, stage, message))
+        memory = device_memory()
+        if memory:
+            results.send(("memory", memory))
 
     ctx = JobContext(
         job_id=task.job_id,

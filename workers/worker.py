@@ -55,7 +55,14 @@ from curvplan_server.logging import bind, configure_logging
 from curvplan_server.notify import QueueNotifier
 from curvplan_server.webhooks.guard import AddressPolicy
 from curvplan_worker import store, webhooks
-from curvplan_worker.attempt import AttemptProcess, Final, Progress, describe_exit, make_context
+from curvplan_worker.attempt import (
+    AttemptProcess,
+    Final,
+    MemoryReport,
+    Progress,
+    describe_exit,
+    make_context,
+)
 from curvplan_worker.child import ChildTask
 from curvplan_worker.errors import error_dict
 from curvplan_worker.health import touch_health_file
@@ -408,6 +415,9 @@ class WorkerSlot:
                 if isinstance(message, Progress):
                     with self.state.lock:
                         current.record(message)
+                elif isinstance(message, MemoryReport):
+                    if self.metrics is not None:
+                        self.metrics.device_memory_report(self.worker_id, message.devices)
                 else:
                     final = message
             with self.state.lock:

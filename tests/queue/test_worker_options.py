@@ -78,6 +78,8 @@ def test_every_kind_matches_the_api_queue_and_has_a_run_function():
         (["--queues", "cpu,tpu"], "subset of cpu,gpu"),
         (["--queues", "cpu", "--lease-seconds", "2", "--heartbeat-seconds", "1.5"], "half"),
         (["--device", "tpu"], "expected auto, cpu or cuda"),
+        (["--memory-budget", "lots"], "CURVPLAN_WORKER_MEMORY_BUDGET: expected a size in bytes"),
+        (["--memory-budget", "0GiB"], "CURVPLAN_WORKER_MEMORY_BUDGET"),
     ],
 )
 def test_cli_rejects_bad_options_with_a_clear_message(monkeypatch, args, message):
@@ -85,6 +87,7 @@ def test_cli_rejects_bad_options_with_a_clear_message(monkeypatch, args, message
 
     monkeypatch.setenv("DATABASE_URL", URL)
     monkeypatch.setenv("CURVPLAN_WORKER_DEVICE", "auto")  # the command sets it from --device
+    monkeypatch.setenv("CURVPLAN_WORKER_MEMORY_BUDGET", "")  # … and this from --memory-budget
     get_settings.cache_clear()
     try:
         result = CliRunner().invoke(app, ["worker", *args])

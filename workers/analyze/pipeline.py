@@ -189,7 +189,19 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         "artifacts": outputs,
         "notes": notes,
         "recommendation": recommendation.model_dump(mode="json"),
+        **_peak_memory(result),
     }
+
+
+def _peak_memory(result: dict[str, Any]) -> dict[str, Any]:
+    """The attempt's peak memory over all its stages: CUDA peak allocated on the engine's
+    device, else the process's peak resident memory (docs/numerics.md#memory-plan)."""
+    import torch
+
+    from curvplan_worker.curvature.memory import peak_memory
+
+    value, source = peak_memory(torch.device(result.get("device") or "cpu"))
+    return {"peak_memory_bytes": value, "peak_memory_source": source}
 
 
 def _sweep_fields(
@@ -306,6 +318,7 @@ def _run_engine(
     from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
     from curvplan_worker.curvature.data import DataError
     from curvplan_worker.curvature.hf import HFModelError
+    from curvplan_worker.curvature.memory import OutOfDeviceMemory
 
     ranks: Any = contextlib.nullcontext()
     if devices > 1:
@@ -358,6 +371,8 @@ def _run_engine(
         raise JobError("invalid-model-spec", "The model spec is invalid", str(exc)) from None
     except curvature_analysis.OptionsError as exc:
         raise JobError("invalid-options", "The analysis options are invalid", str(exc)) from None
+    except OutOfDeviceMemory as exc:  # retried down to micro-batch 1 (docs/numerics.md#oom-retry)
+        raise JobError("out-of-memory", "One example does not fit in memory", str(exc)) from None
     except torch.cuda.OutOfMemoryError as exc:
         raise JobError(
             "out-of-memory",

@@ -32,6 +32,7 @@ from curvplan_worker.curvature.device import (
 from curvplan_worker.curvature.distributed import DataParallel
 from curvplan_worker.curvature.ggn import functional_product, ggn_product
 from curvplan_worker.curvature.hvp import self_test
+from curvplan_worker.curvature.memory import default_budget, fit_to_memory, peak_memory, reset_peak
 from curvplan_worker.curvature.operator import CurvatureEngine, block_slices
 from curvplan_worker.curvature.sources import is_hf_source, load_source
 from curvplan_worker.curvature.spectra import block_spectrum, lanczos_spectrum, off_diagonal_norm
@@ -217,15 +218,23 @@ def _analyze(
     if dist is not None:  # docs/numerics.md#data-parallel
         shard, reducer = dist.start(batches), dist.reduce
         result["data_parallel"] = {"world_size": dist.world_size, "backend": dist.backend}
+    reset_peak(device)
     with CurvatureEngine(
         model, objective, shard, cache_graph=cache_graph, reducer=reducer
     ) as engine:
+        # docs/numerics.md#memory-plan: micro-batch and caching chosen to fit the budget (per
+        # rank on its own shard when data parallel)
+        plan = fit_to_memory(engine, *default_budget(device, machine.memory_budget), cache_graph)
+        result["memory_plan"] = plan.as_dict()
+        result["cache_graph"] = plan.cache_graph
+        if plan.micro_batch != plan.configured_micro_batch:
+            result["eval_batch_size"] = plan.micro_batch
         report(0.05, "gradient", "loss and gradient at w*")
         grad = engine.gradient()
         result["loss"] = engine.loss_value
         result["n_loss_terms"] = engine.total_count
         result["gradient_norm"] = float(torch.linalg.vector_norm(grad.double()))
-        result["n_eval_batches"] = len(batches)
+        result["n_eval_batches"] = len(engine.batches)
         result["blocks"] = _block_records(engine, blocks, opts, gen, report)
         result["off_diagonal"] = _off_diagonal(engine, blocks, opts, gen, report)
         if opts.dense == "on" or (opts.dense == "auto" and n_params <= opts.dense_limit):
@@ -239,6 +248,9 @@ def _analyze(
             top_vectors, top_info = _top_eigenspace(engine, opts, gen)
             result["top_eigenspace"] = top_info
         engine.release_graph()
+        result["memory_plan"].update(
+            retries=list(engine.oom_retries), final_micro_batch=engine.micro_batch
+        )
     if dist is not None and not dist.is_root:
         return {}  # the rest runs on rank 0 alone
     if opts.per_sample:
@@ -252,6 +264,7 @@ def _analyze(
     if opts.bounds:
         report(0.94, "bounds", "theoretical block bounds")
         result["bounds"] = _bounds(model, source, data, opts, result["blocks"])
+    result["peak_memory_bytes"], result["peak_memory_source"] = peak_memory(device)
     result["elapsed_s"] = time.perf_counter() - started
     report(1.0, "done", "analysis complete")
     return _clean(result)

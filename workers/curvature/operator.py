@@ -34,10 +34,12 @@ its products.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -45,6 +47,7 @@ from torch.func import functional_call, jvp
 
 from curvplan_worker.curvature.cancel import check_cancel
 from curvplan_worker.curvature.device import eval_mode
+from curvplan_worker.curvature.memory import OutOfDeviceMemory
 from curvplan_worker.curvature.objective import Objective
 
 # ---------------------------------------------------------------------------------------------
@@ -178,6 +181,35 @@ class Layout:
 
 
 # ---------------------------------------------------------------------------------------------
+# Out-of-memory retry (docs/numerics.md#oom-retry)
+# ---------------------------------------------------------------------------------------------
+
+OOM_TRIES_AT_ONE = 2
+"""Out-of-memory errors tolerated at micro-batch 1 before a product gives up."""
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _retry_on_oom(method: _Method) -> _Method:
+    """Redo a product after a CUDA out-of-memory with the graph cache dropped and the
+    micro-batch halved (the same examples, re-split in the same order; the loss is still
+    divided by the total count, so the product is the same up to summation order)."""
+
+    @functools.wraps(method)
+    def retrying(self: CurvatureEngine, *args: Any, **kwargs: Any) -> Any:
+        while True:
+            try:
+                result = method(self, *args, **kwargs)
+            except torch.cuda.OutOfMemoryError as exc:
+                self._shrink_after_oom(exc, method.__name__)
+                continue
+            self._oom_at_one = 0
+            return result
+
+    return retrying  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------------
 # The operator
 # ---------------------------------------------------------------------------------------------
 
@@ -189,6 +221,10 @@ class CurvatureEngine:
     active dropout refused, attention on the MATH backend), and restores every submodule's mode
     on exit. The model's weights are never modified: the operator differentiates detached
     aliases through ``functional_call``.
+
+    A CUDA out-of-memory inside a product (or the count) drops the graph cache, halves the
+    micro-batch (:meth:`rebatch`) and redoes the product; after :data:`OOM_TRIES_AT_ONE` at
+    micro-batch 1 it raises :class:`~curvplan_worker.curvature.memory.OutOfDeviceMemory`.
     """
 
     def __init__(
@@ -224,6 +260,13 @@ class CurvatureEngine:
         self.n_hvp = 0
         self.total_count = 0.0
         self.loss_value = float("nan")
+        # memory: the plan's budget and measurement (named by the out-of-memory error) and
+        # one record per out-of-memory retry (docs/numerics.md#memory-plan)
+        self.memory_budget: int | None = None
+        self.per_example_bytes: float | None = None
+        self.memory_source: str | None = None
+        self.oom_retries: list[dict[str, Any]] = []
+        self._oom_at_one = 0
 
     # -- session ------------------------------------------------------------------------
     def __enter__(self) -> CurvatureEngine:
@@ -252,6 +295,7 @@ class CurvatureEngine:
         """This rank's partial sum → the sum over all ranks (itself without a reducer)."""
         return partial if self.reducer is None else self.reducer(partial)
 
+    @_retry_on_oom
     def _count(self) -> None:
         if not self.batches and self.reducer is None:
             return
@@ -268,6 +312,49 @@ class CurvatureEngine:
             raise ValueError("the evaluation sample has no loss terms")
         self.total_count = total
         self.loss_value = loss / total
+
+    # -- micro-batches -----------------------------------------------------------------
+    @property
+    def n_examples(self) -> int:
+        return sum(int(x.shape[0]) for x, _ in self.batches)
+
+    @property
+    def micro_batch(self) -> int:
+        """Examples per micro-batch (the first batch's; the last one may be shorter)."""
+        return int(self.batches[0][0].shape[0]) if self.batches else 0
+
+    def rebatch(self, size: int) -> None:
+        """Re-split the same examples, in the same order, into micro-batches of ``size``.
+
+        The graph cache is dropped; the total count (the loss's denominator) is unchanged, so
+        every product is the same up to the order of its sums
+        (docs/numerics.md#loss-normalisation).
+        """
+        if not self.batches:
+            return
+        self.release_graph()
+        inputs = torch.cat([x for x, _ in self.batches])
+        targets = torch.cat([y for _, y in self.batches])
+        self.batches = batches_of(inputs, targets, max(1, int(size)))
+
+    def _shrink_after_oom(self, exc: BaseException, during: str) -> None:
+        """After an out-of-memory: no graph cache, half the micro-batch (or give up at 1)."""
+        size = self.micro_batch
+        self.release_graph()
+        self.cache_graph = False
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if size <= 1:
+            self._oom_at_one += 1
+            if self._oom_at_one >= OOM_TRIES_AT_ONE:
+                raise OutOfDeviceMemory(
+                    self.memory_budget, self.per_example_bytes, self.memory_source, during
+                ) from exc
+        else:
+            self.rebatch(size // 2)
+        self.oom_retries.append(
+            {"during": during, "from_micro_batch": size, "to_micro_batch": self.micro_batch}
+        )
 
     # -- layouts ------------------------------------------------------------------------
     def layout(self, names: Sequence[str]) -> Layout:
@@ -291,6 +378,7 @@ class CurvatureEngine:
         losses, _ = self.objective.output_losses(out, y)
         return losses.sum() / self.total_count
 
+    @_retry_on_oom
     def gradient(self, names: Sequence[str] | None = None) -> Tensor:
         """∇L over ``names`` (all parameters by default), flat, without a second-order graph."""
         self._require_session()
@@ -323,6 +411,7 @@ class CurvatureEngine:
         self._cache.clear()
 
     # -- second-order ------------------------------------------------------------------
+    @_retry_on_oom
     def hvp(self, rows: Sequence[str], cols: Sequence[str], vectors: Tensor) -> Tensor:
         """H[rows, cols] · v for flat ``vectors`` of shape (n_cols,) or (k, n_cols).
 
@@ -398,6 +487,7 @@ class CurvatureEngine:
         return [result[j, a:e] for j, (a, e) in enumerate(spans)]
 
     # -- Gauss–Newton ----------------------------------------------------------------------
+    @_retry_on_oom
     def ggn_vector(self, names: Sequence[str], v: Tensor) -> Tensor:
         """G_BB v = Σ_b J_bᵀ H_out,b J_b v for the block ``names`` (flat (n_B,) vector).
 
