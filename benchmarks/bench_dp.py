@@ -134,7 +134,8 @@ def main() -> None:
     diff = float((hv1 - hv2).norm() / hv1.norm())
     print(
         f"reference GPT: {one['n_params']} parameters, {args.examples} x 32 tokens, "
-        f"micro-batch {args.micro_batch}, fp32, 1 thread per process, cores {os.cpu_count()}"
+        f"micro-batch {args.micro_batch}, fp32, 1 thread per process, cores {os.cpu_count()}, "
+        f"load average {os.getloadavg()[0]:.1f}"
     )
     print(f"{'':<22}{'1 process':>12}{'2 gloo ranks':>14}{'speed-up':>10}")
     for key, label in (("hvp_ms", "ms per full HVP"), ("gradient_ms", "ms per gradient")):

@@ -98,10 +98,34 @@ class RankGroup:
         }
 
     def start(self) -> None:
-        """Start the ranks, wait until each is about to join the group, then watch them."""
-        ready = []
+        """Start the ranks, wait until each is about to join the group, then watch them.
+
+        A rank that cannot be started (no memory to fork, say) is a crash like a lost one.
+        """
+        ready: list[int] = []
+        try:
+            self._spawn(ready)
+        except Exception as exc:
+            for fd in ready:
+                os.close(fd)
+            self.die(f"starting the ranks failed ({type(exc).__name__}: {exc})")
+        try:
+            for rank, fd in enumerate(ready, start=1):
+                # EOF without the byte: the rank died while loading
+                if os.read(fd, 1) != b"r":
+                    self.die(
+                        f"rank {rank} {_describe(self.processes[rank - 1].wait())} "
+                        "before joining the process group"
+                    )
+        finally:
+            for fd in ready:
+                os.close(fd)
+        threading.Thread(target=self._watch, name="rank-watch", daemon=True).start()
+
+    def _spawn(self, ready: list[int]) -> None:
         for rank in range(1, self.world_size):
             read_fd, write_fd = os.pipe()
+            ready.append(read_fd)
             env = {**os.environ, **self.environment(rank), READY_FD_ENV: str(write_fd)}
             process = subprocess.Popen(
                 [sys.executable, "-m", "curvplan_worker.analyze.ranks"],
@@ -115,19 +139,6 @@ class RankGroup:
             assert process.stdin is not None
             process.stdin.write(json.dumps(self.task).encode() + b"\n")
             process.stdin.flush()
-            ready.append(read_fd)
-        try:
-            for rank, fd in enumerate(ready, start=1):
-                # EOF without the byte: the rank died while loading
-                if os.read(fd, 1) != b"r":
-                    self.die(
-                        f"rank {rank} {_describe(self.processes[rank - 1].wait())} "
-                        "before joining the process group"
-                    )
-        finally:
-            for fd in ready:
-                os.close(fd)
-        threading.Thread(target=self._watch, name="rank-watch", daemon=True).start()
 
     def _watch(self) -> None:
         while not self._stop.wait(0.05):
