@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 from queue_helpers import insert_jobs, job_row, plan_request
 from sqlalchemy import text
+from typer.testing import CliRunner
 
-from curvplan_server.config import Settings
+from curvplan.cli import app
+from curvplan_server.config import Settings, get_settings
 from curvplan_worker import store
 from curvplan_worker.worker import WorkerOptions
 
@@ -39,3 +41,18 @@ def test_the_worker_devices_option_comes_from_the_environment_and_must_be_positi
     assert WorkerOptions.from_settings(settings, ["gpu"]).devices == 3
     with pytest.raises(ValueError, match="devices"):
         WorkerOptions.from_settings(settings, ["gpu"], devices=0)
+
+
+def test_the_cli_flag_reaches_the_job_processes_and_refuses_zero(monkeypatch):
+    monkeypatch.delenv("DATABASE_URL", raising=False)  # the command stops before running
+    monkeypatch.setenv("CURVPLAN_WORKER_DEVICES", "1")
+    monkeypatch.setenv("CURVPLAN_LEASE_SECONDS", "30")
+    get_settings.cache_clear()
+    try:
+        refused = CliRunner().invoke(app, ["worker", "--devices", "0"])
+        CliRunner().invoke(app, ["worker", "--devices", "2", "--lease-seconds", "12"])
+        assert get_settings().worker_devices == 2
+        assert get_settings().lease_seconds == 12  # the ranks' group timeout derives from it
+    finally:
+        get_settings.cache_clear()
+    assert refused.exit_code == 2 and "--devices" in refused.output
