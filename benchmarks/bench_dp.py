@@ -7,7 +7,9 @@ backward passes dominate the all-reduce of one parameter-sized vector. Every pro
 ONE intra-op thread. Measured: the median wall time of one full-model Hessian-vector product
 (cached first-backward graph, docs/numerics.md#graph-cache) and of one gradient; on 2 ranks the
 time of rank 0 including the all-reduce (every rank starts each product together, after a
-barrier), and one all-reduce of a parameter-sized vector alone (the communication). The
+barrier), the CPU time of rank 0 per product (its share of the work, which the wall time on a
+loaded machine hides) and one all-reduce of a parameter-sized vector alone (the
+communication). The
 products of the two runs are compared too (relative difference of H v, fp32).
 
 The speed-up is bounded by 2 and by the cores actually free: on a loaded machine the two ranks
@@ -82,6 +84,15 @@ def _run(rank: int, world: int, port: int, args: argparse.Namespace, out: dict) 
                     times.append(time.perf_counter() - start)
                 figures[f"{label}_ms"] = 1e3 * statistics.median(times)
                 figures[label] = hv
+            # CPU time of this process per product (rank 0's share of the work; on a loaded
+            # machine the wall time also counts waiting for a core)
+            cpu = []
+            for _ in range(args.repeats):
+                barrier()
+                start = time.process_time()
+                engine.hvp(names, names, v)
+                cpu.append(time.process_time() - start)
+            figures["hvp_cpu_ms"] = 1e3 * statistics.median(cpu)
             if dp is not None:  # the communication alone: one all-reduce of n floats
                 buffer = torch.zeros(n)
                 times = []
@@ -140,6 +151,10 @@ def main() -> None:
     print(f"{'':<22}{'1 process':>12}{'2 gloo ranks':>14}{'speed-up':>10}")
     for key, label in (("hvp_ms", "ms per full HVP"), ("gradient_ms", "ms per gradient")):
         print(f"{label:<22}{one[key]:>12.1f}{two[key]:>14.1f}{one[key] / two[key]:>9.2f}x")
+    print(
+        f"{'CPU ms per HVP, rank 0':<22}{one['hvp_cpu_ms']:>12.1f}{two['hvp_cpu_ms']:>14.1f}"
+        f"{one['hvp_cpu_ms'] / two['hvp_cpu_ms']:>9.2f}x"
+    )
     print(f"{'ms per all-reduce':<22}{'-':>12}{two['allreduce_ms']:>14.2f}")
     print(f"{'micro-batches per rank':<22}{one['n_batches']:>12}{two['n_batches']:>14}")
     print(f"relative difference of H v, 2 ranks vs 1: {diff:.1e}")
