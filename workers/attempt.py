@@ -50,8 +50,8 @@ class Progress:
 
 @dataclass(frozen=True)
 class Final:
-    """How the child said the attempt ended: ``result``, ``error``, ``cancelled`` or
-    ``fan-out`` (children to create before the job resumes)."""
+    """How the child said the attempt ended: ``result``, ``error``, ``cancelled``, ``retry``
+    (a transient failure) or ``fan-out`` (children to create before the job resumes)."""
 
     kind: str
     payload: dict[str, Any] | None = None
@@ -108,7 +108,7 @@ class AttemptProcess:
             tag = message[0]
             if tag == "progress":
                 messages.append(Progress(*message[1:]))
-            elif tag in ("result", "error", "fan-out"):
+            elif tag in ("result", "error", "fan-out", "retry"):
                 messages.append(Final(tag, message[1]))
             elif tag == "cancelled":
                 messages.append(Final("cancelled"))
