@@ -801,7 +801,8 @@ def run_worker(options: WorkerOptions) -> int:
     ]
     for thread in threads:
         thread.start()
-    if options.gc_interval_seconds is not None:
+    # A worker on another host (api_url) holds no store of the API's: it collects nothing.
+    if options.gc_interval_seconds is not None and not options.api_url:
         threading.Thread(
             target=_gc_loop, args=(options, stop), name="storage-gc", daemon=True
         ).start()
