@@ -96,14 +96,6 @@ class MetricsMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    def _limit_for(self, path: str) -> int:
-        if path in self.path_limits:
-            return self.path_limits[path]
-        for prefix, limit in self._prefix_limits:
-            if path.startswith(prefix):
-                return limit
-        return self.max_body_bytes
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)

@@ -26,6 +26,15 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+UPLOAD_LIMIT = 4096
+
+
+@pytest.fixture
+def settings(settings: Any) -> Any:
+    """The artifact tests' settings with a small worker upload limit."""
+    return settings.model_copy(update={"worker_upload_max_bytes": UPLOAD_LIMIT})
+
+
 @pytest.fixture
 def worker_id(db_session: Any) -> str:
     wid = f"host-b-{uuid.uuid4().hex[:8]}"
@@ -175,3 +184,49 @@ def test_a_stopped_or_stale_workers_key_is_revoked(
     db_session.commit()
     assert not worker_key_valid(db_session.connection(), live_key)
     assert_problem(client.get(path, headers={"Authorization": f"Bearer {live_key}"}), 401)
+
+
+def test_an_upload_past_the_limit_is_413_and_nothing_is_kept(
+    client: Any, worker_headers: dict[str, str], store: Any
+) -> None:
+    big = st_save({"x": np.zeros(UPLOAD_LIMIT, dtype=np.float32)})
+    body = assert_problem(put(client, worker_headers, sha(big), big), 413)
+    assert body["max_body_bytes"] == UPLOAD_LIMIT
+    assert store.blobs() == [] and store.temp_files() == []
+
+
+def test_remote_access_caches_verified_blobs_and_retries_a_corrupt_one(
+    client: Any,
+    worker_key: str,
+    worker_headers: dict[str, str],
+    store: Any,
+    engine: Any,
+    tmp_path: Any,
+) -> None:
+    """The worker's side against the real routes: a fetched blob lands in the cache with its
+    digest; a blob whose stored bytes no longer match (disk corruption on the API's host)
+    fails the attempt as a transient error and leaves nothing; an absent one is a JobError."""
+    from curvplan_server.artifacts.blobstore import BlobStore
+    from curvplan_worker.analyze.artifacts import ArtifactAccess
+    from curvplan_worker.blobs.cache import BlobCache
+    from curvplan_worker.blobs.client import BlobApi, BlobTransferError
+    from curvplan_worker.errors import JobError, RetryableError
+
+    good, bad = output_bytes(3), output_bytes(4)
+    for data in (good, bad):
+        assert put(client, worker_headers, sha(data), data).status_code == 201
+    store.path_for(sha(bad)).write_bytes(good)  # corrupted at rest
+    worker_store = BlobStore(tmp_path / "worker" / "blobs")  # the worker's own: empty
+    cache = BlobCache(tmp_path / "worker" / "cache", 10**6)
+    api = BlobApi("http://testserver", worker_key, 10, client=client)
+    with ArtifactAccess(engine, worker_store, api=api, cache=cache) as access:
+        path = access.blob_path(sha(good), "test blob")
+        assert path == cache.path_for(sha(good)) and sha(path.read_bytes()) == sha(good)
+        with pytest.raises(BlobTransferError, match=sha(bad)) as caught:
+            access.blob_path(sha(bad), "test blob")
+        assert isinstance(caught.value, RetryableError)
+        assert not cache.path_for(sha(bad)).exists() and list(cache.tmp_dir.iterdir()) == []
+        with pytest.raises(JobError) as missing:
+            access.blob_path("0" * 64, "test blob")
+        assert missing.value.type == "artifact-missing"
+        assert "API's store" in missing.value.detail

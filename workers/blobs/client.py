@@ -33,11 +33,14 @@ class BlobNotOnServer(Exception):
 class BlobApi:
     """Blob transfers with the API at ``base_url``, authenticated with a worker key."""
 
-    def __init__(self, base_url: str, key: str, timeout: float) -> None:
+    def __init__(
+        self, base_url: str, key: str, timeout: float, client: httpx.Client | None = None
+    ) -> None:
+        """``client``: an httpx client to send through instead (an in-process test app)."""
         self.base_url = base_url.rstrip("/")
-        self._client = httpx.Client(
+        self._auth = {"Authorization": f"Bearer {key}"}
+        self._client = client or httpx.Client(
             base_url=self.base_url,
-            headers={"Authorization": f"Bearer {key}"},
             timeout=httpx.Timeout(timeout),
             transport=httpx.HTTPTransport(retries=CONNECT_RETRIES),
             follow_redirects=False,
@@ -46,7 +49,9 @@ class BlobApi:
     def download(self, sha256: str, sink: Sink) -> None:
         """Stream blob ``sha256`` into ``sink`` (the cache hashes what it receives)."""
         try:
-            with self._client.stream("GET", f"/v1/worker/blobs/{sha256}") as response:
+            with self._client.stream(
+                "GET", f"/v1/worker/blobs/{sha256}", headers=self._auth
+            ) as response:
                 if response.status_code == 404:
                     raise BlobNotOnServer(f"the API's store has no blob {sha256}")
                 _raise_for(response, f"download of blob {sha256}")
@@ -65,6 +70,7 @@ class BlobApi:
                     f"/v1/worker/blobs/{sha256}",
                     content=_chunks(fh),
                     headers={
+                        **self._auth,
                         "Content-Type": "application/octet-stream",
                         "Content-Length": str(path.stat().st_size),
                     },
