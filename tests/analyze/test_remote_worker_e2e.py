@@ -108,15 +108,15 @@ def test_a_worker_sharing_only_the_database_runs_an_analysis(database: str, tmp_
     server = live_plugin.ServerProcess(
         live_plugin.service_env(database, api_dir), tmp_path / "server.log"
     )
-    server.start()
     hidden = api_dir if _can_hide(api_dir) else None
     worker_env = live_plugin.service_env(database, worker_dir, CURVPLAN_URL=server.url + "/")
     assert not any(str(api_dir) in value for value in worker_env.values())
     worker = HiddenDirWorker(worker_env, tmp_path / "worker.log", hidden)
-    worker.start()
-    key = live_plugin.make_api_key(database, f"remote-{uuid.uuid4().hex[:6]}")
+    worker.start()  # first: it imports torch while the API starts
     engine = create_engine(database)
     try:
+        server.start()
+        key = live_plugin.make_api_key(database, f"remote-{uuid.uuid4().hex[:6]}")
         with httpx.Client(
             base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
         ) as client:
