@@ -71,8 +71,6 @@ class BlobCache:
         self.tmp_dir = self.root / "tmp"
         self.lock_dir = self.root / "locks"
         self._pins: dict[str, IO[bytes]] = {}
-        #: Downloads this object performed (tests: one digest fetched twice downloads once).
-        self.downloads = 0
 
     def path_for(self, sha256: str) -> Path:
         """Where the blob ``sha256`` lives in the cache (whether or not it is there)."""
@@ -133,7 +131,6 @@ class BlobCache:
                 raise CorruptDownload(f"downloaded blob {sha256} hashes to {got}; discarded")
             path.parent.mkdir(parents=True, exist_ok=True)
             os.replace(temp, path)
-            self.downloads += 1
         finally:
             temp.unlink(missing_ok=True)
 
