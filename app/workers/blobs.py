@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse
 from sqlalchemy import Engine
@@ -77,6 +77,29 @@ def get_worker_blob(request: Request, sha256: Sha256Path, worker: WorkerDep) -> 
     return FileResponse(
         path, media_type="application/octet-stream", headers={"ETag": f'"{sha256}"'}
     )
+
+
+@router.head(
+    "/{sha256}",
+    name="head_worker_blob",
+    summary="Whether the store holds a blob (worker credential)",
+    responses={
+        **problem_responses(401, 403, 404, 422, 500, 503),
+        200: {"description": "The store holds the blob (Content-Length: its size)"},
+    },
+)
+def head_worker_blob(request: Request, sha256: Sha256Path, worker: WorkerDep) -> Response:
+    """200 with the blob's size when the store holds it, else 404 (no body either way).
+
+    A worker checks this under the blob's lock before it inserts an output's row, so that
+    no deletion between its upload and the row leaves the row pointing at nothing.
+    """
+    path = blob_store(request).path_for(_digest(sha256))
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise Problem(404, f"no blob {sha256} in the store", title="Not Found") from None
+    return Response(status_code=200, headers={"Content-Length": str(size), "ETag": f'"{sha256}"'})
 
 
 @router.put(

@@ -230,3 +230,70 @@ def test_remote_access_caches_verified_blobs_and_retries_a_corrupt_one(
             access.blob_path("0" * 64, "test blob")
         assert missing.value.type == "artifact-missing"
         assert "API's store" in missing.value.detail
+
+
+def test_head_says_whether_the_store_holds_a_blob(
+    client: Any, worker_headers: dict[str, str], auth_headers: dict[str, str]
+) -> None:
+    data = output_bytes(5)
+    assert put(client, worker_headers, sha(data), data).status_code == 201
+    found = client.head(f"/v1/worker/blobs/{sha(data)}", headers=worker_headers)
+    assert (found.status_code, found.headers["content-length"]) == (200, str(len(data)))
+    assert client.head(f"/v1/worker/blobs/{'0' * 64}", headers=worker_headers).status_code == 404
+    assert client.head(f"/v1/worker/blobs/{sha(data)}", headers=auth_headers).status_code == 403
+
+
+def test_a_remote_output_deleted_before_its_row_is_uploaded_again(
+    client: Any, worker_key: str, store: Any, engine: Any, tmp_path: Any
+) -> None:
+    """Between the upload and the row's transaction a deleter may remove the (unreferenced)
+    blob; the worker checks under the blob's lock and uploads again, so the committed row
+    never points at nothing."""
+    from curvplan_server.artifacts.blobstore import BlobStore
+    from curvplan_worker.analyze.artifacts import ArtifactAccess
+    from curvplan_worker.blobs.cache import BlobCache
+    from curvplan_worker.blobs.client import BlobApi
+
+    class DeletedOnce(BlobApi):
+        uploads = 0
+
+        def upload(self, path: Any, sha256: str) -> None:
+            super().upload(path, sha256)
+            self.uploads += 1
+            if self.uploads == 1:
+                store.delete(sha256)  # a collector's or an artifact deletion's work
+
+    project, job = uuid.uuid4(), uuid.uuid4()
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO project (id, name) VALUES (:id, :name)"),
+            {"id": project, "name": f"remote-out-{project.hex[:8]}"},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO job (id, project_id, kind, queue, name, tags, status, attempt,"
+                " request, started_at) VALUES (:id, :p, 'analyze', 'gpu', 'o', '{}'::jsonb,"
+                " 'running', 1, '{}'::jsonb, now())"
+            ),
+            {"id": job, "p": project},
+        )
+    api = DeletedOnce("http://testserver", worker_key, 10, client=client)
+    cache = BlobCache(tmp_path / "worker" / "cache", 10**6)
+    try:
+        with ArtifactAccess(
+            engine, BlobStore(tmp_path / "worker" / "blobs"), api=api, cache=cache
+        ) as access:
+            losses = np.arange(5.0)
+            artifact_id = access.store_output(
+                job_id=str(job), attempt=1, name="per_sample_losses", tensors={"losses": losses}
+            )
+        assert api.uploads == 2
+        with engine.connect() as conn:
+            digest = conn.execute(
+                text("SELECT sha256 FROM artifact WHERE id = :id"), {"id": artifact_id}
+            ).scalar_one()
+        assert sha(store.path_for(digest).read_bytes()) == digest
+        assert list((tmp_path / "worker" / "blobs" / "tmp").iterdir()) == []
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM project WHERE id = :id"), {"id": project})

@@ -56,6 +56,10 @@ class ResolvedArtifact:
     field: str
 
 
+class _UploadVanished(Exception):
+    """An uploaded output blob was no longer in the API's store when its row was written."""
+
+
 class LeaseLost(RuntimeError):
     """The job is no longer this attempt's: its outputs must not be written."""
 
@@ -242,30 +246,41 @@ class ArtifactAccess:
             digest = _sha256_file(temp)
             size = temp.stat().st_size
             summary = json.dumps(info.to_json())
-            if self.api is not None:
-                self.api.upload(temp, digest)
             # The blob's lock is held from placing the file until the row is committed, so a
-            # concurrent garbage collection cannot delete it in between (docs/storage.md). An
-            # uploaded blob was placed by the API, which refreshed its mtime: the collector's
-            # grace period covers the seconds until this commit.
-            with self.engine.begin() as conn:
-                self._place(conn, temp, digest)
-                previous = conn.execute(
-                    text("SELECT sha256 FROM artifact WHERE job_id = :job AND name = :name"),
-                    {"job": job_id, "name": name},
-                ).scalar_one_or_none()
-                artifact_id = conn.execute(
-                    _UPSERT_OUTPUT,
-                    {
-                        "id": uuid.uuid4(),
-                        "name": name,
-                        "sha256": digest,
-                        "size": size,
-                        "tensors": summary,
-                        "job_id": job_id,
-                        "attempt": attempt,
-                    },
-                ).scalar_one_or_none()
+            # concurrent garbage collection or deletion cannot remove it in between
+            # (docs/storage.md). An uploaded blob is placed by the API in a request of its
+            # own: under the lock, the worker then checks that it is still there.
+            for tries_left in (1, 0):
+                if self.api is not None:
+                    self.api.upload(temp, digest)
+                try:
+                    with self.engine.begin() as conn:
+                        self._place(conn, temp, digest)
+                        previous = conn.execute(
+                            text(
+                                "SELECT sha256 FROM artifact WHERE job_id = :job AND name = :name"
+                            ),
+                            {"job": job_id, "name": name},
+                        ).scalar_one_or_none()
+                        artifact_id = conn.execute(
+                            _UPSERT_OUTPUT,
+                            {
+                                "id": uuid.uuid4(),
+                                "name": name,
+                                "sha256": digest,
+                                "size": size,
+                                "tensors": summary,
+                                "job_id": job_id,
+                                "attempt": attempt,
+                            },
+                        ).scalar_one_or_none()
+                    break
+                except _UploadVanished:  # deleted between the upload and the lock: again
+                    if not tries_left:
+                        raise BlobTransferError(
+                            f"output blob {digest} vanished from the API's store twice between "
+                            "its upload and its row"
+                        ) from None
         finally:
             temp.unlink(missing_ok=True)
         if artifact_id is None:
@@ -276,10 +291,16 @@ class ArtifactAccess:
         return str(artifact_id)
 
     def _place(self, conn: Connection, temp: Path, digest: str) -> None:
+        """Under the blob's lock (held until ``conn`` commits): the blob is in place."""
         if self.api is None:
             place_blob(conn, self.store, temp, digest)
-        else:  # already in the API's store: only the lock, until the row is committed
-            lock_blob(conn, digest)
+            return
+        # Uploaded already: the lock, then a check that no deleter (a collector past the grace
+        # period, the deletion of another artifact with this content) removed it meanwhile;
+        # from here on none can until the row is committed.
+        lock_blob(conn, digest)
+        if not self.api.exists(digest):
+            raise _UploadVanished(digest)
 
     def _drop(self, digest: str) -> None:
         """Delete an output blob no row references any more (local store only: the API's

@@ -62,6 +62,19 @@ class BlobApi:
                 f"download of blob {sha256} from {self.base_url} failed: {_describe(exc)}"
             ) from None
 
+    def exists(self, sha256: str) -> bool:
+        """Whether the API's store holds blob ``sha256`` now (``HEAD``)."""
+        try:
+            response = self._client.head(f"/v1/worker/blobs/{sha256}", headers=self._auth)
+            if response.status_code == 404:
+                return False
+            _raise_for(response, f"check of blob {sha256}")
+            return True
+        except httpx.HTTPError as exc:
+            raise BlobTransferError(
+                f"check of blob {sha256} at {self.base_url} failed: {_describe(exc)}"
+            ) from None
+
     def upload(self, path: Path, sha256: str) -> None:
         """PUT the file at ``path`` as blob ``sha256`` (the API verifies the digest)."""
         try:
