@@ -3,7 +3,7 @@
 A worker that shares no filesystem with the API fetches its input blobs here (into its own
 cache) and uploads its output blobs here; it then writes the output's artifact row itself,
 through the database, fenced by its attempt (docs/operations.md, "Workers on other hosts").
-Both routes need a service credential with the scope ``worker`` — the key a worker creates for
+The routes need a service credential with the scope ``worker`` — the key a worker creates for
 itself at start; a project key or an operator key without that scope gets 403.
 
 An upload streams to a temp file under ``blobs/tmp`` while it is hashed and checked as
@@ -11,7 +11,8 @@ safetensors; its digest must equal the one in the path (422 otherwise, nothing k
 is placed with the store's advisory lock (:func:`curvplan_server.storage.blobs.place_blob`),
 which also refreshes its mtime: the garbage collector's grace period
 (``CURVPLAN_BLOB_GC_GRACE_SECONDS``) then keeps the still unreferenced blob until the worker's
-row insert, seconds later.
+row insert, seconds later. In that insert's transaction the worker holds the blob's lock and
+asks ``HEAD`` whether the blob is still there (uploading again if a deletion removed it).
 """
 
 from __future__ import annotations
