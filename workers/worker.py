@@ -49,6 +49,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
 from curvplan.types.jobs import QUEUES
+from curvplan_server.auth.operator import create_worker_key, worker_key_valid
 from curvplan_server.config import Settings
 from curvplan_server.db import make_engine
 from curvplan_server.logging import bind, configure_logging
@@ -128,6 +129,9 @@ class WorkerOptions:
     webhook_timeout_seconds: float = 10.0
     webhook_poll_seconds: float = 1.0
     public_url: str | None = None
+    #: A worker on another host (``CURVPLAN_URL``): each slot creates its own ``worker``
+    #: credential through the database and its attempts move blobs through this API.
+    api_url: str | None = None
 
     def time_limit(self, kind: str) -> float:
         """The time limit of ``kind``'s attempts."""
@@ -192,6 +196,7 @@ class WorkerOptions:
             webhook_backoff_seconds=settings.webhook_backoff_seconds,
             webhook_timeout_seconds=settings.webhook_timeout_seconds,
             public_url=settings.public_url,
+            api_url=settings.worker_api_url,
         )
         rest = {k: v for k, v in given.items() if k not in ("lease_seconds", "heartbeat_seconds")}
         return replace(base, **rest)  # type: ignore[arg-type]
@@ -264,6 +269,7 @@ class WorkerSlot:
         self.state = _SlotState()
         self._heartbeat_done = threading.Event()
         self._last_reap = 0.0
+        self._api_key: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
@@ -277,6 +283,8 @@ class WorkerSlot:
                     os.getpid(),
                     list(self.options.queues),
                 )
+                if self.options.api_url:
+                    self._api_key = create_worker_key(conn, self.worker_id)
             log.info("worker started", extra={"queues": ",".join(self.options.queues)})
             beat = threading.Thread(
                 target=contextvars.copy_context().run,
@@ -365,6 +373,8 @@ class WorkerSlot:
             data_dir=str(self.options.data_dir),
             log_format=self.options.log_format,
             log_level=self.options.log_level,
+            api_url=self.options.api_url,
+            api_key=self._worker_key() if self.options.api_url else None,
         )
         started = time.monotonic()
         # Heartbeats cover the job from the claim on: starting the child can take
@@ -394,6 +404,15 @@ class WorkerSlot:
             child.close()
             with self.state.lock:
                 self.state.current = None
+
+    def _worker_key(self) -> str:
+        """This slot's ``worker`` key, created again if the reaper revoked it (the slot was
+        paused past the stale limit and came back)."""
+        with self.engine.begin() as conn:
+            if self._api_key is None or not worker_key_valid(conn, self._api_key):
+                self._api_key = create_worker_key(conn, self.worker_id)
+                log.info("created a new worker credential (the previous one was revoked)")
+        return self._api_key
 
     def _supervise(
         self, child: AttemptProcess, current: _Current, started: float, kind: str
@@ -494,6 +513,9 @@ class WorkerSlot:
         if final.kind == "fan-out":
             self._write_fan_out(fence, final, progress=progress)
             return
+        if final.kind == "retry":  # transient: queued again like a crash, with its error
+            self._write_crash(fence, "", None, error=final.payload)
+            return
         outcome: Literal["succeeded", "failed", "cancelled"]
         result = error = None
         if final.kind == "result":
@@ -566,7 +588,17 @@ class WorkerSlot:
         self._outcome = status
         log.info("attempt fanned out", extra={"status": status, "children": len(children)})
 
-    def _write_crash(self, fence: store.Fence, detail: str, exitcode: int | None) -> None:
+    def _write_crash(
+        self,
+        fence: store.Fence,
+        detail: str,
+        exitcode: int | None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        """A crashed attempt, or (``error``: type, title, detail) a transient failure the
+        child reported; either way the job runs again while attempts remain."""
+        if error is not None:
+            detail = str(error.get("detail", ""))
         status = self._fenced_write(
             lambda conn: store.end_crashed(
                 conn,
@@ -574,6 +606,8 @@ class WorkerSlot:
                 detail=detail,
                 backoff_base=self.options.backoff_base,
                 backoff_max=self.options.backoff_max,
+                error_type=str(error["type"]) if error else "worker-crashed",
+                title=str(error["title"]) if error else "The job's process crashed",
             )
         )
         if status is None:
@@ -777,7 +811,8 @@ def run_worker(options: WorkerOptions) -> int:
     ]
     for thread in threads:
         thread.start()
-    if options.gc_interval_seconds is not None:
+    # A worker on another host (api_url) holds no store of the API's: it collects nothing.
+    if options.gc_interval_seconds is not None and not options.api_url:
         threading.Thread(
             target=_gc_loop, args=(options, stop), name="storage-gc", daemon=True
         ).start()
