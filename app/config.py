@@ -162,6 +162,26 @@ class Settings(BaseSettings):
         except ValueError as exc:
             raise ValueError(f"CURVPLAN_WORKER_MEMORY_BUDGET: {exc}") from None
 
+    # Workers on other hosts (docs/operations.md, "Workers on other hosts").
+    worker_api_url: str | None = Field(
+        default=None,
+        validation_alias="CURVPLAN_URL",
+        description="The API's base URL as a worker reaches it: blobs missing from the local "
+        "store are fetched (and outputs uploaded) through it; unset: one shared data dir.",
+    )
+    worker_cache_bytes: int = Field(
+        default=20 * 1024**3,
+        gt=0,
+        description="Size bound of a worker's blob cache (<data dir>/cache; LRU eviction).",
+    )
+    worker_http_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="Connect/read timeout of a worker's blob transfers."
+    )
+    worker_upload_max_bytes: int = Field(
+        default=64 * 1024**3,
+        gt=0,
+        description="Largest output blob the API accepts from a worker (PUT /v1/worker/blobs).",
+    )
     long_poll_max_seconds: float = Field(default=60.0, gt=0)
     long_poll_interval_seconds: float = Field(
         default=0.2, gt=0, description="Long-poll re-check interval without notifications."
@@ -216,6 +236,11 @@ class Settings(BaseSettings):
         description="The service's public base URL (e.g. https://curvplan.example.com): "
         "webhook links are absolute with it, relative without.",
     )
+
+    @field_validator("worker_api_url")
+    @classmethod
+    def _base_url(cls, value: str | None) -> str | None:
+        return value.rstrip("/") or None if value else None
 
     @field_validator("database_url")
     @classmethod

@@ -57,8 +57,8 @@ class MemoryReport:
 
 @dataclass(frozen=True)
 class Final:
-    """How the child said the attempt ended: ``result``, ``error``, ``cancelled`` or
-    ``fan-out`` (children to create before the job resumes)."""
+    """How the child said the attempt ended: ``result``, ``error``, ``cancelled``, ``retry``
+    (a transient failure) or ``fan-out`` (children to create before the job resumes)."""
 
     kind: str
     payload: dict[str, Any] | None = None
@@ -119,7 +119,7 @@ class AttemptProcess:
                 messages.append(Progress(*message[1:]))
             elif tag == "memory":
                 messages.append(MemoryReport(message[1]))
-            elif tag in ("result", "error", "fan-out"):
+            elif tag in ("result", "error", "fan-out", "retry"):
                 messages.append(Final(tag, message[1]))
             elif tag == "cancelled":
                 messages.append(Final("cancelled"))

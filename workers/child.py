@@ -6,7 +6,8 @@ Messages on the result pipe, in order:
 * ``("progress", fraction, stage, message)`` any number of times, each followed by
   ``("memory", {device: {allocated, reserved, peak}})`` once the attempt uses CUDA, then at
   most one of
-* ``("result", dict)``, ``("error", {type, title, detail})``, ``("cancelled",)``, or
+* ``("result", dict)``, ``("error", {type, title, detail})``, ``("cancelled",)``,
+  ``("retry", {type, title, detail})`` (a transient failure: run the job again), or
   ``("fan-out", {"children": [{kind, request, name}], "message": str})``.
 
 A child that exits without a final message crashed (signal, ``os._exit``, out of
@@ -22,13 +23,13 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from curvplan.types.jobs import JOB_CREATE_ADAPTER
-from curvplan_worker.errors import JobCancelled, JobError, error_dict
+from curvplan_worker.errors import JobCancelled, JobError, RetryableError, error_dict
 from curvplan_worker.kinds import FanOut, JobContext, load_run
 from curvplan_worker.memstats import device_memory
 
@@ -53,6 +54,10 @@ class ChildTask:
     log_format: str
     log_level: str
     children: list[dict[str, Any]] | None = None
+    #: A worker on another host: the API's URL and the worker's own key (sent to the child
+    #: through the pipe only; never logged, never in the database).
+    api_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
 
 
 def _close_inherited_parent_end(lifeline: Connection, parent_end_fd: int) -> None:
@@ -97,6 +102,8 @@ def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[
         send_progress=send_progress,
         is_cancelled=cancel_event.is_set,
         children=task.children,
+        api_url=task.api_url,
+        api_key=task.api_key,
     )
     try:
         result = load_run(task.kind)(task.request, ctx)
@@ -112,6 +119,12 @@ def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[
     except JobError as exc:
         log.info("job failed: %s", exc)
         return ("error", exc.as_dict())
+    except RetryableError as exc:
+        log.warning("attempt failed, to be retried: %s", exc)
+        return (
+            "retry",
+            error_dict(exc.error_type, exc.title, _short_detail(exc)),
+        )
     except MemoryError as exc:
         log.exception("job ran out of memory")
         return ("error", error_dict("out-of-memory", "The job ran out of memory", str(exc)))

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, text
 
 from curvplan.types.jobs import QUEUE_OF_KIND
+from curvplan_server.auth.operator import revoke_worker_keys
 from curvplan_server.jobs.fanout import (
     children_of,
     settle_orphaned_waits,
@@ -117,7 +118,8 @@ def touch_worker(
 
 
 def stop_worker(conn: Connection, worker_id: str) -> None:
-    """Mark the worker ``stopped`` (at exit)."""
+    """Mark the worker ``stopped`` (at exit) and revoke its ``worker`` credentials."""
+    revoke_worker_keys(conn, [worker_id])
     conn.execute(
         text(
             "UPDATE worker SET status = 'stopped', current_job_id = NULL,"
@@ -130,8 +132,10 @@ def stop_worker(conn: Connection, worker_id: str) -> None:
 def mark_stale_workers(conn: Connection, stale_seconds: float) -> list[str]:
     """Mark workers without a heartbeat for ``stale_seconds`` as ``stopped``; return their ids.
 
-    A worker that was only paused (not dead) sets itself back to ``running`` at its
-    next heartbeat (:func:`touch_worker`).
+    Their ``worker`` credentials are revoked in the same transaction (a dead host's key
+    must not keep reaching the blob routes). A worker that was only paused (not dead) sets
+    itself back to ``running`` at its next heartbeat (:func:`touch_worker`) and creates a
+    new credential before its next attempt.
     """
     rows = conn.execute(
         text(
@@ -142,7 +146,9 @@ def mark_stale_workers(conn: Connection, stale_seconds: float) -> list[str]:
         ),
         {"stale": float(stale_seconds)},
     )
-    return [row.id for row in rows]
+    stale = [row.id for row in rows]
+    revoke_worker_keys(conn, stale)
+    return stale
 
 
 # --------------------------------------------------------------------------- claim
@@ -313,13 +319,17 @@ def end_crashed(
     detail: str,
     backoff_base: float,
     backoff_max: float,
+    error_type: str = "worker-crashed",
+    title: str = "The job's process crashed",
 ) -> str | None:
-    """The attempt's child died without a result (crash, signal, out of memory); fenced.
+    """The attempt's child died without a result (crash, signal, out of memory), or reported
+    a transient failure (a blob transfer, ``error_type``/``title``); fenced.
 
-    A crash may be transient (the out-of-memory killer, a lost GPU), so the job is
-    re-queued with backoff like a lost lease while attempts remain; after
-    ``max_attempts`` it fails with error type ``worker-crashed``. A ``cancelling`` job
-    becomes ``cancelled``. Returns the job's new status, or None if fenced out.
+    Either may be transient (the out-of-memory killer, a lost GPU, the network), so the job
+    is re-queued with backoff like a lost lease while attempts remain; after
+    ``max_attempts`` it fails with error type ``error_type`` (``worker-crashed``). A
+    ``cancelling`` job becomes ``cancelled``. Returns the job's new status, or None if
+    fenced out.
     """
     row = conn.execute(
         text(f"SELECT status, attempt, max_attempts FROM job WHERE {FENCE} FOR UPDATE"),
@@ -337,8 +347,8 @@ def end_crashed(
     else:
         status = "failed"
         error = error_dict(
-            "worker-crashed",
-            "The job's process crashed",
+            error_type,
+            title,
             f"{detail}; attempt {row.attempt} of {row.max_attempts}, no attempts left",
         )
     conn.execute(

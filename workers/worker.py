@@ -49,6 +49,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
 from curvplan.types.jobs import QUEUES
+from curvplan_server.auth.operator import create_worker_key, worker_key_valid
 from curvplan_server.config import Settings
 from curvplan_server.db import make_engine
 from curvplan_server.logging import bind, configure_logging
@@ -130,6 +131,9 @@ class WorkerOptions:
     webhook_timeout_seconds: float = 10.0
     webhook_poll_seconds: float = 1.0
     public_url: str | None = None
+    #: A worker on another host (``CURVPLAN_URL``): each slot creates its own ``worker``
+    #: credential through the database and its attempts move blobs through this API.
+    api_url: str | None = None
 
     def time_limit(self, kind: str) -> float:
         """The time limit of ``kind``'s attempts."""
@@ -197,6 +201,7 @@ class WorkerOptions:
             webhook_timeout_seconds=settings.webhook_timeout_seconds,
             public_url=settings.public_url,
             devices=settings.worker_devices,
+            api_url=settings.worker_api_url,
         )
         rest = {k: v for k, v in given.items() if k not in ("lease_seconds", "heartbeat_seconds")}
         return replace(base, **rest)  # type: ignore[arg-type]
@@ -269,6 +274,7 @@ class WorkerSlot:
         self.state = _SlotState()
         self._heartbeat_done = threading.Event()
         self._last_reap = 0.0
+        self._api_key: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
@@ -283,6 +289,8 @@ class WorkerSlot:
                     list(self.options.queues),
                     self.options.devices,
                 )
+                if self.options.api_url:
+                    self._api_key = create_worker_key(conn, self.worker_id)
             log.info("worker started", extra={"queues": ",".join(self.options.queues)})
             beat = threading.Thread(
                 target=contextvars.copy_context().run,
@@ -371,6 +379,8 @@ class WorkerSlot:
             data_dir=str(self.options.data_dir),
             log_format=self.options.log_format,
             log_level=self.options.log_level,
+            api_url=self.options.api_url,
+            api_key=self._worker_key() if self.options.api_url else None,
         )
         started = time.monotonic()
         # Heartbeats cover the job from the claim on: starting the child can take
@@ -400,6 +410,15 @@ class WorkerSlot:
             child.close()
             with self.state.lock:
                 self.state.current = None
+
+    def _worker_key(self) -> str:
+        """This slot's ``worker`` key, created again if the reaper revoked it (the slot was
+        paused past the stale limit and came back)."""
+        with self.engine.begin() as conn:
+            if self._api_key is None or not worker_key_valid(conn, self._api_key):
+                self._api_key = create_worker_key(conn, self.worker_id)
+                log.info("created a new worker credential (the previous one was revoked)")
+        return self._api_key
 
     def _supervise(
         self, child: AttemptProcess, current: _Current, started: float, kind: str
@@ -500,6 +519,9 @@ class WorkerSlot:
         if final.kind == "fan-out":
             self._write_fan_out(fence, final, progress=progress)
             return
+        if final.kind == "retry":  # transient: queued again like a crash, with its error
+            self._write_crash(fence, "", None, error=final.payload)
+            return
         outcome: Literal["succeeded", "failed", "cancelled"]
         result = error = None
         if final.kind == "result":
@@ -572,7 +594,17 @@ class WorkerSlot:
         self._outcome = status
         log.info("attempt fanned out", extra={"status": status, "children": len(children)})
 
-    def _write_crash(self, fence: store.Fence, detail: str, exitcode: int | None) -> None:
+    def _write_crash(
+        self,
+        fence: store.Fence,
+        detail: str,
+        exitcode: int | None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        """A crashed attempt, or (``error``: type, title, detail) a transient failure the
+        child reported; either way the job runs again while attempts remain."""
+        if error is not None:
+            detail = str(error.get("detail", ""))
         status = self._fenced_write(
             lambda conn: store.end_crashed(
                 conn,
@@ -580,6 +612,8 @@ class WorkerSlot:
                 detail=detail,
                 backoff_base=self.options.backoff_base,
                 backoff_max=self.options.backoff_max,
+                error_type=str(error["type"]) if error else "worker-crashed",
+                title=str(error["title"]) if error else "The job's process crashed",
             )
         )
         if status is None:
@@ -783,7 +817,8 @@ def run_worker(options: WorkerOptions) -> int:
     ]
     for thread in threads:
         thread.start()
-    if options.gc_interval_seconds is not None:
+    # A worker on another host (api_url) holds no store of the API's: it collects nothing.
+    if options.gc_interval_seconds is not None and not options.api_url:
         threading.Thread(
             target=_gc_loop, args=(options, stop), name="storage-gc", daemon=True
         ).start()

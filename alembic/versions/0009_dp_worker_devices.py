@@ -5,7 +5,7 @@
 ``request.resources.devices`` (1 when absent). Existing rows get 1.
 
 Revision ID: 0009_dp
-Revises: 0008
+Revises: 0009_remote
 Create Date: 2026-11-30 23:40:00
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0009_dp"
-down_revision: str | None = "0008"
+down_revision: str | None = "0009_remote"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

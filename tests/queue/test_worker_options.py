@@ -31,6 +31,15 @@ def test_options_come_from_settings_and_overrides():
     assert opts.data_dir == Path("/tmp/d") and opts.database_url == URL
 
 
+def test_curvplan_url_makes_a_worker_of_another_host(monkeypatch):
+    monkeypatch.setenv("CURVPLAN_URL", "http://api.example:8000/")
+    monkeypatch.setenv("DATABASE_URL", URL)
+    opts = WorkerOptions.from_settings(Settings(), ["gpu"])
+    assert opts.api_url == "http://api.example:8000"  # the base URL, without the slash
+    monkeypatch.setenv("CURVPLAN_URL", "")
+    assert WorkerOptions.from_settings(Settings(), ["gpu"]).api_url is None  # one host
+
+
 def test_a_short_lease_shortens_the_heartbeat():
     opts = WorkerOptions.from_settings(settings(heartbeat_seconds=5), ["cpu"], lease_seconds=3)
     assert opts.heartbeat_seconds == pytest.approx(1.0)

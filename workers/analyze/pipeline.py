@@ -28,10 +28,9 @@ from typing import Any
 
 from curvplan.types.jobs import AnalyzeJobCreate
 from curvplan.types.options import MACHINE_SETTINGS, MachineSettings
-from curvplan_server.artifacts.blobstore import default_store
 from curvplan_server.config import get_settings
 from curvplan_server.planner import Measurements, Targets, make_plan
-from curvplan_worker.analyze.artifacts import child_engine, job_project, resolve, store_output
+from curvplan_worker.analyze.artifacts import ArtifactAccess, child_engine, job_project
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.errors import JobCancelled, JobError
 from curvplan_worker.kinds import JobContext
@@ -92,14 +91,13 @@ def _ids(value: Any) -> list[str]:
     return [str(value)]
 
 
-def _resolve_checkpoint(engine, store, project_id, value: Any, field: str) -> list[Any]:
+def _resolve_checkpoint(
+    access: ArtifactAccess, project_id: uuid.UUID, value: Any, field: str
+) -> list[Any]:
     ids = _ids(value)
     if len(ids) == 1:
-        return [resolve(engine, store, project_id, ids[0], "checkpoint", field)]
-    return [
-        resolve(engine, store, project_id, a, "checkpoint", f"{field}.{i}")
-        for i, a in enumerate(ids)
-    ]
+        return [access.resolve(project_id, ids[0], "checkpoint", field)]
+    return [access.resolve(project_id, a, "checkpoint", f"{field}.{i}") for i, a in enumerate(ids)]
 
 
 def _without_machine_settings(request: dict[str, Any]) -> dict[str, Any]:
@@ -128,15 +126,13 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     settings = get_settings()
     machine = _machine(settings)
     engine = child_engine(settings.sqlalchemy_url)
-    store = default_store(ctx.data_dir)
+    access = ArtifactAccess.for_attempt(engine, ctx.data_dir, ctx.api_url, ctx.api_key)
     try:
         project_id = job_project(engine, ctx.job_id)
-        checkpoint = _resolve_checkpoint(
-            engine, store, project_id, request["checkpoint"], "checkpoint"
-        )
-        dataset = resolve(engine, store, project_id, str(body.dataset), "dataset", "dataset")
+        checkpoint = _resolve_checkpoint(access, project_id, request["checkpoint"], "checkpoint")
+        dataset = access.resolve(project_id, str(body.dataset), "dataset", "dataset")
         intermediates = [
-            _resolve_checkpoint(engine, store, project_id, a, f"intermediate_checkpoints.{i}")
+            _resolve_checkpoint(access, project_id, a, f"intermediate_checkpoints.{i}")
             for i, a in enumerate(request.get("intermediate_checkpoints") or [])
         ]
         result = _run_engine(
@@ -162,9 +158,7 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         ctx.report_progress(0.93, "storing outputs", "bulky arrays → job artifacts")
         slim, groups = split_bulky(result)
         outputs = {
-            name: store_output(
-                engine,
-                store,
+            name: access.store_output(
                 job_id=ctx.job_id,
                 attempt=ctx.attempt,
                 name=name,
@@ -174,6 +168,7 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             for name, tensors in sorted(groups.items())
         }
     finally:
+        access.close()
         engine.dispose()
     ctx.report_progress(0.96, "planning", "measurements → recommendation")
     targets: Targets = body.targets
