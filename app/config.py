@@ -81,6 +81,18 @@ class Settings(BaseSettings):
         description="Largest Hugging Face model (parameters, computed from its config.json) "
         "an analyze job may name; checked before the job is queued.",
     )
+    max_job_devices: int = Field(
+        default=8,
+        ge=1,
+        description="Most devices (resources.devices) one analyze job may ask for; more is a "
+        "422. A job within it waits until a worker with that many devices is live.",
+    )
+    worker_devices: int = Field(
+        default=1,
+        ge=1,
+        description="Devices this worker gives one job (data-parallel ranks); it claims only "
+        "jobs asking for at most this many.",
+    )
     db_pool_size: int = Field(default=10, gt=0)
     db_max_overflow: int = Field(default=10, ge=0)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from curvplan_worker.child import EXIT_WORKER_GONE, ChildTask, child_main
+from curvplan_worker.child import EXIT_RANK_DIED, EXIT_WORKER_GONE, ChildTask, child_main
 from curvplan_worker.kinds import modules_for_queues
 
 
@@ -77,6 +77,8 @@ def describe_exit(exitcode: int | None) -> str:
         return f"the job's process was killed by {name}{hint}"
     if exitcode == EXIT_WORKER_GONE:
         return "the job's process exited because its worker went away"
+    if exitcode == EXIT_RANK_DIED:
+        return "a data-parallel rank of the job died or stopped answering; all ranks were ended"
     return f"the job's process exited with code {exitcode} without reporting a result"
 
 

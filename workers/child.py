@@ -36,6 +36,8 @@ from curvplan_worker.memstats import device_memory
 log = logging.getLogger("curvplan.worker.child")
 
 EXIT_WORKER_GONE = 75
+#: A data-parallel rank of the attempt died (``curvplan_worker.analyze.ranks``): a crash.
+EXIT_RANK_DIED = 76
 MAX_DETAIL_CHARS = 300
 
 

@@ -83,15 +83,21 @@ def backoff_seconds(attempt: int, base: float, cap: float) -> float:
 
 # --------------------------------------------------------------------------- worker rows
 def register_worker(
-    conn: Connection, worker_id: str, hostname: str, pid: int, queues: list[str]
+    conn: Connection,
+    worker_id: str,
+    hostname: str,
+    pid: int,
+    queues: list[str],
+    devices: int = 1,
 ) -> None:
-    """Insert the worker's row (status ``running``)."""
+    """Insert the worker's row (status ``running``) with the devices it gives one job."""
     conn.execute(
         text(
-            "INSERT INTO worker (id, hostname, pid, queues, status, started_at, last_heartbeat_at)"
-            " VALUES (:id, :hostname, :pid, :queues, 'running', now(), now())"
+            "INSERT INTO worker"
+            " (id, hostname, pid, queues, devices, status, started_at, last_heartbeat_at)"
+            " VALUES (:id, :hostname, :pid, :queues, :devices, 'running', now(), now())"
         ),
-        {"id": worker_id, "hostname": hostname, "pid": pid, "queues": queues},
+        {"id": worker_id, "hostname": hostname, "pid": pid, "queues": queues, "devices": devices},
     )
 
 
@@ -160,6 +166,9 @@ CLAIM_SQL = text(
         WHERE id = (
             SELECT id FROM job
             WHERE status = 'queued' AND queue = ANY(:queues) AND run_after <= now()
+              -- a job asking for more devices than this worker gives one job is left to others
+              AND coalesce((request #>> '{resources,devices}')::int, 1)
+                  <= coalesce((SELECT devices FROM worker WHERE id = :worker_id), 1)
             ORDER BY priority DESC, created_at
             FOR UPDATE SKIP LOCKED
             LIMIT 1

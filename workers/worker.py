@@ -112,6 +112,8 @@ class WorkerOptions:
     #: Serve this process's /metrics and /healthz here (None: off).
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    #: Devices one job may use (data-parallel ranks); jobs asking for more are left to others.
+    devices: int = 1
     #: Touched after every heartbeat the database accepted: the worker's health signal
     #: (``curvplan worker-health`` checks its age; the Docker image's HEALTHCHECK runs it).
     health_file: Path | None = None
@@ -143,6 +145,8 @@ class WorkerOptions:
             raise ValueError(f"queues must be a non-empty subset of {VALID_QUEUES}, got {unknown}")
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if self.devices < 1:
+            raise ValueError("devices must be at least 1")
         if self.lease_seconds <= 0 or self.poll_interval <= 0 or self.reaper_interval <= 0:
             raise ValueError("lease_seconds, poll_interval and reaper_interval must be positive")
         if not 0 < self.heartbeat_seconds <= self.lease_seconds / 2:
@@ -196,6 +200,7 @@ class WorkerOptions:
             webhook_backoff_seconds=settings.webhook_backoff_seconds,
             webhook_timeout_seconds=settings.webhook_timeout_seconds,
             public_url=settings.public_url,
+            devices=settings.worker_devices,
             api_url=settings.worker_api_url,
         )
         rest = {k: v for k, v in given.items() if k not in ("lease_seconds", "heartbeat_seconds")}
@@ -282,6 +287,7 @@ class WorkerSlot:
                     socket.gethostname(),
                     os.getpid(),
                     list(self.options.queues),
+                    self.options.devices,
                 )
                 if self.options.api_url:
                     self._api_key = create_worker_key(conn, self.worker_id)

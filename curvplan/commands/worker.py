@@ -54,6 +54,12 @@ def worker(
         "--cache-graph/--no-cache-graph",
         help="Keep the gradient graph between products (default: on; off saves memory).",
     ),
+    devices: int | None = typer.Option(
+        None,
+        "--devices",
+        min=1,
+        help="Devices one job may use in data parallel (CURVPLAN_WORKER_DEVICES, default 1).",
+    ),
     memory_budget: str | None = typer.Option(
         None,
         "--memory-budget",
@@ -84,9 +90,12 @@ def worker(
 
     flags = {"device": device, "threads": threads, "self_test": self_test}
     flags["cache_graph"] = cache_graph
+    flags["devices"] = devices
     for name, value in flags.items():
         if value is not None:  # the job processes read their settings from the environment
             os.environ[f"CURVPLAN_WORKER_{name.upper()}"] = str(value).lower()
+    if lease_seconds is not None:  # a data-parallel group's timeout stays below the lease
+        os.environ["CURVPLAN_LEASE_SECONDS"] = str(lease_seconds)
     if memory_budget is not None:
         os.environ["CURVPLAN_WORKER_MEMORY_BUDGET"] = memory_budget
     get_settings.cache_clear()

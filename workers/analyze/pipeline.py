@@ -11,10 +11,15 @@ cancelled job stops within about one product instead of at the end of a block.
 The model is a reference spec or a Hugging Face source (``{"source": "huggingface", "config":
 …}``); a checkpoint is one artifact id or the ids of its shards
 (``docs/engine-model-sources.md``).
+
+A job with ``resources.devices`` > 1 runs the engine's operator stages on that many
+data-parallel ranks, this attempt process being rank 0 (``ranks.py``,
+docs/operations.md#several-devices-per-job); everything else here runs on rank 0 alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
@@ -137,6 +142,8 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             options,
             machine,
             ctx,
+            devices=body.resources.devices,
+            lease_seconds=settings.lease_seconds,
         )
         noise = _intermediate_noise(
             request["model"], intermediates, str(dataset.path), options, machine, ctx
@@ -293,8 +300,12 @@ def _run_engine(
     options: dict[str, Any],
     machine: MachineSettings,
     ctx: JobContext,
+    *,
+    devices: int = 1,
+    lease_seconds: float = 30.0,
 ) -> dict[str, Any]:
-    """The engine's ``analyze`` with its errors turned into job errors."""
+    """The engine's ``analyze`` with its errors turned into job errors (on ``devices``
+    data-parallel ranks when more than one; a lost rank ends this process as a crash)."""
     import torch
 
     from curvplan.types.spec import SpecError
@@ -304,16 +315,39 @@ def _run_engine(
     from curvplan_worker.curvature.hf import HFModelError
     from curvplan_worker.curvature.memory import OutOfDeviceMemory
 
+    ranks: Any = contextlib.nullcontext()
+    if devices > 1:
+        from curvplan_worker.analyze.ranks import group_timeout, rank_zero
+
+        visible = torch.cuda.device_count()
+        if machine.device != "cpu" and torch.cuda.is_available() and visible < devices:
+            raise JobError(
+                "worker-misconfigured",
+                "The worker has fewer GPUs than it offers",
+                f"resources.devices: {devices} asked for, {visible} CUDA devices visible to "
+                "the worker (CURVPLAN_WORKER_DEVICES is above what the machine has)",
+            )
+
+        task = {
+            "spec": spec,
+            "checkpoint": checkpoint_path,
+            "data": data_path,
+            "options": options,
+            "machine": machine.model_dump(),
+        }
+        ranks = rank_zero(devices, task, group_timeout(lease_seconds))
     try:
-        return curvature_analysis.analyze(
-            spec,
-            checkpoint_path,
-            data_path,
-            options,
-            progress=_engine_progress(ctx),
-            should_cancel=_should_cancel(ctx),
-            machine=machine,
-        )
+        with ranks as distributed:
+            return curvature_analysis.analyze(
+                spec,
+                checkpoint_path,
+                data_path,
+                options,
+                progress=_engine_progress(ctx),
+                should_cancel=_should_cancel(ctx),
+                machine=machine,
+                distributed=distributed,
+            )
     except curvature_analysis.Cancelled:
         raise JobCancelled() from None
     except CheckpointMismatch as exc:

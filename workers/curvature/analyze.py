@@ -29,6 +29,7 @@ from curvplan_worker.curvature.device import (
     resolve_device,
     resolve_dtype,
 )
+from curvplan_worker.curvature.distributed import DataParallel
 from curvplan_worker.curvature.ggn import functional_product, ggn_product
 from curvplan_worker.curvature.hvp import self_test
 from curvplan_worker.curvature.memory import default_budget, fit_to_memory, peak_memory, reset_peak
@@ -118,6 +119,7 @@ def analyze(
     model: torch.nn.Module | None = None,
     data: Dataset | None = None,
     machine: MachineSettings | None = None,
+    distributed: DataParallel | None = None,
 ) -> dict:
     """Measure the curvature of the model at its checkpoint weights on an evaluation sample.
 
@@ -125,7 +127,10 @@ def analyze(
     "config": {…config.json…}}`` (``docs/engine-model-sources.md``). ``checkpoint_path`` is a
     safetensors checkpoint or a list of shards (or pass a built ``model``), ``data_path`` a
     safetensors sample (or ``data``). ``machine`` is how to run (device, threads, self-test,
-    graph caching): the caller's configuration, never the request's. Returns the result JSON of
+    graph caching): the caller's configuration, never the request's. ``distributed`` is this
+    process's rank of a data-parallel group (``distributed.py``): the operator stages are
+    sharded over the ranks, rank 0 alone runs the rest and gets the result (other ranks get
+    ``{}``). Returns the result JSON of
     the engine contract. Raises ``SpecError``, ``HFModelError``, ``OptionsError``,
     ``CheckpointMismatch``, ``DataError`` with messages naming the field, and
     :class:`Cancelled`.
@@ -151,16 +156,21 @@ def analyze(
                 should_cancel,
                 model,
                 data,
+                distributed,
             )
     finally:
         torch.set_num_threads(threads)
 
 
-def _analyze(spec, checkpoint_path, data_path, opts, machine, progress, should_cancel, model, data):
+def _analyze(
+    spec, checkpoint_path, data_path, opts, machine, progress, should_cancel, model, data, dist
+):
     report = _Reporter(progress, should_cancel)
     started = time.perf_counter()
     report(0.0, "load", "building the model")
     device = resolve_device(machine.device)
+    if dist is not None:
+        device = dist.place(device)
     dtype = resolve_dtype(opts.precision)
     if device.type == "cuda":
         configure_cuda_for_curvature()
@@ -204,9 +214,16 @@ def _analyze(spec, checkpoint_path, data_path, opts, machine, progress, should_c
         cache_graph = False
     result["cache_graph"] = cache_graph
     result["eval_batch_size"] = micro_batch
+    shard, reducer = batches, None
+    if dist is not None:  # docs/numerics.md#data-parallel
+        shard, reducer = dist.start(batches), dist.reduce
+        result["data_parallel"] = {"world_size": dist.world_size, "backend": dist.backend}
     reset_peak(device)
-    with CurvatureEngine(model, objective, batches, cache_graph=cache_graph) as engine:
-        # docs/numerics.md#memory-plan: micro-batch and caching chosen to fit the budget
+    with CurvatureEngine(
+        model, objective, shard, cache_graph=cache_graph, reducer=reducer
+    ) as engine:
+        # docs/numerics.md#memory-plan: micro-batch and caching chosen to fit the budget (per
+        # rank on its own shard when data parallel)
         plan = fit_to_memory(engine, *default_budget(device, machine.memory_budget), cache_graph)
         result["memory_plan"] = plan.as_dict()
         result["cache_graph"] = plan.cache_graph
@@ -234,6 +251,8 @@ def _analyze(spec, checkpoint_path, data_path, opts, machine, progress, should_c
         result["memory_plan"].update(
             retries=list(engine.oom_retries), final_micro_batch=engine.micro_batch
         )
+    if dist is not None and not dist.is_root:
+        return {}  # the rest runs on rank 0 alone
     if opts.per_sample:
         report(0.8, "per_sample", "per-sample losses, perturbed losses, Hessian norms")
         result["per_sample"] = _per_sample(

@@ -24,6 +24,12 @@ of one along its last dimension written ``name[:, a:b]`` (2-D) or ``name[a:b]`` 
 fused ``c_attn`` holds q, k and v side by side. A product over a slice is the product over the
 whole tensor with the vector zero outside the slice, restricted to the slice on output: exactly
 the sub-block H[slice, slice] of the Hessian.
+
+Data parallel (docs/numerics.md#data-parallel): with a ``reducer`` (an in-place all-reduce sum
+over the ranks of a process group, ``distributed.py``) each rank holds a contiguous shard of the
+micro-batches; the loss sums and counts, and every gradient, Hessian and Gauss–Newton product are
+this rank's partial sums passed once through ``_reduce``, so every rank gets the global L and
+its products.
 """
 
 from __future__ import annotations
@@ -229,13 +235,17 @@ class CurvatureEngine:
         *,
         cache_graph: bool = True,
         param_names: Sequence[str] | None = None,
+        reducer: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
         """``batches`` are the fixed evaluation micro-batches of L (none: only the
-        per-example methods, which take their own inputs, are available)."""
+        per-example methods, which take their own inputs, are available). ``reducer`` sums a
+        tensor over the ranks of a data-parallel group in place (``batches`` is then this
+        rank's shard; None: one process)."""
         self.model = model
         self.objective = objective
         self.batches = list(batches)
         self.cache_graph = cache_graph
+        self.reducer = reducer
         named = dict(model.named_parameters())
         if param_names is not None:
             missing = [n for n in param_names if n not in named]
@@ -278,12 +288,16 @@ class CurvatureEngine:
     def _require_session(self, batches: bool = True) -> None:
         if self._mode_ctx is None:
             raise RuntimeError("use the CurvatureEngine inside a `with` block")
-        if batches and not self.batches:
+        if batches and not self.batches and self.reducer is None:
             raise ValueError("the evaluation sample has no batches")
+
+    def _reduce(self, partial: Tensor) -> Tensor:
+        """This rank's partial sum → the sum over all ranks (itself without a reducer)."""
+        return partial if self.reducer is None else self.reducer(partial)
 
     @_retry_on_oom
     def _count(self) -> None:
-        if not self.batches:
+        if not self.batches and self.reducer is None:
             return
         total, loss = 0.0, 0.0
         with torch.no_grad():
@@ -292,6 +306,8 @@ class CurvatureEngine:
                 losses, counts = self.objective.output_losses(out, y)
                 total += float(counts.sum(dtype=torch.float64))
                 loss += float(losses.sum(dtype=torch.float64))
+        sums = self._reduce(torch.tensor([total, loss], dtype=torch.float64, device=self.device))
+        total, loss = float(sums[0]), float(sums[1])
         if total <= 0:
             raise ValueError("the evaluation sample has no loss terms")
         self.total_count = total
@@ -373,7 +389,7 @@ class CurvatureEngine:
         for b in range(len(self.batches)):
             grads = torch.autograd.grad(self.batch_loss(b), tensors, allow_unused=True)
             total += layout.gather(dict(zip(bases, grads, strict=True)))
-        return total
+        return self._reduce(total)
 
     def _graph_grads(self, b: int, names: Sequence[str]) -> list[Tensor | None]:
         """First-order gradients of batch b with their graph (create_graph=True)."""
@@ -441,7 +457,7 @@ class CurvatureEngine:
                 outs = [o.unsqueeze(0) if o is not None else None for o in outs]
             total += row_layout.gather(dict(zip(row_bases, outs, strict=True)), lead)
         self.n_hvp += k
-        return total
+        return self._reduce(total)
 
     def block_hvp(self, names: Sequence[str], vectors: Tensor) -> Tensor:
         """Diagonal-block product H_BB · v (vectors (n_B,) or (k, n_B))."""
@@ -506,7 +522,7 @@ class CurvatureEngine:
             grads = torch.autograd.grad(out2, block, grad_outputs=h_jv, allow_unused=True)
             total += layout.gather(dict(zip(bases, grads, strict=True)))
         self.n_hvp += 1
-        return total
+        return self._reduce(total)
 
     def functional_vector(self, names: Sequence[str], v: Tensor) -> Tensor:
         """(H − G)_BB v: the functional part of the block (Petrov et al. 2025, H_f)."""
