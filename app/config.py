@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from curvplan.types.options import MachineSettings
+from curvplan.types.options import MachineSettings, parse_byte_size
 
 
 def normalise_database_url(url: str) -> str:
@@ -81,6 +81,18 @@ class Settings(BaseSettings):
         description="Largest Hugging Face model (parameters, computed from its config.json) "
         "an analyze job may name; checked before the job is queued.",
     )
+    max_job_devices: int = Field(
+        default=8,
+        ge=1,
+        description="Most devices (resources.devices) one analyze job may ask for; more is a "
+        "422. A job within it waits until a worker with that many devices is live.",
+    )
+    worker_devices: int = Field(
+        default=1,
+        ge=1,
+        description="Devices this worker gives one job (data-parallel ranks); it claims only "
+        "jobs asking for at most this many.",
+    )
     db_pool_size: int = Field(default=10, gt=0)
     db_max_overflow: int = Field(default=10, ge=0)
 
@@ -134,6 +146,41 @@ class Settings(BaseSettings):
     )
     worker_cache_graph: bool = Field(
         default=True, description="Keep the gradient graph between products (false: less memory)."
+    )
+    worker_memory_budget: int | None = Field(
+        default=None,
+        description="Bytes the curvature products of a job may use on top of the model and "
+        "data, e.g. 8GiB (docs/numerics.md#memory-plan); unset: free CUDA memory × 0.9, "
+        "unbounded on CPU.",
+    )
+
+    @field_validator("worker_memory_budget", mode="before")
+    @classmethod
+    def _byte_size(cls, value: Any) -> int | None:
+        try:
+            return parse_byte_size(value)
+        except ValueError as exc:
+            raise ValueError(f"CURVPLAN_WORKER_MEMORY_BUDGET: {exc}") from None
+
+    # Workers on other hosts (docs/operations.md, "Workers on other hosts").
+    worker_api_url: str | None = Field(
+        default=None,
+        validation_alias="CURVPLAN_URL",
+        description="The API's base URL as a worker reaches it: blobs missing from the local "
+        "store are fetched (and outputs uploaded) through it; unset: one shared data dir.",
+    )
+    worker_cache_bytes: int = Field(
+        default=20 * 1024**3,
+        gt=0,
+        description="Size bound of a worker's blob cache (<data dir>/cache; LRU eviction).",
+    )
+    worker_http_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="Connect/read timeout of a worker's blob transfers."
+    )
+    worker_upload_max_bytes: int = Field(
+        default=64 * 1024**3,
+        gt=0,
+        description="Largest output blob the API accepts from a worker (PUT /v1/worker/blobs).",
     )
     long_poll_max_seconds: float = Field(default=60.0, gt=0)
     long_poll_interval_seconds: float = Field(
@@ -190,6 +237,11 @@ class Settings(BaseSettings):
         "webhook links are absolute with it, relative without.",
     )
 
+    @field_validator("worker_api_url")
+    @classmethod
+    def _base_url(cls, value: str | None) -> str | None:
+        return value.rstrip("/") or None if value else None
+
     @field_validator("database_url")
     @classmethod
     def _normalise(cls, value: str | None) -> str | None:
@@ -204,6 +256,7 @@ class Settings(BaseSettings):
             threads=self.worker_threads,
             self_test=self.worker_self_test,
             cache_graph=self.worker_cache_graph,
+            memory_budget=self.worker_memory_budget,
         )
 
     @property

@@ -36,6 +36,8 @@ from curvplan_server.reports.router import router as reports_router
 from curvplan_server.storage.housekeeping import temp_sweeper
 from curvplan_server.storage.router import router as storage_router
 from curvplan_server.webhooks.router import router as webhooks_router
+from curvplan_server.workers.blobs import WORKER_BLOBS_PREFIX
+from curvplan_server.workers.blobs import router as worker_blobs_router
 from curvplan_server.workers.router import router as workers_router
 
 API_VERSION = "0.1.0"
@@ -97,12 +99,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(storage_router)
     app.include_router(recommendations_router)
     app.include_router(workers_router)
+    app.include_router(worker_blobs_router)
     app.include_router(webhooks_router)
     # Outermost last: metrics see every request, including 413s from the size limit.
     app.add_middleware(
         BodySizeLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
-        path_limits={"/v1/artifacts": settings.max_artifact_bytes + UPLOAD_OVERHEAD_BYTES},
+        path_limits={
+            "/v1/artifacts": settings.max_artifact_bytes + UPLOAD_OVERHEAD_BYTES,
+            WORKER_BLOBS_PREFIX: settings.worker_upload_max_bytes,
+        },
     )
     app.add_middleware(MetricsMiddleware)
     _install_openapi(app)

@@ -35,14 +35,24 @@ class BodySizeLimitMiddleware:
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
-        # Exact paths with their own limit (artifact uploads stream to disk, not memory).
+        # Paths with their own limit (uploads stream to disk, not memory): exact paths, and
+        # prefixes for keys that end in "/".
         self.path_limits = dict(path_limits or {})
+        self._prefix_limits = [(p, n) for p, n in self.path_limits.items() if p.endswith("/")]
+
+    def _limit_for(self, path: str) -> int:
+        if path in self.path_limits:
+            return self.path_limits[path]
+        for prefix, limit in self._prefix_limits:
+            if path.startswith(prefix):
+                return limit
+        return self.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.path_limits.get(scope.get("path", ""), self.max_body_bytes)
+        limit = self._limit_for(scope.get("path", ""))
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:

@@ -7,14 +7,26 @@ computed from the logits in the model's dtype, micro-batched; Lanczos with full
 reorthogonalisation and explicit-residual certification), the same as
 ``curvplan_worker.curvature.operator`` and ``spectra``.
 
+    python benchmarks/bench_gpu.py --full              # the full GPT-2-small analysis, every block
     python benchmarks/bench_gpu.py                     # GPT-2 small, batch 8×1024, 420 s budget
     python benchmarks/bench_gpu.py --smoke             # tiny config, < 1 min (also on a CPU)
     python benchmarks/bench_gpu.py --budget-seconds 900 --micro-batch 2
 
-Prints first the ms per gradient and per full-model HVP (and the peak memory of each), then
-λ_max/λ_min block by block (uniform block ids; q/k/v are column slices of the fused c_attn) at
-relative tolerance 1e-3 with the peak GPU memory, and stops at ``--budget-seconds`` with the
-number of blocks done and the projected total time.
+Prints first the memory of one HVP on one micro-batch (bytes saved for backward, per example,
+and on CUDA the measured peak: the engine's memory plan, docs/numerics.md#memory-plan), the ms
+per gradient and per full-model HVP (and the peak memory of each), then λ_max/λ_min block by
+block (uniform block ids; q/k/v are column slices of the fused c_attn) at relative tolerance
+1e-3 with the peak GPU memory, and stops at ``--budget-seconds`` (``--full``: never) with the
+number of blocks done. The summary gives wall time, products, ms per product and peak memory,
+and extrapolates from the measured time per product to a 1 B-parameter model on 1 and 8 GPUs:
+
+    T(1 GPU) = P · (B' / B) · t · (N' / N)      T(8 GPUs) = T(1 GPU) / 8  (block fan-out)
+
+P products over B blocks took t seconds each on the N-parameter model; the target has N'
+parameters in B' blocks (8 per layer + 2; ``--target-layers``), a product costs ∝ parameters at
+the same tokens, and a block needs as many products as here. With fan-out over blocks the 8
+GPUs run whole blocks independently, so the time divides by 8 while B' ≫ 8 (never below the
+slowest block).
 """
 
 from __future__ import annotations
@@ -209,6 +221,56 @@ def lanczos_extremes(matvec, n: int, device, dtype, tol: float, max_iter: int, s
     return result
 
 
+def measure_product_memory(op: Operator, device) -> dict:
+    """Memory of one uncached full-model HVP on the first micro-batch: distinct storages saved
+    for backward (forward + first backward with create_graph; parameters excluded), the
+    first-gradient bytes, and on CUDA the max_memory_allocated increase (the engine's
+    ``curvplan_worker.curvature.memory.measure_product``)."""
+    x = op.batches[0]
+    resident = {p.untyped_storage().data_ptr() for p in op.params.values()}
+    resident.add(x.untyped_storage().data_ptr())
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in resident and ptr not in saved:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    _sync(device)
+    _peak_reset(device)
+    before = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+    tensors = list(op.params.values())
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = functional_call(op.model, op.params, (x[:, :-1],)).logits
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum"
+        )
+        grads = torch.autograd.grad(loss / op.count, tensors, create_graph=True)
+    grad_bytes = sum(g.numel() * g.element_size() for g in grads)
+    torch.autograd.grad(grads, tensors, grad_outputs=[torch.ones_like(g) for g in grads])
+    _sync(device)
+    peak = torch.cuda.max_memory_allocated() - before if device.type == "cuda" else None
+    del grads, logits, loss
+    return {
+        "examples": int(x.shape[0]),
+        "saved": sum(saved.values()),
+        "gradients": grad_bytes,
+        "cuda_peak": peak,
+    }
+
+
+def extrapolate(
+    products: int, blocks: int, seconds_per_product: float, n_params: int, args
+) -> tuple[float, float, int]:
+    """(T on 1 GPU, T on ``--target-gpus`` GPUs, target blocks): see the module docstring."""
+    target_blocks = 8 * args.target_layers + 2
+    one = (
+        products * (target_blocks / blocks) * seconds_per_product * (args.target_params / n_params)
+    )
+    return one, one / args.target_gpus, target_blocks
+
+
 def _sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -232,6 +294,12 @@ def _fmt_mem(x: float | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny config, finishes in < 1 min")
+    ap.add_argument(
+        "--full", action="store_true", help="every block of GPT-2 small, no time budget"
+    )
+    ap.add_argument("--target-params", type=float, default=1e9, help="extrapolation: N'")
+    ap.add_argument("--target-layers", type=int, default=24, help="extrapolation: its layers")
+    ap.add_argument("--target-gpus", type=int, default=8, help="extrapolation: GPUs (fan-out)")
     ap.add_argument("--budget-seconds", type=float, default=420.0)
     ap.add_argument("--batch", type=int, default=None, help="sequences (default 8; smoke 2)")
     ap.add_argument("--seq", type=int, default=None, help="tokens per sequence (1024; smoke 64)")
@@ -258,6 +326,8 @@ def main() -> None:
     config["n_positions"] = max(config["n_positions"], seq)
     micro = args.micro_batch or (batch if args.smoke else 1)
     budget = 45.0 if args.smoke and args.budget_seconds == 420.0 else args.budget_seconds
+    if args.full:
+        budget = math.inf
     started = time.perf_counter()
 
     model = build(config, device, dtype)
@@ -273,6 +343,20 @@ def main() -> None:
         f"torch {torch.__version__}, transformers {transformers.__version__}"
     )
     op = Operator(model, tokens, micro, cache_graph=not args.no_cache_graph)
+    mem = measure_product_memory(op, device)
+    per_example = mem["saved"] / mem["examples"]
+    graph = mem["saved"] + mem["gradients"]
+    print(
+        f"memory of one HVP on one micro-batch ({mem['examples']} sequences): saved for backward "
+        f"{mem['saved'] / 2**30:.3f} GiB ({per_example / 2**30:.3f} GiB per sequence), "
+        f"first gradients {mem['gradients'] / 2**30:.3f} GiB"
+        + (
+            f", CUDA peak {mem['cuda_peak'] / 2**30:.3f} GiB (peak/graph "
+            f"{mem['cuda_peak'] / graph:.2f}; the planner assumes 2.00 without CUDA)"
+            if mem["cuda_peak"] is not None
+            else ", CUDA peak n/a (CPU)"
+        )
+    )
 
     # gradient and full-model HVP timings: first with the graph rebuilt for each product (a full
     # double backward), then with the first-backward graphs cached (the Lanczos loop's cost)
@@ -340,10 +424,13 @@ def main() -> None:
         f"{'block':<18}{'n':>10}{'λ_max':>14}{'λ_min':>14}{'products':>10}{'conv':>6}"
         f"{'s':>8}{'peak':>12}"
     )
-    done, block_times = 0, []
+    done, block_times, products = 0, [], 0
+    _peak_reset(device)
+    run_peak = 0.0
     for i, (name, members) in enumerate(blocks.items()):
         if done and time.perf_counter() - started > budget:  # at least one block is measured
             break
+        run_peak = max(run_peak, _peak_gib(device) or 0.0)
         _peak_reset(device)
         t0 = time.perf_counter()
         res = lanczos_extremes(
@@ -358,6 +445,7 @@ def main() -> None:
         _sync(device)
         dt = time.perf_counter() - t0
         block_times.append(dt)
+        products += res["products"]
         done += 1
         conv = "yes" if res["converged"] else "no"
         print(
@@ -366,6 +454,7 @@ def main() -> None:
             f"{dt:>8.1f}{_fmt_mem(_peak_gib(device)):>12}",
             flush=True,
         )
+    run_peak = max(run_peak, _peak_gib(device) or 0.0)
     op.release()
     elapsed = time.perf_counter() - started
     mean = sum(block_times) / max(len(block_times), 1)
@@ -373,6 +462,21 @@ def main() -> None:
     print(
         f"\nblocks done: {done}/{len(blocks)} in {elapsed:.1f} s (budget {budget:.0f} s); "
         f"projected total for all blocks: {projected:.0f} s"
+    )
+    per_product = sum(block_times) / max(products, 1)
+    print(
+        f"spectra: wall {sum(block_times):.1f} s, {products} products, "
+        f"{1000 * per_product:.1f} ms per product, peak memory "
+        f"{_fmt_mem(run_peak if device.type == 'cuda' else None)}; whole run {elapsed:.1f} s"
+    )
+    all_products = products * len(blocks) / max(done, 1)  # the blocks not done: as the mean
+    one, many, target_blocks = extrapolate(all_products, len(blocks), per_product, n_params, args)
+    print(
+        f"extrapolation to N' = {args.target_params:.3g} parameters ({args.target_layers} layers, "
+        f"{target_blocks} blocks): T = P·(B'/B)·t·(N'/N) = {all_products:.0f}·({target_blocks}/"
+        f"{len(blocks)})·{per_product:.4f} s·({args.target_params:.3g}/{n_params:.3g}) = "
+        f"{one:.0f} s ({one / 3600:.2f} h) on 1 GPU, {many:.0f} s ({many / 3600:.2f} h) on "
+        f"{args.target_gpus} GPUs with block fan-out (T/{args.target_gpus})"
     )
 
 

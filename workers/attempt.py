@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from curvplan_worker.child import EXIT_WORKER_GONE, ChildTask, child_main
+from curvplan_worker.child import EXIT_RANK_DIED, EXIT_WORKER_GONE, ChildTask, child_main
 from curvplan_worker.kinds import modules_for_queues
 
 
@@ -49,9 +49,16 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class MemoryReport:
+    """The child's device memory, ``{device: {allocated, reserved, peak}}`` (bytes)."""
+
+    devices: dict[str, dict[str, int]]
+
+
+@dataclass(frozen=True)
 class Final:
-    """How the child said the attempt ended: ``result``, ``error``, ``cancelled`` or
-    ``fan-out`` (children to create before the job resumes)."""
+    """How the child said the attempt ended: ``result``, ``error``, ``cancelled``, ``retry``
+    (a transient failure) or ``fan-out`` (children to create before the job resumes)."""
 
     kind: str
     payload: dict[str, Any] | None = None
@@ -70,6 +77,8 @@ def describe_exit(exitcode: int | None) -> str:
         return f"the job's process was killed by {name}{hint}"
     if exitcode == EXIT_WORKER_GONE:
         return "the job's process exited because its worker went away"
+    if exitcode == EXIT_RANK_DIED:
+        return "a data-parallel rank of the job died or stopped answering; all ranks were ended"
     return f"the job's process exited with code {exitcode} without reporting a result"
 
 
@@ -92,9 +101,9 @@ class AttemptProcess:
         self.pid: int = self.process.pid
         self._eof = False
 
-    def receive(self, timeout: float) -> list[Progress | Final]:
+    def receive(self, timeout: float) -> list[Progress | MemoryReport | Final]:
         """Messages that arrive within ``timeout`` seconds (empty list if none)."""
-        messages: list[Progress | Final] = []
+        messages: list[Progress | MemoryReport | Final] = []
         if self._eof:
             return messages
         if not self._results.poll(timeout):
@@ -108,7 +117,9 @@ class AttemptProcess:
             tag = message[0]
             if tag == "progress":
                 messages.append(Progress(*message[1:]))
-            elif tag in ("result", "error", "fan-out"):
+            elif tag == "memory":
+                messages.append(MemoryReport(message[1]))
+            elif tag in ("result", "error", "fan-out", "retry"):
                 messages.append(Final(tag, message[1]))
             elif tag == "cancelled":
                 messages.append(Final("cancelled"))

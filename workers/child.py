@@ -3,8 +3,11 @@
 The child never touches the database; the worker parent does every (fenced) write.
 Messages on the result pipe, in order:
 
-* ``("progress", fraction, stage, message)`` any number of times, then at most one of
-* ``("result", dict)``, ``("error", {type, title, detail})``, ``("cancelled",)``, or
+* ``("progress", fraction, stage, message)`` any number of times, each followed by
+  ``("memory", {device: {allocated, reserved, peak}})`` once the attempt uses CUDA, then at
+  most one of
+* ``("result", dict)``, ``("error", {type, title, detail})``, ``("cancelled",)``,
+  ``("retry", {type, title, detail})`` (a transient failure: run the job again), or
   ``("fan-out", {"children": [{kind, request, name}], "message": str})``.
 
 A child that exits without a final message crashed (signal, ``os._exit``, out of
@@ -20,18 +23,21 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from curvplan.types.jobs import JOB_CREATE_ADAPTER
-from curvplan_worker.errors import JobCancelled, JobError, error_dict
+from curvplan_worker.errors import JobCancelled, JobError, RetryableError, error_dict
 from curvplan_worker.kinds import FanOut, JobContext, load_run
+from curvplan_worker.memstats import device_memory
 
 log = logging.getLogger("curvplan.worker.child")
 
 EXIT_WORKER_GONE = 75
+#: A data-parallel rank of the attempt died (``curvplan_worker.analyze.ranks``): a crash.
+EXIT_RANK_DIED = 76
 MAX_DETAIL_CHARS = 300
 
 
@@ -48,6 +54,10 @@ class ChildTask:
     log_format: str
     log_level: str
     children: list[dict[str, Any]] | None = None
+    #: A worker on another host: the API's URL and the worker's own key (sent to the child
+    #: through the pipe only; never logged, never in the database).
+    api_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
 
 
 def _close_inherited_parent_end(lifeline: Connection, parent_end_fd: int) -> None:
@@ -81,6 +91,9 @@ def _short_detail(exc: BaseException) -> str:
 def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[Any, ...]:
     def send_progress(fraction: float, stage: str, message: str) -> None:
         results.send(("progress", fraction, stage, message))
+        memory = device_memory()
+        if memory:
+            results.send(("memory", memory))
 
     ctx = JobContext(
         job_id=task.job_id,
@@ -89,6 +102,8 @@ def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[
         send_progress=send_progress,
         is_cancelled=cancel_event.is_set,
         children=task.children,
+        api_url=task.api_url,
+        api_key=task.api_key,
     )
     try:
         result = load_run(task.kind)(task.request, ctx)
@@ -104,6 +119,12 @@ def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[
     except JobError as exc:
         log.info("job failed: %s", exc)
         return ("error", exc.as_dict())
+    except RetryableError as exc:
+        log.warning("attempt failed, to be retried: %s", exc)
+        return (
+            "retry",
+            error_dict(exc.error_type, exc.title, _short_detail(exc)),
+        )
     except MemoryError as exc:
         log.exception("job ran out of memory")
         return ("error", error_dict("out-of-memory", "The job ran out of memory", str(exc)))

@@ -31,3 +31,13 @@ class JobCancelled(Exception):
 def error_dict(type: str, title: str, detail: str) -> dict[str, str]:
     """A ``job.error`` object built by the worker itself (worker-lost, internal-error, …)."""
     return {"type": type, "title": title, "detail": detail}
+
+
+class RetryableError(Exception):
+    """A failure that another attempt may not meet (a network transfer, a corrupt download):
+    the attempt ends like a crash — the job is queued again with backoff while attempts
+    remain — instead of failing the job at once like a :class:`JobError`."""
+
+    #: The job's error type once no attempts are left.
+    error_type = "transient-error"
+    title = "The job failed on a transient error, on every attempt"

@@ -2,7 +2,9 @@
 
 The API's ``/metrics`` shows the queue as the database sees it; this shows what one worker
 process does: attempts by kind and outcome, attempt and stage durations, lease losses,
-busy slots, the host memory of the running attempts, and whether its heartbeats succeed.
+busy slots, the host memory of the running attempts, their device memory (CUDA allocated,
+reserved and peak bytes per device as the attempt reports them; the resident memory of an
+attempt that uses no CUDA, as device ``cpu``), and whether its heartbeats succeed.
 
 * ``GET /metrics`` — Prometheus text (a registry of this process only);
 * ``GET /healthz`` — 200 while every slot's heartbeat succeeded within the stale limit,
@@ -93,7 +95,16 @@ class WorkerMetrics:
             "Resident host memory of the running attempt processes (sum).",
             registry=r,
         )
+        self.device_memory = Gauge(
+            "curvplan_worker_device_memory_bytes",
+            "Memory of the running attempts by device: CUDA allocated, reserved and peak "
+            "(allocated since the attempt's start) per device; rss on device cpu for an "
+            "attempt without CUDA.",
+            ["device", "stat"],
+            registry=r,
+        )
         self._lock = threading.Lock()
+        self._devices: dict[str, dict[str, dict[str, int]]] = {}
         self._children: dict[str, int] = {}
         self._beats: dict[str, float] = {}
         self._jobs: dict[str, str | None] = {}
@@ -108,10 +119,16 @@ class WorkerMetrics:
     def attempt_ended(self, worker_id: str, kind: str, outcome: str, seconds: float) -> None:
         with self._lock:
             self._children.pop(worker_id, None)
+            self._devices.pop(worker_id, None)
             self._jobs[worker_id] = None
         self.busy.dec()
         self.attempts.labels(kind, outcome).inc()
         self.attempt_seconds.labels(kind).observe(seconds)
+
+    def device_memory_report(self, worker_id: str, devices: dict[str, dict[str, int]]) -> None:
+        """The latest device memory the slot's attempt reported (CUDA per device)."""
+        with self._lock:
+            self._devices[worker_id] = {d: dict(stats) for d, stats in devices.items()}
 
     def stage_ended(self, kind: str, stage: str, seconds: float) -> None:
         self.stage_seconds.labels(kind, stage_label(stage)).observe(seconds)
@@ -126,8 +143,20 @@ class WorkerMetrics:
     # ---------------------------------------------------------------- reading
     def render(self) -> bytes:
         with self._lock:
-            pids = list(self._children.values())
-        self.attempt_memory.set(sum(v for p in pids if (v := rss_bytes(p)) is not None))
+            children = dict(self._children)
+            devices = {w: self._devices.get(w, {}) for w in children}
+        rss = {w: rss_bytes(p) for w, p in children.items()}
+        self.attempt_memory.set(sum(v for v in rss.values() if v is not None))
+        totals: dict[tuple[str, str], int] = {}
+        for worker_id, per_device in devices.items():
+            if not per_device:  # no CUDA in this attempt: its resident memory
+                per_device = {"cpu": {"rss": rss[worker_id] or 0}}
+            for device, stats in per_device.items():
+                for stat, value in stats.items():
+                    totals[(device, stat)] = totals.get((device, stat), 0) + int(value)
+        self.device_memory.clear()
+        for (device, stat), value in totals.items():
+            self.device_memory.labels(device, stat).set(value)
         return generate_latest(self.registry)
 
     def health(self, stale_seconds: float) -> tuple[bool, dict[str, Any]]:

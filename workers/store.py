@@ -18,6 +18,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, text
 
 from curvplan.types.jobs import QUEUE_OF_KIND
+from curvplan_server.auth.operator import revoke_worker_keys
 from curvplan_server.jobs.fanout import (
     children_of,
     settle_orphaned_waits,
@@ -82,15 +83,21 @@ def backoff_seconds(attempt: int, base: float, cap: float) -> float:
 
 # --------------------------------------------------------------------------- worker rows
 def register_worker(
-    conn: Connection, worker_id: str, hostname: str, pid: int, queues: list[str]
+    conn: Connection,
+    worker_id: str,
+    hostname: str,
+    pid: int,
+    queues: list[str],
+    devices: int = 1,
 ) -> None:
-    """Insert the worker's row (status ``running``)."""
+    """Insert the worker's row (status ``running``) with the devices it gives one job."""
     conn.execute(
         text(
-            "INSERT INTO worker (id, hostname, pid, queues, status, started_at, last_heartbeat_at)"
-            " VALUES (:id, :hostname, :pid, :queues, 'running', now(), now())"
+            "INSERT INTO worker"
+            " (id, hostname, pid, queues, devices, status, started_at, last_heartbeat_at)"
+            " VALUES (:id, :hostname, :pid, :queues, :devices, 'running', now(), now())"
         ),
-        {"id": worker_id, "hostname": hostname, "pid": pid, "queues": queues},
+        {"id": worker_id, "hostname": hostname, "pid": pid, "queues": queues, "devices": devices},
     )
 
 
@@ -111,7 +118,8 @@ def touch_worker(
 
 
 def stop_worker(conn: Connection, worker_id: str) -> None:
-    """Mark the worker ``stopped`` (at exit)."""
+    """Mark the worker ``stopped`` (at exit) and revoke its ``worker`` credentials."""
+    revoke_worker_keys(conn, [worker_id])
     conn.execute(
         text(
             "UPDATE worker SET status = 'stopped', current_job_id = NULL,"
@@ -124,8 +132,10 @@ def stop_worker(conn: Connection, worker_id: str) -> None:
 def mark_stale_workers(conn: Connection, stale_seconds: float) -> list[str]:
     """Mark workers without a heartbeat for ``stale_seconds`` as ``stopped``; return their ids.
 
-    A worker that was only paused (not dead) sets itself back to ``running`` at its
-    next heartbeat (:func:`touch_worker`).
+    Their ``worker`` credentials are revoked in the same transaction (a dead host's key
+    must not keep reaching the blob routes). A worker that was only paused (not dead) sets
+    itself back to ``running`` at its next heartbeat (:func:`touch_worker`) and creates a
+    new credential before its next attempt.
     """
     rows = conn.execute(
         text(
@@ -136,13 +146,21 @@ def mark_stale_workers(conn: Connection, stale_seconds: float) -> list[str]:
         ),
         {"stale": float(stale_seconds)},
     )
-    return [row.id for row in rows]
+    stale = [row.id for row in rows]
+    revoke_worker_keys(conn, stale)
+    return stale
 
 
 # --------------------------------------------------------------------------- claim
 CLAIM_DEPTH = 4
 """Head jobs per project and queue the fair claim considers: a claimer skips the ones other
 claimers hold locked (SKIP LOCKED), so a few per project keep concurrent claims apart."""
+
+DEVICES_FIT = (
+    "coalesce((request #>> '{resources,devices}')::int, 1)"
+    " <= coalesce((SELECT devices FROM worker WHERE id = :worker_id), 1)"
+)
+"""A job asking for more devices than this worker gives one job is left to others."""
 
 CLAIM_SQL = text(
     f"""
@@ -177,6 +195,7 @@ CLAIM_SQL = text(
             SELECT id, priority, created_at FROM job
             WHERE project_id = q.project_id AND queue = q.queue
               AND status = 'queued' AND queue = ANY(:queues) AND run_after <= now()
+              AND {DEVICES_FIT}
             ORDER BY priority DESC, created_at
             LIMIT {CLAIM_DEPTH}
         ) h
@@ -206,6 +225,7 @@ CLAIM_SQL = text(
                 -- every head is held by another claimer: the oldest other job
                 SELECT id FROM job
                 WHERE status = 'queued' AND queue = ANY(:queues) AND run_after <= now()
+                  AND {DEVICES_FIT}
                 ORDER BY priority DESC, created_at
                 FOR UPDATE SKIP LOCKED
                 LIMIT 1
@@ -370,13 +390,17 @@ def end_crashed(
     detail: str,
     backoff_base: float,
     backoff_max: float,
+    error_type: str = "worker-crashed",
+    title: str = "The job's process crashed",
 ) -> str | None:
-    """The attempt's child died without a result (crash, signal, out of memory); fenced.
+    """The attempt's child died without a result (crash, signal, out of memory), or reported
+    a transient failure (a blob transfer, ``error_type``/``title``); fenced.
 
-    A crash may be transient (the out-of-memory killer, a lost GPU), so the job is
-    re-queued with backoff like a lost lease while attempts remain; after
-    ``max_attempts`` it fails with error type ``worker-crashed``. A ``cancelling`` job
-    becomes ``cancelled``. Returns the job's new status, or None if fenced out.
+    Either may be transient (the out-of-memory killer, a lost GPU, the network), so the job
+    is re-queued with backoff like a lost lease while attempts remain; after
+    ``max_attempts`` it fails with error type ``error_type`` (``worker-crashed``). A
+    ``cancelling`` job becomes ``cancelled``. Returns the job's new status, or None if
+    fenced out.
     """
     row = conn.execute(
         text(f"SELECT status, attempt, max_attempts FROM job WHERE {FENCE} FOR UPDATE"),
@@ -394,8 +418,8 @@ def end_crashed(
     else:
         status = "failed"
         error = error_dict(
-            "worker-crashed",
-            "The job's process crashed",
+            error_type,
+            title,
             f"{detail}; attempt {row.attempt} of {row.max_attempts}, no attempts left",
         )
     conn.execute(

@@ -49,13 +49,21 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
 from curvplan.types.jobs import QUEUES
+from curvplan_server.auth.operator import create_worker_key, worker_key_valid
 from curvplan_server.config import Settings
 from curvplan_server.db import make_engine
 from curvplan_server.logging import bind, configure_logging
 from curvplan_server.notify import QueueNotifier
 from curvplan_server.webhooks.guard import AddressPolicy
 from curvplan_worker import store, webhooks
-from curvplan_worker.attempt import AttemptProcess, Final, Progress, describe_exit, make_context
+from curvplan_worker.attempt import (
+    AttemptProcess,
+    Final,
+    MemoryReport,
+    Progress,
+    describe_exit,
+    make_context,
+)
 from curvplan_worker.child import ChildTask
 from curvplan_worker.errors import error_dict
 from curvplan_worker.health import touch_health_file
@@ -104,6 +112,8 @@ class WorkerOptions:
     #: Serve this process's /metrics and /healthz here (None: off).
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    #: Devices one job may use (data-parallel ranks); jobs asking for more are left to others.
+    devices: int = 1
     #: Touched after every heartbeat the database accepted: the worker's health signal
     #: (``curvplan worker-health`` checks its age; the Docker image's HEALTHCHECK runs it).
     health_file: Path | None = None
@@ -121,6 +131,9 @@ class WorkerOptions:
     webhook_timeout_seconds: float = 10.0
     webhook_poll_seconds: float = 1.0
     public_url: str | None = None
+    #: A worker on another host (``CURVPLAN_URL``): each slot creates its own ``worker``
+    #: credential through the database and its attempts move blobs through this API.
+    api_url: str | None = None
 
     def time_limit(self, kind: str) -> float:
         """The time limit of ``kind``'s attempts."""
@@ -132,6 +145,8 @@ class WorkerOptions:
             raise ValueError(f"queues must be a non-empty subset of {VALID_QUEUES}, got {unknown}")
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if self.devices < 1:
+            raise ValueError("devices must be at least 1")
         if self.lease_seconds <= 0 or self.poll_interval <= 0 or self.reaper_interval <= 0:
             raise ValueError("lease_seconds, poll_interval and reaper_interval must be positive")
         if not 0 < self.heartbeat_seconds <= self.lease_seconds / 2:
@@ -185,6 +200,8 @@ class WorkerOptions:
             webhook_backoff_seconds=settings.webhook_backoff_seconds,
             webhook_timeout_seconds=settings.webhook_timeout_seconds,
             public_url=settings.public_url,
+            devices=settings.worker_devices,
+            api_url=settings.worker_api_url,
         )
         rest = {k: v for k, v in given.items() if k not in ("lease_seconds", "heartbeat_seconds")}
         return replace(base, **rest)  # type: ignore[arg-type]
@@ -257,6 +274,7 @@ class WorkerSlot:
         self.state = _SlotState()
         self._heartbeat_done = threading.Event()
         self._last_reap = 0.0
+        self._api_key: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
@@ -269,7 +287,10 @@ class WorkerSlot:
                     socket.gethostname(),
                     os.getpid(),
                     list(self.options.queues),
+                    self.options.devices,
                 )
+                if self.options.api_url:
+                    self._api_key = create_worker_key(conn, self.worker_id)
             log.info("worker started", extra={"queues": ",".join(self.options.queues)})
             beat = threading.Thread(
                 target=contextvars.copy_context().run,
@@ -358,6 +379,8 @@ class WorkerSlot:
             data_dir=str(self.options.data_dir),
             log_format=self.options.log_format,
             log_level=self.options.log_level,
+            api_url=self.options.api_url,
+            api_key=self._worker_key() if self.options.api_url else None,
         )
         started = time.monotonic()
         # Heartbeats cover the job from the claim on: starting the child can take
@@ -388,6 +411,15 @@ class WorkerSlot:
             with self.state.lock:
                 self.state.current = None
 
+    def _worker_key(self) -> str:
+        """This slot's ``worker`` key, created again if the reaper revoked it (the slot was
+        paused past the stale limit and came back)."""
+        with self.engine.begin() as conn:
+            if self._api_key is None or not worker_key_valid(conn, self._api_key):
+                self._api_key = create_worker_key(conn, self.worker_id)
+                log.info("created a new worker credential (the previous one was revoked)")
+        return self._api_key
+
     def _supervise(
         self, child: AttemptProcess, current: _Current, started: float, kind: str
     ) -> None:
@@ -402,6 +434,9 @@ class WorkerSlot:
                 if isinstance(message, Progress):
                     with self.state.lock:
                         current.record(message)
+                elif isinstance(message, MemoryReport):
+                    if self.metrics is not None:
+                        self.metrics.device_memory_report(self.worker_id, message.devices)
                 else:
                     final = message
             with self.state.lock:
@@ -484,6 +519,9 @@ class WorkerSlot:
         if final.kind == "fan-out":
             self._write_fan_out(fence, final, progress=progress)
             return
+        if final.kind == "retry":  # transient: queued again like a crash, with its error
+            self._write_crash(fence, "", None, error=final.payload)
+            return
         outcome: Literal["succeeded", "failed", "cancelled"]
         result = error = None
         if final.kind == "result":
@@ -556,7 +594,17 @@ class WorkerSlot:
         self._outcome = status
         log.info("attempt fanned out", extra={"status": status, "children": len(children)})
 
-    def _write_crash(self, fence: store.Fence, detail: str, exitcode: int | None) -> None:
+    def _write_crash(
+        self,
+        fence: store.Fence,
+        detail: str,
+        exitcode: int | None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        """A crashed attempt, or (``error``: type, title, detail) a transient failure the
+        child reported; either way the job runs again while attempts remain."""
+        if error is not None:
+            detail = str(error.get("detail", ""))
         status = self._fenced_write(
             lambda conn: store.end_crashed(
                 conn,
@@ -564,6 +612,8 @@ class WorkerSlot:
                 detail=detail,
                 backoff_base=self.options.backoff_base,
                 backoff_max=self.options.backoff_max,
+                error_type=str(error["type"]) if error else "worker-crashed",
+                title=str(error["title"]) if error else "The job's process crashed",
             )
         )
         if status is None:
@@ -767,7 +817,8 @@ def run_worker(options: WorkerOptions) -> int:
     ]
     for thread in threads:
         thread.start()
-    if options.gc_interval_seconds is not None:
+    # A worker on another host (api_url) holds no store of the API's: it collects nothing.
+    if options.gc_interval_seconds is not None and not options.api_url:
         threading.Thread(
             target=_gc_loop, args=(options, stop), name="storage-gc", daemon=True
         ).start()

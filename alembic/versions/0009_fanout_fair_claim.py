@@ -8,7 +8,7 @@ first, round robin), then by ``created_at``. It finds each project's head job th
 backlog, and stamps ``project.last_claimed_at`` in the same statement.
 
 Revision ID: 0009_fanout
-Revises: 0008
+Revises: 0009_dp
 Create Date: 2026-11-30 23:20:00
 """
 
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0009_fanout"
-down_revision: str | None = "0008"
+down_revision: str | None = "0009_dp"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -67,6 +67,22 @@ def _error(loc: Loc, message: str, type_: str) -> dict[str, Any]:
     return {"field": ".".join(map(str, full)), "loc": full, "message": message, "type": type_}
 
 
+def check_job_devices(body: dict[str, Any], max_devices: int) -> None:
+    """422 naming ``body.resources.devices`` above the operator's CURVPLAN_MAX_JOB_DEVICES."""
+    devices = int((body.get("resources") or {}).get("devices", 1))
+    if devices > max_devices:
+        raise validation_problem(
+            [
+                _error(
+                    ("resources", "devices"),
+                    f"{devices} devices asked for, more than one job may use on this service "
+                    f"({max_devices}; CURVPLAN_MAX_JOB_DEVICES)",
+                    "too_many_devices",
+                )
+            ]
+        )
+
+
 def check_model_size(body: dict[str, Any], max_parameters: int | None) -> None:
     """422 naming ``body.model.config`` when a Hugging Face model is larger than allowed."""
     model = body["model"]

@@ -41,7 +41,7 @@ class ApiKey(Base):
 
 
 class ServiceCredential(Base):
-    """A key of no project, with scopes (operator today, worker later)."""
+    """A key of no project, with scopes: an operator's, or a worker's own (``worker_id``)."""
 
     __tablename__ = "service_credential"
     __table_args__ = (CheckConstraint("cardinality(scopes) > 0", name="scopes"),)
@@ -53,3 +53,8 @@ class ServiceCredential(Base):
     scopes: Mapped[list[str]] = mapped_column(ARRAY(Text))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: The worker row a ``worker`` credential belongs to (revoked when the worker stops or is
+    #: marked stale); None for an operator's credential.
+    worker_id: Mapped[str | None] = mapped_column(
+        ForeignKey("worker.id", ondelete="CASCADE"), index=True
+    )

@@ -6,13 +6,17 @@ processes and their hosts (``GET /v1/workers``), queue gauges of every project
 carries scopes. ``curvplan keys create-operator --scope metrics:read --scope workers:read``
 makes one; Prometheus sends it as ``Authorization: Bearer cpo_…``.
 
-The same table and lookup serve any later machine credential (a worker talking to the
-API gets the scope ``worker``): one design, scopes decide what each key may do.
+The same table and lookup serve the workers' credentials: a worker on another host creates
+its own key with the scope ``worker`` through the database at start (:func:`create_worker_key`,
+linked to its worker row) and revokes it at stop (:func:`revoke_worker_keys`); the reaper
+revokes the keys of workers it marks stale. One design, scopes decide what each key may do:
+a worker key reaches only the ``/v1/worker`` routes, a project key never does.
 Only the sha256 of a key is stored, like project keys.
 """
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +24,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
-from sqlalchemy import select
+from sqlalchemy import Connection, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from curvplan_server.auth.dependencies import query_and_release
@@ -31,12 +35,14 @@ from curvplan_server.problems import Problem
 
 OPERATOR_KEY_PREFIX = "cpo_"
 
-#: Scope → what it allows. ``worker`` is reserved for worker processes (not used yet).
+#: Scope → what it allows.
 SCOPES: dict[str, str] = {
     "metrics:read": "GET /metrics (queue gauges of every project, HTTP metrics)",
     "workers:read": "GET /v1/workers (hostnames, pids, queues, heartbeats of all workers)",
-    "worker": "reserved: a worker process talking to the API",
+    "worker": "/v1/worker/blobs: a worker process reading and writing blobs (workers create "
+    "their own)",
 }
+WORKER_SCOPE = "worker"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +53,17 @@ class ServiceContext:
     scopes: frozenset[str]
 
 
+def new_service_key() -> str:
+    """A new random service key (``cpo_`` + 32 random bytes), never stored in clear."""
+    return OPERATOR_KEY_PREFIX + secrets.token_urlsafe(32)
+
+
 def create_service_key(session: Session, scopes: Sequence[str], name: str | None = None) -> str:
     """Create a service credential with ``scopes``; return the clear key (shown once)."""
-    import secrets
-
     unknown = sorted(set(scopes) - set(SCOPES))
     if not scopes or unknown:
         raise ValueError(f"scopes must be a non-empty subset of {sorted(SCOPES)}, got {unknown}")
-    key = OPERATOR_KEY_PREFIX + secrets.token_urlsafe(32)
+    key = new_service_key()
     session.add(
         ServiceCredential(
             id=uuid.uuid4(),
@@ -66,6 +75,54 @@ def create_service_key(session: Session, scopes: Sequence[str], name: str | None
     )
     session.flush()
     return key
+
+
+def create_worker_key(conn: Connection, worker_id: str) -> str:
+    """Create the ``worker`` credential of worker row ``worker_id``; return the clear key.
+
+    The worker keeps the clear key in memory and hands it to its attempt children; only
+    the sha256 reaches the database.
+    """
+    key = new_service_key()
+    conn.execute(
+        insert(ServiceCredential).values(
+            id=uuid.uuid4(),
+            name=f"worker {worker_id}",
+            prefix=key[:8],
+            key_hash=hash_key(key),
+            scopes=[WORKER_SCOPE],
+            worker_id=worker_id,
+        )
+    )
+    return key
+
+
+def worker_key_valid(conn: Connection, key: str) -> bool:
+    """Whether ``key`` is an unrevoked worker credential (the reaper may have revoked it)."""
+    return bool(
+        conn.execute(
+            select(ServiceCredential.id).where(
+                ServiceCredential.key_hash == hash_key(key),
+                ServiceCredential.revoked_at.is_(None),
+                ServiceCredential.worker_id.is_not(None),
+            )
+        ).first()
+    )
+
+
+def revoke_worker_keys(conn: Connection, worker_ids: Sequence[str]) -> int:
+    """Revoke every unrevoked credential of these worker rows; return how many."""
+    if not worker_ids:
+        return 0
+    result = conn.execute(
+        update(ServiceCredential)
+        .where(
+            ServiceCredential.worker_id.in_(list(worker_ids)),
+            ServiceCredential.revoked_at.is_(None),
+        )
+        .values(revoked_at=func.now())
+    )
+    return int(result.rowcount or 0)
 
 
 def lookup_service_key(session: Session, key: str) -> ServiceContext | None:

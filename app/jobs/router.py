@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from curvplan.types.jobs import JOB_CREATE_ADAPTER, JOB_KINDS, TERMINAL_STATUSES, JobOut, JobPage
 from curvplan.types.planner import Recommendation
-from curvplan_server.analyze.references import prepare_job_body
+from curvplan_server.analyze.references import check_job_devices, prepare_job_body
 from curvplan_server.auth.dependencies import ProjectDep, authenticate
 from curvplan_server.db import SessionDep
 from curvplan_server.jobs import service
@@ -191,6 +191,8 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
         )
     body = _validate_body(await request.body())
     settings = request.app.state.settings
+    if body["kind"] == "analyze":
+        check_job_devices(body, settings.max_job_devices)
     if body.get("webhook_url") is not None:
         await run_in_threadpool(check_job_webhook, session, settings, auth.project_id, body)
     created = await run_in_threadpool(

@@ -81,8 +81,14 @@ def place_blob(conn: Connection, store: BlobStore, temp_path: Path, sha256: str)
     return dest
 
 
-def delete_if_unreferenced(conn: Connection, store: BlobStore, sha256: str) -> bool:
+def delete_if_unreferenced(
+    conn: Connection, store: BlobStore, sha256: str, *, modified_before: float | None = None
+) -> bool:
     """Under the digest's lock: delete the file if no row references it. True if deleted.
+
+    With ``modified_before`` (a timestamp) a file modified since is kept too, checked under
+    the lock: a blob a worker on another host has just uploaded (``place_blob`` refreshes the
+    mtime under this lock) but whose row it has not inserted yet is spared.
 
     Call in its own transaction (``engine.begin()``) after the transaction that removed the
     last row committed; the lock is released when it commits.
@@ -91,6 +97,12 @@ def delete_if_unreferenced(conn: Connection, store: BlobStore, sha256: str) -> b
     if blob_referenced(conn, sha256):
         return False
     path = store.path_for(sha256)
+    if modified_before is not None:
+        try:
+            if path.stat().st_mtime > modified_before:
+                return False
+        except FileNotFoundError:
+            return False
     existed = path.is_file()
     store.delete(sha256)
     return existed
@@ -149,7 +161,7 @@ def collect_blobs(
             report.kept_young += 1
             continue
         with transaction(bind) as conn:
-            if delete_if_unreferenced(conn, store, sha256):
+            if delete_if_unreferenced(conn, store, sha256, modified_before=cutoff):
                 report.deleted.append(sha256)
                 report.bytes_freed += stat.st_size
             else:

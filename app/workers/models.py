@@ -26,6 +26,8 @@ class Worker(Base):
     hostname: Mapped[str] = mapped_column(Text)
     pid: Mapped[int] = mapped_column(Integer)
     queues: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    #: Devices the worker gives one job; it claims jobs with resources.devices ≤ this.
+    devices: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     status: Mapped[str] = mapped_column(Text, default="running", server_default="running")
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     last_heartbeat_at: Mapped[datetime] = mapped_column(

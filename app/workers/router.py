@@ -59,6 +59,7 @@ def list_workers(
             "hostname": w.hostname,
             "pid": w.pid,
             "queues": list(w.queues),
+            "devices": w.devices,
             "status": w.status,
             "live": bool(live),
             "started_at": w.started_at.isoformat(),

@@ -252,9 +252,10 @@ def analyze_body(
     max_attempts: int | None,
     intermediate_checkpoints: Sequence[Any] = (),
     sweeps: Sequence[Any] = (),
+    devices: int | None = None,
 ) -> dict[str, Any]:
     """The ``analyze`` job body; artifacts (and sweep jobs) may be given as results or ids, a
-    checkpoint also as a list of shards."""
+    checkpoint also as a list of shards; ``devices`` is ``resources.devices``."""
     body: dict[str, Any] = {
         "kind": "analyze",
         "model": _jsonable(model),
@@ -269,6 +270,8 @@ def analyze_body(
         body["options"] = dict(options)
     if targets is not None:
         body["targets"] = _jsonable(targets)
+    if devices is not None:
+        body["resources"] = {"devices": devices}
     return _common_fields(body, name, tags, max_attempts)
 
 

@@ -172,6 +172,7 @@ class AsyncClient:
         webhook_url: str | None = None,
         idempotency_key: str | None = None,
         on_upload: Callable[[Path], None] | None = None,
+        devices: int | None = None,
     ) -> m.JobOut:
         """Queue an ``analyze`` job: a model, its checkpoint at w* and an evaluation sample.
 
@@ -185,7 +186,8 @@ class AsyncClient:
         ``intermediate_checkpoints`` (before convergence) give the gradient-noise scale,
         which is undefined at a converged w* (docs/formulas.md).
         ``sweeps`` (succeeded ``sweep`` jobs) give the budget its data-sweep and batch-sweep
-        fits (docs/budget.md).
+        fits (docs/budget.md). ``devices`` (``resources.devices``) runs the analysis on that
+        many data-parallel devices of one worker (docs/operations.md#several-devices-per-job).
         """
         sources = c.analyze_sources(model, checkpoint, dataset, intermediate_checkpoints)
         uploaded: dict[Path, str] = {}
@@ -205,6 +207,7 @@ class AsyncClient:
             max_attempts,
             intermediates,
             sweeps,
+            devices,
         )
         return await self.submit_job(
             c.with_webhook(body, webhook_url), idempotency_key=idempotency_key

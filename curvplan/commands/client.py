@@ -262,6 +262,12 @@ def analyze(
     sweep: list[str] | None = typer.Option(
         None, "--sweep", help="A succeeded sweep job whose fit the budget uses; repeatable."
     ),
+    devices: int | None = typer.Option(
+        None,
+        "--devices",
+        min=1,
+        help="Run on this many data-parallel devices of one worker (resources.devices).",
+    ),
     wait: bool = typer.Option(False, "--wait", help="Wait for the result, with progress."),
     timeout: float | None = typer.Option(
         None, "--timeout", min=0, help="Give up waiting after S s."
@@ -329,6 +335,7 @@ def analyze(
             idempotency_key=idempotency_key,
             webhook_url=webhook_url,
             on_upload=lambda path: log(f"uploading {path} …"),
+            devices=devices,
         )
         _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs)
 

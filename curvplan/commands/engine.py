@@ -65,6 +65,9 @@ def curvature(
     cache_graph: bool = typer.Option(
         True, "--cache-graph/--no-cache-graph", help="keep the gradient graph between products"
     ),
+    memory_budget: Optional[str] = typer.Option(  # noqa: UP045
+        None, "--memory-budget", help="bytes the products may use, e.g. 8GiB"
+    ),
     quiet: bool = typer.Option(False, "--quiet", help="no progress lines"),
 ) -> None:
     """Blockwise Hessian spectra, traces, bounds and per-sample statistics of a checkpoint."""
@@ -105,8 +108,14 @@ def curvature(
     from curvplan_worker.curvature.analyze import Cancelled, OptionsError, analyze
 
     try:
-        machine = MachineSettings(
-            device=device, threads=threads, self_test=self_test, cache_graph=cache_graph
+        machine = MachineSettings.model_validate(
+            {
+                "device": device,
+                "threads": threads,
+                "self_test": self_test,
+                "cache_graph": cache_graph,
+                "memory_budget": memory_budget,  # "8GiB" or bytes
+            }
         )
     except ValidationError as exc:
         raise _fail(str(exc)) from None

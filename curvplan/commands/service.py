@@ -294,7 +294,12 @@ def _run_dev(url: str, data_dir: Path, host: str, port: int, worker: bool) -> No
     if worker:
         child = subprocess.Popen(
             [*_worker_command(), "worker", "--queues", "cpu,gpu"],
-            env={**os.environ, "DATABASE_URL": url},
+            # The worker shares the data dir: a client's CURVPLAN_URL in the shell (perhaps
+            # another service) must not turn it into a worker of another host.
+            env={
+                **{k: v for k, v in os.environ.items() if k != "CURVPLAN_URL"},
+                "DATABASE_URL": url,
+            },
         )
     try:
         uvicorn.run(

@@ -54,6 +54,18 @@ def worker(
         "--cache-graph/--no-cache-graph",
         help="Keep the gradient graph between products (default: on; off saves memory).",
     ),
+    devices: int | None = typer.Option(
+        None,
+        "--devices",
+        min=1,
+        help="Devices one job may use in data parallel (CURVPLAN_WORKER_DEVICES, default 1).",
+    ),
+    memory_budget: str | None = typer.Option(
+        None,
+        "--memory-budget",
+        help="Bytes a job's curvature products may use, e.g. 8GiB (CURVPLAN_WORKER_MEMORY_BUDGET;"
+        " default: free CUDA memory × 0.9, unbounded on CPU).",
+    ),
     health_file: Path | None = typer.Option(
         None,
         "--health-file",
@@ -78,12 +90,17 @@ def worker(
 
     flags = {"device": device, "threads": threads, "self_test": self_test}
     flags["cache_graph"] = cache_graph
+    flags["devices"] = devices
     for name, value in flags.items():
         if value is not None:  # the job processes read their settings from the environment
             os.environ[f"CURVPLAN_WORKER_{name.upper()}"] = str(value).lower()
+    if lease_seconds is not None:  # a data-parallel group's timeout stays below the lease
+        os.environ["CURVPLAN_LEASE_SECONDS"] = str(lease_seconds)
+    if memory_budget is not None:
+        os.environ["CURVPLAN_WORKER_MEMORY_BUDGET"] = memory_budget
     get_settings.cache_clear()
-    settings = get_settings()
     try:
+        settings = get_settings()
         settings.machine_settings()
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None

@@ -103,6 +103,20 @@ class PlanJobCreate(_JobCreateBase):
         return value
 
 
+class Resources(BaseModel):
+    """What one job needs of a worker's machine (the machine settings stay the worker's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    devices: Annotated[int, Field(ge=1, le=1024)] = Field(
+        default=1,
+        description="Devices (GPUs, or CPU processes on a CPU worker) the analysis runs on in "
+        "data parallel, one process each. Only workers started with at least this many "
+        "(`curvplan worker --devices`) claim the job; it waits until one is live. Above the "
+        "service's CURVPLAN_MAX_JOB_DEVICES it is refused (docs/operations.md).",
+    )
+
+
 class AnalyzeJobCreate(_JobCreateBase):
     """Measure a checkpoint's curvature on a data sample, then plan (GPU queue)."""
 
@@ -126,6 +140,7 @@ class AnalyzeJobCreate(_JobCreateBase):
         "the gradient-noise scale (undefined at a converged w*).",
     )
     options: AnalysisOptions = Field(default_factory=AnalysisOptions)
+    resources: Resources = Field(default_factory=Resources)
     targets: Targets = Field(default_factory=Targets)
     sweeps: Annotated[list[uuid.UUID], Field(max_length=8)] = Field(
         default_factory=list,
@@ -153,6 +168,9 @@ class AnalyzeBlocksJobCreate(_JobCreateBase):
     checkpoint: CheckpointRef
     dataset: uuid.UUID
     options: AnalysisOptions = Field(default_factory=AnalysisOptions)
+    resources: Resources = Field(
+        default_factory=Resources, description="The parent's devices per job, copied."
+    )
     blocks: Annotated[list[BlockName], Field(max_length=4096)] = Field(
         default_factory=list, description="The blocks whose spectra this job measures."
     )
@@ -333,6 +351,7 @@ class WorkerOut(BaseModel):
     hostname: str
     pid: int
     queues: list[str]
+    devices: int = Field(default=1, description="Devices the worker gives one job.")
     status: str
     live: bool
     started_at: datetime

@@ -6,6 +6,7 @@ One definition for the engine (``workers/curvature/analyze.py``) and the API, wh
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -29,12 +30,56 @@ class OptionsError(ValueError):
         super().__init__("invalid analysis options: " + "; ".join(f"{f}: {m}" for f, m in errors))
 
 
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_BYTE_SIZE = re.compile(r"^\s*(?P<number>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[a-zA-Z]*)\s*$")
+
+
+def parse_byte_size(value: Any) -> int | None:
+    """A size in bytes from ``8589934592``, ``"8GiB"``, ``"512 MiB"``, ``"1.5GB"`` (decimal
+    units k/M/G/T[B], binary KiB/MiB/GiB/TiB); None/"" for unset. ValueError when it is not
+    a positive size."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool):
+        raise ValueError("expected a size in bytes such as 8GiB or 8589934592, not a boolean")
+    if isinstance(value, int | float):
+        number, unit = float(value), ""
+    else:
+        m = _BYTE_SIZE.match(str(value))
+        if m is None or m.group("unit").lower() not in _BYTE_UNITS:
+            raise ValueError(
+                f"expected a size in bytes such as 8GiB, 512MiB, 16GB or 8589934592, "
+                f"got {str(value)[:40]!r}"
+            )
+        number, unit = float(m.group("number")), m.group("unit").lower()
+    size = int(number * _BYTE_UNITS[unit])
+    if size < 1:
+        raise ValueError(f"a memory budget must be at least 1 byte, got {str(value)[:40]!r}")
+    return size
+
+
 class MachineSettings(BaseModel):
     """How the engine runs on its machine: configured per worker, never per request.
 
     A worker reads them from its environment (``CURVPLAN_WORKER_DEVICE``,
-    ``CURVPLAN_WORKER_THREADS``, ``CURVPLAN_WORKER_SELF_TEST``, ``CURVPLAN_WORKER_CACHE_GRAPH``)
-    or the flags of ``curvplan worker``; ``curvplan curvature analyze`` takes them as flags.
+    ``CURVPLAN_WORKER_THREADS``, ``CURVPLAN_WORKER_SELF_TEST``, ``CURVPLAN_WORKER_CACHE_GRAPH``,
+    ``CURVPLAN_WORKER_MEMORY_BUDGET``) or the flags of ``curvplan worker``; ``curvplan
+    curvature analyze`` takes them as flags.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -47,6 +92,18 @@ class MachineSettings(BaseModel):
     cache_graph: bool = Field(
         default=True, description="keep the gradient graph between products (false: less memory)"
     )
+    memory_budget: int | None = Field(
+        default=None,
+        ge=1,
+        description="bytes the curvature products may use on top of the model and data (e.g. "
+        "8GiB); unset: the free CUDA memory × a safety factor, unbounded on CPU "
+        "(docs/numerics.md#memory-plan)",
+    )
+
+    @field_validator("memory_budget", mode="before")
+    @classmethod
+    def _memory_budget(cls, value: Any) -> int | None:
+        return parse_byte_size(value)
 
     @field_validator("device")
     @classmethod
@@ -176,6 +233,7 @@ class AnalysisOptions(BaseModel):
     threads: _Removed = Field(default=None, exclude=True)
     self_test: _Removed = Field(default=None, exclude=True)
     cache_graph: _Removed = Field(default=None, exclude=True)
+    memory_budget: _Removed = Field(default=None, exclude=True)
 
     _no_machine_settings = field_validator(*MACHINE_SETTINGS, mode="before")(
         classmethod(_machine_setting)

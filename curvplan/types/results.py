@@ -101,6 +101,15 @@ class EngineMeasurements(_Open):
     )
     gradient_noise: dict[str, Any] | None = None
     bounds: dict[str, Any] | None = None
+    memory_plan: dict[str, Any] | None = Field(
+        default=None,
+        description="How the products were fitted to memory: measured bytes per example and "
+        "per batch, cached or not, the micro-batch chosen, the budget, the measurement's source, "
+        "out-of-memory retries (docs/numerics.md#memory-plan).",
+    )
+    peak_memory_bytes: int | None = Field(
+        default=None, description="Peak memory of the engine run (peak_memory_source says what)."
+    )
     elapsed_s: float | None = None
 
 
@@ -133,6 +142,11 @@ class AnalyzeResult(_Open):
     )
     notes: list[str] = Field(default_factory=list)
     recommendation: Recommendation
+    peak_memory_bytes: int | None = Field(
+        default=None,
+        description="Peak memory of the attempt over all stages: CUDA peak allocated on its "
+        "device, else the process's peak resident memory (peak_memory_source).",
+    )
 
 
 class AnalyzeBlocksResult(_Open):

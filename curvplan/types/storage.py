@@ -18,3 +18,11 @@ class StorageUsage(BaseModel):
 
     usage: StorageAmounts
     quota: StorageAmounts
+
+
+class WorkerBlobOut(BaseModel):
+    """A blob a worker uploaded (``PUT /v1/worker/blobs/{sha256}``)."""
+
+    sha256: str = Field(description="The blob's sha256 hex digest (its address).")
+    size_bytes: int = Field(description="Its size in bytes.")
+    created: bool = Field(description="False when the store already held this content.")

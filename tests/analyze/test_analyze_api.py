@@ -92,7 +92,8 @@ def test_machine_settings_and_bound_option_typos_are_422_naming_the_field(
 ) -> None:
     ckpt = _upload(client, auth_headers, "checkpoint")
     data = _upload(client, auth_headers, "dataset")
-    for name, value in (("device", "cpu"), ("threads", 2), ("self_test", False)):
+    settings = (("device", "cpu"), ("threads", 2), ("self_test", False), ("memory_budget", "8GiB"))
+    for name, value in settings:
         response = client.post(
             "/v1/jobs", headers=auth_headers, json=_body(ckpt, data, options={name: value})
         )

@@ -195,6 +195,11 @@ def test_analyze_over_http_matches_the_engine_and_plans(
         for key in ("lambda_max", "lambda_min", "spectral_norm"):
             assert got[key] == pytest.approx(block[key], rel=1e-6, abs=1e-10), block["name"]
         assert got["trace"]["value"] == pytest.approx(block["trace"]["value"], rel=1e-6, abs=1e-10)
+    # The memory plan and the peak memory are in the result (a CPU worker: its RSS).
+    plan = result["measurements"]["memory_plan"]
+    assert plan["source"] == "saved-tensors" and plan["per_example_bytes"] > 0
+    assert result["peak_memory_source"] == "process-max-rss"
+    assert result["peak_memory_bytes"] >= result["measurements"]["peak_memory_bytes"] > 2**20
     off = result["measurements"]["off_diagonal"][0]
     assert off["sigma_max"] == pytest.approx(direct["off_diagonal"][0]["sigma_max"], rel=1e-6)
 

@@ -120,9 +120,10 @@ def uri_artifact(engine: Any) -> Iterator[Any]:
 
 def _resolve(engine: Any, tmp_path: Path, project: uuid.UUID, artifact: str) -> Any:
     from curvplan_server.artifacts.blobstore import BlobStore
-    from curvplan_worker.analyze.artifacts import resolve
+    from curvplan_worker.analyze.artifacts import ArtifactAccess
 
-    return resolve(engine, BlobStore(tmp_path / "blobs"), project, artifact, "checkpoint", "model")
+    access = ArtifactAccess(engine, BlobStore(tmp_path / "blobs"))
+    return access.resolve(project, artifact, "checkpoint", "model")
 
 
 def _job_error(engine: Any, tmp_path: Path, project: uuid.UUID, artifact: str) -> Any:

@@ -247,3 +247,47 @@ def test_wait_timeout_exits_4(live: LiveService, tmp_path: Path) -> None:
         with curvplan.Client(live.url, live.api_key) as api:
             (job,) = api.list_jobs(name=body["name"]).items  # the name came from the file
             assert api.cancel_job(job.id).status == "cancelled"
+
+
+def test_sweep_command_submits_what_it_was_given(
+    live: LiveService, analyze_dir: dict[str, Path], tmp_path: Path
+) -> None:
+    """``curvplan sweep`` uploads both datasets (the stored bytes are the files') and sends the
+    flags as the sweep request; bad flags exit 2 naming the flag, before anything is sent."""
+    import hashlib
+
+    files = [
+        "--spec", str(analyze_dir["spec"]),
+        "--train", str(analyze_dir["data"]), "--eval", str(analyze_dir["data"]),
+    ]  # fmt: skip
+    bad = in_process(["sweep", *files, "--batch-sizes", "4,x"], live)
+    assert bad.exit_code == 2 and "--batch-sizes: expected comma-separated integers" in bad.output
+    missing = in_process(["sweep", *files[:2], "--train", str(tmp_path / "no.safetensors"),
+                          "--eval", str(analyze_dir["data"])], live)  # fmt: skip
+    assert missing.exit_code == 2 and "--train: file not found" in missing.output
+    invalid = in_process(["sweep", *files, "--type", "learning-rate"], live)
+    assert invalid.exit_code == 2 and "body.sweep" in invalid.output
+
+    name = f"cli-sweep-{uuid.uuid4().hex[:8]}"
+    with live.worker.paused():  # stays queued: only the submitted request is under test
+        run = in_process(
+            ["sweep", *files, "--batch-sizes", "16,4,8", "--target-loss", "0.3",
+             "--lr", "0.01", "--lr-rule", "linear", "--max-steps", "50", "--name", name,
+             "--tag", "team=nlp", "--json"],
+            live,
+        )  # fmt: skip
+        assert run.exit_code == 0, run.output
+        job_id = json.loads(run.stdout)["id"]
+        with curvplan.Client(live.url, live.api_key) as api:
+            job = api.get_job(job_id)
+            request = job.request
+            digest = hashlib.sha256(analyze_dir["data"].read_bytes()).hexdigest()
+            for key in ("train_data", "eval_data"):
+                assert api.get_artifact(request[key]).sha256 == digest
+            api.cancel_job(job_id)
+    assert job.kind == "sweep" and job.name == name and job.tags == {"team": "nlp"}
+    assert request["model"] == json.loads(analyze_dir["spec"].read_text())
+    assert request["sweep"]["type"] == "batch" and request["sweep"]["target_loss"] == 0.3
+    assert sorted(request["sweep"]["batch_sizes"]) == [4, 8, 16]
+    assert request["sweep"]["max_steps"] == 50
+    assert request["optimizer"]["lr"] == 0.01 and request["optimizer"]["lr_rule"] == "linear"

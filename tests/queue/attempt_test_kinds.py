@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any
 
-from curvplan_worker.errors import JobError
+from curvplan_worker.errors import JobError, RetryableError
 from curvplan_worker.kinds import JobContext
 
 
@@ -44,6 +44,16 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         raise RuntimeError("boom " * 200)
     if behaviour == "not-json":
         return {"value": float("nan")}
+    if behaviour == "transient":
+        raise RetryableError("download of blob 00ff failed: ConnectError")
+    if behaviour == "api":  # what a remote worker's child sees of the API
+        return {"api_url": ctx.api_url, "key_sha256": _sha256(ctx.api_key)}
     if behaviour == "bad-progress":
         ctx.report_progress(1.5, "oops")
     raise AssertionError(f"unknown behaviour {behaviour}")
+
+
+def _sha256(value: str | None) -> str | None:
+    import hashlib
+
+    return None if value is None else hashlib.sha256(value.encode()).hexdigest()

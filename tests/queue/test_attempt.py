@@ -29,8 +29,11 @@ def test_kind(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def start(behaviour: str, tmp_path: Path, **request: Any) -> AttemptProcess:
+def start(
+    behaviour: str, tmp_path: Path, task_fields: dict[str, Any] | None = None, **request: Any
+) -> AttemptProcess:
     task = ChildTask(
+        **(task_fields or {}),
         kind="test",
         job_id="7f0c3c1e-0000-4000-8000-000000000001",
         attempt=2,
@@ -143,3 +146,43 @@ def test_child_exits_when_its_worker_goes_away(tmp_path):
     child._lifeline.close()
     assert child.join(5) == EXIT_WORKER_GONE
     child._results.close()
+
+
+def test_a_transient_failure_asks_for_a_retry_not_a_job_error(tmp_path):
+    child = start("transient", tmp_path)
+    _, final = collect(child)
+    assert child.join(5) == 0
+    assert final is not None and final.kind == "retry"
+    assert final.payload is not None and final.payload["type"] == "transient-error"
+    assert "ConnectError" in final.payload["detail"]
+    child.close()
+
+
+def test_the_worker_key_reaches_the_child_through_the_pipe_and_never_its_repr(tmp_path):
+    import hashlib
+
+    key = "cpo_" + "k" * 43
+    fields = {"api_url": "http://api.example:8000", "api_key": key}
+    child = start("api", tmp_path, task_fields=fields)
+    _, final = collect(child)
+    assert child.join(5) == 0
+    assert final == Final(
+        "result",
+        {
+            "api_url": "http://api.example:8000",
+            "key_sha256": hashlib.sha256(key.encode()).hexdigest(),
+        },
+    )
+    task = ChildTask(
+        kind="test",
+        job_id="j",
+        attempt=1,
+        worker_id="w",
+        request={},
+        data_dir=".",
+        log_format="json",
+        log_level="INFO",
+        **fields,
+    )
+    assert key not in repr(task)
+    child.close()

@@ -259,6 +259,26 @@ def test_crash_requeues_until_max_attempts_then_fails_worker_crashed(db, project
     assert [a.outcome for a in attempt_rows(db, job_id)] == ["crashed", "crashed"]
 
 
+def test_a_transient_failure_requeues_then_fails_with_its_own_error_type(db, project_id):
+    (job_id,) = insert_jobs(db, project_id, [plan_request()], max_attempts=2)
+    for expected in ("queued", "failed"):
+        job = claim(db, "w1")
+        with db.begin() as conn:
+            status = store.end_crashed(
+                conn,
+                job.fence,
+                detail="download of blob 00ff failed",
+                backoff_base=0,
+                backoff_max=0,
+                error_type="transient-error",
+                title="A transfer failed",
+            )
+        assert status == expected
+    error = job_row(db, job_id).error
+    assert (error["type"], error["title"]) == ("transient-error", "A transfer failed")
+    assert "blob 00ff" in error["detail"] and "attempt 2 of 2" in error["detail"]
+
+
 def test_finish_while_cancelling_ends_cancelled_and_drops_the_result(db, project_id):
     (job_id,) = insert_jobs(db, project_id, [plan_request()])
     job = claim(db, "w1")

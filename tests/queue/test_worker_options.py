@@ -31,6 +31,15 @@ def test_options_come_from_settings_and_overrides():
     assert opts.data_dir == Path("/tmp/d") and opts.database_url == URL
 
 
+def test_curvplan_url_makes_a_worker_of_another_host(monkeypatch):
+    monkeypatch.setenv("CURVPLAN_URL", "http://api.example:8000/")
+    monkeypatch.setenv("DATABASE_URL", URL)
+    opts = WorkerOptions.from_settings(Settings(), ["gpu"])
+    assert opts.api_url == "http://api.example:8000"  # the base URL, without the slash
+    monkeypatch.setenv("CURVPLAN_URL", "")
+    assert WorkerOptions.from_settings(Settings(), ["gpu"]).api_url is None  # one host
+
+
 def test_a_short_lease_shortens_the_heartbeat():
     opts = WorkerOptions.from_settings(settings(heartbeat_seconds=5), ["cpu"], lease_seconds=3)
     assert opts.heartbeat_seconds == pytest.approx(1.0)
@@ -79,6 +88,8 @@ def test_every_kind_matches_the_api_queue_and_has_a_run_function():
         (["--queues", "cpu,tpu"], "subset of cpu,gpu"),
         (["--queues", "cpu", "--lease-seconds", "2", "--heartbeat-seconds", "1.5"], "half"),
         (["--device", "tpu"], "expected auto, cpu or cuda"),
+        (["--memory-budget", "lots"], "CURVPLAN_WORKER_MEMORY_BUDGET: expected a size in bytes"),
+        (["--memory-budget", "0GiB"], "CURVPLAN_WORKER_MEMORY_BUDGET"),
     ],
 )
 def test_cli_rejects_bad_options_with_a_clear_message(monkeypatch, args, message):
@@ -86,6 +97,7 @@ def test_cli_rejects_bad_options_with_a_clear_message(monkeypatch, args, message
 
     monkeypatch.setenv("DATABASE_URL", URL)
     monkeypatch.setenv("CURVPLAN_WORKER_DEVICE", "auto")  # the command sets it from --device
+    monkeypatch.setenv("CURVPLAN_WORKER_MEMORY_BUDGET", "")  # … and this from --memory-budget
     get_settings.cache_clear()
     try:
         result = CliRunner().invoke(app, ["worker", *args])

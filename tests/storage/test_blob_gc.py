@@ -79,6 +79,32 @@ def test_collector_waits_for_a_writer_and_keeps_what_it_committed(
     assert store.exists(sha)
 
 
+def test_collector_spares_a_blob_placed_again_after_its_scan(store: Any, engine: Any) -> None:
+    """A worker on another host uploads (``PUT /v1/worker/blobs``: placed under the lock, the
+    mtime refreshed, committed) and inserts its row in a later transaction. A collector that
+    listed the file as old before the upload must re-check the age under the lock and keep
+    it, or the row would point at nothing."""
+    from curvplan_server.storage.blobs import collect_blobs, lock_blob, place_blob
+
+    data = checkpoint_bytes(45)
+    sha = orphan_blob(store, data)  # old and unreferenced: a candidate of the scan
+    report: dict[str, Any] = {}
+    with engine.connect() as uploader:
+        lock_blob(uploader, sha)
+        collector = threading.Thread(
+            target=lambda: report.update(r=collect_blobs(engine, store, grace_seconds=600))
+        )
+        collector.start()
+        wait_until_blocked(engine, collector)  # scanned, waiting for the lock
+        temp = store.tmp_dir / f"upload-{uuid.uuid4().hex}"
+        temp.write_bytes(data)
+        place_blob(uploader, store, temp, sha)
+        uploader.commit()  # no row yet: the worker inserts it next
+    collector.join(10)
+    assert report["r"].deleted == []
+    assert store.exists(sha)
+
+
 def test_upload_waits_for_a_collector_and_then_stores_its_own_copy(
     live_client: Any, live_headers: dict[str, str], store: Any, engine: Any
 ) -> None:

@@ -16,10 +16,15 @@ cancelled job stops within about one product instead of at the end of a block.
 The model is a reference spec or a Hugging Face source (``{"source": "huggingface", "config":
 …}``); a checkpoint is one artifact id or the ids of its shards
 (``docs/engine-model-sources.md``).
+
+A job with ``resources.devices`` > 1 runs the engine's operator stages on that many
+data-parallel ranks, this attempt process being rank 0 (``ranks.py``,
+docs/operations.md#several-devices-per-job); everything else here runs on rank 0 alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
@@ -29,11 +34,10 @@ from typing import Any
 
 from curvplan.types.jobs import AnalyzeJobCreate
 from curvplan.types.options import MACHINE_SETTINGS, MachineSettings
-from curvplan_server.artifacts.blobstore import default_store
 from curvplan_server.config import get_settings
 from curvplan_server.planner import Measurements, Targets, make_plan
 from curvplan_worker.analyze import fanout
-from curvplan_worker.analyze.artifacts import child_engine, job_project, resolve, store_output
+from curvplan_worker.analyze.artifacts import ArtifactAccess, child_engine, job_project
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.errors import JobCancelled, JobError
 from curvplan_worker.kinds import ChildJob, FanOut, JobContext
@@ -94,14 +98,13 @@ def _ids(value: Any) -> list[str]:
     return [str(value)]
 
 
-def _resolve_checkpoint(engine, store, project_id, value: Any, field: str) -> list[Any]:
+def _resolve_checkpoint(
+    access: ArtifactAccess, project_id: uuid.UUID, value: Any, field: str
+) -> list[Any]:
     ids = _ids(value)
     if len(ids) == 1:
-        return [resolve(engine, store, project_id, ids[0], "checkpoint", field)]
-    return [
-        resolve(engine, store, project_id, a, "checkpoint", f"{field}.{i}")
-        for i, a in enumerate(ids)
-    ]
+        return [access.resolve(project_id, ids[0], "checkpoint", field)]
+    return [access.resolve(project_id, a, "checkpoint", f"{field}.{i}") for i, a in enumerate(ids)]
 
 
 def _without_machine_settings(request: dict[str, Any]) -> dict[str, Any]:
@@ -136,15 +139,13 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
     settings = get_settings()
     machine = _machine(settings)
     engine = child_engine(settings.sqlalchemy_url)
-    store = default_store(ctx.data_dir)
+    access = ArtifactAccess.for_attempt(engine, ctx.data_dir, ctx.api_url, ctx.api_key)
     try:
         project_id = job_project(engine, ctx.job_id)
-        checkpoint = _resolve_checkpoint(
-            engine, store, project_id, request["checkpoint"], "checkpoint"
-        )
-        dataset = resolve(engine, store, project_id, str(body.dataset), "dataset", "dataset")
+        checkpoint = _resolve_checkpoint(access, project_id, request["checkpoint"], "checkpoint")
+        dataset = access.resolve(project_id, str(body.dataset), "dataset", "dataset")
         intermediates = [
-            _resolve_checkpoint(engine, store, project_id, a, f"intermediate_checkpoints.{i}")
+            _resolve_checkpoint(access, project_id, a, f"intermediate_checkpoints.{i}")
             for i, a in enumerate(request.get("intermediate_checkpoints") or [])
         ]
         checkpoint_paths = [str(c.path) for c in checkpoint]
@@ -164,6 +165,8 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
             options,
             machine,
             ctx,
+            devices=body.resources.devices,
+            lease_seconds=settings.lease_seconds,
             measured=measured,
         )
         if fan_out_record is not None:
@@ -181,9 +184,7 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
         ctx.report_progress(0.93, "storing outputs", "bulky arrays → job artifacts")
         slim, groups = split_bulky(result)
         outputs = {
-            name: store_output(
-                engine,
-                store,
+            name: access.store_output(
                 job_id=ctx.job_id,
                 attempt=ctx.attempt,
                 name=name,
@@ -193,6 +194,7 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
             for name, tensors in sorted(groups.items())
         }
     finally:
+        access.close()
         engine.dispose()
     ctx.report_progress(0.96, "planning", "measurements → recommendation")
     targets: Targets = body.targets
@@ -208,7 +210,19 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
         "artifacts": outputs,
         "notes": notes,
         "recommendation": recommendation.model_dump(mode="json"),
+        **_peak_memory(result),
     }
+
+
+def _peak_memory(result: dict[str, Any]) -> dict[str, Any]:
+    """The attempt's peak memory over all its stages: CUDA peak allocated on the engine's
+    device, else the process's peak resident memory (docs/numerics.md#memory-plan)."""
+    import torch
+
+    from curvplan_worker.curvature.memory import peak_memory
+
+    value, source = peak_memory(torch.device(result.get("device") or "cpu"))
+    return {"peak_memory_bytes": value, "peak_memory_source": source}
 
 
 def _sweep_fields(
@@ -313,14 +327,42 @@ def _run_engine(
     machine: MachineSettings,
     ctx: JobContext,
     *,
+    devices: int = 1,
+    lease_seconds: float = 30.0,
     only: Any = None,
     measured: Any = None,
 ) -> dict[str, Any]:
-    """The engine's ``analyze`` with its errors turned into job errors (``only``: the blocks
-    and pairs of one fan-out child; ``measured``: the children's records, in the fan-in)."""
+    """The engine's ``analyze`` with its errors turned into job errors (on ``devices``
+    data-parallel ranks when more than one; a lost rank ends this process as a crash).
+    ``only``: the blocks and pairs of one fan-out child; ``measured``: the children's records,
+    in the fan-in; every rank gets them, so all ranks run the same products."""
+    import torch
+
     from curvplan_worker.curvature import analyze as curvature_analysis
 
-    with engine_errors():
+    ranks: Any = contextlib.nullcontext()
+    if devices > 1:
+        from curvplan_worker.analyze.ranks import group_timeout, rank_zero
+
+        visible = torch.cuda.device_count()
+        if machine.device != "cpu" and torch.cuda.is_available() and visible < devices:
+            raise JobError(
+                "worker-misconfigured",
+                "The worker has fewer GPUs than it offers",
+                f"resources.devices: {devices} asked for, {visible} CUDA devices visible to "
+                "the worker (CURVPLAN_WORKER_DEVICES is above what the machine has)",
+            )
+
+        task = {
+            "spec": spec,
+            "checkpoint": checkpoint_path,
+            "data": data_path,
+            "options": options,
+            "machine": machine.model_dump(),
+            **curvature_analysis.fan_out_task(only, measured),
+        }
+        ranks = rank_zero(devices, task, group_timeout(lease_seconds))
+    with engine_errors(), ranks as distributed:
         return curvature_analysis.analyze(
             spec,
             checkpoint_path,
@@ -329,6 +371,7 @@ def _run_engine(
             progress=_engine_progress(ctx),
             should_cancel=_should_cancel(ctx),
             machine=machine,
+            distributed=distributed,
             only=only,
             measured=measured,
         )
@@ -344,6 +387,7 @@ def engine_errors() -> Iterator[None]:
     from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
     from curvplan_worker.curvature.data import DataError
     from curvplan_worker.curvature.hf import HFModelError
+    from curvplan_worker.curvature.memory import OutOfDeviceMemory
 
     try:
         yield
@@ -365,6 +409,8 @@ def engine_errors() -> Iterator[None]:
         raise JobError("invalid-model-spec", "The model spec is invalid", str(exc)) from None
     except curvature_analysis.OptionsError as exc:
         raise JobError("invalid-options", "The analysis options are invalid", str(exc)) from None
+    except OutOfDeviceMemory as exc:  # retried down to micro-batch 1 (docs/numerics.md#oom-retry)
+        raise JobError("out-of-memory", "One example does not fit in memory", str(exc)) from None
     except torch.cuda.OutOfMemoryError as exc:
         raise JobError(
             "out-of-memory",
@@ -375,6 +421,17 @@ def engine_errors() -> Iterator[None]:
         raise JobError(
             "invalid-analysis-input", "The analysis cannot run on these inputs", str(exc)[:300]
         ) from None
+
+
+def _mismatch_detail(exc: Any, field: str) -> str:
+    """``field``: each offending tensor (name, problem, expected, found); no file path."""
+    parts = []
+    for issue in exc.issues:
+        text = f"{issue.name} {issue.problem}"
+        if issue.expected is not None or issue.found is not None:
+            text += f" (expected {issue.expected}, found {issue.found})"
+        parts.append(text)
+    return f"{field}: " + "; ".join(parts)
 
 
 def _fan_out(
@@ -404,7 +461,9 @@ def _fan_out(
         return None
     groups = fanout.lpt_groups(fanout.work_items(plan.blocks, plan.pairs, body.options), n_groups)
     common: dict[str, Any] = {
-        key: request[key] for key in ("model", "checkpoint", "dataset") if key in request
+        key: request[key]
+        for key in ("model", "checkpoint", "dataset", "resources")
+        if key in request
     }
     children = [
         ChildJob(
@@ -466,17 +525,6 @@ def _fanned_in(children: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
             }
         )
     return MeasuredBlocks(blocks=blocks, off_diagonal=pairs), {"children": record}
-
-
-def _mismatch_detail(exc: Any, field: str) -> str:
-    """``field``: each offending tensor (name, problem, expected, found); no file path."""
-    parts = []
-    for issue in exc.issues:
-        text = f"{issue.name} {issue.problem}"
-        if issue.expected is not None or issue.found is not None:
-            text += f" (expected {issue.expected}, found {issue.found})"
-        parts.append(text)
-    return f"{field}: " + "; ".join(parts)
 
 
 def _intermediate_noise(

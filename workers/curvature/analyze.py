@@ -30,8 +30,10 @@ from curvplan_worker.curvature.device import (
     resolve_device,
     resolve_dtype,
 )
+from curvplan_worker.curvature.distributed import DataParallel
 from curvplan_worker.curvature.ggn import functional_product, ggn_product
 from curvplan_worker.curvature.hvp import self_test
+from curvplan_worker.curvature.memory import default_budget, fit_to_memory, peak_memory, reset_peak
 from curvplan_worker.curvature.operator import CurvatureEngine, block_slices
 from curvplan_worker.curvature.sources import is_hf_source, load_source
 from curvplan_worker.curvature.spectra import block_spectrum, lanczos_spectrum, off_diagonal_norm
@@ -113,6 +115,28 @@ class MeasuredBlocks:
     off_diagonal: list[dict] = field(default_factory=list)
 
 
+def fan_out_task(only: BlockShare | None, measured: MeasuredBlocks | None) -> dict[str, Any]:
+    """``only`` and ``measured`` as JSON, for the task of the data-parallel ranks (each rank
+    must run the same products as rank 0); :func:`fan_out_from_task` reads it back."""
+    out: dict[str, Any] = {}
+    if only is not None:
+        out["only"] = {"blocks": list(only.blocks), "pairs": [list(p) for p in only.pairs]}
+    if measured is not None:
+        out["measured"] = {"blocks": measured.blocks, "off_diagonal": measured.off_diagonal}
+    return out
+
+
+def fan_out_from_task(task: dict[str, Any]) -> dict[str, Any]:
+    """The ``only`` and ``measured`` arguments of :func:`analyze` from a rank's task."""
+    only, measured = task.get("only"), task.get("measured")
+    return {
+        "only": None
+        if only is None
+        else BlockShare(tuple(only["blocks"]), tuple((r, c) for r, c in only["pairs"])),
+        "measured": None if measured is None else MeasuredBlocks(**measured),
+    }
+
+
 @dataclass(frozen=True)
 class BlockPlan:
     """The blocks an analysis measures (name → parameters, in order) and its off-diagonal
@@ -180,6 +204,7 @@ def analyze(
     model: torch.nn.Module | None = None,
     data: Dataset | None = None,
     machine: MachineSettings | None = None,
+    distributed: DataParallel | None = None,
     only: BlockShare | None = None,
     measured: MeasuredBlocks | None = None,
 ) -> dict:
@@ -189,7 +214,10 @@ def analyze(
     "config": {…config.json…}}`` (``docs/engine-model-sources.md``). ``checkpoint_path`` is a
     safetensors checkpoint or a list of shards (or pass a built ``model``), ``data_path`` a
     safetensors sample (or ``data``). ``machine`` is how to run (device, threads, self-test,
-    graph caching): the caller's configuration, never the request's. Returns the result JSON of
+    graph caching): the caller's configuration, never the request's. ``distributed`` is this
+    process's rank of a data-parallel group (``distributed.py``): the operator stages are
+    sharded over the ranks, rank 0 alone runs the rest and gets the result (other ranks get
+    ``{}``). Returns the result JSON of
     the engine contract. Raises ``SpecError``, ``HFModelError``, ``OptionsError``,
     ``CheckpointMismatch``, ``DataError`` with messages naming the field, and
     :class:`Cancelled`.
@@ -221,6 +249,7 @@ def analyze(
                 should_cancel,
                 model,
                 data,
+                distributed,
                 only,
                 measured,
             )
@@ -238,6 +267,7 @@ def _analyze(
     should_cancel,
     model,
     data,
+    dist,
     only=None,
     measured=None,
 ):
@@ -245,6 +275,8 @@ def _analyze(
     started = time.perf_counter()
     report(0.0, "load", "building the model")
     device = resolve_device(machine.device)
+    if dist is not None:
+        device = dist.place(device)
     dtype = resolve_dtype(opts.precision)
     if device.type == "cuda":
         configure_cuda_for_curvature()
@@ -289,18 +321,37 @@ def _analyze(
         cache_graph = False
     result["cache_graph"] = cache_graph
     result["eval_batch_size"] = micro_batch
-    with CurvatureEngine(model, objective, batches, cache_graph=cache_graph) as engine:
+    shard, reducer = batches, None
+    if dist is not None:  # docs/numerics.md#data-parallel
+        shard, reducer = dist.start(batches), dist.reduce
+        result["data_parallel"] = {"world_size": dist.world_size, "backend": dist.backend}
+    reset_peak(device)
+    with CurvatureEngine(
+        model, objective, shard, cache_graph=cache_graph, reducer=reducer
+    ) as engine:
+        # docs/numerics.md#memory-plan: micro-batch and caching chosen to fit the budget (per
+        # rank on its own shard when data parallel)
+        plan = fit_to_memory(engine, *default_budget(device, machine.memory_budget), cache_graph)
+        result["memory_plan"] = plan.as_dict()
+        result["cache_graph"] = plan.cache_graph
+        if plan.micro_batch != plan.configured_micro_batch:
+            result["eval_batch_size"] = plan.micro_batch
         report(0.05, "gradient", "loss and gradient at w*")
         grad = engine.gradient()
         result["loss"] = engine.loss_value
         result["n_loss_terms"] = engine.total_count
         result["gradient_norm"] = float(torch.linalg.vector_norm(grad.double()))
-        result["n_eval_batches"] = len(batches)
+        result["n_eval_batches"] = len(engine.batches)
         if only is not None:
             wanted = {name: blocks[name] for name in _known(only.blocks, blocks, "blocks")}
             _known([x for p in only.pairs for x in p], blocks, "off_diagonal")
             result["blocks"] = _block_records(engine, wanted, opts, report)
             result["off_diagonal"] = _off_diagonal(engine, blocks, list(only.pairs), opts, report)
+            engine.release_graph()
+            result["memory_plan"].update(
+                retries=list(engine.oom_retries), final_micro_batch=engine.micro_batch
+            )
+            result["peak_memory_bytes"], result["peak_memory_source"] = peak_memory(device)
             result["elapsed_s"] = time.perf_counter() - started
             return _clean(result)
         if measured is not None:
@@ -332,6 +383,11 @@ def _analyze(
             top_vectors, top_info = _top_eigenspace(engine, opts)
             result["top_eigenspace"] = top_info
         engine.release_graph()
+        result["memory_plan"].update(
+            retries=list(engine.oom_retries), final_micro_batch=engine.micro_batch
+        )
+    if dist is not None and not dist.is_root:
+        return {}  # the rest runs on rank 0 alone
     if opts.per_sample:
         report(0.8, "per_sample", "per-sample losses, perturbed losses, Hessian norms")
         result["per_sample"] = _per_sample(
@@ -343,6 +399,7 @@ def _analyze(
     if opts.bounds:
         report(0.94, "bounds", "theoretical block bounds")
         result["bounds"] = _bounds(model, source, data, opts, result["blocks"])
+    result["peak_memory_bytes"], result["peak_memory_source"] = peak_memory(device)
     result["elapsed_s"] = time.perf_counter() - started
     report(1.0, "done", "analysis complete")
     return _clean(result)

@@ -45,15 +45,14 @@ from curvplan_worker.curvature.noise_stream import (
     stream_estimates,
 )
 from curvplan_worker.curvature.objective import Objective
-from curvplan_worker.curvature.operator import CurvatureEngine
-from curvplan_worker.curvature.per_sample import (
-    _check_batch_size,
-    _check_sample,
-    _chunks,
-    _model_device_dtype,
-    _numel,
-    _to_device,
+from curvplan_worker.curvature.operator import CurvatureEngine, iter_chunks
+from curvplan_worker.curvature.samples import (
+    check_batch_size,
+    check_sample,
+    device_dtype,
+    numel,
     select_parameters,
+    to_device,
 )
 
 ExampleLossObjective = Objective
@@ -117,22 +116,22 @@ def per_example_gradients(
     is (n, D) fp64. ``method`` "loop" uses one ``autograd.grad`` per example (the reference);
     "auto" uses vmap and falls back to the loop if an operation has no batching rule.
     """
-    n = _check_sample(inputs, targets)
-    _check_batch_size(chunk_size)
+    n = check_sample(inputs, targets)
+    check_batch_size(chunk_size)
     if method not in ("vmap", "loop", "auto"):
         raise ValueError(f"method: must be 'vmap', 'loop' or 'auto', got {method!r}")
     base = select_parameters(model, param_names)
-    device, _ = _model_device_dtype(base)
-    dim = _numel(base)
+    device, _ = device_dtype(base)
+    dim = numel(base)
     grads = torch.empty(n, dim, dtype=torch.float64)
     counts = torch.empty(n, dtype=torch.float64)
     used = method
     names = list(base)
     with CurvatureEngine(model, objective, param_names=names) as engine:
-        for sl in _chunks(n, chunk_size):
+        for sl in iter_chunks(n, chunk_size):
             check_cancel("per-example gradients")
-            x = _to_device(inputs[sl], device)
-            y = _to_device(targets[sl], device)
+            x = to_device(inputs[sl], device)
+            y = to_device(targets[sl], device)
             g, c, used = engine.per_example_gradients(
                 x, y, names, method="loop" if used == "loop" else method
             )
@@ -192,15 +191,15 @@ def hessian_quadratic_forms(
     the H_B of McCandlish et al. 2018 §2.2 evaluated on a batch independent of the gradients
     (docs/formulas.md#batch-size); the group split gives the batch-to-batch variability of H.
     """
-    n = _check_sample(inputs, targets)
-    _check_batch_size(batch_size)
+    n = check_sample(inputs, targets)
+    check_batch_size(batch_size)
     if n_groups < 1:
         raise ValueError(f"n_groups: must be ≥ 1, got {n_groups}")
     base = select_parameters(model, param_names)
-    dim = _numel(base)
+    dim = numel(base)
     if vectors.ndim != 2 or vectors.shape[1] != dim:
         raise ValueError(f"vectors: expected shape (k, {dim}), got {tuple(vectors.shape)}")
-    device, dtype = _model_device_dtype(base)
+    device, dtype = device_dtype(base)
     v64 = vectors.to(torch.float64).cpu()
     v_model = vectors.to(device, dtype)
     k = vectors.shape[0]
@@ -210,10 +209,10 @@ def hessian_quadratic_forms(
     counts = torch.zeros(len(groups), dtype=torch.float64)
     n_products = 0
     for b, group in enumerate(groups):
-        for sl in _chunks(group.numel(), batch_size):
+        for sl in iter_chunks(group.numel(), batch_size):
             idx = group[sl]
-            x = _to_device(inputs[idx], device)
-            y = _to_device(targets[idx], device)
+            x = to_device(inputs[idx], device)
+            y = to_device(targets[idx], device)
             # the operator on this micro-batch differentiates s/c (its summed loss over its
             # count c); the group's form needs the SUMMED loss: S v = c · H v
             with CurvatureEngine(model, objective, [(x, y)], param_names=names) as engine:
@@ -419,15 +418,15 @@ def _raw_gradient_chunks(
     method: GradientMethod,
 ) -> Iterator[tuple[Tensor, Tensor, str]]:
     """(∇s_i rows fp64 on CPU, counts, method used) per chunk of ``order`` (unnormalised)."""
-    device, _ = _model_device_dtype(base)
+    device, _ = device_dtype(base)
     names = list(base)
     used = method
     with CurvatureEngine(model, objective, param_names=names) as engine:
         for start in range(0, order.numel(), chunk_size):
             check_cancel("per-example gradients")
             idx = order[start : start + chunk_size]
-            x = _to_device(inputs[idx], device)
-            y = _to_device(targets[idx], device)
+            x = to_device(inputs[idx], device)
+            y = to_device(targets[idx], device)
             g, c, used = engine.per_example_gradients(
                 x, y, names, method="loop" if used == "loop" else method
             )
@@ -474,12 +473,12 @@ def stream_gradient_sums(
     Returns (sums, parameter names, gradient method, stop reason: "significant" | "budget" |
     "fixed").
     """
-    n = _check_sample(inputs, targets)
-    _check_batch_size(chunk_size)
+    n = check_sample(inputs, targets)
+    check_batch_size(chunk_size)
     if method not in ("vmap", "loop", "auto"):
         raise ValueError(f"method: must be 'vmap', 'loop' or 'auto', got {method!r}")
     base = select_parameters(model, param_names)
-    acc = GroupedGradientSums(_numel(base), max_groups=max_groups)
+    acc = GroupedGradientSums(numel(base), max_groups=max_groups)
     look = max(2, min(min_examples, n))
     used = method
     stop = "fixed" if not adaptive else "budget"
@@ -540,7 +539,7 @@ def gradient_noise_statistics(
     PER-EXAMPLE (per-sequence) gradients. B ratios are None where the denominator is ≤ 0 (e.g.
     |G|² at w*, docs/numerics.md#negative-estimates: never clamped).
     """
-    n_total = _check_sample(grad_inputs, grad_targets)
+    n_total = check_sample(grad_inputs, grad_targets)
     if n_total < 2:
         raise ValueError("grad_inputs: the unbiased estimators need at least 2 examples")
     if (hessian_inputs is None) != (hessian_targets is None):
@@ -566,7 +565,7 @@ def gradient_noise_statistics(
     forms: HessianForms | None = None
     n_hessian = 0
     if hessian_inputs is not None and hessian_targets is not None:
-        n_hessian = _check_sample(hessian_inputs, hessian_targets)
+        n_hessian = check_sample(hessian_inputs, hessian_targets)
         forms = hessian_quadratic_forms(
             model,
             objective,
@@ -677,7 +676,7 @@ def gradient_noise_from_sample(
     (``stream_gradient_sums``); memory stays O(max_groups · D). The split's indices are
     returned under ``grad_indices``/``hessian_indices``.
     """
-    n = _check_sample(inputs, targets)
+    n = check_sample(inputs, targets)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     if adaptive:
         if n_hessian is None:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from curvplan.types.huggingface import SUPPORTED_ARCHITECTURES
 from curvplan_worker.curvature.checkpoint import (
     CheckpointError,
     CheckpointMismatch,
@@ -35,14 +36,6 @@ from curvplan_worker.curvature.checkpoint import (
     read_safetensors,
 )
 from curvplan_worker.curvature.objective import IGNORE_INDEX
-
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "gpt2": "GPT2LMHeadModel",
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-}
-"""``model_type`` → the one architecture class built for it."""
 
 FLOAT32_INTERNALS = {
     "llama": "LlamaRMSNorm and the rotary embedding compute in float32 inside the model",

@@ -24,14 +24,22 @@ of one along its last dimension written ``name[:, a:b]`` (2-D) or ``name[a:b]`` 
 fused ``c_attn`` holds q, k and v side by side. A product over a slice is the product over the
 whole tensor with the vector zero outside the slice, restricted to the slice on output: exactly
 the sub-block H[slice, slice] of the Hessian.
+
+Data parallel (docs/numerics.md#data-parallel): with a ``reducer`` (an in-place all-reduce sum
+over the ranks of a process group, ``distributed.py``) each rank holds a contiguous shard of the
+micro-batches; the loss sums and counts, and every gradient, Hessian and Gauss–Newton product are
+this rank's partial sums passed once through ``_reduce``, so every rank gets the global L and
+its products.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -39,6 +47,7 @@ from torch.func import functional_call, jvp
 
 from curvplan_worker.curvature.cancel import check_cancel
 from curvplan_worker.curvature.device import eval_mode
+from curvplan_worker.curvature.memory import OutOfDeviceMemory
 from curvplan_worker.curvature.objective import Objective
 
 # ---------------------------------------------------------------------------------------------
@@ -172,6 +181,35 @@ class Layout:
 
 
 # ---------------------------------------------------------------------------------------------
+# Out-of-memory retry (docs/numerics.md#oom-retry)
+# ---------------------------------------------------------------------------------------------
+
+OOM_TRIES_AT_ONE = 2
+"""Out-of-memory errors tolerated at micro-batch 1 before a product gives up."""
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _retry_on_oom(method: _Method) -> _Method:
+    """Redo a product after a CUDA out-of-memory with the graph cache dropped and the
+    micro-batch halved (the same examples, re-split in the same order; the loss is still
+    divided by the total count, so the product is the same up to summation order)."""
+
+    @functools.wraps(method)
+    def retrying(self: CurvatureEngine, *args: Any, **kwargs: Any) -> Any:
+        while True:
+            try:
+                result = method(self, *args, **kwargs)
+            except torch.cuda.OutOfMemoryError as exc:
+                self._shrink_after_oom(exc, method.__name__)
+                continue
+            self._oom_at_one = 0
+            return result
+
+    return retrying  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------------
 # The operator
 # ---------------------------------------------------------------------------------------------
 
@@ -183,6 +221,10 @@ class CurvatureEngine:
     active dropout refused, attention on the MATH backend), and restores every submodule's mode
     on exit. The model's weights are never modified: the operator differentiates detached
     aliases through ``functional_call``.
+
+    A CUDA out-of-memory inside a product (or the count) drops the graph cache, halves the
+    micro-batch (:meth:`rebatch`) and redoes the product; after :data:`OOM_TRIES_AT_ONE` at
+    micro-batch 1 it raises :class:`~curvplan_worker.curvature.memory.OutOfDeviceMemory`.
     """
 
     def __init__(
@@ -193,13 +235,17 @@ class CurvatureEngine:
         *,
         cache_graph: bool = True,
         param_names: Sequence[str] | None = None,
+        reducer: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
         """``batches`` are the fixed evaluation micro-batches of L (none: only the
-        per-example methods, which take their own inputs, are available)."""
+        per-example methods, which take their own inputs, are available). ``reducer`` sums a
+        tensor over the ranks of a data-parallel group in place (``batches`` is then this
+        rank's shard; None: one process)."""
         self.model = model
         self.objective = objective
         self.batches = list(batches)
         self.cache_graph = cache_graph
+        self.reducer = reducer
         named = dict(model.named_parameters())
         if param_names is not None:
             missing = [n for n in param_names if n not in named]
@@ -214,6 +260,13 @@ class CurvatureEngine:
         self.n_hvp = 0
         self.total_count = 0.0
         self.loss_value = float("nan")
+        # memory: the plan's budget and measurement (named by the out-of-memory error) and
+        # one record per out-of-memory retry (docs/numerics.md#memory-plan)
+        self.memory_budget: int | None = None
+        self.per_example_bytes: float | None = None
+        self.memory_source: str | None = None
+        self.oom_retries: list[dict[str, Any]] = []
+        self._oom_at_one = 0
 
     # -- session ------------------------------------------------------------------------
     def __enter__(self) -> CurvatureEngine:
@@ -235,11 +288,16 @@ class CurvatureEngine:
     def _require_session(self, batches: bool = True) -> None:
         if self._mode_ctx is None:
             raise RuntimeError("use the CurvatureEngine inside a `with` block")
-        if batches and not self.batches:
+        if batches and not self.batches and self.reducer is None:
             raise ValueError("the evaluation sample has no batches")
 
+    def _reduce(self, partial: Tensor) -> Tensor:
+        """This rank's partial sum → the sum over all ranks (itself without a reducer)."""
+        return partial if self.reducer is None else self.reducer(partial)
+
+    @_retry_on_oom
     def _count(self) -> None:
-        if not self.batches:
+        if not self.batches and self.reducer is None:
             return
         total, loss = 0.0, 0.0
         with torch.no_grad():
@@ -248,10 +306,55 @@ class CurvatureEngine:
                 losses, counts = self.objective.output_losses(out, y)
                 total += float(counts.sum(dtype=torch.float64))
                 loss += float(losses.sum(dtype=torch.float64))
+        sums = self._reduce(torch.tensor([total, loss], dtype=torch.float64, device=self.device))
+        total, loss = float(sums[0]), float(sums[1])
         if total <= 0:
             raise ValueError("the evaluation sample has no loss terms")
         self.total_count = total
         self.loss_value = loss / total
+
+    # -- micro-batches -----------------------------------------------------------------
+    @property
+    def n_examples(self) -> int:
+        return sum(int(x.shape[0]) for x, _ in self.batches)
+
+    @property
+    def micro_batch(self) -> int:
+        """Examples per micro-batch (the first batch's; the last one may be shorter)."""
+        return int(self.batches[0][0].shape[0]) if self.batches else 0
+
+    def rebatch(self, size: int) -> None:
+        """Re-split the same examples, in the same order, into micro-batches of ``size``.
+
+        The graph cache is dropped; the total count (the loss's denominator) is unchanged, so
+        every product is the same up to the order of its sums
+        (docs/numerics.md#loss-normalisation).
+        """
+        if not self.batches:
+            return
+        self.release_graph()
+        inputs = torch.cat([x for x, _ in self.batches])
+        targets = torch.cat([y for _, y in self.batches])
+        self.batches = batches_of(inputs, targets, max(1, int(size)))
+
+    def _shrink_after_oom(self, exc: BaseException, during: str) -> None:
+        """After an out-of-memory: no graph cache, half the micro-batch (or give up at 1)."""
+        size = self.micro_batch
+        self.release_graph()
+        self.cache_graph = False
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if size <= 1:
+            self._oom_at_one += 1
+            if self._oom_at_one >= OOM_TRIES_AT_ONE:
+                raise OutOfDeviceMemory(
+                    self.memory_budget, self.per_example_bytes, self.memory_source, during
+                ) from exc
+        else:
+            self.rebatch(size // 2)
+        self.oom_retries.append(
+            {"during": during, "from_micro_batch": size, "to_micro_batch": self.micro_batch}
+        )
 
     # -- layouts ------------------------------------------------------------------------
     def layout(self, names: Sequence[str]) -> Layout:
@@ -275,6 +378,7 @@ class CurvatureEngine:
         losses, _ = self.objective.output_losses(out, y)
         return losses.sum() / self.total_count
 
+    @_retry_on_oom
     def gradient(self, names: Sequence[str] | None = None) -> Tensor:
         """∇L over ``names`` (all parameters by default), flat, without a second-order graph."""
         self._require_session()
@@ -285,7 +389,7 @@ class CurvatureEngine:
         for b in range(len(self.batches)):
             grads = torch.autograd.grad(self.batch_loss(b), tensors, allow_unused=True)
             total += layout.gather(dict(zip(bases, grads, strict=True)))
-        return total
+        return self._reduce(total)
 
     def _graph_grads(self, b: int, names: Sequence[str]) -> list[Tensor | None]:
         """First-order gradients of batch b with their graph (create_graph=True)."""
@@ -307,6 +411,7 @@ class CurvatureEngine:
         self._cache.clear()
 
     # -- second-order ------------------------------------------------------------------
+    @_retry_on_oom
     def hvp(self, rows: Sequence[str], cols: Sequence[str], vectors: Tensor) -> Tensor:
         """H[rows, cols] · v for flat ``vectors`` of shape (n_cols,) or (k, n_cols).
 
@@ -352,7 +457,7 @@ class CurvatureEngine:
                 outs = [o.unsqueeze(0) if o is not None else None for o in outs]
             total += row_layout.gather(dict(zip(row_bases, outs, strict=True)), lead)
         self.n_hvp += k
-        return total
+        return self._reduce(total)
 
     def block_hvp(self, names: Sequence[str], vectors: Tensor) -> Tensor:
         """Diagonal-block product H_BB · v (vectors (n_B,) or (k, n_B))."""
@@ -382,6 +487,7 @@ class CurvatureEngine:
         return [result[j, a:e] for j, (a, e) in enumerate(spans)]
 
     # -- Gauss–Newton ----------------------------------------------------------------------
+    @_retry_on_oom
     def ggn_vector(self, names: Sequence[str], v: Tensor) -> Tensor:
         """G_BB v = Σ_b J_bᵀ H_out,b J_b v for the block ``names`` (flat (n_B,) vector).
 
@@ -416,7 +522,7 @@ class CurvatureEngine:
             grads = torch.autograd.grad(out2, block, grad_outputs=h_jv, allow_unused=True)
             total += layout.gather(dict(zip(bases, grads, strict=True)))
         self.n_hvp += 1
-        return total
+        return self._reduce(total)
 
     def functional_vector(self, names: Sequence[str], v: Tensor) -> Tensor:
         """(H − G)_BB v: the functional part of the block (Petrov et al. 2025, H_f)."""

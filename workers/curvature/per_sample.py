@@ -19,7 +19,7 @@ restored afterwards.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,7 +29,15 @@ from torch.func import functional_call
 from curvplan_worker.curvature.cancel import check_cancel
 from curvplan_worker.curvature.device import eval_mode
 from curvplan_worker.curvature.objective import Objective
-from curvplan_worker.curvature.operator import CurvatureEngine
+from curvplan_worker.curvature.operator import CurvatureEngine, iter_chunks
+from curvplan_worker.curvature.samples import (
+    check_batch_size,
+    check_sample,
+    device_dtype,
+    numel,
+    select_parameters,
+    to_device,
+)
 from curvplan_worker.curvature.spectra import Spectrum, lanczos_spectrum
 
 __all__ = [
@@ -74,28 +82,6 @@ curvature_mode = eval_mode
 """The engine's one eval-mode guard (``device.eval_mode``), under its former name here."""
 
 
-def select_parameters(
-    model: nn.Module, param_names: Sequence[str] | None = None
-) -> dict[str, Tensor]:
-    """The chosen parameters (default: every parameter that requires grad), detached, in order.
-
-    ``named_parameters()`` deduplicates tied tensors, so a tied weight appears once.
-    """
-    named = dict(model.named_parameters())
-    if param_names is None:
-        chosen = [name for name, p in named.items() if p.requires_grad]
-    else:
-        chosen = list(param_names)
-        missing = [name for name in chosen if name not in named]
-        if missing:
-            raise ValueError(f"param_names: not parameters of the model: {missing}")
-        if len(set(chosen)) != len(chosen):
-            raise ValueError("param_names: duplicate names")
-    if not chosen:
-        raise ValueError("param_names: no parameters selected")
-    return {name: named[name].detach() for name in chosen}
-
-
 def _flatten(tensors: Sequence[Tensor]) -> Tensor:
     return torch.cat([t.reshape(-1) for t in tensors])
 
@@ -108,42 +94,6 @@ def _unflatten(flat: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
         out[name] = flat[offset : offset + n].view_as(ref).to(ref.dtype)
         offset += n
     return out
-
-
-def _numel(params: Mapping[str, Tensor]) -> int:
-    return sum(p.numel() for p in params.values())
-
-
-def _check_sample(inputs: Tensor, targets: Tensor) -> int:
-    if inputs.ndim == 0 or targets.ndim == 0:
-        raise ValueError("inputs/targets: need a leading example dimension")
-    n = int(inputs.shape[0])
-    if int(targets.shape[0]) != n:
-        raise ValueError(
-            f"targets: {targets.shape[0]} examples but inputs has {n} (leading dimensions differ)"
-        )
-    if n == 0:
-        raise ValueError("inputs: the sample is empty")
-    return n
-
-
-def _check_batch_size(batch_size: int) -> None:
-    if int(batch_size) < 1:
-        raise ValueError(f"batch_size: must be ≥ 1, got {batch_size}")
-
-
-def _model_device_dtype(params: Mapping[str, Tensor]) -> tuple[torch.device, torch.dtype]:
-    first = next(iter(params.values()))
-    return first.device, first.dtype
-
-
-def _chunks(n: int, size: int) -> Iterator[slice]:
-    for start in range(0, n, size):
-        yield slice(start, min(start + size, n))
-
-
-def _to_device(t: Tensor, device: torch.device) -> Tensor:
-    return t.to(device) if t.device != device else t
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,21 +115,21 @@ def per_example_loss_sums(
     the empirical risk of Petrov et al. 2025 §2 (docs/formulas.md#bounds). ``params`` substitutes
     weights.
     """
-    n = _check_sample(inputs, targets)
-    _check_batch_size(batch_size)
+    n = check_sample(inputs, targets)
+    check_batch_size(batch_size)
     params = dict(params) if params is not None else {}
     device = next(model.parameters()).device
     sums = torch.empty(n, dtype=torch.float64)
     counts = torch.empty(n, dtype=torch.float64)
     with torch.no_grad(), eval_mode(model):
-        for sl in _chunks(n, batch_size):
+        for sl in iter_chunks(n, batch_size):
             check_cancel("per-sample losses")
             s, c = _call_objective(
                 model,
                 objective,
                 params,
-                _to_device(inputs[sl], device),
-                _to_device(targets[sl], device),
+                to_device(inputs[sl], device),
+                to_device(targets[sl], device),
             )
             sums[sl] = s.detach().to("cpu", torch.float64)
             counts[sl] = c.detach().to("cpu", torch.float64)
@@ -220,7 +170,7 @@ def random_unit_directions(
     ``params`` is the parameter dict (see ``select_parameters``) or the dimension D itself.
     Drawn on the CPU from ``generator`` so that a seed reproduces them on any device.
     """
-    dim = params if isinstance(params, int) else _numel(params)
+    dim = params if isinstance(params, int) else numel(params)
     if n < 1:
         raise ValueError(f"n: need at least one direction, got {n}")
     if dim < 1:
@@ -285,11 +235,11 @@ def perturbed_losses(
     if not math.isfinite(radius) or radius < 0:
         raise ValueError(f"radius: must be a finite number ≥ 0, got {radius}")
     base = select_parameters(model, param_names)
-    dim = _numel(base)
+    dim = numel(base)
     if isinstance(directions, int):
         directions = random_unit_directions(dim, directions, torch.Generator().manual_seed(seed))
     dirs = _check_directions(directions, dim)
-    n = _check_sample(inputs, targets)
+    n = check_sample(inputs, targets)
     out = torch.empty(dirs.shape[0], n, dtype=torch.float64)
     base_flat = _flatten(list(base.values())).to(torch.float64)
     for p in range(dirs.shape[0]):
@@ -378,7 +328,7 @@ def per_sample_hessian_norms(
     converged, n_products, iterations, all_converged, max, mean, quantiles: {"q50": …}, tol,
     seed, param_names}``.
     """
-    n = _check_sample(inputs, targets)
+    n = check_sample(inputs, targets)
     if indices is None:
         if n_subsample is None or n_subsample >= n:
             chosen = list(range(n))
@@ -402,15 +352,15 @@ def per_sample_hessian_norms(
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"quantiles: {q} is outside [0, 1]")
     base = select_parameters(model, param_names)
-    dim = _numel(base)
-    device, _ = _model_device_dtype(base)
+    dim = numel(base)
+    device, _ = device_dtype(base)
     generator = torch.Generator().manual_seed(seed)
     results: list[Spectrum] = []
     names = list(base)
     for i in chosen:
         check_cancel("per-sample Hessian norms")
-        x = _to_device(inputs[i : i + 1], device)
-        y = _to_device(targets[i : i + 1], device)
+        x = to_device(inputs[i : i + 1], device)
+        y = to_device(targets[i : i + 1], device)
         # the operator on one example: its loss is s_i / c_i, the example's mean loss
         with CurvatureEngine(model, objective, [(x, y)], param_names=names) as engine:
             results.append(

@@ -70,7 +70,8 @@ class UnknownKindError(LookupError):
 
 
 class JobContext:
-    """What a running kind sees of its job: ids, data directory, progress and cancel."""
+    """What a running kind sees of its job: ids, data directory, the API (remote workers),
+    progress and cancel."""
 
     def __init__(
         self,
@@ -81,10 +82,16 @@ class JobContext:
         send_progress: Callable[[float, str, str], None],
         is_cancelled: Callable[[], bool],
         children: list[dict[str, Any]] | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
     ) -> None:
         #: The children's outcomes in a fan-in attempt (``id``, ``kind``, ``name``,
         #: ``status``, ``request``, ``result``, ``error``), oldest first; None otherwise.
         self.children = children
+        #: The API and this worker's key, on a worker on another host (blobs go through the
+        #: API: ``curvplan_worker.analyze.artifacts.ArtifactAccess``); None on one host.
+        self.api_url = api_url
+        self.api_key = api_key
         self.job_id = job_id
         self.attempt = attempt
         self.data_dir = data_dir

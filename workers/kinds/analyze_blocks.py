@@ -11,9 +11,8 @@ from typing import Any
 
 import curvplan_worker.curvature.analyze as curvature_analysis
 from curvplan.types.jobs import AnalyzeBlocksJobCreate
-from curvplan_server.artifacts.blobstore import default_store
 from curvplan_server.config import get_settings
-from curvplan_worker.analyze.artifacts import child_engine, job_project, resolve
+from curvplan_worker.analyze.artifacts import ArtifactAccess, child_engine, job_project
 from curvplan_worker.analyze.pipeline import (
     _machine,
     _resolve_checkpoint,
@@ -38,26 +37,28 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     ctx.report_progress(0.0, "loading", "resolving artifacts")
     settings = get_settings()
     engine = child_engine(settings.sqlalchemy_url)
-    store = default_store(ctx.data_dir)
+    # Open until the engine has read the files: the cache keeps the resolved blobs pinned.
+    access = ArtifactAccess.for_attempt(engine, ctx.data_dir, ctx.api_url, ctx.api_key)
     try:
         project_id = job_project(engine, ctx.job_id)
-        checkpoint = _resolve_checkpoint(
-            engine, store, project_id, request["checkpoint"], "checkpoint"
+        checkpoint = _resolve_checkpoint(access, project_id, request["checkpoint"], "checkpoint")
+        dataset = access.resolve(project_id, str(body.dataset), "dataset", "dataset")
+        share = curvature_analysis.BlockShare(
+            blocks=tuple(body.blocks), pairs=tuple((r, c) for r, c in body.pairs)
         )
-        dataset = resolve(engine, store, project_id, str(body.dataset), "dataset", "dataset")
+        result = _run_engine(
+            request["model"],
+            [str(c.path) for c in checkpoint],
+            str(dataset.path),
+            dict(request.get("options") or {}),
+            _machine(settings),
+            ctx,
+            devices=body.resources.devices,
+            lease_seconds=settings.lease_seconds,
+            only=share,
+        )
     finally:
+        access.close()
         engine.dispose()
-    share = curvature_analysis.BlockShare(
-        blocks=tuple(body.blocks), pairs=tuple((r, c) for r, c in body.pairs)
-    )
-    result = _run_engine(
-        request["model"],
-        [str(c.path) for c in checkpoint],
-        str(dataset.path),
-        dict(request.get("options") or {}),
-        _machine(settings),
-        ctx,
-        only=share,
-    )
     ctx.report_progress(1.0, "done", f"{len(body.blocks)} blocks, {len(body.pairs)} pairs")
     return {"measurements": result, "estimated_cost": body.estimated_cost}

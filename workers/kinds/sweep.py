@@ -33,12 +33,11 @@ from curvplan.types.sweep import (
     SweepPointOut,
     SweepResult,
 )
-from curvplan_server.artifacts.blobstore import default_store
 from curvplan_server.artifacts.safetensors_format import validate_file
 from curvplan_server.config import get_settings
 from curvplan_server.planner import make_plan
 from curvplan_server.planner.gradient_noise import ratio_of_means_bootstrap, two_batch_estimates
-from curvplan_worker.analyze.artifacts import child_engine, job_project, resolve
+from curvplan_worker.analyze.artifacts import ArtifactAccess, child_engine, job_project
 from curvplan_worker.errors import JobError
 from curvplan_worker.kinds import ChildJob, FanOut, JobContext
 from curvplan_worker.kinds.plan import seed_for_job
@@ -73,16 +72,17 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
 # --------------------------------------------------------------------------- fan-out
 def _train_size(body: SweepJobCreate, ctx: JobContext) -> int:
     engine = child_engine(get_settings().sqlalchemy_url)
+    access = ArtifactAccess.for_attempt(engine, ctx.data_dir, ctx.api_url, ctx.api_key)
     try:
         project_id = job_project(engine, ctx.job_id)
-        store = default_store(ctx.data_dir)
-        art = resolve(engine, store, project_id, str(body.train_data), "dataset", "train_data")
-        resolve(engine, store, project_id, str(body.eval_data), "dataset", "eval_data")
+        art = access.resolve(project_id, str(body.train_data), "dataset", "train_data")
+        access.resolve(project_id, str(body.eval_data), "dataset", "eval_data")
         if body.checkpoint is not None:
-            resolve(engine, store, project_id, str(body.checkpoint), "checkpoint", "checkpoint")
+            access.resolve(project_id, str(body.checkpoint), "checkpoint", "checkpoint")
+        info = validate_file(str(art.path))
     finally:
+        access.close()
         engine.dispose()
-    info = validate_file(str(art.path))
     inputs = info.tensors.get("inputs")
     if inputs is None or not inputs.shape:
         raise JobError("invalid-dataset", "Invalid training data", "train_data: no inputs tensor")

@@ -11,9 +11,8 @@ from typing import Any
 import torch
 
 from curvplan.types.jobs import SweepPointJobCreate
-from curvplan_server.artifacts.blobstore import default_store
 from curvplan_server.config import get_settings
-from curvplan_worker.analyze.artifacts import child_engine, job_project, resolve
+from curvplan_worker.analyze.artifacts import ArtifactAccess, child_engine, job_project
 from curvplan_worker.curvature.checkpoint import load_checkpoint
 from curvplan_worker.curvature.data import DataError, load_dataset
 from curvplan_worker.curvature.model import build_model
@@ -34,20 +33,26 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         raise JobError("invalid-request", "Invalid sweep point", str(exc)[:300]) from None
     ctx.report_progress(0.0, "loading", "resolving artifacts")
     engine = child_engine(get_settings().sqlalchemy_url)
-    store = default_store(ctx.data_dir)
+    # Open until the attempt ends: the cache keeps the resolved blobs pinned while they are read.
+    access = ArtifactAccess.for_attempt(engine, ctx.data_dir, ctx.api_url, ctx.api_key)
     try:
-        project_id = job_project(engine, ctx.job_id)
-        train_art = resolve(
-            engine, store, project_id, str(body.train_data), "dataset", "train_data"
-        )
-        eval_art = resolve(engine, store, project_id, str(body.eval_data), "dataset", "eval_data")
-        ckpt = (
-            resolve(engine, store, project_id, str(body.checkpoint), "checkpoint", "checkpoint")
-            if body.checkpoint is not None
-            else None
-        )
+        return _train(body, access, engine, ctx)
     finally:
+        access.close()
         engine.dispose()
+
+
+def _train(
+    body: SweepPointJobCreate, access: ArtifactAccess, engine: Any, ctx: JobContext
+) -> dict[str, Any]:
+    project_id = job_project(engine, ctx.job_id)
+    train_art = access.resolve(project_id, str(body.train_data), "dataset", "train_data")
+    eval_art = access.resolve(project_id, str(body.eval_data), "dataset", "eval_data")
+    ckpt = (
+        access.resolve(project_id, str(body.checkpoint), "checkpoint", "checkpoint")
+        if body.checkpoint is not None
+        else None
+    )
     spec = body.model
     model = build_model(spec, seed=body.point.seed)
     if ckpt is not None:

@@ -1,0 +1,319 @@
+"""Memory planning of the curvature products (docs/numerics.md#memory-plan).
+
+Before the spectra the engine measures what one Hessian-vector product on one micro-batch
+holds, then chooses the micro-batch size and whether the first-backward graphs are cached so
+that the whole job fits the memory budget (the ``memory_budget`` worker setting; on CUDA by
+default the free device memory × :data:`CUDA_SAFETY`; unbounded on CPU unless set).
+
+Measurement (:func:`measure_product`), on a probe of the first ``p`` examples:
+
+* ``saved_bytes``: the distinct storages autograd saves for backward during the forward and
+  the first backward with ``create_graph=True`` (``torch.autograd.graph.saved_tensors_hooks``;
+  the parameters' own storages are not counted: they are resident anyway). This is what a
+  cached batch keeps alive, and it grows linearly with the examples: per example ``a = S/p``.
+* ``gradient_bytes`` ``g``: the first-order gradient tensors (one parameter-sized set per
+  cached batch).
+* on CUDA also the ``torch.cuda.max_memory_allocated`` increase over one uncached product on
+  the probe (forward, first backward, second backward): ``P``.
+
+The model of a product's peak (bytes on top of the model and data), micro-batch ``m``:
+
+* uncached: ``f · (m·a + g)``, where ``f`` is the second backward's overhead on top of the
+  graph it walks: measured ``f = P / (p·a + g)`` on CUDA (source ``cuda-peak``), assumed
+  ``f = 2`` elsewhere (source ``saved-tensors``: the second backward produces one gradient per
+  saved activation, at most as large as the graph);
+* cached (every micro-batch's graph kept): ``N·a + B·g + (f − 1)·(m·a + g)`` with ``N`` examples
+  in ``B = ⌈N/m⌉`` micro-batches.
+
+The plan is the largest micro-batch (at most the configured one) for which the cached job
+fits, if caching is allowed; else the largest for which the uncached one fits; else
+:class:`OutOfDeviceMemory` (one example does not fit). Micro-batching never changes the loss:
+every batch is divided by the total count (docs/numerics.md#loss-normalisation).
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.func import functional_call
+
+if TYPE_CHECKING:
+    from curvplan_worker.curvature.operator import CurvatureEngine
+
+CUDA_SAFETY = 0.9
+"""The share of the free CUDA memory a job plans to use when no budget is configured."""
+
+CPU_PRODUCT_FACTOR = 2.0
+"""Assumed peak of a product relative to its graph where it cannot be measured (CPU)."""
+
+PROBE_EXAMPLES = 2
+"""Examples of the probe micro-batch the memory of one product is measured on."""
+
+
+def format_bytes(n: float | None) -> str:
+    """``1536`` → ``"1.50 KiB"`` (binary units)."""
+    if n is None:
+        return "unknown"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} B" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"  # pragma: no cover
+
+
+class OutOfDeviceMemory(RuntimeError):
+    """One example's product does not fit the memory budget (the job's ``out-of-memory``)."""
+
+    def __init__(
+        self,
+        budget: int | None,
+        per_example_bytes: float | None,
+        source: str | None,
+        during: str = "planning",
+    ) -> None:
+        self.budget = budget
+        self.per_example_bytes = per_example_bytes
+        self.source = source
+        self.during = during
+        where = f"the budget of {format_bytes(budget)}" if budget else "the device's free memory"
+        measured = (
+            f"one product on one example needs about {format_bytes(per_example_bytes)} "
+            f"(measured: {source})"
+            if per_example_bytes is not None
+            else "not measured"
+        )
+        if during == "planning":
+            text = measured
+        else:
+            text = f"out of memory at micro-batch 1 in {during}, repeatedly (plan: {measured})"
+        super().__init__(f"one example does not fit in {where}: {text}")
+
+
+@dataclass(frozen=True)
+class ProductMemory:
+    """What one HVP on the probe micro-batch holds (bytes)."""
+
+    probe_examples: int
+    saved_bytes: int
+    gradient_bytes: int
+    cuda_peak_bytes: int | None
+
+    @property
+    def per_example_bytes(self) -> float:
+        """Bytes of graph kept per example (a)."""
+        return self.saved_bytes / max(self.probe_examples, 1)
+
+    @property
+    def factor(self) -> float:
+        """The product's peak over its graph (f): measured on CUDA, assumed elsewhere."""
+        graph = self.saved_bytes + self.gradient_bytes
+        if self.cuda_peak_bytes is not None and graph > 0:
+            return max(1.0, self.cuda_peak_bytes / graph)
+        return CPU_PRODUCT_FACTOR
+
+    @property
+    def source(self) -> str:
+        return "cuda-peak" if self.cuda_peak_bytes is not None else "saved-tensors"
+
+    def uncached_peak(self, micro_batch: int) -> float:
+        return self.factor * (micro_batch * self.per_example_bytes + self.gradient_bytes)
+
+    def cached_peak(self, micro_batch: int, n_examples: int) -> float:
+        n_batches = math.ceil(n_examples / micro_batch)
+        graphs = n_examples * self.per_example_bytes + n_batches * self.gradient_bytes
+        return graphs + (self.factor - 1.0) * (
+            micro_batch * self.per_example_bytes + self.gradient_bytes
+        )
+
+
+def _storage_key(t: torch.Tensor) -> tuple[str, int] | None:
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # sparse/nested/functional wrappers
+        return None
+    return (str(t.device), storage.data_ptr())
+
+
+def measure_product(engine: CurvatureEngine, probe_examples: int = PROBE_EXAMPLES) -> ProductMemory:
+    """The memory of one uncached HVP over all parameters on the first ``probe_examples``
+    examples of the engine's sample (the engine's products and counters are not touched)."""
+    x, y = engine.batches[0]
+    p = max(1, min(probe_examples, int(x.shape[0])))
+    x, y = x[:p], y[:p]
+    resident = {_storage_key(t) for t in engine.params.values()}
+    resident |= {_storage_key(x), _storage_key(y)}
+    saved: dict[tuple[str, int], int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key is not None and key not in resident and key not in saved:
+            saved[key] = t.untyped_storage().nbytes()
+        return t
+
+    cuda = engine.device.type == "cuda"
+    before = 0
+    if cuda:
+        torch.cuda.synchronize(engine.device)
+        _keep_peak(engine.device)  # the job's peak so far survives the reset
+        torch.cuda.reset_peak_memory_stats(engine.device)
+        before = torch.cuda.memory_allocated(engine.device)
+    tensors = [engine.params[n] for n in engine.params]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = functional_call(engine.model, engine.params, (x,))
+        losses, _ = engine.objective.output_losses(out, y)
+        grads = torch.autograd.grad(
+            losses.sum() / engine.total_count, tensors, create_graph=True, allow_unused=True
+        )
+    gradient_bytes = sum(g.numel() * g.element_size() for g in grads if g is not None)
+    pairs = [
+        (g, t) for g, t in zip(grads, tensors, strict=True) if g is not None and g.requires_grad
+    ]
+    if pairs:
+        torch.autograd.grad(
+            [g for g, _ in pairs],
+            [t for _, t in pairs],
+            grad_outputs=[torch.ones_like(g) for g, _ in pairs],
+            allow_unused=True,
+        )
+    cuda_peak = None
+    if cuda:
+        torch.cuda.synchronize(engine.device)
+        cuda_peak = int(torch.cuda.max_memory_allocated(engine.device) - before)
+    del grads, pairs, out, losses
+    return ProductMemory(p, int(sum(saved.values())), int(gradient_bytes), cuda_peak)
+
+
+def default_budget(device: torch.device, configured: int | None) -> tuple[int | None, str]:
+    """The budget and where it comes from: the setting, else free CUDA memory × safety."""
+    if configured is not None:
+        return int(configured), "memory_budget"
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        # memory this process's allocator holds but does not use is free for it too
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int((free + cached) * CUDA_SAFETY), f"free CUDA memory × {CUDA_SAFETY:g}"
+    return None, "unbounded (CPU without memory_budget)"
+
+
+@dataclass
+class MemoryPlan:
+    """The plan recorded in the result as ``memory_plan``."""
+
+    budget_bytes: int | None
+    budget_source: str
+    source: str
+    probe_examples: int
+    per_example_bytes: float
+    per_batch_bytes: float
+    gradient_bytes: int
+    product_factor: float
+    saved_bytes_probe: int
+    cuda_peak_bytes_probe: int | None
+    n_examples: int
+    configured_micro_batch: int
+    micro_batch: int
+    cache_graph: bool
+    predicted_peak_bytes: float
+    retries: list[dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def choose(
+    memory: ProductMemory,
+    n_examples: int,
+    max_micro_batch: int,
+    allow_cache: bool,
+    budget: int | None,
+) -> tuple[int, bool, float]:
+    """(micro-batch, cache, predicted peak): the largest micro-batch ≤ ``max_micro_batch``
+    with the graphs cached that fits ``budget``, else the largest without; raises
+    :class:`OutOfDeviceMemory` when not even one example fits uncached."""
+    top = max(1, min(max_micro_batch, n_examples))
+    if budget is None:
+        peak = memory.cached_peak(top, n_examples) if allow_cache else memory.uncached_peak(top)
+        return top, allow_cache, peak
+    if allow_cache:
+        for m in range(top, 0, -1):
+            peak = memory.cached_peak(m, n_examples)
+            if peak <= budget:
+                return m, True, peak
+    for m in range(top, 0, -1):
+        peak = memory.uncached_peak(m)
+        if peak <= budget:
+            return m, False, peak
+    raise OutOfDeviceMemory(budget, memory.uncached_peak(1), memory.source)
+
+
+def fit_to_memory(
+    engine: CurvatureEngine, budget: int | None, budget_source: str, allow_cache: bool
+) -> MemoryPlan:
+    """Measure one product, choose micro-batch and caching, apply them to ``engine``."""
+    engine._require_session()
+    try:
+        memory = measure_product(engine)
+    except torch.cuda.OutOfMemoryError:
+        engine.release_graph()
+        if engine.device.type == "cuda":
+            torch.cuda.empty_cache()
+        try:
+            memory = measure_product(engine, 1)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise OutOfDeviceMemory(budget, None, None, "measuring one product") from exc
+    n = engine.n_examples
+    configured = engine.micro_batch
+    engine.memory_budget = budget
+    engine.per_example_bytes = memory.uncached_peak(1)
+    engine.memory_source = memory.source
+    micro, cache, peak = choose(memory, n, configured, allow_cache, budget)
+    if micro != configured:
+        engine.rebatch(micro)
+    engine.cache_graph = cache
+    return MemoryPlan(
+        budget_bytes=budget,
+        budget_source=budget_source,
+        source=memory.source,
+        probe_examples=memory.probe_examples,
+        per_example_bytes=memory.per_example_bytes,
+        per_batch_bytes=micro * memory.per_example_bytes + memory.gradient_bytes,
+        gradient_bytes=memory.gradient_bytes,
+        product_factor=memory.factor,
+        saved_bytes_probe=memory.saved_bytes,
+        cuda_peak_bytes_probe=memory.cuda_peak_bytes,
+        n_examples=n,
+        configured_micro_batch=configured,
+        micro_batch=micro,
+        cache_graph=cache,
+        predicted_peak_bytes=peak,
+        retries=list(engine.oom_retries),
+    )
+
+
+_PEAK_FLOOR: dict[str, int] = {}
+"""CUDA peaks from before a measurement reset the device's peak statistics."""
+
+
+def _keep_peak(device: torch.device) -> None:
+    key = str(device)
+    _PEAK_FLOOR[key] = max(_PEAK_FLOOR.get(key, 0), int(torch.cuda.max_memory_allocated(device)))
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start measuring the job's peak memory (CUDA; the process's max RSS cannot be reset)."""
+    if device.type == "cuda":
+        _PEAK_FLOOR.pop(str(device), None)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> tuple[int, str]:
+    """The job's peak memory and what it is: CUDA peak allocated since :func:`reset_peak`,
+    else the process's peak resident memory."""
+    if device.type == "cuda":
+        peak = max(_PEAK_FLOOR.get(str(device), 0), int(torch.cuda.max_memory_allocated(device)))
+        return peak, "cuda-max-allocated"
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "process-max-rss"
