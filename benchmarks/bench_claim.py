@@ -29,6 +29,8 @@ FIFO_CLAIM = """
     WHERE id = (
         SELECT id FROM job
         WHERE status = 'queued' AND queue = ANY(:queues) AND run_after <= now()
+          AND coalesce((request #>> '{resources,devices}')::int, 1)
+              <= coalesce((SELECT devices FROM worker WHERE id = :worker_id), 1)
         ORDER BY priority DESC, created_at
         FOR UPDATE SKIP LOCKED
         LIMIT 1
