@@ -55,8 +55,19 @@ def products(dp: DataParallel | None, batch_size: int = 2) -> dict[str, Any]:
     return out
 
 
-def rank_main(rank: int, world_size: int, init_method: str, batch_sizes: list[int]) -> None:
-    """Entry of a spawned rank: the same products on its shards (rank 0 checks them)."""
+def rank_main(
+    rank: int,
+    world_size: int,
+    init_method: str,
+    batch_sizes: list[int],
+    default_dtype: torch.dtype = torch.float32,
+) -> None:
+    """Entry of a spawned rank: the same products on its shards (rank 0 checks them).
+
+    ``default_dtype`` is the test process's: the model's initial weights are drawn in it, and
+    other test modules set float64 at import, so a fresh process must follow suit to build the
+    same model."""
+    torch.set_default_dtype(default_dtype)
     dp = DataParallel(rank, world_size, rank, init_method=init_method, timeout_s=30)
     try:
         for size in batch_sizes:

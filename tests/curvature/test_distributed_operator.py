@@ -32,7 +32,7 @@ def _free_port() -> int:
 def runs() -> list[tuple[dict, dict]]:
     init = f"tcp://127.0.0.1:{_free_port()}"
     ctx = multiprocessing.get_context("spawn")
-    peer = ctx.Process(target=rank_main, args=(1, 2, init, BATCH_SIZES))
+    peer = ctx.Process(target=rank_main, args=(1, 2, init, BATCH_SIZES, torch.get_default_dtype()))
     peer.start()
     threads = torch.get_num_threads()
     dp = DataParallel(0, 2, 0, init_method=init, timeout_s=30)

@@ -4,8 +4,8 @@
 (``curvplan worker --devices``); the claim compares it with the job's
 ``request.resources.devices`` (1 when absent). Existing rows get 1.
 
-Revision ID: 0009_dp
-Revises: 0009_remote
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-11-30 23:40:00
 """
 
@@ -15,8 +15,8 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision: str = "0009_dp"
-down_revision: str | None = "0009_remote"
+revision: str = "0010"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

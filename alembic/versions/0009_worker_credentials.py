@@ -5,7 +5,7 @@ scope ``worker`` that it creates itself at start (it has database access) and re
 stop; the reaper revokes the credentials of workers it marks stale. ``worker_id`` links the
 credential to its worker row (NULL for an operator's credential).
 
-Revision ID: 0009_remote
+Revision ID: 0009
 Revises: 0008
 Create Date: 2026-11-30 23:30:00
 """
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision: str = "0009_remote"
+revision: str = "0009"
 down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
