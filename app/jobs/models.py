@@ -60,7 +60,7 @@ class Job(Base):
             "created_at",
             postgresql_where=text("status = 'queued'"),
         ),
-        # Each project's head job, for the claim's fairness across projects (migration 0009).
+        # Each project's head job, for the claim's fairness across projects (migration 0011).
         Index(
             "ix_job_project_claim",
             "project_id",

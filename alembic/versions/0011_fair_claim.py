@@ -7,8 +7,8 @@ first, round robin), then by ``created_at``. It finds each project's head job th
 'queued' — one skip-scan step per (project, queue) with queued jobs — instead of sorting the
 backlog, and stamps ``project.last_claimed_at`` in the same statement.
 
-Revision ID: 0009_fanout
-Revises: 0009_dp
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-11-30 23:20:00
 """
 
@@ -18,8 +18,8 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision: str = "0009_fanout"
-down_revision: str | None = "0009_dp"
+revision: str = "0011"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
