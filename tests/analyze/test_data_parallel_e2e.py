@@ -225,7 +225,16 @@ def test_a_block_fan_out_of_a_two_device_job_runs_every_child_on_two_ranks(
     """Each child and the fan-in run on the job's 2 ranks with the same share of the work on
     every rank (a mismatch would hang the collectives); the assembled blocks equal the same
     2-device job run as one process, float for float."""
-    light = {**OPTIONS, "trace_probes": 6, "max_iter": 20, "tolerance": 1e-6, "per_sample": False}
+    light = {
+        **OPTIONS,
+        "blocks": ["layers.0.q", "head"],
+        "off_diagonal": [["layers.0.q", "head"]],
+        "trace_probes": 4,
+        "max_iter": 12,
+        "tolerance": 1e-6,
+        "per_sample": False,
+        "bounds": False,
+    }
     fanned = client.post(
         "/v1/jobs",
         json={**_body(inputs, 2), "options": {**light, "fan_out": True, "fan_out_groups": 2}},
