@@ -152,9 +152,56 @@ def mark_stale_workers(conn: Connection, stale_seconds: float) -> list[str]:
 
 
 # --------------------------------------------------------------------------- claim
+CLAIM_DEPTH = 4
+"""Head jobs per project and queue the fair claim considers: a claimer skips the ones other
+claimers hold locked (SKIP LOCKED), so a few per project keep concurrent claims apart."""
+
+DEVICES_FIT = (
+    "coalesce((request #>> '{resources,devices}')::int, 1)"
+    " <= coalesce((SELECT devices FROM worker WHERE id = :worker_id), 1)"
+)
+"""A job asking for more devices than this worker gives one job is left to others."""
+
 CLAIM_SQL = text(
-    """
-    WITH claimed AS (
+    f"""
+    WITH RECURSIVE queued AS (
+        -- the (project, queue) pairs with queued jobs: one skip-scan step of
+        -- ix_job_project_claim each
+        (
+            SELECT project_id, queue FROM job WHERE status = 'queued'
+            ORDER BY project_id, queue LIMIT 1
+        )
+        UNION ALL
+        SELECT next.project_id, next.queue
+        FROM queued q
+        CROSS JOIN LATERAL (
+            SELECT j.project_id, j.queue FROM job j
+            WHERE j.status = 'queued' AND (j.project_id, j.queue) > (q.project_id, q.queue)
+            ORDER BY j.project_id, j.queue LIMIT 1
+        ) next
+    ),
+    running AS MATERIALIZED (  -- computed once, not per head
+        SELECT project_id, count(*) AS n FROM job
+        WHERE status IN {ACTIVE} AND lease_expires_at IS NOT NULL
+        GROUP BY project_id
+    ),
+    head AS (
+        SELECT h.id, h.priority, h.created_at, coalesce(r.n, 0) AS n_running,
+               p.last_claimed_at
+        FROM queued q
+        JOIN project p ON p.id = q.project_id
+        LEFT JOIN running r ON r.project_id = q.project_id
+        CROSS JOIN LATERAL (
+            SELECT id, priority, created_at FROM job
+            WHERE project_id = q.project_id AND queue = q.queue
+              AND status = 'queued' AND queue = ANY(:queues) AND run_after <= now()
+              AND {DEVICES_FIT}
+            ORDER BY priority DESC, created_at
+            LIMIT {CLAIM_DEPTH}
+        ) h
+        WHERE q.queue = ANY(:queues)
+    ),
+    claimed AS (
         UPDATE job SET
             status = 'running',
             attempt = attempt + 1,
@@ -163,17 +210,32 @@ CLAIM_SQL = text(
             started_at = coalesce(started_at, now()),
             updated_at = now(),
             progress = NULL
-        WHERE id = (
-            SELECT id FROM job
-            WHERE status = 'queued' AND queue = ANY(:queues) AND run_after <= now()
-              -- a job asking for more devices than this worker gives one job is left to others
-              AND coalesce((request #>> '{resources,devices}')::int, 1)
-                  <= coalesce((SELECT devices FROM worker WHERE id = :worker_id), 1)
-            ORDER BY priority DESC, created_at
-            FOR UPDATE SKIP LOCKED
-            LIMIT 1
+        WHERE id = coalesce(
+            (
+                -- fair: within a priority, the project with the fewest running jobs, then
+                -- the one served longest ago (round robin), then the oldest job
+                SELECT j.id FROM job j JOIN head h ON h.id = j.id
+                WHERE j.status = 'queued'
+                ORDER BY h.priority DESC, h.n_running, h.last_claimed_at NULLS FIRST,
+                         h.created_at
+                FOR UPDATE OF j SKIP LOCKED
+                LIMIT 1
+            ),
+            (
+                -- every head is held by another claimer: the oldest other job
+                SELECT id FROM job
+                WHERE status = 'queued' AND queue = ANY(:queues) AND run_after <= now()
+                  AND {DEVICES_FIT}
+                ORDER BY priority DESC, created_at
+                FOR UPDATE SKIP LOCKED
+                LIMIT 1
+            )
         )
-        RETURNING id, kind, queue, request, attempt, max_attempts
+        RETURNING id, project_id, kind, queue, request, attempt, max_attempts
+    ),
+    project_row AS (
+        UPDATE project SET last_claimed_at = now()
+        WHERE id = (SELECT project_id FROM claimed)
     ),
     attempt_row AS (
         INSERT INTO job_attempt (job_id, attempt, worker_id, claimed_at)
@@ -186,6 +248,15 @@ CLAIM_SQL = text(
     SELECT * FROM claimed
     """
 )
+"""Claim one runnable job, fairly across projects (docs/operations.md#claim-order).
+
+Within a priority the claim prefers the project with the fewest running (leased) jobs, then
+the project whose last claim is oldest, then the oldest job: one project's many queued jobs
+(a fan-out's children) cannot starve another project's. The candidates come from
+``ix_job_project_claim`` (a skip scan over the (project, queue) pairs with queued jobs, then
+at most :data:`CLAIM_DEPTH` rows of each pair on the claimer's queues), so the sort sees
+pairs × depth rows, never the backlog.
+"""
 
 
 def claim(

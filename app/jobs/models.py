@@ -60,6 +60,15 @@ class Job(Base):
             "created_at",
             postgresql_where=text("status = 'queued'"),
         ),
+        # Each project's head job, for the claim's fairness across projects (migration 0011).
+        Index(
+            "ix_job_project_claim",
+            "project_id",
+            "queue",
+            text("priority DESC"),
+            "created_at",
+            postgresql_where=text("status = 'queued'"),
+        ),
         Index("ix_job_project_id_created_at_id", "project_id", "created_at", "id"),
         Index(
             "ix_job_lease_expires_at",

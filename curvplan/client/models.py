@@ -38,7 +38,7 @@ def job_recommendation(job: JobOut) -> Recommendation | None:
     if isinstance(result, dict):
         rec = result.get("recommendation")
         return Recommendation.model_validate(rec) if isinstance(rec, dict) else None
-    return result.recommendation
+    return getattr(result, "recommendation", None)  # an analyze_blocks child has none
 
 
 def is_terminal(job: JobOut) -> bool:

@@ -30,7 +30,12 @@ from curvplan.types.artifact_inputs import CheckpointRef
 from curvplan.types.model_source import ModelSource
 from curvplan.types.options import AnalysisOptions  # pydantic only, like the spec
 from curvplan.types.planner import Measurements, PlanInputError, Targets, check_workload
-from curvplan.types.results import RESULT_TYPES, AnalyzeResult, PlanResult
+from curvplan.types.results import (
+    RESULT_TYPES,
+    AnalyzeBlocksResult,
+    AnalyzeResult,
+    PlanResult,
+)
 from curvplan.types.sweep import PointSettings, SweepSettings, _SweepBase
 
 TagKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
@@ -145,6 +150,41 @@ class AnalyzeJobCreate(_JobCreateBase):
     )
 
 
+BlockName = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class AnalyzeBlocksJobCreate(_JobCreateBase):
+    """One group of an analysis's block fan-out (an ``analyze`` creates these; GPU queue).
+
+    Loads the same checkpoint and dataset with the same options as its parent and measures
+    only ``blocks`` (spectra, trace, GGN parts) and ``pairs`` (off-diagonal σ_max); its result
+    is ``{measurements: {blocks, off_diagonal, …}}``, which the parent assembles
+    (docs/numerics.md#block-fan-out).
+    """
+
+    queue: ClassVar[str] = "gpu"
+    kind: Literal["analyze_blocks"]
+    model: ModelSource
+    checkpoint: CheckpointRef
+    dataset: uuid.UUID
+    options: AnalysisOptions = Field(default_factory=AnalysisOptions)
+    resources: Resources = Field(
+        default_factory=Resources, description="The parent's devices per job, copied."
+    )
+    blocks: Annotated[list[BlockName], Field(max_length=4096)] = Field(
+        default_factory=list, description="The blocks whose spectra this job measures."
+    )
+    pairs: Annotated[list[tuple[BlockName, BlockName]], Field(max_length=100_000)] = Field(
+        default_factory=list, description="The off-diagonal pairs [row, col] it measures."
+    )
+    estimated_cost: float | None = Field(
+        default=None,
+        ge=0,
+        description="The group's estimated cost (Σ block size × expected products) the "
+        "parent balanced the groups by.",
+    )
+
+
 class SweepJobCreate(_JobCreateBase, _SweepBase):
     """Train at a ladder of batch sizes or dataset sizes and fit the budget's curves.
 
@@ -173,6 +213,7 @@ JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = (
     AnalyzeJobCreate,
     SweepJobCreate,
     SweepPointJobCreate,
+    AnalyzeBlocksJobCreate,
 )
 
 
@@ -266,9 +307,9 @@ class JobOut(BaseModel):
     attempt: int
     max_attempts: int
     cancel_requested: bool
-    result: AnalyzeResult | PlanResult | None = Field(
+    result: AnalyzeResult | PlanResult | AnalyzeBlocksResult | None = Field(
         description="The kind's result once the job succeeded (plan: PlanResult, analyze: "
-        "AnalyzeResult); null before."
+        "AnalyzeResult, analyze_blocks: AnalyzeBlocksResult); null before."
     )
     error: JobError | None
     request: dict[str, Any] | None = Field(

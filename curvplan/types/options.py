@@ -211,6 +211,20 @@ class AnalysisOptions(BaseModel):
         multiple_of=2,
         description="jackknife groups held in memory (each one D fp64 numbers)",
     )
+    # block fan-out (docs/numerics.md#block-fan-out)
+    fan_out: bool = Field(
+        default=True,
+        description="split the block spectra and off-diagonal pairs of an analysis with two or "
+        "more blocks into analyze_blocks child jobs that several workers measure in parallel "
+        "(the numbers equal a single-process run's); false: one process measures everything",
+    )
+    fan_out_groups: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="child jobs of a fan-out, balanced by estimated cost (default: the live "
+        "workers serving the gpu queue, at least 2; never more than the blocks)",
+    )
     # theoretical bounds (BOUNDS helper)
     bounds: bool = True
     bound_options: BoundsOptions = Field(default_factory=BoundsOptions)

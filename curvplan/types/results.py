@@ -72,6 +72,16 @@ class EngineMeasurements(_Open):
     device: str | None = None
     dtype: str | None = None
     seed: int | None = None
+    seed_derivation: dict[str, Any] | None = Field(
+        default=None,
+        description="How each block's, pair's and the top eigenspace's generator is seeded "
+        "from the seed (docs/numerics.md#seeds).",
+    )
+    fan_out: dict[str, Any] | None = Field(
+        default=None,
+        description="The block fan-out, when there was one: its child jobs, the blocks and "
+        "pairs each measured and their estimated costs.",
+    )
     options: dict[str, Any] | None = Field(
         default=None, description="The analysis options the engine ran with."
     )
@@ -139,7 +149,19 @@ class AnalyzeResult(_Open):
     )
 
 
-#: kind → result model (the job resource's ``result`` is one of these or null).
-RESULT_TYPES: dict[str, type[BaseModel]] = {"plan": PlanResult, "analyze": AnalyzeResult}
+class AnalyzeBlocksResult(_Open):
+    """Result of a succeeded ``analyze_blocks`` job (one group of a block fan-out): the
+    records of its blocks and pairs, which its parent assembles."""
 
-JobResult = AnalyzeResult | PlanResult
+    measurements: EngineMeasurements
+    estimated_cost: float | None = None
+
+
+#: kind → result model (the job resource's ``result`` is one of these or null).
+RESULT_TYPES: dict[str, type[BaseModel]] = {
+    "plan": PlanResult,
+    "analyze": AnalyzeResult,
+    "analyze_blocks": AnalyzeBlocksResult,
+}
+
+JobResult = AnalyzeResult | PlanResult | AnalyzeBlocksResult

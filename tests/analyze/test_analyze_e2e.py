@@ -49,7 +49,13 @@ SLOW_SPEC: dict[str, Any] = {
     "n_layers": 1,
     "task": {"type": "causal_lm", "vocab_size": 16, "seq_len": 8},
 }
-SLOW_OPTIONS: dict[str, Any] = {**OPTIONS, "trace_probes": 5000, "off_diagonal": False}
+# One process measures every block (no fan-out): cancel and kill land in its block loops.
+SLOW_OPTIONS: dict[str, Any] = {
+    **OPTIONS,
+    "trace_probes": 5000,
+    "off_diagonal": False,
+    "fan_out": False,
+}
 TARGETS: dict[str, Any] = {"tolerances": [0.05], "radius": 0.05, "orderings": 8, "bootstrap": 20}
 N_EXAMPLES = 12
 
@@ -438,6 +444,61 @@ def test_worker_sigkill_during_analysis_is_retried_and_finishes_once(
     assert attempts[0].outcome != "succeeded"
     assert all(count == 1 for _, count in outputs)  # each output once, from the last attempt
     assert {name for name, _ in outputs} == set(done["result"]["artifacts"])
+
+
+def test_block_fan_out_over_two_workers_equals_the_single_process_run(
+    client: httpx.Client, service: Service, files: dict[str, Path]
+) -> None:
+    """An analysis fanned out over two workers assembles, block by block and pair by pair,
+    exactly the floats of the same request run in one process (``fan_out: false``)."""
+    second = service.new_worker("fan-out-worker.log")
+    try:
+        ckpt = upload(client, files["checkpoint"], "checkpoint")
+        data = upload(client, files["data"], "dataset")
+        options = {
+            **OPTIONS,
+            "per_sample": False,
+            "bounds": False,
+            "off_diagonal": [["layers.0.q", "layers.0.k"], ["layers.0.v", "head"]],
+            "fan_out_groups": 2,  # not the live count: a killed worker may still look live
+        }
+        fanned = submit(client, checkpoint=ckpt, dataset=data, options=options)
+        single = submit(
+            client, checkpoint=ckpt, dataset=data, options={**options, "fan_out": False}
+        )
+        fanned_done = wait_terminal(client, fanned["id"], timeout=150)
+        single_done = wait_terminal(client, single["id"], timeout=150)
+    finally:
+        second.stop()
+    assert fanned_done["status"] == "succeeded", (fanned_done["error"], service.logs())
+    assert single_done["status"] == "succeeded", (single_done["error"], service.logs())
+    got, want = fanned_done["result"]["measurements"], single_done["result"]["measurements"]
+    assert [b["name"] for b in got["blocks"]] == [b["name"] for b in want["blocks"]]
+    for mine, theirs in zip(got["blocks"], want["blocks"], strict=True):
+        assert mine == theirs, mine["name"]
+    assert got["off_diagonal"] == want["off_diagonal"]
+    assert got["loss"] == want["loss"]
+    assert "fan_out" not in want
+    # The fan-in reports the same stages as one process (block spectra from the children).
+    history = [mark["stage"] for mark in fanned_done["progress"]["stages"]]
+    n_blocks = len(want["blocks"])
+    assert f"block spectra {n_blocks}/{n_blocks}" in history and "off-diagonal" in history, history
+    # Two analyze_blocks children, every block and pair exactly once.
+    children = client.get(f"/v1/jobs/{fanned['id']}").json()["children"]
+    assert [(c["kind"], c["status"]) for c in children] == [("analyze_blocks", "succeeded")] * 2
+    record = got["fan_out"]["children"]
+    assert sorted(c["job_id"] for c in record) == sorted(c["id"] for c in children)
+    assert sorted(b for c in record for b in c["blocks"]) == sorted(
+        b["name"] for b in want["blocks"]
+    )
+    assert sorted(tuple(p) for c in record for p in c["pairs"]) == sorted(
+        tuple(p) for p in options["off_diagonal"]
+    )
+    assert all(c["estimated_cost"] > 0 and "est. cost" in c["name"] for c in record)
+    child = client.get(f"/v1/jobs/{children[0]['id']}")
+    assert child.status_code == 200, child.text
+    assert child.json()["parent_id"] == fanned["id"]
+    assert child.json()["result"]["measurements"]["blocks"], child.json()
 
 
 def test_no_temp_files_and_no_orphan_blobs(client: httpx.Client, service: Service) -> None:

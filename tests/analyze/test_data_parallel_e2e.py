@@ -45,6 +45,7 @@ OPTIONS: dict[str, Any] = {
     "per_sample_max_iter": 20,
     "n_directions": 2,
     "gradient_noise": False,
+    "fan_out": False,  # one job on its ranks (block fan-out with ranks: test_analyze_e2e.py)
 }
 RANK_MODULE = b"curvplan_worker.analyze.ranks"
 
@@ -216,3 +217,39 @@ def test_a_killed_rank_fails_the_attempt_and_the_job_is_retried_whole(
     got_off, want_off = measured["off_diagonal"][0], expected["off_diagonal"][0]
     assert got_off["sigma_max"] == pytest.approx(want_off["sigma_max"], rel=1e-10)
     assert time.monotonic() - started < 60
+
+
+def test_a_block_fan_out_of_a_two_device_job_runs_every_child_on_two_ranks(
+    client: httpx.Client, service: Service, inputs: dict[str, str]
+) -> None:
+    """Each child and the fan-in run on the job's 2 ranks with the same share of the work on
+    every rank (a mismatch would hang the collectives); the assembled blocks equal the same
+    2-device job run as one process, float for float."""
+    light = {
+        **OPTIONS,
+        "blocks": ["layers.0.q", "head"],
+        "off_diagonal": [["layers.0.q", "head"]],
+        "trace_probes": 4,
+        "max_iter": 12,
+        "tolerance": 1e-6,
+        "per_sample": False,
+        "bounds": False,
+    }
+    fanned = client.post(
+        "/v1/jobs",
+        json={**_body(inputs, 2), "options": {**light, "fan_out": True, "fan_out_groups": 2}},
+    ).json()
+    single = client.post("/v1/jobs", json={**_body(inputs, 2), "options": light}).json()
+    done = wait_terminal(client, fanned["id"], timeout=90)
+    reference = wait_terminal(client, single["id"], timeout=60)
+    assert done["status"] == "succeeded", (done["error"], service.logs())
+    assert reference["status"] == "succeeded", (reference["error"], service.logs())
+    got, want = done["result"]["measurements"], reference["result"]["measurements"]
+    assert got["data_parallel"] == want["data_parallel"] == {"world_size": 2, "backend": "gloo"}
+    assert got["blocks"] == want["blocks"]
+    assert got["off_diagonal"] == want["off_diagonal"]
+    children = client.get(f"/v1/jobs/{fanned['id']}").json()
+    assert [c["status"] for c in children["children"]] == ["succeeded", "succeeded"]
+    for child in children["children"]:
+        request = client.get(f"/v1/jobs/{child['id']}").json()["request"]
+        assert request["resources"] == {"devices": 2}

@@ -313,33 +313,65 @@ def _plan_nodes(plan: dict[str, object]) -> list[dict[str, object]]:
     return nodes
 
 
-@pytest.mark.parametrize("queues", [("cpu",), ("gpu",), ("cpu", "gpu")])
-def test_claim_walks_an_index_instead_of_sorting_the_backlog(db, project_id, queues):
-    """With a backlog, a claim must not sort every queued job (it did: ~100 ms per claim
-    at 200 000 queued jobs); an index in the claim's order lets it stop at the first row."""
+N_BACKLOG_PROJECTS = 20
+BACKLOG = 6000
+
+
+def _backlog(db: Engine, project_id: uuid.UUID) -> None:
+    """A busy queue: 20 000 finished jobs over 20 projects, one project's backlog of 6 000
+    queued cpu jobs (a big fan-out), and two queued jobs (cpu, gpu) of each other project."""
+    projects = [project_id] + [_new_project(db) for _ in range(N_BACKLOG_PROJECTS - 1)]
+    insert = (
+        "INSERT INTO job (id, project_id, kind, queue, status, request, created_at)"
+        " SELECT gen_random_uuid(), {project},"
+        "  CASE WHEN g % {every} = 0 THEN 'analyze' ELSE 'plan' END,"
+        "  CASE WHEN g % {every} = 0 THEN 'gpu' ELSE 'cpu' END,"
+        "  '{status}', '{{}}'::jsonb, clock_timestamp() FROM generate_series(1, :n) AS g"
+    )
+    all_projects = "(:projects)[1 + g % cardinality(:projects)]"
+    others = "(:projects)[2 + g % (cardinality(:projects) - 1)]"
     with db.begin() as conn:
         conn.execute(
-            text(
-                "INSERT INTO job (id, project_id, kind, queue, status, request, created_at)"
-                " SELECT gen_random_uuid(), :p,"
-                "  CASE WHEN g % 3 = 0 THEN 'analyze' ELSE 'plan' END,"
-                "  CASE WHEN g % 3 = 0 THEN 'gpu' ELSE 'cpu' END,"
-                "  CASE WHEN g % 4 = 0 THEN 'succeeded' ELSE 'queued' END,"
-                "  '{}'::jsonb, clock_timestamp()"
-                " FROM generate_series(1, 20000) AS g"
-            ),
-            {"p": project_id},
+            text(insert.format(project=all_projects, every=3, status="succeeded")),
+            {"projects": projects, "n": 20000},
+        )
+        conn.execute(  # g % (n + 1) is never 0: every job of the backlog is a cpu job
+            text(insert.format(project=":p", every=BACKLOG + 1, status="queued")),
+            {"p": project_id, "n": BACKLOG},
+        )
+        conn.execute(
+            text(insert.format(project=others, every=2, status="queued")),
+            {"projects": projects, "n": 2 * (N_BACKLOG_PROJECTS - 1)},
         )
         conn.execute(text("ANALYZE job"))
-    with db.begin() as conn:
+
+
+@pytest.mark.parametrize("queues", [("cpu",), ("gpu",), ("cpu", "gpu")])
+def test_claim_walks_indexes_instead_of_sorting_the_backlog(db, project_id, queues):
+    """With a backlog, a claim must not sort every queued job (it did: ~100 ms per claim at
+    200 000 queued jobs). The fair claim reads each project's head jobs from an index and
+    sorts only those: at most (project, queue) pairs × CLAIM_DEPTH rows, whatever the backlog."""
+    _backlog(db, project_id)
+    with db.connect() as conn:
+        trans = conn.begin()
         (plan,) = conn.execute(
-            text("EXPLAIN (FORMAT JSON) " + store.CLAIM_SQL.text),
+            text("EXPLAIN (ANALYZE, FORMAT JSON) " + store.CLAIM_SQL.text),
             {"worker_id": "w-explain", "queues": list(queues), "lease": 30.0},
         ).scalar_one()
+        trans.rollback()
     nodes = _plan_nodes(plan["Plan"])
-    assert not [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")], plan
-    assert any(n.get("Index Name") == "ix_job_claim_order" for n in nodes), plan
-    # And the claim still hands out the oldest queued job of those queues (all priority 0).
+    job_scans = [n for n in nodes if n.get("Relation Name") == "job" and "Scan" in n["Node Type"]]
+    assert not [n for n in job_scans if n["Node Type"] == "Seq Scan"], plan
+    assert any(n.get("Index Name") == "ix_job_project_claim" for n in nodes), plan
+    heads = 2 * N_BACKLOG_PROJECTS * store.CLAIM_DEPTH  # (project, queue) pairs × depth
+    sorts = [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")]
+    assert all(n["Actual Rows"] * n["Actual Loops"] <= heads for n in sorts), plan
+    read = sum(
+        (n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"]
+        for n in job_scans
+    )
+    assert read <= 4 * heads, f"the claim read {read} job rows of a {BACKLOG}-job backlog"
+    # All projects idle and never served, all priority 0: the oldest queued job goes first.
     with db.connect() as conn:
         oldest = conn.execute(
             text(
@@ -349,3 +381,86 @@ def test_claim_walks_an_index_instead_of_sorting_the_backlog(db, project_id, que
             {"q": list(queues)},
         ).scalar_one()
     assert claim(db, "w-1", queues).fence.job_id == oldest
+
+
+def _new_project(db: Engine) -> uuid.UUID:
+    pid = uuid.uuid4()
+    with db.begin() as conn:
+        conn.execute(
+            text("INSERT INTO project (id, name) VALUES (:id, :name)"),
+            {"id": pid, "name": f"queue-test-{pid.hex[:8]}"},
+        )
+    return pid
+
+
+def test_one_projects_many_jobs_do_not_starve_another_project(db, project_id):
+    """Project A queues many jobs (a fan-out's children), project B one job later: B's job is
+    claimed before A's second, by a second worker while A's first runs (fewest running
+    first) and by the same worker after A's first ended (round robin)."""
+    project_b = _new_project(db)
+    a_jobs = insert_jobs(db, project_id, [plan_request()] * 30)
+    (b_job,) = insert_jobs(db, project_b, [plan_request()])
+    first = claim(db, "w1")
+    assert first.fence.job_id in a_jobs
+    assert claim(db, "w2").fence.job_id == b_job  # A has one running, B none
+    # Round robin on one worker: A's next job, then B's next, though all of A's are older.
+    (b_next,) = insert_jobs(db, project_b, [plan_request()])
+    with db.begin() as conn:
+        conn.execute(text("UPDATE job SET status = 'succeeded' WHERE status = 'running'"))
+    a_second = claim(db, "w1").fence.job_id
+    assert a_second in a_jobs and a_second != first.fence.job_id  # B was served last
+    with db.begin() as conn:
+        conn.execute(text("UPDATE job SET status = 'succeeded' WHERE id = :id"), {"id": a_second})
+    assert claim(db, "w1").fence.job_id == b_next
+
+
+def test_priority_still_comes_before_fairness(db, project_id):
+    """A's urgent jobs go first even while A runs more jobs than B and was served last."""
+    project_b = _new_project(db)
+    (b_job,) = insert_jobs(db, project_b, [plan_request()])
+    urgent = insert_jobs(db, project_id, [plan_request()] * 2)
+    with db.begin() as conn:
+        conn.execute(text("UPDATE job SET priority = 5 WHERE id = ANY(:ids)"), {"ids": urgent})
+    assert {claim(db, "w1").fence.job_id, claim(db, "w2").fence.job_id} == set(urgent)
+    assert claim(db, "w3").fence.job_id == b_job
+
+
+def test_a_claim_falls_back_when_every_head_is_locked(db, project_id):
+    """Two claims at once on one project with more claimers than CLAIM_DEPTH heads: the
+    fallback hands out the next job instead of nothing."""
+    # one insert each, so the creation times (and so the heads) are distinct
+    jobs = [insert_jobs(db, project_id, [plan_request()])[0] for _ in range(store.CLAIM_DEPTH + 2)]
+    with db.connect() as holder:
+        trans = holder.begin()
+        held = (
+            holder.execute(
+                text(
+                    "SELECT id FROM job WHERE status = 'queued' ORDER BY created_at LIMIT :n"
+                    " FOR UPDATE"
+                ),
+                {"n": store.CLAIM_DEPTH},
+            )
+            .scalars()
+            .all()
+        )
+        got = claim(db, "w1").fence.job_id
+        trans.rollback()
+    assert got == jobs[store.CLAIM_DEPTH] and got not in held
+
+
+def test_live_workers_counts_fresh_slots_of_the_queue(db):
+    """The default number of fan-out groups: running gpu worker slots with a fresh heartbeat."""
+    from curvplan_worker.analyze.fanout import live_workers
+
+    with db.begin() as conn:
+        store.register_worker(conn, "g1", "host", 1, ["gpu", "cpu"])
+        store.register_worker(conn, "g2", "host", 1, ["gpu"])
+        store.register_worker(conn, "c1", "host", 1, ["cpu"])
+        store.register_worker(conn, "old", "host", 1, ["gpu"])
+        store.register_worker(conn, "gone", "host", 1, ["gpu"])
+        conn.execute(
+            text("UPDATE worker SET last_heartbeat_at = now() - interval '1 minute' WHERE id='old'")
+        )
+        store.stop_worker(conn, "gone")
+    assert live_workers(db, "gpu", stale_seconds=30) == 2
+    assert live_workers(db, "cpu", stale_seconds=30) == 2

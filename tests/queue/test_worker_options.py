@@ -67,6 +67,7 @@ def test_each_queue_preloads_only_its_own_kinds():
     assert modules_for_queues(["gpu"]) == [
         "curvplan_worker.kinds.analyze",
         "curvplan_worker.kinds.sweep_point",
+        "curvplan_worker.kinds.analyze_blocks",  # an analysis's block fan-out children
     ]
     assert set(modules_for_queues(["cpu", "gpu"])) == {spec.module for spec in KINDS.values()}
 

@@ -1,5 +1,10 @@
 """The analyze job, stage by stage (docs/formulas.md): artifacts → engine → outputs → planner.
 
+Block fan-out (docs/numerics.md#block-fan-out): an analysis with two or more blocks first plans
+(``planning blocks``), hands its block spectra and off-diagonal pairs to ``analyze_blocks``
+child jobs (``waiting for children``, children done / total), and its fan-in attempt runs the
+stages below with their records (``block spectra n/n`` then comes in one step).
+
 Progress stages, in order: ``loading``, ``block spectra i/n``, ``off-diagonal``, ``dense
 hessian``, ``per-sample losses`` (the engine measures per-sample losses, perturbed losses and
 per-sample Hessian norms in one stage), ``gradient noise``, ``bounds``, ``gradient noise
@@ -23,17 +28,19 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from curvplan.types.jobs import AnalyzeJobCreate
 from curvplan.types.options import MACHINE_SETTINGS, MachineSettings
 from curvplan_server.config import get_settings
 from curvplan_server.planner import Measurements, Targets, make_plan
+from curvplan_worker.analyze import fanout
 from curvplan_worker.analyze.artifacts import ArtifactAccess, child_engine, job_project
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.errors import JobCancelled, JobError
-from curvplan_worker.kinds import JobContext
+from curvplan_worker.kinds import ChildJob, FanOut, JobContext
 
 log = logging.getLogger("curvplan.worker.analyze")
 
@@ -117,8 +124,14 @@ def _validated(request: dict[str, Any]) -> AnalyzeJobCreate:
         raise JobError("invalid-request", "Invalid analyze request", str(exc)[:300]) from None
 
 
-def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    """Run one attempt of an analyze job; returns ``{measurements, recommendation, …}``."""
+def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
+    """Run one attempt of an analyze job; returns ``{measurements, recommendation, …}``.
+
+    With two or more blocks and ``options.fan_out`` (the default) the first attempt returns
+    a :class:`FanOut` of ``analyze_blocks`` children instead, and the fan-in attempt
+    (``ctx.children`` set) runs every other stage with their records
+    (docs/numerics.md#block-fan-out).
+    """
     request = _without_machine_settings(request)
     body = _validated(request)
     options = dict(request.get("options") or {})  # only what the client set: engine defaults
@@ -135,16 +148,29 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             _resolve_checkpoint(access, project_id, a, f"intermediate_checkpoints.{i}")
             for i, a in enumerate(request.get("intermediate_checkpoints") or [])
         ]
+        checkpoint_paths = [str(c.path) for c in checkpoint]
+        measured, fan_out_record = None, None
+        if ctx.children is not None:
+            measured, fan_out_record = _fanned_in(ctx.children)
+        elif body.options.fan_out:
+            planned = _fan_out(
+                request, body, checkpoint_paths, str(dataset.path), options, engine, settings, ctx
+            )
+            if planned is not None:
+                return planned
         result = _run_engine(
             request["model"],
-            [str(c.path) for c in checkpoint],
+            checkpoint_paths,
             str(dataset.path),
             options,
             machine,
             ctx,
             devices=body.resources.devices,
             lease_seconds=settings.lease_seconds,
+            measured=measured,
         )
+        if fan_out_record is not None:
+            result["fan_out"] = fan_out_record
         noise = _intermediate_noise(
             request["model"], intermediates, str(dataset.path), options, machine, ctx
         )
@@ -303,17 +329,16 @@ def _run_engine(
     *,
     devices: int = 1,
     lease_seconds: float = 30.0,
+    only: Any = None,
+    measured: Any = None,
 ) -> dict[str, Any]:
     """The engine's ``analyze`` with its errors turned into job errors (on ``devices``
-    data-parallel ranks when more than one; a lost rank ends this process as a crash)."""
+    data-parallel ranks when more than one; a lost rank ends this process as a crash).
+    ``only``: the blocks and pairs of one fan-out child; ``measured``: the children's records,
+    in the fan-in; every rank gets them, so all ranks run the same products."""
     import torch
 
-    from curvplan.types.spec import SpecError
     from curvplan_worker.curvature import analyze as curvature_analysis
-    from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
-    from curvplan_worker.curvature.data import DataError
-    from curvplan_worker.curvature.hf import HFModelError
-    from curvplan_worker.curvature.memory import OutOfDeviceMemory
 
     ranks: Any = contextlib.nullcontext()
     if devices > 1:
@@ -334,20 +359,38 @@ def _run_engine(
             "data": data_path,
             "options": options,
             "machine": machine.model_dump(),
+            **curvature_analysis.fan_out_task(only, measured),
         }
         ranks = rank_zero(devices, task, group_timeout(lease_seconds))
+    with engine_errors(), ranks as distributed:
+        return curvature_analysis.analyze(
+            spec,
+            checkpoint_path,
+            data_path,
+            options,
+            progress=_engine_progress(ctx),
+            should_cancel=_should_cancel(ctx),
+            machine=machine,
+            distributed=distributed,
+            only=only,
+            measured=measured,
+        )
+
+
+@contextmanager
+def engine_errors() -> Iterator[None]:
+    """The curvature engine's errors as job errors naming the field (and cancel as cancel)."""
+    import torch
+
+    from curvplan.types.spec import SpecError
+    from curvplan_worker.curvature import analyze as curvature_analysis
+    from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
+    from curvplan_worker.curvature.data import DataError
+    from curvplan_worker.curvature.hf import HFModelError
+    from curvplan_worker.curvature.memory import OutOfDeviceMemory
+
     try:
-        with ranks as distributed:
-            return curvature_analysis.analyze(
-                spec,
-                checkpoint_path,
-                data_path,
-                options,
-                progress=_engine_progress(ctx),
-                should_cancel=_should_cancel(ctx),
-                machine=machine,
-                distributed=distributed,
-            )
+        yield
     except curvature_analysis.Cancelled:
         raise JobCancelled() from None
     except CheckpointMismatch as exc:
@@ -389,6 +432,99 @@ def _mismatch_detail(exc: Any, field: str) -> str:
             text += f" (expected {issue.expected}, found {issue.found})"
         parts.append(text)
     return f"{field}: " + "; ".join(parts)
+
+
+def _fan_out(
+    request: dict[str, Any],
+    body: AnalyzeJobCreate,
+    checkpoint_paths: list[str],
+    data_path: str,
+    options: dict[str, Any],
+    engine: Any,
+    settings: Any,
+    ctx: JobContext,
+) -> FanOut | None:
+    """The block fan-out of this analysis, or None when it has fewer than two blocks (or
+    groups): one ``analyze_blocks`` child per cost-balanced group (:mod:`.fanout`)."""
+    from curvplan_worker.curvature import analyze as curvature_analysis
+
+    ctx.report_progress(0.01, "planning blocks", "block sizes → cost-balanced groups")
+    with engine_errors():
+        plan = curvature_analysis.plan_blocks(
+            request["model"], checkpoint_paths, data_path, options
+        )
+    if len(plan.blocks) < fanout.MIN_GROUPS:
+        return None
+    live = fanout.live_workers(engine, AnalyzeJobCreate.queue, settings.worker_stale_seconds)
+    n_groups = fanout.group_count(body.options.fan_out_groups, live, len(plan.blocks))
+    if n_groups < fanout.MIN_GROUPS:
+        return None
+    groups = fanout.lpt_groups(fanout.work_items(plan.blocks, plan.pairs, body.options), n_groups)
+    common: dict[str, Any] = {
+        key: request[key]
+        for key in ("model", "checkpoint", "dataset", "resources")
+        if key in request
+    }
+    children = [
+        ChildJob(
+            kind=fanout.CHILD_KIND,
+            request={
+                **common,
+                "options": options,
+                "blocks": group.blocks,
+                "pairs": [list(p) for p in group.pairs],
+                "estimated_cost": group.cost,
+            },
+            name=fanout.child_name(i + 1, len(groups), group),
+        )
+        for i, group in enumerate(groups)
+    ]
+    message = f"{len(plan.blocks)} blocks, {len(plan.pairs)} pairs over {len(children)} jobs"
+    return FanOut(children=children, message=message)
+
+
+def _fanned_in(children: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    """The children's block and pair records (for the engine's fan-in run) and the fan-out's
+    record; a child that did not succeed fails the job naming its blocks and pairs."""
+    from curvplan_worker.curvature.analyze import MeasuredBlocks
+
+    failed = [c for c in children if c["status"] != "succeeded" or not c.get("result")]
+    if failed:
+        parts = []
+        for child in failed:
+            request = child.get("request") or {}
+            error = child.get("error") or {}
+            names = ["|".join(p) for p in request.get("pairs") or []]
+            parts.append(
+                f"{child.get('name') or child['id']} ({child['id']}) {child['status']}"
+                f"{': ' + str(error.get('type')) if error.get('type') else ''}"
+                f" — blocks {request.get('blocks') or []}" + (f", pairs {names}" if names else "")
+            )
+        raise JobError(
+            "block-group-failed",
+            "A block group of the fan-out failed",
+            ("; ".join(parts))[:2000],
+        )
+    blocks: list[dict[str, Any]] = []
+    pairs: list[dict[str, Any]] = []
+    record = []
+    for child in children:
+        measurements = child["result"].get("measurements") or {}
+        blocks += measurements.get("blocks") or []
+        pairs += measurements.get("off_diagonal") or []
+        request = child.get("request") or {}
+        record.append(
+            {
+                "job_id": child["id"],
+                "name": child.get("name"),
+                "blocks": request.get("blocks") or [],
+                "pairs": request.get("pairs") or [],
+                "estimated_cost": request.get("estimated_cost"),
+                "elapsed_s": measurements.get("elapsed_s"),
+                "attempt": child.get("attempt"),
+            }
+        )
+    return MeasuredBlocks(blocks=blocks, off_diagonal=pairs), {"children": record}
 
 
 def _intermediate_noise(

@@ -234,7 +234,7 @@ def main() -> NoReturn:
     ready_fd = int(os.environ[READY_FD_ENV])
 
     from curvplan.types.options import MachineSettings
-    from curvplan_worker.curvature.analyze import analyze
+    from curvplan_worker.curvature.analyze import analyze, fan_out_from_task
     from curvplan_worker.curvature.distributed import DataParallel
 
     def lost(detail: str) -> NoReturn:
@@ -262,6 +262,7 @@ def main() -> NoReturn:
             task["options"],
             machine=machine,
             distributed=dp,
+            **fan_out_from_task(task),  # a block fan-out's child or fan-in: rank 0's stages
         )
     except BaseException:
         traceback.print_exc()

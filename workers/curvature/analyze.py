@@ -10,10 +10,11 @@ batches and the same loss normalisation (mean loss term over the whole sample).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -59,6 +60,90 @@ class ProgressEvent:
 
 Progress = Callable[[ProgressEvent], None]
 ShouldCancel = Callable[[], bool]
+
+SEED_DERIVATION = {
+    "scheme": "sha256",
+    "formula": "int.from_bytes(sha256(f'{seed}:{key}').digest()[:8], 'big')",
+    "keys": {
+        "block": "block:<name> (λ_max/λ_min, then trace probes, then GGN and functional parts)",
+        "off_diagonal": "pair:<row>|<col>",
+        "top_eigenspace": "top_eigenspace",
+    },
+}
+"""How every stage that draws random vectors gets its generator (``docs/numerics.md#seeds``):
+one generator per block, per off-diagonal pair and for the top eigenspace, each seeded from the
+job seed and its key, so a block's numbers do not depend on which blocks were measured before
+it, in this process or another (block fan-out)."""
+
+
+def derived_seed(seed: int, key: str) -> int:
+    """The seed of one stage's generator: the first 8 bytes of sha256(f"{seed}:{key}"),
+    big-endian (:data:`SEED_DERIVATION`)."""
+    digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def derived_generator(seed: int, key: str) -> torch.Generator:
+    """A CPU generator seeded with :func:`derived_seed` (the engine draws start vectors on the
+    CPU in float64, so the numbers do not depend on the device's generator)."""
+    return torch.Generator().manual_seed(derived_seed(seed, key))
+
+
+def block_key(name: str) -> str:
+    return f"block:{name}"
+
+
+def pair_key(row: str, col: str) -> str:
+    return f"pair:{row}|{col}"
+
+
+@dataclass(frozen=True)
+class BlockShare:
+    """What one fan-out child measures: only these blocks' spectra and these off-diagonal
+    pairs (every other stage is the parent's)."""
+
+    blocks: tuple[str, ...] = ()
+    pairs: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class MeasuredBlocks:
+    """Block and pair records measured elsewhere (the fan-out children), for the fan-in run:
+    :func:`analyze` uses them instead of measuring the blocks and pairs itself."""
+
+    blocks: list[dict] = field(default_factory=list)
+    off_diagonal: list[dict] = field(default_factory=list)
+
+
+def fan_out_task(only: BlockShare | None, measured: MeasuredBlocks | None) -> dict[str, Any]:
+    """``only`` and ``measured`` as JSON, for the task of the data-parallel ranks (each rank
+    must run the same products as rank 0); :func:`fan_out_from_task` reads it back."""
+    out: dict[str, Any] = {}
+    if only is not None:
+        out["only"] = {"blocks": list(only.blocks), "pairs": [list(p) for p in only.pairs]}
+    if measured is not None:
+        out["measured"] = {"blocks": measured.blocks, "off_diagonal": measured.off_diagonal}
+    return out
+
+
+def fan_out_from_task(task: dict[str, Any]) -> dict[str, Any]:
+    """The ``only`` and ``measured`` arguments of :func:`analyze` from a rank's task."""
+    only, measured = task.get("only"), task.get("measured")
+    return {
+        "only": None
+        if only is None
+        else BlockShare(tuple(only["blocks"]), tuple((r, c) for r, c in only["pairs"])),
+        "measured": None if measured is None else MeasuredBlocks(**measured),
+    }
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """The blocks an analysis measures (name → parameters, in order) and its off-diagonal
+    pairs (row, col, parameters of row, of col): what a fan-out splits."""
+
+    blocks: dict[str, int]
+    pairs: list[tuple[str, str, int, int]]
 
 
 def _clean(value: Any) -> Any:
@@ -120,6 +205,8 @@ def analyze(
     data: Dataset | None = None,
     machine: MachineSettings | None = None,
     distributed: DataParallel | None = None,
+    only: BlockShare | None = None,
+    measured: MeasuredBlocks | None = None,
 ) -> dict:
     """Measure the curvature of the model at its checkpoint weights on an evaluation sample.
 
@@ -134,6 +221,12 @@ def analyze(
     the engine contract. Raises ``SpecError``, ``HFModelError``, ``OptionsError``,
     ``CheckpointMismatch``, ``DataError`` with messages naming the field, and
     :class:`Cancelled`.
+
+    Block fan-out (``docs/numerics.md#block-fan-out``): with ``only`` the run measures just
+    those blocks and pairs and returns ``{blocks, off_diagonal}`` records (plus the header
+    fields); with ``measured`` it measures everything else and takes the block and pair
+    records from there. Each block and pair has its own generator (:data:`SEED_DERIVATION`),
+    so the assembled result equals a single-process run's float for float.
     """
     if not is_hf_source(spec):
         spec = parse_spec(spec)
@@ -157,13 +250,26 @@ def analyze(
                 model,
                 data,
                 distributed,
+                only,
+                measured,
             )
     finally:
         torch.set_num_threads(threads)
 
 
 def _analyze(
-    spec, checkpoint_path, data_path, opts, machine, progress, should_cancel, model, data, dist
+    spec,
+    checkpoint_path,
+    data_path,
+    opts,
+    machine,
+    progress,
+    should_cancel,
+    model,
+    data,
+    dist,
+    only=None,
+    measured=None,
 ):
     report = _Reporter(progress, should_cancel)
     started = time.perf_counter()
@@ -188,7 +294,7 @@ def _analyze(
     else:
         all_blocks = source.default_blocks or default_blocks(model)
     blocks = select_blocks(all_blocks, opts.blocks)
-    gen = torch.Generator().manual_seed(opts.seed)
+    pairs = selected_pairs(list(blocks), opts)
     n_params = sum(p.numel() for _, p in model.named_parameters())
     micro_batch = source.micro_batch(opts.eval_batch_size)
     result: dict[str, Any] = {
@@ -196,6 +302,7 @@ def _analyze(
         "device": str(device),
         "dtype": opts.precision,
         "seed": opts.seed,
+        "seed_derivation": SEED_DERIVATION,
         "options": opts.model_dump(),
         "machine": machine.model_dump(),
         "model": source.description,
@@ -235,8 +342,36 @@ def _analyze(
         result["n_loss_terms"] = engine.total_count
         result["gradient_norm"] = float(torch.linalg.vector_norm(grad.double()))
         result["n_eval_batches"] = len(engine.batches)
-        result["blocks"] = _block_records(engine, blocks, opts, gen, report)
-        result["off_diagonal"] = _off_diagonal(engine, blocks, opts, gen, report)
+        if only is not None:
+            wanted = {name: blocks[name] for name in _known(only.blocks, blocks, "blocks")}
+            _known([x for p in only.pairs for x in p], blocks, "off_diagonal")
+            result["blocks"] = _block_records(engine, wanted, opts, report)
+            result["off_diagonal"] = _off_diagonal(engine, blocks, list(only.pairs), opts, report)
+            engine.release_graph()
+            result["memory_plan"].update(
+                retries=list(engine.oom_retries), final_micro_batch=engine.micro_batch
+            )
+            result["peak_memory_bytes"], result["peak_memory_source"] = peak_memory(device)
+            result["elapsed_s"] = time.perf_counter() - started
+            return _clean(result)
+        if measured is not None:
+            # the same stages as a single-process run, each in one step: their records
+            report(
+                0.6,
+                "blocks",
+                f"{len(blocks)} blocks measured by the fan-out's child jobs",
+                index=len(blocks),
+                total=len(blocks),
+            )
+            result["blocks"] = _in_order(measured.blocks, list(blocks), "blocks", _name)
+            if pairs:
+                report(0.7, "off_diagonal", f"{len(pairs)} pairs measured by the child jobs")
+            result["off_diagonal"] = _in_order(
+                measured.off_diagonal, [f"{r}|{c}" for r, c in pairs], "off_diagonal", _pair
+            )
+        else:
+            result["blocks"] = _block_records(engine, blocks, opts, report)
+            result["off_diagonal"] = _off_diagonal(engine, blocks, pairs, opts, report)
         if opts.dense == "on" or (opts.dense == "auto" and n_params <= opts.dense_limit):
             if n_params > max(opts.dense_limit, DEFAULT_DENSE_LIMIT) and opts.dense == "on":
                 raise OptionsError([("dense", f"{n_params} parameters is too many for dense")])
@@ -245,7 +380,7 @@ def _analyze(
         top_vectors = None
         if opts.per_sample and opts.top_d > 0:
             report(0.75, "top_eigenspace", f"top-{opts.top_d} eigenvectors of H")
-            top_vectors, top_info = _top_eigenspace(engine, opts, gen)
+            top_vectors, top_info = _top_eigenspace(engine, opts)
             result["top_eigenspace"] = top_info
         engine.release_graph()
         result["memory_plan"].update(
@@ -270,9 +405,81 @@ def _analyze(
     return _clean(result)
 
 
-def _block_records(engine, blocks, opts, gen, report) -> list[dict]:
+def _name(record: dict) -> str:
+    return str(record["name"])
+
+
+def _pair(record: dict) -> str:
+    return f"{record['row']}|{record['col']}"
+
+
+def _known(names: Sequence[str], blocks: dict[str, list[str]], field_name: str) -> list[str]:
+    unknown = sorted(set(names) - set(blocks))
+    if unknown:
+        raise OptionsError([(field_name, f"unknown or unselected blocks {unknown}")])
+    return list(dict.fromkeys(names))
+
+
+def _in_order(records: list[dict], keys: list[str], what: str, key: Callable) -> list[dict]:
+    """Records measured elsewhere, in this run's order; every key exactly once."""
+    by_key = {key(r): r for r in records}
+    missing = [k for k in keys if k not in by_key]
+    extra = sorted(set(by_key) - set(keys))
+    if missing or extra or len(by_key) != len(records):
+        raise ValueError(
+            f"{what}: the measured records do not match the analysis (missing {missing}, "
+            f"unexpected {extra}, {len(records) - len(by_key)} duplicated)"
+        )
+    return [by_key[k] for k in keys]
+
+
+def selected_pairs(names: list[str], opts: AnalysisOptions) -> list[tuple[str, str]]:
+    """The off-diagonal pairs ``opts.off_diagonal`` asks for, among the selected blocks."""
+    if opts.off_diagonal is False:
+        return []
+    if opts.off_diagonal is True:
+        return [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    unknown = sorted({x for pair in opts.off_diagonal for x in pair} - set(names))
+    if unknown:
+        raise OptionsError([("off_diagonal", f"unknown or unselected blocks {unknown}")])
+    return [(a, b) for a, b in opts.off_diagonal]
+
+
+def plan_blocks(
+    spec: ModelSpec | dict | Any,
+    checkpoint_path: str | Sequence[str] | None,
+    data_path: str | None,
+    options: AnalysisOptions | dict | None = None,
+    *,
+    model: torch.nn.Module | None = None,
+    data: Dataset | None = None,
+) -> BlockPlan:
+    """The blocks and pairs :func:`analyze` would measure with these inputs and options, with
+    their sizes (what a block fan-out splits into groups). Loads the model like ``analyze``
+    and raises the same errors; measures nothing."""
+    if not is_hf_source(spec):
+        spec = parse_spec(spec)
+    opts = parse_options(options)
+    dtype = resolve_dtype(opts.precision)
+    source = load_source(
+        spec, checkpoint_path, data_path, dtype=dtype, seed=0, built=model, data=data
+    )
+    module = source.module
+    if opts.block_definitions:
+        all_blocks = custom_blocks(module, opts.block_definitions)
+    else:
+        all_blocks = source.default_blocks or default_blocks(module)
+    blocks = select_blocks(all_blocks, opts.blocks)
+    layout = CurvatureEngine(module, source.objective)
+    sizes = {name: layout.layout(members).numel for name, members in blocks.items()}
+    pairs = [(r, c, sizes[r], sizes[c]) for r, c in selected_pairs(list(blocks), opts)]
+    return BlockPlan(blocks=sizes, pairs=pairs)
+
+
+def _block_records(engine, blocks, opts, report) -> list[dict]:
     records = []
     for i, (name, members) in enumerate(blocks.items()):
+        gen = derived_generator(opts.seed, block_key(name))
         report(
             0.05 + 0.55 * i / len(blocks),
             "blocks",
@@ -318,17 +525,7 @@ def _block_records(engine, blocks, opts, gen, report) -> list[dict]:
     return records
 
 
-def _off_diagonal(engine, blocks, opts, gen, report) -> list[dict]:
-    if opts.off_diagonal is False:
-        return []
-    names = list(blocks)
-    if opts.off_diagonal is True:
-        pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
-    else:
-        unknown = sorted({x for pair in opts.off_diagonal for x in pair} - set(names))
-        if unknown:
-            raise OptionsError([("off_diagonal", f"unknown or unselected blocks {unknown}")])
-        pairs = list(opts.off_diagonal)
+def _off_diagonal(engine, blocks, pairs, opts, report) -> list[dict]:
     out = []
     for i, (row, col) in enumerate(pairs):
         report(
@@ -343,7 +540,7 @@ def _off_diagonal(engine, blocks, opts, gen, report) -> list[dict]:
             engine,
             blocks[row],
             blocks[col],
-            generator=gen,
+            generator=derived_generator(opts.seed, pair_key(row, col)),
             tol=opts.tolerance,
             max_iter=opts.max_iter,
         )
@@ -351,13 +548,13 @@ def _off_diagonal(engine, blocks, opts, gen, report) -> list[dict]:
     return out
 
 
-def _top_eigenspace(engine, opts, gen):
+def _top_eigenspace(engine, opts):
     names = engine.names
     n = engine.layout(names).numel
     spec = lanczos_spectrum(
         lambda v: engine.hvp(names, names, v),
         n,
-        generator=gen,
+        generator=derived_generator(opts.seed, "top_eigenspace"),
         tol=max(opts.tolerance, 1e-4),
         max_iter=opts.max_iter,
         top_k=opts.top_d,

@@ -1,0 +1,210 @@
+"""Block fan-out of one analysis over 1 and over 2 workers: wall time and speed-up, side by side.
+
+The reference GPT of ``bench_curvature.py`` (2 pre-LN layers, d_model 64, ~115k parameters,
+briefly trained; evaluation batch 64 × 32 tokens), one ``analyze`` job measuring λ_max, λ_min
+and the trace of every default block, fanned out into ``--groups`` ``analyze_blocks`` children
+(the same split for every worker count), run by W ``curvplan worker`` processes of one torch
+thread each (``CURVPLAN_WORKER_THREADS=1``) against a scratch database. Times submit → the
+parent's success, and checks that every run gives the same block numbers (per-block seeds).
+Needs PostgreSQL: ``--admin-url`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``).
+A timing is never an assertion here; on a loaded machine two workers cannot reach 2×.
+
+    python benchmarks/bench_fanout.py [--workers 1,2] [--groups 2] [--train-steps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def curvplan_command() -> list[str]:
+    script = Path(sys.executable).parent / "curvplan"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "curvplan.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def write_problem(out: Path, train_steps: int) -> dict[str, Any]:
+    """The reference GPT's checkpoint and evaluation batch as files; returns the spec."""
+    from bench_curvature import REFERENCE_SPEC, reference_problem
+
+    from curvplan_worker.curvature.checkpoint import save_checkpoint
+    from curvplan_worker.curvature.data import Dataset, save_dataset
+
+    out.mkdir(parents=True, exist_ok=True)
+    model, _, x, y = reference_problem(train_steps)
+    save_checkpoint(model, out / "checkpoint.safetensors")
+    save_dataset(Dataset(x, y), out / "data.safetensors")
+    return REFERENCE_SPEC
+
+
+def wait_done(client: Any, job_id: str, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}", params={"wait": 10}).json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+    raise RuntimeError(f"job {job_id} not done after {timeout} s")
+
+
+def run_once(spec: dict, files: Path, workers: int, args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from curvplan_server import migrations
+    from curvplan_server.config import libpq_url, normalise_database_url
+
+    name = f"curvplan_bench_fanout_{secrets.token_hex(4)}"
+    with psycopg.connect(libpq_url(args.admin_url), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(args.admin_url).set(database=name).render_as_string(False)
+    url = normalise_database_url(url)
+    procs: list[subprocess.Popen] = []
+    tmp = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
+    try:
+        migrations.upgrade(url)
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("CURVPLAN_")},
+            "DATABASE_URL": url,
+            "CURVPLAN_DATA_DIR": str(tmp / "data"),
+            "CURVPLAN_AUTH_DISABLED": "true",
+            "CURVPLAN_WORKER_THREADS": "1",
+            "CURVPLAN_WORKER_SELF_TEST": "false",
+            "CURVPLAN_WORKER_DEVICE": "cpu",
+            "OMP_NUM_THREADS": "1",
+        }
+        port = free_port()
+        cmd = curvplan_command()
+        log = (tmp / "server.log").open("wb")
+        procs.append(
+            subprocess.Popen([*cmd, "serve", "--port", str(port)], env=env, stdout=log, stderr=log)
+        )
+        for i in range(workers):
+            wlog = (tmp / f"worker-{i}.log").open("wb")
+            procs.append(
+                subprocess.Popen(
+                    [*cmd, "worker", "--queues", "gpu", "--poll-interval", "0.1"],
+                    env=env,
+                    stdout=wlog,
+                    stderr=wlog,
+                )
+            )
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the API did not come up")
+            time.sleep(0.2)
+        with httpx.Client(base_url=base, timeout=30) as client:
+            ids = {}
+            for stem, kind in (("checkpoint", "checkpoint"), ("data", "dataset")):
+                with (files / f"{stem}.safetensors").open("rb") as fh:
+                    response = client.post(
+                        "/v1/artifacts",
+                        files={"file": (fh.name, fh, "application/octet-stream")},
+                        data={"kind": kind},
+                    )
+                response.raise_for_status()
+                ids[stem] = response.json()["id"]
+            time.sleep(args.settle)  # let the workers' forkservers import torch first
+            body = {
+                "kind": "analyze",
+                "model": spec,
+                "checkpoint": ids["checkpoint"],
+                "dataset": ids["data"],
+                "options": {
+                    "fan_out_groups": args.groups,
+                    "tolerance": args.tol,
+                    "max_iter": args.max_iter,
+                    "trace_probes": args.trace_probes,
+                    "dense": "off",
+                    "per_sample": False,
+                    "gradient_noise": False,
+                    "bounds": False,
+                },
+            }
+            start = time.monotonic()
+            response = client.post("/v1/jobs", json=body)
+            response.raise_for_status()
+            done = wait_done(client, response.json()["id"], timeout=7200)
+            wall = time.monotonic() - start
+        if done["status"] != "succeeded":
+            raise RuntimeError(f"analysis {done['status']}: {done['error']}")
+        measured = done["result"]["measurements"]
+        children = measured["fan_out"]["children"]
+        return {
+            "workers": workers,
+            "wall_s": wall,
+            "children": children,
+            "blocks": [(b["name"], b["lambda_max"], b["lambda_min"]) for b in measured["blocks"]],
+            "products": sum(b["n_products"] for b in measured["blocks"]),
+        }
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        with psycopg.connect(libpq_url(args.admin_url), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--train-steps", type=int, default=200)
+    parser.add_argument("--tol", type=float, default=1e-4)
+    parser.add_argument("--max-iter", type=int, default=300)
+    parser.add_argument("--trace-probes", type=int, default=30)
+    parser.add_argument("--settle", type=float, default=8.0)
+    args = parser.parse_args()
+    files = Path(tempfile.mkdtemp(prefix="bench-fanout-files-"))
+    spec = write_problem(files, args.train_steps)
+    rows = [run_once(spec, files, int(w), args) for w in args.workers.split(",")]
+    same = all(row["blocks"] == rows[0]["blocks"] for row in rows)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"blocks {len(rows[0]['blocks'])}, products {rows[0]['products']}, groups {args.groups}")
+    print("children (estimated cost → seconds), first run:")
+    for child in rows[0]["children"]:
+        print(
+            f"  {len(child['blocks']):>3} blocks  est. cost {child['estimated_cost']:>10.3g}"
+            f"  {child['elapsed_s']:>7.1f} s"
+        )
+    base = rows[0]["wall_s"]
+    print(f"{'workers':>8} {'wall s':>8} {'speed-up':>9} {'Σ child s':>10}")
+    for row in rows:
+        child_s = sum(c["elapsed_s"] or 0.0 for c in row["children"])
+        speed_up = base / row["wall_s"]
+        print(f"{row['workers']:>8} {row['wall_s']:>8.1f} {speed_up:>9.2f} {child_s:>10.1f}")
+    print(f"identical block numbers across runs: {same}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The ``analyze_blocks`` kind: one group of an analysis's block fan-out (torch; gpu queue).
+
+Loads the parent's checkpoint and dataset with the parent's options and measures only the
+blocks and off-diagonal pairs it was given (docs/numerics.md#block-fan-out); every block and
+pair has its own generator, so the records equal a single-process run's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import curvplan_worker.curvature.analyze as curvature_analysis
+from curvplan.types.jobs import AnalyzeBlocksJobCreate
+from curvplan_server.config import get_settings
+from curvplan_worker.analyze.artifacts import ArtifactAccess, child_engine, job_project
+from curvplan_worker.analyze.pipeline import (
+    _machine,
+    _resolve_checkpoint,
+    _run_engine,
+    _without_machine_settings,
+)
+from curvplan_worker.errors import JobError
+from curvplan_worker.kinds import JobContext
+
+
+def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Measure this group's blocks and pairs; returns ``{measurements, estimated_cost}``."""
+    request = _without_machine_settings(request)
+    try:
+        body = AnalyzeBlocksJobCreate.model_validate(request)
+    except Exception as exc:
+        raise JobError(
+            "invalid-request", "Invalid analyze_blocks request", str(exc)[:300]
+        ) from None
+    if not body.blocks and not body.pairs:
+        raise JobError("invalid-request", "Nothing to measure", "blocks: give blocks or pairs")
+    ctx.report_progress(0.0, "loading", "resolving artifacts")
+    settings = get_settings()
+    engine = child_engine(settings.sqlalchemy_url)
+    # Open until the engine has read the files: the cache keeps the resolved blobs pinned.
+    access = ArtifactAccess.for_attempt(engine, ctx.data_dir, ctx.api_url, ctx.api_key)
+    try:
+        project_id = job_project(engine, ctx.job_id)
+        checkpoint = _resolve_checkpoint(access, project_id, request["checkpoint"], "checkpoint")
+        dataset = access.resolve(project_id, str(body.dataset), "dataset", "dataset")
+        share = curvature_analysis.BlockShare(
+            blocks=tuple(body.blocks), pairs=tuple((r, c) for r, c in body.pairs)
+        )
+        result = _run_engine(
+            request["model"],
+            [str(c.path) for c in checkpoint],
+            str(dataset.path),
+            dict(request.get("options") or {}),
+            _machine(settings),
+            ctx,
+            devices=body.resources.devices,
+            lease_seconds=settings.lease_seconds,
+            only=share,
+        )
+    finally:
+        access.close()
+        engine.dispose()
+    ctx.report_progress(1.0, "done", f"{len(body.blocks)} blocks, {len(body.pairs)} pairs")
+    return {"measurements": result, "estimated_cost": body.estimated_cost}
