@@ -2,7 +2,7 @@
 # Build the curvature benchmark's own venv with the peer libraries (hessian-eigenthings,
 # curvlinops + scipy eigsh). Torch is pinned by a constraints file: unconstrained,
 # curvlinops' dependencies (backpack -> torchvision) upgrade torch to a CUDA build
-# (curvature-pitfalls §12). Never install the peers into the project's .venv.
+# (docs/numerics.md#benchmarks). Never install the peers into the project's .venv.
 #
 #   benchmarks/setup_peers.sh [VENV_DIR]      (default: .bench-venv at the repository root)
 #
