@@ -559,15 +559,15 @@ def fan_out(
     """End a fan-out attempt: insert ``children`` and leave the job waiting for them (fenced).
 
     ``children`` are ``{"kind", "request", "name"}`` objects (requests already validated by
-    the contract). In one transaction: the children are inserted (``queued``, same project
-    and tags as the parent, ``parent_id`` set), the parent keeps status ``running`` but
+    the contract). In one transaction: the children are inserted (``queued``, same project,
+    tags and priority as the parent, ``parent_id`` set), the parent keeps status ``running`` but
     loses its lease and worker (stage ``waiting for children``), and the attempt ends with
     outcome ``fanned-out``. A job whose cancellation was requested meanwhile ends
     ``cancelled`` and creates nothing. Returns the job's status, or None if fenced out.
     """
     row = conn.execute(
         text(
-            "SELECT status, project_id, tags, max_attempts, progress FROM job"
+            "SELECT status, project_id, tags, priority, max_attempts, progress FROM job"
             f" WHERE {FENCE} FOR UPDATE"
         ),
         fence.params(),
@@ -586,9 +586,9 @@ def fan_out(
     conn.execute(
         text(
             "INSERT INTO job (id, project_id, parent_id, kind, queue, name, tags, status,"
-            " request, max_attempts, created_at, updated_at)"
+            " request, priority, max_attempts, created_at, updated_at)"
             " VALUES (:id, :project_id, :parent_id, :kind, :queue, :name, CAST(:tags AS jsonb),"
-            " 'queued', CAST(:request AS jsonb), :max_attempts,"
+            " 'queued', CAST(:request AS jsonb), :priority, :max_attempts,"
             " clock_timestamp(), clock_timestamp())"
         ),
         [
@@ -601,6 +601,7 @@ def fan_out(
                 "name": child.get("name"),
                 "tags": _json(row.tags or {}),
                 "request": _json(child["request"]),
+                "priority": row.priority,
                 "max_attempts": int(child.get("max_attempts") or row.max_attempts),
             }
             for child in children

@@ -39,8 +39,14 @@ def _children(db: Engine, parent: uuid.UUID) -> list:
         )
 
 
-def _fanned_parent(db: Engine, project_id: uuid.UUID, n: int = 3) -> tuple[uuid.UUID, list]:
+def _fanned_parent(
+    db: Engine, project_id: uuid.UUID, n: int = 3, priority: int = 0
+) -> tuple[uuid.UUID, list]:
     (parent,) = insert_jobs(db, project_id, [plan_request()])
+    with db.begin() as conn:
+        conn.execute(
+            text("UPDATE job SET priority = :p WHERE id = :id"), {"p": priority, "id": parent}
+        )
     fence = _claim(db, parent)
     children = [
         {"kind": "plan", "request": {"kind": "plan", **plan_request()}, "name": f"point {i}"}
@@ -65,7 +71,7 @@ def _finish_child(db: Engine, child_id: uuid.UUID, outcome: str = "succeeded") -
 
 
 def test_parent_waits_without_lease_and_the_last_child_queues_it(db, project_id):
-    parent, children = _fanned_parent(db, project_id, n=3)
+    parent, children = _fanned_parent(db, project_id, n=3, priority=5)
     row = job_row(db, parent)
     assert row.status == "running" and row.lease_expires_at is None and row.worker_id is None
     assert row.progress["stage"] == "waiting for children"
@@ -73,6 +79,7 @@ def test_parent_waits_without_lease_and_the_last_child_queues_it(db, project_id)
     assert [a.outcome for a in attempt_rows(db, parent)] == ["fanned-out"]
     assert {c.status for c in children} == {"queued"}
     assert {c.project_id for c in children} == {project_id}
+    assert {c.priority for c in children} == {5}  # a prioritised job's children keep its place
     # The reaper, even with every lease long expired, leaves the waiting parent alone.
     with db.begin() as conn:
         assert store.reap_expired(conn, backoff_base=0.1, backoff_max=0.1) == []
