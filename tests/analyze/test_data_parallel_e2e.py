@@ -253,3 +253,35 @@ def test_a_block_fan_out_of_a_two_device_job_runs_every_child_on_two_ranks(
     for child in children["children"]:
         request = client.get(f"/v1/jobs/{child['id']}").json()["request"]
         assert request["resources"] == {"devices": 2}
+
+
+def test_cancelling_a_two_device_job_ends_every_rank(
+    client: httpx.Client, service: Service, inputs: dict[str, str]
+) -> None:
+    """Cancel reaches a job running on its ranks: the job ends ``cancelled`` (no retry), and
+    neither rank 0 (the attempt process) nor the other rank outlives it."""
+    job = client.post("/v1/jobs", json=_body(inputs, 2)).json()
+    assert service.worker.proc is not None
+    worker_pid = service.worker.proc.pid
+    deadline = time.monotonic() + 60
+    ranks: list[int] = []
+    while time.monotonic() < deadline:
+        stage = (client.get(f"/v1/jobs/{job['id']}").json().get("progress") or {}).get("stage")
+        ranks = _ranks_of(worker_pid)
+        if stage and stage.startswith("block spectra") and ranks:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the 2-device job never reached its block spectra:\n" + service.logs())
+    rank_zero = _parent(ranks[0])
+    assert rank_zero is not None
+    response = client.post(f"/v1/jobs/{job['id']}/cancel")
+    assert response.status_code in (200, 202), response.text
+    done = wait_terminal(client, job["id"], timeout=60)
+    assert done["status"] == "cancelled", (done["error"], service.logs())
+    assert done["attempt"] == 1
+    deadline = time.monotonic() + 10
+    while not (_gone(ranks[0]) and _gone(rank_zero)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(ranks[0]) and _gone(rank_zero)
+    assert _ranks_of(worker_pid) == []
