@@ -180,3 +180,92 @@ def test_a_worker_sharing_only_the_database_runs_an_analysis(database: str, tmp_
             engine.dispose()
     # One credential per worker slot, scope worker, revoked at the clean stop.
     assert [(c.revoked, list(c.scopes)) for c in creds] == [(True, ["worker"])]
+
+
+def test_an_unreachable_api_requeues_the_job_until_it_is_back(
+    database: str, tmp_path: Path
+) -> None:
+    """A remote worker that cannot reach the API to fetch its inputs does not fail the job: the
+    attempt ends ``crashed`` (a transient failure), the job is queued again with backoff, and
+    it succeeds once the API is back — its inputs fetched then, through the API."""
+    import os
+    import signal
+    import time
+
+    api_dir, worker_dir = tmp_path / "api-data", tmp_path / "worker-data"
+    api_dir.mkdir()
+    worker_dir.mkdir()
+    server = live_plugin.ServerProcess(
+        live_plugin.service_env(database, api_dir), tmp_path / "server.log"
+    )
+    worker_env = live_plugin.service_env(
+        database,
+        worker_dir,
+        CURVPLAN_URL=server.url,
+        CURVPLAN_RETRY_BACKOFF_BASE_SECONDS="1",
+        CURVPLAN_WORKER_HTTP_TIMEOUT_SECONDS="5",
+    )
+    worker = HiddenDirWorker(worker_env, tmp_path / "worker.log", None)
+    worker.start()
+    engine = create_engine(database)
+    try:
+        server.start()
+        key = live_plugin.make_api_key(database, f"remote-{uuid.uuid4().hex[:6]}")
+        with httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        ) as client:
+            files = _tiny_files(tmp_path)
+            ckpt = _upload(client, files["checkpoint"], "checkpoint")
+            data = _upload(client, files["data"], "dataset")
+            assert worker.proc is not None
+            os.kill(worker.proc.pid, signal.SIGSTOP)  # the job waits until the API is gone
+            try:
+                response = client.post(
+                    "/v1/jobs",
+                    json={
+                        "kind": "analyze",
+                        "model": SPEC,
+                        "options": {**OPTIONS, "fan_out": False},
+                        "targets": TARGETS,
+                        "checkpoint": ckpt["id"],
+                        "dataset": data["id"],
+                    },
+                )
+                assert response.status_code == 202, response.text
+                job_id = response.json()["id"]
+                server.kill()
+            finally:
+                os.kill(worker.proc.pid, signal.SIGCONT)
+
+        def outcomes() -> list[str | None]:
+            with engine.connect() as conn:
+                return list(
+                    conn.execute(
+                        text("SELECT outcome FROM job_attempt WHERE job_id = :id ORDER BY attempt"),
+                        {"id": job_id},
+                    ).scalars()
+                )
+
+        deadline = time.monotonic() + 60
+        while outcomes()[:1] != ["crashed"]:
+            assert time.monotonic() < deadline, worker.tail()
+            time.sleep(0.1)
+        with engine.connect() as conn:
+            status = conn.execute(
+                text("SELECT status FROM job WHERE id = :id"), {"id": job_id}
+            ).scalar_one()
+        assert status in ("queued", "running"), status  # re-queued, not failed
+        server.start()
+        with httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        ) as client:
+            done = wait_terminal(client, job_id, timeout=120)
+        assert done["status"] == "succeeded", (done["error"], worker.tail())
+        seen = outcomes()
+        assert seen[-1] == "succeeded" and set(seen[:-1]) == {"crashed"}, seen
+        cached = {p.name for p in (worker_dir / "cache").glob("[0-9a-f][0-9a-f]/*")}
+        assert cached == {ckpt["sha256"], data["sha256"]}
+    finally:
+        worker.stop()
+        server.stop()
+        engine.dispose()
