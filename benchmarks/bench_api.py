@@ -176,6 +176,12 @@ def main() -> int:
             "CURVPLAN_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
         ),
     )
+    parser.add_argument(
+        "--without-notify-trigger",
+        action="store_true",
+        help="drop the job_notify trigger (NOTIFY per job insert and status change) after the "
+        "migrations, to see what it costs the API (its listeners wake on every notification)",
+    )
     args = parser.parse_args()
 
     load_before = os.getloadavg()[0]
@@ -188,6 +194,9 @@ def main() -> int:
     try:
         migrations.upgrade(url)
         engine = make_engine(url)
+        if args.without_notify_trigger:
+            with engine.begin() as conn:
+                conn.exec_driver_sql("DROP TRIGGER job_notify ON job")
         with make_sessionmaker(engine)() as session:
             key = create_key(session, "bench")
             session.commit()
@@ -242,6 +251,7 @@ def main() -> int:
         f"POST /v1/jobs  client={args.client}  concurrency={args.concurrency}  "
         f"uvicorn workers={args.workers}  cores={os.cpu_count()}  duration={args.seconds:.0f}s  "
         f"load average before={load_before:.1f} after={os.getloadavg()[0]:.1f}"
+        + ("  job_notify trigger DROPPED" if args.without_notify_trigger else "")
     )
     print(f"requests={n}  errors={errors}  jobs stored={stored}  throughput={rate:.0f} req/s")
     print(
