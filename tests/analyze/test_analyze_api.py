@@ -121,10 +121,10 @@ def test_machine_settings_and_bound_option_typos_are_422_naming_the_field(
 
 
 def test_a_request_queued_with_machine_settings_still_runs_without_them() -> None:
-    from curvplan_worker.analyze.pipeline import _validated, _without_machine_settings
+    from curvplan_worker.analyze.pipeline import _validated, without_machine_settings
 
     old = _body(str(uuid.uuid4()), str(uuid.uuid4()), options={"self_test": False, "seed": 2})
-    body = _validated(_without_machine_settings(old))
+    body = _validated(without_machine_settings(old))
     assert body.options.seed == 2
     assert "self_test" not in body.options.model_dump(exclude_unset=True)
 

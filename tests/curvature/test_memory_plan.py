@@ -175,7 +175,7 @@ def test_injected_out_of_memory_halves_the_micro_batch_and_redoes_the_product(
 
 
 def test_out_of_memory_at_micro_batch_one_is_a_named_job_error(monkeypatch, tmp_path):
-    from curvplan_worker.analyze.pipeline import _run_engine
+    from curvplan_worker.analyze.pipeline import run_engine
     from curvplan_worker.errors import JobError
     from curvplan_worker.kinds import JobContext
 
@@ -194,7 +194,7 @@ def test_out_of_memory_at_micro_batch_one_is_a_named_job_error(monkeypatch, tmp_
         is_cancelled=lambda: False,
     )
     with pytest.raises(JobError) as err:
-        _run_engine(
+        run_engine(
             SPEC,
             str(tmp_path / "ckpt.safetensors"),
             str(tmp_path / "data.safetensors"),

@@ -20,7 +20,8 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from curvplan_server.storage.blobs import delete_if_unreferenced, lock_blob, pla
 from curvplan_worker.blobs.cache import BlobCache, CorruptDownload
 from curvplan_worker.blobs.client import BlobApi, BlobNotOnServer, BlobTransferError
 from curvplan_worker.errors import JobError
+from curvplan_worker.kinds import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -363,3 +365,17 @@ def _sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+@contextmanager
+def attempt_access(ctx: JobContext) -> Iterator[tuple[ArtifactAccess, uuid.UUID]]:
+    """The attempt's artifact access and the project of its job (what every kind that reads
+    artifacts starts with). On exit the access is closed (the cache keeps the resolved blobs
+    pinned until then, so close it only when the files have been read) and the attempt's
+    database engine (``access.engine``) disposed."""
+    engine = child_engine(get_settings().sqlalchemy_url)
+    try:
+        with ArtifactAccess.for_attempt(engine, ctx.data_dir, ctx.api_url, ctx.api_key) as access:
+            yield access, job_project(engine, ctx.job_id)
+    finally:
+        engine.dispose()

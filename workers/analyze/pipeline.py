@@ -37,7 +37,7 @@ from curvplan.types.options import MACHINE_SETTINGS, MachineSettings
 from curvplan_server.config import get_settings
 from curvplan_server.planner import Measurements, Targets, make_plan
 from curvplan_worker.analyze import fanout
-from curvplan_worker.analyze.artifacts import ArtifactAccess, child_engine, job_project
+from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.errors import JobCancelled, JobError
 from curvplan_worker.kinds import ChildJob, FanOut, JobContext
@@ -98,16 +98,18 @@ def _ids(value: Any) -> list[str]:
     return [str(value)]
 
 
-def _resolve_checkpoint(
+def resolve_checkpoint(
     access: ArtifactAccess, project_id: uuid.UUID, value: Any, field: str
 ) -> list[Any]:
+    """A checkpoint reference (one id or its shards' ids) resolved to readable files; errors
+    name ``field`` (``field.i`` for shard i)."""
     ids = _ids(value)
     if len(ids) == 1:
         return [access.resolve(project_id, ids[0], "checkpoint", field)]
     return [access.resolve(project_id, a, "checkpoint", f"{field}.{i}") for i, a in enumerate(ids)]
 
 
-def _without_machine_settings(request: dict[str, Any]) -> dict[str, Any]:
+def without_machine_settings(request: dict[str, Any]) -> dict[str, Any]:
     """A stored request without the machine settings older API versions accepted as options
     (a job queued before they became worker settings still runs, under the worker's)."""
     options = request.get("options")
@@ -132,20 +134,18 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
     (``ctx.children`` set) runs every other stage with their records
     (docs/numerics.md#block-fan-out).
     """
-    request = _without_machine_settings(request)
+    request = without_machine_settings(request)
     body = _validated(request)
     options = dict(request.get("options") or {})  # only what the client set: engine defaults
     ctx.report_progress(0.0, "loading", "resolving artifacts")
     settings = get_settings()
-    machine = _machine(settings)
-    engine = child_engine(settings.sqlalchemy_url)
-    access = ArtifactAccess.for_attempt(engine, ctx.data_dir, ctx.api_url, ctx.api_key)
-    try:
-        project_id = job_project(engine, ctx.job_id)
-        checkpoint = _resolve_checkpoint(access, project_id, request["checkpoint"], "checkpoint")
+    machine = worker_machine(settings)
+    with attempt_access(ctx) as (access, project_id):
+        engine = access.engine
+        checkpoint = resolve_checkpoint(access, project_id, request["checkpoint"], "checkpoint")
         dataset = access.resolve(project_id, str(body.dataset), "dataset", "dataset")
         intermediates = [
-            _resolve_checkpoint(access, project_id, a, f"intermediate_checkpoints.{i}")
+            resolve_checkpoint(access, project_id, a, f"intermediate_checkpoints.{i}")
             for i, a in enumerate(request.get("intermediate_checkpoints") or [])
         ]
         checkpoint_paths = [str(c.path) for c in checkpoint]
@@ -158,7 +158,7 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
             )
             if planned is not None:
                 return planned
-        result = _run_engine(
+        result = run_engine(
             request["model"],
             checkpoint_paths,
             str(dataset.path),
@@ -193,9 +193,6 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
             )
             for name, tensors in sorted(groups.items())
         }
-    finally:
-        access.close()
-        engine.dispose()
     ctx.report_progress(0.96, "planning", "measurements → recommendation")
     targets: Targets = body.targets
     if targets.target_loss is None and sweep_target is not None:
@@ -269,7 +266,7 @@ def _tokens_per_example(spec: dict[str, Any], dataset: Any) -> float | None:
     return None
 
 
-def _machine(settings: Any) -> MachineSettings:
+def worker_machine(settings: Any) -> MachineSettings:
     """This worker's machine settings; a misconfigured worker fails the job saying which."""
     try:
         return settings.machine_settings()
@@ -319,7 +316,7 @@ def _inline_planner_inputs(
     return {"fields": inline, "arrays": refs}
 
 
-def _run_engine(
+def run_engine(
     spec: dict[str, Any],
     checkpoint_path: str | list[str],
     data_path: str,

@@ -12,12 +12,12 @@ from typing import Any
 import curvplan_worker.curvature.analyze as curvature_analysis
 from curvplan.types.jobs import AnalyzeBlocksJobCreate
 from curvplan_server.config import get_settings
-from curvplan_worker.analyze.artifacts import ArtifactAccess, child_engine, job_project
+from curvplan_worker.analyze.artifacts import attempt_access
 from curvplan_worker.analyze.pipeline import (
-    _machine,
-    _resolve_checkpoint,
-    _run_engine,
-    _without_machine_settings,
+    resolve_checkpoint,
+    run_engine,
+    without_machine_settings,
+    worker_machine,
 )
 from curvplan_worker.errors import JobError
 from curvplan_worker.kinds import JobContext
@@ -25,7 +25,7 @@ from curvplan_worker.kinds import JobContext
 
 def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Measure this group's blocks and pairs; returns ``{measurements, estimated_cost}``."""
-    request = _without_machine_settings(request)
+    request = without_machine_settings(request)
     try:
         body = AnalyzeBlocksJobCreate.model_validate(request)
     except Exception as exc:
@@ -36,29 +36,23 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         raise JobError("invalid-request", "Nothing to measure", "blocks: give blocks or pairs")
     ctx.report_progress(0.0, "loading", "resolving artifacts")
     settings = get_settings()
-    engine = child_engine(settings.sqlalchemy_url)
     # Open until the engine has read the files: the cache keeps the resolved blobs pinned.
-    access = ArtifactAccess.for_attempt(engine, ctx.data_dir, ctx.api_url, ctx.api_key)
-    try:
-        project_id = job_project(engine, ctx.job_id)
-        checkpoint = _resolve_checkpoint(access, project_id, request["checkpoint"], "checkpoint")
+    with attempt_access(ctx) as (access, project_id):
+        checkpoint = resolve_checkpoint(access, project_id, request["checkpoint"], "checkpoint")
         dataset = access.resolve(project_id, str(body.dataset), "dataset", "dataset")
         share = curvature_analysis.BlockShare(
             blocks=tuple(body.blocks), pairs=tuple((r, c) for r, c in body.pairs)
         )
-        result = _run_engine(
+        result = run_engine(
             request["model"],
             [str(c.path) for c in checkpoint],
             str(dataset.path),
             dict(request.get("options") or {}),
-            _machine(settings),
+            worker_machine(settings),
             ctx,
             devices=body.resources.devices,
             lease_seconds=settings.lease_seconds,
             only=share,
         )
-    finally:
-        access.close()
-        engine.dispose()
     ctx.report_progress(1.0, "done", f"{len(body.blocks)} blocks, {len(body.pairs)} pairs")
     return {"measurements": result, "estimated_cost": body.estimated_cost}

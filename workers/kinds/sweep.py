@@ -34,10 +34,9 @@ from curvplan.types.sweep import (
     SweepResult,
 )
 from curvplan_server.artifacts.safetensors_format import validate_file
-from curvplan_server.config import get_settings
 from curvplan_server.planner import make_plan
 from curvplan_server.planner.gradient_noise import ratio_of_means_bootstrap, two_batch_estimates
-from curvplan_worker.analyze.artifacts import ArtifactAccess, child_engine, job_project
+from curvplan_worker.analyze.artifacts import attempt_access
 from curvplan_worker.errors import JobError
 from curvplan_worker.kinds import ChildJob, FanOut, JobContext
 from curvplan_worker.kinds.plan import seed_for_job
@@ -71,18 +70,12 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
 
 # --------------------------------------------------------------------------- fan-out
 def _train_size(body: SweepJobCreate, ctx: JobContext) -> int:
-    engine = child_engine(get_settings().sqlalchemy_url)
-    access = ArtifactAccess.for_attempt(engine, ctx.data_dir, ctx.api_url, ctx.api_key)
-    try:
-        project_id = job_project(engine, ctx.job_id)
+    with attempt_access(ctx) as (access, project_id):
         art = access.resolve(project_id, str(body.train_data), "dataset", "train_data")
         access.resolve(project_id, str(body.eval_data), "dataset", "eval_data")
         if body.checkpoint is not None:
             access.resolve(project_id, str(body.checkpoint), "checkpoint", "checkpoint")
         info = validate_file(str(art.path))
-    finally:
-        access.close()
-        engine.dispose()
     inputs = info.tensors.get("inputs")
     if inputs is None or not inputs.shape:
         raise JobError("invalid-dataset", "Invalid training data", "train_data: no inputs tensor")

@@ -6,13 +6,13 @@ evaluation data, and runs :func:`curvplan_worker.sweep.train.train_point`.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import torch
 
 from curvplan.types.jobs import SweepPointJobCreate
-from curvplan_server.config import get_settings
-from curvplan_worker.analyze.artifacts import ArtifactAccess, child_engine, job_project
+from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
 from curvplan_worker.curvature.checkpoint import load_checkpoint
 from curvplan_worker.curvature.data import DataError, load_dataset
 from curvplan_worker.curvature.model import build_model
@@ -32,20 +32,14 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     except Exception as exc:
         raise JobError("invalid-request", "Invalid sweep point", str(exc)[:300]) from None
     ctx.report_progress(0.0, "loading", "resolving artifacts")
-    engine = child_engine(get_settings().sqlalchemy_url)
     # Open until the attempt ends: the cache keeps the resolved blobs pinned while they are read.
-    access = ArtifactAccess.for_attempt(engine, ctx.data_dir, ctx.api_url, ctx.api_key)
-    try:
-        return _train(body, access, engine, ctx)
-    finally:
-        access.close()
-        engine.dispose()
+    with attempt_access(ctx) as (access, project_id):
+        return _train(body, access, project_id, ctx)
 
 
 def _train(
-    body: SweepPointJobCreate, access: ArtifactAccess, engine: Any, ctx: JobContext
+    body: SweepPointJobCreate, access: ArtifactAccess, project_id: uuid.UUID, ctx: JobContext
 ) -> dict[str, Any]:
-    project_id = job_project(engine, ctx.job_id)
     train_art = access.resolve(project_id, str(body.train_data), "dataset", "train_data")
     eval_art = access.resolve(project_id, str(body.eval_data), "dataset", "eval_data")
     ckpt = (
