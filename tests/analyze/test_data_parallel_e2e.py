@@ -147,6 +147,20 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
+def _ranks_in_block_spectra(client: httpx.Client, service: Service, job_id: str) -> list[int]:
+    """Wait until the job measures its block spectra on its ranks; their pids."""
+    assert service.worker.proc is not None
+    worker_pid = service.worker.proc.pid
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        stage = (client.get(f"/v1/jobs/{job_id}").json().get("progress") or {}).get("stage")
+        ranks = _ranks_of(worker_pid)
+        if stage and stage.startswith("block spectra") and ranks:
+            return ranks
+        time.sleep(0.05)
+    pytest.fail("the 2-device job never reached its block spectra:\n" + service.logs())
+
+
 def test_more_devices_than_the_service_allows_is_a_422_naming_the_field(
     client: httpx.Client, inputs: dict[str, str]
 ) -> None:
@@ -167,18 +181,7 @@ def test_a_killed_rank_fails_the_attempt_and_the_job_is_retried_whole(
     job = response.json()
     assert job["request"]["resources"] == {"devices": 2}
     single = client.post("/v1/jobs", json=_body(inputs, None)).json()  # runs after it
-    assert service.worker.proc is not None
-    worker_pid = service.worker.proc.pid
-    deadline = time.monotonic() + 60
-    ranks: list[int] = []
-    while time.monotonic() < deadline:
-        stage = (client.get(f"/v1/jobs/{job['id']}").json().get("progress") or {}).get("stage")
-        ranks = _ranks_of(worker_pid)
-        if stage and stage.startswith("block spectra") and ranks:
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("the 2-device job never reached its block spectra:\n" + service.logs())
+    ranks = _ranks_in_block_spectra(client, service, job["id"])
     assert len(ranks) == 1  # world size 2: rank 0 is the attempt process itself
     rank_zero = _parent(ranks[0])
     assert rank_zero is not None
@@ -261,18 +264,7 @@ def test_cancelling_a_two_device_job_ends_every_rank(
     """Cancel reaches a job running on its ranks: the job ends ``cancelled`` (no retry), and
     neither rank 0 (the attempt process) nor the other rank outlives it."""
     job = client.post("/v1/jobs", json=_body(inputs, 2)).json()
-    assert service.worker.proc is not None
-    worker_pid = service.worker.proc.pid
-    deadline = time.monotonic() + 60
-    ranks: list[int] = []
-    while time.monotonic() < deadline:
-        stage = (client.get(f"/v1/jobs/{job['id']}").json().get("progress") or {}).get("stage")
-        ranks = _ranks_of(worker_pid)
-        if stage and stage.startswith("block spectra") and ranks:
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("the 2-device job never reached its block spectra:\n" + service.logs())
+    ranks = _ranks_in_block_spectra(client, service, job["id"])
     rank_zero = _parent(ranks[0])
     assert rank_zero is not None
     response = client.post(f"/v1/jobs/{job['id']}/cancel")
@@ -284,4 +276,5 @@ def test_cancelling_a_two_device_job_ends_every_rank(
     while not (_gone(ranks[0]) and _gone(rank_zero)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _gone(ranks[0]) and _gone(rank_zero)
-    assert _ranks_of(worker_pid) == []
+    assert service.worker.proc is not None
+    assert _ranks_of(service.worker.proc.pid) == []

@@ -101,43 +101,63 @@ def _files_under(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
 
 
-def test_a_worker_sharing_only_the_database_runs_an_analysis(database: str, tmp_path: Path) -> None:
+def _api_and_remote_worker(
+    database: str, tmp_path: Path, **worker_settings: str
+) -> tuple[live_plugin.ServerProcess, HiddenDirWorker, Path, Path]:
+    """An API with data directory A and a worker with data directory B and ``CURVPLAN_URL``,
+    which cannot see A where the system allows it (neither is started)."""
     api_dir, worker_dir = tmp_path / "api-data", tmp_path / "worker-data"
     api_dir.mkdir()
     worker_dir.mkdir()
     server = live_plugin.ServerProcess(
         live_plugin.service_env(database, api_dir), tmp_path / "server.log"
     )
-    hidden = api_dir if _can_hide(api_dir) else None
-    worker_env = live_plugin.service_env(database, worker_dir, CURVPLAN_URL=server.url + "/")
+    worker_env = live_plugin.service_env(
+        database, worker_dir, CURVPLAN_URL=server.url + "/", **worker_settings
+    )
     assert not any(str(api_dir) in value for value in worker_env.values())
+    hidden = api_dir if _can_hide(api_dir) else None
     worker = HiddenDirWorker(worker_env, tmp_path / "worker.log", hidden)
+    return server, worker, api_dir, worker_dir
+
+
+def _api_client(server: live_plugin.ServerProcess, key: str) -> httpx.Client:
+    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+
+def _analyze(
+    client: httpx.Client, ckpt: dict[str, Any], data: dict[str, Any], **options: Any
+) -> str:
+    """Submit the tiny analysis on the uploaded checkpoint and data; its job id."""
+    response = client.post(
+        "/v1/jobs",
+        json={
+            "kind": "analyze",
+            "name": "remote",
+            "model": SPEC,
+            "options": {**OPTIONS, **options},
+            "targets": TARGETS,
+            "checkpoint": ckpt["id"],
+            "dataset": data["id"],
+        },
+    )
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
+
+
+def test_a_worker_sharing_only_the_database_runs_an_analysis(database: str, tmp_path: Path) -> None:
+    server, worker, api_dir, worker_dir = _api_and_remote_worker(database, tmp_path)
     worker.start()  # first: it imports torch while the API starts
     engine = create_engine(database)
     try:
         server.start()
         key = live_plugin.make_api_key(database, f"remote-{uuid.uuid4().hex[:6]}")
-        with httpx.Client(
-            base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
-        ) as client:
+        with _api_client(server, key) as client:
             files = _tiny_files(tmp_path)
             ckpt = _upload(client, files["checkpoint"], "checkpoint")
             data = _upload(client, files["data"], "dataset")
             inputs = {ckpt["sha256"], data["sha256"]}
-            response = client.post(
-                "/v1/jobs",
-                json={
-                    "kind": "analyze",
-                    "name": "remote",
-                    "model": SPEC,
-                    "options": OPTIONS,
-                    "targets": TARGETS,
-                    "checkpoint": ckpt["id"],
-                    "dataset": data["id"],
-                },
-            )
-            assert response.status_code == 202, response.text
-            done = wait_terminal(client, response.json()["id"], timeout=150)
+            done = wait_terminal(client, _analyze(client, ckpt, data), timeout=150)
             logs = server.log_path.read_text()[-3000:] + worker.tail()
             assert done["status"] == "succeeded", (done["error"], logs)
             # no transfer needed a retry: one attempt per child, the parent's fan-out + fan-in
@@ -192,47 +212,25 @@ def test_an_unreachable_api_requeues_the_job_until_it_is_back(
     import signal
     import time
 
-    api_dir, worker_dir = tmp_path / "api-data", tmp_path / "worker-data"
-    api_dir.mkdir()
-    worker_dir.mkdir()
-    server = live_plugin.ServerProcess(
-        live_plugin.service_env(database, api_dir), tmp_path / "server.log"
-    )
-    worker_env = live_plugin.service_env(
+    server, worker, _, worker_dir = _api_and_remote_worker(
         database,
-        worker_dir,
-        CURVPLAN_URL=server.url,
+        tmp_path,
         CURVPLAN_RETRY_BACKOFF_BASE_SECONDS="1",
         CURVPLAN_WORKER_HTTP_TIMEOUT_SECONDS="5",
     )
-    worker = HiddenDirWorker(worker_env, tmp_path / "worker.log", None)
     worker.start()
     engine = create_engine(database)
     try:
         server.start()
         key = live_plugin.make_api_key(database, f"remote-{uuid.uuid4().hex[:6]}")
-        with httpx.Client(
-            base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
-        ) as client:
+        with _api_client(server, key) as client:
             files = _tiny_files(tmp_path)
             ckpt = _upload(client, files["checkpoint"], "checkpoint")
             data = _upload(client, files["data"], "dataset")
             assert worker.proc is not None
             os.kill(worker.proc.pid, signal.SIGSTOP)  # the job waits until the API is gone
             try:
-                response = client.post(
-                    "/v1/jobs",
-                    json={
-                        "kind": "analyze",
-                        "model": SPEC,
-                        "options": {**OPTIONS, "fan_out": False},
-                        "targets": TARGETS,
-                        "checkpoint": ckpt["id"],
-                        "dataset": data["id"],
-                    },
-                )
-                assert response.status_code == 202, response.text
-                job_id = response.json()["id"]
+                job_id = _analyze(client, ckpt, data, fan_out=False)
                 server.kill()
             finally:
                 os.kill(worker.proc.pid, signal.SIGCONT)
@@ -256,9 +254,7 @@ def test_an_unreachable_api_requeues_the_job_until_it_is_back(
             ).scalar_one()
         assert status in ("queued", "running"), status  # re-queued, not failed
         server.start()
-        with httpx.Client(
-            base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
-        ) as client:
+        with _api_client(server, key) as client:
             done = wait_terminal(client, job_id, timeout=120)
         assert done["status"] == "succeeded", (done["error"], worker.tail())
         seen = outcomes()
