@@ -12,6 +12,17 @@ from curvplan_worker.curvature.blocks import default_blocks
 from curvplan_worker.curvature.model import build_model
 from curvplan_worker.curvature.objective import objective_for
 
+TINY_CLASSIFIER_SPEC = {
+    "d_model": 4,
+    "n_heads": 2,
+    "d_ff": 6,
+    "n_layers": 1,
+    "norm_position": "post",
+    "activation": "gelu",
+    "task": {"type": "classification", "seq_len": 3, "input_dim": 2, "n_classes": 3},
+}
+"""The one-layer classifier the engine-entry tests analyse end to end (seconds, not minutes)."""
+
 CASES = {
     "lm_post_gelu_tied": dict(
         d_model=4,

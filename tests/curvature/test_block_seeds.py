@@ -7,6 +7,7 @@ import hashlib
 
 import pytest
 import torch
+from _engine_cases import TINY_CLASSIFIER_SPEC
 
 from curvplan.types.options import MachineSettings
 from curvplan_worker.curvature.analyze import (
@@ -21,15 +22,7 @@ from curvplan_worker.curvature.model import build_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-SPEC = {
-    "d_model": 4,
-    "n_heads": 2,
-    "d_ff": 6,
-    "n_layers": 1,
-    "norm_position": "post",
-    "activation": "gelu",
-    "task": {"type": "classification", "seq_len": 3, "input_dim": 2, "n_classes": 3},
-}
+SPEC = TINY_CLASSIFIER_SPEC
 # float32 (the default precision): no accident of float64 round-off can hide a difference
 OPTIONS = {
     "blocks": ["layers.0.q", "layers.0.k", "layers.0.v", "head"],

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from _engine_cases import TINY_CLASSIFIER_SPEC
 from typer.testing import CliRunner
 
 from curvplan.types.options import MachineSettings
@@ -17,15 +18,7 @@ from curvplan_worker.curvature.model import build_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-SPEC = {
-    "d_model": 4,
-    "n_heads": 2,
-    "d_ff": 6,
-    "n_layers": 1,
-    "norm_position": "post",
-    "activation": "gelu",
-    "task": {"type": "classification", "seq_len": 3, "input_dim": 2, "n_classes": 3},
-}
+SPEC = TINY_CLASSIFIER_SPEC
 
 
 def _trained_like_model(seed: int = 0):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _engine_cases import TINY_CLASSIFIER_SPEC
 from pydantic import ValidationError
 
 from curvplan.types.options import MachineSettings, parse_byte_size, parse_options
@@ -28,15 +29,7 @@ from curvplan_worker.curvature.operator import CurvatureEngine
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-SPEC = {
-    "d_model": 4,
-    "n_heads": 2,
-    "d_ff": 6,
-    "n_layers": 1,
-    "norm_position": "post",
-    "activation": "gelu",
-    "task": {"type": "classification", "seq_len": 3, "input_dim": 2, "n_classes": 3},
-}
+SPEC = TINY_CLASSIFIER_SPEC
 N = 10
 OPTIONS = {
     "precision": "float64",
