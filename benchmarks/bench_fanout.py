@@ -16,10 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,16 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def curvplan_command() -> list[str]:
-    script = Path(sys.executable).parent / "curvplan"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "curvplan.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from bench_service import scratch_service
 
 
 def write_problem(out: Path, train_steps: int) -> dict[str, Any]:
@@ -66,58 +53,14 @@ def wait_done(client: Any, job_id: str, timeout: float) -> dict[str, Any]:
 
 def run_once(spec: dict, files: Path, workers: int, args: argparse.Namespace) -> dict[str, Any]:
     import httpx
-    import psycopg
-    from sqlalchemy.engine import make_url
 
-    from curvplan_server import migrations
-    from curvplan_server.config import libpq_url, normalise_database_url
-
-    name = f"curvplan_bench_fanout_{secrets.token_hex(4)}"
-    with psycopg.connect(libpq_url(args.admin_url), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(args.admin_url).set(database=name).render_as_string(False)
-    url = normalise_database_url(url)
-    procs: list[subprocess.Popen] = []
-    tmp = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
-    try:
-        migrations.upgrade(url)
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("CURVPLAN_")},
-            "DATABASE_URL": url,
-            "CURVPLAN_DATA_DIR": str(tmp / "data"),
-            "CURVPLAN_AUTH_DISABLED": "true",
-            "CURVPLAN_WORKER_THREADS": "1",
-            "CURVPLAN_WORKER_SELF_TEST": "false",
-            "CURVPLAN_WORKER_DEVICE": "cpu",
-            "OMP_NUM_THREADS": "1",
-        }
-        port = free_port()
-        cmd = curvplan_command()
-        log = (tmp / "server.log").open("wb")
-        procs.append(
-            subprocess.Popen([*cmd, "serve", "--port", str(port)], env=env, stdout=log, stderr=log)
-        )
-        for i in range(workers):
-            wlog = (tmp / f"worker-{i}.log").open("wb")
-            procs.append(
-                subprocess.Popen(
-                    [*cmd, "worker", "--queues", "gpu", "--poll-interval", "0.1"],
-                    env=env,
-                    stdout=wlog,
-                    stderr=wlog,
-                )
-            )
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the API did not come up")
-            time.sleep(0.2)
+    env = {
+        "CURVPLAN_WORKER_THREADS": "1",
+        "CURVPLAN_WORKER_SELF_TEST": "false",
+        "CURVPLAN_WORKER_DEVICE": "cpu",
+        "OMP_NUM_THREADS": "1",
+    }
+    with scratch_service(args.admin_url, "fanout", workers=workers, queues="gpu", env=env) as base:
         with httpx.Client(base_url=base, timeout=30) as client:
             ids = {}
             for stem, kind in (("checkpoint", "checkpoint"), ("data", "dataset")):
@@ -162,16 +105,6 @@ def run_once(spec: dict, files: Path, workers: int, args: argparse.Namespace) ->
             "blocks": [(b["name"], b["lambda_max"], b["lambda_min"]) for b in measured["blocks"]],
             "products": sum(b["n_products"] for b in measured["blocks"]),
         }
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        with psycopg.connect(libpq_url(args.admin_url), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def main() -> None:

@@ -25,6 +25,10 @@ import time
 import uuid
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_service import curvplan_command
+
 # Only the standard library at module level: every attempt child re-runs this main
 # script (multiprocessing's "prepare" step), so heavy imports live in the functions.
 
@@ -36,12 +40,6 @@ def plan_body(n_losses: int) -> dict[str, object]:
         "measurements": {"per_sample_losses": losses, "loss_bound": 1.0},
         "targets": {"tolerances": [0.05], "orderings": 4, "bootstrap": 0},
     }
-
-
-def curvplan_command() -> list[str]:
-    """The ``curvplan`` console script next to this interpreter, else ``python -m``."""
-    script = Path(sys.executable).parent / "curvplan"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "curvplan.cli"]
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -13,78 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import secrets
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def curvplan_command() -> list[str]:
-    script = Path(sys.executable).parent / "curvplan"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "curvplan.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from bench_service import curvplan_command, scratch_service
 
 
 def run_once(admin_url: str, example: Path, workers: int, args: argparse.Namespace) -> dict:
-    import httpx
-    import psycopg
-    from sqlalchemy.engine import make_url
-
     from curvplan import Client
-    from curvplan_server import migrations
-    from curvplan_server.config import libpq_url, normalise_database_url
 
-    name = f"curvplan_bench_sweep_{secrets.token_hex(4)}"
-    with psycopg.connect(libpq_url(admin_url), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = normalise_database_url(make_url(admin_url).set(database=name).render_as_string(False))
-    procs: list[subprocess.Popen] = []
-    tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
-    try:
-        migrations.upgrade(url)
-        env = {
-            **os.environ,
-            "DATABASE_URL": url,
-            "CURVPLAN_DATA_DIR": str(tmp / "data"),
-            "CURVPLAN_AUTH_DISABLED": "true",
-        }
-        port = free_port()
-        cmd = curvplan_command()
-        log = (tmp / "server.log").open("wb")
-        procs.append(
-            subprocess.Popen([*cmd, "serve", "--port", str(port)], env=env, stdout=log, stderr=log)
-        )
-        for i in range(workers):
-            wlog = (tmp / f"worker-{i}.log").open("wb")
-            procs.append(
-                subprocess.Popen(
-                    [*cmd, "worker", "--queues", "cpu,gpu", "--poll-interval", "0.1"],
-                    env=env,
-                    stdout=wlog,
-                    stderr=wlog,
-                )
-            )
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the API did not come up")
-            time.sleep(0.2)
+    with scratch_service(admin_url, "sweep", workers=workers, queues="cpu,gpu") as base:
         with Client(base_url=base) as api:
             spec = json.loads((example / "spec.json").read_text())
             train = api.upload_artifact(example / "train.safetensors", "dataset")
@@ -109,7 +51,8 @@ def run_once(admin_url: str, example: Path, workers: int, args: argparse.Namespa
             wall = time.monotonic() - start
             if done.status != "succeeded":
                 raise RuntimeError(f"sweep {done.status}: {done.error}")
-            sweep = done.result["sweep"]
+            # the client types job results by the kinds it models; a sweep's is read as JSON
+            sweep = done.result.model_dump(mode="json")["sweep"]
             fit = sweep["batch"]["fit"]
             point_seconds = sum(p["result"]["seconds"] for p in sweep["points"] if p["result"])
         return {
@@ -119,16 +62,6 @@ def run_once(admin_url: str, example: Path, workers: int, args: argparse.Namespa
             "b_crit": fit.get("value"),
             "b_crit_ci": fit.get("ci"),
         }
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        with psycopg.connect(libpq_url(admin_url), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def main() -> None:
