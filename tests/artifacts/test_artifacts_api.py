@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import MAX_ARTIFACT_BYTES
 from safetensors.numpy import save as st_save
 from sqlalchemy import text
 
@@ -168,14 +167,15 @@ def test_bad_files_are_refused_and_nothing_is_stored(
 
 
 def test_oversized_upload_is_413_and_nothing_is_stored(
-    client: Any, auth_headers: dict[str, str], store: Any, db_session: Any
+    client: Any, auth_headers: dict[str, str], store: Any, db_session: Any, settings: Any
 ) -> None:
+    limit = settings.max_artifact_bytes  # the fixture's limit (conftest.py)
     before = artifact_rows(db_session)
-    n = MAX_ARTIFACT_BYTES // 8  # F64 elements: just over the limit with the header
+    n = limit // 8  # F64 elements: just over the limit with the header
     data = st_save({"w": np.zeros(n, dtype=np.float64)})
-    assert MAX_ARTIFACT_BYTES < len(data) < MAX_ARTIFACT_BYTES + 1024
+    assert limit < len(data) < limit + 1024
     body = assert_problem(upload(client, auth_headers, data), 413)
-    assert body["max_artifact_bytes"] == MAX_ARTIFACT_BYTES
+    assert body["max_artifact_bytes"] == limit
     assert_nothing_stored(store, db_session, before)
     # Far over the limit: the declared Content-Length is refused before reading the body.
     huge = st_save({"w": np.zeros(4 * n, dtype=np.float64)})
