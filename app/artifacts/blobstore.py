@@ -15,19 +15,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from curvplan.types.artifacts import is_sha256
 from curvplan_server.artifacts.safetensors_format import (
     SafetensorsInfo,
     SafetensorsValidator,
     check_file,
 )
-
-_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 class BlobTooLarge(Exception):
@@ -53,7 +51,7 @@ class BlobStore:
 
     def path_for(self, sha256: str) -> Path:
         """Where the blob with this digest lives (whether or not it exists)."""
-        if not _SHA256_HEX.match(sha256):
+        if not is_sha256(sha256):
             raise ValueError(f"not a sha256 hex digest: {sha256!r}")
         return self.blob_dir / sha256[:2] / sha256[2:]
 

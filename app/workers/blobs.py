@@ -17,7 +17,6 @@ asks ``HEAD`` whether the blob is still there (uploading again if a deletion rem
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request, Response
@@ -25,6 +24,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse
 from sqlalchemy import Engine
 
+from curvplan.types.artifacts import is_sha256
 from curvplan.types.storage import WorkerBlobOut
 from curvplan_server.artifacts.blobstore import BlobStore, BlobTooLarge, BlobWriter
 from curvplan_server.artifacts.router import blob_store
@@ -36,7 +36,6 @@ from curvplan_server.storage.blobs import place_blob
 router = APIRouter(prefix="/v1/worker/blobs", tags=["worker"])
 
 WORKER_BLOBS_PREFIX = "/v1/worker/blobs/"
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 WorkerDep = Annotated[ServiceContext, Depends(require_scope(WORKER_SCOPE))]
 # Checked by hand (not a pattern on the parameter) so that the problem names the field and
 # the route is the same whatever the value.
@@ -44,7 +43,7 @@ Sha256Path = Annotated[str, Path(description="The blob's sha256, 64 lowercase he
 
 
 def _digest(sha256: str) -> str:
-    if not _SHA256.match(sha256):
+    if not is_sha256(sha256):
         raise validation_problem(
             [
                 {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -85,6 +86,14 @@ class ArtifactUriCreate(BaseModel):
         if any(segment == ".." for segment in path.split("/")):
             raise ValueError("the path must not contain '..' segments")
         return value
+
+
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def is_sha256(value: str) -> bool:
+    """Whether ``value`` is a sha256 digest as blobs are named: 64 lowercase hex digits."""
+    return _SHA256_HEX.match(value) is not None
 
 
 def uri_path(uri: str) -> str:

@@ -29,7 +29,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import re
 import secrets
 import time
 from collections.abc import Callable
@@ -37,9 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from curvplan.types.artifacts import is_sha256
+
 log = logging.getLogger("curvplan.worker.cache")
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 TEMP_MAX_AGE_SECONDS = 24 * 3600.0
 """Temp files older than this were left by a killed download and are removed at eviction."""
 
@@ -74,7 +74,7 @@ class BlobCache:
 
     def path_for(self, sha256: str) -> Path:
         """Where the blob ``sha256`` lives in the cache (whether or not it is there)."""
-        if not _SHA256.match(sha256):
+        if not is_sha256(sha256):
             raise ValueError(f"not a sha256 hex digest: {sha256!r}")
         return self.root / sha256[:2] / sha256
 
