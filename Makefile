@@ -32,12 +32,12 @@ test: install lint
 test-fast: install
 	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q -m "not e2e" $(PYTEST_ARGS)
 
-# ruff, the layering contracts (import-linter, pyproject.toml) and mypy (scripts/typecheck.py).
+# ruff, the layering contracts (import-linter, pyproject.toml) and mypy (pyproject.toml's packages).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
-	$(PY) scripts/typecheck.py
+	$(VENV)/bin/mypy
 
 openapi: install  # regenerate docs/openapi.json (the reviewed API contract)
 	$(PY) scripts/openapi.py

@@ -1,24 +1,27 @@
-"""Package layout: the repository's folders map to installed package names.
+"""Package layout: each package sits in a folder named as it installs (docs/layout.md).
 
-- ``curvplan/``  → ``curvplan`` (the client, the CLI and the contract ``curvplan.types``)
-- ``app/``       → ``curvplan_server`` (the API, the planner, the reports)
-- ``workers/``   → ``curvplan_worker`` (the job runner and the curvature engine)
-- ``alembic/``   → ``curvplan_server.db_migrations`` (the migration scripts, in a wheel)
+- ``curvplan/``                → ``curvplan`` (the client, the CLI, the contract ``curvplan.types``)
+- ``app/curvplan_server/``     → ``curvplan_server`` (the API, the planner, the reports)
+- ``workers/curvplan_worker/`` → ``curvplan_worker`` (the job runner and the curvature engine)
 
-so an installed curvplan never claims a user's own top-level ``app`` package. Metadata
-and dependencies live in ``pyproject.toml``.
+One folder is shipped under another name: ``alembic/`` (the real migrations, run by
+``alembic.ini`` from a checkout) installs as ``curvplan_server.db_migrations`` so that a wheel
+carries them. Metadata and dependencies live in ``pyproject.toml``.
 """
 
 from setuptools import find_packages, setup
 
-LAYOUT = {"curvplan": "curvplan", "curvplan_server": "app", "curvplan_worker": "workers"}
+SOURCE_ROOTS = (".", "app", "workers")
+TOP_LEVEL = ("curvplan", "curvplan_server", "curvplan_worker")
 MIGRATIONS = "curvplan_server.db_migrations"
 
 packages: list[str] = []
 package_dir: dict[str, str] = {}
-for name, folder in LAYOUT.items():
-    package_dir[name] = folder
-    packages += [name, *(f"{name}.{sub}" for sub in find_packages(folder))]
+for root in SOURCE_ROOTS:
+    for name in find_packages(root, include=[f"{top}*" for top in TOP_LEVEL]):
+        packages.append(name)
+        if root != "." and "." not in name:  # its subpackages follow their folder
+            package_dir[name] = f"{root}/{name}"
 package_dir[MIGRATIONS] = "alembic"
 package_dir[f"{MIGRATIONS}.versions"] = "alembic/versions"
 packages += [MIGRATIONS, f"{MIGRATIONS}.versions"]

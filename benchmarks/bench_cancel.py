@@ -4,7 +4,8 @@ One analysis of a single block (exact Hutch++ trace: one Hessian product per par
 block lasts long) runs in-process; cancellation is requested ``--after`` seconds into the block.
 
 * ``in-loop``: ``analyze(..., should_cancel=flag)`` as the worker calls it — the Lanczos, trace,
-  per-sample and gradient-noise loops check the flag (``workers/curvature/cancel.py``);
+  per-sample and gradient-noise loops check the flag
+  (``workers/curvplan_worker/curvature/cancel.py``);
 * ``at-reports``: the same run where only the progress reports check the flag (how the engine
   behaved before the loop checks): the block runs to its end before the run stops.
 

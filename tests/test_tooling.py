@@ -24,7 +24,7 @@ def test_ci_runs_the_static_checks_through_make_test() -> None:
     assert "lint" in deps
     _, lint = _recipe(makefile, "lint")
     joined = "\n".join(lint)
-    for command in ("ruff check .", "ruff format --check .", "lint-imports", "typecheck.py"):
+    for command in ("ruff check .", "ruff format --check .", "lint-imports", "mypy"):
         assert command in joined, command
     _, fast = _recipe(makefile, "test-fast")
     assert any('-m "not e2e"' in line for line in fast)

@@ -1,7 +1,8 @@
 """Options of a curvature analysis (``analyze``), torch-free.
 
-One definition for the engine (``workers/curvature/analyze.py``) and the API, which validates an
-``analyze`` job's options before queueing it and must never import torch (like ``spec.py``).
+One definition for the engine (``workers/curvplan_worker/curvature/analyze.py``) and the API,
+which validates an ``analyze`` job's options before queueing it and must never import torch
+(like ``spec.py``).
 """
 
 from __future__ import annotations
