@@ -14,12 +14,13 @@ from curvplan_server.config import normalise_database_url
 
 def script_location() -> Path:
     """The migration scripts: ``curvplan_server/db_migrations`` in an installed wheel, the
-    repository's ``alembic/`` in a source checkout (editable install)."""
+    repository's ``alembic/`` in a source checkout (editable install: this file is
+    ``app/curvplan_server/migrations.py``)."""
     here = Path(__file__).resolve().parent
     shipped = here / "db_migrations"
     if (shipped / "env.py").is_file():
         return shipped
-    return here.parent / "alembic"
+    return here.parents[1] / "alembic"
 
 
 def alembic_config(database_url: str) -> Config:
