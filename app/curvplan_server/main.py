@@ -24,6 +24,7 @@ from curvplan_server.auth.dependencies import KeyCache
 from curvplan_server.config import Settings, get_settings
 from curvplan_server.db import make_engine, make_sessionmaker
 from curvplan_server.db_unavailable import install_unavailable_handlers
+from curvplan_server.docs_ui import install_docs
 from curvplan_server.health.router import router as health_router
 from curvplan_server.jobs.router import router as jobs_router
 from curvplan_server.logging import configure_logging
@@ -80,6 +81,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "measurements into sample sizes and critical batch sizes.",
         generate_unique_id_function=_operation_id,
         lifespan=lifespan,
+        docs_url=None,  # served from the installed Swagger UI by install_docs (no CDN)
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -101,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(workers_router)
     app.include_router(worker_blobs_router)
     app.include_router(webhooks_router)
+    install_docs(app)
     # Outermost last: metrics see every request, including 413s from the size limit.
     app.add_middleware(
         BodySizeLimitMiddleware,
