@@ -101,8 +101,8 @@ def main() -> None:
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
+    from curvplan_core.config import libpq_url, normalise_database_url
     from curvplan_server import migrations
-    from curvplan_server.config import libpq_url, normalise_database_url
     from curvplan_worker import store
 
     name = f"curvplan_bench_claim_{secrets.token_hex(4)}"

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from curvplan_server.logging import ContextFilter, JsonFormatter, bind
+from curvplan_core.logging import ContextFilter, JsonFormatter, bind
 from curvplan_worker import store
 from curvplan_worker.worker import WorkerOptions, WorkerSlot, _Current
 

@@ -18,8 +18,8 @@ from typing import Any, Literal
 from sqlalchemy import Connection, text
 
 from curvplan.types.jobs import QUEUE_OF_KIND
-from curvplan_server.auth.operator import revoke_worker_keys
-from curvplan_server.jobs.fanout import (
+from curvplan_core.credentials.service_keys import revoke_worker_keys
+from curvplan_core.jobs.fanout import (
     children_of,
     settle_orphaned_waits,
     settle_parents,

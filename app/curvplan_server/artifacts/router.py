@@ -12,12 +12,13 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from curvplan.types.artifacts import ArtifactOut, ArtifactPage, ArtifactUriCreate, uri_allowed
+from curvplan_core.artifacts.blobstore import BlobStore, BlobTooLarge, BlobWriter, default_store
+from curvplan_core.artifacts.checks import ArtifactContentError
+from curvplan_core.artifacts.header_checks import check_header
+from curvplan_core.artifacts.safetensors_format import InvalidSafetensors
+from curvplan_core.storable import shown, storable_text
 from curvplan_server.artifacts import service
-from curvplan_server.artifacts.blobstore import BlobStore, BlobTooLarge, BlobWriter, default_store
-from curvplan_server.artifacts.checks import ArtifactContentError
-from curvplan_server.artifacts.header_checks import check_header
 from curvplan_server.artifacts.models import ARTIFACT_KINDS, UPLOAD_KINDS
-from curvplan_server.artifacts.safetensors_format import InvalidSafetensors
 from curvplan_server.artifacts.upload import UploadForm, UploadFormError, boundary_of
 from curvplan_server.auth.dependencies import ProjectDep
 from curvplan_server.db import SessionDep
@@ -28,7 +29,6 @@ from curvplan_server.problems import (
     field_errors_from_pydantic,
     validation_problem,
 )
-from curvplan_server.storable import shown, storable_text
 from curvplan_server.storage.quota import Quota
 from curvplan_server.storage.uploads import commit_upload, early_quota_check, register_uri
 

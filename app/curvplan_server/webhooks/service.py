@@ -16,9 +16,9 @@ from curvplan.types.webhooks import (
     WebhookDeliveryOut,
     WebhookSecretOut,
 )
-from curvplan_server.config import Settings
+from curvplan_core.config import Settings
+from curvplan_core.webhooks.guard import AddressPolicy, WebhookRefused
 from curvplan_server.problems import Problem, validation_problem
-from curvplan_server.webhooks.guard import AddressPolicy, WebhookRefused
 from curvplan_server.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookSecret
 
 
