@@ -1,4 +1,4 @@
-"""Database engine, sessions and the declarative base.
+"""Database engine, sessions, the declarative base, and what a lost database raises.
 
 The API gets a session per request through :data:`curvplan_server.db.SessionDep`; workers
 and CLI commands build their own engine with :func:`make_engine`.
@@ -6,7 +6,9 @@ and CLI commands build their own engine with :func:`make_engine`.
 
 from __future__ import annotations
 
+import psycopg
 from sqlalchemy import Engine, MetaData, create_engine
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from curvplan_core.config import Settings, normalise_database_url
@@ -58,3 +60,24 @@ def make_engine(
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     """A session factory that keeps loaded attributes usable after commit."""
     return sessionmaker(bind=engine, expire_on_commit=False, autoflush=False)
+
+
+#: What a lost or unobtainable connection raises: SQLAlchemy's wrappers, and psycopg's own
+#: errors from the hot path's direct driver calls.
+UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.TimeoutError,  # pool exhausted
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) means the database cannot be reached now."""
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        return True
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    cause = exc.__cause__ or exc.__context__
+    return cause is not None and cause is not exc and isinstance(cause, UNAVAILABLE_ERRORS)

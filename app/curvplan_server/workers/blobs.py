@@ -30,9 +30,9 @@ from curvplan_core.artifacts.blobstore import BlobStore, BlobTooLarge, BlobWrite
 from curvplan_core.artifacts.safetensors_format import InvalidSafetensors
 from curvplan_core.credentials.service_keys import WORKER_SCOPE, ServiceContext
 from curvplan_core.storage.blobs import place_blob
-from curvplan_server.artifacts.router import blob_store
 from curvplan_server.auth.dependencies import require_scope
 from curvplan_server.problems import Problem, problem_responses, validation_problem
+from curvplan_server.storage.store import blob_store
 
 router = APIRouter(prefix="/v1/worker/blobs", tags=["worker"])
 
