@@ -3,6 +3,6 @@
 Nothing here speaks HTTP or imports FastAPI or torch (docs/layout.md): settings
 (:mod:`~curvplan_core.config`), the database engine and sessions (:mod:`~curvplan_core.db`),
 logging, the queue notifier, credentials (key hashing, creation and lookup), the blob store and
-the checks of what a file holds, storage garbage collection and retention, the fan-out's
-status changes and the planner (numpy/scipy).
+the checks of what a file holds, storage garbage collection and retention, a job's status
+changes after submission (the queue's SQL and the fan-out) and the planner (numpy/scipy).
 """

@@ -157,7 +157,7 @@ def test_a_stopped_or_stale_workers_key_is_revoked(
     client: Any, db_session: Any, worker_id: str, worker_headers: dict[str, str]
 ) -> None:
     from curvplan_core.credentials.service_keys import create_worker_key, worker_key_valid
-    from curvplan_worker import store as worker_store
+    from curvplan_core.jobs import store as worker_store
 
     path = f"/v1/worker/blobs/{'0' * 64}"
     assert client.get(path, headers=worker_headers).status_code == 404  # accepted

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from curvplan.cli import app
 from curvplan_core.config import Settings, get_settings
-from curvplan_worker import store
+from curvplan_core.jobs import store
 from curvplan_worker.worker import WorkerOptions
 
 

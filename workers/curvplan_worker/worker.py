@@ -52,10 +52,11 @@ from curvplan.types.jobs import QUEUES
 from curvplan_core.config import Settings
 from curvplan_core.credentials.service_keys import create_worker_key, worker_key_valid
 from curvplan_core.db import make_engine
+from curvplan_core.jobs import store
 from curvplan_core.logging import bind, configure_logging
 from curvplan_core.notify import QueueNotifier
 from curvplan_core.webhooks.guard import AddressPolicy
-from curvplan_worker import store, webhooks
+from curvplan_worker import webhooks
 from curvplan_worker.attempt import (
     AttemptProcess,
     Final,
