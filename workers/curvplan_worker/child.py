@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from curvplan.types.jobs import JOB_CREATE_ADAPTER
-from curvplan_worker.errors import JobCancelled, JobError, RetryableError, error_dict
+from curvplan_core.jobs.errors import error_dict
+from curvplan_worker.errors import JobCancelled, JobError, RetryableError
 from curvplan_worker.kinds import FanOut, JobContext, load_run
 from curvplan_worker.memstats import device_memory
 

@@ -53,6 +53,7 @@ from curvplan_core.config import Settings
 from curvplan_core.credentials.service_keys import create_worker_key, worker_key_valid
 from curvplan_core.db import make_engine
 from curvplan_core.jobs import store
+from curvplan_core.jobs.errors import error_dict
 from curvplan_core.logging import bind, configure_logging
 from curvplan_core.notify import QueueNotifier
 from curvplan_core.webhooks.guard import AddressPolicy
@@ -66,7 +67,6 @@ from curvplan_worker.attempt import (
     make_context,
 )
 from curvplan_worker.child import ChildTask
-from curvplan_worker.errors import error_dict
 from curvplan_worker.health import touch_health_file
 from curvplan_worker.kinds import KINDS
 from curvplan_worker.metrics import WorkerMetrics
