@@ -1,7 +1,9 @@
 """Package layout: each package sits in a folder named as it installs (docs/layout.md).
 
 - ``curvplan/``                → ``curvplan`` (the client, the CLI, the contract ``curvplan.types``)
-- ``app/curvplan_server/``     → ``curvplan_server`` (the API, the planner, the reports)
+- ``app/curvplan_core/``       → ``curvplan_core`` (what the API and the workers share: settings,
+  database, credentials, blob store, storage GC, the planner; no HTTP, no torch)
+- ``app/curvplan_server/``     → ``curvplan_server`` (the API, the reports)
 - ``workers/curvplan_worker/`` → ``curvplan_worker`` (the job runner and the curvature engine)
 
 One folder is shipped under another name: ``alembic/`` (the real migrations, run by
@@ -12,7 +14,7 @@ carries them. Metadata and dependencies live in ``pyproject.toml``.
 from setuptools import find_packages, setup
 
 SOURCE_ROOTS = (".", "app", "workers")
-TOP_LEVEL = ("curvplan", "curvplan_server", "curvplan_worker")
+TOP_LEVEL = ("curvplan", "curvplan_core", "curvplan_server", "curvplan_worker")
 MIGRATIONS = "curvplan_server.db_migrations"
 
 packages: list[str] = []

@@ -11,7 +11,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from curvplan_server.config import Settings, normalise_database_url
+from curvplan_core.config import Settings, normalise_database_url
 from curvplan_server.models import Base
 
 config = context.config

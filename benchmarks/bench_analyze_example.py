@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT / "tests"))  # live.py uses the shared live-service 
 
 from live import start_service  # noqa: E402
 
+from curvplan_core.config import libpq_url, normalise_database_url  # noqa: E402
 from curvplan_server import migrations  # noqa: E402
-from curvplan_server.config import libpq_url, normalise_database_url  # noqa: E402
 
 
 def main() -> None:
@@ -70,8 +70,8 @@ def main() -> None:
 
 
 def _key(url: str) -> str:
-    from curvplan_server.auth.keys import create_key
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.keys import create_key
+    from curvplan_core.db import make_engine, make_sessionmaker
 
     engine = make_engine(url)
     with make_sessionmaker(engine)() as session:

@@ -34,10 +34,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from live_plugin import free_port  # noqa: E402  (the tests' shared live-service helpers)
 
+from curvplan_core.config import libpq_url  # noqa: E402
+from curvplan_core.credentials.keys import create_key  # noqa: E402
+from curvplan_core.db import make_engine, make_sessionmaker  # noqa: E402
 from curvplan_server import migrations  # noqa: E402
-from curvplan_server.auth.keys import create_key  # noqa: E402
-from curvplan_server.config import libpq_url  # noqa: E402
-from curvplan_server.db import make_engine, make_sessionmaker  # noqa: E402
 
 BODY = json.dumps(
     {

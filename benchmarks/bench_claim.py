@@ -2,7 +2,7 @@
 
 Fills a scratch database with ``--history`` finished jobs over all projects, one project's
 backlog of ``--backlog`` queued jobs (a large fan-out) and two queued jobs of each of
-``--projects`` other projects, then times ``curvplan_worker.store.CLAIM_SQL`` (fair across
+``--projects`` other projects, then times ``curvplan_core.jobs.store.CLAIM_SQL`` (fair across
 projects, docs/operations.md#claim-order) and the FIFO claim it replaced (ORDER BY priority
 DESC, created_at on ``ix_job_claim_order``), each claim rolled back, and prints the fair
 claim's EXPLAIN ANALYZE. Needs PostgreSQL: ``--admin-url``.
@@ -101,9 +101,9 @@ def main() -> None:
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
+    from curvplan_core.config import libpq_url, normalise_database_url
+    from curvplan_core.jobs import store
     from curvplan_server import migrations
-    from curvplan_server.config import libpq_url, normalise_database_url
-    from curvplan_worker import store
 
     name = f"curvplan_bench_claim_{secrets.token_hex(4)}"
     with psycopg.connect(libpq_url(args.admin_url), autocommit=True) as conn:

@@ -31,10 +31,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench_api import free_port, wait_ready  # noqa: E402
 
+from curvplan_core.config import libpq_url  # noqa: E402
+from curvplan_core.credentials.keys import create_key  # noqa: E402
+from curvplan_core.db import make_engine, make_sessionmaker  # noqa: E402
 from curvplan_server import migrations  # noqa: E402
-from curvplan_server.auth.keys import create_key  # noqa: E402
-from curvplan_server.config import libpq_url  # noqa: E402
-from curvplan_server.db import make_engine, make_sessionmaker  # noqa: E402
 
 BODY = json.dumps(
     {

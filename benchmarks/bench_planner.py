@@ -27,8 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from curvplan_server.planner import Measurements, Targets, make_plan
-from curvplan_server.planner.loss_curve import (
+from curvplan_core.planner import Measurements, Targets, make_plan
+from curvplan_core.planner.loss_curve import (
     data_influence_cov,
     data_influence_draws,
     data_scale_bootstrap,
@@ -123,7 +123,7 @@ def main() -> None:
     losses = np.random.default_rng(42).exponential(size=args.n)
     rss_before = peak_rss_mib()
     print(f"N = {args.n:,} losses, R = {args.orderings} orderings, B = {args.bootstrap} bootstrap")
-    print("planner (curvplan_server.planner.loss_curve):")
+    print("planner (curvplan_core.planner.loss_curve):")
     total, t_curves, cpu = planner_path(losses, args.orderings, args.bootstrap)
     rss_after = peak_rss_mib()
     print(

@@ -93,8 +93,8 @@ def main() -> None:
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
+    from curvplan_core.config import libpq_url, normalise_database_url
     from curvplan_server import migrations
-    from curvplan_server.config import libpq_url, normalise_database_url
 
     name = f"curvplan_bench_queue_{secrets.token_hex(4)}"
     with psycopg.connect(libpq_url(args.admin_url), autocommit=True) as conn:

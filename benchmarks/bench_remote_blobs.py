@@ -41,12 +41,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 from bench_api import wait_ready  # noqa: E402
 from live_plugin import free_port  # noqa: E402
 
+from curvplan_core.artifacts.blobstore import BlobStore, default_store  # noqa: E402
+from curvplan_core.artifacts.safetensors_format import validate_file  # noqa: E402
+from curvplan_core.config import libpq_url  # noqa: E402
+from curvplan_core.credentials.service_keys import create_worker_key  # noqa: E402
+from curvplan_core.db import make_engine  # noqa: E402
 from curvplan_server import migrations  # noqa: E402
-from curvplan_server.artifacts.blobstore import BlobStore, default_store  # noqa: E402
-from curvplan_server.artifacts.safetensors_format import validate_file  # noqa: E402
-from curvplan_server.auth.operator import create_worker_key  # noqa: E402
-from curvplan_server.config import libpq_url  # noqa: E402
-from curvplan_server.db import make_engine  # noqa: E402
 from curvplan_worker.analyze.artifacts import ArtifactAccess  # noqa: E402
 from curvplan_worker.blobs.cache import BlobCache  # noqa: E402
 from curvplan_worker.blobs.client import BlobApi  # noqa: E402

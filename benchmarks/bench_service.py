@@ -63,8 +63,8 @@ def scratch_service(
     import psycopg
     from sqlalchemy.engine import make_url
 
+    from curvplan_core.config import libpq_url, normalise_database_url
     from curvplan_server import migrations
-    from curvplan_server.config import libpq_url, normalise_database_url
 
     name = f"curvplan_bench_{prefix}_{secrets.token_hex(4)}"
     with psycopg.connect(libpq_url(admin_url), autocommit=True) as conn:

@@ -18,7 +18,7 @@ import numpy as np
 
 def main() -> None:
     from curvplan import Client
-    from curvplan_server.planner.scaling import fit_loss_vs_data
+    from curvplan_core.planner.scaling import fit_loss_vs_data
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--analyze", required=True)

@@ -93,8 +93,8 @@ class PrivatePostgres:
         from psycopg import sql
         from sqlalchemy.engine import make_url
 
+        from curvplan_core.config import libpq_url, normalise_database_url
         from curvplan_server import migrations
-        from curvplan_server.config import libpq_url, normalise_database_url
 
         name = f"restart_{uuid.uuid4().hex[:8]}"
         with psycopg.connect(libpq_url(self.admin_url), autocommit=True) as conn:
@@ -262,7 +262,7 @@ def wait_finished(database_url: str, job_ids: list[str], timeout: float) -> dict
     """Wait until every job is terminal; return per-job status and attempt outcomes."""
     from sqlalchemy import text
 
-    from curvplan_server.db import make_engine
+    from curvplan_core.db import make_engine
 
     engine = make_engine(database_url)
     deadline = time.monotonic() + timeout

@@ -20,7 +20,7 @@ SNAPSHOT = Path(__file__).resolve().parent.parent / "docs" / "openapi.json"
 
 def render() -> str:
     """The API's OpenAPI document as stable, sorted JSON (no database is contacted)."""
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
     from curvplan_server.main import create_app
 
     settings = Settings(database_url="postgresql://openapi@127.0.0.1:1/none", auth_disabled=False)

@@ -44,7 +44,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _reachable(url: str) -> bool:
     import psycopg
 
-    from curvplan_server.config import libpq_url
+    from curvplan_core.config import libpq_url
 
     try:
         with psycopg.connect(libpq_url(url), connect_timeout=3):
@@ -88,8 +88,8 @@ def database_url(pg_admin_url: str) -> Iterator[str]:
     import psycopg
     from psycopg import sql
 
+    from curvplan_core.config import libpq_url, normalise_database_url
     from curvplan_server import migrations
-    from curvplan_server.config import libpq_url, normalise_database_url
 
     given = os.environ.get("TEST_DATABASE_URL")
     if given:
@@ -113,7 +113,7 @@ def database_url(pg_admin_url: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def engine(database_url: str) -> Iterator[Any]:
     """A session-wide SQLAlchemy engine on ``database_url``."""
-    from curvplan_server.db import make_engine
+    from curvplan_core.db import make_engine
 
     eng = make_engine(database_url)
     yield eng
@@ -144,7 +144,7 @@ def db_session(engine: Any) -> Iterator[Any]:
 @pytest.fixture
 def settings(database_url: str) -> Any:
     """Service settings for tests: auth on, small page size limits left at defaults."""
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     return Settings(
         database_url=database_url,
@@ -187,7 +187,7 @@ def client(app: Any) -> Iterator[Any]:
 
 
 def _make_key(db_session: Any, project: str) -> str:
-    from curvplan_server.auth.keys import create_key
+    from curvplan_core.credentials.keys import create_key
 
     key = create_key(db_session, project)
     db_session.commit()
@@ -214,7 +214,7 @@ def other_auth_headers(db_session: Any) -> dict[str, str]:
 @pytest.fixture
 def operator_headers(db_session: Any) -> dict[str, str]:
     """Headers of an operator key (no project) with the scopes metrics:read, workers:read."""
-    from curvplan_server.auth.operator import create_service_key
+    from curvplan_core.credentials.service_keys import create_service_key
 
     key = create_service_key(db_session, ["metrics:read", "workers:read"], "test operator")
     db_session.commit()

@@ -36,8 +36,8 @@ def free_port() -> int:
 
 
 def make_api_key(database_url: str, project: str) -> str:
-    from curvplan_server.auth.keys import create_key
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.keys import create_key
+    from curvplan_core.db import make_engine, make_sessionmaker
 
     engine = make_engine(database_url)
     try:
@@ -286,8 +286,8 @@ def create_private_database(admin_url: str, prefix: str = "curvplan_client") -> 
     from psycopg import sql
     from sqlalchemy.engine import make_url
 
+    from curvplan_core.config import libpq_url, normalise_database_url
     from curvplan_server import migrations
-    from curvplan_server.config import libpq_url, normalise_database_url
 
     name = f"{prefix}_{secrets.token_hex(4)}"
     with psycopg.connect(libpq_url(admin_url), autocommit=True) as conn:
@@ -316,7 +316,7 @@ def drop_database(admin_url: str, name: str) -> None:
     import psycopg
     from psycopg import sql
 
-    from curvplan_server.config import libpq_url
+    from curvplan_core.config import libpq_url
 
     with psycopg.connect(libpq_url(admin_url), autocommit=True) as conn:
         conn.execute(

@@ -33,9 +33,22 @@ def test_ci_runs_the_static_checks_through_make_test() -> None:
 def test_layering_contracts_and_mypy_settings_are_declared() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     contracts = config["tool"]["importlinter"]["contracts"]
-    sources = {m for c in contracts for m in c["source_modules"]}
-    assert {"curvplan.types", "curvplan.client", "curvplan_server"} <= sources
+    sources = {m for c in contracts for m in c.get("source_modules", [])}
+    assert {"curvplan.types", "curvplan.client", "curvplan_server", "curvplan_core"} <= sources
     assert "curvplan_worker.curvature" in sources
+    [layers] = [c["layers"] for c in contracts if c["type"] == "layers"]
+    assert layers == [
+        "curvplan.commands",
+        "curvplan_server | curvplan_worker",
+        "curvplan_core",
+        "curvplan.types",
+    ]
+    forbidden: dict[str, set[str]] = {}
+    for c in contracts:
+        for source in c.get("source_modules", []):
+            forbidden.setdefault(source, set()).update(c["forbidden_modules"])
+    assert {"torch"} <= forbidden["curvplan_server"] & forbidden["curvplan_core"]
+    assert "fastapi" in forbidden["curvplan_worker"]
     mypy = config["tool"]["mypy"]
     assert "pydantic.mypy" in mypy["plugins"]
     overrides = {tuple(o["module"]): o for o in mypy["overrides"]}

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from curvplan_server.config import libpq_url
+from curvplan_core.config import libpq_url
 
 DATABASE_NAME = "curvplan"
 

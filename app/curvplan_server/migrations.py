@@ -9,7 +9,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, text
 
-from curvplan_server.config import normalise_database_url
+from curvplan_core.config import normalise_database_url
 
 
 def script_location() -> Path:

@@ -13,8 +13,8 @@ import binascii
 import json
 from typing import Any
 
+from curvplan_core.storable import storable_text
 from curvplan_server.problems import Problem, validation_problem
-from curvplan_server.storable import storable_text
 
 MAX_PAGE_TOKEN_CHARS = 2048  # ours are a few hundred; a longer one is not ours
 

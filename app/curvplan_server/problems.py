@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from curvplan.types.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE
+from curvplan_core.db import is_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -172,9 +173,24 @@ async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
     return await _problem_handler(request, problem)
 
 
-async def _unhandled_handler(request: Request, exc: Exception) -> JSONResponse:
-    from curvplan_server.db_unavailable import is_unavailable, unavailable_response
+#: What a 503 for a lost database tells the client to wait, in seconds.
+RETRY_AFTER_SECONDS = 1
 
+
+def unavailable_response(path: str | None) -> JSONResponse:
+    """The 503 ``…/database-unavailable`` answer, with ``Retry-After``."""
+    return problem_response(
+        503,
+        title="Service Unavailable",
+        type=PROBLEM_TYPE_BASE + "database-unavailable",
+        detail="the database is unavailable; retry after the delay in Retry-After (a job "
+        "submission with the same Idempotency-Key, which never creates a second job)",
+        instance=path,
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
+
+
+async def _unhandled_handler(request: Request, exc: Exception) -> JSONResponse:
     if is_unavailable(exc):  # a lost database wrapped in another exception: still a 503
         log.warning("database unavailable on %s %s", request.method, request.url.path)
         return unavailable_response(request.url.path)

@@ -20,7 +20,7 @@ keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
 
 
 def _settings():
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     return Settings()
 
@@ -43,7 +43,7 @@ def serve(
     workers: int = typer.Option(1, "--workers", min=1, help="uvicorn worker processes."),
 ) -> None:
     """Serve the HTTP API with uvicorn (needs DATABASE_URL)."""
-    from curvplan_server.logging import configure_logging
+    from curvplan_core.logging import configure_logging
 
     _require_database_url()
     settings = _settings()
@@ -117,8 +117,8 @@ def db_downgrade(revision: str = typer.Argument(..., help="Target revision, e.g.
 @db_app.command("current")
 def db_current() -> None:
     """Print the database's revision and the shipped head."""
+    from curvplan_core.db import make_engine
     from curvplan_server import migrations
-    from curvplan_server.db import make_engine
 
     engine = make_engine(_require_database_url())
     with engine.connect() as conn:
@@ -133,8 +133,8 @@ def keys_create(
     name: str | None = typer.Option(None, "--name", help="A label for the key."),
 ) -> None:
     """Create an API key for PROJECT and print it (it is shown only this once)."""
-    from curvplan_server.auth.keys import create_key
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.keys import create_key
+    from curvplan_core.db import make_engine, make_sessionmaker
 
     project = project.strip()
     if not project:
@@ -155,8 +155,8 @@ def keys_create_operator(
     name: str | None = typer.Option(None, "--name", help="A label, e.g. prometheus."),
 ) -> None:
     """Create an operator key (no project, the given scopes) and print it once."""
-    from curvplan_server.auth.operator import SCOPES, create_service_key
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.service_keys import SCOPES, create_service_key
+    from curvplan_core.db import make_engine, make_sessionmaker
 
     unknown = sorted(set(scope) - set(SCOPES))
     if unknown:
@@ -178,8 +178,8 @@ def keys_list(
     """List the keys of PROJECT: id, prefix, label, created, revoked (never the key)."""
     from sqlalchemy import select
 
-    from curvplan_server.auth.models import ApiKey, Project
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.models import ApiKey, Project
+    from curvplan_core.db import make_engine, make_sessionmaker
 
     engine = make_engine(_require_database_url())
     with make_sessionmaker(engine)() as session:
@@ -205,8 +205,8 @@ def keys_revoke(key_id: str = typer.Argument(..., help="Key id (from `keys list`
 
     from sqlalchemy import func, update
 
-    from curvplan_server.auth.models import ApiKey
-    from curvplan_server.db import make_engine
+    from curvplan_core.credentials.models import ApiKey
+    from curvplan_core.db import make_engine
 
     try:
         parsed = uuid.UUID(key_id)
@@ -233,8 +233,8 @@ def dev(
 ) -> None:
     """Run everything locally: PostgreSQL (embedded unless DATABASE_URL is set), migrations,
     a development API key for project `dev`, one worker (queues cpu,gpu) and the API."""
-    from curvplan_server.config import Settings
-    from curvplan_server.logging import configure_logging
+    from curvplan_core.config import Settings
+    from curvplan_core.logging import configure_logging
 
     settings = Settings()
     configure_logging(settings.log_format, settings.log_level)
@@ -312,8 +312,8 @@ def _run_dev(url: str, data_dir: Path, host: str, port: int, worker: bool) -> No
 
 def _dev_key(url: str, data_dir: Path) -> str:
     """Reuse the development key stored in the data dir while it is valid, else make one."""
-    from curvplan_server.auth.keys import create_key, lookup_key
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.keys import create_key, lookup_key
+    from curvplan_core.db import make_engine, make_sessionmaker
 
     key_file = data_dir / "dev-api-key"
     engine = make_engine(url)
@@ -366,9 +366,9 @@ def gc(
     """
     import json
 
-    from curvplan_server.artifacts.blobstore import default_store
-    from curvplan_server.db import make_engine
-    from curvplan_server.storage.gc import run_gc
+    from curvplan_core.artifacts.blobstore import default_store
+    from curvplan_core.db import make_engine
+    from curvplan_core.storage.gc import run_gc
 
     url = _require_database_url()
     settings = _settings()

@@ -124,7 +124,7 @@ def test_refused_configs_name_the_field_and_queue_nothing(
 
 @pytest.fixture
 def settings(database_url: str, tmp_path: Any) -> Any:
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     # GPT-2 small is over this limit, the tiny GPT-2 under it.
     return Settings(

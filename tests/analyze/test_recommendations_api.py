@@ -13,7 +13,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _project_id(db_session: Any, headers: dict[str, str]) -> uuid.UUID:
-    from curvplan_server.auth.keys import hash_key
+    from curvplan_core.credentials.keys import hash_key
 
     key = headers["Authorization"].split(" ", 1)[1]
     return db_session.execute(

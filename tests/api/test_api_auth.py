@@ -59,7 +59,7 @@ def test_revoked_key_is_401(client, db_session, api_key) -> None:
 def test_health_needs_no_key_and_metrics_an_operator_key(
     client, auth_headers, operator_headers, db_session
 ) -> None:
-    from curvplan_server.auth.operator import create_service_key
+    from curvplan_core.credentials.service_keys import create_service_key
 
     assert client.get("/healthz").status_code == 200
     assert_problem(client.get("/metrics"), 401)
@@ -100,7 +100,7 @@ def test_auth_disabled_acts_as_default_project(settings, db_session, plan_body) 
 
 
 def test_auth_is_on_unless_explicitly_disabled(monkeypatch) -> None:
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     monkeypatch.delenv("CURVPLAN_AUTH_DISABLED", raising=False)
     assert Settings().auth_disabled is False

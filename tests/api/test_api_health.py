@@ -16,7 +16,7 @@ from api_helpers import assert_problem
 from psycopg import sql
 from sqlalchemy import text
 
-from curvplan_server.config import libpq_url
+from curvplan_core.config import libpq_url
 
 
 def _client(application: Any) -> Any:
@@ -115,8 +115,8 @@ def test_metrics_count_requests_by_route_template(client, auth_headers, operator
 
 def test_queue_gauges_read_committed_jobs_at_scrape_time(settings, database_url) -> None:
     """Gauges come from the DB: committing 3 queued jobs raises the queued count by 3."""
-    from curvplan_server.auth.keys import get_or_create_project
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.keys import get_or_create_project
+    from curvplan_core.db import make_engine, make_sessionmaker
     from curvplan_server.main import create_app
 
     application = create_app(settings)
@@ -196,7 +196,7 @@ def test_workers_endpoint_reports_heartbeats(
 def test_api_process_never_imports_torch(database_url) -> None:
     code = (
         "import sys\n"
-        "from curvplan_server.config import Settings\n"
+        "from curvplan_core.config import Settings\n"
         "from curvplan_server.main import create_app\n"
         "from curvplan.cli import app as cli\n"
         f"create_app(Settings(database_url={database_url!r}))\n"

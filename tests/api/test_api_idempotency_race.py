@@ -19,8 +19,8 @@ CONCURRENCY = 8
 
 @pytest.fixture
 def committed_app(settings: Any, database_url: str) -> Iterator[tuple[Any, Any, str, uuid.UUID]]:
-    from curvplan_server.auth.keys import create_key
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.keys import create_key
+    from curvplan_core.db import make_engine, make_sessionmaker
     from curvplan_server.main import create_app
 
     engine = make_engine(database_url)

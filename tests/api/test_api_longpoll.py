@@ -24,8 +24,8 @@ def live(
     """
     from fastapi.testclient import TestClient
 
-    from curvplan_server.auth.keys import create_key
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.keys import create_key
+    from curvplan_core.db import make_engine, make_sessionmaker
     from curvplan_server.main import create_app
 
     engine = make_engine(database_url)

@@ -16,8 +16,8 @@ def test_a_status_change_wakes_the_long_poll_without_polling(
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from curvplan_server.auth.keys import create_key
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.keys import create_key
+    from curvplan_core.db import make_engine, make_sessionmaker
     from curvplan_server.main import create_app
 
     engine = make_engine(database_url)
@@ -79,8 +79,8 @@ def test_many_long_polls_share_a_small_pool(
 
     import httpx
 
-    from curvplan_server.auth.keys import create_key
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.keys import create_key
+    from curvplan_core.db import make_engine, make_sessionmaker
     from curvplan_server.main import create_app
 
     engine = make_engine(database_url)

@@ -1,4 +1,4 @@
-"""curvplan_server.logging: JSON/console formats and the bound context (job, attempt, worker)."""
+"""curvplan_core.logging: JSON/console formats and the bound context (job, attempt, worker)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from curvplan_server.logging import (
+from curvplan_core.logging import (
     ConsoleFormatter,
     ContextFilter,
     JsonFormatter,

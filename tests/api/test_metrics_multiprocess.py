@@ -28,8 +28,8 @@ HEALTHZ = re.compile(
 
 
 def operator_key(database_url: str) -> str:
-    from curvplan_server.auth.operator import create_service_key
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.service_keys import create_service_key
+    from curvplan_core.db import make_engine, make_sessionmaker
 
     engine = make_engine(database_url)
     try:

@@ -13,7 +13,7 @@ MAX_ARTIFACT_BYTES = 64 * 1024
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Any:
     """Service settings with the blob store under ``tmp_path`` and a 64 KiB upload limit."""
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     return Settings(
         database_url=database_url,
@@ -29,6 +29,6 @@ def settings(database_url: str, tmp_path: Path) -> Any:
 @pytest.fixture
 def store(settings: Any) -> Any:
     """The blob store the app under test writes to."""
-    from curvplan_server.artifacts.blobstore import default_store
+    from curvplan_core.artifacts.blobstore import default_store
 
     return default_store(settings.data_dir)

@@ -163,7 +163,7 @@ def test_hostile_safetensors_header_is_a_422(
 @pytest.fixture
 def settings(database_url: str, tmp_path: Any) -> Any:
     """The artifact settings with room for a 100 kB header (the 50,000-deep nesting case)."""
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     return Settings(
         database_url=database_url,

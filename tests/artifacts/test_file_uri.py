@@ -43,7 +43,7 @@ def roots_enabled() -> bool:
 
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path, roots_enabled: bool) -> Any:
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     roots = roots_enabled
     return Settings(
@@ -82,7 +82,7 @@ def test_paths_outside_the_roots_get_one_answer(
 # --------------------------------------------------------------------------- worker side
 @pytest.fixture
 def worker_roots(monkeypatch: pytest.MonkeyPatch, root: Path) -> Iterator[None]:
-    from curvplan_server.config import get_settings
+    from curvplan_core.config import get_settings
 
     monkeypatch.setenv("CURVPLAN_ARTIFACT_URI_ROOTS", json.dumps([str(root)]))
     get_settings.cache_clear()
@@ -119,7 +119,7 @@ def uri_artifact(engine: Any) -> Iterator[Any]:
 
 
 def _resolve(engine: Any, tmp_path: Path, project: uuid.UUID, artifact: str) -> Any:
-    from curvplan_server.artifacts.blobstore import BlobStore
+    from curvplan_core.artifacts.blobstore import BlobStore
     from curvplan_worker.analyze.artifacts import ArtifactAccess
 
     access = ArtifactAccess(engine, BlobStore(tmp_path / "blobs"))
@@ -171,7 +171,7 @@ def test_worker_errors_never_quote_the_files_bytes(
 def test_worker_without_roots_refuses_file_uris(
     engine: Any, uri_artifact: Any, root: Path, tmp_path: Path
 ) -> None:
-    from curvplan_server.config import get_settings
+    from curvplan_core.config import get_settings
 
     get_settings.cache_clear()
     assert get_settings().artifact_uri_roots == []

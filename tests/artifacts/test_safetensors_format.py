@@ -19,7 +19,7 @@ from safetensors import safe_open
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from curvplan_server.artifacts.safetensors_format import (
+from curvplan_core.artifacts.safetensors_format import (
     InvalidSafetensors,
     SafetensorsValidator,
     check_file,

@@ -93,7 +93,7 @@ def drive(app: Any, path: str, query: bytes, auth: str, chunks: list[bytes]) -> 
 
 @pytest.fixture
 def settings(database_url: str, tmp_path: Any) -> Any:
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     return Settings(
         database_url=database_url,

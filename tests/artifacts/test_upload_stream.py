@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save as st_save
 
-from curvplan_server.artifacts.blobstore import BlobStore
+from curvplan_core.artifacts.blobstore import BlobStore
 from curvplan_server.artifacts.upload import UploadForm, UploadFormError
 
 BOUNDARY = b"----curvplan-test-boundary"

@@ -51,7 +51,7 @@ def worker_id(db_session: Any) -> str:
 
 @pytest.fixture
 def worker_key(db_session: Any, worker_id: str) -> str:
-    from curvplan_server.auth.operator import create_worker_key
+    from curvplan_core.credentials.service_keys import create_worker_key
 
     key = create_worker_key(db_session.connection(), worker_id)
     db_session.commit()
@@ -156,8 +156,8 @@ def test_a_worker_credential_reaches_no_project_or_operator_route(
 def test_a_stopped_or_stale_workers_key_is_revoked(
     client: Any, db_session: Any, worker_id: str, worker_headers: dict[str, str]
 ) -> None:
-    from curvplan_server.auth.operator import create_worker_key, worker_key_valid
-    from curvplan_worker import store as worker_store
+    from curvplan_core.credentials.service_keys import create_worker_key, worker_key_valid
+    from curvplan_core.jobs import store as worker_store
 
     path = f"/v1/worker/blobs/{'0' * 64}"
     assert client.get(path, headers=worker_headers).status_code == 404  # accepted
@@ -206,7 +206,7 @@ def test_remote_access_caches_verified_blobs_and_retries_a_corrupt_one(
     """The worker's side against the real routes: a fetched blob lands in the cache with its
     digest; a blob whose stored bytes no longer match (disk corruption on the API's host)
     fails the attempt as a transient error and leaves nothing; an absent one is a JobError."""
-    from curvplan_server.artifacts.blobstore import BlobStore
+    from curvplan_core.artifacts.blobstore import BlobStore
     from curvplan_worker.analyze.artifacts import ArtifactAccess
     from curvplan_worker.blobs.cache import BlobCache
     from curvplan_worker.blobs.client import BlobApi, BlobTransferError
@@ -249,7 +249,7 @@ def test_a_remote_output_deleted_before_its_row_is_uploaded_again(
     """Between the upload and the row's transaction a deleter may remove the (unreferenced)
     blob; the worker checks under the blob's lock and uploads again, so the committed row
     never points at nothing."""
-    from curvplan_server.artifacts.blobstore import BlobStore
+    from curvplan_core.artifacts.blobstore import BlobStore
     from curvplan_worker.analyze.artifacts import ArtifactAccess
     from curvplan_worker.blobs.cache import BlobCache
     from curvplan_worker.blobs.client import BlobApi

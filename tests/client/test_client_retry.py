@@ -139,6 +139,7 @@ def test_client_cli_and_report_code_never_import_torch() -> None:
         "import curvplan.commands.client, curvplan.client.display, curvplan.report_files; "
         "assert 'matplotlib' not in sys.modules, 'the client imported matplotlib'; "
         "assert 'curvplan_server' not in sys.modules, 'the client imported the server'; "
+        "assert 'curvplan_core' not in sys.modules, 'the client imported the core'; "
         "import curvplan_server.reports.router; "
         "import curvplan_server.main; "
         "assert 'matplotlib' not in sys.modules, 'the API start imported matplotlib'; "

@@ -12,7 +12,7 @@ from curvplan.headline import headline_dict, metric_name
 
 @pytest.fixture(scope="module")
 def recommendation():  # type: ignore[no-untyped-def]
-    from curvplan_server.planner import Measurements, Targets, make_plan
+    from curvplan_core.planner import Measurements, Targets, make_plan
 
     return make_plan(
         Measurements.model_validate_json(json.dumps(full_measurements())),

@@ -316,7 +316,7 @@ def test_planner_dict_passes_a_negative_grad_sq_norm_through_unclamped() -> None
     positive, none = planner_gradient_noise({**stats, "grad_sq_norm": 0.5, "gHg": 0.1})
     assert positive["grad_sq_norm"] == 0.5 and not none
     from curvplan.types.planner import DirectNoiseStats
-    from curvplan_server.planner import Measurements, Targets, make_plan
+    from curvplan_core.planner import Measurements, Targets, make_plan
 
     DirectNoiseStats(**out)
     DirectNoiseStats(**positive)

@@ -216,7 +216,7 @@ def test_memory_budget_is_a_worker_setting_in_bytes_or_units():
 
 
 def test_worker_settings_read_the_budget_from_the_environment(monkeypatch):
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     monkeypatch.setenv("CURVPLAN_WORKER_MEMORY_BUDGET", "2GiB")
     assert Settings().machine_settings().memory_budget == 2 * 2**30

@@ -26,8 +26,8 @@ from test_deploy_files import _lineage, _stages  # noqa: E402
 # What the client image does not have: importing any of these fails there, and here too
 # when the command runs with CLIENT_ONLY's sitecustomize.
 SERVER_ONLY = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "psycopg", "alembic", "numpy",
-               "scipy", "matplotlib", "torch", "safetensors", "curvplan_server",
-               "curvplan_worker", "mlflow")  # fmt: skip
+               "scipy", "matplotlib", "torch", "safetensors", "curvplan_core",
+               "curvplan_server", "curvplan_worker", "mlflow")  # fmt: skip
 BLOCKER = f"""
 import sys
 class _NotInTheClientImage:

@@ -26,7 +26,7 @@ def mlflow_server(pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -
     """``mlflow server`` on 127.0.0.1 with a PostgreSQL database of its own as backend store
     (never curvplan's: both use Alembic's ``alembic_version`` table) and artifacts served
     over HTTP from a temporary folder. One per module: it takes seconds to start."""
-    from curvplan_server.config import libpq_url
+    from curvplan_core.config import libpq_url
 
     name = f"curvplan_test_mlflow_{secrets.token_hex(3)}"
     with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as conn:

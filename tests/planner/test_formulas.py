@@ -24,7 +24,7 @@ def _documented_ids() -> set[str]:
 
 
 def _declared() -> dict[str, str]:
-    from curvplan_server.planner import formulas
+    from curvplan_core.planner import formulas
 
     return {
         name: value
@@ -61,7 +61,7 @@ def test_every_number_of_a_full_recommendation_names_a_documented_formula() -> N
     from plan_bodies import full_measurements, full_targets
 
     from curvplan.types.planner import Measurements, Targets
-    from curvplan_server.planner import make_plan
+    from curvplan_core.planner import make_plan
 
     measurements = {**full_measurements(n_losses=200), "gradient_norm_at_w_star": 0.01}
     targets = {**full_targets(), "orderings": 20, "bootstrap": 50}

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from curvplan_server.planner import Measurements, Targets, make_plan
-from curvplan_server.planner.gradient_noise import ratio_direct, two_batch_estimates
+from curvplan_core.planner import Measurements, Targets, make_plan
+from curvplan_core.planner.gradient_noise import ratio_direct, two_batch_estimates
 
 D = 6
 NOISE_SD = 0.5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from curvplan_server.planner.loss_curve import (
+from curvplan_core.planner.loss_curve import (
     FitError,
     default_window,
     fit_power_law,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from curvplan_server.planner.loss_accuracy import k_loss_accuracy, loss_error_at, loss_variance
+from curvplan_core.planner.loss_accuracy import k_loss_accuracy, loss_error_at, loss_variance
 
 CONF = 0.95
 
@@ -47,7 +47,7 @@ def test_stabilisation_k_star_is_not_loss_accuracy_and_the_plan_says_so() -> Non
     """σ = 1 losses, ε = 0.01: k*(ε) (per-example increment) is ≈ 80, where the loss error is
     many times ε; the loss-accuracy sample size z²σ²/ε² ≈ 38 416 is reported beside it."""
     from curvplan.types.planner import Measurements, Targets
-    from curvplan_server.planner import make_plan
+    from curvplan_core.planner import make_plan
 
     rng = np.random.default_rng(31)
     losses = np.abs(rng.normal(5.0, 1.0, size=2000))
@@ -89,7 +89,7 @@ def _steps(rng: np.random.Generator, mode: str) -> np.ndarray:
 
 @pytest.mark.parametrize("mode", ["additive", "multiplicative"])
 def test_b_crit_interval_covers_without_assuming_constant_noise(mode: str) -> None:
-    from curvplan_server.planner.critical_batch import fit_steps_to_target
+    from curvplan_core.planner.critical_batch import fit_steps_to_target
 
     rng = np.random.default_rng(41)
     hits = {"b": 0, "s": 0}
@@ -106,8 +106,8 @@ def test_linear_cross_check_raises_no_false_alarms_on_exact_model_tables() -> No
     """Exact-model tables, 10 % additive noise, 5 batch sizes: the old > 20 % disagreement rule
     fired on a sizeable share of them; the plan now raises no alarm from the linear form."""
     from curvplan.types.planner import Measurements, Targets
-    from curvplan_server.planner import make_plan
-    from curvplan_server.planner.critical_batch import fit_steps_to_target, linear_cross_check
+    from curvplan_core.planner import make_plan
+    from curvplan_core.planner.critical_batch import fit_steps_to_target, linear_cross_check
 
     rng = np.random.default_rng(42)
     b = 2.0 ** np.arange(5, 10)
@@ -135,7 +135,7 @@ def test_linear_cross_check_raises_no_false_alarms_on_exact_model_tables() -> No
 
 
 def test_loss_vs_data_intervals_cover_under_multiplicative_noise() -> None:
-    from curvplan_server.planner.scaling import fit_loss_vs_data
+    from curvplan_core.planner.scaling import fit_loss_vs_data
 
     rng = np.random.default_rng(43)
     d = np.geomspace(1e3, 1e7, 8)
@@ -155,7 +155,7 @@ def test_token_batches_are_converted_and_the_lr_factor_uses_one_unit() -> None:
     """steps_to_target in tokens with 128 tokens per example: B_crit and the recommended
     batch come out in examples, and 1/(1 + B_noise/B) mixes no units (B = B_noise → 0.5)."""
     from curvplan.types.planner import Measurements, Targets
-    from curvplan_server.planner import make_plan
+    from curvplan_core.planner import make_plan
 
     tpe = 128.0
     b_examples = 2.0 ** np.arange(3, 10)
@@ -186,7 +186,7 @@ def test_token_batches_are_converted_and_the_lr_factor_uses_one_unit() -> None:
 
 def test_plan_uses_the_jackknife_log_ratio_and_reports_the_trend() -> None:
     from curvplan.types.planner import Measurements, Targets
-    from curvplan_server.planner import make_plan
+    from curvplan_core.planner import make_plan
 
     point = {
         "grad_sq_norm": 2.0,

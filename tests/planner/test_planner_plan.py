@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from curvplan.types.planner import NotComputed
-from curvplan_server.planner import Measurements, Recommendation, Targets, make_plan
+from curvplan_core.planner import Measurements, Recommendation, Targets, make_plan
 
 RNG = np.random.default_rng(7)
 BATCHES = [64, 128, 256, 512, 1024, 2048, 4096, 8192]

@@ -11,15 +11,15 @@ import pytest
 from pydantic import ValidationError
 
 from curvplan.types import planner as schemas
-from curvplan_server.planner import (
+from curvplan_core.planner import (
     Measurements,
     PlanInputError,
     Targets,
     check_workload,
     make_plan,
 )
-from curvplan_server.planner.loss_curve import default_window, fit_power_law, loss_difference_curves
-from curvplan_server.planner.sample_size import k_squared, k_squared_rms
+from curvplan_core.planner.loss_curve import default_window, fit_power_law, loss_difference_curves
+from curvplan_core.planner.sample_size import k_squared, k_squared_rms
 
 
 def _codes(plan) -> set[str]:

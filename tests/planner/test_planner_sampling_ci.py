@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from curvplan_server.planner.loss_curve import (
+from curvplan_core.planner.loss_curve import (
     _wls_lines,
     data_influence_cov,
     data_influence_draws,
@@ -24,7 +24,7 @@ from curvplan_server.planner.loss_curve import (
     loss_difference_curves,
     window_mask,
 )
-from curvplan_server.planner.sample_size import k_empirical_many, percentile_interval
+from curvplan_core.planner.sample_size import k_empirical_many, percentile_interval
 
 CONFIDENCE = 0.9
 REPS = 60

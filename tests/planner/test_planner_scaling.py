@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from curvplan_server.planner import Measurements, Targets, make_plan
-from curvplan_server.planner.scaling import data_for_target, fit_loss_vs_data
+from curvplan_core.planner import Measurements, Targets, make_plan
+from curvplan_core.planner.scaling import data_for_target, fit_loss_vs_data
 
 D_GRID = np.geomspace(1e5, 1e8, 12)
 TRUE = {"E": 1.7, "A": 400.0, "beta": 0.3}

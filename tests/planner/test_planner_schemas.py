@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from curvplan_server.planner import Measurements, Recommendation, Targets, make_plan
+from curvplan_core.planner import Measurements, Recommendation, Targets, make_plan
 
 VALID = {
     "per_sample_losses": [0.7, 0.6, 0.9, 1.2],

@@ -15,7 +15,7 @@ from queue_helpers import WorkerProcess
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from curvplan_server.config import libpq_url, normalise_database_url
+from curvplan_core.config import libpq_url, normalise_database_url
 
 
 @pytest.fixture(scope="session")

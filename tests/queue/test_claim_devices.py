@@ -9,8 +9,8 @@ from sqlalchemy import text
 from typer.testing import CliRunner
 
 from curvplan.cli import app
-from curvplan_server.config import Settings, get_settings
-from curvplan_worker import store
+from curvplan_core.config import Settings, get_settings
+from curvplan_core.jobs import store
 from curvplan_worker.worker import WorkerOptions
 
 

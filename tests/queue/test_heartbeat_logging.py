@@ -13,8 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from curvplan_server.logging import ContextFilter, JsonFormatter, bind
-from curvplan_worker import store
+from curvplan_core.jobs import store
+from curvplan_core.logging import ContextFilter, JsonFormatter, bind
 from curvplan_worker.worker import WorkerOptions, WorkerSlot, _Current
 
 

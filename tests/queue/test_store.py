@@ -1,6 +1,6 @@
 """The queue's SQL against a real PostgreSQL: claim, fencing, reaper, release, crash, workers.
 
-These call ``curvplan_worker.store`` directly (the worker processes are exercised in
+These call ``curvplan_core.jobs.store`` directly (the worker processes are exercised in
 test_workers.py), so each rule can be checked on exact rows: what a claim writes,
 which writes a fence rejects, what the reaper makes of an expired lease.
 """
@@ -15,7 +15,7 @@ import pytest
 from queue_helpers import attempt_rows, insert_jobs, job_row, plan_request
 from sqlalchemy import Engine, text
 
-from curvplan_worker import store
+from curvplan_core.jobs import store
 
 
 def expire_lease(db: Engine, job_id: uuid.UUID, seconds_ago: float = 1.0) -> None:

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from curvplan.cli import app
-from curvplan_server.config import Settings
+from curvplan_core.config import Settings
 from curvplan_worker.kinds import KINDS, UnknownKindError, load_run, modules_for_queues
 from curvplan_worker.worker import WorkerOptions
 
@@ -93,7 +93,7 @@ def test_every_kind_matches_the_api_queue_and_has_a_run_function():
     ],
 )
 def test_cli_rejects_bad_options_with_a_clear_message(monkeypatch, args, message):
-    from curvplan_server.config import get_settings
+    from curvplan_core.config import get_settings
 
     monkeypatch.setenv("DATABASE_URL", URL)
     monkeypatch.setenv("CURVPLAN_WORKER_DEVICE", "auto")  # the command sets it from --device
@@ -109,7 +109,7 @@ def test_cli_rejects_bad_options_with_a_clear_message(monkeypatch, args, message
 
 
 def test_cli_needs_a_database_url(monkeypatch):
-    from curvplan_server.config import get_settings
+    from curvplan_core.config import get_settings
 
     monkeypatch.delenv("DATABASE_URL", raising=False)
     get_settings.cache_clear()

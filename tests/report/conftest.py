@@ -18,7 +18,7 @@ from plan_bodies import full_measurements, full_targets
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Any:
     """The root fixture's settings with a private data dir (the link key file lives there)."""
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     return Settings(
         database_url=database_url,
@@ -32,7 +32,7 @@ def settings(database_url: str, tmp_path: Path) -> Any:
 @pytest.fixture(scope="session")
 def plan_job() -> dict[str, Any]:
     """A succeeded plan job as the API shows it, with every plan-side section computed."""
-    from curvplan_server.planner import Measurements, Targets, make_plan
+    from curvplan_core.planner import Measurements, Targets, make_plan
 
     measurements, targets = full_measurements(), full_targets()
     rec = make_plan(

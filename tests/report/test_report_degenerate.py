@@ -9,7 +9,7 @@ from typing import Any
 from plan_bodies import full_measurements, full_targets
 from sqlalchemy import update
 
-from curvplan_server.auth.keys import lookup_key
+from curvplan_core.credentials.keys import lookup_key
 from curvplan_server.jobs import service
 from curvplan_server.jobs.models import Job
 
@@ -17,7 +17,7 @@ from curvplan_server.jobs.models import Job
 def test_report_of_a_plan_with_subnormal_steps_explains_the_plot(
     client: Any, db_session: Any, api_key: str, auth_headers: dict[str, str]
 ) -> None:
-    from curvplan_server.planner import Measurements, Targets, make_plan
+    from curvplan_core.planner import Measurements, Targets, make_plan
 
     measurements, targets = full_measurements(), full_targets()
     # Every batch size needs 5e-324 steps: both ends of the log axis are the same number.

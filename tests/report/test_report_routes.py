@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from sqlalchemy import select, update
 
-from curvplan_server.auth.keys import lookup_key
+from curvplan_core.credentials.keys import lookup_key
 from curvplan_server.jobs import service
 from curvplan_server.jobs.models import Job
 from curvplan_server.reports import signing
@@ -120,7 +120,7 @@ def test_expired_link_is_refused(
 
 
 def test_signing_round_trip_and_secret_file(tmp_path: Any) -> None:
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     settings = Settings(data_dir=tmp_path)
     secret = signing.link_secret(settings)

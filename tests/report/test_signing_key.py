@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from curvplan_server.config import Settings
+from curvplan_core.config import Settings
 from curvplan_server.reports import signing
 
 

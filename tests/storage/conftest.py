@@ -14,7 +14,7 @@ from storage_helpers import committed_key
 
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Any:
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     return Settings(
         database_url=database_url,
@@ -28,7 +28,7 @@ def settings(database_url: str, tmp_path: Path) -> Any:
 
 @pytest.fixture
 def store(settings: Any) -> Any:
-    from curvplan_server.artifacts.blobstore import default_store
+    from curvplan_core.artifacts.blobstore import default_store
 
     return default_store(settings.data_dir)
 

@@ -56,8 +56,8 @@ def wait_until_blocked(engine: Any, thread: threading.Thread, timeout: float = 1
 
 def committed_key(database_url: str, project: str) -> str:
     """An API key of a new project, committed (visible to every connection)."""
-    from curvplan_server.auth.keys import create_key
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.keys import create_key
+    from curvplan_core.db import make_engine, make_sessionmaker
 
     engine = make_engine(database_url)
     try:

@@ -35,7 +35,7 @@ def orphan_blob(store: Any, data: bytes, *, age: float | None = OLD) -> str:
 def test_collect_deletes_only_unreferenced_blobs_past_the_grace(
     client: Any, auth_headers: dict[str, str], store: Any, db_session: Any
 ) -> None:
-    from curvplan_server.storage.blobs import collect_blobs
+    from curvplan_core.storage.blobs import collect_blobs
 
     kept = upload(client, auth_headers, checkpoint_bytes(40)).json()["sha256"]
     old = orphan_blob(store, checkpoint_bytes(41))
@@ -52,7 +52,7 @@ def test_collector_waits_for_a_writer_and_keeps_what_it_committed(
 ) -> None:
     """A writer holds the blob's lock between placing the file and committing its row: the
     collector must wait, re-check, and keep the file."""
-    from curvplan_server.storage.blobs import collect_blobs, lock_blob
+    from curvplan_core.storage.blobs import collect_blobs, lock_blob
 
     data = checkpoint_bytes(43)
     sha = orphan_blob(store, data)
@@ -84,7 +84,7 @@ def test_collector_spares_a_blob_placed_again_after_its_scan(store: Any, engine:
     mtime refreshed, committed) and inserts its row in a later transaction. A collector that
     listed the file as old before the upload must re-check the age under the lock and keep
     it, or the row would point at nothing."""
-    from curvplan_server.storage.blobs import collect_blobs, lock_blob, place_blob
+    from curvplan_core.storage.blobs import collect_blobs, lock_blob, place_blob
 
     data = checkpoint_bytes(45)
     sha = orphan_blob(store, data)  # old and unreferenced: a candidate of the scan
@@ -111,7 +111,7 @@ def test_upload_waits_for_a_collector_and_then_stores_its_own_copy(
     """The collector holds the lock and deletes the unreferenced file; an upload of the same
     content that arrived meanwhile must wait and then put the file back, not insert a row
     pointing at nothing."""
-    from curvplan_server.storage.blobs import lock_blob
+    from curvplan_core.storage.blobs import lock_blob
 
     data = checkpoint_bytes(44)
     sha = orphan_blob(store, data)
@@ -136,7 +136,7 @@ def test_uploads_deletes_and_collections_interleaved_never_lose_a_blob(
 ) -> None:
     """Three projects upload, read back and delete the same content in a loop while a
     collector runs with no grace period: every upload that succeeded can be read back."""
-    from curvplan_server.storage.blobs import collect_blobs
+    from curvplan_core.storage.blobs import collect_blobs
 
     data = checkpoint_bytes(45)
     headers = [

@@ -137,9 +137,9 @@ def test_delete_racing_a_job_submission_waits_for_it_and_refuses(
     """A submission holds the artifact rows it checked (FOR KEY SHARE) until it commits; the
     delete waits for it, then sees the queued job and answers 409 — never a queued job whose
     artifact is gone."""
+    from curvplan_core.db import make_sessionmaker
     from curvplan_server.analyze.references import analyze_references
     from curvplan_server.artifacts.service import check_references
-    from curvplan_server.db import make_sessionmaker
     from curvplan_server.jobs.service import create_job
 
     checkpoint = upload(live_client, live_headers, checkpoint_bytes(3)).json()

@@ -47,7 +47,7 @@ def env_for(database_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
 
 def scenario(database_url: str, data_dir: Path, seed: int) -> dict[str, Any]:
     """An expired job with an output blob, a kept job with one, an orphan, a stale temp file."""
-    from curvplan_server.artifacts.blobstore import default_store
+    from curvplan_core.artifacts.blobstore import default_store
 
     store = default_store(data_dir)
     store.ensure()

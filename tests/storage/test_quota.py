@@ -17,7 +17,7 @@ MAX_BYTES = 4096
 
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Any:
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     (tmp_path / "files").mkdir()
     return Settings(

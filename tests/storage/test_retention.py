@@ -70,7 +70,7 @@ def remaining(conn: Any, ids: list[uuid.UUID]) -> set[uuid.UUID]:
 def test_retention_keeps_the_latest_succeeded_of_a_name_and_unfinished_jobs(
     db_session: Any,
 ) -> None:
-    from curvplan_server.storage.retention import delete_expired_jobs
+    from curvplan_core.storage.retention import delete_expired_jobs
 
     conn = db_session.connection()
     p, q = project(conn), project(conn)
@@ -100,7 +100,7 @@ def test_retention_keeps_the_latest_succeeded_of_a_name_and_unfinished_jobs(
 
 
 def test_a_parent_and_its_children_go_together(db_session: Any) -> None:
-    from curvplan_server.storage.retention import delete_expired_jobs
+    from curvplan_core.storage.retention import delete_expired_jobs
 
     conn = db_session.connection()
     # The column jobs that spawn jobs carry; added here (rolled back with the test) when the

@@ -15,7 +15,7 @@ OLD = time.time() - 7200
 
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Any:
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     return Settings(
         database_url=database_url,

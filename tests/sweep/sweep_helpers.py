@@ -27,8 +27,8 @@ def counting_data(n: int, seed: int) -> Any:
 
 
 def api_key(database_url: str) -> str:
-    from curvplan_server.auth.keys import create_key
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.keys import create_key
+    from curvplan_core.db import make_engine, make_sessionmaker
 
     engine = make_engine(database_url)
     try:

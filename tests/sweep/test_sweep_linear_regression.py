@@ -19,8 +19,8 @@ torch = pytest.importorskip("torch")
 
 from curvplan.types.spec import parse_spec  # noqa: E402
 from curvplan.types.sweep import OptimizerSpec, PointSettings  # noqa: E402
-from curvplan_server.planner.critical_batch import fit_steps_to_target  # noqa: E402
-from curvplan_server.planner.gradient_noise import (  # noqa: E402
+from curvplan_core.planner.critical_batch import fit_steps_to_target  # noqa: E402
+from curvplan_core.planner.gradient_noise import (  # noqa: E402
     ratio_of_means_bootstrap,
     two_batch_estimates,
 )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from curvplan_core.jobs.errors import error_dict as error_dict  # the kinds' and the queue's
+
 
 class JobError(Exception):
     """A failure the job kind diagnosed itself: the job fails with this error, no retry.
@@ -26,11 +28,6 @@ class JobError(Exception):
 
 class JobCancelled(Exception):
     """Raised by ``JobContext.report_progress`` once the job's cancellation was requested."""
-
-
-def error_dict(type: str, title: str, detail: str) -> dict[str, str]:
-    """A ``job.error`` object built by the worker itself (worker-lost, internal-error, …)."""
-    return {"type": type, "title": title, "detail": detail}
 
 
 class RetryableError(Exception):

@@ -7,7 +7,7 @@ marks it ``succeeded`` (never sent again); anything else schedules a retry after
 Redirects are not followed (a 3xx is a failure), and 4xx other than 408/429 are not retried:
 the receiver has said no. Each attempt's outcome is kept in ``webhook_attempt``.
 
-Each POST connects through :class:`curvplan_server.webhooks.guard.AddressPolicy`: the host
+Each POST connects through :class:`curvplan_core.webhooks.guard.AddressPolicy`: the host
 is resolved at that moment and every address checked before connecting to it.
 """
 
@@ -28,7 +28,7 @@ from sqlalchemy import Engine, text
 from curvplan import __version__
 from curvplan.types.webhooks import EVENT_ID_HEADER, SIGNATURE_HEADER
 from curvplan.webhooks import signature_header
-from curvplan_server.webhooks.guard import AddressPolicy, WebhookRefused
+from curvplan_core.webhooks.guard import AddressPolicy, WebhookRefused
 
 log = logging.getLogger("curvplan.webhooks")
 

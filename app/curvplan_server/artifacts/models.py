@@ -16,7 +16,7 @@ from sqlalchemy import BigInteger, CheckConstraint, DateTime, ForeignKey, Index,
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from curvplan_server.db import Base
+from curvplan_core.db import Base
 
 ARTIFACT_KINDS = ("checkpoint", "dataset", "job-output")
 UPLOAD_KINDS = ("checkpoint", "dataset")

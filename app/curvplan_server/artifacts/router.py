@@ -12,12 +12,14 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from curvplan.types.artifacts import ArtifactOut, ArtifactPage, ArtifactUriCreate, uri_allowed
+from curvplan_core.artifacts.blobstore import BlobTooLarge, BlobWriter
+from curvplan_core.artifacts.checks import ArtifactContentError
+from curvplan_core.artifacts.header_checks import check_header
+from curvplan_core.artifacts.safetensors_format import InvalidSafetensors
+from curvplan_core.storable import shown, storable_text
 from curvplan_server.artifacts import service
-from curvplan_server.artifacts.blobstore import BlobStore, BlobTooLarge, BlobWriter, default_store
-from curvplan_server.artifacts.checks import ArtifactContentError
-from curvplan_server.artifacts.header_checks import check_header
+from curvplan_server.artifacts.commit import commit_upload, early_quota_check, register_uri
 from curvplan_server.artifacts.models import ARTIFACT_KINDS, UPLOAD_KINDS
-from curvplan_server.artifacts.safetensors_format import InvalidSafetensors
 from curvplan_server.artifacts.upload import UploadForm, UploadFormError, boundary_of
 from curvplan_server.auth.dependencies import ProjectDep
 from curvplan_server.db import SessionDep
@@ -28,24 +30,13 @@ from curvplan_server.problems import (
     field_errors_from_pydantic,
     validation_problem,
 )
-from curvplan_server.storable import shown, storable_text
 from curvplan_server.storage.quota import Quota
-from curvplan_server.storage.uploads import commit_upload, early_quota_check, register_uri
+from curvplan_server.storage.store import blob_store
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
 
 UPLOAD_OVERHEAD_BYTES = 64 * 1024
 """Room for multipart boundaries and headers above the file size limit (middleware limit)."""
-
-
-def blob_store(request: Request) -> BlobStore:
-    """The application's blob store (``$CURVPLAN_DATA_DIR/blobs``)."""
-    store = getattr(request.app.state, "blob_store", None)
-    if store is None:
-        store = default_store(request.app.state.settings.data_dir)
-        store.ensure()
-        request.app.state.blob_store = store
-    return store
 
 
 def _field_problem(field: str, message: str, type_: str) -> Problem:

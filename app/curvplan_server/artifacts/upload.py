@@ -1,7 +1,7 @@
 """Streaming ``multipart/form-data`` upload: fields ``file`` (the safetensors file) and ``kind``.
 
 The request body is parsed incrementally with python-multipart's ``MultipartParser``:
-the ``file`` part goes straight to a :class:`~curvplan_server.artifacts.blobstore.BlobWriter` (temp
+the ``file`` part goes straight to a :class:`~curvplan_core.artifacts.blobstore.BlobWriter` (temp
 file, sha256, safetensors validation chunk by chunk); the small text fields are kept.
 Nothing but one chunk and the safetensors header is ever held in memory.
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from curvplan_server.artifacts.blobstore import BlobWriter
+from curvplan_core.artifacts.blobstore import BlobWriter
 
 FILE_FIELD = "file"
 TEXT_FIELDS = ("kind", "name")

@@ -1,4 +1,5 @@
-"""The bearer-key dependency every /v1 route uses: :data:`ProjectDep`."""
+"""The bearer-key dependencies: :data:`ProjectDep` (every /v1 route) and :func:`require_scope`
+(the operator and worker routes, a service key with a scope)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
-from curvplan_server.auth.keys import AuthContext, get_or_create_project, hash_key, lookup_key
+from curvplan_core.credentials.keys import AuthContext, get_or_create_project, hash_key, lookup_key
+from curvplan_core.credentials.service_keys import (
+    OPERATOR_KEY_PREFIX,
+    SCOPES,
+    ServiceContext,
+    lookup_service_key,
+)
 from curvplan_server.db import SessionDep
 from curvplan_server.problems import Problem
 
@@ -101,3 +108,43 @@ def query_and_release(query: Callable[..., T], session: Session, *args: Any) -> 
 
 
 ProjectDep = Annotated[AuthContext, Depends(require_project)]
+
+
+def _problem(status: int, detail: str, error: str | None = None) -> Problem:
+    challenge = 'Bearer realm="curvplan-operator"'
+    if error:
+        challenge += f', error="{error}"'
+    headers = {"WWW-Authenticate": challenge}
+    title = "Unauthorized" if status == 401 else "Forbidden"
+    return Problem(status, detail, title=title, headers=headers)
+
+
+def require_scope(scope: str) -> Callable[..., Any]:
+    """A FastAPI dependency: the request carries a service key with ``scope``, else 401/403.
+
+    A project key is a 403: it is valid, but it does not reach across projects.
+    """
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
+
+    async def dependency(request: Request, session: SessionDep) -> ServiceContext:
+        header = request.headers.get("authorization")
+        need = f"an operator key with scope {scope} (curvplan keys create-operator --scope {scope})"
+        if not header:
+            raise _problem(401, f"missing Authorization header: this route needs {need}")
+        scheme, _, key = header.partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            raise _problem(
+                401, "the Authorization header must be 'Bearer <key>'", "invalid_request"
+            )
+        if not key.startswith(OPERATOR_KEY_PREFIX):
+            raise _problem(403, f"a project key cannot use this route; it needs {need}", "scope")
+        ctx = await run_in_threadpool(query_and_release, lookup_service_key, session, key)
+        if ctx is None:
+            raise _problem(401, "invalid or revoked operator key", "invalid_token")
+        if scope not in ctx.scopes:
+            raise _problem(403, f"this operator key lacks the scope {scope}", "insufficient_scope")
+        return ctx
+
+    return dependency

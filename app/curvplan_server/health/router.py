@@ -10,7 +10,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from curvplan_server.auth.operator import ServiceContext, require_scope
+from curvplan_core.credentials.service_keys import ServiceContext
+from curvplan_server.auth.dependencies import require_scope
 from curvplan_server.metrics import render_metrics
 from curvplan_server.migrations import current_revisions, head_revisions
 from curvplan_server.problems import problem_response, problem_responses

@@ -10,7 +10,7 @@ from sqlalchemy import DateTime, ForeignKey, Integer, LargeBinary, Text, func
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from curvplan_server.db import Base
+from curvplan_core.db import Base
 
 
 class JobPlot(Base):

@@ -2,7 +2,7 @@
 
 Each :class:`Plot` holds its SVG and PNG (or, when its data are missing, the reason why), a
 caption, and the numbers it draws (``numbers.json`` of ``curvplan report --out``). Every
-fitted curve and bound is evaluated by the planner's own laws (``curvplan_server.planner.laws``)
+fitted curve and bound is evaluated by the planner's own laws (``curvplan_core.planner.laws``)
 with the values the recommendation carries, so the figures cannot disagree with the planner.
 
 Drawing uses matplotlib's object-oriented API on the Agg canvas (``Figure`` +
@@ -40,7 +40,7 @@ from curvplan.types.planner import (
     SampleSizeSection,
     ScalingSection,
 )
-from curvplan_server.planner import laws
+from curvplan_core.planner import laws
 
 # Text stays text in the SVG (searchable, accessible, a tenth of the size of glyph paths).
 # Set once at import: a process-wide setting, not per-figure state.

@@ -20,7 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
-from curvplan_server.config import Settings
+from curvplan_core.config import Settings
 
 SECRET_FILE = "report-link-secret"
 _lock = threading.Lock()

@@ -1,2 +1,2 @@
-"""Storage that cleans up after itself: blob locking and garbage collection, temp-file sweeps,
-per-project quotas, artifact deletion and the retention of finished jobs."""
+"""The API's side of storage: per-project quotas, artifact deletion, the temp-file sweeper and
+the process's blob store (blob locking, GC and retention are the core's, curvplan_core.storage)."""

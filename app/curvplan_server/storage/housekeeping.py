@@ -17,8 +17,8 @@ from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 
-from curvplan_server.artifacts.blobstore import default_store
-from curvplan_server.storage.blobs import sweep_temp_files
+from curvplan_core.artifacts.blobstore import default_store
+from curvplan_core.storage.blobs import sweep_temp_files
 
 log = logging.getLogger("curvplan.storage")
 

@@ -8,12 +8,12 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from curvplan.types.storage import StorageUsage
-from curvplan_server.artifacts.router import blob_store
 from curvplan_server.auth.dependencies import ProjectDep
 from curvplan_server.db import SessionDep
 from curvplan_server.problems import PROBLEM_RESPONSES
 from curvplan_server.storage.deletion import delete_artifact
 from curvplan_server.storage.quota import Quota, project_usage
+from curvplan_server.storage.store import blob_store
 
 router = APIRouter(tags=["artifacts"])
 

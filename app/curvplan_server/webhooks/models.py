@@ -25,7 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from curvplan_server.db import Base
+from curvplan_core.db import Base
 
 
 class WebhookSecret(Base):

@@ -10,7 +10,6 @@ from fastapi.concurrency import run_in_threadpool
 from curvplan.types.webhooks import WebhookDeliveryList, WebhookSecretOut
 from curvplan_server.auth.dependencies import ProjectDep
 from curvplan_server.db import SessionDep
-from curvplan_server.jobs import service as jobs
 from curvplan_server.problems import PROBLEM_RESPONSES
 from curvplan_server.webhooks import service
 
@@ -41,5 +40,4 @@ async def rotate_webhook_secret(session: SessionDep, auth: ProjectDep) -> Webhoo
 async def list_job_webhooks(
     job_id: uuid.UUID, session: SessionDep, auth: ProjectDep
 ) -> WebhookDeliveryList:
-    await run_in_threadpool(jobs.get_job, session, auth.project_id, job_id)  # 404 if not ours
     return await run_in_threadpool(service.list_deliveries, session, auth.project_id, job_id)

@@ -6,7 +6,7 @@ import secrets
 import uuid
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -16,9 +16,9 @@ from curvplan.types.webhooks import (
     WebhookDeliveryOut,
     WebhookSecretOut,
 )
-from curvplan_server.config import Settings
-from curvplan_server.problems import Problem, validation_problem
-from curvplan_server.webhooks.guard import AddressPolicy, WebhookRefused
+from curvplan_core.config import Settings
+from curvplan_core.webhooks.guard import AddressPolicy, WebhookRefused
+from curvplan_server.problems import Problem, not_found, validation_problem
 from curvplan_server.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookSecret
 
 
@@ -81,6 +81,13 @@ def rotate_secret(session: Session, project_id: uuid.UUID) -> WebhookSecretOut:
 def list_deliveries(
     session: Session, project_id: uuid.UUID, job_id: uuid.UUID
 ) -> WebhookDeliveryList:
+    """The job's deliveries with every attempt; 404 for an unknown job or another project's
+    (the answer ``GET /v1/jobs/{id}`` gives)."""
+    owned = session.execute(
+        text("SELECT 1 FROM job WHERE id = :j AND project_id = :p"), {"j": job_id, "p": project_id}
+    ).first()
+    if owned is None:
+        raise not_found("job")
     d = WebhookDelivery.__table__.c
     a = WebhookAttempt.__table__.c
     rows = session.execute(

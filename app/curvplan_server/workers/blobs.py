@@ -8,7 +8,7 @@ itself at start; a project key or an operator key without that scope gets 403.
 
 An upload streams to a temp file under ``blobs/tmp`` while it is hashed and checked as
 safetensors; its digest must equal the one in the path (422 otherwise, nothing kept), and it
-is placed with the store's advisory lock (:func:`curvplan_server.storage.blobs.place_blob`),
+is placed with the store's advisory lock (:func:`curvplan_core.storage.blobs.place_blob`),
 which also refreshes its mtime: the garbage collector's grace period
 (``CURVPLAN_BLOB_GC_GRACE_SECONDS``) then keeps the still unreferenced blob until the worker's
 row insert, seconds later. In that insert's transaction the worker holds the blob's lock and
@@ -26,12 +26,13 @@ from sqlalchemy import Engine
 
 from curvplan.types.artifacts import is_sha256
 from curvplan.types.storage import WorkerBlobOut
-from curvplan_server.artifacts.blobstore import BlobStore, BlobTooLarge, BlobWriter
-from curvplan_server.artifacts.router import blob_store
-from curvplan_server.artifacts.safetensors_format import InvalidSafetensors
-from curvplan_server.auth.operator import WORKER_SCOPE, ServiceContext, require_scope
+from curvplan_core.artifacts.blobstore import BlobStore, BlobTooLarge, BlobWriter
+from curvplan_core.artifacts.safetensors_format import InvalidSafetensors
+from curvplan_core.credentials.service_keys import WORKER_SCOPE, ServiceContext
+from curvplan_core.storage.blobs import place_blob
+from curvplan_server.auth.dependencies import require_scope
 from curvplan_server.problems import Problem, problem_responses, validation_problem
-from curvplan_server.storage.blobs import place_blob
+from curvplan_server.storage.store import blob_store
 
 router = APIRouter(prefix="/v1/worker/blobs", tags=["worker"])
 

@@ -9,7 +9,7 @@ from sqlalchemy import CheckConstraint, DateTime, Integer, Text, func
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Mapped, mapped_column
 
-from curvplan_server.db import Base
+from curvplan_core.db import Base
 
 WORKER_STATUSES = ("running", "stopping", "stopped")
 

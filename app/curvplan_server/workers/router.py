@@ -9,7 +9,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import func, select
 
 from curvplan.types.jobs import WorkerList
-from curvplan_server.auth.operator import ServiceContext, require_scope
+from curvplan_core.credentials.service_keys import ServiceContext
+from curvplan_server.auth.dependencies import require_scope
 from curvplan_server.db import SessionDep
 from curvplan_server.jobs.service import query_field_error
 from curvplan_server.problems import problem_responses

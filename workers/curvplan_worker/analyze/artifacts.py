@@ -30,12 +30,12 @@ import numpy as np
 from sqlalchemy import Connection, Engine, create_engine, pool, text
 
 from curvplan.types.artifacts import uri_allowed, uri_path
-from curvplan_server.artifacts.blobstore import BlobStore, default_store
-from curvplan_server.artifacts.checks import ArtifactContentError, check_kind
-from curvplan_server.artifacts.regular_files import NotARegularFile, validate_regular_file
-from curvplan_server.artifacts.safetensors_format import InvalidSafetensors, validate_file
-from curvplan_server.config import get_settings
-from curvplan_server.storage.blobs import delete_if_unreferenced, lock_blob, place_blob
+from curvplan_core.artifacts.blobstore import BlobStore, default_store
+from curvplan_core.artifacts.checks import ArtifactContentError, check_kind
+from curvplan_core.artifacts.regular_files import NotARegularFile, validate_regular_file
+from curvplan_core.artifacts.safetensors_format import InvalidSafetensors, validate_file
+from curvplan_core.config import get_settings
+from curvplan_core.storage.blobs import delete_if_unreferenced, lock_blob, place_blob
 from curvplan_worker.blobs.cache import BlobCache, CorruptDownload
 from curvplan_worker.blobs.client import BlobApi, BlobNotOnServer, BlobTransferError
 from curvplan_worker.errors import JobError

@@ -11,7 +11,7 @@ from typing import Any
 
 import curvplan_worker.curvature.analyze as curvature_analysis
 from curvplan.types.jobs import AnalyzeBlocksJobCreate
-from curvplan_server.config import get_settings
+from curvplan_core.config import get_settings
 from curvplan_worker.analyze.artifacts import attempt_access
 from curvplan_worker.analyze.pipeline import (
     resolve_checkpoint,

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from curvplan_server.planner import Measurements, PlanInputError, Targets, check_workload, make_plan
+from curvplan_core.planner import Measurements, PlanInputError, Targets, check_workload, make_plan
 from curvplan_worker.errors import JobError
 from curvplan_worker.kinds import JobContext
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from curvplan.types.artifacts import is_sha256
-from curvplan_server.artifacts.safetensors_format import (
+from curvplan_core.artifacts.safetensors_format import (
     SafetensorsInfo,
     SafetensorsValidator,
     check_file,

@@ -22,22 +22,22 @@ from curvplan.types.planner import (
     Targets,
     TwoBatchNoiseSeries,
 )
-from curvplan_server.planner import formulas
-from curvplan_server.planner.critical_batch import (
+from curvplan_core.planner import formulas
+from curvplan_core.planner.critical_batch import (
     batch_at_step_overhead,
     fit_steps_to_target,
     linear_cross_check,
     nearest_power_of_two,
 )
-from curvplan_server.planner.gradient_noise import (
+from curvplan_core.planner.gradient_noise import (
     Ratio,
     Stat,
     ratio_direct,
     ratio_of_means_bootstrap,
     two_batch_estimates,
 )
-from curvplan_server.planner.noise_reliability import log_ratio_interval
-from curvplan_server.planner.warning_log import WarningLog
+from curvplan_core.planner.noise_reliability import log_ratio_interval
+from curvplan_core.planner.warning_log import WarningLog
 
 P_DEFINED_WARN = 0.9
 MEDIAN_RATIO_WARN = 0.8

@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Connection, Engine, text
 
-from curvplan_server.storage.blobs import transaction
+from curvplan_core.storage.blobs import transaction
 
 log = logging.getLogger("curvplan.storage")
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from curvplan_server.artifacts.blobstore import BlobStore
-from curvplan_server.storage.blobs import collect_blobs, sweep_temp_files
-from curvplan_server.storage.retention import delete_expired_jobs
+from curvplan_core.artifacts.blobstore import BlobStore
+from curvplan_core.storage.blobs import collect_blobs, sweep_temp_files
+from curvplan_core.storage.retention import delete_expired_jobs
 
 log = logging.getLogger("curvplan.storage")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import stat
 
-from curvplan_server.artifacts.safetensors_format import SafetensorsInfo, SafetensorsValidator
+from curvplan_core.artifacts.safetensors_format import SafetensorsInfo, SafetensorsValidator
 
 
 class NotARegularFile(OSError):

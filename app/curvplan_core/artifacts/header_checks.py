@@ -8,10 +8,10 @@ known from the header, and a bad upload is refused before its body is read.
 
 from __future__ import annotations
 
-from curvplan_server.artifacts.blobstore import BlobTooLarge
-from curvplan_server.artifacts.checks import check_kind
-from curvplan_server.artifacts.safetensors_format import InvalidSafetensors, SafetensorsInfo
-from curvplan_server.storable import shown, storable_text
+from curvplan_core.artifacts.blobstore import BlobTooLarge
+from curvplan_core.artifacts.checks import check_kind
+from curvplan_core.artifacts.safetensors_format import InvalidSafetensors, SafetensorsInfo
+from curvplan_core.storable import shown, storable_text
 
 
 def check_storable(info: SafetensorsInfo) -> None:

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from curvplan_server.auth.models import ApiKey, Project
+from curvplan_core.credentials.models import ApiKey, Project
 
 KEY_PREFIX = "cp_"
 

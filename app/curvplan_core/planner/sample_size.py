@@ -7,7 +7,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from curvplan_server.planner.laws import theorem7_constant
+from curvplan_core.planner.laws import theorem7_constant
 
 # Sample sizes above this are reported as "not finite" rather than as a meaningless integer.
 K_REPORT_LIMIT = 1e18

@@ -17,7 +17,7 @@ from curvplan.types.planner import (
 )
 
 if TYPE_CHECKING:
-    from curvplan_server.planner.plan import make_plan
+    from curvplan_core.planner.plan import make_plan
 
 __all__ = [
     "Measurements",
@@ -31,7 +31,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "make_plan":
-        from curvplan_server.planner.plan import make_plan
+        from curvplan_core.planner.plan import make_plan
 
         return make_plan
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

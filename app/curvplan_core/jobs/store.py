@@ -1,5 +1,8 @@
 """The SQL of the queue: claim, heartbeat, fenced writes, reaper, worker rows (docs/layout.md).
 
+With :mod:`curvplan_core.jobs.fanout` (a waiting parent, its fan-in, cancelling children) this
+is where a job's status changes after its submission; the worker is its caller.
+
 Every statement uses the database clock (``now()``), so workers on machines with
 skewed clocks agree on leases. Every write to a job after its claim is *fenced*: it
 matches the row only while ``(worker_id, attempt)`` are still the claimer's and the
@@ -18,14 +21,14 @@ from typing import Any, Literal
 from sqlalchemy import Connection, text
 
 from curvplan.types.jobs import QUEUE_OF_KIND
-from curvplan_server.auth.operator import revoke_worker_keys
-from curvplan_server.jobs.fanout import (
+from curvplan_core.credentials.service_keys import revoke_worker_keys
+from curvplan_core.jobs.errors import error_dict
+from curvplan_core.jobs.fanout import (
     children_of,
     settle_orphaned_waits,
     settle_parents,
     waiting_progress,
 )
-from curvplan_worker.errors import error_dict
 
 ACTIVE = "('running', 'cancelling')"
 FENCE = f"id = :job_id AND worker_id = :worker_id AND attempt = :attempt AND status IN {ACTIVE}"

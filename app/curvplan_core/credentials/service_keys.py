@@ -11,27 +11,22 @@ its own key with the scope ``worker`` through the database at start (:func:`crea
 linked to its worker row) and revokes it at stop (:func:`revoke_worker_keys`); the reaper
 revokes the keys of workers it marks stale. One design, scopes decide what each key may do:
 a worker key reaches only the ``/v1/worker`` routes, a project key never does.
-Only the sha256 of a key is stored, like project keys.
+Only the sha256 of a key is stored, like project keys. The route dependency that checks a
+request's service key, :func:`curvplan_server.auth.dependencies.require_scope`, is the server's.
 """
 
 from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from fastapi import Request
-from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import Connection, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from curvplan_server.auth.dependencies import query_and_release
-from curvplan_server.auth.keys import hash_key
-from curvplan_server.auth.models import ServiceCredential
-from curvplan_server.db import SessionDep
-from curvplan_server.problems import Problem
+from curvplan_core.credentials.keys import hash_key
+from curvplan_core.credentials.models import ServiceCredential
 
 OPERATOR_KEY_PREFIX = "cpo_"
 
@@ -133,43 +128,3 @@ def lookup_service_key(session: Session, key: str) -> ServiceContext | None:
         )
     ).first()
     return ServiceContext(row[0], frozenset(row[1])) if row else None
-
-
-def _problem(status: int, detail: str, error: str | None = None) -> Problem:
-    challenge = 'Bearer realm="curvplan-operator"'
-    if error:
-        challenge += f', error="{error}"'
-    headers = {"WWW-Authenticate": challenge}
-    title = "Unauthorized" if status == 401 else "Forbidden"
-    return Problem(status, detail, title=title, headers=headers)
-
-
-def require_scope(scope: str) -> Callable[..., Any]:
-    """A FastAPI dependency: the request carries a service key with ``scope``, else 401/403.
-
-    A project key is a 403: it is valid, but it does not reach across projects.
-    """
-    if scope not in SCOPES:
-        raise ValueError(f"unknown scope {scope!r}")
-
-    async def dependency(request: Request, session: SessionDep) -> ServiceContext:
-        header = request.headers.get("authorization")
-        need = f"an operator key with scope {scope} (curvplan keys create-operator --scope {scope})"
-        if not header:
-            raise _problem(401, f"missing Authorization header: this route needs {need}")
-        scheme, _, key = header.partition(" ")
-        key = key.strip()
-        if scheme.lower() != "bearer" or not key:
-            raise _problem(
-                401, "the Authorization header must be 'Bearer <key>'", "invalid_request"
-            )
-        if not key.startswith(OPERATOR_KEY_PREFIX):
-            raise _problem(403, f"a project key cannot use this route; it needs {need}", "scope")
-        ctx = await run_in_threadpool(query_and_release, lookup_service_key, session, key)
-        if ctx is None:
-            raise _problem(401, "invalid or revoked operator key", "invalid_token")
-        if scope not in ctx.scopes:
-            raise _problem(403, f"this operator key lacks the scope {scope}", "insufficient_scope")
-        return ctx
-
-    return dependency

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection, Engine, text
 
-from curvplan_server.artifacts.blobstore import BlobStore
+from curvplan_core.artifacts.blobstore import BlobStore
 
 log = logging.getLogger("curvplan.storage")
 

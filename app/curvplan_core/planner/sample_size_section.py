@@ -21,15 +21,15 @@ from curvplan.types.planner import (
     SampleSizeValue,
     Targets,
 )
-from curvplan_server.planner import formulas
-from curvplan_server.planner.laws import theorem7_constant
-from curvplan_server.planner.loss_accuracy import (
+from curvplan_core.planner import formulas
+from curvplan_core.planner.laws import theorem7_constant
+from curvplan_core.planner.loss_accuracy import (
     LossVariance,
     k_loss_accuracy,
     loss_error_at,
     loss_variance,
 )
-from curvplan_server.planner.loss_curve import (
+from curvplan_core.planner.loss_curve import (
     DataScaleBootstrap,
     FitError,
     OrderingCurves,
@@ -41,7 +41,7 @@ from curvplan_server.planner.loss_curve import (
     fit_power_law,
     loss_difference_curves,
 )
-from curvplan_server.planner.sample_size import (
+from curvplan_core.planner.sample_size import (
     ceil_interval,
     k_empirical,
     k_empirical_many,
@@ -51,7 +51,7 @@ from curvplan_server.planner.sample_size import (
     k_theorem7_tight,
     percentile_interval,
 )
-from curvplan_server.planner.warning_log import WarningLog
+from curvplan_core.planner.warning_log import WarningLog
 
 MIN_SAMPLES_FOR_FIT = 20
 FEW_SAMPLES = 1000

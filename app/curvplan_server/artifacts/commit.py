@@ -14,9 +14,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from curvplan_core.artifacts.blobstore import BlobStore, BlobWriter
+from curvplan_core.storage.blobs import delete_if_unreferenced, lock_blob, place_blob
 from curvplan_server.artifacts import service
-from curvplan_server.artifacts.blobstore import BlobStore, BlobWriter
-from curvplan_server.storage.blobs import delete_if_unreferenced, lock_blob, place_blob
 from curvplan_server.storage.quota import Quota, check_room
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from curvplan_server.config import libpq_url
+from curvplan_core.config import libpq_url
 
 log = logging.getLogger(__name__)
 
