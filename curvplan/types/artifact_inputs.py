@@ -68,7 +68,9 @@ def dataset_layout(names: Iterable[str]) -> DatasetLayout:
                 raise DatasetLayoutError(f"{expected}; found {sorted(present)}", required)
         allowed = set(REFERENCE_DATASET_TENSORS) | set(REFERENCE_DATASET_OPTIONAL)
         for extra in sorted(present - allowed):
-            raise DatasetLayoutError(f"{expected} (and optionally 'groups'); unexpected tensor", extra)
+            raise DatasetLayoutError(
+                f"{expected} (and optionally 'groups'); unexpected tensor", extra
+            )
         return "reference"
     if "input_ids" not in present:
         raise DatasetLayoutError(f"{expected}; found {sorted(present)}", "input_ids")

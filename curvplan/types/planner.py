@@ -295,7 +295,9 @@ class Measurements(_Strict):
 
     @field_validator("per_sample_groups")
     @classmethod
-    def _groups_match_losses(cls, value: list[int] | None, info: ValidationInfo) -> list[int] | None:
+    def _groups_match_losses(
+        cls, value: list[int] | None, info: ValidationInfo
+    ) -> list[int] | None:
         if value is None or "per_sample_losses" not in info.data:
             return value  # per_sample_losses itself failed: its own error names it
         losses = info.data["per_sample_losses"]
@@ -813,8 +815,8 @@ class EvaluationSetSize(_Out):
         default=None, description="σ²_eff / s² (1 for i.i.d. losses)."
     )
     correlated: bool | None = Field(
-        default=None, description="The measured sample looks correlated (sample_size."
-        "loss_correlation says why)."
+        default=None,
+        description="The measured sample looks correlated (sample_size.loss_correlation says why).",
     )
     guarantee: str
     formula: str

@@ -1,4 +1,4 @@
-"""budget.data and budget.learning_rate say only what predicts training (issue 19), checked
+"""budget.data and budget.learning_rate say only what predicts training, checked
 against closed forms and generated ground truth: a synthetic L(D) with known parameters, the
 unreachable rule against E's interval, the cluster-robust evaluation-set size against grouped
 draws, and the deprecated fields kept for one release."""
@@ -247,7 +247,9 @@ def test_batch_recommendation_lives_in_budget_batch_and_the_old_field_is_depreca
     plan = make_plan(m, Targets(target_loss=2.0), seed=0)
     assert plan.budget.batch.recommended == 64 and plan.budget.batch.source == "noise_scale_trend"
     warning = next(w for w in plan.warnings if w.code == "deprecated_field")
-    assert "batch_size.recommended" in warning.detail and "budget.batch.recommended" in warning.detail
+    assert (
+        "batch_size.recommended" in warning.detail and "budget.batch.recommended" in warning.detail
+    )
     assert plan.batch_size.recommended is not None  # kept for one release, its old value
 
 

@@ -87,8 +87,7 @@ def _check_reference_dataset(tensors: dict[str, TensorInfo]) -> None:
             )
         if list(groups.shape) != [n_inputs]:
             raise ArtifactContentError(
-                f"needs shape [{n_inputs}] (one group id per example), found "
-                f"{list(groups.shape)}",
+                f"needs shape [{n_inputs}] (one group id per example), found {list(groups.shape)}",
                 "groups",
             )
 

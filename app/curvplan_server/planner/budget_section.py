@@ -570,7 +570,9 @@ def build_learning_rate(
                 "; 2/λ_max of the largest block is an upper bound on the threshold "
                 "(block_threshold)"
             )
-        return BudgetLearningRate(meaning=SHARPNESS_MEANING, label=label, reason=reason, **block_fields)
+        return BudgetLearningRate(
+            meaning=SHARPNESS_MEANING, label=label, reason=reason, **block_fields
+        )
     return BudgetLearningRate(
         gd_sharpness_threshold=2.0 / full.lambda_max,
         lambda_max_full=full.lambda_max,

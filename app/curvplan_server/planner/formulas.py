@@ -51,13 +51,12 @@ LOSS_VARIANCE: Final = formula(
 )
 LOSS_VARIANCE_CLUSTER: Final = formula(
     "sample.loss_variance_cluster",
-    "σ²_eff = n·V_CR, V_CR = G/(G−1)·Σ_g(Σ_{i∈g}(l_i − l̄))²/n² (CR1 over G groups); "
-    "CI σ²_eff·(G−1)/χ²_{G−1}; deff = σ²_eff/s², ρ = (deff − 1)/(m̄ − 1)",
+    "σ²_eff = n·G/(G−1)·Σ_g(Σ_{i∈g}(l_i − l̄))²/n² (CR1); CI via χ²_{G−1}; deff = σ²_eff/s²",
 )
 K_LOSS_ACCURACY: Final = formula(
     "sample.k_loss_accuracy",
-    "n = ⌈z²·σ²_eff/ε²⌉, z = Φ⁻¹((1 + confidence)/2), σ²_eff = σ² (i.i.d.) or the "
-    "cluster-robust σ²_eff; CI from its CI",
+    "n = ⌈z²·σ²_eff/ε²⌉, z = Φ⁻¹((1 + confidence)/2), σ²_eff = σ² or cluster-robust; CI "
+    "from its CI",
 )
 K_LOSS_ACCURACY_SQ: Final = formula(
     "sample.k_loss_accuracy_sq", "n = ⌈z²·C2/ε²⌉ (C2 ≈ σ² from the Δ2_k fit); CI over C2 draws"
@@ -157,10 +156,9 @@ BUDGET_NOISE_TREND: Final = formula(
 )
 BUDGET_SHARPNESS_THRESHOLD: Final = formula(
     "budget.gd_sharpness_threshold",
-    "η = 2/λ_max(H) with λ_max of the whole-model Hessian (one Lanczos over all parameters)",
+    "η = 2/λ_max(H), λ_max of the whole-model Hessian (one Lanczos over all parameters)",
 )
 BUDGET_DATA_SWEEP: Final = formula(
     "budget.data_sweep",
-    "D = (A/(L* − E))^(1/β) from L(D) = E + A·D^(−β); unreachable only when L* < E's lower "
-    "confidence end",
+    "D = (A/(L* − E))^(1/β) from L(D) = E + A·D^(−β); unreachable only if L* < E's lower CI end",
 )

@@ -31,12 +31,12 @@ from curvplan_worker.curvature.device import (
     resolve_dtype,
 )
 from curvplan_worker.curvature.distributed import DataParallel
+from curvplan_worker.curvature.full_model import FULL_MODEL_KEY, full_model_lambda_max
 from curvplan_worker.curvature.ggn import functional_product, ggn_product
 from curvplan_worker.curvature.hvp import self_test
 from curvplan_worker.curvature.memory import default_budget, fit_to_memory, peak_memory, reset_peak
 from curvplan_worker.curvature.operator import CurvatureEngine, block_slices
 from curvplan_worker.curvature.sources import is_hf_source, load_source
-from curvplan_worker.curvature.full_model import FULL_MODEL_KEY, full_model_lambda_max
 from curvplan_worker.curvature.spectra import block_spectrum, lanczos_spectrum, off_diagonal_norm
 from curvplan_worker.curvature.trace import hutchpp_trace
 
@@ -46,7 +46,8 @@ class ProgressEvent:
     """One structured progress report of :func:`analyze`.
 
     ``stage`` is one of ``load``, ``self_test``, ``gradient``, ``blocks``, ``off_diagonal``,
-    ``full_model``, ``dense``, ``top_eigenspace``, ``per_sample``, ``gradient_noise``, ``bounds``, ``done``;
+    ``full_model``, ``dense``, ``top_eigenspace``, ``per_sample``, ``gradient_noise``,
+    ``bounds``, ``done``;
     ``fraction`` ∈ [0, 1]; for ``blocks`` (and ``off_diagonal``) ``index`` (1-based),
     ``total`` and ``block`` say which block is being measured.
     """
