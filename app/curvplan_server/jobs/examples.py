@@ -212,7 +212,7 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
         "heterogeneity_ratio": 1.0,
         "heterogeneity_formula": "curvature.heterogeneity: max/min of the per-block "
         "spectral norms ‖H_B‖",
-        "lr_ceiling_formula": "curvature.lr_ceiling: η_g < 2/λ_max(H_gg) per block",
+        "lr_ceiling_formula": "curvature.lr_ceiling: η_g = 2/λ_max(H_gg) per block",
         "gradient_norm_at_w_star": None,
         "assumption1_ratio": None,
         "assumption1_formula": None,

@@ -139,7 +139,7 @@ N_FOR_TARGET: Final = formula("scaling.n_for_target", "D = (A/(target − E))^(1
 HETEROGENEITY: Final = formula(
     "curvature.heterogeneity", "max/min of the per-block spectral norms ‖H_B‖"
 )
-LR_CEILING: Final = formula("curvature.lr_ceiling", "η_g < 2/λ_max(H_gg) per block")
+LR_CEILING: Final = formula("curvature.lr_ceiling", "η_g = 2/λ_max(H_gg) per block")
 ASSUMPTION1: Final = formula(
     "curvature.assumption1",
     "2·rms_i|g_i − ḡ|/(M·R): dropped first-order term over the second-order bound",
