@@ -23,6 +23,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 # --------------------------------------------------------------------------- scalar types
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -437,7 +438,7 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-DEPRECATED: dict[str, bool] = {"deprecated": True}
+DEPRECATED: JsonDict = {"deprecated": True}
 """JSON-schema marker of an output field kept for one release under its old name, with its
 old value; the recommendation then carries a ``deprecated_field`` warning naming the new
 field (README, "Breaking changes")."""
