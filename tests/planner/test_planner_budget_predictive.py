@@ -106,6 +106,7 @@ def test_without_a_data_sweep_the_data_number_is_not_available_with_the_real_com
     data = plan.budget.data
     assert data.source == "not_available" and data.recommended_examples is None
     assert data.available_is_enough is None  # no training-data number to compare with
+    assert data.target_loss == 1.0  # the target asked for is kept, and in the command
     step = data.next_step
     assert step is not None
     argv = shlex.split(step.command)

@@ -234,7 +234,7 @@ def build_data(
     }
     sweep = scaling if isinstance(scaling, ScalingSection) else None
     status = _target_status(sweep) if sweep is not None else None
-    sweep_fields: dict[str, object] = {}
+    sweep_fields: dict[str, object] = {"target_loss": targets.target_loss}
     if sweep is not None:
         sweep_fields = {
             "target_loss": sweep.target_loss,
