@@ -71,7 +71,8 @@ def test_unreachable_holds_only_below_the_lower_confidence_end_of_e():
     assert 0 < e_lo < e  # an interval with room below the point estimate
     m = Measurements(loss_vs_data=_loss_vs_data(noise, seed))
 
-    budget = make_plan(m, Targets(target_loss=(e_lo + e) / 2), seed=0).budget
+    plan = make_plan(m, Targets(target_loss=(e_lo + e) / 2), seed=0)
+    budget = plan.budget
     inside = budget.data
     assert inside.target_status == "uncertain"
     assert inside.source == "not_available" and inside.recommended_examples is None
@@ -79,6 +80,8 @@ def test_unreachable_holds_only_below_the_lower_confidence_end_of_e():
     assert "inside the interval" in inside.reason
     # the point estimate alone (target ≤ E) does not make it unreachable
     assert not any("below the lower" in w for w in budget.warnings)
+    scaling = [w.detail for w in plan.warnings if w.code == "target_below_irreducible_loss"]
+    assert scaling and "cannot tell" in scaling[0]
 
     below = make_plan(m, Targets(target_loss=e_lo * 0.9), seed=0).budget
     assert below.data.target_status == "unreachable"
