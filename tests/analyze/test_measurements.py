@@ -147,7 +147,7 @@ def test_groups_and_the_full_model_lambda_reach_the_planner_and_the_replan_refer
         "converged": True,
         "n_products": 21,
     }
-    slim, arrays = split_bulky(result)
+    _, arrays = split_bulky(result)
     stored = arrays["per_sample_losses"]["per_sample.groups"]
     assert stored.dtype == np.int64 and stored.tolist() == groups
     fields, _ = planner_fields(result, [])

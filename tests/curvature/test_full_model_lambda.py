@@ -90,8 +90,8 @@ def test_dataset_groups_round_trip_and_are_checked(tmp_path):
     assert loaded.groups is not None and loaded.groups.tolist() == [7, 7, 9, 9]
     assert loaded.subset(slice(1, 3)).groups.tolist() == [7, 9]
     save_dataset(Dataset(x, y, torch.tensor([0.5, 1.0, 1.0, 2.0])), path)
-    with pytest.raises(DataError, match="'groups'.*int64"):
+    with pytest.raises(DataError, match=r"'groups'.*int64"):
         load_dataset(spec, path)
     save_dataset(Dataset(x, y, torch.tensor([1, 2, 3])), path)
-    with pytest.raises(DataError, match="'groups'.*shape"):
+    with pytest.raises(DataError, match=r"'groups'.*shape"):
         load_dataset(spec, path)
