@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from curvplan_server.planner import Measurements
+from curvplan_core.planner import Measurements
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.analyze.pipeline import job_stage
 

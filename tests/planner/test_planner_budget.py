@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from curvplan.types.planner import Measurements, Targets
-from curvplan_server.planner import make_plan
+from curvplan_core.planner import make_plan
 
 FAST = {"orderings": 8, "bootstrap": 50}
 

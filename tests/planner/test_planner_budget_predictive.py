@@ -15,9 +15,9 @@ from pydantic import ValidationError
 from scipy import stats
 
 from curvplan.types.planner import FullModelCurvature, Measurements, Targets
-from curvplan_server.planner import make_plan
-from curvplan_server.planner.budget_section import data_sweep_next_step
-from curvplan_server.planner.loss_accuracy import (
+from curvplan_core.planner import make_plan
+from curvplan_core.planner.budget_section import data_sweep_next_step
+from curvplan_core.planner.loss_accuracy import (
     adjacent_correlation,
     cluster_robust_variance,
     k_loss_accuracy,

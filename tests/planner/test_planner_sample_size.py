@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from curvplan_server.planner import Measurements, Targets, make_plan
-from curvplan_server.planner.sample_size import (
+from curvplan_core.planner import Measurements, Targets, make_plan
+from curvplan_core.planner.sample_size import (
     k_empirical,
     k_squared,
     k_theorem7,

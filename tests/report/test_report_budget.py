@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from curvplan.types.planner import Measurements, Targets
-from curvplan_server.planner import make_plan
+from curvplan_core.planner import make_plan
 from curvplan_server.reports.page import render_report
 
 

@@ -13,7 +13,7 @@ from curvplan.types.artifact_inputs import (
     DatasetLayoutError,
     dataset_layout,
 )
-from curvplan_server.artifacts.safetensors_format import SafetensorsInfo, TensorInfo
+from curvplan_core.artifacts.safetensors_format import SafetensorsInfo, TensorInfo
 
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
 INT_DTYPES = frozenset({"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"})

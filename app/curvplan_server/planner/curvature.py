@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from curvplan.types.planner import BlockCurvature, BlockSummary, CurvatureSection, Missing
-from curvplan_server.planner import formulas
+from curvplan_core.planner import formulas
 
 # λ_min below −NEGATIVE_TOLERANCE·max spectral norm counts as negative curvature (above it, it is
 # within the typical accuracy of a Lanczos / power-iteration estimate).

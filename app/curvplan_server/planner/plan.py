@@ -14,13 +14,13 @@ from curvplan.types.planner import (
     Targets,
     check_workload,
 )
-from curvplan_server.planner import formulas
-from curvplan_server.planner.batch_section import build_batch_section
-from curvplan_server.planner.budget_section import build_budget, default_targets
-from curvplan_server.planner.curvature import summarize_blocks
-from curvplan_server.planner.sample_size_section import build_sample_size_section
-from curvplan_server.planner.scaling_section import build_scaling_section
-from curvplan_server.planner.warning_log import WarningLog
+from curvplan_core.planner import formulas
+from curvplan_core.planner.batch_section import build_batch_section
+from curvplan_core.planner.budget_section import build_budget, default_targets
+from curvplan_core.planner.curvature import summarize_blocks
+from curvplan_core.planner.sample_size_section import build_sample_size_section
+from curvplan_core.planner.scaling_section import build_scaling_section
+from curvplan_core.planner.warning_log import WarningLog
 
 # Assumption 1 (shared minimiser) is flagged when the neglected first-order Taylor term |∇L|·R
 # exceeds this fraction of the kept second-order bound M·R²/2.

@@ -22,9 +22,9 @@ from curvplan.types.planner import (
     SampleSizeValue,
     Targets,
 )
-from curvplan_server.planner import formulas
-from curvplan_server.planner.laws import theorem7_constant
-from curvplan_server.planner.loss_accuracy import (
+from curvplan_core.planner import formulas
+from curvplan_core.planner.laws import theorem7_constant
+from curvplan_core.planner.loss_accuracy import (
     MIN_GROUPS,
     adjacent_correlation,
     cluster_robust_variance,
@@ -33,7 +33,7 @@ from curvplan_server.planner.loss_accuracy import (
     loss_variance,
     z_two_sided,
 )
-from curvplan_server.planner.loss_curve import (
+from curvplan_core.planner.loss_curve import (
     DataScaleBootstrap,
     FitError,
     OrderingCurves,
@@ -45,7 +45,7 @@ from curvplan_server.planner.loss_curve import (
     fit_power_law,
     loss_difference_curves,
 )
-from curvplan_server.planner.sample_size import (
+from curvplan_core.planner.sample_size import (
     ceil_interval,
     k_empirical,
     k_empirical_many,
@@ -55,7 +55,7 @@ from curvplan_server.planner.sample_size import (
     k_theorem7_tight,
     percentile_interval,
 )
-from curvplan_server.planner.warning_log import WarningLog
+from curvplan_core.planner.warning_log import WarningLog
 
 MIN_SAMPLES_FOR_FIT = 20
 FEW_SAMPLES = 1000

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from curvplan.types.planner import Measurements, Missing, NotComputed, ScalingSection, Targets
-from curvplan_server.planner import formulas
-from curvplan_server.planner.scaling import (
+from curvplan_core.planner import formulas
+from curvplan_core.planner.scaling import (
     data_for_target,
     data_for_target_interval,
     fit_loss_vs_data,
 )
-from curvplan_server.planner.warning_log import WarningLog
+from curvplan_core.planner.warning_log import WarningLog
 
 EXTRAPOLATION_FACTOR = 10.0
 
