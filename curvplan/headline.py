@@ -95,7 +95,7 @@ def headline_numbers(rec: Recommendation) -> list[Headline]:
                 ("k_empirical", row.empirical),
                 ("k_theorem7", row.theoretical),
                 ("k_theorem7_tight", row.theoretical_tight),
-                ("k_loss_accuracy", row.loss_accuracy),
+                ("k_loss_accuracy", row.evaluation_set_size or row.loss_accuracy),
             ):
                 if isinstance(value, SampleSizeValue):
                     add(metric_name("sample_size", key, f"tol_{tol}"), value.k, "samples",
@@ -163,7 +163,15 @@ def _budget_numbers(budget: Budget, add: Any) -> None:
             "B_crit interval high", batch.source)  # fmt: skip
     add("budget.expected_steps", batch.expected_steps, "steps",
         "expected steps at the recommended batch size", batch.source)  # fmt: skip
-    add("budget.lr_ceiling", lr.gd_stability_limit, "learning rate", lr.label, "curvature")
+    if data.evaluation_set_size is not None:
+        add("budget.evaluation_set_size", data.evaluation_set_size.examples, "examples",
+            "evaluation-set size: examples that measure the loss to ±ε",
+            data.evaluation_set_size.variance_method)  # fmt: skip
+    add("budget.gd_sharpness_threshold", lr.gd_sharpness_threshold, "learning rate", lr.label,
+        "curvature (whole model)")  # fmt: skip
+    add("budget.lr_ceiling", lr.gd_stability_limit, "learning rate",
+        "deprecated: 2/λ_max of the largest block, an upper bound on the GD sharpness "
+        "threshold", "curvature")  # fmt: skip
 
 
 def _derived_budget(rec: Recommendation, sample: Any, batch: Any, scaling: Any,
@@ -196,7 +204,8 @@ def _derived_budget(rec: Recommendation, sample: Any, batch: Any, scaling: Any,
         ceilings = [b.lr_ceiling for b in curvature.blocks if _finite(b.lr_ceiling)]
         if ceilings:
             add("budget.lr_ceiling", min(ceilings), "learning rate",
-                "2/λ_max: stability limit of GD/SGD (not Adam)", "curvature")  # fmt: skip
+                "2/λ_max of a block: an upper bound on the GD sharpness threshold",
+                "curvature")  # fmt: skip
 
 
 def headline_dict(rec: Recommendation) -> dict[str, float]:

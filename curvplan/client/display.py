@@ -200,6 +200,20 @@ def budget_text(budget: Any) -> str:
             d.source,
         ]
     )
+    step = getattr(d, "next_step", None)
+    if step is not None:
+        rows.append(["  to get one", fmt(step.training_runs), "", "training runs (see below)"])
+    ev = getattr(d, "evaluation_set_size", None)
+    if ev is not None:
+        rows.append(
+            [
+                "  evaluation set (loss ±ε)",
+                fmt(ev.examples),
+                interval(ev.ci),
+                f"ε = {fmt(ev.tolerance)}, {ev.variance_method}"
+                + (", CORRELATED sample" if ev.correlated else ""),
+            ]
+        )
     if d.landscape_stabilisation is not None:
         ls = d.landscape_stabilisation
         rows.append(
@@ -228,12 +242,26 @@ def budget_text(budget: Any) -> str:
                 "steps at the batch",
             ]
         )
-    rows.append(["lr limit 2/λ_max", fmt(lr.gd_stability_limit), "", "GD/SGD only, not Adam"])
+    rows.append(
+        [
+            "GD sharpness 2/λ_max",
+            fmt(getattr(lr, "gd_sharpness_threshold", None)),
+            "",
+            "full model; full-batch GD only",
+        ]
+    )
+    if getattr(lr, "block_threshold", None) is not None:
+        rows.append(["  2/λ_max largest block", fmt(lr.block_threshold), "", "upper bound"])
     lines = ["BUDGET", table(["", "value", "interval", "source / unit"], rows)]
-    for label, text in (
+    texts = [
         ("data", d.guarantee if d.source != "not_available" else d.reason),
         ("batch", b.basis if b.source != "not_available" else b.reason),
-    ):
+    ]
+    if step is not None:
+        texts.append(("next step", f"{step.command} — {step.estimated_cost}"))
+    if getattr(lr, "meaning", None):
+        texts.append(("learning rate", lr.meaning))
+    for label, text in texts:
         lines.append("  " + "\n    ".join(textwrap.wrap(f"{label}: {text}", width)))
     for w in budget.warnings:
         lines.append("  " + "\n    ".join(textwrap.wrap(f"! {w}", width)))
@@ -260,31 +288,30 @@ def _sample_size(section: Any) -> str:
         rows.append(
             [
                 fmt(t.tolerance),
-                _k(getattr(t, "loss_accuracy", None)),
+                _k(getattr(t, "evaluation_set_size", None) or getattr(t, "loss_accuracy", None)),
                 _k(t.empirical),
                 _k(t.squared_rms),
                 _k(t.theoretical),
-                "-"
-                if t.available_is_enough is None
-                else ("yes" if t.available_is_enough else "no"),
             ]
         )
     if rows:
         headers = [
             "TOLERANCE ε",
-            "n LOSS ±ε",
+            "EVAL SET ±ε",
             "k* STABLE",
             "k* RMS Δ",
             "k* THEOREM 7",
-            "ENOUGH DATA",
         ]
         lines.append(_indent(table(headers, rows)))
         lines.append(
-            "  n LOSS ±ε: examples for the average loss to be within ±ε (the recommendation; "
-            "ENOUGH DATA compares your available_samples with it). k* STABLE / k* RMS Δ: adding "
-            "one more example changes the loss by ≤ ε (mean / RMS), not loss accuracy. See "
-            "docs/numbers.md."
+            "  EVAL SET ±ε: examples an evaluation set needs for its average loss to be within "
+            "±ε (an evaluation number, not a training-set size: budget.data is that). k* "
+            "STABLE / k* RMS Δ: adding one more example changes the loss by ≤ ε (mean / RMS), "
+            "not loss accuracy. See docs/numbers.md."
         )
+        corr = getattr(section, "loss_correlation", None)
+        if corr is not None:
+            lines.append("  " + corr.note)
     lines.extend(f"  missing {x.item}: {x.reason}" for x in section.missing)
     return "\n".join(lines)
 
@@ -322,14 +349,6 @@ def _batch_size(section: Any) -> str:
         rows.append(["B_crit (S = S_min(1 + B_crit/B))", fmt(crit.value), interval(crit.ci)])
         rows.append(["S_min (steps)", fmt(crit.s_min), interval(crit.s_min_ci)])
         rows.append(["E_min (examples)", fmt(crit.e_min), interval(crit.e_min_ci)])
-    unit = getattr(section, "unit", "examples")
-    rows.append(
-        [
-            f"recommended batch size ({unit})",
-            _cell(section.recommended),
-            section.recommended_basis,
-        ]
-    )
     for label, rel in (
         ("B_simple P(defined)", getattr(section, "b_simple_reliability", None)),
         ("B_noise P(defined)", getattr(section, "b_noise_reliability", None)),

@@ -6,7 +6,9 @@
   ``model.safetensors.index.json`` stays on the client, which uploads every shard it names).
 - ``dataset``: one dataset artifact in one of two layouts (:func:`dataset_layout`):
 
-  * ``reference``: ``inputs`` and ``targets`` (the engine's own convention);
+  * ``reference``: ``inputs`` and ``targets`` (the engine's own convention), and optionally
+    ``groups``: int64 of shape ``(n,)``, one group id per example (e.g. its document), which
+    makes the planner's loss-accuracy variance cluster-robust;
   * ``huggingface``: ``input_ids`` ``(n, seq)`` and optionally ``attention_mask`` and
     ``labels`` of the same shape, as a ``transformers`` causal LM takes them: labels are
     *not* shifted (the loss shifts them), ``-100`` is ignored; without labels the targets are
@@ -28,6 +30,7 @@ IGNORE_INDEX = -100
 """Label value without a loss term (``transformers``' and PyTorch's cross-entropy default)."""
 
 REFERENCE_DATASET_TENSORS = ("inputs", "targets")
+REFERENCE_DATASET_OPTIONAL = ("groups",)
 HF_DATASET_REQUIRED = ("input_ids",)
 HF_DATASET_OPTIONAL = ("attention_mask", "labels")
 HF_DATASET_TENSORS = HF_DATASET_REQUIRED + HF_DATASET_OPTIONAL
@@ -63,8 +66,11 @@ def dataset_layout(names: Iterable[str]) -> DatasetLayout:
         for required in REFERENCE_DATASET_TENSORS:
             if required not in present:
                 raise DatasetLayoutError(f"{expected}; found {sorted(present)}", required)
-        for extra in sorted(present - set(REFERENCE_DATASET_TENSORS)):
-            raise DatasetLayoutError(f"{expected}; unexpected tensor", extra)
+        allowed = set(REFERENCE_DATASET_TENSORS) | set(REFERENCE_DATASET_OPTIONAL)
+        for extra in sorted(present - allowed):
+            raise DatasetLayoutError(
+                f"{expected} (and optionally 'groups'); unexpected tensor", extra
+            )
         return "reference"
     if "input_ids" not in present:
         raise DatasetLayoutError(f"{expected}; found {sorted(present)}", "input_ids")

@@ -23,6 +23,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 # --------------------------------------------------------------------------- scalar types
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -220,6 +221,21 @@ class BlockCurvature(_Strict):
         return lambda_min
 
 
+class FullModelCurvature(_Strict):
+    """λ_max of the Hessian over ALL parameters at w*, from one Lanczos run on the whole-model
+    operator (docs/numerics.md); a block's λ_max is only a lower bound on it (Cauchy
+    interlacing: a block is a principal submatrix)."""
+
+    lambda_max: FiniteFloat
+    residual: NonNegFloat | None = Field(
+        default=None, description="‖Hv − λv‖ of the Ritz pair (loss / parameter² units)."
+    )
+    converged: bool | None = None
+    n_products: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="Hessian-vector products the Lanczos run used (its cost)."
+    )
+
+
 class TheoryApplicability(_Strict):
     """Whether the model lies inside the assumptions of Petrov et al. 2025 (single head, post-LN,
     ReLU, no biases/W_O, MSE…; docs/formulas.md#bounds), as the analysis judged it."""
@@ -236,6 +252,14 @@ class Measurements(_Strict):
     per_sample_losses: (
         Annotated[list[NonNegFloat], Field(min_length=1, max_length=MAX_PER_SAMPLE_LOSSES)] | None
     ) = None
+    per_sample_groups: (
+        Annotated[list[int], Field(min_length=1, max_length=MAX_PER_SAMPLE_LOSSES)] | None
+    ) = Field(
+        default=None,
+        description="Group id of every per-sample loss (e.g. its document), same order and "
+        "length as per_sample_losses: the loss-accuracy variance is then cluster-robust over "
+        "groups (docs/numbers.md#evaluation-set-size).",
+    )
     perturbed_losses: PerturbedLosses | None = None
     loss_bound: PosFloat | None = None
     hessian_norm_bound: NonNegFloat | None = None
@@ -251,6 +275,11 @@ class Measurements(_Strict):
     steps_to_target: Annotated[list[StepsPoint], Field(min_length=1)] | None = None
     loss_vs_data: Annotated[list[LossPoint], Field(min_length=1)] | None = None
     blocks: Annotated[list[BlockCurvature], Field(min_length=1)] | None = None
+    full_model: FullModelCurvature | None = Field(
+        default=None,
+        description="λ_max of the whole-model Hessian (one Lanczos over all parameters): the "
+        "gradient-descent sharpness threshold 2/λ_max comes from it (docs/budget.md).",
+    )
     gradient_norm_at_w_star: NonNegFloat | None = None
     per_sample_gradient_rms: NonNegFloat | None = None
     available_samples: PosInt | None = Field(
@@ -264,6 +293,23 @@ class Measurements(_Strict):
     ) = None
     tokens_per_example: PosFloat | None = None
     steps_to_target_unit: Literal["examples", "tokens"] = "examples"
+
+    @field_validator("per_sample_groups")
+    @classmethod
+    def _groups_match_losses(
+        cls, value: list[int] | None, info: ValidationInfo
+    ) -> list[int] | None:
+        if value is None or "per_sample_losses" not in info.data:
+            return value  # per_sample_losses itself failed: its own error names it
+        losses = info.data["per_sample_losses"]
+        if losses is None:
+            raise ValueError("per_sample_groups needs per_sample_losses (one group id per loss)")
+        if len(value) != len(losses):
+            raise ValueError(
+                f"per_sample_groups has {len(value)} group ids but per_sample_losses has "
+                f"{len(losses)} losses: give one group id per loss, in the same order"
+            )
+        return value
 
     @field_validator("perturbed_losses")
     @classmethod
@@ -392,6 +438,12 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+DEPRECATED: JsonDict = {"deprecated": True}
+"""JSON-schema marker of an output field kept for one release under its old name, with its
+old value; the recommendation then carries a ``deprecated_field`` warning naming the new
+field (README, "Breaking changes")."""
+
+
 Interval = tuple[float | None, float | None]
 
 
@@ -426,6 +478,7 @@ WarningCode = Literal[
     "noise_scale_conditional_bias",
     "noise_scale_trend",
     "batch_unit_mismatch",
+    "correlated_losses",
 ]
 
 
@@ -474,11 +527,33 @@ class PerTolerance(_Out):
     theoretical_tight: SampleSizeValue | NotComputed
     squared: SampleSizeValue | NotComputed
     squared_rms: SampleSizeValue | NotComputed
-    loss_accuracy: SampleSizeValue | NotComputed | None = None
+    evaluation_set_size: SampleSizeValue | NotComputed | None = Field(
+        default=None,
+        description="Examples an evaluation set needs so that its average loss at w* is within "
+        "±ε of the population loss with probability ≈ confidence (k = z²σ²_eff/ε², σ²_eff "
+        "cluster-robust when per_sample_groups is given). Not a training-set size.",
+    )
+    loss_accuracy: SampleSizeValue | NotComputed | None = Field(
+        default=None,
+        description="Deprecated (one release): the same number as evaluation_set_size, under "
+        "its old name.",
+        json_schema_extra=DEPRECATED,
+    )
     loss_accuracy_squared: SampleSizeValue | NotComputed | None = None
     loss_error_at_empirical: float | None = None
-    available_is_enough: bool | None = None
-    available_is_enough_stabilisation: bool | None = None
+    available_is_enough: bool | None = Field(
+        default=None,
+        description="Deprecated (one release): available_samples ≥ the evaluation-set size. It "
+        "compares a training-set size with an evaluation number; budget.data.available_is_enough "
+        "compares it with the data sweep's training-set size.",
+        json_schema_extra=DEPRECATED,
+    )
+    available_is_enough_stabilisation: bool | None = Field(
+        default=None,
+        description="Deprecated (one release): available_samples ≥ k*(ε), which is not a "
+        "prediction of training.",
+        json_schema_extra=DEPRECATED,
+    )
 
 
 class BoundValue(_Out):
@@ -508,6 +583,40 @@ class LossVarianceOut(_Out):
     formula: str
 
 
+class LossCorrelation(_Out):
+    """Whether the measured per-example losses look correlated, and the variance the
+    evaluation-set size uses (docs/numbers.md#evaluation-set-size)."""
+
+    variance_method: Literal["iid", "cluster_robust"] = Field(
+        description="iid: the sample variance s²; cluster_robust: n × the cluster-robust "
+        "variance of the mean over per_sample_groups (CR1)."
+    )
+    effective_variance: float = Field(
+        description="σ²_eff: the per-example variance k = z²σ²_eff/ε² uses (loss² units)."
+    )
+    effective_variance_ci: Interval | None = None
+    n_groups: int | None = Field(default=None, description="Distinct group ids.")
+    mean_group_size: float | None = Field(
+        default=None, description="Size-weighted mean group size Σn_g²/n (Kish), examples."
+    )
+    design_effect: float | None = Field(
+        default=None, description="σ²_eff / s²: how much the grouping inflates the variance."
+    )
+    design_effect_ci: Interval | None = None
+    intra_cluster_correlation: float | None = Field(
+        default=None, description="ρ from design_effect = 1 + (m̄ − 1)·ρ (Kish 1965)."
+    )
+    adjacent_correlation: float | None = Field(
+        default=None,
+        description="Lag-1 correlation of consecutive per-example losses in file order "
+        "(windows of one document sit next to each other).",
+    )
+    correlated: bool = Field(description="The sample looks correlated (see `rule`).")
+    rule: str = Field(description="When `correlated` is true.")
+    note: str
+    formula: str
+
+
 class SampleSizeSection(_Out):
     status: Literal["computed"] = "computed"
     n_losses: int
@@ -523,8 +632,16 @@ class SampleSizeSection(_Out):
     available_samples: int | None = None
     available_samples_source: Literal["targets", "measurements (deprecated)"] | None = None
     loss_variance: LossVarianceOut | None = None
-    recommended_criterion: Literal["loss_accuracy", "landscape_stabilisation"] | None = None
-    recommended_criterion_reason: str | None = None
+    loss_correlation: LossCorrelation | None = None
+    recommended_criterion: Literal["loss_accuracy", "landscape_stabilisation"] | None = Field(
+        default=None,
+        description="Deprecated (one release): which per-tolerance number was called the "
+        "recommendation. budget.data leads now; evaluation_set_size is an evaluation number.",
+        json_schema_extra=DEPRECATED,
+    )
+    recommended_criterion_reason: str | None = Field(
+        default=None, description="Deprecated (one release).", json_schema_extra=DEPRECATED
+    )
     off_minimum: list[OffMinimumFit] = Field(default_factory=list)
     per_tolerance: list[PerTolerance] = Field(default_factory=list)
     missing: list[Missing] = Field(default_factory=list)
@@ -594,13 +711,25 @@ class BatchSizeSection(_Out):
     b_simple: Estimate | NotComputed
     b_noise: Estimate | NotComputed
     b_crit: BCrit | NotComputed
-    recommended: int | None
-    recommended_basis: str | None = None
-    recommended_formula: str | None = None
+    recommended: int | None = Field(
+        default=None,
+        description="Deprecated (one release; read budget.batch.recommended): the power of two "
+        "nearest this checkpoint's B_crit, else B_noise, else B_simple — a per-checkpoint "
+        "measurement, not the recommendation.",
+        json_schema_extra=DEPRECATED,
+    )
+    recommended_basis: str | None = Field(
+        default=None, description="Deprecated (one release).", json_schema_extra=DEPRECATED
+    )
+    recommended_formula: str | None = Field(
+        default=None, description="Deprecated (one release).", json_schema_extra=DEPRECATED
+    )
     lr_scaling: LrScaling | NotComputed
     unit: Literal["examples", "tokens"] = "examples"
     tokens_per_example: float | None = None
-    recommended_tokens: int | None = None
+    recommended_tokens: int | None = Field(
+        default=None, description="Deprecated (one release).", json_schema_extra=DEPRECATED
+    )
     b_simple_reliability: NoiseReliability | None = None
     b_noise_reliability: NoiseReliability | None = None
     trend: list[NoiseTrendOut] = Field(default_factory=list)
@@ -672,10 +801,57 @@ class LandscapeStabilisation(_Out):
     label: str
 
 
-class BudgetData(_Out):
-    """How many training examples to have, and what that number guarantees."""
+class EvaluationSetSize(_Out):
+    """How many examples MEASURE the loss at w* to ±ε: an evaluation-set size, not a
+    training-set size (docs/numbers.md#evaluation-set-size)."""
 
-    recommended_examples: int | None = Field(description="Examples (rows: sequences).")
+    examples: int | None = Field(description="k = ⌈z²σ²_eff/ε²⌉, examples.")
+    ci: tuple[int | None, int | None] | None = Field(
+        default=None, description="Interval of k from σ²_eff's interval, examples."
+    )
+    tolerance: float = Field(description="ε, loss units (nats per token).")
+    confidence: float
+    variance_method: Literal["iid", "cluster_robust"]
+    design_effect: float | None = Field(
+        default=None, description="σ²_eff / s² (1 for i.i.d. losses)."
+    )
+    correlated: bool | None = Field(
+        default=None,
+        description="The measured sample looks correlated (sample_size.loss_correlation says why).",
+    )
+    guarantee: str
+    formula: str
+
+
+class DataSweepNextStep(_Out):
+    """The command that gets a predictive data number, and what it costs."""
+
+    command: str = Field(description="The `curvplan sweep --type data …` command line.")
+    data_sizes: list[int] | None = Field(
+        default=None,
+        description="Nested subset sizes the command trains on (null: the service's default, "
+        "geometric from the training-data size down to 1/32 of it), examples.",
+    )
+    training_runs: int = Field(description="Training runs (one child job each).")
+    batch_size: int = Field(description="Examples per step of every run.")
+    max_steps_per_run: int = Field(description="Step cap of a run (sweep.max_steps).")
+    max_examples_processed: int = Field(
+        description="Upper bound on examples processed: training_runs × max_steps × batch_size "
+        "(runs stop earlier on early stopping)."
+    )
+    max_tokens_processed: float | None = Field(
+        default=None, description="max_examples_processed × tokens per example."
+    )
+    estimated_cost: str = Field(description="The cost, in words.")
+
+
+class BudgetData(_Out):
+    """How many TRAINING examples to have, from a data sweep's L(D), and what that number
+    guarantees; `not_available` with the command that gets one otherwise."""
+
+    recommended_examples: int | None = Field(
+        description="Training examples (rows: sequences) predicted to reach the target loss."
+    )
     recommended_examples_ci: tuple[float | None, float | None] | None = Field(
         default=None, description="Interval of recommended_examples, examples."
     )
@@ -683,18 +859,38 @@ class BudgetData(_Out):
         default=None, description="recommended_examples × tokens per example."
     )
     unit: Literal["examples"] = "examples"
-    source: Literal["data_sweep", "loss_accuracy", "not_available"]
+    source: Literal["data_sweep", "not_available", "loss_accuracy"] = Field(
+        description="data_sweep: the fitted L(D) of a data sweep (or loss_vs_data pilot runs); "
+        "not_available: no predictive number (next_step says how to get one). "
+        "'loss_accuracy' is never produced any more (only in recommendations stored before)."
+    )
     criterion: str = Field(description="Which number leads and why.")
     guarantee: str = Field(description="What the number guarantees, in a user's words.")
     target_loss: float | None = Field(
         default=None, description="Held-out loss the data-sweep size is for (nats per token)."
     )
+    target_status: Literal["reachable", "uncertain", "unreachable"] | None = Field(
+        default=None,
+        description="reachable: the target is above the fitted irreducible loss E; uncertain: "
+        "it is between E's lower confidence end and E; unreachable: below E's lower "
+        "confidence end (null: no data sweep or no target).",
+    )
+    irreducible_loss: float | None = Field(
+        default=None, description="E of the fitted L(D) (nats per token)."
+    )
+    irreducible_loss_ci: Interval | None = None
     tolerance: float | None = Field(
-        default=None, description="ε of the loss-accuracy size, loss units (nats per token)."
+        default=None, description="ε of the evaluation-set size, loss units (nats per token)."
+    )
+    evaluation_set_size: EvaluationSetSize | None = Field(
+        default=None,
+        description="Examples that measure the loss at w* to ±ε (an evaluation number, never "
+        "compared with available_samples).",
     )
     loss_accuracy_examples: int | None = Field(
         default=None,
-        description="The loss-accuracy sample size (examples), also when a data sweep leads.",
+        description="Deprecated (one release): evaluation_set_size.examples under its old name.",
+        json_schema_extra=DEPRECATED,
     )
     landscape_stabilisation: LandscapeStabilisation | None = None
     available_samples: int | None = Field(
@@ -702,10 +898,14 @@ class BudgetData(_Out):
     )
     available_is_enough: bool | None = Field(
         default=None,
-        description="available_samples ≥ the upper end of the recommendation's interval "
-        "(null: available_samples not given, or nothing recommended).",
+        description="available_samples ≥ the upper end of the data sweep's interval of "
+        "recommended_examples (false below the point value; null: no data sweep number, "
+        "available_samples not given, or between the point and an unbounded upper end).",
     )
     available_note: str | None = None
+    next_step: DataSweepNextStep | None = Field(
+        default=None, description="How to get a data-sweep number (source not_available)."
+    )
     reason: str | None = Field(default=None, description="Why nothing is recommended.")
 
 
@@ -740,17 +940,50 @@ class BudgetBatch(_Out):
 
 
 class BudgetLearningRate(_Out):
-    """2/λ_max: the learning rate above which gradient descent / SGD diverges along the top
-    Hessian direction. Not a limit for Adam (its step is preconditioned)."""
+    """2/λ_max of the whole-model Hessian: the gradient-descent sharpness threshold (Cohen et
+    al. 2021, "Gradient Descent on Neural Networks Typically Occurs at the Edge of
+    Stability"). Above it full-batch GD's loss stops decreasing monotonically and the
+    sharpness adjusts until λ_max ≈ 2/η; it is not a divergence limit, nor a limit for SGD or
+    Adam (docs/budget.md#learning-rate)."""
 
-    gd_stability_limit: float | None = Field(
-        description="2/λ_max (learning-rate units of plain GD/SGD), an upper bound when λ_max "
-        "comes from the largest block."
+    gd_sharpness_threshold: float | None = Field(
+        default=None,
+        description="2/λ_max(full model), learning-rate units of plain full-batch GD (null "
+        "without measurements.full_model).",
     )
-    lambda_max: float | None = Field(description="λ_max used (loss / parameter² units).")
-    lambda_max_source: str | None = None
+    lambda_max_full: float | None = Field(
+        default=None, description="λ_max of the whole-model Hessian (loss / parameter²)."
+    )
+    lambda_max_full_products: int | None = Field(
+        default=None, description="Hessian-vector products of its Lanczos run (its cost)."
+    )
+    lambda_max_full_converged: bool | None = None
+    lambda_max_block: float | None = Field(
+        default=None,
+        description="Largest block λ_max: a lower bound on lambda_max_full (interlacing).",
+    )
+    lambda_max_block_name: str | None = None
+    block_threshold: float | None = Field(
+        default=None,
+        description="2/lambda_max_block: an upper bound on gd_sharpness_threshold.",
+    )
+    meaning: str = Field(description="What the threshold means, in words.")
     label: str
     reason: str | None = None
+    gd_stability_limit: float | None = Field(
+        default=None,
+        description="Deprecated (one release): 2/λ_max of the largest block (= block_threshold) "
+        "under its old name; read gd_sharpness_threshold.",
+        json_schema_extra=DEPRECATED,
+    )
+    lambda_max: float | None = Field(
+        default=None,
+        description="Deprecated (one release): the largest block λ_max (= lambda_max_block).",
+        json_schema_extra=DEPRECATED,
+    )
+    lambda_max_source: str | None = Field(
+        default=None, description="Deprecated (one release).", json_schema_extra=DEPRECATED
+    )
 
 
 class BudgetDefaults(_Out):
@@ -766,7 +999,8 @@ class BudgetDefaults(_Out):
 
 
 class Budget(_Out):
-    """The answer in one place: how much data, which batch size, which learning-rate limit.
+    """The answer in one place: how much data, which batch size, the gradient-descent
+    sharpness threshold.
 
     A pipeline reads this; the sections below it hold the measurements and fits behind it
     (docs/budget.md says what leads where and why)."""
@@ -784,8 +1018,8 @@ class Recommendation(_Out):
 
     budget: Budget | None = Field(
         default=None,
-        description="How much data, which batch size, the learning-rate limit (always set by "
-        "the planner; null only in recommendations stored before it existed).",
+        description="How much data, which batch size, the gradient-descent sharpness threshold "
+        "(always set by the planner; null only in recommendations stored before it existed).",
     )
     sample_size: SampleSizeSection | NotComputed
     batch_size: BatchSizeSection | NotComputed

@@ -27,7 +27,7 @@ class LatestRecommendation(BaseModel):
     budget: Budget | None = Field(
         default=None,
         description="recommendation.budget, first: how much data, which batch size, the "
-        "learning-rate limit (null for recommendations stored before the budget existed).",
+        "sharpness threshold (null for recommendations stored before the budget existed).",
     )
     recommendation: Recommendation
     links: RecommendationLinks

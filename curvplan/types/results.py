@@ -96,6 +96,12 @@ class EngineMeasurements(_Open):
     off_diagonal: list[dict[str, Any]] | None = None
     dense: dict[str, Any] | None = None
     top_eigenspace: dict[str, Any] | None = None
+    full_model: dict[str, Any] | None = Field(
+        default=None,
+        description="λ_max of the whole-model Hessian from one Lanczos over all parameters: "
+        "lambda_max, residual, converged, n_products (its cost), iterations, n_params; or "
+        "available false with the reason.",
+    )
     per_sample: dict[str, Any] | None = Field(
         default=None, description="Per-sample losses and perturbations ({artifact, tensor}…)."
     )

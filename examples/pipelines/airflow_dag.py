@@ -61,8 +61,11 @@ def data_budget() -> None:
     def budget(job: dict) -> dict[str, float]:
         if job["status"] != "succeeded":
             raise AirflowFailException(f"curvplan job {job['id']} {job['status']}")
-        batch = job["result"]["recommendation"]["batch_size"]
-        return {"batch_size": batch["recommended"], "critical_batch_size": batch["b_crit"]["value"]}
+        budget = job["result"]["recommendation"]["budget"]  # the one batch answer
+        return {
+            "batch_size": budget["batch"]["recommended"],
+            "critical_batch_size": budget["batch"]["critical"],
+        }
 
     budget(analyze.output)
 

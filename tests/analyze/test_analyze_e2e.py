@@ -232,6 +232,17 @@ def test_analyze_over_http_matches_the_engine_and_plans(
     assert recommendation["batch_size"]["status"] == "computed"
     assert recommendation["curvature"]["status"] == "computed"
     assert recommendation["scaling"]["status"] == "not_computed"  # no loss_vs_data given
+    # No data sweep: no training-set size, the sweep command instead; the evaluation-set size
+    # beside it; the sharpness threshold from the whole-model λ_max the analysis measured.
+    data = recommendation["budget"]["data"]
+    assert data["source"] == "not_available" and data["recommended_examples"] is None
+    assert data["next_step"]["command"].startswith("curvplan sweep --type data")
+    assert data["evaluation_set_size"]["examples"] == tolerance["evaluation_set_size"]["k"]
+    full = result["measurements"]["full_model"]
+    assert full["available"] and full["n_products"] > 0
+    lr = recommendation["budget"]["learning_rate"]
+    assert lr["gd_sharpness_threshold"] == pytest.approx(2 / full["lambda_max"])
+    assert lr["block_threshold"] >= lr["gd_sharpness_threshold"]
     noise = result["intermediate_gradient_noise"]
     assert [n["checkpoint"] for n in noise] == [intermediate]
 

@@ -132,3 +132,36 @@ def test_engine_stages_get_the_job_stage_names(stage: str, message: str, expecte
         index, total = 3, 10
     event = ProgressEvent(0.5, stage, message, index=index, total=total)
     assert job_stage(event) == expected
+
+
+def test_groups_and_the_full_model_lambda_reach_the_planner_and_the_replan_references() -> None:
+    from curvplan_worker.analyze.pipeline import _inline_planner_inputs
+
+    result = _result()
+    groups = [i // 4 for i in range(40)]
+    result["per_sample"]["groups"] = groups
+    result["full_model"] = {
+        "available": True,
+        "lambda_max": 3.5,
+        "residual": 1e-9,
+        "converged": True,
+        "n_products": 21,
+    }
+    _, arrays = split_bulky(result)
+    stored = arrays["per_sample_losses"]["per_sample.groups"]
+    assert stored.dtype == np.int64 and stored.tolist() == groups
+    fields, _ = planner_fields(result, [])
+    m = Measurements(**fields)
+    assert m.per_sample_groups == groups
+    assert m.full_model is not None and m.full_model.lambda_max == 3.5
+    inputs = _inline_planner_inputs(
+        fields, {"per_sample_losses": "a1", "perturbed_losses": "a2"}, result
+    )
+    assert "per_sample_groups" not in inputs["fields"]
+    assert inputs["arrays"]["per_sample_groups"] == {
+        "artifact_id": "a1",
+        "tensor": "per_sample.groups",
+    }
+    skipped = {**result, "full_model": {"available": False, "reason": "basis too big"}}
+    fields, notes = planner_fields(skipped, [])
+    assert "full_model" not in fields and any("basis too big" in n for n in notes)

@@ -114,6 +114,16 @@ def test_dataset_upload(client: Any, auth_headers: dict[str, str]) -> None:
     response = upload(client, auth_headers, dataset_bytes(), kind="dataset")
     assert response.status_code == 201, response.text
     assert response.json()["tensors"]["inputs"] == {"dtype": "I64", "shape": [5, 6]}
+    with_groups = st_save(
+        {
+            "inputs": np.zeros((4, 6), dtype=np.int64),
+            "targets": np.zeros((4, 6), dtype=np.int64),
+            "groups": np.array([0, 0, 1, 1], dtype=np.int64),  # one document id per example
+        }
+    )
+    grouped = upload(client, auth_headers, with_groups, kind="dataset")
+    assert grouped.status_code == 201, grouped.text
+    assert grouped.json()["tensors"]["groups"] == {"dtype": "I64", "shape": [4]}
 
 
 # --------------------------------------------------------------------------- refusals
@@ -147,6 +157,30 @@ BAD_FILES = {
         "dataset",
         "examples",
         "targets",
+    ),
+    "dataset-float-groups": (
+        st_save(
+            {
+                "inputs": np.zeros((2, 3), dtype=np.int64),
+                "targets": np.zeros((2, 3), np.int64),
+                "groups": np.zeros(2, np.float32),
+            }
+        ),
+        "dataset",
+        "int64",
+        "groups",
+    ),
+    "dataset-groups-length": (
+        st_save(
+            {
+                "inputs": np.zeros((2, 3), dtype=np.int64),
+                "targets": np.zeros((2, 3), np.int64),
+                "groups": np.zeros(3, np.int64),
+            }
+        ),
+        "dataset",
+        "one group id per example",
+        "groups",
     ),
     "empty": (b"", "checkpoint", "empty", None),
 }

@@ -18,7 +18,7 @@ def _losses(n: int = 300, seed: int = 0) -> list[float]:
     return list(np.random.default_rng(seed).gamma(4.0, 0.5, size=n))
 
 
-def test_without_targets_the_tolerance_is_r_times_the_mean_loss_and_loss_accuracy_leads():
+def test_without_targets_the_tolerance_is_r_times_the_mean_loss_and_no_data_number_leads():
     losses = _losses()
     plan = make_plan(Measurements(per_sample_losses=losses), Targets(**FAST), seed=1)
     budget = plan.budget
@@ -28,36 +28,55 @@ def test_without_targets_the_tolerance_is_r_times_the_mean_loss_and_loss_accurac
     assert budget.defaults.tolerances == [pytest.approx(0.01 * mean)]
     assert budget.defaults.target_loss == pytest.approx(mean)
     data = budget.data
-    assert data.source == "loss_accuracy" and data.unit == "examples"
-    # Oracle: k = z²σ²/ε² from the losses themselves.
+    # without a data sweep nothing predictive exists: not_available, with the command
+    assert data.source == "not_available" and data.unit == "examples"
+    assert data.recommended_examples is None and data.next_step is not None
+    assert "--target-loss" in data.next_step.command
+    # Oracle: the evaluation-set size k = z²σ²/ε² from the losses themselves, beside it.
     z = stats.norm.ppf(0.975)
     expected = z**2 * np.var(losses, ddof=1) / (0.01 * mean) ** 2
-    assert data.recommended_examples == pytest.approx(expected, rel=0.02)
-    lo, hi = data.recommended_examples_ci
-    assert lo <= data.recommended_examples <= hi
+    ev = data.evaluation_set_size
+    assert ev.examples == pytest.approx(expected, rel=0.02)
+    lo, hi = ev.ci
+    assert lo <= ev.examples <= hi
     assert data.landscape_stabilisation is not None
-    assert "not the accuracy" in data.landscape_stabilisation.label
+    assert "neither the accuracy" in data.landscape_stabilisation.label
     assert data.available_is_enough is None
     assert any("defaults: tolerance" in w for w in budget.warnings)
 
 
-def test_available_samples_is_compared_with_the_upper_end_of_the_interval():
-    losses = _losses()
-    base = make_plan(Measurements(per_sample_losses=losses), Targets(**FAST), seed=1)
-    hi = base.budget.data.recommended_examples_ci[1]
-    enough = make_plan(
-        Measurements(per_sample_losses=losses),
-        Targets(**FAST, available_samples=math.ceil(hi)),
-        seed=1,
-    )
-    short = make_plan(
-        Measurements(per_sample_losses=losses),
-        Targets(**FAST, available_samples=base.budget.data.recommended_examples),
-        seed=1,
-    )
-    assert enough.budget.data.available_is_enough is True
-    assert short.budget.data.available_is_enough is False
-    assert any("not enough data" in w for w in short.budget.warnings)
+def _sweep_table(seed: int = 3) -> tuple[list[dict], float]:
+    e, a, beta, target = 1.0, 20.0, 0.4, 1.5
+    rng = np.random.default_rng(seed)
+    sizes = [200, 400, 800, 1600, 3200, 6400, 12800]
+    table = [
+        {"n_samples": d, "loss": (e + a * d**-beta) * math.exp(rng.normal(0, 0.003))} for d in sizes
+    ]
+    return table, target
+
+
+def test_available_samples_is_compared_with_the_data_sweeps_interval_only():
+    table, target = _sweep_table()
+    m = Measurements(per_sample_losses=_losses(), loss_vs_data=table)
+    base = make_plan(m, Targets(**FAST, target_loss=target), seed=1).budget.data
+    rec, hi = base.recommended_examples, base.recommended_examples_ci[1]
+    assert base.source == "data_sweep" and hi is not None and rec < hi
+
+    def verdict(available: int):
+        return make_plan(
+            m, Targets(**FAST, target_loss=target, available_samples=available), seed=1
+        ).budget
+
+    assert verdict(math.ceil(hi)).data.available_is_enough is True
+    short = verdict(rec - 1)
+    assert short.data.available_is_enough is False
+    assert any("not enough data" in w for w in short.warnings)
+    between = verdict(math.ceil((rec + hi) / 2)).data
+    assert between.available_is_enough is None  # enough at the point, not at the upper end
+    # the evaluation-set size is never what it is compared with
+    ev = base.evaluation_set_size.examples
+    expected = True if ev >= hi else (None if ev >= rec else False)
+    assert verdict(ev).data.available_is_enough is expected
 
 
 def test_a_data_sweep_leads_the_data_budget_and_covers_the_true_size():
@@ -143,15 +162,17 @@ def test_a_single_checkpoint_noise_scale_is_not_used_as_a_constant():
     assert "not used as a constant" in batch.reason
 
 
-def test_learning_rate_limit_is_two_over_the_largest_block_lambda_and_labelled_gd():
+def test_learning_rate_without_the_full_model_lambda_gives_the_block_bound_only():
     blocks = [
         {"name": "a", "lambda_max": 4.0, "lambda_min": -0.1, "spectral_norm": 4.0},
         {"name": "b", "lambda_max": 10.0, "lambda_min": 0.0, "spectral_norm": 10.0},
     ]
     plan = make_plan(Measurements(blocks=blocks), Targets(**FAST), seed=0)
     lr = plan.budget.learning_rate
-    assert lr.gd_stability_limit == pytest.approx(0.2)
-    assert "not a limit for Adam" in lr.label and "b" in lr.lambda_max_source
+    assert lr.gd_sharpness_threshold is None and "measurements.full_model" in lr.reason
+    assert lr.block_threshold == pytest.approx(0.2) and lr.lambda_max_block_name == "b"
+    assert lr.gd_stability_limit == pytest.approx(0.2)  # deprecated, its old value
+    assert "not a limit for SGD" in lr.meaning and "Adam" in lr.meaning
     assert plan.budget.data.source == "not_available" and plan.budget.data.reason
 
 

@@ -38,7 +38,7 @@ def test_budget_comes_first_with_units_and_the_children_are_listed():
     budget = html[html.index('<section id="budget">') : html.index("</section>")]
     assert "examples" in budget and "tokens" in budget and "batch_sweep" in budget
     assert str(rec["budget"]["batch"]["recommended"]) in budget
-    assert "GD/SGD only, not Adam" in budget
+    assert "not a divergence limit" in budget and "edge of stability" in budget
     assert "<h2>Child jobs</h2>" in html and "diverged" in html
 
 

@@ -18,6 +18,7 @@ from curvplan_core.artifacts.safetensors_format import SafetensorsInfo, TensorIn
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
 INT_DTYPES = frozenset({"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"})
 DATASET_TENSORS = REFERENCE_DATASET_TENSORS
+GROUP_DTYPES = frozenset({"I32", "I64"})
 BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".inv_freq", "position_ids")
 """Non-parameter tensors that older ``transformers`` checkpoints carry (GPT-2's causal mask,
 rotary frequencies, position ids) and that ``from_pretrained`` ignores: any dtype is fine."""
@@ -78,6 +79,17 @@ def _check_reference_dataset(tensors: dict[str, TensorInfo]) -> None:
     n_targets = tensors["targets"].shape[0]
     if n_inputs != n_targets:
         raise ArtifactContentError(f"{n_targets} examples but 'inputs' has {n_inputs}", "targets")
+    groups = tensors.get("groups")
+    if groups is not None:
+        if groups.dtype not in GROUP_DTYPES:
+            raise ArtifactContentError(
+                f"group ids must be int64 (or int32), found {groups.dtype}", "groups"
+            )
+        if list(groups.shape) != [n_inputs]:
+            raise ArtifactContentError(
+                f"needs shape [{n_inputs}] (one group id per example), found {list(groups.shape)}",
+                "groups",
+            )
 
 
 def _check_hf_dataset(tensors: dict[str, TensorInfo]) -> None:

@@ -3,14 +3,17 @@
 What leads, in order:
 
 * data — the data-sweep size for the target loss, L(D) = E + A·D^(−β) solved for D
-  (Kaplan et al. 2020 eq. 1.4 form), when a data sweep exists; else the loss-accuracy sample
-  size k = z²σ̂²/ε² (docs/numbers.md); the landscape-stabilisation k*(ε) of Petrov et al.
-  (2025) beside it, labelled as such.
+  (Kaplan et al. 2020 eq. 1.4 form), when a data sweep (or loss_vs_data pilot runs) exists;
+  "unreachable" only when the target is below E's lower confidence end. Otherwise
+  `not_available`, with the `curvplan sweep --type data` command and its cost. The
+  evaluation-set size k = z²σ²_eff/ε² (docs/numbers.md) and Petrov et al. (2025)'s k*(ε) are
+  shown beside it, never as the training-set size.
 * batch — B_crit from a batch sweep (S = S_min(1 + B_crit/B), McCandlish et al. 2018
   eq. 2.11); else the noise-scale trend over intermediate checkpoints evaluated at the target
   loss (B_crit ≈ B_noise, McCandlish et al. 2018 §2.2); else not available, with the reason.
   A single checkpoint's noise scale is never used as a constant for the whole run.
-* learning rate — 2/λ_max, the stability limit of gradient descent (Cohen et al. 2021).
+* learning rate — 2/λ_max of the whole-model Hessian, the gradient-descent sharpness
+  threshold (Cohen et al. 2021): not a divergence limit, nor a limit for SGD or Adam.
 """
 
 from __future__ import annotations
@@ -30,9 +33,12 @@ from curvplan.types.planner import (
     BudgetDefaults,
     BudgetLearningRate,
     CurvatureSection,
+    DataSweepNextStep,
+    EvaluationSetSize,
     LandscapeStabilisation,
     Measurements,
     NoiseTrendPoint,
+    NotComputed,
     SampleSizeSection,
     SampleSizeValue,
     ScalingSection,
@@ -85,12 +91,122 @@ def _fmt(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
+# The next step without a data sweep: `curvplan sweep --type data` with the CLI's defaults
+# (curvplan/commands/client.py `sweep`; SweepSettings in curvplan/types/sweep.py).
+SWEEP_BATCH_SIZE = 32
+SWEEP_MAX_STEPS = 2000
+SWEEP_DEFAULT_RUNS = 6  # the service's default sizes: training-data size down to 1/32 of it
+SWEEP_SIZE_FACTOR = 2
+
+
+def sweep_data_sizes(available: int | None, batch_size: int = SWEEP_BATCH_SIZE) -> list[int] | None:
+    """Nested subset sizes for a data sweep: the available data and halvings of it, at least
+    3 and at most SWEEP_DEFAULT_RUNS sizes, none below the batch size (None: unknown size)."""
+    if available is None:
+        return None
+    sizes = [available // SWEEP_SIZE_FACTOR**k for k in range(SWEEP_DEFAULT_RUNS)]
+    sizes = sorted({d for d in sizes if d >= max(2, batch_size)})
+    return sizes if len(sizes) >= 3 else None
+
+
+def data_sweep_next_step(
+    target_loss: float | None, available: int | None, tokens: float | None
+) -> DataSweepNextStep:
+    """The `curvplan sweep --type data …` command that gets a data-sweep L(D), and its cost
+    (an upper bound: runs × max_steps × batch_size examples; early stopping ends runs sooner)."""
+    sizes = sweep_data_sizes(available)
+    runs = len(sizes) if sizes is not None else SWEEP_DEFAULT_RUNS
+    parts = [
+        "curvplan sweep --type data --spec model.json --train train.safetensors "
+        "--eval eval.safetensors"
+    ]
+    if target_loss is not None:
+        parts.append(f"--target-loss {target_loss:.6g}")
+    if sizes is not None:
+        parts.append("--data-sizes " + ",".join(str(d) for d in sizes))
+    parts.append(f"--batch-size {SWEEP_BATCH_SIZE} --max-steps {SWEEP_MAX_STEPS} --wait")
+    examples = runs * SWEEP_MAX_STEPS * SWEEP_BATCH_SIZE
+    cost = (
+        f"{runs} training runs (one child job each) of at most {SWEEP_MAX_STEPS:,} steps × "
+        f"{SWEEP_BATCH_SIZE} examples: at most {examples:,} examples processed"
+        + ("" if tokens is None else f" ({examples * tokens:,.0f} tokens)")
+        + "; then `curvplan analyze … --sweep <sweep job id>` puts its L(D) in budget.data"
+    )
+    return DataSweepNextStep(
+        command=" ".join(parts),
+        data_sizes=sizes,
+        training_runs=runs,
+        batch_size=SWEEP_BATCH_SIZE,
+        max_steps_per_run=SWEEP_MAX_STEPS,
+        max_examples_processed=examples,
+        max_tokens_processed=None if tokens is None else examples * tokens,
+        estimated_cost=cost,
+    )
+
+
+def _evaluation_set_size(
+    sample_size: SampleSizeSection | object, confidence: float
+) -> EvaluationSetSize | None:
+    if not isinstance(sample_size, SampleSizeSection) or not sample_size.per_tolerance:
+        return None
+    first = sample_size.per_tolerance[0]
+    value = first.evaluation_set_size
+    if not isinstance(value, SampleSizeValue) or value.k is None:
+        return None
+    corr = sample_size.loss_correlation
+    method = corr.variance_method if corr is not None else "iid"
+    eps = first.tolerance
+    drawn = (
+        "drawn as whole groups like the measured ones"
+        if method == "cluster_robust"
+        else "drawn independently like the measured ones"
+    )
+    guarantee = (
+        f"An evaluation set of {value.k:,} examples {drawn} measures the average loss at these "
+        f"weights to within ±{eps:.3g} nats of its population value with probability ≈ "
+        f"{confidence:.0%}. It is an evaluation-set size: it does not say how much training "
+        "data reaches a loss."
+    )
+    if corr is not None and corr.correlated and method == "iid":
+        guarantee += (
+            " The measured losses look correlated (consecutive windows): with correlated "
+            "draws this size under-covers; give per_sample_groups for a cluster-robust one."
+        )
+    return EvaluationSetSize(
+        examples=value.k,
+        ci=value.ci,
+        tolerance=eps,
+        confidence=confidence,
+        variance_method=method,
+        design_effect=None if corr is None else corr.design_effect,
+        correlated=None if corr is None else corr.correlated,
+        guarantee=guarantee,
+        formula=value.formula,
+    )
+
+
+def _target_status(scaling: ScalingSection) -> str | None:
+    """reachable / uncertain / unreachable (docs/budget.md): unreachable only below the lower
+    confidence end of E, not below its point estimate."""
+    target = scaling.target_loss
+    if target is None:
+        return None
+    if target > scaling.E:
+        return "reachable"
+    lower = scaling.E_ci[0] if scaling.E_ci is not None else None
+    if lower is not None and target < lower:
+        return "unreachable"
+    return "uncertain"
+
+
 def build_data(
     measurements: Measurements,
     targets: Targets,
     sample_size: SampleSizeSection | object,
     scaling: ScalingSection | object,
 ) -> tuple[BudgetData, list[str]]:
+    """budget.data: the data sweep's L(D) solved at the target loss leads; nothing else
+    does (docs/budget.md#data)."""
     warnings: list[str] = []
     available = _available(measurements, targets)
     tokens = _tokens_per_example(measurements)
@@ -98,8 +214,7 @@ def build_data(
     first = None
     if isinstance(sample_size, SampleSizeSection) and sample_size.per_tolerance:
         first = sample_size.per_tolerance[0]
-    loss_acc = getattr(first, "loss_accuracy", None) if first is not None else None
-    loss_acc = loss_acc if isinstance(loss_acc, SampleSizeValue) else None
+    evaluation = _evaluation_set_size(sample_size, conf)
     stab = None
     if first is not None and isinstance(first.empirical, SampleSizeValue):
         stab = LandscapeStabilisation(
@@ -107,87 +222,136 @@ def build_data(
             ci=first.empirical.ci,
             tolerance=first.tolerance,
             label="landscape stabilisation k*(ε) (Petrov et al. 2025): beyond it one more "
-            "example changes the average loss by about ε or less; it is not the accuracy of "
-            "the loss, which needs loss_accuracy_examples",
+            "example changes the average loss by about ε or less; it is neither the accuracy "
+            "of the loss (evaluation_set_size) nor a prediction of training",
         )
-    data = None
-    if isinstance(scaling, ScalingSection) and isinstance(scaling.n_for_target_loss, float):
-        n = scaling.n_for_target_loss
-        ci = scaling.n_for_target_loss_ci
+    common: dict[str, object] = {
+        "tolerance": None if first is None else first.tolerance,
+        "evaluation_set_size": evaluation,
+        "loss_accuracy_examples": None if evaluation is None else evaluation.examples,
+        "landscape_stabilisation": stab,
+        "available_samples": available,
+    }
+    sweep = scaling if isinstance(scaling, ScalingSection) else None
+    status = _target_status(sweep) if sweep is not None else None
+    sweep_fields: dict[str, object] = {"target_loss": targets.target_loss}
+    if sweep is not None:
+        sweep_fields = {
+            "target_loss": sweep.target_loss,
+            "target_status": status,
+            "irreducible_loss": sweep.E,
+            "irreducible_loss_ci": sweep.E_ci,
+        }
+    if sweep is not None and status == "reachable" and isinstance(sweep.n_for_target_loss, float):
+        n = sweep.n_for_target_loss
+        ci = sweep.n_for_target_loss_ci
+        assert sweep.target_loss is not None
+        rec = math.ceil(n) if math.isfinite(n) else None
         data = BudgetData(
-            recommended_examples=math.ceil(n) if math.isfinite(n) else None,
+            recommended_examples=rec,
             recommended_examples_ci=ci,
-            recommended_tokens=None if tokens is None else math.ceil(n) * tokens,
+            recommended_tokens=None if tokens is None or rec is None else rec * tokens,
             source="data_sweep",
             criterion="data sweep: the size at which the fitted L(D) = E + A·D^(−β) reaches the "
-            "target loss leads, because it answers how low training on that much data gets "
-            "the held-out loss",
+            f"target loss ({formulas.formula_id(formulas.BUDGET_DATA_SWEEP)}); it is the only "
+            "number here that predicts how low training on that much data gets the loss",
             guarantee=f"Training on about {_fmt(n)} examples is predicted to reach a held-out "
-            f"loss of {scaling.target_loss:.4g} (nats per token); the {conf:.0%} interval of the "
-            "size reflects the fit's uncertainty. It assumes the same model, optimizer, early "
-            "stopping and data distribution as the sweep.",
-            target_loss=scaling.target_loss,
-            tolerance=None if first is None else first.tolerance,
-            loss_accuracy_examples=None if loss_acc is None else loss_acc.k,
-            landscape_stabilisation=stab,
+            f"loss of {sweep.target_loss:.4g} (nats per token); the {conf:.0%} interval of the "
+            "size reflects the fit's uncertainty. It holds for the same model, optimizer, "
+            "schedule and data distribution as the sweep, inside the swept sizes (beyond them "
+            "it extrapolates the power law).",
+            **sweep_fields,
+            **common,
         )
-    elif isinstance(scaling, ScalingSection) and scaling.n_for_target_loss == "unreachable":
-        warnings.append(
-            f"data: the target loss {scaling.target_loss} is at or below the fitted irreducible "
-            f"loss E = {scaling.E:.4g}: no amount of data reaches it with this model"
-        )
-    if data is None and loss_acc is not None and loss_acc.k is not None and first is not None:
-        eps = first.tolerance
-        data = BudgetData(
-            recommended_examples=loss_acc.k,
-            recommended_examples_ci=loss_acc.ci,
-            recommended_tokens=None if tokens is None else loss_acc.k * tokens,
-            source="loss_accuracy",
-            criterion="loss accuracy (k = z²σ̂²/ε²) leads: no data sweep was given, and it is the "
-            "number whose guarantee is about the loss itself; k*(ε) is shown beside it",
-            guarantee=f"With {loss_acc.k:,} examples drawn like the measured ones, the average "
-            f"loss at these weights is within ±{eps:.3g} nats of its population value with "
-            f"probability ≈ {conf:.0%}. It says how precisely that many examples measure the "
-            "loss, not how low training on them gets it (run a data sweep for that).",
-            tolerance=eps,
-            loss_accuracy_examples=loss_acc.k,
-            landscape_stabilisation=stab,
-        )
-    if data is None:
+        _assess_available(data, warnings)
+        return data, warnings
+    next_step = data_sweep_next_step(targets.target_loss, available, tokens)
+    if sweep is not None and status == "unreachable":
+        assert sweep.target_loss is not None and sweep.E_ci is not None
         reason = (
-            "no data sweep (measurements.loss_vs_data with targets.target_loss) and no "
-            "loss-accuracy sample size (needs measurements.per_sample_losses)"
+            f"the target loss {sweep.target_loss:.4g} is below the lower {conf:.0%} confidence "
+            f"end {sweep.E_ci[0]:.4g} of the fitted irreducible loss E = {sweep.E:.4g}: more "
+            "data alone does not reach it with this model and training setup"
         )
-        if isinstance(scaling, ScalingSection) and scaling.n_for_target_loss == "unreachable":
-            reason = "the target loss is below the data sweep's irreducible loss"
-        return (
-            BudgetData(
-                recommended_examples=None,
-                source="not_available",
-                criterion="nothing to lead with",
-                guarantee="no recommendation",
-                landscape_stabilisation=stab,
-                available_samples=available,
-                reason=reason,
-            ),
-            warnings,
+        warnings.append(f"data: {reason}")
+        guarantee = "unreachable: no training-set size reaches the target loss"
+    elif sweep is not None and status == "uncertain":
+        lo = "n/a" if sweep.E_ci is None else f"{sweep.E_ci[0]:.4g}"
+        assert sweep.target_loss is not None
+        reason = (
+            f"the target loss {sweep.target_loss:.4g} lies inside the interval of the fitted "
+            f"irreducible loss E = {sweep.E:.4g} (lower end {lo}): the sweep cannot tell whether "
+            "it is reachable; a data sweep that reaches larger sizes (or a higher target) "
+            "settles it"
         )
-    data.available_samples = available
-    if available is not None and data.recommended_examples is not None:
-        ci = data.recommended_examples_ci
-        upper = ci[1] if ci is not None and ci[1] is not None else None
-        need = upper if upper is not None else data.recommended_examples
-        data.available_is_enough = available >= need
-        data.available_note = (
-            f"you have {available:,} examples; the recommendation needs "
-            f"{data.recommended_examples:,}"
-            + (f" (up to {_fmt(upper)} at the interval's upper end)" if upper is not None else "")
+        warnings.append(f"data: {reason}")
+        guarantee = "no training-set size: the target may or may not be reachable"
+    elif sweep is not None and sweep.target_loss is None:
+        reason = "the data sweep has no target loss to solve L(D) for"
+        guarantee = "no training-set size"
+    elif sweep is not None:
+        reason = "the data sweep's L(D) gives no finite size for the target loss"
+        guarantee = "no training-set size"
+    else:
+        why = (
+            scaling.reason
+            if isinstance(scaling, NotComputed)
+            else "measurements.loss_vs_data not given"
         )
-        if not data.available_is_enough:
-            warnings.append(f"data: {data.available_note}: not enough data")
-    elif available is None:
+        reason = (
+            f"no data sweep ({why}): only training on subsets of the data predicts how much "
+            "data reaches a loss; run the command in next_step"
+        )
+        guarantee = "no training-set size"
+    return (
+        BudgetData(
+            recommended_examples=None,
+            source="not_available",
+            criterion="nothing predictive to lead with: the evaluation-set size and k*(ε) are "
+            "shown beside, but neither is a training-set size",
+            guarantee=guarantee,
+            reason=reason,
+            next_step=next_step,
+            available_note=None
+            if available is None
+            else f"you have {available:,} examples; without a data sweep there is no "
+            "training-set size to compare them with",
+            **sweep_fields,
+            **common,
+        ),
+        warnings,
+    )
+
+
+def _assess_available(data: BudgetData, warnings: list[str]) -> None:
+    """available_is_enough: the examples you have against the data sweep's size (conservative:
+    the upper end of its interval)."""
+    available = data.available_samples
+    rec = data.recommended_examples
+    if available is None:
         data.available_note = "targets.available_samples not given: enough data is not assessed"
-    return data, warnings
+        return
+    if rec is None:
+        return
+    ci = data.recommended_examples_ci
+    upper = ci[1] if ci is not None else rec
+    if upper is not None and available >= upper:
+        data.available_is_enough = True
+    elif available < rec:
+        data.available_is_enough = False
+    data.available_note = (
+        f"you have {available:,} training examples; the data sweep predicts {rec:,} for the "
+        "target"
+        + (
+            f" (up to {_fmt(upper)} at the interval's upper end)"
+            if upper is not None
+            else " (the interval's upper end is unbounded)"
+        )
+    )
+    if data.available_is_enough is False:
+        warnings.append(f"data: {data.available_note}: not enough data")
+    elif data.available_is_enough is None:
+        data.available_note += ": enough at the point value, not at the interval's upper end"
 
 
 def _trend_at_target(
@@ -364,27 +528,63 @@ def build_batch(
     )
 
 
-def build_learning_rate(curvature: CurvatureSection | object) -> BudgetLearningRate:
-    label = (
-        "stability limit of gradient descent / SGD: η < 2/λ_max (Cohen et al. 2021); not a "
-        "limit for Adam or other preconditioned optimizers"
-    )
+SHARPNESS_MEANING = (
+    "2/λ_max of the whole-model Hessian is the gradient-descent sharpness threshold: with a "
+    "full-batch GD step size above it the loss stops decreasing monotonically and the "
+    "sharpness λ_max adjusts itself to about 2/η (edge of stability, Cohen et al. 2021); "
+    "training usually goes on. It is not a divergence limit, and not a limit for SGD "
+    "(noisy steps) or Adam (preconditioned steps)"
+)
+
+
+def build_learning_rate(
+    measurements: Measurements, curvature: CurvatureSection | object
+) -> BudgetLearningRate:
+    """budget.learning_rate: 2/λ_max(full model) (Cohen et al. 2021, the sharpness
+    threshold 2/η of §3), the largest block λ_max beside it (docs/budget.md#learning-rate)."""
+    label = "gradient-descent sharpness threshold 2/λ_max(full Hessian) (Cohen et al. 2021)"
     blocks = curvature.blocks if isinstance(curvature, CurvatureSection) else []
     positive = [b for b in blocks if b.lambda_max > 0]
-    if not positive:
-        return BudgetLearningRate(
-            gd_stability_limit=None,
-            lambda_max=None,
-            label=label,
-            reason="no block spectra with a positive λ_max (measurements.blocks)",
+    top = max(positive, key=lambda b: b.lambda_max) if positive else None
+    block_fields: dict[str, object] = {}
+    if top is not None:
+        block_fields = {
+            "lambda_max_block": top.lambda_max,
+            "lambda_max_block_name": top.name,
+            "block_threshold": 2.0 / top.lambda_max,
+            # deprecated, with their old values (one release)
+            "gd_stability_limit": 2.0 / top.lambda_max,
+            "lambda_max": top.lambda_max,
+            "lambda_max_source": f"largest block λ_max ({top.name})",
+        }
+    full = measurements.full_model
+    if full is None or full.lambda_max <= 0:
+        reason = (
+            "measurements.full_model (λ_max of the whole-model Hessian) not given: analyze "
+            "measures it"
+            if full is None
+            else f"the whole-model λ_max is {full.lambda_max:.4g} ≤ 0: no threshold"
         )
-    top = max(positive, key=lambda b: b.lambda_max)
+        if top is not None:
+            reason += (
+                "; 2/λ_max of the largest block is an upper bound on the threshold "
+                "(block_threshold)"
+            )
+        return BudgetLearningRate(
+            meaning=SHARPNESS_MEANING, label=label, reason=reason, **block_fields
+        )
     return BudgetLearningRate(
-        gd_stability_limit=2.0 / top.lambda_max,
-        lambda_max=top.lambda_max,
-        lambda_max_source=f"largest block λ_max ({top.name}); the full Hessian's λ_max is at "
-        "least this, so 2/λ_max here is an upper bound on the limit",
+        gd_sharpness_threshold=2.0 / full.lambda_max,
+        lambda_max_full=full.lambda_max,
+        lambda_max_full_products=full.n_products,
+        lambda_max_full_converged=full.converged,
+        meaning=SHARPNESS_MEANING,
         label=label,
+        reason=None
+        if full.converged is not False
+        else "the whole-model Lanczos did not converge: λ_max may be under-estimated, so the "
+        "threshold may be too high",
+        **block_fields,
     )
 
 
@@ -415,7 +615,7 @@ def build_budget(
     return Budget(
         data=data,
         batch=batch,
-        learning_rate=build_learning_rate(curvature),
+        learning_rate=build_learning_rate(measurements, curvature),
         defaults=defaults,
         warnings=warnings,
     )

@@ -54,7 +54,7 @@ def summarize_blocks(
         missing.append(
             Missing(
                 item="lr_ceiling",
-                reason="blocks with λ_max ≤ 0 have no GD stability ceiling 2/λ_max",
+                reason="blocks with λ_max ≤ 0 have no GD sharpness threshold 2/λ_max",
             )
         )
     section = CurvatureSection(

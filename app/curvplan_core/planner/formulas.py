@@ -49,8 +49,14 @@ LOSS_VARIANCE: Final = formula(
     "sample.loss_variance",
     "σ² = sample variance of the losses; CI σ²·exp(±z·se/σ²), se = √((m₄ − σ⁴(n−3)/(n−1))/n)",
 )
+LOSS_VARIANCE_CLUSTER: Final = formula(
+    "sample.loss_variance_cluster",
+    "σ²_eff = n·G/(G−1)·Σ_g(Σ_{i∈g}(l_i − l̄))²/n² (CR1); CI via χ²_{G−1}; deff = σ²_eff/s²",
+)
 K_LOSS_ACCURACY: Final = formula(
-    "sample.k_loss_accuracy", "n = ⌈z²·σ²/ε²⌉, z = Φ⁻¹((1 + confidence)/2); CI from σ²'s CI"
+    "sample.k_loss_accuracy",
+    "n = ⌈z²·σ²_eff/ε²⌉, z = Φ⁻¹((1 + confidence)/2), σ²_eff = σ² or cluster-robust; CI "
+    "from its CI",
 )
 K_LOSS_ACCURACY_SQ: Final = formula(
     "sample.k_loss_accuracy_sq", "n = ⌈z²·C2/ε²⌉ (C2 ≈ σ² from the Δ2_k fit); CI over C2 draws"
@@ -133,7 +139,7 @@ N_FOR_TARGET: Final = formula("scaling.n_for_target", "D = (A/(target − E))^(1
 HETEROGENEITY: Final = formula(
     "curvature.heterogeneity", "max/min of the per-block spectral norms ‖H_B‖"
 )
-LR_CEILING: Final = formula("curvature.lr_ceiling", "η_g < 2/λ_max(H_gg) per block")
+LR_CEILING: Final = formula("curvature.lr_ceiling", "η_g = 2/λ_max(H_gg) per block")
 ASSUMPTION1: Final = formula(
     "curvature.assumption1",
     "2·rms_i|g_i − ḡ|/(M·R): dropped first-order term over the second-order bound",
@@ -147,4 +153,12 @@ BUDGET_EXPECTED_STEPS: Final = formula(
 BUDGET_NOISE_TREND: Final = formula(
     "budget.noise_trend",
     "log B = a + b·L fitted over the checkpoints (weights 1/se²), evaluated at the target L",
+)
+BUDGET_SHARPNESS_THRESHOLD: Final = formula(
+    "budget.gd_sharpness_threshold",
+    "η = 2/λ_max(H), λ_max of the whole-model Hessian (one Lanczos over all parameters)",
+)
+BUDGET_DATA_SWEEP: Final = formula(
+    "budget.data_sweep",
+    "D = (A/(L* − E))^(1/β) from L(D) = E + A·D^(−β); unreachable only if L* < E's lower CI end",
 )

@@ -10,6 +10,7 @@ import numpy as np
 from curvplan.types.planner import (
     BoundValue,
     Curve,
+    LossCorrelation,
     LossVarianceOut,
     Measurements,
     Missing,
@@ -24,10 +25,13 @@ from curvplan.types.planner import (
 from curvplan_core.planner import formulas
 from curvplan_core.planner.laws import theorem7_constant
 from curvplan_core.planner.loss_accuracy import (
-    LossVariance,
+    MIN_GROUPS,
+    adjacent_correlation,
+    cluster_robust_variance,
     k_loss_accuracy,
     loss_error_at,
     loss_variance,
+    z_two_sided,
 )
 from curvplan_core.planner.loss_curve import (
     DataScaleBootstrap,
@@ -80,15 +84,105 @@ MEANING_SQUARED_RMS = (
     "per-example increment as an RMS, √E(L_{k+1} − L_k)² ≤ ε: comparable with the empirical k*"
 )
 MEANING_LOSS_ACCURACY = (
-    "loss accuracy: with k i.i.d. examples the average loss at w* is within ±ε of its "
-    "population value with probability ≈ confidence; says nothing about a different w"
+    "evaluation-set size: with k examples drawn like the measured ones the average loss at w* "
+    "is within ±ε of its population value with probability ≈ confidence; it measures the "
+    "loss, it does not say how low training on k examples gets it (budget.data does)"
 )
 RECOMMENDED_REASON = (
-    "loss_accuracy: it is the sample size at which the measured loss is within ±ε of the "
-    "population loss at the requested confidence, which is what 'enough data' means for a "
-    "data purchase; the landscape-stabilisation k*(ε) only bounds the change from adding one "
-    "example (≈ σ/k), so at k* the loss error is typically many times ε"
+    "deprecated: budget.data leads the data answer (a data sweep's L(D)); "
+    "evaluation_set_size is how many examples measure the loss to ±ε, an evaluation number"
 )
+CORRELATED_DESIGN_EFFECT = 1.1
+ADJACENT_CORRELATION_LIMIT = 0.1
+CORRELATION_RULE = (
+    f"with per_sample_groups: the lower confidence end of the design effect exceeds "
+    f"{CORRELATED_DESIGN_EFFECT:g}; without: the lag-1 correlation of consecutive losses "
+    f"exceeds {ADJACENT_CORRELATION_LIMIT:g} and is significant (> z/√n)"
+)
+
+
+def _loss_correlation(
+    losses: np.ndarray, groups: list[int] | None, conf: float
+) -> tuple[LossCorrelation, float, tuple[float, float]]:
+    """The variance the evaluation-set size uses (cluster-robust with groups) and how
+    correlated the sample looks; (diagnostics, σ²_eff, its interval)."""
+    iid = loss_variance(losses, conf)
+    adjacent = adjacent_correlation(losses)
+    z = z_two_sided(conf)
+    adjacent_flag = (
+        adjacent is not None
+        and adjacent > ADJACENT_CORRELATION_LIMIT
+        and adjacent > z / math.sqrt(losses.size)
+    )
+    if groups is not None and np.unique(np.asarray(groups)).size >= MIN_GROUPS:
+        cv = cluster_robust_variance(losses, np.asarray(groups, dtype=np.int64), conf)
+        correlated = cv.design_effect_ci is not None and (
+            cv.design_effect_ci[0] > CORRELATED_DESIGN_EFFECT
+        )
+        deff = "n/a" if cv.design_effect is None else f"{cv.design_effect:.3g}"
+        note = (
+            f"cluster-robust over {cv.n_groups} groups (mean size {cv.mean_group_size:.3g}): "
+            f"design effect {deff}"
+            + (
+                f", intra-cluster correlation {cv.intra_cluster_correlation:.3g}"
+                if cv.intra_cluster_correlation is not None
+                else ""
+            )
+            + (
+                ": the losses are correlated within groups, so the evaluation set must be "
+                "drawn as whole groups like these and needs the inflated size"
+                if correlated
+                else ": no sign of correlation within groups"
+            )
+        )
+        return (
+            LossCorrelation(
+                variance_method="cluster_robust",
+                effective_variance=cv.effective_variance,
+                effective_variance_ci=cv.ci,
+                n_groups=cv.n_groups,
+                mean_group_size=cv.mean_group_size,
+                design_effect=cv.design_effect,
+                design_effect_ci=cv.design_effect_ci,
+                intra_cluster_correlation=cv.intra_cluster_correlation,
+                adjacent_correlation=adjacent,
+                correlated=correlated,
+                rule=CORRELATION_RULE,
+                note=note,
+                formula=formulas.LOSS_VARIANCE_CLUSTER,
+            ),
+            cv.effective_variance,
+            cv.ci,
+        )
+    note = (
+        "i.i.d. variance s²"
+        + (
+            f" (per_sample_groups has fewer than {MIN_GROUPS} groups)"
+            if groups is not None
+            else " (no per_sample_groups)"
+        )
+        + (
+            f": consecutive losses correlate ({adjacent:.3g}), as windows of one document do; "
+            "the evaluation-set size then under-states what a correlated sample needs: give "
+            "per_sample_groups (a groups tensor in the dataset) for a cluster-robust size"
+            if adjacent_flag and adjacent is not None
+            else ": consecutive losses show no significant correlation"
+        )
+    )
+    return (
+        LossCorrelation(
+            variance_method="iid",
+            effective_variance=iid.variance,
+            effective_variance_ci=iid.ci,
+            adjacent_correlation=adjacent,
+            correlated=bool(adjacent_flag),
+            rule=CORRELATION_RULE,
+            note=note,
+            formula=formulas.LOSS_VARIANCE,
+        ),
+        iid.variance,
+        iid.ci,
+    )
 
 
 def _available_samples(
@@ -113,14 +207,14 @@ def _available_samples(
 
 
 def _loss_accuracy(
-    variance: LossVariance | None, tol: float, conf: float, n: int
+    variance: tuple[float, tuple[float, float]] | None, tol: float, conf: float, n: int
 ) -> SampleSizeValue | NotComputed:
     if variance is None:
         return NotComputed(
             reason="needs measurements.per_sample_losses (at least 4) for the loss variance"
         )
-    k = math.ceil(k_loss_accuracy(variance.variance, tol, conf) * (1 - 1e-12))
-    lo, hi = variance.ci
+    k = math.ceil(k_loss_accuracy(variance[0], tol, conf) * (1 - 1e-12))
+    lo, hi = variance[1]
     ci = (
         max(1, math.ceil(k_loss_accuracy(lo, tol, conf) * (1 - 1e-12))),
         math.ceil(k_loss_accuracy(hi, tol, conf) * (1 - 1e-12)),
@@ -535,11 +629,18 @@ def build_sample_size_section(
         )
     available, available_source = _available_samples(measurements, targets, log)
     variance = None
+    correlation = None
+    effective = None
     if losses is not None and n >= 4:
-        variance = loss_variance(np.asarray(losses, dtype=np.float64), conf)
+        arr_losses = np.asarray(losses, dtype=np.float64)
+        variance = loss_variance(arr_losses, conf)
+        correlation, eff_value, eff_ci = _loss_correlation(
+            arr_losses, measurements.per_sample_groups, conf
+        )
+        effective = (eff_value, eff_ci)
+        if correlation.correlated:
+            log.add("correlated_losses", "sample_size", correlation.note)
     per_tolerance = []
-    short = []
-    short_stabilisation = []
     if targets.tolerances is None:
         missing.append(Missing(item="per_tolerance", reason="targets.tolerances not given"))
     else:
@@ -549,27 +650,25 @@ def build_sample_size_section(
                 if losses is not None
                 else NotComputed(reason="measurements.per_sample_losses not given")
             )
-            accuracy = _loss_accuracy(variance, tol, conf, n)
+            accuracy = _loss_accuracy(effective, tol, conf, n)
             accuracy_sq = _loss_accuracy_squared(fits, tol, conf)
+            # deprecated flags, kept with their old values for one release: they compare a
+            # training-set size with an evaluation number (budget.data.available_is_enough
+            # compares it with the data sweep's training-set size)
             enough = enough_stab = None
             if available is not None and isinstance(accuracy, SampleSizeValue):
-                # conservative: the upper end of the interval when there is one
                 needed = accuracy.ci[1] if accuracy.ci is not None else accuracy.k
                 enough = needed is not None and available >= needed
-                if not enough:
-                    short.append(tol)
             if available is not None and isinstance(empirical, SampleSizeValue):
                 needed = empirical.ci[1] if empirical.ci is not None else empirical.k
                 enough_stab = needed is not None and available >= needed
-                if not enough_stab:
-                    short_stabilisation.append(tol)
             error_at = None
             if (
-                variance is not None
+                effective is not None
                 and isinstance(empirical, SampleSizeValue)
                 and empirical.k is not None
             ):
-                error_at = loss_error_at(empirical.k, variance.variance, conf)
+                error_at = loss_error_at(empirical.k, effective[0], conf)
             squared_rms = (
                 _squared(fits, tol, conf, rms=True)
                 if losses is not None
@@ -591,6 +690,7 @@ def build_sample_size_section(
                     if losses is not None
                     else NotComputed(reason="measurements.per_sample_losses not given"),
                     squared_rms=squared_rms,
+                    evaluation_set_size=accuracy,
                     loss_accuracy=accuracy,
                     loss_accuracy_squared=accuracy_sq,
                     loss_error_at_empirical=error_at,
@@ -609,30 +709,6 @@ def build_sample_size_section(
                     f"empirical k*(ε={tol:g}) lies beyond the fitted range k ≤ "
                     f"{fits.abs.window[1]}: the power law is extrapolated",
                 )
-    if available is None and targets.tolerances is not None:
-        missing.append(
-            Missing(
-                item="available_is_enough",
-                reason="targets.available_samples (your dataset size) not given",
-            )
-        )
-    if short:
-        log.add(
-            "available_samples_insufficient",
-            "sample_size",
-            f"{available} available samples are fewer than the loss-accuracy sample size "
-            f"(upper end of its interval) for tolerance(s) {', '.join(f'{t:g}' for t in short)}: "
-            "the average loss would not be within ±ε of its population value at confidence "
-            f"{conf:g}",
-        )
-    elif short_stabilisation:
-        log.add(
-            "available_samples_insufficient",
-            "sample_size",
-            f"{available} available samples are fewer than the landscape-stabilisation k*(ε) "
-            f"(upper end of its interval) for tolerance(s) "
-            f"{', '.join(f'{t:g}' for t in short_stabilisation)}",
-        )
     variance_out = None
     if variance is not None:
         variance_out = LossVarianceOut(
@@ -655,6 +731,7 @@ def build_sample_size_section(
         available_samples=available,
         available_samples_source=available_source,
         loss_variance=variance_out,
+        loss_correlation=correlation,
         recommended_criterion="loss_accuracy" if targets.tolerances is not None else None,
         recommended_criterion_reason=RECOMMENDED_REASON if targets.tolerances is not None else None,
         off_minimum=off_minimum,

@@ -46,13 +46,26 @@ def build_scaling_section(
     else:
         needed = data_for_target(fit.E, fit.A, fit.beta, target)
         if needed is None:
-            n_for_target = "unreachable"
-            log.add(
-                "target_below_irreducible_loss",
-                "scaling",
-                f"target_loss {target:g} ≤ fitted irreducible loss E = {fit.E:.4g}: more data "
-                "alone cannot reach it",
-            )
+            n_for_target = "unreachable"  # at the point estimate; the budget uses E's interval
+            lower = fit.E_ci[0] if fit.E_ci is not None else None
+            if lower is not None and target < lower:
+                detail = (
+                    f"target_loss {target:g} is below the lower confidence end {lower:.4g} of "
+                    f"the fitted irreducible loss E = {fit.E:.4g}: more data alone does not "
+                    "reach it"
+                )
+            else:
+                detail = (
+                    f"target_loss {target:g} ≤ the fitted irreducible loss E = {fit.E:.4g}, but "
+                    + (
+                        f"inside E's interval (lower end {lower:.4g})"
+                        if lower is not None
+                        else "E has no interval (fewer than 4 points)"
+                    )
+                    + ": the sweep cannot tell whether more data reaches it "
+                    "(budget.data.target_status = uncertain)"
+                )
+            log.add("target_below_irreducible_loss", "scaling", detail)
         else:
             n_for_target = needed if np.isfinite(needed) else None
             rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(30,)))

@@ -67,6 +67,10 @@ def measurements_from_job(
     if losses_ref is not None:
         tensors = _load(session, store, project_id, losses_ref["artifact_id"])
         fields["per_sample_losses"] = tensors[losses_ref["tensor"]].astype(float).tolist()
+    groups_ref = arrays.get("per_sample_groups")
+    if groups_ref is not None:
+        tensors = _load(session, store, project_id, groups_ref["artifact_id"])
+        fields["per_sample_groups"] = tensors[groups_ref["tensor"]].astype("int64").tolist()
     perturbed_ref = arrays.get("perturbed_losses")
     if perturbed_ref is not None:
         tensors = _load(session, store, project_id, perturbed_ref["artifact_id"])

@@ -16,6 +16,7 @@ EXAMPLE_MEASUREMENTS: dict[str, Any] = {
         "trace_h_sigma": 0.9,
     },
     "blocks": [{"name": "layers.0.q", "lambda_max": 2.0, "lambda_min": 0.0, "spectral_norm": 2.0}],
+    "full_model": {"lambda_max": 2.5, "residual": 1e-07, "converged": True, "n_products": 31},
 }
 EXAMPLE_SEED = 1
 
@@ -27,18 +28,41 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
             "recommended_tokens": None,
             "unit": "examples",
             "source": "not_available",
-            "criterion": "nothing to lead with",
-            "guarantee": "no recommendation",
+            "criterion": "nothing predictive to lead with: the evaluation-set size "
+            "and k*(ε) are shown beside, but neither is a training-set "
+            "size",
+            "guarantee": "no training-set size",
             "target_loss": None,
+            "target_status": None,
+            "irreducible_loss": None,
+            "irreducible_loss_ci": None,
             "tolerance": None,
+            "evaluation_set_size": None,
             "loss_accuracy_examples": None,
             "landscape_stabilisation": None,
             "available_samples": None,
             "available_is_enough": None,
             "available_note": None,
-            "reason": "no data sweep (measurements.loss_vs_data with "
-            "targets.target_loss) and no loss-accuracy sample size (needs "
-            "measurements.per_sample_losses)",
+            "next_step": {
+                "command": "curvplan sweep --type data --spec model.json "
+                "--train train.safetensors --eval "
+                "eval.safetensors --batch-size 32 --max-steps "
+                "2000 --wait",
+                "data_sizes": None,
+                "training_runs": 6,
+                "batch_size": 32,
+                "max_steps_per_run": 2000,
+                "max_examples_processed": 384000,
+                "max_tokens_processed": None,
+                "estimated_cost": "6 training runs (one child job each) of "
+                "at most 2,000 steps × 32 examples: at "
+                "most 384,000 examples processed; then "
+                "`curvplan analyze … --sweep <sweep job "
+                "id>` puts its L(D) in budget.data",
+            },
+            "reason": "no data sweep (measurements.loss_vs_data not given): only "
+            "training on subsets of the data predicts how much data "
+            "reaches a loss; run the command in next_step",
         },
         "batch": {
             "recommended": None,
@@ -61,16 +85,27 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
             "intermediate checkpoints or run a batch sweep",
         },
         "learning_rate": {
+            "gd_sharpness_threshold": 0.8,
+            "lambda_max_full": 2.5,
+            "lambda_max_full_products": 31,
+            "lambda_max_full_converged": True,
+            "lambda_max_block": 2.0,
+            "lambda_max_block_name": "layers.0.q",
+            "block_threshold": 1.0,
+            "meaning": "2/λ_max of the whole-model Hessian is the "
+            "gradient-descent sharpness threshold: with a "
+            "full-batch GD step size above it the loss stops "
+            "decreasing monotonically and the sharpness λ_max "
+            "adjusts itself to about 2/η (edge of stability, "
+            "Cohen et al. 2021); training usually goes on. It is "
+            "not a divergence limit, and not a limit for SGD "
+            "(noisy steps) or Adam (preconditioned steps)",
+            "label": "gradient-descent sharpness threshold 2/λ_max(full "
+            "Hessian) (Cohen et al. 2021)",
+            "reason": None,
             "gd_stability_limit": 1.0,
             "lambda_max": 2.0,
-            "lambda_max_source": "largest block λ_max (layers.0.q); the "
-            "full Hessian's λ_max is at least this, so "
-            "2/λ_max here is an upper bound on the "
-            "limit",
-            "label": "stability limit of gradient descent / SGD: η < "
-            "2/λ_max (Cohen et al. 2021); not a limit for Adam or "
-            "other preconditioned optimizers",
-            "reason": None,
+            "lambda_max_source": "largest block λ_max (layers.0.q)",
         },
         "defaults": {
             "tolerances_given": False,
@@ -177,7 +212,7 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
         "heterogeneity_ratio": 1.0,
         "heterogeneity_formula": "curvature.heterogeneity: max/min of the per-block "
         "spectral norms ‖H_B‖",
-        "lr_ceiling_formula": "curvature.lr_ceiling: η_g < 2/λ_max(H_gg) per block",
+        "lr_ceiling_formula": "curvature.lr_ceiling: η_g = 2/λ_max(H_gg) per block",
         "gradient_norm_at_w_star": None,
         "assumption1_ratio": None,
         "assumption1_formula": None,
@@ -185,7 +220,20 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
         "per_sample_gradient_rms": None,
         "missing": [],
     },
-    "warnings": [],
+    "warnings": [
+        {
+            "code": "deprecated_field",
+            "section": "recommendation",
+            "detail": "deprecated output field(s), kept for one release with their old "
+            "values: batch_size.recommended (and recommended_basis, "
+            "recommended_formula, recommended_tokens) → read "
+            "budget.batch.recommended (batch_size keeps the per-checkpoint "
+            "measurements); budget.learning_rate.gd_stability_limit (and "
+            "lambda_max, lambda_max_source) → read "
+            "budget.learning_rate.gd_sharpness_threshold (whole model), "
+            "block_threshold and lambda_max_block (largest block)",
+        }
+    ],
     "seed": 1,
 }
 

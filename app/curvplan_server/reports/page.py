@@ -135,7 +135,7 @@ def _interval(ci: Any) -> str:
 
 
 def budget_html(rec: dict[str, Any] | None) -> str:
-    """The budget, first on the page: data, batch, learning-rate limit, with units."""
+    """The budget, first on the page: data, batch, sharpness threshold, with units."""
     budget = (rec or {}).get("budget")
     if not isinstance(budget, dict):
         return _empty("No budget: the job has no recommendation (yet).")
@@ -149,6 +149,30 @@ def budget_html(rec: dict[str, Any] | None) -> str:
             data.get("source"),
         )
     ]
+    step = data.get("next_step")
+    if isinstance(step, dict):
+        rows.append(
+            (
+                "to get a training-data number",
+                step.get("training_runs"),
+                "",
+                "training runs",
+                step.get("command"),
+            )
+        )
+    evaluation = data.get("evaluation_set_size")
+    if isinstance(evaluation, dict):
+        rows.append(
+            (
+                "evaluation-set size (loss to ±ε)",
+                evaluation.get("examples"),
+                _interval(evaluation.get("ci")),
+                "examples",
+                f"ε = {_text(evaluation.get('tolerance'))} nats, "
+                f"{evaluation.get('variance_method')} variance"
+                + (" — the sample looks correlated" if evaluation.get("correlated") else ""),
+            )
+        )
     stab = data.get("landscape_stabilisation")
     if isinstance(stab, dict):
         rows.append(
@@ -187,17 +211,29 @@ def budget_html(rec: dict[str, Any] | None) -> str:
         )
     rows.append(
         (
-            "learning-rate limit 2/λ_max",
-            lr.get("gd_stability_limit"),
+            "GD sharpness threshold 2/λ_max (full model)",
+            lr.get("gd_sharpness_threshold"),
             "",
             "step size",
-            "GD/SGD only, not Adam",
+            "full-batch GD: above it the loss stops decreasing monotonically (edge of "
+            "stability); not a divergence limit, not for SGD or Adam",
         )
     )
+    if lr.get("block_threshold") is not None:
+        rows.append(
+            (
+                "2/λ_max of the largest block",
+                lr.get("block_threshold"),
+                "",
+                "step size",
+                f"upper bound on the threshold ({_text(lr.get('lambda_max_block_name'))})",
+            )
+        )
     table = _table(("", "value", "interval", "unit", "source"), rows, {1})
     notes = [
         data.get("guarantee") if data.get("source") != "not_available" else data.get("reason"),
         batch.get("basis") if batch.get("source") != "not_available" else batch.get("reason"),
+        lr.get("meaning"),
         *budget.get("warnings", []),
     ]
     items = "".join(f"<li>{esc(_text(n))}</li>" for n in notes if n)
@@ -272,7 +308,7 @@ def _sample_size_html(section: Any) -> str:
             _k(t.get("theoretical")),
             _k(t.get("theoretical_tight")),
             _k(t.get("squared")),
-            t.get("available_is_enough"),
+            _k(t.get("evaluation_set_size") or t.get("loss_accuracy")),
         )
         for t in section.get("per_tolerance") or []
     ]
@@ -284,7 +320,7 @@ def _sample_size_html(section: Any) -> str:
                 "k* Theorem 7",
                 "k* Thm 7 (tight)",
                 "k* squared",
-                "enough data",
+                "evaluation-set size",
             ),
             rows,
             {0, 1, 2, 3, 4},
@@ -316,9 +352,6 @@ def _batch_html(section: Any) -> str:
             ("S_min (steps)", crit.get("s_min"), crit.get("s_min_ci")),
             ("E_min (examples)", crit.get("e_min"), crit.get("e_min_ci")),
         ]
-    rows.append(
-        ("recommended batch size", section.get("recommended"), section.get("recommended_basis"))
-    )
     return out + _table(("quantity", "value", "interval / note"), rows, {1})
 
 

@@ -69,9 +69,9 @@ def split_bulky(
         if key == "per_sample" and isinstance(value, Mapping):
             section: dict[str, Any] = {}
             for sub, sub_value in value.items():
-                array = _numeric_array(sub_value) if sub == "losses" else None
+                array = _numeric_array(sub_value) if sub in ("losses", "groups") else None
                 if array is not None:
-                    section[sub] = take(PER_SAMPLE_GROUP, "per_sample.losses", array)
+                    section[sub] = take(PER_SAMPLE_GROUP, f"per_sample.{sub}", array)
                 elif sub == "perturbed" and isinstance(sub_value, list):
                     section[sub] = [
                         walk(p, f"per_sample.perturbed.{i}", PERTURBED_GROUP)
@@ -138,6 +138,17 @@ def planner_fields(
         blocks.append(entry)
     if blocks:
         fields["blocks"] = blocks
+    full = result.get("full_model")
+    if isinstance(full, Mapping) and full.get("available") and full.get("lambda_max") is not None:
+        # the whole-model λ_max: the budget's gradient-descent sharpness threshold 2/λ_max
+        fields["full_model"] = {
+            "lambda_max": float(full["lambda_max"]),
+            "residual": None if full.get("residual") is None else float(full["residual"]),
+            "converged": None if full.get("converged") is None else bool(full["converged"]),
+            "n_products": None if full.get("n_products") is None else int(full["n_products"]),
+        }
+    elif isinstance(full, Mapping) and full.get("reason"):
+        notes.append(f"full_model: {full['reason']}")
     if result.get("gradient_norm") is not None:
         fields["gradient_norm_at_w_star"] = float(result["gradient_norm"])
     if result.get("gradient_noise"):

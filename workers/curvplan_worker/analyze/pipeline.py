@@ -52,6 +52,7 @@ _STAGE_NAMES = {
     "self_test": "loading",
     "gradient": "loading",
     "off_diagonal": "off-diagonal",
+    "full_model": "full-model lambda_max",
     "dense": "dense hessian",
     "top_eigenspace": "top eigenspace",
     "per_sample": "per-sample losses",
@@ -296,13 +297,15 @@ def _inline_planner_inputs(
     A re-plan (``plan`` with ``from_job``) rebuilds the full ``Measurements`` from these and
     the artifacts.
     """
-    inline = {k: v for k, v in fields.items() if k not in ("per_sample_losses", "perturbed_losses")}
+    bulky = ("per_sample_losses", "per_sample_groups", "perturbed_losses")
+    inline = {k: v for k, v in fields.items() if k not in bulky}
     refs: dict[str, Any] = {}
-    if "per_sample_losses" in fields:
-        refs["per_sample_losses"] = {
-            "artifact_id": outputs["per_sample_losses"],
-            "tensor": "per_sample.losses",
-        }
+    for key, tensor in (
+        ("per_sample_losses", "per_sample.losses"),
+        ("per_sample_groups", "per_sample.groups"),
+    ):
+        if key in fields:
+            refs[key] = {"artifact_id": outputs["per_sample_losses"], "tensor": tensor}
     perturbed = fields.get("perturbed_losses")
     if perturbed is not None:
         records = (result.get("per_sample") or {}).get("perturbed") or []

@@ -65,7 +65,8 @@ def planner_measurements(
 ) -> tuple[dict[str, Any], list[str]]:
     """Fields of the planner's ``Measurements`` from this module's and per_sample's outputs.
 
-    ``per_sample`` is ``per_sample.per_sample_section(...)``: → ``per_sample_losses``,
+    ``per_sample`` is ``per_sample.per_sample_section(...)``: → ``per_sample_losses`` (and
+    ``per_sample_groups`` when the dataset has a ``groups`` tensor),
     ``perturbed_losses`` (the planner takes one set: the random directions if present, else the
     top-eigenspace ones) and ``per_sample_hessian_norms``. ``gradient_noise`` is
     ``gradient_noise_statistics(...)``: → ``gradient_noise`` (``DirectNoiseStats``, see
@@ -75,6 +76,8 @@ def planner_measurements(
     notes: list[str] = []
     if per_sample is not None:
         out["per_sample_losses"] = list(per_sample["losses"])
+        if per_sample.get("groups") is not None:
+            out["per_sample_groups"] = [int(g) for g in per_sample["groups"]]
         perturbed = list(per_sample.get("perturbed") or [])
         if perturbed:
             chosen = next((p for p in perturbed if p["kind"] == "random"), perturbed[0])

@@ -31,6 +31,7 @@ from curvplan_worker.curvature.device import (
     resolve_dtype,
 )
 from curvplan_worker.curvature.distributed import DataParallel
+from curvplan_worker.curvature.full_model import FULL_MODEL_KEY, full_model_lambda_max
 from curvplan_worker.curvature.ggn import functional_product, ggn_product
 from curvplan_worker.curvature.hvp import self_test
 from curvplan_worker.curvature.memory import default_budget, fit_to_memory, peak_memory, reset_peak
@@ -45,7 +46,8 @@ class ProgressEvent:
     """One structured progress report of :func:`analyze`.
 
     ``stage`` is one of ``load``, ``self_test``, ``gradient``, ``blocks``, ``off_diagonal``,
-    ``dense``, ``top_eigenspace``, ``per_sample``, ``gradient_noise``, ``bounds``, ``done``;
+    ``full_model``, ``dense``, ``top_eigenspace``, ``per_sample``, ``gradient_noise``,
+    ``bounds``, ``done``;
     ``fraction`` ∈ [0, 1]; for ``blocks`` (and ``off_diagonal``) ``index`` (1-based),
     ``total`` and ``block`` say which block is being measured.
     """
@@ -68,6 +70,7 @@ SEED_DERIVATION = {
         "block": "block:<name> (λ_max/λ_min, then trace probes, then GGN and functional parts)",
         "off_diagonal": "pair:<row>|<col>",
         "top_eigenspace": "top_eigenspace",
+        "full_model": "full_model (the whole-model λ_max Lanczos)",
     },
 }
 """How every stage that draws random vectors gets its generator (``docs/numerics.md#seeds``):
@@ -372,6 +375,14 @@ def _analyze(
         else:
             result["blocks"] = _block_records(engine, blocks, opts, report)
             result["off_diagonal"] = _off_diagonal(engine, blocks, pairs, opts, report)
+        report(0.71, "full_model", "λ_max of the whole-model Hessian (one Lanczos)")
+        result["full_model"] = full_model_lambda_max(
+            engine,
+            generator=derived_generator(opts.seed, FULL_MODEL_KEY),
+            tol=opts.tolerance,
+            max_iter=opts.max_iter,
+            floor=opts.residual_floor,
+        )
         if opts.dense == "on" or (opts.dense == "auto" and n_params <= opts.dense_limit):
             if n_params > max(opts.dense_limit, DEFAULT_DENSE_LIMIT) and opts.dense == "on":
                 raise OptionsError([("dense", f"{n_params} parameters is too many for dense")])
@@ -580,6 +591,8 @@ def _per_sample(model, objective, data, opts, top_vectors, engine, micro_batch) 
     x, y = data.inputs, data.targets
     bs = micro_batch or 64
     out: dict[str, Any] = {"losses": ps.per_example_losses(model, objective, x, y, batch_size=bs)}
+    if data.groups is not None:  # one group id per loss: the planner's cluster-robust variance
+        out["groups"] = [int(g) for g in data.groups.tolist()]
     perturbed = []
     if opts.n_directions > 0:
         perturbed.append(

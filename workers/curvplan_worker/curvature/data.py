@@ -1,5 +1,9 @@
 """Evaluation samples: a safetensors file with ``inputs`` and ``targets`` checked against the
-spec's task, and the fixed batching every product uses (docs/numerics.md#loss-normalisation)."""
+spec's task, and the fixed batching every product uses (docs/numerics.md#loss-normalisation).
+
+An optional ``groups`` tensor (int64, shape (n,)) gives every example a group id, e.g. the
+document its window was cut from; the planner then measures the loss accuracy with a
+cluster-robust variance over those groups (docs/numbers.md#evaluation-set-size)."""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ class Dataset:
 
     inputs: Tensor
     targets: Tensor
+    groups: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.inputs.shape[0])
@@ -34,10 +39,11 @@ class Dataset:
         def move(t: Tensor) -> Tensor:
             return t.to(device, dtype) if t.is_floating_point() else t.to(device)
 
-        return Dataset(move(self.inputs), move(self.targets))
+        return Dataset(move(self.inputs), move(self.targets), self.groups)
 
     def subset(self, index: Tensor | slice) -> Dataset:
-        return Dataset(self.inputs[index], self.targets[index])
+        groups = None if self.groups is None else self.groups[index]
+        return Dataset(self.inputs[index], self.targets[index], groups)
 
     def batches(self, batch_size: int | None) -> list[tuple[Tensor, Tensor]]:
         """Consecutive batches in file order (no shuffling, last batch kept even if short)."""
@@ -78,8 +84,23 @@ def _check_shape(name: str, t: Tensor, expected: tuple, what: str) -> None:
         raise _fail(name, f"expected shape {shown} ({what}), found {tuple(t.shape)}")
 
 
+def _check_groups(groups: Tensor | None, n: int) -> Tensor | None:
+    """``groups``: one integer group id per example (kept on the host)."""
+    if groups is None:
+        return None
+    if groups.dtype not in (torch.int64, torch.int32):
+        raise _fail("groups", f"expected int64 group ids, found dtype {groups.dtype}")
+    _check_shape("groups", groups, (n,), "one group id per example")
+    return groups.long().cpu()
+
+
 def validate_dataset(spec: ModelSpec, data: Dataset) -> Dataset:
     """Check shapes, dtypes and value ranges against the task; int32 tokens become int64."""
+    checked = _validate_tensors(spec, data)
+    return Dataset(checked.inputs, checked.targets, _check_groups(data.groups, len(checked)))
+
+
+def _validate_tensors(spec: ModelSpec, data: Dataset) -> Dataset:
     task = spec.task
     x, y = data.inputs, data.targets
     if x.dim() == 0 or x.shape[0] == 0:
@@ -120,19 +141,22 @@ def validate_dataset(spec: ModelSpec, data: Dataset) -> Dataset:
 
 
 def load_dataset(spec: ModelSpec, path: str | Path) -> Dataset:
-    """Read ``inputs`` and ``targets`` from a safetensors file and validate them."""
+    """Read ``inputs``, ``targets`` (and the optional ``groups``) from a safetensors file and
+    validate them."""
     tensors = read_safetensors(path, "data")
     missing = [k for k in ("inputs", "targets") if k not in tensors]
     if missing:
         raise DataError(f"data file {path}: missing tensor(s) {missing}; found {sorted(tensors)}")
-    return validate_dataset(spec, Dataset(tensors["inputs"], tensors["targets"]))
+    return validate_dataset(
+        spec, Dataset(tensors["inputs"], tensors["targets"], tensors.get("groups"))
+    )
 
 
 def save_dataset(data: Dataset, path: str | Path) -> None:
     """Write a sample in the engine's format."""
     from safetensors.torch import save_file
 
-    save_file(
-        {"inputs": data.inputs.contiguous().cpu(), "targets": data.targets.contiguous().cpu()},
-        str(path),
-    )
+    tensors = {"inputs": data.inputs.contiguous().cpu(), "targets": data.targets.contiguous().cpu()}
+    if data.groups is not None:
+        tensors["groups"] = data.groups.contiguous().cpu()
+    save_file(tensors, str(path))
