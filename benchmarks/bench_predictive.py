@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -57,6 +58,15 @@ from predictive.truth import (  # noqa: E402
 )
 
 RESULTS = HERE / "results"
+
+
+def _json_default(value: object) -> object:
+    """numpy scalars and arrays as Python numbers and lists; anything else as text."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -124,17 +134,17 @@ FULL = Mode(
     seq_len=32,
     n_eval=384,
     ref_steps=1500,
-    ref_lr=1e-2,
+    ref_lr=3e-3,
     ref_batch=32,
     target_fraction=0.3,
     intermediate_fractions=(0.05, 0.1, 0.2, 0.4, 0.6),
     batch_sizes=(8, 16, 32, 64, 128, 256),
     batch_max_steps=4000,
-    batch_lr_start=1e-2,
+    batch_lr_start=3e-3,
     max_lrs=4,
     data_sizes=(500, 1000, 2000, 4000, 8000, 16000, 32000),
-    data_steps=(150, 250, 500, 900, 900, 900, 900),
-    data_lrs=(5e-3, 1e-2),
+    data_steps=(900,) * 7,
+    data_lrs=(1.5e-3, 3e-3, 6e-3),
     data_batch=32,
     lanczos_iterations=100,
     gd_steps=60,
@@ -157,8 +167,8 @@ QUICK = dataclasses.replace(
     batch_max_steps=1500,
     max_lrs=3,
     data_sizes=(250, 500, 1000, 2000, 4000),
-    data_steps=(80, 120, 200, 300, 300),
-    data_lrs=(1e-2,),
+    data_steps=(300,) * 5,
+    data_lrs=(3e-3,),
     lanczos_iterations=60,
     gd_steps=30,
     service_eval_every=10,
@@ -240,7 +250,7 @@ def target_from_reference(info: dict, fraction: float, ref_steps: int) -> float:
     return math.ceil(loss * 100) / 100
 
 
-def run_truth(mode: Mode, data, make_model, cached: dict) -> dict:
+def run_truth(mode: Mode, data, make_model, cached: dict) -> tuple[dict, dict]:
     out = dict(cached)
     target = out.get("target_loss")
     models = {}
@@ -446,6 +456,22 @@ def markdown(mode: Mode, truth: dict, summary: dict, rows, service: dict | None,
         lines.append("Service half not run (`--truth-only`).")
     else:
         lines.append(compare.render(rows))
+        trend = compare.trend_table(service["analyze"])
+        if trend:
+            lines += [
+                "",
+                "Noise scales at the intermediate checkpoints (from the analysis's measurements):",
+                "",
+                "| checkpoint | step | loss | B_simple | B_noise | examples |",
+                "|---|---:|---:|---:|---:|---:|",
+            ]
+            for t in trend:
+                cells = [
+                    "—" if t[k] is None else f"{t[k]:.4g}" for k in ("loss", "b_simple", "b_noise")
+                ]
+                lines.append(
+                    f"| {t['checkpoint']} | {t['step']} | {' | '.join(cells)} | {t['n_samples']} |"
+                )
         counts = {v: sum(r.verdict == v for r in rows) for v in ("yes", "MISSES", "not_available")}
         lines += [
             "",
@@ -465,7 +491,13 @@ def main() -> None:
     parser.add_argument("--workdir", default=None, help="where the uploaded files are written")
     parser.add_argument("--tag", default="", help="suffix of the result files")
     parser.add_argument("--load-note", default="", help="say how loaded the machine was")
+    parser.add_argument(
+        "--rerender", type=Path, default=None, help="rebuild the report of a results JSON"
+    )
     args = parser.parse_args()
+    if args.rerender is not None:
+        rerender(args.rerender)
+        return
     mode = QUICK if args.quick else FULL
     torch.set_num_threads(1)
     wall0 = time.monotonic()
@@ -488,18 +520,13 @@ def main() -> None:
     truth, models = run_truth(mode, data, make_model, cached)
     truth.update(mode_key=mode.key(), corpus_hash=corpus_hash, mode=dataclasses.asdict(mode))
     RESULTS.mkdir(exist_ok=True)
-    cache_path.write_text(json.dumps(truth, indent=1) + "\n")
+    cache_path.write_text(json.dumps(truth, indent=1, default=_json_default) + "\n")
     truth_cpu_this_run = cpu_self() - cpu0
-    summary = summarise(truth)
     service = None
-    rows: list[compare.Row] = []
     if not args.truth_only:
         service = service_half(
             mode, truth, {"eval": eval_np, "tensors": data}, split, models, make_model, args
         )
-        rows = compare.budget_rows("analyze (intermediates)", service["analyze"], summary)
-        rows += compare.budget_rows("analyze (+ sweeps)", service["analyze_with_sweeps"], summary)
-        rows += compare.sweep_rows(service, summary)
     truth_cpu = sum(s["cpu_s"] for s in truth["seeds"].values())
     service_cpu = 0.0 if service is None else service["cpu_s"]
     meta = {
@@ -525,6 +552,26 @@ def main() -> None:
     }
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M")
     stem = f"predictive-{mode.name}-{stamp}{('-' + args.tag) if args.tag else ''}"
+    write_report(mode, truth, service, meta, manifest, stem)
+
+
+def comparison_rows(truth: dict, service: dict | None) -> tuple[dict, list[compare.Row]]:
+    summary = summarise(truth)
+    if service is None:
+        return summary, []
+    rows = compare.budget_rows("analyze (intermediates)", service["analyze"], summary)
+    rows += compare.budget_rows("analyze (+ sweeps)", service["analyze_with_sweeps"], summary)
+    rows += compare.sweep_rows(service, summary)
+    rows += compare.trend_rows(service["analyze"], summary, truth["target_loss"])
+    return summary, rows
+
+
+def write_report(
+    mode: Mode, truth: dict, service: dict | None, meta: dict, manifest: dict, stem: str
+) -> None:
+    """``benchmarks/results/<stem>.json`` (everything, the raw service answers included) and
+    ``<stem>.md`` (the tables); printed too."""
+    summary, rows = comparison_rows(truth, service)
     record = {
         "meta": meta,
         "mode": dataclasses.asdict(mode),
@@ -535,10 +582,26 @@ def main() -> None:
         "truth": truth["seeds"],
         "corpus_files": manifest,
     }
-    (RESULTS / f"{stem}.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{stem}.json").write_text(
+        json.dumps(record, indent=1, default=_json_default) + "\n"
+    )
     text = markdown(mode, truth, summary, rows, service, meta)
     (RESULTS / f"{stem}.md").write_text(text)
     print(text)
+
+
+def rerender(path: Path) -> None:
+    """Rebuild the rows and the Markdown of a recorded run from its JSON (no training, no
+    service): for a report whose comparison code changed after the run."""
+    record = json.loads(path.read_text())
+    fields = {f.name for f in dataclasses.fields(Mode)}
+    values: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in record["mode"].items() if k in fields
+    }
+    mode = Mode(**values)
+    truth = {"seeds": record["truth"], "target_loss": record["target_loss"]}
+    write_report(mode, truth, record["service"], record["meta"], record["corpus_files"], path.stem)
 
 
 if __name__ == "__main__":

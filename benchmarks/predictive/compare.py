@@ -246,8 +246,65 @@ def render(rows: list[Row]) -> str:
     for r in rows:
         service = "not_available" if r.service is None else fmt(r.service)
         ratio = "—" if r.ratio is None else f"{r.ratio:.3g}"
+        truth = fmt(r.truth) if r.truth is not None or not r.truth_note else r.truth_note
         lines.append(
-            f"| {r.field} | {service} | {fmt(r.truth)} | {ratio} | {r.verdict} | "
+            f"| {r.field} | {service} | {truth} | {ratio} | {r.verdict} | "
             f"{r.note.replace('|', '/')[:160]} |"
         )
     return "\n".join(lines)
+
+
+def trend_table(answer: dict) -> list[dict]:
+    """B_simple = tr Σ/|G|² and B_noise = tr(HΣ)/GᵀHG (McCandlish et al. 2018, eqs. 2.8 and
+    2.7) at each intermediate checkpoint, from the analysis's measurements, with its loss."""
+    points = dig(answer, "result.measurements.gradient_noise_trend") or []
+    rows = []
+    for p in points:
+
+        def ratio(num: str, den: str, p: dict = p) -> float | None:
+            a, b = _num(p.get(num)), _num(p.get(den))
+            return a / b if a is not None and b is not None and a > 0 and b > 0 else None
+
+        rows.append(
+            {
+                "checkpoint": p.get("checkpoint"),
+                "step": p.get("step"),
+                "loss": p.get("loss"),
+                "b_simple": ratio("trace_sigma", "grad_sq_norm"),
+                "b_noise": ratio("trace_h_sigma", "gHg"),
+                "n_samples": p.get("n_samples"),
+            }
+        )
+    return rows
+
+
+def trend_rows(answer: dict, truth: dict, target: float) -> list[Row]:
+    """Both noise scales at the target loss, log B linear in the loss through the
+    checkpoints' point values (the harness's own interpolation, unweighted): which of the two
+    would predict B_crit (issue item 4 asks the benchmark to decide)."""
+    table = trend_table(answer)
+    rows = []
+    for name in ("b_simple", "b_noise"):
+        pts = [(r["loss"], r[name]) for r in table if r["loss"] is not None and r[name]]
+        value = None
+        note = f"{len(pts)} checkpoints with a positive value"
+        if len(pts) >= 2 and len({p[0] for p in pts}) >= 2:
+            x = [p[0] for p in pts]
+            y = [math.log(p[1]) for p in pts]
+            n = len(x)
+            mx, my = sum(x) / n, sum(y) / n
+            sxx = sum((a - mx) ** 2 for a in x)
+            slope = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sxx
+            value = math.exp(my + slope * (target - mx))
+            if not min(x) <= target <= max(x):
+                note += "; extrapolated"
+        rows.append(
+            Row(
+                f"noise trend {name.replace('b_', 'B_')} at the target (harness fit)",
+                value,
+                truth["b_crit"],
+                note=note,
+                truth_note=truth["b_crit_note"],
+            )
+        )
+    return rows

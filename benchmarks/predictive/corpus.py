@@ -171,13 +171,13 @@ class Split:
         """The file list with sha256 hashes and example counts, for the results file."""
 
         def rows(docs: list[Document], groups: np.ndarray, offset: int) -> list[dict]:
-            counts = np.bincount(groups - offset, minlength=len(docs)) if groups.size else []
+            counts = np.bincount(groups - offset, minlength=len(docs))
             return [
                 {
                     "path": d.path,
                     "sha256": d.sha256,
                     "prose_chars": d.prose_chars,
-                    "examples": int(counts[i]) if len(counts) else 0,
+                    "examples": int(counts[i]),
                 }
                 for i, d in enumerate(docs)
             ]

@@ -60,7 +60,7 @@ def lanczos_extremes(
         t = np.diag(alphas) + np.diag(betas, 1) + np.diag(betas, -1)
         evals, evecs = np.linalg.eigh(t)
         theta_max, theta_min = float(evals[-1]), float(evals[0])
-        residual = abs(beta * evecs[-1, -1])
+        residual = float(abs(beta * evecs[-1, -1]))
         if residual <= tol * abs(theta_max) or beta < 1e-14:
             break
         betas.append(beta)
@@ -70,7 +70,7 @@ def lanczos_extremes(
         "lambda_min_ritz": theta_min,
         "residual": residual,
         "iterations": len(alphas),
-        "converged": residual <= tol * abs(theta_max),
+        "converged": bool(residual <= tol * abs(theta_max)),
     }
 
 
@@ -118,13 +118,13 @@ def gradient_descent(model: nn.Module, x: Tensor, y: Tensor, lr: float, steps: i
     losses = []
     for _ in range(steps):
         loss = mean_token_loss(m64, x, y)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if not math.isfinite(losses[-1]):
             break
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
             for p, g in zip(params, grads, strict=True):
-                p -= lr * g
+                p.sub_(lr * g)
     with torch.no_grad():
         losses.append(float(mean_token_loss(m64, x, y)))
     return GdRun(lr, losses)

@@ -11,19 +11,57 @@ instead of breaking the benchmark.
 
 from __future__ import annotations
 
-import resource
+import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 
-def _cpu_children() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+class CpuMeter:
+    """CPU seconds of every descendant of this process (the API, the workers, their
+    forkservers and the job processes those reap), polled each second: Σ user + system +
+    reaped children's, the largest sum seen. The forkservers are never reaped by the workers,
+    so ``getrusage(RUSAGE_CHILDREN)`` alone would miss the jobs' CPU."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval = interval
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def poll(self) -> float:
+        import psutil
+
+        total = 0.0
+        for proc in psutil.Process(os.getpid()).children(recursive=True):
+            try:
+                t = proc.cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+        self.peak = max(self.peak, total)
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll()
+
+    def __enter__(self) -> CpuMeter:
+        self.poll()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
 
 
 def _result(api: Any, job_id: str, timeout: float) -> dict:
-    done = api.wait(job_id, timeout=timeout)
+    try:
+        done = api.wait(job_id, timeout=timeout)
+    except Exception as exc:  # a timeout or a lost service is reported, not raised
+        return {"status": "error", "error": f"{type(exc).__name__}: {exc}", "id": str(job_id)}
     job = done.model_dump(mode="json")
     if job["status"] != "succeeded":
         return {"status": job["status"], "error": job.get("error"), "id": str(job_id)}
@@ -44,58 +82,76 @@ def ask_service(
     timeout: float = 3600.0,
     workers: int = 2,
 ) -> dict:
-    """Run the sweeps and the two analyses; the raw JSON answers and the CPU they took."""
+    """Run the sweeps and the two analyses; the raw JSON answers and the CPU they took.
+
+    The sweeps and the first analysis (intermediates only) are submitted together; the
+    second analysis (intermediates + the sweeps that succeeded) after them. A failure is
+    recorded under its name and the rest still runs."""
     from bench_service import scratch_service
 
     from curvplan import Client
 
-    cpu0 = _cpu_children()
     wall0 = time.monotonic()
     out: dict[str, Any] = {}
     service = scratch_service(admin_url, "predictive", workers=workers, queues="cpu,gpu")
-    with service as base, Client(base_url=base) as api:
-        ids = {}
-        for key in ("checkpoint", "train", "eval"):
-            kind = "checkpoint" if key == "checkpoint" else "dataset"
-            ids[key] = str(api.upload_artifact(files[key], kind).id)
-        intermediates = [
-            str(api.upload_artifact(p, "checkpoint").id) for p in files["intermediates"]
-        ]
-        common = {
-            "kind": "sweep",
-            "model": spec,
-            "train_data": ids["train"],
-            "eval_data": ids["eval"],
-            "optimizer": optimizer,
-        }
-        started = {}
-        for name, settings in (("batch_sweep", batch_sweep), ("data_sweep", data_sweep)):
-            body = {**common, "name": f"predictive-{name}", "sweep": settings}
-            started[name] = (str(api.submit_job(body).id), time.monotonic())
-        for name, (job_id, t0) in started.items():
-            out[name] = _result(api, job_id, timeout)
-            out[name]["wall_s"] = time.monotonic() - t0
-        sweeps = [
-            out[n]["id"] for n in ("batch_sweep", "data_sweep") if out[n]["status"] == "succeeded"
-        ]
-        targets = {"target_loss": target_loss, "available_samples": available_samples}
-        for name, with_sweeps in (("analyze", []), ("analyze_with_sweeps", sweeps)):
-            t0 = time.monotonic()
-            body = {
-                "kind": "analyze",
-                "name": f"predictive-{name}",
+    meter = CpuMeter()
+    try:
+        with meter, service as base, Client(base_url=base) as api:
+            ids = {}
+            for key in ("checkpoint", "train", "eval"):
+                kind = "checkpoint" if key == "checkpoint" else "dataset"
+                ids[key] = str(api.upload_artifact(files[key], kind).id)
+            intermediates = [
+                str(api.upload_artifact(p, "checkpoint").id) for p in files["intermediates"]
+            ]
+            targets = {"target_loss": target_loss, "available_samples": available_samples}
+
+            def analyze(name: str, sweeps: list[str]) -> str:
+                body = {
+                    "kind": "analyze",
+                    "name": f"predictive-{name}",
+                    "model": spec,
+                    "checkpoint": ids["checkpoint"],
+                    "dataset": ids["eval"],
+                    "intermediate_checkpoints": intermediates,
+                    "options": analysis_options,
+                    "targets": targets,
+                    "sweeps": sweeps,
+                }
+                return str(api.submit_job(body).id)
+
+            common = {
+                "kind": "sweep",
                 "model": spec,
-                "checkpoint": ids["checkpoint"],
-                "dataset": ids["eval"],
-                "intermediate_checkpoints": intermediates,
-                "options": analysis_options,
-                "targets": targets,
-                "sweeps": with_sweeps,
+                "train_data": ids["train"],
+                "eval_data": ids["eval"],
+                "optimizer": optimizer,
             }
-            job = api.submit_job(body)
-            out[name] = _result(api, str(job.id), timeout)
-            out[name]["wall_s"] = time.monotonic() - t0
-    out["cpu_s"] = _cpu_children() - cpu0
+            started = {}
+            for name, settings in (("batch_sweep", batch_sweep), ("data_sweep", data_sweep)):
+                body = {**common, "name": f"predictive-{name}", "sweep": settings}
+                started[name] = str(api.submit_job(body).id)
+            started["analyze"] = analyze("analyze", [])
+            t0 = time.monotonic()
+            for name, job_id in started.items():
+                out[name] = _result(api, job_id, timeout)
+                out[name]["wall_s_since_submit"] = time.monotonic() - t0
+            sweeps = [
+                out[n]["id"]
+                for n in ("batch_sweep", "data_sweep")
+                if out[n]["status"] == "succeeded"
+            ]
+            t0 = time.monotonic()
+            out["analyze_with_sweeps"] = _result(
+                api, analyze("analyze_with_sweeps", sweeps), timeout
+            )
+            out["analyze_with_sweeps"]["wall_s_since_submit"] = time.monotonic() - t0
+            meter.poll()
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    for name in ("batch_sweep", "data_sweep", "analyze", "analyze_with_sweeps"):
+        out.setdefault(name, {"status": "not_run", "error": out.get("error")})
+    out["cpu_s"] = meter.peak
     out["wall_s"] = time.monotonic() - wall0
     return out
 

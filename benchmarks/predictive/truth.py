@@ -5,7 +5,7 @@
   took, and S = S_min(1 + B_crit/B) (McCandlish et al. 2018, eq. 2.11 in its S–B form) is
   fitted by weighted least squares of S on 1/B (relative errors: weights 1/S²).
 * Data: nested subsets (prefixes of one seeded permutation), each trained with a cosine
-  schedule at two learning rates; L(D) = the best held-out loss either reached; the data
+  schedule (lr grid on the smallest and largest subsets); L(D) = the best held-out loss; the data
   needed for the target is the crossing of L(D), linear in log D between the two subsets
   that bracket it.
 * λ_max: Lanczos over all parameters of the converged checkpoint (``hessian.py``), and
@@ -199,31 +199,43 @@ def data_truth(
     cfg: DataSettings,
     seed: int,
 ) -> dict:
-    """L(D) on nested subsets with a cosine schedule (best held-out loss over the run, at the
-    better of ``lrs``), and the size needed for the target."""
+    """L(D) on nested subsets with a cosine schedule (the best held-out loss over the run),
+    and the size needed for the target. The lr is the better of ``lrs`` on the smallest and on
+    the largest subset, and interpolated in log D between those two for the others."""
     tx, ty, vx, vy = data
     order = torch.randperm(len(tx), generator=torch.Generator().manual_seed(10_000 + seed))
-    rows = []
-    for d, horizon in zip(cfg.sizes, cfg.steps, strict=True):
+    results: dict[int, list[RunResult]] = {}
+
+    def run(d: int, horizon: int, lr: float) -> RunResult:
         idx = order[:d]
-        runs = []
-        for lr in cfg.lrs:
-            model = make_model(seed)
-            runs.append(
-                train(
-                    model,
-                    tx[idx],
-                    ty[idx],
-                    vx,
-                    vy,
-                    batch_size=cfg.batch_size,
-                    lr=lr,
-                    max_steps=horizon,
-                    seed=seed * 31 + d,
-                    schedule="cosine",
-                    eval_every=max(1, horizon // cfg.eval_points),
-                )
-            )
+        return train(
+            make_model(seed),
+            tx[idx],
+            ty[idx],
+            vx,
+            vy,
+            batch_size=cfg.batch_size,
+            lr=lr,
+            max_steps=horizon,
+            seed=seed * 31 + d,
+            schedule="cosine",
+            eval_every=max(1, horizon // cfg.eval_points),
+        )
+
+    ends = (0, len(cfg.sizes) - 1)
+    for i in ends:  # the lr grid on the smallest and the largest subset
+        results[i] = [run(cfg.sizes[i], cfg.steps[i], lr) for lr in cfg.lrs]
+    best_lr = {i: min(results[i], key=lambda r: r.best_loss).lr for i in ends}
+    span = math.log(cfg.sizes[-1] / cfg.sizes[0])
+    for i, (d, horizon) in enumerate(zip(cfg.sizes, cfg.steps, strict=True)):
+        if i in results:
+            continue
+        frac = math.log(d / cfg.sizes[0]) / span  # lr interpolated in log D between the ends
+        lr = math.exp((1 - frac) * math.log(best_lr[0]) + frac * math.log(best_lr[ends[1]]))
+        results[i] = [run(d, horizon, lr)]
+    rows = []
+    for i, (d, horizon) in enumerate(zip(cfg.sizes, cfg.steps, strict=True)):
+        runs = results[i]
         best = min(runs, key=lambda r: r.best_loss)
         rows.append(
             {

@@ -14,15 +14,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from predictive.corpus import (  # noqa: E402
+from predictive.corpus import (
     find_documents,
     pod_prose,
     split_by_document,
     strip_formatting,
     windows,
 )
-from predictive.hessian import lanczos_extremes  # noqa: E402
-from predictive.truth import crossing_size, fit_s_of_b  # noqa: E402
+from predictive.hessian import lanczos_extremes
+from predictive.truth import crossing_size, fit_s_of_b
 
 
 def test_pod_markup_is_stripped_and_code_dropped() -> None:
