@@ -257,7 +257,11 @@ def render(rows: list[Row]) -> str:
 def trend_table(answer: dict) -> list[dict]:
     """B_simple = tr Σ/|G|² and B_noise = tr(HΣ)/GᵀHG (McCandlish et al. 2018, eqs. 2.8 and
     2.7) at each intermediate checkpoint, from the analysis's measurements, with its loss."""
-    points = dig(answer, "result.measurements.gradient_noise_trend") or []
+    points = (
+        dig(answer, "result.intermediate_gradient_noise")
+        or dig(answer, "result.planner_inputs.fields.gradient_noise_trend")
+        or []
+    )
     rows = []
     for p in points:
 
