@@ -1,0 +1,608 @@
+"""Does the budget predict training? Every budget number against a brute-force ground truth.
+
+Real text (the English prose of the Perl documentation the system Perl ships, split by
+document), a character-level reference Transformer of the engine's spec family, and the
+benchmark's own training loops (``benchmarks/predictive/``, independent of the sweep code):
+
+* B_crit from per-batch tuned learning rates at 5–7 batch sizes (steps to the target loss,
+  S = S_min(1 + B_crit/B), McCandlish et al. 2018);
+* the data needed for the target loss from nested subsets trained with a cosine schedule;
+* λ_max of the full Hessian at the converged checkpoint (Lanczos over all parameters) and
+  gradient descent at 0.9× / 1.1× of 2/λ_max.
+
+Then a scratch service (``bench_service.scratch_service``) gets the converged checkpoint,
+the intermediate checkpoints, the training examples and the held-out sample; it runs a batch
+sweep, a data sweep and two analyses (intermediates only; intermediates + sweeps), and the
+budget's numbers are printed beside the truth with their ratio and whether they are within
+1.5×. The ground truth is cached per mode in ``benchmarks/results/predictive-truth-<mode>.json``
+(keyed by a hash of the settings and of the corpus), so ``--reuse-truth`` re-runs the service
+half alone.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_predictive.py --quick
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_predictive.py --reuse-truth
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from predictive import compare  # noqa: E402
+from predictive.corpus import VOCAB, find_documents, split_by_document  # noqa: E402
+from predictive.training import held_out_loss, to_tensors, train  # noqa: E402
+from predictive.truth import (  # noqa: E402
+    BatchSettings,
+    DataSettings,
+    batch_truth,
+    curvature_truth,
+    data_truth,
+    nearest_power_of_two,
+    steps_at,
+)
+
+RESULTS = HERE / "results"
+
+
+def _json_default(value: object) -> object:
+    """numpy scalars and arrays as Python numbers and lists; anything else as text."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Everything that shapes the numbers (hashed into the truth cache's key)."""
+
+    name: str
+    seeds: tuple[int, ...]
+    d_model: int
+    n_heads: int
+    d_ff: int
+    n_layers: int
+    seq_len: int
+    n_eval: int
+    ref_steps: int
+    ref_lr: float
+    ref_batch: int
+    target_fraction: float  # target = the reference run's held-out loss at this fraction
+    intermediate_fractions: tuple[float, ...]
+    batch_sizes: tuple[int, ...]
+    batch_max_steps: int
+    batch_lr_start: float
+    max_lrs: int
+    data_sizes: tuple[int, ...]
+    data_steps: tuple[int, ...]
+    data_lrs: tuple[float, ...]
+    data_batch: int
+    lanczos_iterations: int
+    gd_steps: int
+    service_eval_every: int
+    service_data_max_steps: int
+    service_lr_grid: tuple[float, ...]
+    analysis_options: dict = field(default_factory=dict, hash=False)
+
+    def spec(self) -> dict:
+        return {
+            "d_model": self.d_model,
+            "n_heads": self.n_heads,
+            "d_ff": self.d_ff,
+            "n_layers": self.n_layers,
+            "norm": "layernorm",
+            "norm_position": "pre",
+            "activation": "gelu",
+            "positional": "learned",
+            "task": {
+                "type": "causal_lm",
+                "vocab_size": len(VOCAB),
+                "seq_len": self.seq_len,
+                "tie_embeddings": False,
+            },
+        }
+
+    def key(self) -> str:
+        blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+FULL = Mode(
+    name="full",
+    seeds=(0, 1),
+    d_model=48,
+    n_heads=4,
+    d_ff=96,
+    n_layers=2,
+    seq_len=32,
+    n_eval=384,
+    ref_steps=1500,
+    ref_lr=3e-3,
+    ref_batch=32,
+    target_fraction=0.3,
+    intermediate_fractions=(0.05, 0.1, 0.2, 0.4, 0.6),
+    batch_sizes=(8, 16, 32, 64, 128, 256),
+    batch_max_steps=4000,
+    batch_lr_start=3e-3,
+    max_lrs=4,
+    data_sizes=(500, 1000, 2000, 4000, 8000, 16000, 32000),
+    data_steps=(900,) * 7,
+    data_lrs=(1.5e-3, 3e-3, 6e-3),
+    data_batch=32,
+    lanczos_iterations=100,
+    gd_steps=60,
+    service_eval_every=10,
+    service_data_max_steps=900,
+    service_lr_grid=(0.5, 1.0, 2.0),
+)
+QUICK = dataclasses.replace(
+    FULL,
+    name="quick",
+    seeds=(0,),
+    d_model=32,
+    n_heads=2,
+    d_ff=64,
+    n_eval=256,
+    ref_steps=400,
+    target_fraction=0.4,
+    intermediate_fractions=(0.05, 0.1, 0.2, 0.4, 0.6),
+    batch_sizes=(8, 16, 32, 64, 128),
+    batch_max_steps=1500,
+    max_lrs=3,
+    data_sizes=(250, 500, 1000, 2000, 4000),
+    data_steps=(300,) * 5,
+    data_lrs=(3e-3,),
+    lanczos_iterations=60,
+    gd_steps=30,
+    service_eval_every=10,
+    service_data_max_steps=300,
+    service_lr_grid=(1.0,),
+    analysis_options={"tolerance": 1e-4, "trace_probes": 10, "n_directions": 4},
+)
+MODES = {"full": FULL, "quick": QUICK}
+
+
+def cpu_self() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def corpus(mode: Mode):
+    docs = find_documents()
+    split = split_by_document(docs, mode.seq_len)
+    manifest = split.manifest()
+    digest = hashlib.sha256(
+        json.dumps([[d["path"], d["sha256"]] for side in manifest.values() for d in side]).encode()
+    ).hexdigest()
+    pick = np.random.default_rng(12345).choice(len(split.val_x), mode.n_eval, replace=False)
+    pick.sort()
+    return split, manifest, digest, pick
+
+
+def make_factory(mode: Mode):
+    from curvplan_worker.curvature.model import build_model
+
+    spec = mode.spec()
+    return lambda seed: build_model(spec, seed=seed)
+
+
+def reference_run(mode: Mode, make_model, data, seed: int) -> tuple[torch.nn.Module, dict, dict]:
+    """The team's own training run: B = ref_batch, cosine over ref_steps; the converged
+    checkpoint and the intermediate checkpoints a user would upload."""
+    tx, ty, vx, vy = data
+    saves = tuple(sorted({max(1, round(f * mode.ref_steps)) for f in mode.intermediate_fractions}))
+    states: dict[int, dict] = {}
+    model = make_model(seed)
+    run = train(
+        model,
+        tx,
+        ty,
+        vx,
+        vy,
+        batch_size=mode.ref_batch,
+        lr=mode.ref_lr,
+        max_steps=mode.ref_steps,
+        seed=seed,
+        schedule="cosine",
+        eval_every=max(1, mode.ref_steps // 40),
+        save_at=saves,
+        on_save=lambda step, m: states.__setitem__(
+            step, {k: v.detach().clone() for k, v in m.named_parameters()}
+        ),
+    )
+    losses = {}
+    for step, state in states.items():
+        probe = make_model(seed)
+        with torch.no_grad():
+            for name, p in probe.named_parameters():
+                p.copy_(state[name])
+        losses[step] = held_out_loss(probe, vx, vy)
+    info = {
+        "run": run.as_dict(),
+        "final_loss": held_out_loss(model, vx, vy),
+        "intermediate_losses": losses,
+    }
+    return model, states, info
+
+
+def target_from_reference(info: dict, fraction: float, ref_steps: int) -> float:
+    """The held-out loss the reference run had at ``fraction`` of its steps (interpolated),
+    rounded up to 0.01: the loss the benchmark asks the budget to reach."""
+    steps, losses = info["run"]["eval_steps"], info["run"]["eval_losses"]
+    loss = float(np.interp(fraction * ref_steps, steps, losses))
+    return math.ceil(loss * 100) / 100
+
+
+def run_truth(mode: Mode, data, make_model, cached: dict) -> tuple[dict, dict]:
+    out = dict(cached)
+    target = out.get("target_loss")
+    models = {}
+    for seed in mode.seeds:
+        if str(seed) in out.get("seeds", {}):
+            continue
+        t0 = cpu_self()
+        print(f"[truth] seed {seed}: reference run", flush=True)
+        model, states, ref = reference_run(mode, make_model, data, seed)
+        models[seed] = (model, states)
+        if target is None:
+            target = target_from_reference(ref, mode.target_fraction, mode.ref_steps)
+            out["target_loss"] = target
+        print(f"[truth] seed {seed}: target loss {target}; batch sizes", flush=True)
+        batch = batch_truth(
+            make_model,
+            data,
+            BatchSettings(
+                mode.batch_sizes,
+                target,
+                mode.batch_lr_start,
+                mode.batch_max_steps,
+                max_lrs=mode.max_lrs,
+            ),
+            seed,
+        )
+        print(f"[truth] seed {seed}: B_crit {batch['fit'].get('b_crit')}; data sizes", flush=True)
+        data_fit = data_truth(
+            make_model,
+            data,
+            DataSettings(mode.data_sizes, target, mode.data_batch, mode.data_steps, mode.data_lrs),
+            seed,
+        )
+        print(f"[truth] seed {seed}: data {data_fit['needed_for_target']}; λ_max", flush=True)
+        curv = curvature_truth(
+            model,
+            (data[2], data[3]),
+            iterations=mode.lanczos_iterations,
+            gd_steps=mode.gd_steps,
+            seed=seed,
+        )
+        print(f"[truth] seed {seed}: λ_max {curv['lambda_max']:.5g}", flush=True)
+        out.setdefault("seeds", {})[str(seed)] = {
+            "reference": ref,
+            "batch": batch,
+            "data": data_fit,
+            "curvature": curv,
+            "cpu_s": cpu_self() - t0,
+        }
+    return out, models
+
+
+def summarise(truth: dict) -> dict:
+    """One truth per field: geometric means over seeds (the service gets seed 0's checkpoint,
+    so λ_max is seed 0's), with the per-seed values in the notes."""
+    seeds = truth["seeds"]
+
+    def gmean(values: list[float]) -> float | None:
+        values = [v for v in values if v is not None and v > 0]
+        return float(np.exp(np.mean(np.log(values)))) if values else None
+
+    b = [s["batch"]["fit"].get("b_crit") for s in seeds.values()]
+    s_min = [s["batch"]["fit"].get("s_min") for s in seeds.values()]
+    d = [s["data"]["needed_for_target"]["examples"] for s in seeds.values()]
+    bounds = [s["data"]["needed_for_target"]["bound"] for s in seeds.values()]
+    first = seeds[min(seeds, key=int)]
+    b_crit = gmean(b) if all(v is not None for v in b) else None
+    fits = [s["batch"]["fit"] for s in seeds.values()]
+
+    def steps(batch_size: float) -> float | None:
+        values = [steps_at(f, batch_size) for f in fits]
+        return gmean(values) if all(v is not None for v in values) else None
+
+    fmt = ", ".join
+    return {
+        "b_crit": b_crit,
+        "b_crit_note": "per seed " + fmt("—" if v is None else f"{v:.3g}" for v in b),
+        "b_crit_pow2": None if b_crit is None else nearest_power_of_two(b_crit),
+        "s_min": gmean(s_min),
+        "steps_at": steps,
+        "data_needed": gmean(d) if all(v is not None for v in d) else None,
+        "data_needed_note": "per seed "
+        + fmt(f"{v:,.0f}" if v is not None else str(bd) for v, bd in zip(d, bounds, strict=True)),
+        "lambda_max": first["curvature"]["lambda_max"],
+        "gd_threshold": first["curvature"]["gd_threshold"],
+    }
+
+
+def service_half(mode: Mode, truth: dict, data_np, split, models, make_model, args) -> dict:
+    from predictive.service import ask_service, write_files
+
+    seed = min(mode.seeds)
+    workdir = Path(args.workdir or f"/tmp/curvplan-predictive-{mode.name}-{mode.key()}")
+    if seed not in models:
+        print("[service] re-running the reference run for the checkpoint files", flush=True)
+        model, states, ref = reference_run(mode, make_model, data_np["tensors"], seed)
+        cached = truth["seeds"][str(seed)]["reference"]["final_loss"]
+        if abs(ref["final_loss"] - cached) > 1e-3:
+            print(f"[service] warning: checkpoint loss {ref['final_loss']} ≠ cached {cached}")
+        models[seed] = (model, states)
+    model, states = models[seed]
+    files = write_files(
+        workdir,
+        checkpoint_model=model,
+        intermediates=states,
+        train=(split.train_x, split.train_y),
+        evaluation=data_np["eval"],
+        spec=mode.spec(),
+    )
+    target = truth["target_loss"]
+    optimizer = {
+        "name": "adamw",
+        "lr": mode.ref_lr,
+        "base_batch_size": mode.ref_batch,
+        "warmup_steps": 10,
+        "lr_rule": "grid" if len(mode.service_lr_grid) > 1 else "sqrt",
+        "lr_grid": list(mode.service_lr_grid),
+    }
+    print(f"[service] sweeps and analyses at target loss {target}", flush=True)
+    return ask_service(
+        args.admin_url,
+        files,
+        spec=mode.spec(),
+        target_loss=target,
+        available_samples=len(split.train_x),
+        batch_sweep={
+            "type": "batch",
+            "target_loss": target,
+            "batch_sizes": list(mode.batch_sizes),
+            "max_steps": mode.batch_max_steps,
+            "eval_every": mode.service_eval_every,
+        },
+        data_sweep={
+            "type": "data",
+            "target_loss": target,
+            "data_sizes": list(mode.data_sizes),
+            "batch_size": mode.data_batch,
+            "max_steps": mode.service_data_max_steps,
+            "eval_every": mode.service_eval_every,
+        },
+        optimizer=optimizer,
+        analysis_options=mode.analysis_options,
+    )
+
+
+def markdown(mode: Mode, truth: dict, summary: dict, rows, service: dict | None, meta: dict) -> str:
+    seeds = truth["seeds"]
+    lines = [
+        f"# Predictive benchmark, mode `{mode.name}` ({meta['date']})",
+        "",
+        f"Machine: {meta['machine']}. {meta['load_note']}",
+        f"CPU: truth {meta['truth_cpu_s'] / 60:.1f} min (this run: "
+        f"{meta['truth_cpu_s_this_run'] / 60:.1f} min), service "
+        f"{meta['service_cpu_s'] / 60:.1f} min, total {meta['total_cpu_s'] / 60:.1f} CPU-minutes; "
+        f"wall {meta['wall_s'] / 60:.1f} min.",
+        "",
+        f"Corpus: {meta['corpus']['documents']} Perl documentation files "
+        f"({meta['corpus']['train_docs']} train / {meta['corpus']['val_docs']} validation, "
+        f"split by document), {meta['corpus']['train_examples']:,} training examples of "
+        f"{mode.seq_len} characters, held-out sample {mode.n_eval} examples; corpus hash "
+        f"`{meta['corpus']['hash'][:16]}` (file list with sha256 in the JSON).",
+        f"Model: {meta['n_parameters']:,} parameters ({mode.n_layers} layers, d_model "
+        f"{mode.d_model}, vocabulary {len(VOCAB)} characters). Target held-out loss "
+        f"{truth['target_loss']} nats/char (the reference run's loss at "
+        f"{mode.target_fraction:.0%} of its {mode.ref_steps} steps).",
+        "",
+        "## Ground truth per seed",
+        "",
+        "| seed | final loss | B_crit | S_min | fit rms rel. resid. | data for target | "
+        "λ_max (full) | 2/λ_max | GD 0.9× monotone | GD 1.1× monotone |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for seed, s in seeds.items():
+        fit = s["batch"]["fit"]
+        need = s["data"]["needed_for_target"]
+        gd = {g["factor"]: g for g in s["curvature"]["gd"]}
+        lines.append(
+            f"| {seed} | {s['reference']['final_loss']:.4f} | "
+            f"{fit.get('b_crit') or float('nan'):.4g} | {fit.get('s_min', float('nan')):.4g} | "
+            f"{fit.get('rms_relative_residual', float('nan')):.3f} | "
+            f"{(need['examples'] and format(need['examples'], ',.0f')) or need['bound']} | "
+            f"{s['curvature']['lambda_max']:.4g} | {s['curvature']['gd_threshold']:.4g} | "
+            f"{gd.get(0.9, {}).get('monotone', '—')} | {gd.get(1.1, {}).get('monotone', '—')} |"
+        )
+    lines += ["", "Steps to the target at each batch size (tuned lr), seed by seed:", ""]
+    lines.append("| seed | " + " | ".join(f"B={b}" for b in mode.batch_sizes) + " |")
+    lines.append("|---|" + "---:|" * len(mode.batch_sizes))
+    for seed, s in seeds.items():
+        cells = [
+            "censored" if p["steps"] is None else f"{p['steps']:.0f} (lr {p['best_lr']:.2g})"
+            for p in s["batch"]["points"]
+        ]
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    lines += ["", "Held-out loss at each subset size (cosine schedule, best of the lrs):", ""]
+    lines.append("| seed | " + " | ".join(f"D={d}" for d in mode.data_sizes) + " |")
+    lines.append("|---|" + "---:|" * len(mode.data_sizes))
+    for seed, s in seeds.items():
+        lines.append(
+            f"| {seed} | " + " | ".join(f"{p['loss']:.4f}" for p in s["data"]["points"]) + " |"
+        )
+    lines += ["", "## Service beside the truth", ""]
+    if service is None:
+        lines.append("Service half not run (`--truth-only`).")
+    else:
+        lines.append(compare.render(rows))
+        trend = compare.trend_table(service["analyze"])
+        if trend:
+            lines += [
+                "",
+                "Noise scales at the intermediate checkpoints (from the analysis's measurements):",
+                "",
+                "| checkpoint | step | loss | B_simple | B_noise | examples |",
+                "|---|---:|---:|---:|---:|---:|",
+            ]
+            for t in trend:
+                cells = [
+                    "—" if t[k] is None else f"{t[k]:.4g}" for k in ("loss", "b_simple", "b_noise")
+                ]
+                lines.append(
+                    f"| {t['checkpoint']} | {t['step']} | {' | '.join(cells)} | {t['n_samples']} |"
+                )
+        counts = {v: sum(r.verdict == v for r in rows) for v in ("yes", "MISSES", "not_available")}
+        lines += [
+            "",
+            f"Within 1.5×: {counts['yes']}; missing the goal: {counts['MISSES']}; "
+            f"not_available: {counts['not_available']} (of {len(rows)} rows). A number that "
+            "misses 1.5× misses the issue's goal.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the reduced mode (≤ 10 CPU-min)")
+    parser.add_argument("--reuse-truth", action="store_true", help="use the cached truth")
+    parser.add_argument("--truth-only", action="store_true", help="skip the service half")
+    parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--workdir", default=None, help="where the uploaded files are written")
+    parser.add_argument("--tag", default="", help="suffix of the result files")
+    parser.add_argument("--load-note", default="", help="say how loaded the machine was")
+    parser.add_argument(
+        "--rerender", type=Path, default=None, help="rebuild the report of a results JSON"
+    )
+    args = parser.parse_args()
+    if args.rerender is not None:
+        rerender(args.rerender)
+        return
+    mode = QUICK if args.quick else FULL
+    torch.set_num_threads(1)
+    wall0 = time.monotonic()
+    cpu0 = cpu_self()
+    split, manifest, corpus_hash, pick = corpus(mode)
+    eval_np = (split.val_x[pick], split.val_y[pick])
+    tx, ty = to_tensors(split.train_x, split.train_y)
+    vx, vy = to_tensors(*eval_np)
+    data = (tx, ty, vx, vy)
+    make_model = make_factory(mode)
+    cache_path = RESULTS / f"predictive-truth-{mode.name}.json"
+    cached: dict = {}
+    if args.reuse_truth and cache_path.exists():
+        stored = json.loads(cache_path.read_text())
+        if stored.get("mode_key") == mode.key() and stored.get("corpus_hash") == corpus_hash:
+            cached = stored
+            print(f"[truth] reusing {cache_path.name} (seeds {list(stored['seeds'])})")
+        else:
+            print(f"[truth] {cache_path.name} is for other settings or another corpus: recomputed")
+    truth, models = run_truth(mode, data, make_model, cached)
+    truth.update(mode_key=mode.key(), corpus_hash=corpus_hash, mode=dataclasses.asdict(mode))
+    RESULTS.mkdir(exist_ok=True)
+    cache_path.write_text(json.dumps(truth, indent=1, default=_json_default) + "\n")
+    truth_cpu_this_run = cpu_self() - cpu0
+    service = None
+    if not args.truth_only:
+        service = service_half(
+            mode, truth, {"eval": eval_np, "tensors": data}, split, models, make_model, args
+        )
+    truth_cpu = sum(s["cpu_s"] for s in truth["seeds"].values())
+    service_cpu = 0.0 if service is None else service["cpu_s"]
+    meta = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.node()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
+        "load_note": args.load_note
+        or f"load average at the end {os.getloadavg()[0]:.1f} (shared machine)",
+        "truth_cpu_s": truth_cpu,
+        "truth_cpu_s_this_run": truth_cpu_this_run,
+        "service_cpu_s": service_cpu,
+        "total_cpu_s": truth_cpu_this_run + service_cpu,
+        "wall_s": time.monotonic() - wall0,
+        "n_parameters": sum(p.numel() for p in make_model(0).parameters()),
+        "corpus": {
+            "documents": len(manifest["train"]) + len(manifest["validation"]),
+            "train_docs": len(manifest["train"]),
+            "val_docs": len(manifest["validation"]),
+            "train_examples": len(split.train_x),
+            "val_examples": len(split.val_x),
+            "hash": corpus_hash,
+        },
+    }
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M")
+    stem = f"predictive-{mode.name}-{stamp}{('-' + args.tag) if args.tag else ''}"
+    write_report(mode, truth, service, meta, manifest, stem)
+
+
+def comparison_rows(truth: dict, service: dict | None) -> tuple[dict, list[compare.Row]]:
+    summary = summarise(truth)
+    if service is None:
+        return summary, []
+    rows = compare.budget_rows("analyze (intermediates)", service["analyze"], summary)
+    rows += compare.budget_rows("analyze (+ sweeps)", service["analyze_with_sweeps"], summary)
+    rows += compare.sweep_rows(service, summary)
+    rows += compare.trend_rows(service["analyze"], summary, truth["target_loss"])
+    return summary, rows
+
+
+def write_report(
+    mode: Mode, truth: dict, service: dict | None, meta: dict, manifest: dict, stem: str
+) -> None:
+    """``benchmarks/results/<stem>.json`` (everything, the raw service answers included) and
+    ``<stem>.md`` (the tables); printed too."""
+    summary, rows = comparison_rows(truth, service)
+    record = {
+        "meta": meta,
+        "mode": dataclasses.asdict(mode),
+        "target_loss": truth["target_loss"],
+        "truth_summary": {k: v for k, v in summary.items() if k != "steps_at"},
+        "rows": [r.as_dict() for r in rows],
+        "service": service,
+        "truth": truth["seeds"],
+        "corpus_files": manifest,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{stem}.json").write_text(
+        json.dumps(record, indent=1, default=_json_default) + "\n"
+    )
+    text = markdown(mode, truth, summary, rows, service, meta)
+    (RESULTS / f"{stem}.md").write_text(text)
+    print(text)
+
+
+def rerender(path: Path) -> None:
+    """Rebuild the rows and the Markdown of a recorded run from its JSON (no training, no
+    service): for a report whose comparison code changed after the run."""
+    record = json.loads(path.read_text())
+    fields = {f.name for f in dataclasses.fields(Mode)}
+    values: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in record["mode"].items() if k in fields
+    }
+    mode = Mode(**values)
+    truth = {"seeds": record["truth"], "target_loss": record["target_loss"]}
+    write_report(mode, truth, record["service"], record["meta"], record["corpus_files"], path.stem)
+
+
+if __name__ == "__main__":
+    main()

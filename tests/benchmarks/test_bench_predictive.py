@@ -1,0 +1,74 @@
+"""Smoke test of the predictive benchmark's own machinery (benchmarks/bench_predictive.py):
+the Perl-documentation corpus is split by document, and the brute-force fits recover
+constructed answers. The benchmark itself is not run here (it is a benchmark, not a test)."""
+
+from __future__ import annotations
+
+import glob
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from predictive.corpus import (
+    find_documents,
+    pod_prose,
+    split_by_document,
+    strip_formatting,
+    windows,
+)
+from predictive.hessian import lanczos_extremes
+from predictive.truth import crossing_size, fit_s_of_b
+
+
+def test_pod_markup_is_stripped_and_code_dropped() -> None:
+    source = (
+        "=head1 NAME\n\nFoo - a B<bold> C<< $x->y >> L<text|Some::Module> E<gt> X<index>\n\n"
+        "    my $code = 1;  # verbatim: dropped\n\n=begin html\n\n<p>no</p>\n\n=end html\n\n"
+        "=cut\n\nsub perl_code { }\n\n=pod\n\nBack in prose.\n"
+    )
+    text = pod_prose(source)
+    assert text == "NAME\nFoo - a bold $x->y text >\nBack in prose.\n"
+    assert strip_formatting("I<a B<b> c>") == "a b c"
+
+
+@pytest.mark.skipif(not glob.glob("/usr/share/perl/5.*"), reason="no system Perl documentation")
+def test_the_corpus_is_split_by_document_and_every_window_lies_inside_one() -> None:
+    docs = find_documents()
+    assert len(docs) >= 20
+    split = split_by_document(docs, seq_len=16)
+    train_paths = {d.path for d in split.train_docs}
+    val_paths = {d.path for d in split.val_docs}
+    assert train_paths.isdisjoint(val_paths) and val_paths
+    assert set(np.unique(split.train_groups)).isdisjoint(set(np.unique(split.val_groups)))
+    for groups, x, y, chosen, offset in (
+        (split.train_groups, split.train_x, split.train_y, split.train_docs, 0),
+        (split.val_groups, split.val_x, split.val_y, split.val_docs, len(split.train_docs)),
+    ):
+        for g in np.unique(groups)[:25]:
+            wx, wy = windows(chosen[g - offset].ids, 16)
+            np.testing.assert_array_equal(x[groups == g], wx)
+            np.testing.assert_array_equal(y[groups == g], wy)
+        np.testing.assert_array_equal(x[:, 1:], y[:, :-1])  # targets are the next character
+
+
+def test_the_brute_force_fits_recover_constructed_answers() -> None:
+    rng = np.random.default_rng(0)
+    sizes = [8, 16, 32, 64, 128, 256]
+    steps = [400 * (1 + 90 / b) * np.exp(rng.normal(0, 0.03)) for b in sizes]
+    fit = fit_s_of_b(sizes, steps)
+    assert fit["b_crit"] == pytest.approx(90, rel=0.1)
+    assert fit["s_min"] == pytest.approx(400, rel=0.1)
+    d = [250, 500, 1000, 2000, 4000]
+    loss = [1.5 + 40 * x**-0.5 for x in d]  # crosses 2.5 at D = 1600
+    assert crossing_size(d, loss, 2.5)["examples"] == pytest.approx(1600, rel=0.05)
+    assert crossing_size(d, loss, 1.6)["bound"] == "> 4000"
+    q, _ = np.linalg.qr(rng.normal(size=(60, 60)))
+    evals = np.linspace(-1.0, 5.0, 60)
+    h = torch.from_numpy((q * evals) @ q.T)
+    out = lanczos_extremes(lambda v: h @ v, 60, iterations=60, tol=1e-10)
+    assert out["lambda_max"] == pytest.approx(5.0, rel=1e-8)
