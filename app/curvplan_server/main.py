@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 
-from curvplan.types.jobs import JOB_CREATE_ADAPTER
+from curvplan.types.jobs import CLIENT_JOB_CREATE_ADAPTER
 from curvplan.types.problems import ProblemDocument
 from curvplan_server.artifacts.router import UPLOAD_OVERHEAD_BYTES
 from curvplan_server.artifacts.router import router as artifacts_router
@@ -124,7 +124,9 @@ def _install_openapi(app: FastAPI) -> None:
         if app.openapi_schema:
             return app.openapi_schema
         schema = default_openapi()
-        body_schema = JOB_CREATE_ADAPTER.json_schema(ref_template="#/components/schemas/{model}")
+        body_schema = CLIENT_JOB_CREATE_ADAPTER.json_schema(
+            ref_template="#/components/schemas/{model}"
+        )
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         for name, definition in body_schema.pop("$defs", {}).items():
             components.setdefault(name, definition)

@@ -25,6 +25,7 @@ from curvplan_server.jobs.fanout import (
     settle_parents,
     waiting_progress,
 )
+from curvplan_server.jobs.links import link_artifacts
 from curvplan_worker.errors import error_dict
 
 ACTIVE = "('running', 'cancelling')"
@@ -583,6 +584,21 @@ def fan_out(
             if row.status == "cancelling"
             else error_dict("internal-error", "Empty fan-out", "the job fanned out no children"),
         )
+    child_rows = [
+        {
+            "id": uuid.uuid4(),
+            "project_id": row.project_id,
+            "parent_id": fence.job_id,
+            "kind": child["kind"],
+            "queue": QUEUE_OF_KIND[child["kind"]],
+            "name": child.get("name"),
+            "tags": _json(row.tags or {}),
+            "request": _json(child["request"]),
+            "priority": row.priority,
+            "max_attempts": int(child.get("max_attempts") or row.max_attempts),
+        }
+        for child in children
+    ]
     conn.execute(
         text(
             "INSERT INTO job (id, project_id, parent_id, kind, queue, name, tags, status,"
@@ -591,21 +607,13 @@ def fan_out(
             " 'queued', CAST(:request AS jsonb), :priority, :max_attempts,"
             " clock_timestamp(), clock_timestamp())"
         ),
-        [
-            {
-                "id": uuid.uuid4(),
-                "project_id": row.project_id,
-                "parent_id": fence.job_id,
-                "kind": child["kind"],
-                "queue": QUEUE_OF_KIND[child["kind"]],
-                "name": child.get("name"),
-                "tags": _json(row.tags or {}),
-                "request": _json(child["request"]),
-                "priority": row.priority,
-                "max_attempts": int(child.get("max_attempts") or row.max_attempts),
-            }
-            for child in children
-        ],
+        child_rows,
+    )
+    # The children's artifacts are linked in the same transaction (kept from deletion).
+    link_artifacts(
+        conn,
+        row.project_id,
+        [(r["id"], c["kind"], c["request"]) for r, c in zip(child_rows, children, strict=True)],
     )
     stages = (progress or row.progress or {}).get("stages")
     waiting = waiting_progress({"queued": len(children)}, stages)
