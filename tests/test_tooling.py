@@ -30,6 +30,21 @@ def test_ci_runs_the_static_checks_through_make_test() -> None:
     assert any('-m "not e2e"' in line for line in fast)
 
 
+def test_chromium_is_installed_by_the_set_up_not_by_a_test_target() -> None:
+    """The report-page tests need Chromium: the install step (the stamp ``make test`` and
+    ``make run`` depend on) sets it up, and no test target installs anything itself."""
+    makefile = (ROOT / "Makefile").read_text()
+    deps, stamp = _recipe(makefile, "$(STAMP)")
+    assert "scripts/ensure_chromium.sh" in deps  # a changed script re-runs the set-up
+    assert "bash scripts/ensure_chromium.sh" in stamp
+    install_deps, _ = _recipe(makefile, "install")
+    assert install_deps == ["$(STAMP)"]
+    for target in ("test", "test-fast"):
+        deps, recipe = _recipe(makefile, target)
+        assert "install" in deps
+        assert not any("chromium" in line or "apt-get" in line for line in recipe), target
+
+
 def test_layering_contracts_and_mypy_settings_are_declared() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     contracts = config["tool"]["importlinter"]["contracts"]
