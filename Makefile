@@ -34,7 +34,7 @@ test-fast: install
 	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q -m "not e2e" $(PYTEST_ARGS)
 
 # ruff, the layering contracts (import-linter, pyproject.toml) and mypy (pyproject.toml's
-# packages, the tests and the benchmarks).
+# files: the packages, the tests and the benchmarks).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

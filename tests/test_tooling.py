@@ -53,7 +53,9 @@ def test_layering_contracts_and_mypy_settings_are_declared() -> None:
     assert "curvplan_worker.curvature" in sources
     mypy = config["tool"]["mypy"]
     assert "pydantic.mypy" in mypy["plugins"]
+    assert {"curvplan", "app", "workers", "tests", "benchmarks"} <= set(mypy["files"])
     overrides = {tuple(o["module"]): o for o in mypy["overrides"]}
+    assert "union-attr" in overrides[("tests.*", "benchmarks.*")]["disable_error_code"]
     assert overrides[("torch", "torch.*")]["follow_imports"] == "silent"
     assert overrides[("curvplan.types", "curvplan.types.*")]["disallow_untyped_defs"] is True
 
