@@ -584,21 +584,7 @@ def fan_out(
             if row.status == "cancelling"
             else error_dict("internal-error", "Empty fan-out", "the job fanned out no children"),
         )
-    child_rows = [
-        {
-            "id": uuid.uuid4(),
-            "project_id": row.project_id,
-            "parent_id": fence.job_id,
-            "kind": child["kind"],
-            "queue": QUEUE_OF_KIND[child["kind"]],
-            "name": child.get("name"),
-            "tags": _json(row.tags or {}),
-            "request": _json(child["request"]),
-            "priority": row.priority,
-            "max_attempts": int(child.get("max_attempts") or row.max_attempts),
-        }
-        for child in children
-    ]
+    child_ids = [uuid.uuid4() for _ in children]
     conn.execute(
         text(
             "INSERT INTO job (id, project_id, parent_id, kind, queue, name, tags, status,"
@@ -607,13 +593,27 @@ def fan_out(
             " 'queued', CAST(:request AS jsonb), :priority, :max_attempts,"
             " clock_timestamp(), clock_timestamp())"
         ),
-        child_rows,
+        [
+            {
+                "id": child_id,
+                "project_id": row.project_id,
+                "parent_id": fence.job_id,
+                "kind": child["kind"],
+                "queue": QUEUE_OF_KIND[child["kind"]],
+                "name": child.get("name"),
+                "tags": _json(row.tags or {}),
+                "request": _json(child["request"]),
+                "priority": row.priority,
+                "max_attempts": int(child.get("max_attempts") or row.max_attempts),
+            }
+            for child_id, child in zip(child_ids, children, strict=True)
+        ],
     )
     # The children's artifacts are linked in the same transaction (kept from deletion).
     link_artifacts(
         conn,
         row.project_id,
-        [(r["id"], c["kind"], c["request"]) for r, c in zip(child_rows, children, strict=True)],
+        [(i, c["kind"], c["request"]) for i, c in zip(child_ids, children, strict=True)],
     )
     stages = (progress or row.progress or {}).get("stages")
     waiting = waiting_progress({"queued": len(children)}, stages)
