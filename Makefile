@@ -29,9 +29,9 @@ run: install
 test: install lint
 	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
-# The fast loop: every test that starts no server/worker process (-m "not e2e").
+# The fast loop: every test that starts no server/worker process and is not marked slow.
 test-fast: install
-	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q -m "not e2e" $(PYTEST_ARGS)
+	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q -m "not e2e and not slow" $(PYTEST_ARGS)
 
 # ruff, the layering contracts (import-linter, pyproject.toml) and mypy (pyproject.toml's
 # files: the packages, the tests and the benchmarks).

@@ -27,7 +27,7 @@ def test_ci_runs_the_static_checks_through_make_test() -> None:
     for command in ("ruff check .", "ruff format --check .", "lint-imports", "mypy"):
         assert command in joined, command
     _, fast = _recipe(makefile, "test-fast")
-    assert any('-m "not e2e"' in line for line in fast)
+    assert any('-m "not e2e and not slow"' in line for line in fast)
 
 
 def test_chromium_is_installed_by_the_set_up_not_by_a_test_target() -> None:
