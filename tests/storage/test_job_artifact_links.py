@@ -190,3 +190,30 @@ def test_the_link_table_holds_every_id_a_body_names_at_its_field(
     assert problem["jobs"] == [{"id": analyze.json()["id"], "status": "queued"}]
     problem = assert_problem(client.delete(f"/v1/artifacts/{data}", headers=auth_headers), 409)
     assert [j["id"] for j in problem["jobs"]] == [analyze.json()["id"], sweep.json()["id"]]
+
+
+def test_every_id_field_of_every_kind_is_declared_an_artifact_field_or_a_job_reference() -> None:
+    """The declaration cannot silently miss a field: every body field typed with UUIDs is
+    either one of the kind's artifact fields or one of the known job references."""
+    from curvplan.types.jobs import (
+        CLIENT_JOB_KINDS,
+        INTERNAL_JOB_KINDS,
+        JOB_CREATE_TYPES,
+        kind_name,
+    )
+    from curvplan_server.jobs.submission import SUBMISSION_CHECKS
+
+    job_references = {("plan", "from_job"), ("analyze", "sweeps")}  # other jobs, not artifacts
+    for create_type in JOB_CREATE_TYPES:
+        kind = kind_name(create_type)
+        declared = {f.name for f in create_type.artifact_fields}
+        assert declared <= set(create_type.model_fields), kind
+        typed_ids = {
+            name
+            for name, field in create_type.model_fields.items()
+            if "UUID" in str(field.annotation)
+        }
+        assert typed_ids == declared | {n for k, n in job_references if k == kind}, kind
+    assert set(INTERNAL_JOB_KINDS) == {"analyze_blocks", "sweep_point"}
+    assert set(CLIENT_JOB_KINDS) == {"plan", "analyze", "sweep"}
+    assert set(SUBMISSION_CHECKS) <= set(CLIENT_JOB_KINDS)
