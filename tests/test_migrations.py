@@ -12,9 +12,9 @@ from psycopg import sql
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
+from curvplan_core.config import libpq_url
+from curvplan_core.db import make_engine
 from curvplan_server import migrations
-from curvplan_server.config import libpq_url
-from curvplan_server.db import make_engine
 from curvplan_server.models import Base
 
 # Every table the models declare (later migrations add theirs, e.g. artifact).

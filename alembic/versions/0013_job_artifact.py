@@ -21,7 +21,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-
 from alembic import op
 
 revision: str = "0013"

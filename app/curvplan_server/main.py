@@ -18,18 +18,18 @@ from prometheus_client import CollectorRegistry
 
 from curvplan.types.jobs import CLIENT_JOB_CREATE_ADAPTER
 from curvplan.types.problems import ProblemDocument
+from curvplan_core.config import Settings, get_settings
+from curvplan_core.db import make_engine, make_sessionmaker
+from curvplan_core.logging import configure_logging
+from curvplan_core.notify import JobNotifier
 from curvplan_server.artifacts.router import UPLOAD_OVERHEAD_BYTES
 from curvplan_server.artifacts.router import router as artifacts_router
 from curvplan_server.auth.dependencies import KeyCache
-from curvplan_server.config import Settings, get_settings
-from curvplan_server.db import make_engine, make_sessionmaker
 from curvplan_server.db_unavailable import install_unavailable_handlers
 from curvplan_server.health.router import router as health_router
 from curvplan_server.jobs.router import router as jobs_router
-from curvplan_server.logging import configure_logging
 from curvplan_server.metrics import QueueCollector
 from curvplan_server.middleware import BodySizeLimitMiddleware, MetricsMiddleware
-from curvplan_server.notify import JobNotifier
 from curvplan_server.problems import install_problem_handlers
 from curvplan_server.recommendations.router import router as recommendations_router
 from curvplan_server.reports.router import router as reports_router

@@ -30,7 +30,7 @@ CHECKS = [
 
 @pytest.fixture
 def settings_(database_url: str, tmp_path: Path) -> Any:
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     root = tmp_path / "uri-root"
     root.mkdir()
@@ -60,8 +60,8 @@ def fuzz_app(settings_: Any, engine: Any, api_key_committed: str) -> Any:
 def api_key_committed(engine: Any) -> str:
     import uuid
 
-    from curvplan_server.auth.keys import create_key
-    from curvplan_server.db import make_sessionmaker
+    from curvplan_core.credentials.keys import create_key
+    from curvplan_core.db import make_sessionmaker
 
     with make_sessionmaker(engine)() as session:
         key = create_key(session, f"fuzz-{uuid.uuid4().hex[:8]}")

@@ -21,7 +21,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 @pytest.fixture(scope="module")
 def openapi() -> dict[str, Any]:
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
     from curvplan_server.main import create_app
 
     settings = Settings(database_url="postgresql://openapi@127.0.0.1:1/none", auth_disabled=False)
@@ -29,7 +29,7 @@ def openapi() -> dict[str, Any]:
 
 
 def _project_id(db_session: Any, headers: dict[str, str]) -> uuid.UUID:
-    from curvplan_server.auth.keys import hash_key
+    from curvplan_core.credentials.keys import hash_key
 
     key = headers["Authorization"].split(" ", 1)[1]
     return db_session.execute(
@@ -150,8 +150,8 @@ def test_examples_validate_and_the_recommendation_example_is_the_planners(
 ) -> None:
     from curvplan.types.jobs import CLIENT_JOB_CREATE_ADAPTER, JobOut
     from curvplan.types.planner import Measurements, Recommendation, Targets
+    from curvplan_core.planner.plan import make_plan
     from curvplan_server.jobs import examples
-    from curvplan_server.planner.plan import make_plan
 
     create = openapi["paths"]["/v1/jobs"]["post"]
     bodies = create["requestBody"]["content"]["application/json"]["examples"]

@@ -217,7 +217,7 @@ def _empty_database(admin_url: str) -> tuple[str, str]:
     from psycopg import sql
     from sqlalchemy.engine import make_url
 
-    from curvplan_server.config import libpq_url, normalise_database_url
+    from curvplan_core.config import libpq_url, normalise_database_url
 
     name = f"curvplan_wheel_{secrets.token_hex(4)}"
     with psycopg.connect(libpq_url(admin_url), autocommit=True) as conn:

@@ -67,7 +67,7 @@ def wait_until(predicate: Any, timeout: float, what: str, proc: Any = None) -> A
 
 def expected_recommendation(request: dict[str, Any], seed: int) -> dict[str, Any]:
     """Oracle: the planner run in this process on the same validated input and seed."""
-    from curvplan_server.planner import Measurements, Targets, make_plan
+    from curvplan_core.planner import Measurements, Targets, make_plan
 
     measurements = Measurements.model_validate_json(json.dumps(request["measurements"]))
     targets = Targets.model_validate_json(json.dumps(request.get("targets") or {}))
@@ -123,8 +123,8 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: floa
 # --------------------------------------------------------------------------- serve + worker
 @pytest.fixture
 def e2e_key(database_url: str) -> Iterator[str]:
-    from curvplan_server.auth.keys import create_key
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.keys import create_key
+    from curvplan_core.db import make_engine, make_sessionmaker
 
     engine = make_engine(database_url)
     project = f"e2e-{uuid.uuid4().hex[:8]}"
@@ -139,8 +139,8 @@ def e2e_key(database_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def e2e_operator_key(database_url: str) -> Iterator[str]:
-    from curvplan_server.auth.operator import create_service_key
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.service_keys import create_service_key
+    from curvplan_core.db import make_engine, make_sessionmaker
 
     engine = make_engine(database_url)
     name = f"e2e-operator-{uuid.uuid4().hex[:8]}"
@@ -177,7 +177,7 @@ def test_serve_and_worker_run_a_plan_job(
         job, body = submit_and_wait(base, e2e_key, e2e_operator_key)
         check_succeeded(job, body)
         assert any(w["live"] and w["pid"] == worker.pid for w in job["_workers"])
-        from curvplan_server.db import make_engine
+        from curvplan_core.db import make_engine
 
         engine = make_engine(database_url)
         with engine.connect() as conn:

@@ -11,8 +11,8 @@ from queue_helpers import attempt_rows, insert_jobs, job_row, plan_request
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
+from curvplan_core.jobs import store
 from curvplan_server.jobs import service
-from curvplan_worker import store
 
 W = "test-worker"
 

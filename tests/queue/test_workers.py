@@ -27,8 +27,8 @@ from queue_helpers import (
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
+from curvplan_core.planner import Measurements, Recommendation, Targets, make_plan
 from curvplan_server.jobs.service import cancel_job
-from curvplan_server.planner import Measurements, Recommendation, Targets, make_plan
 from curvplan_worker.kinds.plan import seed_for_job
 
 pytestmark = pytest.mark.e2e

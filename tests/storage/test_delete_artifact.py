@@ -138,8 +138,8 @@ def test_delete_racing_a_job_submission_waits_for_it_and_refuses(
     delete waits for it, then sees the queued job and answers 409 — never a queued job whose
     artifact is gone."""
     from curvplan.types.jobs import artifact_references
+    from curvplan_core.db import make_sessionmaker
     from curvplan_server.artifacts.service import check_references
-    from curvplan_server.db import make_sessionmaker
     from curvplan_server.jobs.service import create_job
 
     checkpoint = upload(live_client, live_headers, checkpoint_bytes(3)).json()

@@ -23,7 +23,7 @@ def receiver() -> Iterator[Receiver]:
 @pytest.fixture
 def settings(database_url: str) -> Any:
     """API settings that allow callbacks to this machine (loopback explicitly allowed)."""
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     return Settings(
         database_url=database_url,

@@ -21,9 +21,9 @@ from curvplan.webhooks import (
     signature_header,
     verify,
 )
-from curvplan_server.auth.keys import create_key, lookup_key
+from curvplan_core.credentials.keys import create_key, lookup_key
+from curvplan_core.webhooks.guard import AddressPolicy, WebhookRefused, host_allowed
 from curvplan_server.jobs import service
-from curvplan_server.webhooks.guard import AddressPolicy, WebhookRefused, host_allowed
 from curvplan_server.webhooks.service import list_deliveries, rotate_secret
 from curvplan_worker.webhooks import SenderOptions, deliver_due
 

@@ -18,15 +18,15 @@ from typing import Any, Literal
 from sqlalchemy import Connection, text
 
 from curvplan.types.jobs import QUEUE_OF_KIND
-from curvplan_server.auth.operator import revoke_worker_keys
-from curvplan_server.jobs.fanout import (
+from curvplan_core.credentials.service_keys import revoke_worker_keys
+from curvplan_core.jobs.errors import error_dict
+from curvplan_core.jobs.fanout import (
     children_of,
     settle_orphaned_waits,
     settle_parents,
     waiting_progress,
 )
 from curvplan_server.jobs.links import link_artifacts
-from curvplan_worker.errors import error_dict
 
 ACTIVE = "('running', 'cancelling')"
 FENCE = f"id = :job_id AND worker_id = :worker_id AND attempt = :attempt AND status IN {ACTIVE}"

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from curvplan.types.planner import Measurements
-from curvplan_server.artifacts.blobstore import default_store
+from curvplan_core.artifacts.blobstore import default_store
 from curvplan_server.artifacts.models import Artifact
 from curvplan_server.jobs.models import Job
 from curvplan_server.problems import Problem, conflict, validation_problem

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from curvplan.types.jobs import (  # the registry: kinds and queues are validated by the API
     JOB_STATUSES,
 )
-from curvplan_server.db import Base
+from curvplan_core.db import Base
 
 ATTEMPT_OUTCOMES = (
     "succeeded",
@@ -82,7 +82,7 @@ class Job(Base):
         ForeignKey("project.id", ondelete="CASCADE"), index=True
     )
     #: The job that fanned this one out (None for a job a client created); see
-    #: curvplan_server.jobs.fanout. Deleting a parent deletes its children.
+    #: curvplan_core.jobs.fanout. Deleting a parent deletes its children.
     parent_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("job.id", ondelete="CASCADE"), index=True
     )

@@ -19,7 +19,7 @@ from sqlalchemy import Row, Table, and_, case, func, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from curvplan.types.jobs import JOB_KINDS, JOB_STATUSES, QUEUE_OF_KIND, TERMINAL_STATUSES
-from curvplan_server.jobs import fanout
+from curvplan_core.jobs import fanout
 from curvplan_server.jobs.links import link_artifacts
 from curvplan_server.jobs.models import Job
 from curvplan_server.problems import Problem, conflict, not_found, validation_problem
@@ -395,7 +395,7 @@ def cancel_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> di
 
     Cancelling a job that is already ``cancelling`` is a no-op; a terminal job is a 409.
     A job with children (a fan-out) cancels them too; a cancelled child settles its parent
-    (see :mod:`curvplan_server.jobs.fanout`). Children are locked before the parent, the
+    (see :mod:`curvplan_core.jobs.fanout`). Children are locked before the parent, the
     order every child's end uses.
     """
     conn = session.connection()

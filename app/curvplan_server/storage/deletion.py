@@ -7,7 +7,7 @@ rows it references (``FOR KEY SHARE``) in the transaction that inserts the job. 
 submitted concurrently either commits first (the delete then sees it and answers 409) or
 waits for the delete and is refused with 422 "artifact not found": no queued job ever names
 a deleted artifact. The blob file goes once no row of any project
-references it (under the blob's lock, see :mod:`curvplan_server.storage.blobs`).
+references it (under the blob's lock, see :mod:`curvplan_core.storage.blobs`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import uuid
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from curvplan_server.artifacts.blobstore import BlobStore
+from curvplan_core.artifacts.blobstore import BlobStore
+from curvplan_core.storage.blobs import delete_if_unreferenced
 from curvplan_server.jobs.links import active_jobs_using
 from curvplan_server.problems import Problem, not_found
-from curvplan_server.storage.blobs import delete_if_unreferenced
 
 MAX_JOBS_LISTED = 20
 
