@@ -12,12 +12,14 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
-# Re-run only when the dependency list changes (fast no-op otherwise).
-$(STAMP): pyproject.toml setup.py scripts/constraints.txt
+# Re-run only when the dependency list changes (fast no-op otherwise). The set-up also
+# installs Chromium (apt-get, when it is missing and we may) for the report-page tests.
+$(STAMP): pyproject.toml setup.py scripts/constraints.txt scripts/ensure_chromium.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
 	  || $(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -c scripts/constraints.txt -e '.[server,worker,dev]'
+	bash scripts/ensure_chromium.sh
 	touch $(STAMP)
 
 run: install
@@ -25,14 +27,14 @@ run: install
 
 # CI (.ci/run) runs this: the static checks first, then every test.
 test: install lint
-	bash scripts/ensure_chromium.sh
 	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
-# The fast loop: every test that starts no server/worker process (-m "not e2e").
+# The fast loop: every test that starts no server/worker process and is not marked slow.
 test-fast: install
-	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q -m "not e2e" $(PYTEST_ARGS)
+	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q -m "not e2e and not slow" $(PYTEST_ARGS)
 
-# ruff, the layering contracts (import-linter, pyproject.toml) and mypy (pyproject.toml's packages).
+# ruff, the layering contracts (import-linter, pyproject.toml) and mypy (pyproject.toml's
+# files: the packages, the tests and the benchmarks).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

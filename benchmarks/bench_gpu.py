@@ -57,7 +57,8 @@ def build(config: dict, device: torch.device, dtype: torch.dtype):
     cfg = GPT2Config(**config, bos_token_id=0, eos_token_id=0)
     cfg._attn_implementation = "eager"  # explicit matmul-softmax: second derivatives everywhere
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(cfg).to(device=device, dtype=dtype)
+    # (transformers types its wrapped .to as an unbound method: a stub limit, not a bug)
+    model = GPT2LMHeadModel(cfg).to(device=device, dtype=dtype)  # type: ignore[call-arg]
     model.eval()
     return model
 

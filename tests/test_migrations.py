@@ -84,3 +84,88 @@ def test_constraint_names_follow_the_convention(database_url: str) -> None:
 def test_migrations_have_a_single_head() -> None:
     """Every migration is created on the current head: two heads would make upgrades ambiguous."""
     assert len(migrations.head_revisions()) == 1, migrations.head_revisions()
+
+
+def test_job_artifact_is_back_filled_from_the_existing_jobs_requests(scratch_url: str) -> None:
+    """0013 on a database at 0011 with live jobs: each analyze / sweep / fan-out child's
+    artifact ids become links at their dotted fields; ids that are not artifacts of the
+    job's own project (another project's, a deleted one) and plan jobs get none."""
+    import json
+    import uuid
+
+    from sqlalchemy import text
+
+    migrations.upgrade(scratch_url, "0011")
+    mine, other = uuid.uuid4(), uuid.uuid4()
+    art = {name: uuid.uuid4() for name in ("ck0", "ck1", "early", "data", "train", "eval")}
+    theirs, gone = uuid.uuid4(), uuid.uuid4()
+    engine = make_engine(scratch_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text("INSERT INTO project (id, name) VALUES (:a, 'mine'), (:b, 'other')"),
+                {"a": mine, "b": other},
+            )
+            rows = [
+                (a, mine, "dataset" if n in ("data", "train", "eval") else "checkpoint")
+                for n, a in art.items()
+            ] + [(theirs, other, "dataset")]
+            conn.execute(
+                text(
+                    "INSERT INTO artifact (id, project_id, kind, storage, sha256, size_bytes)"
+                    " VALUES (:id, :p, :kind, 'blob', :sha, 1)"
+                ),
+                [{"id": a, "p": p, "kind": k, "sha": a.hex * 2} for a, p, k in rows],
+            )
+            requests = {
+                "analyze": {
+                    "kind": "analyze",
+                    "checkpoint": [str(art["ck0"]), str(art["ck1"])],
+                    "dataset": str(art["data"]),
+                    "intermediate_checkpoints": [str(art["early"]), [str(gone), str(art["ck1"])]],
+                },
+                "sweep": {
+                    "kind": "sweep",
+                    "checkpoint": None,
+                    "train_data": str(art["train"]),
+                    "eval_data": str(theirs),
+                },
+                "sweep_point": {
+                    "kind": "sweep_point",
+                    "checkpoint": str(art["ck0"]),
+                    "train_data": str(art["train"]),
+                    "eval_data": str(art["eval"]),
+                },
+                "plan": {"kind": "plan", "name": str(art["data"])},  # an id, but not a field
+            }
+            jobs = {kind: uuid.uuid4() for kind in requests}
+            conn.execute(
+                text(
+                    "INSERT INTO job (id, project_id, kind, queue, status, request)"
+                    " VALUES (:id, :p, :kind, 'cpu', 'queued', CAST(:request AS jsonb))"
+                ),
+                [
+                    {"id": jobs[k], "p": mine, "kind": k, "request": json.dumps(r)}
+                    for k, r in requests.items()
+                ],
+            )
+        migrations.upgrade(scratch_url, "0013")
+        with engine.connect() as conn:
+            links = {
+                (row.job_id, row.field, row.artifact_id)
+                for row in conn.execute(text("SELECT * FROM job_artifact"))
+            }
+    finally:
+        engine.dispose()
+    a, s, p = jobs["analyze"], jobs["sweep"], jobs["sweep_point"]
+    assert links == {
+        (a, "checkpoint.0", art["ck0"]),
+        (a, "checkpoint.1", art["ck1"]),
+        (a, "dataset", art["data"]),
+        (a, "intermediate_checkpoints.0", art["early"]),
+        (a, "intermediate_checkpoints.1.1", art["ck1"]),
+        (s, "train_data", art["train"]),
+        (p, "checkpoint", art["ck0"]),
+        (p, "train_data", art["train"]),
+        (p, "eval_data", art["eval"]),
+    }

@@ -27,7 +27,22 @@ def test_ci_runs_the_static_checks_through_make_test() -> None:
     for command in ("ruff check .", "ruff format --check .", "lint-imports", "mypy"):
         assert command in joined, command
     _, fast = _recipe(makefile, "test-fast")
-    assert any('-m "not e2e"' in line for line in fast)
+    assert any('-m "not e2e and not slow"' in line for line in fast)
+
+
+def test_chromium_is_installed_by_the_set_up_not_by_a_test_target() -> None:
+    """The report-page tests need Chromium: the install step (the stamp ``make test`` and
+    ``make run`` depend on) sets it up, and no test target installs anything itself."""
+    makefile = (ROOT / "Makefile").read_text()
+    deps, stamp = _recipe(makefile, "$(STAMP)")
+    assert "scripts/ensure_chromium.sh" in deps  # a changed script re-runs the set-up
+    assert "bash scripts/ensure_chromium.sh" in stamp
+    install_deps, _ = _recipe(makefile, "install")
+    assert install_deps == ["$(STAMP)"]
+    for target in ("test", "test-fast"):
+        deps, recipe = _recipe(makefile, target)
+        assert "install" in deps
+        assert not any("chromium" in line or "apt-get" in line for line in recipe), target
 
 
 def test_layering_contracts_and_mypy_settings_are_declared() -> None:
@@ -51,7 +66,9 @@ def test_layering_contracts_and_mypy_settings_are_declared() -> None:
     assert "fastapi" in forbidden["curvplan_worker"]
     mypy = config["tool"]["mypy"]
     assert "pydantic.mypy" in mypy["plugins"]
+    assert {"curvplan", "app", "workers", "tests", "benchmarks"} <= set(mypy["files"])
     overrides = {tuple(o["module"]): o for o in mypy["overrides"]}
+    assert "union-attr" in overrides[("tests.*", "benchmarks.*")]["disable_error_code"]
     assert overrides[("torch", "torch.*")]["follow_imports"] == "silent"
     assert overrides[("curvplan.types", "curvplan.types.*")]["disallow_untyped_defs"] is True
 

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 
-from curvplan.types.jobs import JOB_CREATE_ADAPTER
+from curvplan.types.jobs import CLIENT_JOB_CREATE_ADAPTER
 from curvplan.types.problems import ProblemDocument
 from curvplan_core.config import Settings, get_settings
 from curvplan_core.db import make_engine, make_sessionmaker
@@ -128,7 +128,9 @@ def _install_openapi(app: FastAPI) -> None:
         if app.openapi_schema:
             return app.openapi_schema
         schema = default_openapi()
-        body_schema = JOB_CREATE_ADAPTER.json_schema(ref_template="#/components/schemas/{model}")
+        body_schema = CLIENT_JOB_CREATE_ADAPTER.json_schema(
+            ref_template="#/components/schemas/{model}"
+        )
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         for name, definition in body_schema.pop("$defs", {}).items():
             components.setdefault(name, definition)

@@ -1,15 +1,28 @@
 """Request and response models of the job resource, and the registry of job kinds.
 
-The create body is a discriminated union on ``kind``. To add a kind: define
-``XJobCreate`` with ``kind: Literal["x"]`` and ``queue: ClassVar[str]``, append it to
-:data:`JOB_CREATE_TYPES` (the union, the OpenAPI schema, :data:`QUEUE_OF_KIND` and the
-API's validation follow), and write its handler as the module
-``curvplan_worker.kinds.x`` exposing ``run`` (the worker derives it from the name).
+The create body is a discriminated union on ``kind``. A kind is declared once, by its
+create model: to add one, define ``XJobCreate`` with ``kind: Literal["x"]`` and its hooks as
+class variables —
+
+- ``queue``: the queue its jobs wait in;
+- ``artifact_fields``: the body fields that name artifacts, with the artifact kind each must
+  be (the API checks them at submission, 422 naming the field, and records them in the
+  ``job_artifact`` table, which keeps them from deletion while the job is live);
+- ``client_submittable``: False for an internal kind that only a fan-out creates (a client's
+  ``POST /v1/jobs`` of it is a 422);
+
+append it to :data:`JOB_CREATE_TYPES` (the unions, the OpenAPI schema, :data:`QUEUE_OF_KIND`
+and the API's validation follow), and write its handler as the module
+``curvplan_worker.kinds.x`` exposing ``run`` (the worker derives it from the name). Checks
+that need the database or the service's settings (model size, tensor layouts, re-plans) are
+the server's, registered under the kind's name (``curvplan_server.jobs.submission``).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from functools import reduce
 from operator import or_
@@ -43,9 +56,43 @@ TagValue = Annotated[str, Field(max_length=256)]
 MAX_TAGS = 32
 
 
+ArtifactKind = Literal["checkpoint", "dataset"]
+Loc = tuple[str | int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactField:
+    """A top-level body field of a kind that names artifacts of ``artifact_kind``.
+
+    Its value is an artifact id, a list of ids (the shards of one checkpoint), a list of
+    those (intermediate checkpoints), or null (names nothing).
+    """
+
+    name: str
+    artifact_kind: ArtifactKind
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactReference:
+    """One artifact id a job body names: where (``field``, e.g. ``("checkpoint", 1)`` for a
+    checkpoint's second shard), which, and the artifact kind it must have."""
+
+    field: Loc
+    artifact_id: uuid.UUID
+    kind: ArtifactKind
+
+    @property
+    def path(self) -> str:
+        """The field as a dotted path without the ``body`` prefix: ``checkpoint.1``."""
+        return ".".join(map(str, self.field))
+
+
 class _JobCreateBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    queue: ClassVar[str]  # each kind's queue (the registry below)
+    # The kind's hooks (the module docstring; the registries below derive from them).
+    queue: ClassVar[str]
+    artifact_fields: ClassVar[tuple[ArtifactField, ...]] = ()
+    client_submittable: ClassVar[bool] = True
 
     name: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
         default=None, description="A label to find the job by (not unique)."
@@ -121,6 +168,11 @@ class AnalyzeJobCreate(_JobCreateBase):
     """Measure a checkpoint's curvature on a data sample, then plan (GPU queue)."""
 
     queue: ClassVar[str] = "gpu"
+    artifact_fields: ClassVar[tuple[ArtifactField, ...]] = (
+        ArtifactField("dataset", "dataset"),
+        ArtifactField("checkpoint", "checkpoint"),
+        ArtifactField("intermediate_checkpoints", "checkpoint"),
+    )
     kind: Literal["analyze"]
     model: ModelSource = Field(
         description="The reference model spec, or {source: huggingface, config: <config.json>} "
@@ -154,7 +206,8 @@ BlockName = Annotated[str, Field(min_length=1, max_length=200)]
 
 
 class AnalyzeBlocksJobCreate(_JobCreateBase):
-    """One group of an analysis's block fan-out (an ``analyze`` creates these; GPU queue).
+    """One group of an analysis's block fan-out (internal: only an ``analyze`` creates these;
+    GPU queue).
 
     Loads the same checkpoint and dataset with the same options as its parent and measures
     only ``blocks`` (spectra, trace, GGN parts) and ``pairs`` (off-diagonal σ_max); its result
@@ -163,6 +216,11 @@ class AnalyzeBlocksJobCreate(_JobCreateBase):
     """
 
     queue: ClassVar[str] = "gpu"
+    artifact_fields: ClassVar[tuple[ArtifactField, ...]] = (
+        ArtifactField("dataset", "dataset"),
+        ArtifactField("checkpoint", "checkpoint"),
+    )
+    client_submittable: ClassVar[bool] = False
     kind: Literal["analyze_blocks"]
     model: ModelSource
     checkpoint: CheckpointRef
@@ -185,6 +243,13 @@ class AnalyzeBlocksJobCreate(_JobCreateBase):
     )
 
 
+_SWEEP_ARTIFACTS = (
+    ArtifactField("checkpoint", "checkpoint"),
+    ArtifactField("train_data", "dataset"),
+    ArtifactField("eval_data", "dataset"),
+)
+
+
 class SweepJobCreate(_JobCreateBase, _SweepBase):
     """Train at a ladder of batch sizes or dataset sizes and fit the budget's curves.
 
@@ -196,14 +261,18 @@ class SweepJobCreate(_JobCreateBase, _SweepBase):
     """
 
     queue: ClassVar[str] = "cpu"
+    artifact_fields: ClassVar[tuple[ArtifactField, ...]] = _SWEEP_ARTIFACTS
     kind: Literal["sweep"]
     sweep: SweepSettings
 
 
 class SweepPointJobCreate(_JobCreateBase, _SweepBase):
-    """One training run of a sweep (a sweep creates these; a client may run one alone)."""
+    """One training run of a sweep (internal: only a ``sweep`` creates these; a client
+    submits the sweep, not its points)."""
 
     queue: ClassVar[str] = "gpu"
+    artifact_fields: ClassVar[tuple[ArtifactField, ...]] = _SWEEP_ARTIFACTS
+    client_submittable: ClassVar[bool] = False
     kind: Literal["sweep_point"]
     point: PointSettings
 
@@ -226,6 +295,16 @@ def kind_name(create_type: type[_JobCreateBase]) -> str:
 #: kind → queue: the registry the API (validation, queueing) and the worker derive from.
 QUEUE_OF_KIND: dict[str, str] = {kind_name(t): t.queue for t in JOB_CREATE_TYPES}
 JOB_KINDS: tuple[str, ...] = tuple(QUEUE_OF_KIND)
+#: kind → the body fields that name artifacts (checked at submission, locked while live).
+ARTIFACT_FIELDS_OF_KIND: dict[str, tuple[ArtifactField, ...]] = {
+    kind_name(t): t.artifact_fields for t in JOB_CREATE_TYPES
+}
+#: The kinds a client may submit, and the internal ones only a fan-out creates.
+CLIENT_JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = tuple(
+    t for t in JOB_CREATE_TYPES if t.client_submittable
+)
+CLIENT_JOB_KINDS: tuple[str, ...] = tuple(kind_name(t) for t in CLIENT_JOB_CREATE_TYPES)
+INTERNAL_JOB_KINDS: tuple[str, ...] = tuple(k for k in JOB_KINDS if k not in CLIENT_JOB_KINDS)
 QUEUES: tuple[str, ...] = tuple(sorted(set(QUEUE_OF_KIND.values())))
 JOB_STATUSES = ("queued", "running", "cancelling", "succeeded", "failed", "cancelled")
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -238,8 +317,33 @@ def _union(types: tuple[type[_JobCreateBase], ...]) -> Any:
     return Annotated[reduce(or_, types), Field(discriminator="kind")]
 
 
+#: Every kind's body (what the worker validates a fan-out's children with).
 JobCreate = _union(JOB_CREATE_TYPES)
 JOB_CREATE_ADAPTER: TypeAdapter[Any] = TypeAdapter(JobCreate)
+#: The body of ``POST /v1/jobs``: the kinds a client may submit (the OpenAPI ``JobCreate``).
+ClientJobCreate = _union(CLIENT_JOB_CREATE_TYPES)
+CLIENT_JOB_CREATE_ADAPTER: TypeAdapter[Any] = TypeAdapter(ClientJobCreate)
+
+
+def _artifact_ids(loc: Loc, value: object) -> list[tuple[Loc, uuid.UUID]]:
+    """The ids in a field's value (an id, a list of ids, a list of those), with their locs."""
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return [found for i, item in enumerate(value) for found in _artifact_ids((*loc, i), item)]
+    if isinstance(value, uuid.UUID):
+        return [(loc, value)]
+    return [(loc, uuid.UUID(str(value)))]
+
+
+def artifact_references(kind: str, body: Mapping[str, object]) -> list[ArtifactReference]:
+    """Every artifact a validated body of ``kind`` names (JSON or Python form), in the order
+    of the kind's :attr:`artifact_fields`; ``[]`` for a kind that names none."""
+    return [
+        ArtifactReference(loc, artifact_id, field.artifact_kind)
+        for field in ARTIFACT_FIELDS_OF_KIND.get(kind, ())
+        for loc, artifact_id in _artifact_ids((field.name,), body.get(field.name))
+    ]
 
 
 class StageMark(BaseModel):

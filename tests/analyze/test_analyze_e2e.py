@@ -166,6 +166,7 @@ def _engine(service: Service) -> Any:
 
 
 # --------------------------------------------------------------------------- tests
+@pytest.mark.slow
 def test_analyze_over_http_matches_the_engine_and_plans(
     client: httpx.Client, service: Service, files: dict[str, Path]
 ) -> None:
@@ -418,6 +419,7 @@ def test_cancel_stops_inside_a_block_without_the_workers_kill(
     assert client.get("/v1/artifacts", params={"job_id": job["id"]}).json()["items"] == []
 
 
+@pytest.mark.slow
 def test_worker_sigkill_during_analysis_is_retried_and_finishes_once(
     client: httpx.Client, service: Service, files: dict[str, Path]
 ) -> None:
@@ -457,6 +459,7 @@ def test_worker_sigkill_during_analysis_is_retried_and_finishes_once(
     assert {name for name, _ in outputs} == set(done["result"]["artifacts"])
 
 
+@pytest.mark.slow
 def test_block_fan_out_over_two_workers_equals_the_single_process_run(
     client: httpx.Client, service: Service, files: dict[str, Path]
 ) -> None:

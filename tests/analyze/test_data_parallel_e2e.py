@@ -172,6 +172,7 @@ def test_more_devices_than_the_service_allows_is_a_422_naming_the_field(
     assert "resources" in response.json()["errors"][0]["field"]
 
 
+@pytest.mark.slow
 def test_a_killed_rank_fails_the_attempt_and_the_job_is_retried_whole(
     client: httpx.Client, service: Service, inputs: dict[str, str]
 ) -> None:
@@ -222,6 +223,7 @@ def test_a_killed_rank_fails_the_attempt_and_the_job_is_retried_whole(
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.slow
 def test_a_block_fan_out_of_a_two_device_job_runs_every_child_on_two_ranks(
     client: httpx.Client, service: Service, inputs: dict[str, str]
 ) -> None:
@@ -258,6 +260,7 @@ def test_a_block_fan_out_of_a_two_device_job_runs_every_child_on_two_ranks(
         assert request["resources"] == {"devices": 2}
 
 
+@pytest.mark.slow
 def test_cancelling_a_two_device_job_ends_every_rank(
     client: httpx.Client, service: Service, inputs: dict[str, str]
 ) -> None:

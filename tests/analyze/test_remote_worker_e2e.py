@@ -26,7 +26,7 @@ from live import wait_terminal
 from sqlalchemy import create_engine, text
 from test_analyze_e2e import N_EXAMPLES, OPTIONS, SPEC, TARGETS
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
 WORKER_ARGS = ["worker", "--queues", "gpu,cpu", "--poll-interval", "0.1"]
 

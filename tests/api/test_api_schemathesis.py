@@ -14,7 +14,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import checks
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 EXAMPLES_PER_OPERATION = 12
 # No 5xx, and every answer as documented (status, content type, headers, body schema).

@@ -148,7 +148,7 @@ def test_status_codes_of_the_job_operations_are_documented(openapi: dict[str, An
 def test_examples_validate_and_the_recommendation_example_is_the_planners(
     openapi: dict[str, Any],
 ) -> None:
-    from curvplan.types.jobs import JOB_CREATE_ADAPTER, JobOut
+    from curvplan.types.jobs import CLIENT_JOB_CREATE_ADAPTER, JobOut
     from curvplan.types.planner import Measurements, Recommendation, Targets
     from curvplan_core.planner.plan import make_plan
     from curvplan_server.jobs import examples
@@ -157,7 +157,7 @@ def test_examples_validate_and_the_recommendation_example_is_the_planners(
     bodies = create["requestBody"]["content"]["application/json"]["examples"]
     assert set(bodies) >= {"plan", "analyze"}
     for example in bodies.values():
-        JOB_CREATE_ADAPTER.validate_python(example["value"])
+        CLIENT_JOB_CREATE_ADAPTER.validate_python(example["value"])
     JobOut.model_validate(examples.JOB_EXAMPLE)
     Recommendation.model_validate(examples.RECOMMENDATION_EXAMPLE)
     again = make_plan(

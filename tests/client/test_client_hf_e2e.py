@@ -27,7 +27,7 @@ import curvplan
 from curvplan.client import ValidationFailedError
 from curvplan.client.pretrained import read_pretrained
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 pytest.importorskip("transformers")
 
 SUBLAYERS = ("ln1", "q", "k", "v", "o", "ln2", "ffn_in", "ffn_out")

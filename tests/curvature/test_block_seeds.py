@@ -81,6 +81,7 @@ def test_the_derived_seed_is_the_documented_sha256_prefix():
     assert derived_seed(7, "block:head") != derived_seed(7, "block:embed")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [OPTIONS, GGN_OPTIONS], ids=["spectra-trace", "ggn"])
 def test_a_block_alone_equals_the_same_block_measured_after_others(options):
     blocks = list(plan_blocks(SPEC, None, None, options, model=_model(), data=_data()).blocks)

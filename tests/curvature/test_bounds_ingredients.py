@@ -123,6 +123,7 @@ def _norm(m: torch.Tensor) -> float:
     return float(torch.linalg.matrix_norm(m, ord=2)) if m.numel() else 0.0
 
 
+@pytest.mark.slow
 def test_every_ingredient_bound_dominates_its_exact_value() -> None:
     violations = []
     for seed in range(N_INSTANCES):

@@ -171,6 +171,7 @@ def test_hessian_oracle_matches_central_finite_differences() -> None:
     assert float((fd - H).norm() / H.norm()) < 1e-6
 
 
+@pytest.mark.slow
 def test_theorem6_block_bounds_and_M_tr_dominate_exact_hessian_on_200_instances() -> None:
     violations: list[str] = []
     worst: dict[str, float] = dict.fromkeys(OPTION_SETS, 0.0)
@@ -204,6 +205,7 @@ def test_theorem6_block_bounds_and_M_tr_dominate_exact_hessian_on_200_instances(
     assert worst["exact_ingredients"] > 0.5, worst
 
 
+@pytest.mark.slow
 def test_theorem1_M_with_general_c_A_dominates_self_attention_hessian() -> None:
     violations: list[str] = []
     for seed in range(N_INSTANCES):

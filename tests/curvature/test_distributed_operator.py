@@ -18,6 +18,8 @@ from _dp_ranks import products, rank_main
 
 from curvplan_worker.curvature.distributed import DataParallel, shard_batches
 
+pytestmark = pytest.mark.slow  # spawns a second rank process that imports torch
+
 #: 4 micro-batches (2, 2, 2, 1 examples) → 2 per rank; 1 micro-batch → re-split by example.
 BATCH_SIZES = [2, 7]
 

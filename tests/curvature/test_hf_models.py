@@ -420,6 +420,7 @@ def test_unsupported_configs_are_refused_naming_the_field():
     )
 
 
+@pytest.mark.slow
 def test_cli_example_and_curvature_on_a_save_pretrained_directory(tmp_path):
     """``curvplan example --arch`` writes a save_pretrained directory that ``curvplan
     curvature --model`` measures under the uniform block ids; a Llama in float64 is reported

@@ -28,7 +28,7 @@ import httpx
 import pytest
 from live_plugin import drop_database, free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 PIP = [sys.executable, "-m", "pip"]

@@ -21,7 +21,7 @@ import pytest
 from live_plugin import free_port
 from sqlalchemy import text
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
 CURVPLAN = [str(Path(sys.executable).with_name("curvplan"))]
 if not Path(CURVPLAN[0]).exists():

@@ -192,3 +192,34 @@ def test_safety_net_queues_a_parent_whose_children_ended_behind_its_back(db, pro
     with db.begin() as conn:
         store.reap_expired(conn, backoff_base=0.1, backoff_max=0.1)
     assert job_row(db, parent).status == "queued"
+
+
+def test_children_are_linked_to_their_artifacts_in_the_fan_out_transaction(db, project_id):
+    """A fan-out's children keep their artifacts from deletion like a client's job: their
+    ``job_artifact`` rows are written with them (and an empty fan-out writes none)."""
+    train, evaluation = uuid.uuid4(), uuid.uuid4()
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO artifact (id, project_id, kind, storage, sha256, size_bytes)"
+                " VALUES (:id, :p, 'dataset', 'blob', :sha, 1)"
+            ),
+            [{"id": a, "p": project_id, "sha": a.hex * 2} for a in (train, evaluation)],
+        )
+    (parent,) = insert_jobs(db, project_id, [plan_request()])
+    fence = _claim(db, parent)
+    point = {"kind": "sweep_point", "train_data": str(train), "eval_data": str(evaluation)}
+    children = [
+        {"kind": "sweep_point", "request": {**point, "checkpoint": None}, "name": "B=2"},
+        {"kind": "plan", "request": {"kind": "plan", **plan_request()}, "name": "plan"},
+    ]
+    with db.begin() as conn:
+        assert store.fan_out(conn, fence, children) == "running"
+    point_child, plan_child = _children(db, parent)
+    with db.connect() as conn:
+        links = set(conn.execute(text("SELECT job_id, field, artifact_id FROM job_artifact")))
+    assert links == {
+        (point_child.id, "train_data", train),
+        (point_child.id, "eval_data", evaluation),
+    }
+    assert plan_child.kind == "plan"

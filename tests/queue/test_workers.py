@@ -70,6 +70,7 @@ def worker_rows(db: Engine) -> dict[str, Any]:
         return {row.id: row for row in conn.execute(text("SELECT * FROM worker"))}
 
 
+@pytest.mark.slow
 def test_four_workers_run_400_jobs_exactly_once(db, project_id, start_worker):
     ids = insert_jobs(db, project_id, [plan_request(30 + i % 20) for i in range(400)])
     # Nothing expires here: a longer lease and heartbeat keep the database chatter low.
@@ -257,6 +258,7 @@ def test_crashed_child_ends_the_attempt_not_the_worker(db, project_id, start_wor
     wait_for(lambda: status_of(db, next_job) == "succeeded", 30, "the next job")
 
 
+@pytest.mark.slow
 def test_sigterm_lets_the_running_job_finish(db, project_id, start_worker):
     (job_id,) = insert_jobs(db, project_id, [SLOW])
     worker = start_worker(*FAST, "--shutdown-grace-seconds", "60")
@@ -289,6 +291,7 @@ def test_sigterm_releases_a_job_that_outlives_the_grace_period(db, project_id, s
     assert child_pid(staying, job_id, 2) is not None
 
 
+@pytest.mark.slow
 def test_concurrency_runs_jobs_side_by_side_in_one_process(db, project_id, start_worker):
     ids = insert_jobs(db, project_id, [SLOW, SLOW])
     worker = start_worker(*FAST, "--concurrency", "2")

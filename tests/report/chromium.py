@@ -29,10 +29,8 @@ CONSOLE_LINE = re.compile(r":CONSOLE(?:\(\d+\)|:\d+)\] (.*)")
 
 
 def find_chromium() -> str | None:
-    """The browser binary, installing it with scripts/ensure_chromium.sh when missing."""
-    if not Path(CHROMIUM).exists():
-        script = Path(__file__).resolve().parents[2] / "scripts" / "ensure_chromium.sh"
-        subprocess.run(["bash", str(script)], check=False, timeout=600)
+    """The browser binary, or None. The set-up installs it (``make install`` runs
+    scripts/ensure_chromium.sh); the tests never install anything themselves."""
     return CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
 
 

@@ -23,7 +23,10 @@ EMPTY_PLOTS = ("off-diagonal", "bounds")
 def browser() -> str:
     binary = find_chromium()
     if binary is None:
-        pytest.skip("Chromium is not installed and could not be installed (ensure_chromium.sh)")
+        pytest.skip(
+            "Chromium is not installed: the set-up (`make install`, run by `make test`) "
+            "installs it with scripts/ensure_chromium.sh where apt-get may run"
+        )
     return binary
 
 

@@ -137,8 +137,8 @@ def test_delete_racing_a_job_submission_waits_for_it_and_refuses(
     """A submission holds the artifact rows it checked (FOR KEY SHARE) until it commits; the
     delete waits for it, then sees the queued job and answers 409 — never a queued job whose
     artifact is gone."""
+    from curvplan.types.jobs import artifact_references
     from curvplan_core.db import make_sessionmaker
-    from curvplan_server.analyze.references import analyze_references
     from curvplan_server.artifacts.service import check_references
     from curvplan_server.jobs.service import create_job
 
@@ -151,7 +151,7 @@ def test_delete_racing_a_job_submission_waits_for_it_and_refuses(
     body = analyze_body(checkpoint["id"], dataset["id"])
 
     with make_sessionmaker(engine)() as submit:
-        check_references(submit, project_id, analyze_references(body))  # the API's first step
+        check_references(submit, project_id, artifact_references("analyze", body))  # 1st step
         answer: dict[str, Any] = {}
         deleter = threading.Thread(
             target=lambda: answer.update(

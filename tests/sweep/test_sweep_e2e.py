@@ -14,7 +14,7 @@ from live import Service, start_service, wait_terminal
 from sqlalchemy import create_engine, text
 from sweep_helpers import TINY_SPEC, api_key, counting_data
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from curvplan_core.jobs.fanout import (
     settle_parents,
     waiting_progress,
 )
+from curvplan_core.jobs.links import link_artifacts
 
 ACTIVE = "('running', 'cancelling')"
 FENCE = f"id = :job_id AND worker_id = :worker_id AND attempt = :attempt AND status IN {ACTIVE}"
@@ -586,6 +587,7 @@ def fan_out(
             if row.status == "cancelling"
             else error_dict("internal-error", "Empty fan-out", "the job fanned out no children"),
         )
+    child_ids = [uuid.uuid4() for _ in children]
     conn.execute(
         text(
             "INSERT INTO job (id, project_id, parent_id, kind, queue, name, tags, status,"
@@ -596,7 +598,7 @@ def fan_out(
         ),
         [
             {
-                "id": uuid.uuid4(),
+                "id": child_id,
                 "project_id": row.project_id,
                 "parent_id": fence.job_id,
                 "kind": child["kind"],
@@ -607,8 +609,14 @@ def fan_out(
                 "priority": row.priority,
                 "max_attempts": int(child.get("max_attempts") or row.max_attempts),
             }
-            for child in children
+            for child_id, child in zip(child_ids, children, strict=True)
         ],
+    )
+    # The children's artifacts are linked in the same transaction (kept from deletion).
+    link_artifacts(
+        conn,
+        row.project_id,
+        [(i, c["kind"], c["request"]) for i, c in zip(child_ids, children, strict=True)],
     )
     stages = (progress or row.progress or {}).get("stages")
     waiting = waiting_progress({"queued": len(children)}, stages)

@@ -1,37 +1,31 @@
-"""Checks of a job body against the database, run before the job is queued.
+"""The ``analyze`` kind's submission checks (registered in ``curvplan_server.jobs.submission``).
 
-``prepare_job_body`` is called by ``POST /v1/jobs`` after the body's schema validation, in
-the same transaction as the insert. For an ``analyze`` job every artifact id must be an
-artifact of the caller's project with the right kind (else a 422 naming the field); then,
-from the artifacts' stored safetensors headers and the model alone (no torch):
+``POST /v1/jobs`` runs them after the body's schema validation and the artifact checks every
+kind gets (each id an artifact of the caller's project with the right kind, else a 422
+naming the field), in the same transaction as the insert. From the service's settings, the
+artifacts' stored safetensors headers and the model alone (no torch):
 
+- the devices asked for must not exceed the service's ``max_job_devices``;
 - a Hugging Face model's parameter count (computed from its config) must not exceed the
   service's ``max_model_parameters``;
 - the shards of a checkpoint must not hold the same tensor twice;
 - a reference-spec model takes an ``{inputs, targets}`` dataset (the Hugging Face layout
   ``input_ids``/``labels`` is for Hugging Face models); a model with learned positions
   (GPT-2) takes sequences no longer than its ``n_positions``.
-
-Plan jobs without references pass through untouched (no database work on the hot path).
 """
 
 from __future__ import annotations
 
-import json
 import uuid
-from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from curvplan.types.artifact_inputs import HF_DATASET_TENSORS, checkpoint_ids
 from curvplan.types.huggingface import GPT2Config, parameter_count, parse_hf_config
-from curvplan.types.planner import Measurements
 from curvplan_server.artifacts.models import Artifact
-from curvplan_server.artifacts.service import ArtifactRef, check_references
-from curvplan_server.problems import Problem, validation_problem
+from curvplan_server.problems import validation_problem
 
 ARTIFACT = Artifact.__table__
 Loc = tuple[str | int, ...]
@@ -52,14 +46,6 @@ def _checkpoint_fields(body: dict[str, Any]) -> list[list[tuple[Loc, uuid.UUID]]
         else:
             out.append([(loc, ids[0])])
     return out
-
-
-def analyze_references(body: dict[str, Any]) -> list[ArtifactRef]:
-    """The artifact fields of a validated analyze body, with the kind each must have."""
-    refs = [ArtifactRef(("dataset",), uuid.UUID(body["dataset"]), "dataset")]
-    for shards in _checkpoint_fields(body):
-        refs += [ArtifactRef(loc, artifact_id, "checkpoint") for loc, artifact_id in shards]
-    return refs
 
 
 def _error(loc: Loc, message: str, type_: str) -> dict[str, Any]:
@@ -168,35 +154,3 @@ def check_artifact_contents(session: Session, project_id: uuid.UUID, body: dict[
             )
     if errors:
         raise validation_problem(errors)
-
-
-def prepare_job_body(
-    session: Session,
-    project_id: uuid.UUID,
-    body: dict[str, Any],
-    data_dir: Path,
-    max_model_parameters: int | None = None,
-) -> dict[str, Any]:
-    """Check (and, for re-plans, complete) a validated job body; raises a 422/409 problem.
-
-    ``data_dir`` is the service's data directory (the blob store a re-plan reads from);
-    ``max_model_parameters`` the largest Hugging Face model accepted (None: no limit).
-    """
-    if body["kind"] == "analyze":
-        check_model_size(body, max_model_parameters)
-        check_references(session, project_id, analyze_references(body))
-        check_artifact_contents(session, project_id, body)
-    elif body["kind"] == "plan" and body.get("from_job") is not None:
-        from curvplan_server.analyze.replan import measurements_from_job
-
-        fields = measurements_from_job(session, project_id, uuid.UUID(body["from_job"]), data_dir)
-        try:
-            measurements = Measurements.model_validate_json(json.dumps(fields))
-        except ValidationError as exc:
-            raise Problem(
-                409,
-                f"the analysis's stored measurements no longer fit the planner: {exc}"[:500],
-                title="Conflict",
-            ) from None
-        body = {**body, "measurements": measurements.model_dump(mode="json", exclude_none=True)}
-    return body

@@ -9,13 +9,16 @@ the analysis cannot change after it succeeded).
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from curvplan.types.planner import Measurements
 from curvplan_core.artifacts.blobstore import default_store
 from curvplan_server.artifacts.models import Artifact
 from curvplan_server.jobs.models import Job
@@ -81,6 +84,25 @@ def measurements_from_job(
             "losses": rows.astype(float).tolist(),
         }
     return fields
+
+
+def complete_replan(
+    session: Session, project_id: uuid.UUID, body: dict[str, Any], data_dir: Path
+) -> dict[str, Any]:
+    """A plan body with ``from_job``, completed with that analysis's measurements (a plan
+    body without it is returned as is). 409 when they no longer fit the planner."""
+    if body.get("from_job") is None:
+        return body
+    fields = measurements_from_job(session, project_id, uuid.UUID(body["from_job"]), data_dir)
+    try:
+        measurements = Measurements.model_validate_json(json.dumps(fields))
+    except ValidationError as exc:
+        raise Problem(
+            409,
+            f"the analysis's stored measurements no longer fit the planner: {exc}"[:500],
+            title="Conflict",
+        ) from None
+    return {**body, "measurements": measurements.model_dump(mode="json", exclude_none=True)}
 
 
 def _load(session: Session, store: Any, project_id: uuid.UUID, artifact_id: str) -> dict[str, Any]:

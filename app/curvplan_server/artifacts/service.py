@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import Row, Table, and_, select, tuple_
 from sqlalchemy.orm import Session
 
+from curvplan.types.jobs import ArtifactReference
 from curvplan_server.artifacts.models import Artifact
 from curvplan_server.paging import decode_page_token, encode_page_token, page_token_problem
 from curvplan_server.problems import not_found, validation_problem
@@ -189,16 +190,9 @@ def list_artifacts(
 
 
 # --------------------------------------------------------------------------- job references
-@dataclass(frozen=True, slots=True)
-class ArtifactRef:
-    """A job body field that names an artifact, and the kind it must have."""
-
-    field: Sequence[str | int]  # location in the body, e.g. ("intermediate_checkpoints", 0)
-    artifact_id: uuid.UUID
-    kind: str
-
-
-def check_references(session: Session, project_id: uuid.UUID, refs: Sequence[ArtifactRef]) -> None:
+def check_references(
+    session: Session, project_id: uuid.UUID, refs: Sequence[ArtifactReference]
+) -> None:
     """422 naming every field whose artifact is missing, another project's, or of the wrong kind.
 
     A missing artifact and another project's artifact get the same message, so a job body

@@ -132,3 +132,19 @@ class JobAttempt(Base):
     claimed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     outcome: Mapped[str | None] = mapped_column(Text)
+
+
+class JobArtifact(Base):
+    """An artifact a job's body names, at ``field`` (its dotted path, e.g. ``checkpoint.1``):
+    what keeps the artifact from deletion while the job is live (curvplan_core.jobs.links,
+    migration 0013)."""
+
+    __tablename__ = "job_artifact"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("job.id", ondelete="CASCADE"), primary_key=True
+    )
+    field: Mapped[str] = mapped_column(Text, primary_key=True)
+    artifact_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("artifact.id", ondelete="CASCADE"), index=True
+    )

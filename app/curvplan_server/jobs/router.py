@@ -15,13 +15,24 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from curvplan.types.jobs import JOB_CREATE_ADAPTER, JOB_KINDS, TERMINAL_STATUSES, JobOut, JobPage
+from curvplan.types.jobs import (
+    CLIENT_JOB_CREATE_ADAPTER,
+    INTERNAL_JOB_KINDS,
+    JOB_KINDS,
+    TERMINAL_STATUSES,
+    JobOut,
+    JobPage,
+)
 from curvplan.types.planner import Recommendation
-from curvplan_server.analyze.references import check_job_devices, prepare_job_body
 from curvplan_server.auth.dependencies import ProjectDep, authenticate
 from curvplan_server.db import SessionDep
 from curvplan_server.jobs import service
 from curvplan_server.jobs.examples import CREATE_EXAMPLES, JOB_EXAMPLE, RECOMMENDATION_EXAMPLE
+from curvplan_server.jobs.submission import (
+    SubmissionContext,
+    internal_kind_message,
+    prepare_job_body,
+)
 from curvplan_server.problems import (
     Problem,
     field_errors_from_pydantic,
@@ -60,7 +71,7 @@ def _validate_body(raw: bytes) -> dict[str, Any]:
             ]
         )
     try:
-        model = JOB_CREATE_ADAPTER.validate_json(raw)
+        model = CLIENT_JOB_CREATE_ADAPTER.validate_json(raw)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_input=False)
         if any(e["type"] == "json_invalid" for e in errors):
@@ -83,6 +94,9 @@ def _validate_body(raw: bytes) -> dict[str, Any]:
         for e in errors:  # the discriminated union puts the kind first in loc: drop it
             if e["type"] in ("union_tag_not_found", "union_tag_invalid"):
                 e["loc"] = ("kind",)
+                tag = (e.get("ctx") or {}).get("tag")
+                if tag in INTERNAL_JOB_KINDS:  # a fan-out's child kind, not a client's
+                    e["type"], e["msg"] = "internal_kind", internal_kind_message(tag)
             elif e["loc"] and e["loc"][0] in JOB_KINDS:
                 e["loc"] = e["loc"][1:]
         raise validation_problem(field_errors_from_pydantic(errors, prefix=("body",))) from None
@@ -191,8 +205,6 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
         )
     body = _validate_body(await request.body())
     settings = request.app.state.settings
-    if body["kind"] == "analyze":
-        check_job_devices(body, settings.max_job_devices)
     if body.get("webhook_url") is not None:
         await run_in_threadpool(check_job_webhook, session, settings, auth.project_id, body)
     created = await run_in_threadpool(
@@ -204,6 +216,7 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
         idempotency_key,
         settings.data_dir,
         settings.max_model_parameters,
+        settings.max_job_devices,
     )
     headers = {"Location": created.job["links"]["self"]}
     if created.replayed:
@@ -219,9 +232,13 @@ def _create_and_commit(
     idempotency_key: str | None,
     data_dir: Path,
     max_model_parameters: int | None,
+    max_job_devices: int,
 ) -> service.Created:
-    # artifact ids, model size, shards, from_job
-    body = prepare_job_body(session, project_id, body, data_dir, max_model_parameters)
+    # every kind's artifact ids, then the kind's own checks (model size, shards, from_job)
+    context = SubmissionContext(
+        session, project_id, data_dir, max_model_parameters, max_job_devices
+    )
+    body = prepare_job_body(context, body)
     created = service.create_job(
         session,
         project_id,

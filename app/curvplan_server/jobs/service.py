@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from curvplan.types.jobs import JOB_KINDS, JOB_STATUSES, QUEUE_OF_KIND, TERMINAL_STATUSES
 from curvplan_core.jobs import fanout
+from curvplan_core.jobs.links import link_artifacts
 from curvplan_server.jobs.models import Job
 from curvplan_server.problems import Problem, conflict, not_found, validation_problem
 
@@ -127,7 +128,8 @@ def create_job(
     ``body`` is the validated request (JSON-ready dict). Same key + same body
     returns the original response again (``replayed=True``, see :func:`original_response`);
     same key + another body raises a 422 problem (draft-ietf-httpapi-idempotency-key-header
-    §2.7).
+    §2.7). The artifacts the body names are linked to the new job (``job_artifact``) in the
+    same transaction.
     """
     request_hash = canonical_hash(body)
     kind = body["kind"]
@@ -168,6 +170,7 @@ def create_job(
     )
     raw = cursor.fetchone()
     if raw is not None:
+        link_artifacts(session.connection(), project_id, [(values["id"], kind, body)])
         mapping = dict(zip(_INSERT_RETURNING, raw, strict=True))
         mapping["request"] = body  # what was just stored; no need to read it back
         return Created(job_to_json(_RawRow(mapping)), replayed=False)

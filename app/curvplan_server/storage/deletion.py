@@ -1,10 +1,12 @@
 """``DELETE /v1/artifacts/{id}``: remove an uploaded artifact that no live job needs.
 
-The artifact row is locked (``FOR UPDATE``) before the check for jobs that reference it, and
-``POST /v1/jobs`` locks the rows it references (``FOR KEY SHARE``) in the transaction that
-inserts the job. So a job submitted concurrently either commits first (the delete then sees
-it and answers 409) or waits for the delete and is refused with 422 "artifact not found":
-no queued job ever names a deleted artifact. The blob file goes once no row of any project
+The jobs that use an artifact are those its ``job_artifact`` rows name (every kind's
+artifact fields, written with the job: :mod:`curvplan_core.jobs.links`). The artifact row
+is locked (``FOR UPDATE``) before that check, and ``POST /v1/jobs`` (and a fan-out) locks the
+rows it references (``FOR KEY SHARE``) in the transaction that inserts the job. So a job
+submitted concurrently either commits first (the delete then sees it and answers 409) or
+waits for the delete and is refused with 422 "artifact not found": no queued job ever names
+a deleted artifact. The blob file goes once no row of any project
 references it (under the blob's lock, see :mod:`curvplan_core.storage.blobs`).
 """
 
@@ -16,26 +18,11 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from curvplan_core.artifacts.blobstore import BlobStore
+from curvplan_core.jobs.links import active_jobs_using
 from curvplan_core.storage.blobs import delete_if_unreferenced
 from curvplan_server.problems import Problem, not_found
 
-ACTIVE = ("queued", "running", "cancelling")
 MAX_JOBS_LISTED = 20
-
-
-def active_jobs_referencing(
-    session: Session, project_id: uuid.UUID, artifact_id: uuid.UUID
-) -> list[dict[str, str]]:
-    """Queued/running jobs of the project whose request names the artifact (any field)."""
-    rows = session.execute(
-        text(
-            "SELECT id, status FROM job WHERE project_id = :p "
-            "AND status IN ('queued', 'running', 'cancelling') "
-            "AND strpos(request::text, :needle) > 0 ORDER BY created_at LIMIT :n"
-        ),
-        {"p": project_id, "needle": f'"{artifact_id}"', "n": MAX_JOBS_LISTED},
-    ).all()
-    return [{"id": str(r.id), "status": r.status} for r in rows]
 
 
 def delete_artifact(
@@ -56,7 +43,7 @@ def delete_artifact(
             title="Conflict",
             extra={"artifact_kind": row.kind},
         )
-    jobs = active_jobs_referencing(session, project_id, artifact_id)
+    jobs = active_jobs_using(session.connection(), project_id, artifact_id, MAX_JOBS_LISTED)
     if jobs:
         raise Problem(
             409,

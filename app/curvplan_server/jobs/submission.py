@@ -1,0 +1,95 @@
+"""What ``POST /v1/jobs`` checks of a validated body before it queues the job, for every kind.
+
+The kinds are declared once, in ``curvplan.types.jobs``: each create model names its
+artifact fields and whether clients may submit it. From those, every kind's body gets the
+same treatment here, in the transaction that inserts the job:
+
+1. an internal kind (``client_submittable = False``) is refused with a 422 at ``body.kind``
+   (the router's validation already refuses it; this guards any other caller);
+2. every artifact id it names must be an artifact of the caller's project of the declared
+   kind — else a 422 naming the field, e.g. ``body.train_data`` — and the rows stay locked
+   (``FOR KEY SHARE``) until the job, and its ``job_artifact`` rows, are committed;
+3. then the kind's own checks, the ones that need the database or the service's settings,
+   registered below under the kind's name (:data:`SUBMISSION_CHECKS`). A check returns the
+   body to queue (a re-plan completes its measurements).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy.orm import Session
+
+from curvplan.types.jobs import CLIENT_JOB_KINDS, INTERNAL_JOB_KINDS, artifact_references
+from curvplan_server.analyze import references, replan
+from curvplan_server.artifacts.service import check_references
+from curvplan_server.problems import Problem, validation_problem
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionContext:
+    """Where a body is being submitted: the caller's project and the service's limits."""
+
+    session: Session
+    project_id: UUID
+    data_dir: Path  # the blob store a re-plan reads from
+    max_model_parameters: int | None = None  # the largest Hugging Face model (None: any)
+    max_job_devices: int = 1
+
+
+SubmissionCheck = Callable[[SubmissionContext, dict[str, Any]], dict[str, Any]]
+
+
+def _check_plan(ctx: SubmissionContext, body: dict[str, Any]) -> dict[str, Any]:
+    return replan.complete_replan(ctx.session, ctx.project_id, body, ctx.data_dir)
+
+
+def _check_analyze(ctx: SubmissionContext, body: dict[str, Any]) -> dict[str, Any]:
+    references.check_job_devices(body, ctx.max_job_devices)
+    references.check_model_size(body, ctx.max_model_parameters)
+    references.check_artifact_contents(ctx.session, ctx.project_id, body)
+    return body
+
+
+#: kind → its own submission check (kinds without one get only the checks every kind gets).
+SUBMISSION_CHECKS: Mapping[str, SubmissionCheck] = {
+    "plan": _check_plan,
+    "analyze": _check_analyze,
+}
+
+
+def internal_kind_message(kind: str) -> str:
+    """Why a client may not submit ``kind`` (the 422's message at ``body.kind``)."""
+    allowed = ", ".join(repr(k) for k in CLIENT_JOB_KINDS)
+    return (
+        f"jobs of kind {kind!r} are created by the service (a fan-out's children), not "
+        f"submitted; submit one of {allowed}"
+    )
+
+
+def internal_kind_problem(kind: str) -> Problem:
+    """422 at ``body.kind`` for an internal kind."""
+    return validation_problem(
+        [
+            {
+                "field": "body.kind",
+                "loc": ["body", "kind"],
+                "message": internal_kind_message(kind),
+                "type": "internal_kind",
+            }
+        ]
+    )
+
+
+def prepare_job_body(ctx: SubmissionContext, body: dict[str, Any]) -> dict[str, Any]:
+    """Check (and, for re-plans, complete) a validated client body; raises a 422/409 problem."""
+    kind = body["kind"]
+    if kind in INTERNAL_JOB_KINDS:
+        raise internal_kind_problem(kind)
+    check_references(ctx.session, ctx.project_id, artifact_references(kind, body))
+    check = SUBMISSION_CHECKS.get(kind)
+    return body if check is None else check(ctx, body)
