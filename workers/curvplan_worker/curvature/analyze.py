@@ -434,7 +434,7 @@ def _analyze(
             memory=memory,
         )
         report(
-            0.06, "cost", "one product measured: estimating the stages", cost=result["cost_inputs"]
+            0.05, "cost", "one product measured: estimating the stages", cost=result["cost_inputs"]
         )
         if only is not None:
             wanted = {name: blocks[name] for name in _known(only.blocks, blocks, "blocks")}
