@@ -46,7 +46,7 @@ SLOW: dict[str, Any] = {
 # A block of 262k parameters: its full Lanczos basis at max_iter 10000 is about 20 GiB.
 WIDE_SPEC: dict[str, Any] = {**SPEC, "d_model": 256, "d_ff": 1024}
 MEMORY_LIMIT = "4GiB"
-TIME_LIMIT = 60.0  # analyze jobs; the fan-out's analyze_blocks children get 300 s
+TIME_LIMIT = 60.0  # analyze jobs; the fan-out's analyze_blocks children get an hour
 # Workers as deployed: the default (short) cancel grace; fast polling and leases for a test.
 WORKER_FLAGS = [
     "--lease-seconds",
@@ -72,7 +72,7 @@ def service(database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         database,
         tmp_path_factory.mktemp("limits-e2e"),
         CURVPLAN_WORKER_MEMORY_LIMIT=MEMORY_LIMIT,
-        CURVPLAN_JOB_TIME_LIMITS=json.dumps({"analyze": TIME_LIMIT, "analyze_blocks": 300}),
+        CURVPLAN_JOB_TIME_LIMITS=json.dumps({"analyze": TIME_LIMIT, "analyze_blocks": 3600}),
         CURVPLAN_MAX_ARTIFACT_BYTES=str(16 * 2**20),
     )
     # The service's own worker runs with the test flags above (the default cancel grace).
@@ -250,12 +250,19 @@ def test_a_failed_block_group_fails_its_analysis_at_once_and_cancels_the_other_g
     (its request names an unknown block, as a hand-edited row would): the analysis fails as soon
     as that child fails, and the running group is cancelled instead of running to its end."""
     second = worker(service, "worker-2.log")
-    time.sleep(1.0)  # registered, then paused: the first worker takes the parent and group 1
+    deadline = time.monotonic() + 120
+    while len(rows(service, "SELECT id FROM worker WHERE status = 'running'")) < 2:
+        assert time.monotonic() < deadline, second.tail()
+        time.sleep(0.1)
+    # Registered, then paused: the first worker takes the parent and the slow group.
     assert second.proc is not None
     second.proc.send_signal(signal.SIGSTOP)
     try:
+        # The wide model's ffn_in block traced with 5000 products: minutes of work.
         options = {**SLOW, "blocks": ["layers.0.ffn_in", "head"], "fan_out_groups": 2}
-        parent = submit(client, artifacts, options=options)
+        parent = submit(
+            client, artifacts, model=WIDE_SPEC, checkpoint=artifacts["wide"], options=options
+        )
         deadline = time.monotonic() + 120
         while True:
             children = rows(
@@ -291,7 +298,7 @@ def test_a_failed_block_group_fails_its_analysis_at_once_and_cancels_the_other_g
         assert "1 other child job(s) cancelled" in error["detail"]
         sibling = wait_terminal(client, str(slow.id), timeout=30)
         assert sibling["status"] == "cancelled", sibling
-        assert time.monotonic() - failed_at < 10  # cancelled, not run through its ~2k products
+        assert time.monotonic() - failed_at < 10  # cancelled, not run through its 5k products
         outcomes = rows(service, "SELECT outcome FROM job_attempt WHERE job_id = :id", id=slow.id)
         assert [r.outcome for r in outcomes] == ["cancelled"]
         # The parent never ran its fan-in attempt.
