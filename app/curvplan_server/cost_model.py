@@ -2,7 +2,7 @@
 
 One cost model for the API (a submission's estimate from the parameters, tokens and blocks of
 the config or spec) and the worker (the same stages with the milliseconds of one measured
-product, then the ETA while it runs; docs/operations.md#cost-model). Standard library only.
+product, then the ETA while it runs; docs/operations.md#cost-model-and-eta). Standard library only.
 
 The unit is one *product*: a Hessian-vector product over the whole evaluation sample (one
 second backward through every micro-batch's graph). Each stage's work is counted in products:

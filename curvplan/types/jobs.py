@@ -267,7 +267,7 @@ class Progress(BaseModel):
         default=None,
         description="Seconds the attempt still needs by its own estimate (an analysis: its "
         "stages at the measured milliseconds per product, updated as blocks converge; "
-        "docs/operations.md#cost-model); null before the estimate.",
+        "docs/operations.md#cost-model-and-eta); null before the estimate.",
     )
 
 

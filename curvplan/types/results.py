@@ -149,12 +149,12 @@ class EngineMeasurements(_Open):
         default=None,
         description="What the cost model was given before the spectra: one measured product "
         "(ms_per_product, first_product_ms), the blocks and pairs, the sample's size and the "
-        "memory the smallest plan needs (docs/operations.md#cost-model).",
+        "memory the smallest plan needs (docs/operations.md#cost-model-and-eta).",
     )
     cost_estimate: CostEstimate | None = Field(
         default=None,
         description="The estimate made from them, stage by stage (products × ms per product), "
-        "and how the first ETA compared with the run (docs/operations.md#cost-model).",
+        "and how the first ETA compared with the run (docs/operations.md#cost-model-and-eta).",
     )
     elapsed_s: float | None = None
 

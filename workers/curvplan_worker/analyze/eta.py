@@ -1,4 +1,4 @@
-"""The ETA of a running analysis and its time admission (docs/operations.md#cost-model).
+"""The ETA of a running analysis and its time admission (docs/operations.md#cost-model-and-eta).
 
 The engine measures one product before the spectra and reports the figures as its ``cost``
 event (``curvplan_worker.curvature.limits``). :class:`EtaTracker` turns them into a stage-by-

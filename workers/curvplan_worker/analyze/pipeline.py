@@ -378,7 +378,7 @@ def run_engine(
             limits=ctx.limits,
         )
     record = eta.record()
-    if record is not None:  # docs/operations.md#cost-model
+    if record is not None:  # docs/operations.md#cost-model-and-eta
         result["cost_estimate"] = record
     return result
 

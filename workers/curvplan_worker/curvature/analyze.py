@@ -413,7 +413,7 @@ def _analyze(
         result["n_loss_terms"] = engine.total_count
         result["gradient_norm"] = float(torch.linalg.vector_norm(grad.double()))
         result["n_eval_batches"] = len(engine.batches)
-        # docs/operations.md#cost-model: one measured product, before the spectra
+        # docs/operations.md#cost-model-and-eta: one measured product, before the spectra
         memory = check_fits(limits, engine.per_example_bytes or 0.0, basis) or {}
         stages = ["blocks", "off_diagonal"] if only is not None else None
         if measured is not None:
