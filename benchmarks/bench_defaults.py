@@ -106,8 +106,10 @@ def compare(title: str, runs: dict[str, dict[str, Any]]) -> float:
     print(f"{'run':<10}{'wall s':>10}{'block products':>16}")
     for name in ("default", "strict"):
         print(f"{name:<10}{runs[name]['wall_s']:>10.1f}{runs[name]['products']:>16}")
-    print(f"speed-up of the defaults: {s['wall_s'] / d['wall_s']:.2f}x wall, "
-          f"{s['products'] / max(d['products'], 1):.2f}x products")
+    print(
+        f"speed-up of the defaults: {s['wall_s'] / d['wall_s']:.2f}x wall, "
+        f"{s['products'] / max(d['products'], 1):.2f}x products"
+    )
     worst = 0.0
     print(f"{'budget number':<58}{'default':>13}{'strict':>13}{'rel. diff':>11}")
     for key in sorted(set(default) | set(strict)):
@@ -139,9 +141,7 @@ def main() -> None:
     cmd = curvplan_command()
     subprocess.run([*cmd, "example", "--out", str(tmp / "example")], check=True)
     if args.hf:
-        subprocess.run(
-            [*cmd, "example", "--arch", "gpt2", "--out", str(tmp / "gpt2")], check=True
-        )
+        subprocess.run([*cmd, "example", "--arch", "gpt2", "--out", str(tmp / "gpt2")], check=True)
     env = {
         "CURVPLAN_WORKER_THREADS": "1",
         "CURVPLAN_WORKER_SELF_TEST": "false",

@@ -12,6 +12,7 @@ blocks took against their prior, and the milliseconds per product actually seen)
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from curvplan_server import cost_model
@@ -25,13 +26,19 @@ ORDER = ("blocks", "off_diagonal", "dense", "top_eigenspace", "per_sample", "gra
 class EtaTracker:
     """Wraps the engine's progress callback: estimate at the ``cost`` event, ETA after it."""
 
-    def __init__(self, limits: AttemptLimits | None, options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        limits: AttemptLimits | None,
+        options: dict[str, Any],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limits = limits
         self.options = options
+        self.clock = clock
         self.estimate: cost_model.CostEstimate | None = None
         self.inputs: dict[str, Any] | None = None
         self.stage: str | None = None
-        self.stage_started = time.monotonic()
+        self.stage_started = clock()
         self.stage_products_at_start = 0
         self.stage_seconds: dict[str, float] = {}
         self.block_done_products: dict[str, float] = {}
@@ -44,7 +51,7 @@ class EtaTracker:
     # ----------------------------------------------------------------------- events
     def update(self, event: Any) -> float | None:
         """Take one engine event; the ETA in seconds after it (None before the estimate)."""
-        now = time.monotonic()
+        now = self.clock()
         products = getattr(event, "products", None)
         if event.stage == "cost" and getattr(event, "cost", None):
             self._start(event.cost)
@@ -160,7 +167,7 @@ class EtaTracker:
             }
         out["stage_seconds"] = {k: round(v, 3) for k, v in self.stage_seconds.items()}
         if self.first_eta is not None and self.first_eta_at is not None:
-            actual = time.monotonic() - self.first_eta_at
+            actual = self.clock() - self.first_eta_at
             out["first_eta_seconds"] = self.first_eta
             out["actual_seconds_after_first_eta"] = round(actual, 3)
             if actual > 0:
