@@ -16,7 +16,8 @@ Decisions (each one has a test in tests/queue):
 * Job errors (``JobError``) and unexpected exceptions fail the job at once (no retry):
   they are deterministic in the request.
 * Cancel: the parent sets the child's cancel event when a heartbeat sees
-  ``cancel_requested``; a child that does not stop within ``cancel_grace_seconds`` (1.5 s:
+  ``cancel_requested`` (the job trigger's NOTIFY of ``cancelling`` makes the slot beat at
+  once, not at its next period); a child that does not stop within ``cancel_grace_seconds`` (1 s:
   the engine checks the flag inside its micro-batch loops) is killed. Either way the job
   ends ``cancelled``, within about 2 s of the request.
 * Memory (docs/operations.md#memory-limit): a child whose processes hold more than the
@@ -63,7 +64,7 @@ from curvplan_server.auth.operator import create_worker_key, worker_key_valid
 from curvplan_server.config import Settings
 from curvplan_server.db import make_engine
 from curvplan_server.logging import bind, configure_logging
-from curvplan_server.notify import QueueNotifier
+from curvplan_server.notify import JOB_CHANNEL, Listener, QueueNotifier, parse_payload
 from curvplan_server.webhooks.guard import AddressPolicy
 from curvplan_worker import store, webhooks
 from curvplan_worker.attempt import (
@@ -108,7 +109,7 @@ class WorkerOptions:
     backoff_base: float = 2.0
     backoff_max: float = 300.0
     worker_stale_seconds: float = 60.0
-    cancel_grace_seconds: float = 1.5
+    cancel_grace_seconds: float = 1.0
     shutdown_grace_seconds: float = 30.0
     start_method: str = "forkserver"
     log_format: str = "console"
@@ -480,6 +481,14 @@ class WorkerSlot:
         )
         error = error_dict("out-of-memory", "The job ran out of memory", detail[:2000])
         self._write_final(fence, Final("error", error), progress=progress)
+
+    def beat_if_cancelling(self, job_id: str) -> None:
+        """A NOTIFY said job ``job_id`` is ``cancelling``: if it runs here, beat now (the beat
+        reads the flag and hands it to the child) instead of at the next period."""
+        with self.state.lock:
+            current = self.state.current
+        if current is not None and str(current.fence.job_id) == job_id:
+            self.state.beat_now.set()
 
     def _worker_key(self) -> str:
         """This slot's ``worker`` key, created again if the reaper revoked it (the slot was
@@ -920,6 +929,7 @@ def run_worker(options: WorkerOptions) -> int:
     if options.notify:  # one LISTEN connection wakes every idle slot of this process
         notifier = QueueNotifier(options.database_url, options.queues)
         notifier.start()
+    cancels: Listener | None = None
     metrics = WorkerMetrics() if options.metrics_port is not None else None
     stop_metrics = None
     if metrics is not None and options.metrics_port is not None:
@@ -931,6 +941,19 @@ def run_worker(options: WorkerOptions) -> int:
         WorkerSlot(options, engine, mp_context, stop, hurry, notifier=notifier, metrics=metrics)
         for _ in range(options.concurrency)
     ]
+    if options.notify:
+        # A cancel reaches the running attempt at once, not at the next heartbeat: the job
+        # trigger NOTIFYs every status change, ``cancelling`` included (migration 0006).
+        def on_job(payload: str) -> None:
+            parsed = parse_payload(payload)
+            if parsed is not None and parsed[1] == "cancelling":
+                for slot in slots:
+                    slot.beat_if_cancelling(parsed[0])
+
+        cancels = Listener(
+            options.database_url, JOB_CHANNEL, on_job, lambda: None, name="curvplan-cancel-listen"
+        )
+        cancels.start()
     failed: list[str] = []
 
     def run_slot(slot: WorkerSlot) -> None:
@@ -966,6 +989,8 @@ def run_worker(options: WorkerOptions) -> int:
     sender.join(timeout=15)  # a POST in flight ends within its timeout
     if notifier is not None:
         notifier.stop()
+    if cancels is not None:
+        cancels.stop()
     if stop_metrics is not None:
         stop_metrics()
     engine.dispose()
