@@ -67,7 +67,7 @@ class MemoryLimit:
 def _memory_cgroups(proc_cgroup: Path) -> list[tuple[str, str]]:
     """``[(version, path)]`` of the memory controller in ``/proc/<pid>/cgroup`` (v1 line
     ``N:memory:/path``, v2 line ``0::/path``)."""
-    out = []
+    out: list[tuple[str, str]] = []
     try:
         lines = proc_cgroup.read_text().splitlines()
     except OSError:
