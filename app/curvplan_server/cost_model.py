@@ -14,8 +14,9 @@ second backward through every micro-batch's graph). Each stage's work is counted
 * off-diagonal σ_max: Lanczos on H_rcᵀH_rc, two products per step, rank ≤ min(n_r, n_c);
 * dense: one product per parameter (the Hessian's columns);
 * top eigenspace: one Lanczos run over all parameters;
-* per-sample and gradient-noise statistics: per-example passes, counted as the share of one
-  product they are (a forward pass is about a third of a product, a gradient half of one).
+* per-sample and gradient-noise statistics: per-example passes, each counted as its 1/N
+  share of a product plus :data:`PER_EXAMPLE_OVERHEAD` (a forward pass over the sample is
+  about a third of a product).
 
 Seconds are products × milliseconds per product: measured by the worker before the spectra,
 else the prior :func:`prior_ms_per_product` from the FLOPs of one product (about 12 · P · T
@@ -40,8 +41,19 @@ the worker's measured product replaces it."""
 FORWARD_SHARE = 1.0 / 3.0
 """A forward pass as a share of one product (2PT of about 12PT, with fixed costs)."""
 
-GRADIENT_SHARE = 0.5
-"""A first-order gradient (forward and backward) as a share of one product."""
+PER_EXAMPLE_OVERHEAD = 0.2
+"""What one per-example product costs on top of its 1/N share of the FLOPs, in products: the
+fixed cost of a forward and two backward passes on one example. Calibrated on the ``curvplan
+example`` model on CPU (benchmarks/results/defaults-cpu.txt), where per-example work is mostly
+fixed cost; on large models it overestimates, and the ETA corrects it as the stage runs."""
+
+PER_SAMPLE_STEPS = 40
+"""Prior Lanczos steps of one example's Hessian norm (at most ``per_sample_max_iter``)."""
+
+NOISE_PRODUCTS_PER_EXAMPLE = 5.0
+"""Per-example products the gradient-noise statistics spend per example they use (per-example
+gradients, their jackknife groups and the Hessian quadratic forms gᵀHg); calibrated like
+:data:`PER_EXAMPLE_OVERHEAD`."""
 
 STEPS_BASE = 20.0
 STEPS_PER_DIGIT = 10.0
@@ -225,16 +237,16 @@ def estimate(
     if opts.per_sample and opts.top_d > 0:
         steps = expected_lanczos_steps(n_params, opts) + opts.top_d
         add("top_eigenspace", steps, float(min(opts.max_iter, n_params)))
+    example = 1.0 / n + PER_EXAMPLE_OVERHEAD  # one per-example product, in products
     if opts.per_sample:
         forwards = (1 + opts.n_directions + (1 if opts.top_d else 0)) * FORWARD_SHARE
         subsample = min(opts.hessian_subsample, n)
-        hessian = subsample * min(opts.per_sample_max_iter, 40) / n
-        worst = subsample * opts.per_sample_max_iter / n
+        hessian = subsample * min(opts.per_sample_max_iter, PER_SAMPLE_STEPS) * example
+        worst = subsample * opts.per_sample_max_iter * example
         add("per_sample", forwards + hessian, forwards + worst)
     if opts.gradient_noise and n >= 3:
-        n_grad = min(opts.noise_grad_examples or n, n)
-        n_hess = min(opts.noise_hessian_examples or max(1, n // 4), n)
-        work = (n_grad * GRADIENT_SHARE + n_hess) / n * 2.0
+        used = min((opts.noise_grad_examples or n) + (opts.noise_hessian_examples or 0), n)
+        work = used * NOISE_PRODUCTS_PER_EXAMPLE * example
         add("gradient_noise", work, work)
     setup = 0.0
     if first_product_ms is not None and ms_per_product is not None:

@@ -130,21 +130,22 @@ def check_fits(
     return parts
 
 
-def time_products(engine: Any, names: list[str]) -> tuple[float, float]:
+def time_products(engine: Any, names: list[str], repeats: int = 3) -> tuple[float, float]:
     """(first, steady) milliseconds of one Hessian-vector product on block ``names``: the first
-    builds the cached first-backward graph, the second is what every later product costs. The
-    vector comes from its own generator, so no stage's random draws change."""
+    builds the cached first-backward graph, the steady figure is the median of ``repeats`` more
+    (one product alone is at the mercy of a busy machine). The vector comes from its own
+    generator, so no stage's random draws change."""
     import torch
 
     n = engine.layout(names).numel
     v = torch.randn(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    start = time.perf_counter()
-    engine.block_hvp(names, v)
-    middle = time.perf_counter()
-    engine.block_hvp(names, v)
-    end = time.perf_counter()
-    engine.n_hvp -= 2  # not the analysis's products
-    return (middle - start) * 1000.0, (end - middle) * 1000.0
+    times = []
+    for _ in range(1 + repeats):
+        start = time.perf_counter()
+        engine.block_hvp(names, v)
+        times.append((time.perf_counter() - start) * 1000.0)
+    engine.n_hvp -= 1 + repeats  # not the analysis's products
+    return times[0], sorted(times[1:])[len(times[1:]) // 2]
 
 
 def largest_basis_bytes(sizes: dict[str, int], opts: Any, n_params: int) -> int:
