@@ -97,8 +97,9 @@ class MachineSettings(BaseModel):
         default=None,
         ge=1,
         description="bytes the curvature products may use on top of the model and data (e.g. "
-        "8GiB); unset: the free CUDA memory × a safety factor, unbounded on CPU "
-        "(docs/numerics.md#memory-plan)",
+        "8GiB); unset: the free CUDA memory × a safety factor; on a CPU worker 0.8 × its "
+        "memory limit (CURVPLAN_WORKER_MEMORY_LIMIT) less what the job holds, unbounded outside "
+        "a worker (docs/numerics.md#memory-plan)",
     )
 
     @field_validator("memory_budget", mode="before")
