@@ -85,7 +85,7 @@ def worker(
     """
     import os
 
-    from curvplan_server.config import get_settings
+    from curvplan_core.config import get_settings
     from curvplan_worker.worker import WorkerOptions, run_worker
 
     flags = {"device": device, "threads": threads, "self_test": self_test}

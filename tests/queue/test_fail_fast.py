@@ -8,7 +8,7 @@ import uuid
 from queue_helpers import insert_jobs, job_row, plan_request
 from sqlalchemy import Engine, text
 
-from curvplan_worker import store
+from curvplan_core.jobs import store
 
 W = "test-worker"
 

@@ -23,7 +23,8 @@ import pytest
 from queue_helpers import attempt_rows, job_row, wait_for
 from sqlalchemy import Engine, text
 
-from curvplan_worker import memstats, store
+from curvplan_core.jobs import store
+from curvplan_worker import memstats
 from curvplan_worker.attempt import classify_kill
 from curvplan_worker.kinds import KINDS, KindSpec
 from curvplan_worker.worker import WorkerOptions, WorkerSlot

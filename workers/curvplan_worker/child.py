@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from curvplan.types.jobs import JOB_CREATE_ADAPTER
+from curvplan_core.jobs.errors import error_dict
 from curvplan_worker.curvature.limits import AttemptLimits
-from curvplan_worker.errors import JobCancelled, JobError, RetryableError, error_dict
+from curvplan_worker.errors import JobCancelled, JobError, RetryableError
 from curvplan_worker.kinds import FanOut, JobContext, load_run
 from curvplan_worker.memstats import device_memory
 
@@ -176,7 +177,7 @@ def child_main(
     _close_inherited_parent_end(lifeline, parent_end_fd)
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
 
-    from curvplan_server.logging import bind, configure_logging
+    from curvplan_core.logging import bind, configure_logging
 
     configure_logging(task.log_format, task.log_level)  # type: ignore[arg-type]
     with bind(job_id=task.job_id, attempt=task.attempt, worker_id=task.worker_id):

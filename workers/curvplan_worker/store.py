@@ -18,8 +18,9 @@ from typing import Any, Literal
 from sqlalchemy import Connection, text
 
 from curvplan.types.jobs import QUEUE_OF_KIND
-from curvplan_server.auth.operator import revoke_worker_keys
-from curvplan_server.jobs.fanout import (
+from curvplan_core.credentials.service_keys import revoke_worker_keys
+from curvplan_core.jobs.errors import error_dict
+from curvplan_core.jobs.fanout import (
     children_counts,
     children_of,
     lock_children,
@@ -27,7 +28,6 @@ from curvplan_server.jobs.fanout import (
     settle_parents,
     waiting_progress,
 )
-from curvplan_worker.errors import error_dict
 
 ACTIVE = "('running', 'cancelling')"
 FENCE = f"id = :job_id AND worker_id = :worker_id AND attempt = :attempt AND status IN {ACTIVE}"
@@ -639,7 +639,7 @@ def fail_parent_fast(conn: Connection, child_id: uuid.UUID) -> uuid.UUID | None:
     cancel its other children; the parent's id, or None when nothing was to be done.
 
     Run in its own transaction, after the one that ended the child (the fan-in rule of
-    ``curvplan_server.jobs.fanout`` stays the safety net: if this never runs, the parent's
+    ``curvplan_core.jobs.fanout`` stays the safety net: if this never runs, the parent's
     fan-in fails the same way once every child has ended). Locks as cancelling a parent does:
     the children in id order, then the parent, so it cannot deadlock with a cancel or with a
     sibling's settle (child, then parent). Queued siblings end ``cancelled`` at once, running

@@ -60,13 +60,15 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
 from curvplan.types.jobs import QUEUES
-from curvplan_server.auth.operator import create_worker_key, worker_key_valid
-from curvplan_server.config import Settings
-from curvplan_server.db import make_engine
-from curvplan_server.logging import bind, configure_logging
-from curvplan_server.notify import JOB_CHANNEL, Listener, QueueNotifier, parse_payload
-from curvplan_server.webhooks.guard import AddressPolicy
-from curvplan_worker import store, webhooks
+from curvplan_core.config import Settings
+from curvplan_core.credentials.service_keys import create_worker_key, worker_key_valid
+from curvplan_core.db import make_engine
+from curvplan_core.jobs import store
+from curvplan_core.jobs.errors import error_dict
+from curvplan_core.logging import bind, configure_logging
+from curvplan_core.notify import JOB_CHANNEL, Listener, QueueNotifier, parse_payload
+from curvplan_core.webhooks.guard import AddressPolicy
+from curvplan_worker import webhooks
 from curvplan_worker.attempt import (
     AttemptProcess,
     Final,
@@ -78,7 +80,6 @@ from curvplan_worker.attempt import (
 )
 from curvplan_worker.child import ChildTask
 from curvplan_worker.curvature.limits import AttemptLimits
-from curvplan_worker.errors import error_dict
 from curvplan_worker.health import touch_health_file
 from curvplan_worker.kinds import KINDS
 from curvplan_worker.memstats import OomWatch, tree_rss_bytes, worker_memory_limit
@@ -854,8 +855,8 @@ def _gc_loop(options: WorkerOptions, stop: threading.Event) -> None:
     Only one process of the deployment collects at a time (a session advisory lock); the
     others skip their turn. Failures are logged and retried at the next turn.
     """
-    from curvplan_server.artifacts.blobstore import default_store
-    from curvplan_server.storage.gc import collector_lock, run_gc
+    from curvplan_core.artifacts.blobstore import default_store
+    from curvplan_core.storage.gc import collector_lock, run_gc
 
     assert options.gc_interval_seconds is not None
     engine = make_engine(options.database_url, pool_size=1, max_overflow=1)

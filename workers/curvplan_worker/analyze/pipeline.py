@@ -34,8 +34,8 @@ from typing import Any
 
 from curvplan.types.jobs import AnalyzeJobCreate
 from curvplan.types.options import MACHINE_SETTINGS, MachineSettings
-from curvplan_server.config import get_settings
-from curvplan_server.planner import Measurements, Targets, make_plan
+from curvplan_core.config import get_settings
+from curvplan_core.planner import Measurements, Targets, make_plan
 from curvplan_worker.analyze import fanout
 from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
 from curvplan_worker.analyze.eta import EtaTracker

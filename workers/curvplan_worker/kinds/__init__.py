@@ -11,7 +11,7 @@ requested, which is how cancel reaches a running job (cooperatively). A kind rai
 fails with that error and is not retried.
 
 Fan-out: instead of a result dict a kind may return :class:`FanOut` (child jobs to
-create). The job then waits for its children (``curvplan_server.jobs.fanout``) and is run
+create). The job then waits for its children (``curvplan_core.jobs.fanout``) and is run
 again once they have all ended, this time with ``ctx.children`` holding their outcomes:
 that second run (the fan-in) returns the job's result.
 """
