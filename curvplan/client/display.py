@@ -38,6 +38,9 @@ class ProgressDisplay:
         message = (p.message if p is not None else None) or ""
         percent = "   -" if fraction is None else f"{round(100 * fraction):3d}%"
         detail = f"{stage}: {message}" if stage and message else stage or message
+        left = time_left(p.eta_seconds if p is not None else None)
+        if left and not m.is_terminal(job):
+            detail = f"{detail}  ({left})" if detail else left
         if self.tty:
             filled = 0 if fraction is None else round(BAR_WIDTH * fraction)
             bar = "#" * filled + "-" * (BAR_WIDTH - filled)
@@ -66,6 +69,17 @@ class ProgressDisplay:
             self.stream.write("\n")
             self.stream.flush()
             self._drawn = False
+
+
+def time_left(seconds: float | None) -> str:
+    """``≈ 3 min left``, ``≈ 40 s left``, ``≈ 2.5 h left``; empty without an estimate."""
+    if seconds is None or seconds != seconds or seconds < 0:
+        return ""
+    if seconds < 90:
+        return f"≈ {seconds:.0f} s left"
+    if seconds < 5400:
+        return f"≈ {seconds / 60:.0f} min left"
+    return f"≈ {seconds / 3600:.1f} h left"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

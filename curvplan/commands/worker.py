@@ -64,7 +64,7 @@ def worker(
         None,
         "--memory-budget",
         help="Bytes a job's curvature products may use, e.g. 8GiB (CURVPLAN_WORKER_MEMORY_BUDGET;"
-        " default: free CUDA memory × 0.9, unbounded on CPU).",
+        " default: free CUDA memory × 0.9; on CPU within CURVPLAN_WORKER_MEMORY_LIMIT).",
     ),
     health_file: Path | None = typer.Option(
         None,

@@ -367,6 +367,12 @@ class Progress(BaseModel):
     )
     points_total: int | None = Field(default=None, description="… and children in all.")
     points_failed: int | None = Field(default=None, description="… and children failed.")
+    eta_seconds: float | None = Field(
+        default=None,
+        description="Seconds the attempt still needs by its own estimate (an analysis: its "
+        "stages at the measured milliseconds per product, updated as blocks converge; "
+        "docs/operations.md#cost-model-and-eta); null before the estimate.",
+    )
 
 
 class JobError(BaseModel):

@@ -97,8 +97,9 @@ class MachineSettings(BaseModel):
         default=None,
         ge=1,
         description="bytes the curvature products may use on top of the model and data (e.g. "
-        "8GiB); unset: the free CUDA memory × a safety factor, unbounded on CPU "
-        "(docs/numerics.md#memory-plan)",
+        "8GiB); unset: the free CUDA memory × a safety factor; on a CPU worker 0.8 × its "
+        "memory limit (CURVPLAN_WORKER_MEMORY_LIMIT) less what the job holds, unbounded outside "
+        "a worker (docs/numerics.md#memory-plan)",
     )
 
     @field_validator("memory_budget", mode="before")
@@ -168,7 +169,14 @@ class AnalysisOptions(BaseModel):
     block_definitions: Annotated[dict[str, list[Pattern]], Field(max_length=512)] | None = Field(
         default=None, description="custom blocks: {name: [parameter-name patterns]}"
     )
-    tolerance: float = Field(default=1e-6, gt=0, lt=1, description="relative residual tolerance")
+    tolerance: float = Field(
+        default=1e-3,
+        gt=0,
+        lt=1,
+        description="relative residual tolerance of every eigenvalue (planning grade: 1e-3, "
+        "which float32 products certify; the budget needs λ_max to a few digits). Strict: "
+        "tolerance=1e-6 with precision=float64",
+    )
     residual_floor: float = Field(
         default=1e-3,
         ge=0,
@@ -180,7 +188,15 @@ class AnalysisOptions(BaseModel):
     off_diagonal: bool | list[tuple[Pattern, Pattern]] = Field(
         default=False, description="true: every pair of blocks; or a list of [row, col] pairs"
     )
-    trace_probes: int = Field(default=30, ge=0, le=10000)
+    trace_probes: int = Field(
+        default=15,
+        ge=0,
+        le=10000,
+        description="Hutch++ products per block trace (exact for blocks of at most this many "
+        "parameters). The budget's numbers use no Hessian trace; the curvature summary shows "
+        "it with its standard error, and 15 products (5 Hutchinson samples after a rank-5 "
+        "sketch) give it to the digits shown there",
+    )
     ggn: bool = False
     dense: Literal["auto", "on", "off"] = "auto"
     dense_limit: int = Field(default=3000, ge=1, le=20000)

@@ -65,6 +65,41 @@ class BlockSpectrum(_Open):
     )
 
 
+class StageCost(_Open):
+    """One stage of a cost estimate: expected and worst-case products, and seconds."""
+
+    stage: str
+    products: float
+    worst_products: float
+    seconds: float
+    items: dict[str, float] | None = Field(
+        default=None, description="Expected products of each block or pair of the stage."
+    )
+
+
+class CostEstimate(_Open):
+    """An analysis's cost before the spectra: products × milliseconds per product, by stage."""
+
+    products: float
+    seconds: float = Field(description="Expected seconds of the engine stages.")
+    worst_seconds: float = Field(description="Seconds if every Lanczos run went to max_iter.")
+    ms_per_product: float
+    ms_source: str = Field(description="measured (one product before the spectra) or prior.")
+    setup_seconds: float = 0.0
+    stages: list[StageCost] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    stage_seconds: dict[str, float] | None = Field(
+        default=None, description="Seconds each engine stage took in the run."
+    )
+    first_eta_seconds: float | None = Field(
+        default=None, description="The first ETA reported, right after the estimate."
+    )
+    actual_seconds_after_first_eta: float | None = None
+    eta_relative_error: float | None = Field(
+        default=None, description="(first ETA − actual) / actual: the estimate's error."
+    )
+
+
 class EngineMeasurements(_Open):
     """The curvature engine's answer for the checkpoint at w* (bulky arrays as references)."""
 
@@ -115,6 +150,17 @@ class EngineMeasurements(_Open):
     )
     peak_memory_bytes: int | None = Field(
         default=None, description="Peak memory of the engine run (peak_memory_source says what)."
+    )
+    cost_inputs: dict[str, Any] | None = Field(
+        default=None,
+        description="What the cost model was given before the spectra: one measured product "
+        "(ms_per_product, first_product_ms), the blocks and pairs, the sample's size and the "
+        "memory the smallest plan needs (docs/operations.md#cost-model-and-eta).",
+    )
+    cost_estimate: CostEstimate | None = Field(
+        default=None,
+        description="The estimate made from them, stage by stage (products × ms per product), "
+        "and how the first ETA compared with the run (docs/operations.md#cost-model-and-eta).",
     )
     elapsed_s: float | None = None
 

@@ -10,7 +10,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
-from typing import Any
+from typing import Any, Literal
 
 from curvplan_worker.child import EXIT_RANK_DIED, EXIT_WORKER_GONE, ChildTask, child_main
 from curvplan_worker.kinds import modules_for_queues
@@ -43,9 +43,18 @@ class Progress:
     fraction: float
     stage: str
     message: str
+    #: Seconds the attempt still needs, by its own estimate (None: no estimate yet).
+    eta_seconds: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"fraction": self.fraction, "stage": self.stage, "message": self.message}
+        out: dict[str, Any] = {
+            "fraction": self.fraction,
+            "stage": self.stage,
+            "message": self.message,
+        }
+        if self.eta_seconds is not None:
+            out["eta_seconds"] = self.eta_seconds
+        return out
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,30 @@ class Final:
 
     kind: str
     payload: dict[str, Any] | None = None
+
+
+KillKind = Literal["kernel-oom", "suspected-oom", "external-kill"]
+
+
+def classify_kill(exitcode: int | None, oom_kills: int | None) -> KillKind | None:
+    """What ended a child the supervisor did not kill itself (docs/operations.md#oom-kills).
+
+    ``oom_kills``: the increase of the ``oom_kill`` counters of the child's memory cgroups
+    while it ran (``memstats.OomWatch``; None where no cgroup reports them). Only SIGKILL
+    counts: the kernel's out-of-memory killer sends nothing else.
+
+    * ``kernel-oom``: SIGKILL and the counter rose: the OOM killer ended it;
+    * ``suspected-oom``: SIGKILL where no counter can tell: most likely the OOM killer, so it
+      is treated as one (a retry as is would only meet it again);
+    * ``external-kill``: SIGKILL and the counters stayed put: someone else's kill (an
+      operator's ``kill -9``), a crash like any other;
+    * None: not a SIGKILL.
+    """
+    if exitcode != -signal.SIGKILL:
+        return None
+    if oom_kills is None:
+        return "suspected-oom"
+    return "kernel-oom" if oom_kills > 0 else "external-kill"
 
 
 def describe_exit(exitcode: int | None) -> str:

@@ -3,7 +3,8 @@
 The child never touches the database; the worker parent does every (fenced) write.
 Messages on the result pipe, in order:
 
-* ``("progress", fraction, stage, message)`` any number of times, each followed by
+* ``("progress", fraction, stage, message, eta_seconds)`` any number of times (``eta_seconds``
+  None until the kind has an estimate), each followed by
   ``("memory", {device: {allocated, reserved, peak}})`` once the attempt uses CUDA, then at
   most one of
 * ``("result", dict)``, ``("error", {type, title, detail})``, ``("cancelled",)``,
@@ -30,6 +31,7 @@ from typing import Any
 
 from curvplan.types.jobs import JOB_CREATE_ADAPTER
 from curvplan_core.jobs.errors import error_dict
+from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobCancelled, JobError, RetryableError
 from curvplan_worker.kinds import FanOut, JobContext, load_run
 from curvplan_worker.memstats import device_memory
@@ -59,6 +61,8 @@ class ChildTask:
     #: through the pipe only; never logged, never in the database).
     api_url: str | None = None
     api_key: str | None = field(default=None, repr=False)
+    #: The worker's memory and time limits, and the micro-batch factor of an OOM retry.
+    limits: AttemptLimits | None = None
 
 
 def _close_inherited_parent_end(lifeline: Connection, parent_end_fd: int) -> None:
@@ -90,8 +94,10 @@ def _short_detail(exc: BaseException) -> str:
 
 
 def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[Any, ...]:
-    def send_progress(fraction: float, stage: str, message: str) -> None:
-        results.send(("progress", fraction, stage, message))
+    def send_progress(
+        fraction: float, stage: str, message: str, eta_seconds: float | None = None
+    ) -> None:
+        results.send(("progress", fraction, stage, message, eta_seconds))
         memory = device_memory()
         if memory:
             results.send(("memory", memory))
@@ -105,6 +111,7 @@ def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[
         children=task.children,
         api_url=task.api_url,
         api_key=task.api_key,
+        limits=task.limits,
     )
     try:
         result = load_run(task.kind)(task.request, ctx)

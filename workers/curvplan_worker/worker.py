@@ -16,8 +16,19 @@ Decisions (each one has a test in tests/queue):
 * Job errors (``JobError``) and unexpected exceptions fail the job at once (no retry):
   they are deterministic in the request.
 * Cancel: the parent sets the child's cancel event when a heartbeat sees
-  ``cancel_requested``; a child that does not stop within ``cancel_grace_seconds`` is
-  killed. Either way the job ends ``cancelled``.
+  ``cancel_requested`` (the job trigger's NOTIFY of ``cancelling`` makes the slot beat at
+  once, not at its next period); a child that does not stop within ``cancel_grace_seconds`` (1 s:
+  the engine checks the flag inside its micro-batch loops) is killed. Either way the job
+  ends ``cancelled``, within about 2 s of the request.
+* Memory (docs/operations.md#memory-limit): a child whose processes hold more than the
+  worker's memory limit (``CURVPLAN_WORKER_MEMORY_LIMIT``, else the cgroup's limit, else
+  MemAvailable; shared by the slots) is killed by the supervisor; a SIGKILL the supervisor
+  did not send is the kernel's out-of-memory killer when the cgroup's ``oom_kill`` counter
+  rose (or when no counter can say). Either out-of-memory end is not retried as is: the
+  attempt runs once more at half the micro-batch, then fails with ``out-of-memory``. A
+  SIGKILL from elsewhere (the counter stayed put) is a crash like any other.
+* A failed child whose parent needs every child (an analysis's block group) fails the parent
+  at once and cancels its siblings (``store.fail_parent_fast``).
 * Shutdown (SIGTERM/SIGINT): stop claiming, let the running attempt finish within
   ``shutdown_grace_seconds``, else kill it and release the job (queued again, its
   ``max_attempts`` raised by one so the release is not counted). A second signal
@@ -55,7 +66,7 @@ from curvplan_core.db import make_engine
 from curvplan_core.jobs import store
 from curvplan_core.jobs.errors import error_dict
 from curvplan_core.logging import bind, configure_logging
-from curvplan_core.notify import QueueNotifier
+from curvplan_core.notify import JOB_CHANNEL, Listener, QueueNotifier, parse_payload
 from curvplan_core.webhooks.guard import AddressPolicy
 from curvplan_worker import webhooks
 from curvplan_worker.attempt import (
@@ -63,12 +74,15 @@ from curvplan_worker.attempt import (
     Final,
     MemoryReport,
     Progress,
+    classify_kill,
     describe_exit,
     make_context,
 )
 from curvplan_worker.child import ChildTask
+from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.health import touch_health_file
 from curvplan_worker.kinds import KINDS
+from curvplan_worker.memstats import OomWatch, tree_rss_bytes, worker_memory_limit
 from curvplan_worker.metrics import WorkerMetrics
 from curvplan_worker.metrics import serve as serve_metrics
 
@@ -96,7 +110,7 @@ class WorkerOptions:
     backoff_base: float = 2.0
     backoff_max: float = 300.0
     worker_stale_seconds: float = 60.0
-    cancel_grace_seconds: float = 10.0
+    cancel_grace_seconds: float = 1.0
     shutdown_grace_seconds: float = 30.0
     start_method: str = "forkserver"
     log_format: str = "console"
@@ -135,6 +149,13 @@ class WorkerOptions:
     #: A worker on another host (``CURVPLAN_URL``): each slot creates its own ``worker``
     #: credential through the database and its attempts move blobs through this API.
     api_url: str | None = None
+    #: Host memory one job may hold, its processes together (None: unbounded), and whence.
+    memory_limit_bytes: int | None = None
+    memory_limit_source: str = ""
+    #: How often the supervisor reads its child's resident memory against that limit.
+    memory_poll_seconds: float = 0.25
+    #: The factor on the micro-batch of the one retry after an out-of-memory end.
+    oom_micro_batch_factor: float = 0.5
 
     def time_limit(self, kind: str) -> float:
         """The time limit of ``kind``'s attempts."""
@@ -205,7 +226,15 @@ class WorkerOptions:
             api_url=settings.worker_api_url,
         )
         rest = {k: v for k, v in given.items() if k not in ("lease_seconds", "heartbeat_seconds")}
-        return replace(base, **rest)  # type: ignore[arg-type]
+        options = replace(base, **rest)  # type: ignore[arg-type]
+        if "memory_limit_bytes" not in given:
+            limit = worker_memory_limit()  # ValueError naming CURVPLAN_WORKER_MEMORY_LIMIT
+            if limit is not None:
+                limit = limit.per_slot(options.concurrency)
+                options = replace(
+                    options, memory_limit_bytes=limit.bytes, memory_limit_source=limit.source
+                )
+        return options
 
 
 def new_worker_id() -> str:
@@ -370,6 +399,13 @@ class WorkerSlot:
         except Exception:
             log.exception("could not read the job's children; the lease will expire")
             return
+        started = time.monotonic()
+        limits = AttemptLimits(
+            memory_limit_bytes=self.options.memory_limit_bytes,
+            memory_limit_source=self.options.memory_limit_source,
+            time_limit_seconds=self.options.time_limit(job.kind),
+            started_at=started,
+        )
         task = ChildTask(
             children=children,
             kind=job.kind,
@@ -382,35 +418,78 @@ class WorkerSlot:
             log_level=self.options.log_level,
             api_url=self.options.api_url,
             api_key=self._worker_key() if self.options.api_url else None,
+            limits=limits,
         )
-        started = time.monotonic()
         # Heartbeats cover the job from the claim on: starting the child can take
         # seconds the first time (the forkserver imports the kind modules).
         current = _Current(fence=fence)
         with self.state.lock:
             self.state.current = current
-        try:
-            child = AttemptProcess(self.mp_context, task)  # type: ignore[arg-type]
-        except Exception as exc:
-            with self.state.lock:
-                self.state.current = None
-            log.exception("could not start the job's process")
-            self._write_crash(fence, f"the job's process could not be started ({exc})", None)
-            return
-        log.info("attempt started", extra={"kind": job.kind, "child_pid": child.pid})
         self._outcome = "unknown"
-        if self.metrics is not None:
-            self.metrics.attempt_started(self.worker_id, str(fence.job_id), child.pid)
+        out_of_memory: list[str] = []
         try:
-            self._supervise(child, current, started, job.kind)
+            while True:
+                try:
+                    child = AttemptProcess(self.mp_context, task)  # type: ignore[arg-type]
+                except Exception as exc:
+                    log.exception("could not start the job's process")
+                    self._write_crash(
+                        fence, f"the job's process could not be started ({exc})", None
+                    )
+                    return
+                log.info("attempt started", extra={"kind": job.kind, "child_pid": child.pid})
+                if self.metrics is not None:
+                    self.metrics.attempt_started(self.worker_id, str(fence.job_id), child.pid)
+                try:
+                    ended = self._supervise(child, current, started, job.kind)
+                finally:
+                    child.kill()
+                    child.join(timeout=5)
+                    child.close()
+                if ended is None:
+                    return
+                out_of_memory.append(ended)
+                factor = self.options.oom_micro_batch_factor
+                if len(out_of_memory) > 1 or not 0 < factor < 1:
+                    self._write_out_of_memory(fence, current, out_of_memory)
+                    return
+                # Not as is: once more in this attempt, at a smaller micro-batch.
+                log.warning(
+                    "attempt ended out of memory (%s): running it again at %g × the micro-batch",
+                    ended,
+                    factor,
+                )
+                limits = replace(limits, micro_batch_factor=limits.micro_batch_factor * factor)
+                task = replace(task, limits=limits)
         finally:
             if self.metrics is not None:
                 self._record_metrics(job.kind, current, started)
-            child.kill()
-            child.join(timeout=5)
-            child.close()
             with self.state.lock:
                 self.state.current = None
+
+    def _write_out_of_memory(self, fence: store.Fence, current: _Current, ends: list[str]) -> None:
+        """The job's error after its out-of-memory retry ended out of memory too."""
+        with self.state.lock:
+            progress = current.progress_payload(current.progress)
+        limit = self.options.memory_limit_bytes
+        shown = f"{limit / 2**30:.2f} GiB ({self.options.memory_limit_source})" if limit else "-"
+        detail = (
+            f"{'; then '.join(ends)}. It ran again at "
+            f"{self.options.oom_micro_batch_factor:g} × the micro-batch and ran out of memory "
+            f"again; the worker's memory limit is {shown}. Give eval_batch_size, fewer blocks, "
+            "a smaller max_iter or fewer tokens, or a worker with more memory "
+            "(CURVPLAN_WORKER_MEMORY_LIMIT)"
+        )
+        error = error_dict("out-of-memory", "The job ran out of memory", detail[:2000])
+        self._write_final(fence, Final("error", error), progress=progress)
+
+    def beat_if_cancelling(self, job_id: str) -> None:
+        """A NOTIFY said job ``job_id`` is ``cancelling``: if it runs here, beat now (the beat
+        reads the flag and hands it to the child) instead of at the next period."""
+        with self.state.lock:
+            current = self.state.current
+        if current is not None and str(current.fence.job_id) == job_id:
+            self.state.beat_now.set()
 
     def _worker_key(self) -> str:
         """This slot's ``worker`` key, created again if the reaper revoked it (the slot was
@@ -423,13 +502,18 @@ class WorkerSlot:
 
     def _supervise(
         self, child: AttemptProcess, current: _Current, started: float, kind: str
-    ) -> None:
+    ) -> str | None:
+        """Run one child to its end and write the outcome, except an out-of-memory end: then
+        nothing is written and the words for it are returned (the caller decides on a retry)."""
         opts = self.options
         time_limit = opts.time_limit(kind)
         final: Final | None = None
         cancel_sent_at: float | None = None
         shutdown_deadline: float | None = None
         tick = min(0.05, opts.heartbeat_seconds / 4)
+        oom_watch = OomWatch()
+        oom_watch.see(child.pid)
+        next_memory_check = time.monotonic()
         while True:
             for message in child.receive(tick):
                 if isinstance(message, Progress):
@@ -449,10 +533,27 @@ class WorkerSlot:
                     self.metrics.lease_lost.inc()
                 child.kill()
                 log.warning("lease lost: attempt abandoned, its result will not be written")
-                return
+                return None
             if final is not None or child.finished_talking or not child.process.is_alive():
                 break
             now = time.monotonic()
+            if now >= next_memory_check:
+                next_memory_check = now + opts.memory_poll_seconds
+                oom_watch.see(child.pid)  # the groups it runs in, before it may die
+                resident = tree_rss_bytes(child.pid) if opts.memory_limit_bytes else 0
+                if opts.memory_limit_bytes is not None and resident > opts.memory_limit_bytes:
+                    log.warning(
+                        "attempt holds %d bytes, over the worker's memory limit of %d: killing it",
+                        resident,
+                        opts.memory_limit_bytes,
+                    )
+                    child.kill()
+                    child.join(timeout=5)
+                    return (
+                        f"the job's processes held {resident / 2**30:.2f} GiB, over the worker's "
+                        f"memory limit of {opts.memory_limit_bytes / 2**30:.2f} GiB "
+                        f"({opts.memory_limit_source}), and were stopped"
+                    )
             if now - started > time_limit and cancel_sent_at is None:
                 # A FIFO, a never-ending read or a runaway computation: the limit ends it.
                 log.warning(
@@ -493,7 +594,7 @@ class WorkerSlot:
                     child.kill()
                     child.join(timeout=5)
                     self._release(current.fence)
-                    return
+                    return None
         if final is None:
             # The pipe closed or the process exited: drain what is left, then decide.
             for message in child.receive(0):
@@ -502,11 +603,27 @@ class WorkerSlot:
         exitcode = child.join(timeout=5)
         elapsed = time.monotonic() - started
         if final is None:
-            self._write_crash(current.fence, describe_exit(exitcode), exitcode)
-            return
+            # Every kill of the supervisor's own has set ``final`` or returned: this one is not.
+            killed = classify_kill(exitcode, oom_watch.kills() if oom_watch.available else None)
+            if killed == "kernel-oom":
+                return "the kernel's out-of-memory killer stopped the job's process (SIGKILL)"
+            if killed == "suspected-oom":
+                return (
+                    "the job's process was killed by a SIGKILL the worker did not send, most "
+                    "likely the out-of-memory killer (no cgroup reports its kills here)"
+                )
+            detail = describe_exit(exitcode)
+            if killed == "external-kill":
+                detail = (
+                    "the job's process was killed by a SIGKILL from outside the worker (not "
+                    "the out-of-memory killer: its cgroup counted no kill)"
+                )
+            self._write_crash(current.fence, detail, exitcode)
+            return None
         with self.state.lock:
             progress = current.progress_payload(current.progress)
         self._write_final(current.fence, final, progress=progress, elapsed=elapsed)
+        return None
 
     # ------------------------------------------------------------------ fenced writes
     def _write_final(
@@ -541,6 +658,8 @@ class WorkerSlot:
             log.warning("lease lost before the outcome was written; %s result discarded", outcome)
             return
         self._outcome = status
+        if status == "failed":
+            self._fail_parent_fast(fence.job_id)
         log.info(
             "attempt ended",
             extra={
@@ -623,6 +742,24 @@ class WorkerSlot:
             return
         self._outcome = "crashed"
         log.error("attempt crashed: %s", detail, extra={"exitcode": exitcode, "status": status})
+        if status == "failed":
+            self._fail_parent_fast(fence.job_id)
+
+    def _fail_parent_fast(self, job_id: Any) -> None:
+        """A failed child whose parent cannot succeed without it fails that parent now and
+        cancels its siblings (``store.fail_parent_fast``); a failure here is only logged: the
+        parent's fan-in fails the same way once its children have ended."""
+        try:
+            with self.engine.begin() as conn:
+                parent = store.fail_parent_fast(conn, job_id)
+        except Exception:
+            log.exception("could not fail the parent of a failed child; its fan-in will")
+            return
+        if parent is not None:
+            log.warning(
+                "a failed child failed its parent; the other children were cancelled",
+                extra={"parent_id": str(parent)},
+            )
 
     def _release(self, fence: store.Fence) -> None:
         status = self._fenced_write(lambda conn: store.release(conn, fence))
@@ -695,6 +832,8 @@ class WorkerSlot:
         with self.engine.begin() as conn:
             stale = store.mark_stale_workers(conn, self.options.worker_stale_seconds)
         for job in reaped:
+            if job.status == "failed":
+                self._fail_parent_fast(job.job_id)
             log.warning(
                 "reaped a job whose lease expired",
                 extra={
@@ -791,6 +930,7 @@ def run_worker(options: WorkerOptions) -> int:
     if options.notify:  # one LISTEN connection wakes every idle slot of this process
         notifier = QueueNotifier(options.database_url, options.queues)
         notifier.start()
+    cancels: Listener | None = None
     metrics = WorkerMetrics() if options.metrics_port is not None else None
     stop_metrics = None
     if metrics is not None and options.metrics_port is not None:
@@ -802,6 +942,19 @@ def run_worker(options: WorkerOptions) -> int:
         WorkerSlot(options, engine, mp_context, stop, hurry, notifier=notifier, metrics=metrics)
         for _ in range(options.concurrency)
     ]
+    if options.notify:
+        # A cancel reaches the running attempt at once, not at the next heartbeat: the job
+        # trigger NOTIFYs every status change, ``cancelling`` included (migration 0006).
+        def on_job(payload: str) -> None:
+            parsed = parse_payload(payload)
+            if parsed is not None and parsed[1] == "cancelling":
+                for slot in slots:
+                    slot.beat_if_cancelling(parsed[0])
+
+        cancels = Listener(
+            options.database_url, JOB_CHANNEL, on_job, lambda: None, name="curvplan-cancel-listen"
+        )
+        cancels.start()
     failed: list[str] = []
 
     def run_slot(slot: WorkerSlot) -> None:
@@ -837,6 +990,8 @@ def run_worker(options: WorkerOptions) -> int:
     sender.join(timeout=15)  # a POST in flight ends within its timeout
     if notifier is not None:
         notifier.stop()
+    if cancels is not None:
+        cancels.stop()
     if stop_metrics is not None:
         stop_metrics()
     engine.dispose()

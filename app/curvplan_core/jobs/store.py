@@ -24,7 +24,9 @@ from curvplan.types.jobs import QUEUE_OF_KIND
 from curvplan_core.credentials.service_keys import revoke_worker_keys
 from curvplan_core.jobs.errors import error_dict
 from curvplan_core.jobs.fanout import (
+    children_counts,
     children_of,
+    lock_children,
     settle_orphaned_waits,
     settle_parents,
     waiting_progress,
@@ -630,6 +632,86 @@ def fan_out(
     _end_attempt(conn, fence, "fanned-out")
     _clear_current_job(conn, fence)
     return "running"
+
+
+FAIL_FAST_CHILD_KINDS: dict[str, tuple[str, str]] = {
+    "analyze_blocks": ("block-group-failed", "A block group of the fan-out failed"),
+}
+"""Child kinds whose failure dooms their parent, with the parent's error type and title.
+
+An analysis needs every block group, so one failed ``analyze_blocks`` child fails the parent at
+once and cancels the other groups (:func:`fail_parent_fast`); a sweep fits the points that
+finished, so its ``sweep_point`` children are not here (a failed point only counts as failed).
+"""
+
+
+def fail_parent_fast(conn: Connection, child_id: uuid.UUID) -> uuid.UUID | None:
+    """Fail the waiting parent of a failed child of a :data:`FAIL_FAST_CHILD_KINDS` kind and
+    cancel its other children; the parent's id, or None when nothing was to be done.
+
+    Run in its own transaction, after the one that ended the child (the fan-in rule of
+    ``curvplan_core.jobs.fanout`` stays the safety net: if this never runs, the parent's
+    fan-in fails the same way once every child has ended). Locks as cancelling a parent does:
+    the children in id order, then the parent, so it cannot deadlock with a cancel or with a
+    sibling's settle (child, then parent). Queued siblings end ``cancelled`` at once, running
+    ones become ``cancelling`` (their worker stops them within its cancel grace); their ends
+    leave the failed parent alone (:func:`settle_parent` touches only waiting parents).
+    """
+    child = conn.execute(
+        text("SELECT kind, parent_id, status, name, error, request FROM job WHERE id = :id"),
+        {"id": child_id},
+    ).one_or_none()
+    if (
+        child is None
+        or child.parent_id is None
+        or child.status != "failed"
+        or child.kind not in FAIL_FAST_CHILD_KINDS
+    ):
+        return None
+    parent_id = child.parent_id
+    lock_children(conn, parent_id)
+    parent = conn.execute(
+        text("SELECT status, lease_expires_at, progress FROM job WHERE id = :p FOR UPDATE"),
+        {"p": parent_id},
+    ).one()
+    if parent.status != "running" or parent.lease_expires_at is not None:
+        return None  # cancelling (it ends cancelled), terminal, or its own attempt runs
+    cancelled = conn.execute(
+        text(
+            "UPDATE job SET cancel_requested = true, updated_at = now(),"
+            " status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE 'cancelling' END,"
+            " finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END"
+            " WHERE parent_id = :p AND status IN ('queued', 'running') RETURNING id"
+        ),
+        {"p": parent_id},
+    ).all()
+    error_type, title = FAIL_FAST_CHILD_KINDS[child.kind]
+    request = child.request or {}
+    child_error = child.error or {}
+    what = f"blocks {request.get('blocks') or []}"
+    if request.get("pairs"):
+        what += f", pairs {['|'.join(p) for p in request['pairs']]}"
+    detail = (
+        f"{child.name or child_id} ({child_id}) failed"
+        f"{': ' + str(child_error.get('type')) if child_error.get('type') else ''}"
+        f"{' — ' + str(child_error.get('detail')) if child_error.get('detail') else ''}"
+        f" — {what}; {len(cancelled)} other child job(s) cancelled"
+    )
+    stages = (parent.progress or {}).get("stages")
+    progress = waiting_progress(children_counts(conn, parent_id), stages)
+    conn.execute(
+        text(
+            "UPDATE job SET status = 'failed', error = CAST(:error AS jsonb),"
+            " progress = CAST(:progress AS jsonb), finished_at = now(), updated_at = now()"
+            " WHERE id = :p"
+        ),
+        {
+            "p": parent_id,
+            "error": _json(error_dict(error_type, title, detail[:2000])),
+            "progress": _json(progress),
+        },
+    )
+    return parent_id
 
 
 def load_children(conn: Connection, job_id: uuid.UUID) -> list[dict[str, Any]] | None:

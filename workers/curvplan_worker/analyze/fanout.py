@@ -138,8 +138,9 @@ def live_workers(engine: Any, queue: str, stale_seconds: float) -> int:
 
 
 def child_name(index: int, total: int, group: Group) -> str:
-    """The child's name: its place, what it measures and its estimated cost."""
+    """The child's name: its place, what it measures and its estimated cost, in parameter ·
+    products (a block of n parameters times the products it needs; :func:`block_cost`)."""
     what = f"{len(group.blocks)} blocks"
     if group.pairs:
         what += f", {len(group.pairs)} pairs"
-    return f"blocks {index}/{total} ({what}, est. cost {group.cost:.3g})"
+    return f"blocks {index}/{total} ({what}, est. cost {group.cost:.3g} parameter·products)"

@@ -38,6 +38,7 @@ from curvplan_core.config import get_settings
 from curvplan_core.planner import Measurements, Targets, make_plan
 from curvplan_worker.analyze import fanout
 from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
+from curvplan_worker.analyze.eta import EtaTracker
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.errors import JobCancelled, JobError
 from curvplan_worker.kinds import ChildJob, FanOut, JobContext
@@ -51,6 +52,7 @@ _STAGE_NAMES = {
     "load": "loading",
     "self_test": "loading",
     "gradient": "loading",
+    "cost": "loading",
     "off_diagonal": "off-diagonal",
     "full_model": "full-model lambda_max",
     "dense": "dense hessian",
@@ -82,12 +84,13 @@ def _should_cancel(ctx: JobContext) -> Callable[[], bool]:
     return check
 
 
-def _engine_progress(ctx: JobContext) -> Callable[[Any], None]:
+def _engine_progress(ctx: JobContext, eta: EtaTracker | None = None) -> Callable[[Any], None]:
     low, high = ENGINE_SHARE
 
     def report(event: Any) -> None:
         fraction = low + (high - low) * event.fraction
-        ctx.report_progress(fraction, job_stage(event), event.message)
+        seconds = eta.update(event) if eta is not None else None
+        ctx.report_progress(fraction, job_stage(event), event.message, eta_seconds=seconds)
 
     return report
 
@@ -362,19 +365,25 @@ def run_engine(
             **curvature_analysis.fan_out_task(only, measured),
         }
         ranks = rank_zero(devices, task, group_timeout(lease_seconds))
+    eta = EtaTracker(ctx.limits, options)
     with engine_errors(), ranks as distributed:
-        return curvature_analysis.analyze(
+        result = curvature_analysis.analyze(
             spec,
             checkpoint_path,
             data_path,
             options,
-            progress=_engine_progress(ctx),
+            progress=_engine_progress(ctx, eta),
             should_cancel=_should_cancel(ctx),
             machine=machine,
             distributed=distributed,
             only=only,
             measured=measured,
+            limits=ctx.limits,
         )
+    record = eta.record()
+    if record is not None:  # docs/operations.md#cost-model-and-eta
+        result["cost_estimate"] = record
+    return result
 
 
 @contextmanager
@@ -387,6 +396,7 @@ def engine_errors() -> Iterator[None]:
     from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
     from curvplan_worker.curvature.data import DataError
     from curvplan_worker.curvature.hf import HFModelError
+    from curvplan_worker.curvature.limits import TooLarge
     from curvplan_worker.curvature.memory import OutOfDeviceMemory
 
     try:
@@ -409,6 +419,10 @@ def engine_errors() -> Iterator[None]:
         raise JobError("invalid-model-spec", "The model spec is invalid", str(exc)) from None
     except curvature_analysis.OptionsError as exc:
         raise JobError("invalid-options", "The analysis options are invalid", str(exc)) from None
+    except TooLarge as exc:  # docs/operations.md#memory-limit
+        raise JobError(
+            "too-large", "The analysis cannot fit the worker's memory", str(exc)
+        ) from None
     except OutOfDeviceMemory as exc:  # retried down to micro-batch 1 (docs/numerics.md#oom-retry)
         raise JobError("out-of-memory", "One example does not fit in memory", str(exc)) from None
     except torch.cuda.OutOfMemoryError as exc:

@@ -34,7 +34,21 @@ from curvplan_worker.curvature.distributed import DataParallel
 from curvplan_worker.curvature.full_model import FULL_MODEL_KEY, full_model_lambda_max
 from curvplan_worker.curvature.ggn import functional_product, ggn_product
 from curvplan_worker.curvature.hvp import self_test
-from curvplan_worker.curvature.memory import default_budget, fit_to_memory, peak_memory, reset_peak
+from curvplan_worker.curvature.limits import (
+    AttemptLimits,
+    TooLarge,
+    check_fits,
+    cost_inputs,
+    host_budget,
+    largest_basis_bytes,
+)
+from curvplan_worker.curvature.memory import (
+    OutOfDeviceMemory,
+    default_budget,
+    fit_to_memory,
+    peak_memory,
+    reset_peak,
+)
 from curvplan_worker.curvature.operator import CurvatureEngine, block_slices
 from curvplan_worker.curvature.sources import is_hf_source, load_source
 from curvplan_worker.curvature.spectra import block_spectrum, lanczos_spectrum, off_diagonal_norm
@@ -49,7 +63,9 @@ class ProgressEvent:
     ``full_model``, ``dense``, ``top_eigenspace``, ``per_sample``, ``gradient_noise``,
     ``bounds``, ``done``;
     ``fraction`` ∈ [0, 1]; for ``blocks`` (and ``off_diagonal``) ``index`` (1-based),
-    ``total`` and ``block`` say which block is being measured.
+    ``total`` and ``block`` say which block is being measured. ``products``: the engine's
+    Hessian-vector products so far; the ``cost`` event (after one product was measured, before
+    the spectra) carries in ``cost`` what the worker's cost model needs (``limits.cost_inputs``).
     """
 
     fraction: float
@@ -58,6 +74,8 @@ class ProgressEvent:
     index: int | None = None
     total: int | None = None
     block: str | None = None
+    products: int | None = None
+    cost: dict[str, Any] | None = None
 
 
 Progress = Callable[[ProgressEvent], None]
@@ -188,11 +206,15 @@ class _Reporter:
     def __init__(self, progress: Progress | None, should_cancel: ShouldCancel | None) -> None:
         self.progress = progress
         self.should_cancel = should_cancel
+        #: The engine's product counter, once there is an engine (events then carry it).
+        self.products: Callable[[], int] | None = None
 
     def __call__(self, fraction: float, stage: str, message: str = "", **where: Any) -> None:
         if self.should_cancel is not None and self.should_cancel():
             raise Cancelled(f"cancelled during {stage}")
         if self.progress is not None:
+            if self.products is not None:
+                where.setdefault("products", self.products())
             self.progress(ProgressEvent(min(max(fraction, 0.0), 1.0), stage, message, **where))
 
 
@@ -210,6 +232,7 @@ def analyze(
     distributed: DataParallel | None = None,
     only: BlockShare | None = None,
     measured: MeasuredBlocks | None = None,
+    limits: AttemptLimits | None = None,
 ) -> dict:
     """Measure the curvature of the model at its checkpoint weights on an evaluation sample.
 
@@ -230,6 +253,10 @@ def analyze(
     fields); with ``measured`` it measures everything else and takes the block and pair
     records from there. Each block and pair has its own generator (:data:`SEED_DERIVATION`),
     so the assembled result equals a single-process run's float for float.
+
+    ``limits``: the worker's memory and time limits (``limits.py``): the products are planned
+    inside the memory limit on a CPU without ``memory_budget``, a run that cannot fit raises
+    :class:`TooLarge`, and the ``cost`` progress event hands the worker one measured product.
     """
     if not is_hf_source(spec):
         spec = parse_spec(spec)
@@ -255,6 +282,7 @@ def analyze(
                 distributed,
                 only,
                 measured,
+                limits,
             )
     finally:
         torch.set_num_threads(threads)
@@ -273,6 +301,7 @@ def _analyze(
     dist,
     only=None,
     measured=None,
+    limits=None,
 ):
     report = _Reporter(progress, should_cancel)
     started = time.perf_counter()
@@ -332,9 +361,51 @@ def _analyze(
     with CurvatureEngine(
         model, objective, shard, cache_graph=cache_graph, reducer=reducer
     ) as engine:
+        report.products = lambda: engine.n_hvp
+        if only is not None:
+            sizes = {
+                b: engine.layout(blocks[b]).numel for b in _known(only.blocks, blocks, "blocks")
+            }
+            _known([x for p in only.pairs for x in p], blocks, "off_diagonal")
+            cost_pairs = list(only.pairs)
+        else:
+            sizes = (
+                {}
+                if measured is not None
+                else {b: engine.layout(m).numel for b, m in blocks.items()}
+            )
+            cost_pairs = [] if measured is not None else pairs
+        basis = largest_basis_bytes(sizes, opts, n_params)
         # docs/numerics.md#memory-plan: micro-batch and caching chosen to fit the budget (per
-        # rank on its own shard when data parallel)
-        plan = fit_to_memory(engine, *default_budget(device, machine.memory_budget), cache_graph)
+        # rank on its own shard when data parallel); on a host with a worker memory limit and
+        # no memory_budget, inside that limit (docs/operations.md#memory-limit)
+        budget = default_budget(device, machine.memory_budget)
+        bounded_by_limit = budget[0] is None and device.type == "cpu" and limits is not None
+        if bounded_by_limit:
+            budget = host_budget(limits, basis)
+        try:
+            plan = fit_to_memory(
+                engine, max(budget[0], 1) if budget[0] is not None else None, budget[1], cache_graph
+            )
+        except OutOfDeviceMemory as exc:
+            if not bounded_by_limit or exc.per_example_bytes is None:
+                raise
+            check_fits(limits, exc.per_example_bytes, basis)
+            raise TooLarge(
+                exc.per_example_bytes + basis,
+                limits,
+                {"one-example product": exc.per_example_bytes, "Lanczos basis": float(basis)},
+            ) from None
+        if limits is not None and limits.micro_batch_factor < 1 and engine.micro_batch > 1:
+            # the retry after an out-of-memory kill: half the micro-batch of the killed run
+            engine.rebatch(max(1, int(engine.micro_batch * limits.micro_batch_factor)))
+            plan.micro_batch = engine.micro_batch
+            plan.retries.append(
+                {
+                    "during": "previous attempt killed out of memory",
+                    "micro_batch": engine.micro_batch,
+                }
+            )
         result["memory_plan"] = plan.as_dict()
         result["cache_graph"] = plan.cache_graph
         if plan.micro_batch != plan.configured_micro_batch:
@@ -345,6 +416,29 @@ def _analyze(
         result["n_loss_terms"] = engine.total_count
         result["gradient_norm"] = float(torch.linalg.vector_norm(grad.double()))
         result["n_eval_batches"] = len(engine.batches)
+        # docs/operations.md#cost-model-and-eta: one measured product, before the spectra
+        memory = check_fits(limits, engine.per_example_bytes or 0.0, basis) or {}
+        stages = ["blocks", "off_diagonal"] if only is not None else None
+        if measured is not None:
+            stages = ["dense", "top_eigenspace", "per_sample", "gradient_noise"]
+        probe = blocks[next(iter(sizes))] if sizes else None
+        result["cost_inputs"] = cost_inputs(
+            engine,
+            sizes,
+            [
+                (r, c, engine.layout(blocks[r]).numel, engine.layout(blocks[c]).numel)
+                for r, c in cost_pairs
+            ],
+            probe,
+            opts,
+            n_params=n_params,
+            tokens=float(engine.total_count),
+            stages=stages,
+            memory=memory,
+        )
+        report(
+            0.05, "cost", "one product measured: estimating the stages", cost=result["cost_inputs"]
+        )
         if only is not None:
             wanted = {name: blocks[name] for name in _known(only.blocks, blocks, "blocks")}
             _known([x for p in only.pairs for x in p], blocks, "off_diagonal")

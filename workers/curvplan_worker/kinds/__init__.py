@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from curvplan.types.jobs import QUEUE_OF_KIND
+from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobCancelled
 
 
@@ -79,12 +80,15 @@ class JobContext:
         job_id: str,
         attempt: int,
         data_dir: Path,
-        send_progress: Callable[[float, str, str], None],
+        send_progress: Callable[..., None],
         is_cancelled: Callable[[], bool],
         children: list[dict[str, Any]] | None = None,
         api_url: str | None = None,
         api_key: str | None = None,
+        limits: AttemptLimits | None = None,
     ) -> None:
+        #: The worker's memory and time limits for this attempt (docs/operations.md#memory-limit).
+        self.limits = limits
         #: The children's outcomes in a fan-in attempt (``id``, ``kind``, ``name``,
         #: ``status``, ``request``, ``result``, ``error``), oldest first; None otherwise.
         self.children = children
@@ -98,14 +102,20 @@ class JobContext:
         self._send_progress = send_progress
         self._is_cancelled = is_cancelled
 
-    def report_progress(self, fraction: float, stage: str, message: str = "") -> None:
-        """Publish progress (``0 ≤ fraction ≤ 1``); raise JobCancelled if cancel was requested."""
+    def report_progress(
+        self, fraction: float, stage: str, message: str = "", *, eta_seconds: float | None = None
+    ) -> None:
+        """Publish progress (``0 ≤ fraction ≤ 1``, and the seconds the job still needs when it
+        has an estimate); raise JobCancelled if cancel was requested."""
         if not (isinstance(fraction, int | float) and math.isfinite(fraction)):
             raise ValueError(f"progress fraction must be a finite number, got {fraction!r}")
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"progress fraction must lie in [0, 1], got {fraction}")
         self.check_cancelled()
-        self._send_progress(float(fraction), str(stage), str(message))
+        eta = None
+        if eta_seconds is not None and math.isfinite(eta_seconds):
+            eta = max(float(eta_seconds), 0.0)
+        self._send_progress(float(fraction), str(stage), str(message), eta)
 
     def check_cancelled(self) -> None:
         """Raise JobCancelled if the job's cancellation was requested (no progress sent)."""

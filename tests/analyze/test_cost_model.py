@@ -1,0 +1,162 @@
+"""The torch-free cost model, the worker's ETA and its time admission, the CLI's ETA line."""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+import uuid
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+import pytest
+
+from curvplan.client import display
+from curvplan.client import models as m
+from curvplan_core import cost_model
+from curvplan_worker.analyze.eta import EtaTracker
+from curvplan_worker.curvature.limits import AttemptLimits
+from curvplan_worker.errors import JobError
+
+OPTS = {"tolerance": 1e-3, "max_iter": 300, "trace_probes": 15, "precision": "float32"}
+
+
+def test_block_products_follow_the_engines_counts() -> None:
+    opts = cost_model.CostOptions.from_options(OPTS)
+    # 20 + 10·log10(1e3) = 50 Lanczos steps, plus the trace probes.
+    assert cost_model.block_products(10_000, opts) == (50.0 + 15, 300.0 + 15)
+    # A block smaller than max_iter and the probes: the Krylov space and the exact trace.
+    assert cost_model.block_products(12, opts) == (12.0 + 12, 12.0 + 12)
+    ggn = cost_model.CostOptions.from_options({**OPTS, "ggn": True})
+    assert cost_model.block_products(10_000, ggn) == (3 * 50.0 + 15, 3 * 300.0 + 15)
+    # float32 cannot certify 1e-6: the prior is max_iter.
+    strict32 = cost_model.CostOptions.from_options({**OPTS, "tolerance": 1e-6})
+    assert cost_model.expected_lanczos_steps(10_000, strict32) == 300.0
+    strict64 = cost_model.CostOptions.from_options(
+        {**OPTS, "tolerance": 1e-6, "precision": "float64"}
+    )
+    assert cost_model.expected_lanczos_steps(10_000, strict64) == 80.0
+
+
+def test_the_estimate_is_products_times_milliseconds_stage_by_stage() -> None:
+    est = cost_model.estimate(
+        blocks={"a": 10_000, "b": 500},
+        pairs=[("a", "b", 10_000, 500)],
+        n_params=10_500,
+        n_examples=64,
+        tokens=64 * 32,
+        options={**OPTS, "dense": "off", "per_sample": False, "gradient_noise": False},
+        ms_per_product=4.0,
+        first_product_ms=10.0,
+    )
+    assert [s.stage for s in est.stages] == ["blocks", "off_diagonal"]
+    blocks, pairs = est.stages
+    assert blocks.items == {"a": 65.0, "b": 65.0}
+    assert blocks.seconds == pytest.approx(130 * 4.0 / 1000)
+    assert pairs.products == 2 * 50.0 and pairs.worst_products == 2 * 300.0
+    assert est.setup_seconds == pytest.approx(0.006)
+    assert est.seconds == pytest.approx(0.006 + (130 + 100) * 0.004)
+    assert est.worst_seconds > est.seconds
+    assert est.ms_source == "measured"
+    # Without a measurement: the FLOPs prior, 12·P·T at 2e10 FLOP/s.
+    prior = cost_model.estimate(
+        blocks={"a": 10}, pairs=[], n_params=1000, n_examples=10, tokens=100, options=OPTS
+    )
+    assert prior.ms_per_product == pytest.approx(1000 * 12 * 1000 * 100 / 2e10)
+    assert prior.ms_source.startswith("prior")
+
+
+def _event(stage: str, products: int, block: str | None = None, cost=None) -> SimpleNamespace:
+    return SimpleNamespace(stage=stage, products=products, block=block, cost=cost)
+
+
+def _inputs(**extra) -> dict:
+    return {
+        "ms_per_product": 10.0,
+        "first_product_ms": 10.0,
+        "blocks": {"a": 10_000, "b": 10_000},
+        "pairs": [],
+        "n_params": 20_000,
+        "n_examples": 8,
+        "tokens": 64,
+        "options": {**OPTS, "per_sample": False, "gradient_noise": False, "dense": "off"},
+        "stages": None,
+        **extra,
+    }
+
+
+def test_the_eta_counts_down_and_learns_from_the_blocks_that_finished() -> None:
+    clock = [100.0]
+    eta = EtaTracker(None, {}, clock=lambda: clock[0])
+    assert eta.update(_event("load", 0)) is None  # no estimate yet
+    first = eta.update(_event("cost", 0, cost=_inputs()))
+    assert first == pytest.approx(2 * 65 * 0.010)  # two blocks of 65 products, 10 ms each
+    eta.update(_event("blocks", 0, block="a"))
+    # Block a took twice its prior (130 products) at 20 ms each: block b is expected to take
+    # 130 products too, at the 20 ms seen.
+    clock[0] += 130 * 0.020
+    after_a = eta.update(_event("blocks", 130, block="b"))
+    assert after_a == pytest.approx(130 * 0.020)
+    clock[0] += 65 * 0.020
+    halfway = eta.update(_event("blocks", 195, block=None))  # a report inside block b
+    assert halfway == pytest.approx(65 * 0.020)
+    clock[0] += 65 * 0.020
+    assert eta.update(_event("done", 260)) == 0.0
+    record = eta.record()
+    assert record is not None and record["first_eta_seconds"] == first
+    # The first ETA said 1.3 s; the run took 5.2 s after it.
+    assert record["eta_relative_error"] == pytest.approx((1.3 - 5.2) / 5.2)
+    assert record["stages"][0]["items"] == {"a": 65.0, "b": 65.0}
+
+
+def test_an_estimate_past_the_time_left_fails_at_once_naming_it() -> None:
+    limits = AttemptLimits(time_limit_seconds=1.0, started_at=time.monotonic())
+    eta = EtaTracker(limits, {})
+    with pytest.raises(JobError) as caught:
+        eta.update(_event("cost", 0, cost=_inputs(ms_per_product=1000.0)))
+    assert caught.value.type == "over-time-limit"
+    assert "130 products × 1000.0 ms per product" in caught.value.detail
+    assert "max_iter" in caught.value.detail and "tolerance" in caught.value.detail
+    # Within the limit it passes.
+    EtaTracker(AttemptLimits(time_limit_seconds=3600.0), {}).update(
+        _event("cost", 0, cost=_inputs())
+    )
+
+
+def _job(eta: float | None, status: str = "running") -> m.JobOut:
+    now = datetime.now(UTC)
+    return m.JobOut.model_validate(
+        {
+            "id": str(uuid.uuid4()),
+            "kind": "analyze",
+            "queue": "gpu",
+            "status": status,
+            "name": None,
+            "tags": {},
+            "progress": {"fraction": 0.3, "stage": "block spectra 2/9", "eta_seconds": eta},
+            "attempt": 1,
+            "max_attempts": 3,
+            "cancel_requested": False,
+            "result": None,
+            "error": None,
+            "created_at": now,
+            "updated_at": now,
+            "started_at": now,
+            "finished_at": None,
+            "links": {"self": "/x", "cancel": "/x", "recommendation": "/x"},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("seconds", "words"),
+    [(42.0, "≈ 42 s left"), (185.0, "≈ 3 min left"), (3 * 3600.0, "≈ 3.0 h left"), (None, "")],
+)
+def test_the_wait_line_prints_the_eta(seconds, words) -> None:
+    assert display.time_left(seconds) == words
+    out = io.StringIO()
+    display.ProgressDisplay(out, tty=False)(_job(seconds))
+    line = out.getvalue()
+    assert "block spectra 2/9" in line
+    assert (words in line) if words else "left" not in line
+    assert display.time_left(math.nan) == ""

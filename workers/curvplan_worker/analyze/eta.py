@@ -1,0 +1,177 @@
+"""The ETA of a running analysis and its time admission (docs/operations.md#cost-model-and-eta).
+
+The engine measures one product before the spectra and reports the figures as its ``cost``
+event (``curvplan_worker.curvature.limits``). :class:`EtaTracker` turns them into a stage-by-
+stage estimate with the torch-free cost model (``curvplan_core.cost_model``), fails the job
+at once with ``over-time-limit`` when the estimate exceeds the time the worker allows, and then
+gives every progress report an ``eta_seconds``: the stages not yet run at the measured speed,
+plus what is left of the current one, refined as blocks converge (the products the finished
+blocks took against their prior, and the milliseconds per product actually seen).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from curvplan_core import cost_model
+from curvplan_worker.curvature.limits import AttemptLimits
+from curvplan_worker.errors import JobError
+
+#: Engine stages in the order ``analyze`` runs them (``curvature.analyze.ProgressEvent``).
+ORDER = ("blocks", "off_diagonal", "dense", "top_eigenspace", "per_sample", "gradient_noise")
+
+
+class EtaTracker:
+    """Wraps the engine's progress callback: estimate at the ``cost`` event, ETA after it."""
+
+    def __init__(
+        self,
+        limits: AttemptLimits | None,
+        options: dict[str, Any],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limits = limits
+        self.options = options
+        self.clock = clock
+        self.estimate: cost_model.CostEstimate | None = None
+        self.inputs: dict[str, Any] | None = None
+        self.stage: str | None = None
+        self.stage_started = clock()
+        self.stage_products_at_start = 0
+        self.stage_seconds: dict[str, float] = {}
+        self.block_done_products: dict[str, float] = {}
+        self._block: str | None = None
+        self._block_started_products = 0
+        self.first_eta: float | None = None
+        self.first_eta_at: float | None = None
+        self.last_eta: float | None = None
+
+    # ----------------------------------------------------------------------- events
+    def update(self, event: Any) -> float | None:
+        """Take one engine event; the ETA in seconds after it (None before the estimate)."""
+        now = self.clock()
+        products = getattr(event, "products", None)
+        if event.stage == "cost" and getattr(event, "cost", None):
+            self._start(event.cost)
+        if event.stage != self.stage:
+            if self.stage is not None:
+                self.stage_seconds[self.stage] = (
+                    self.stage_seconds.get(self.stage, 0.0) + now - self.stage_started
+                )
+            self._close_block(products)
+            self.stage, self.stage_started = event.stage, now
+            self.stage_products_at_start = products or 0
+        if event.stage == "blocks" and getattr(event, "block", None):
+            self._close_block(products)
+            self._block, self._block_started_products = event.block, products or 0
+        if self.estimate is None:
+            return None
+        eta = self._eta(event, now, products)
+        if self.first_eta is None:
+            self.first_eta, self.first_eta_at = eta, now
+        self.last_eta = eta
+        return eta
+
+    def _close_block(self, products: int | None) -> None:
+        if self._block is not None and products is not None:
+            self.block_done_products[self._block] = float(products - self._block_started_products)
+        self._block = None
+
+    def _start(self, inputs: dict[str, Any]) -> None:
+        self.inputs = inputs
+        self.estimate = cost_model.estimate(
+            blocks=inputs.get("blocks") or {},
+            pairs=inputs.get("pairs") or [],
+            n_params=int(inputs["n_params"]),
+            n_examples=int(inputs["n_examples"]),
+            tokens=float(inputs.get("tokens") or inputs["n_examples"]),
+            options=inputs.get("options") or self.options,
+            ms_per_product=inputs.get("ms_per_product"),
+            first_product_ms=inputs.get("first_product_ms"),
+            stages=inputs.get("stages"),
+        )
+        self._admit(self.estimate)
+
+    def _admit(self, estimate: cost_model.CostEstimate) -> None:
+        left = self.limits.seconds_left() if self.limits is not None else None
+        if left is None or estimate.seconds <= left:
+            return
+        limit = self.limits.time_limit_seconds if self.limits is not None else None
+        stages = ", ".join(f"{s.stage} {s.seconds:.0f} s" for s in estimate.stages)
+        raise JobError(
+            "over-time-limit",
+            "The analysis would run past its time limit",
+            f"estimated {estimate.seconds:.0f} s ({estimate.products:.0f} products × "
+            f"{estimate.ms_per_product:.1f} ms per product, measured; {stages}) but "
+            f"{max(left, 0):.0f} s of the {limit:g} s limit are left "
+            f"(CURVPLAN_JOB_TIME_LIMITS). Shorten it with {cost_model.TIME_OPTIONS}",
+        )
+
+    # ----------------------------------------------------------------------- the ETA
+    def _ms(self, stage: str, now: float, products: int | None) -> float:
+        """Milliseconds per product: what this stage shows so far, else the measured one."""
+        assert self.estimate is not None
+        done = (products or 0) - self.stage_products_at_start
+        elapsed = now - self.stage_started
+        if stage in ("blocks", "off_diagonal", "dense") and done >= 5 and elapsed > 0:
+            return 1000.0 * elapsed / done
+        return self.estimate.ms_per_product
+
+    def _blocks_left(self, ms: float, products: int | None) -> float:
+        """Seconds left in the block spectra: the blocks not finished, at the products the
+        finished ones took against their prior, minus what the current one has done."""
+        assert self.estimate is not None
+        stage = self.estimate.stage("blocks")
+        if stage is None or not stage.items:
+            return 0.0
+        prior_done = sum(stage.items.get(b, 0.0) for b in self.block_done_products)
+        ratio = 1.0
+        if prior_done > 0:
+            ratio = sum(self.block_done_products.values()) / prior_done
+        left = [b for b in stage.items if b not in self.block_done_products]
+        remaining = sum(stage.items[b] for b in left) * ratio
+        if self._block is not None and products is not None:
+            remaining -= min(products - self._block_started_products, stage.items[self._block])
+        return max(remaining, 0.0) * ms / 1000.0
+
+    def _eta(self, event: Any, now: float, products: int | None) -> float:
+        assert self.estimate is not None
+        current = event.stage
+        if current in ("bounds", "done"):
+            return 0.0
+        ms = self._ms(current, now, products)
+        scale = ms / self.estimate.ms_per_product if self.estimate.ms_per_product else 1.0
+        later = ORDER[ORDER.index(current) + 1 :] if current in ORDER else ORDER
+        total = sum(
+            cost.seconds * scale for s in later if (cost := self.estimate.stage(s)) is not None
+        )
+        if current == "blocks":
+            total += self._blocks_left(ms, products)
+        elif (cost := self.estimate.stage(current)) is not None:
+            total += max(cost.seconds * scale - (now - self.stage_started), 0.0)
+        return round(total, 1)
+
+    # ----------------------------------------------------------------------- the record
+    def record(self, elapsed: float | None = None) -> dict[str, Any] | None:
+        """The estimate, the measured inputs and how the first ETA compared with the run."""
+        if self.estimate is None:
+            return None
+        out: dict[str, Any] = {**self.estimate.as_dict()}
+        if self.inputs is not None:
+            out["measured"] = {
+                k: self.inputs.get(k)
+                for k in ("ms_per_product", "first_product_ms", "memory", "micro_batch")
+                if k in self.inputs
+            }
+        out["stage_seconds"] = {k: round(v, 3) for k, v in self.stage_seconds.items()}
+        if self.first_eta is not None and self.first_eta_at is not None:
+            actual = self.clock() - self.first_eta_at
+            out["first_eta_seconds"] = self.first_eta
+            out["actual_seconds_after_first_eta"] = round(actual, 3)
+            if actual > 0:
+                out["eta_relative_error"] = round((self.first_eta - actual) / actual, 4)
+        if self.limits is not None:
+            out["limits"] = self.limits.as_dict()
+        return out

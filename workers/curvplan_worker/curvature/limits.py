@@ -1,0 +1,187 @@
+"""The worker's limits as the engine sees them: memory, time, the micro-batch after an OOM kill.
+
+The worker passes :class:`AttemptLimits` to :func:`curvplan_worker.curvature.analyze.analyze`
+(docs/operations.md#memory-limit). The engine then
+
+* plans its products inside the worker's memory limit on a CPU that has no ``memory_budget``
+  (:func:`host_budget`), so a job meets its own plan instead of the kernel's OOM killer;
+* halves the planned micro-batch in the one retry after an out-of-memory kill
+  (``micro_batch_factor``);
+* measures one product before the spectra and fails at once with :class:`TooLarge` when even
+  the smallest plan cannot fit (:func:`check_fits`), naming the options that shrink it;
+* hands the measured figures (:func:`cost_inputs`) to the worker, which estimates the stages
+  with the torch-free cost model and reports the ETA.
+
+Importing this module does not import torch (the worker parent imports it for the dataclass).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HOST_SAFETY = 0.8
+"""The share of the worker's memory limit a job plans to fill (the rest: allocator slack,
+the interpreter, what the plan does not model)."""
+
+SHRINK_OPTIONS = (
+    "eval_batch_size (a smaller micro-batch), blocks (fewer or smaller blocks), max_iter (a "
+    "shorter Lanczos basis), fewer or shorter examples in the dataset (tokens)"
+)
+"""What a client changes to make an analysis need less memory or time."""
+
+
+@dataclass(frozen=True)
+class AttemptLimits:
+    """What the worker allows one attempt: host memory (bytes; None: unbounded), run time
+    (seconds since ``started_at``, a ``time.monotonic()`` reading of the worker parent's clock,
+    which a child on the same host shares), and the factor on the planned micro-batch (0.5 in
+    the retry after an out-of-memory kill)."""
+
+    memory_limit_bytes: int | None = None
+    memory_limit_source: str = ""
+    time_limit_seconds: float | None = None
+    started_at: float | None = None
+    micro_batch_factor: float = 1.0
+
+    def seconds_left(self) -> float | None:
+        """Seconds until the time limit (None: no limit)."""
+        if self.time_limit_seconds is None:
+            return None
+        started = self.started_at if self.started_at is not None else time.monotonic()
+        return self.time_limit_seconds - (time.monotonic() - started)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "memory_limit_bytes": self.memory_limit_bytes,
+            "memory_limit_source": self.memory_limit_source or None,
+            "time_limit_seconds": self.time_limit_seconds,
+            "micro_batch_factor": self.micro_batch_factor,
+        }
+
+
+class TooLarge(RuntimeError):
+    """The analysis cannot fit the worker's memory limit, whatever the micro-batch."""
+
+    def __init__(self, estimate_bytes: float, limit: AttemptLimits, parts: dict[str, float]):
+        self.estimate_bytes = estimate_bytes
+        self.limit = limit
+        self.parts = parts
+        shown = ", ".join(f"{k} {_gib(v)}" for k, v in parts.items())
+        super().__init__(
+            f"the analysis needs at least {_gib(estimate_bytes)} ({shown}); the worker's memory "
+            f"limit is {_gib(limit.memory_limit_bytes or 0)} ({limit.memory_limit_source}). "
+            f"Shrink it with {SHRINK_OPTIONS}, or run it on a worker with more memory "
+            "(CURVPLAN_WORKER_MEMORY_LIMIT)"
+        )
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def process_rss_bytes() -> int:
+    """This process's resident memory now (``/proc/self/statm``; 0 where there is none)."""
+    try:
+        resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def lanczos_basis_bytes(n: int, max_iter: int) -> int:
+    """Host bytes of the Lanczos basis of one block of ``n`` parameters: ``spectra.py`` keeps
+    (min(max_iter, n) + 1) float64 vectors of length n for full reorthogonalisation (Paige
+    1972; Parlett, "The Symmetric Eigenvalue Problem", §13.8). A bounded (restarted) basis
+    replaces this figure where the spectra use one."""
+    return (min(max_iter, n) + 1) * n * 8
+
+
+def host_budget(limits: AttemptLimits | None, basis_bytes: int) -> tuple[int | None, str]:
+    """The products' budget on a host with a memory limit: limit × :data:`HOST_SAFETY` minus
+    what the process holds now and the Lanczos basis (None when there is no limit)."""
+    if limits is None or limits.memory_limit_bytes is None:
+        return None, ""
+    budget = int(limits.memory_limit_bytes * HOST_SAFETY) - process_rss_bytes() - basis_bytes
+    source = (
+        f"worker memory limit ({limits.memory_limit_source}) × {HOST_SAFETY:g} − resident − "
+        "Lanczos basis"
+    )
+    return budget, source
+
+
+def check_fits(
+    limits: AttemptLimits | None, smallest_product_bytes: float, basis_bytes: int
+) -> dict[str, float] | None:
+    """The memory the smallest plan needs (resident now + one example's uncached product + the
+    Lanczos basis) as parts; :class:`TooLarge` when it exceeds the worker's limit."""
+    parts = {
+        "resident": float(process_rss_bytes()),
+        "one-example product": float(smallest_product_bytes),
+        "Lanczos basis": float(basis_bytes),
+    }
+    if limits is None or limits.memory_limit_bytes is None:
+        return parts
+    if sum(parts.values()) > limits.memory_limit_bytes * HOST_SAFETY:
+        raise TooLarge(sum(parts.values()), limits, parts)
+    return parts
+
+
+def time_products(engine: Any, names: list[str], repeats: int = 3) -> tuple[float, float]:
+    """(first, steady) milliseconds of one Hessian-vector product on block ``names``: the first
+    builds the cached first-backward graph, the steady figure is the median of ``repeats`` more
+    (one product alone is at the mercy of a busy machine). The vector comes from its own
+    generator, so no stage's random draws change."""
+    import torch
+
+    n = engine.layout(names).numel
+    v = torch.randn(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    times = []
+    for _ in range(1 + repeats):
+        start = time.perf_counter()
+        engine.block_hvp(names, v)
+        times.append((time.perf_counter() - start) * 1000.0)
+    engine.n_hvp -= 1 + repeats  # not the analysis's products
+    return times[0], sorted(times[1:])[len(times[1:]) // 2]
+
+
+def largest_basis_bytes(sizes: dict[str, int], opts: Any, n_params: int) -> int:
+    """The largest Lanczos basis the run holds at once: its blocks run one after another, and
+    the top eigenspace (``top_d``) runs over every parameter."""
+    largest = max((lanczos_basis_bytes(n, opts.max_iter) for n in sizes.values()), default=0)
+    if opts.per_sample and opts.top_d > 0:
+        largest = max(largest, lanczos_basis_bytes(n_params, opts.max_iter))
+    return largest
+
+
+def cost_inputs(
+    engine: Any,
+    sizes: dict[str, int],
+    pairs: list[tuple[str, str, int, int]],
+    probe_block: list[str] | None,
+    opts: Any,
+    *,
+    n_params: int,
+    tokens: float,
+    stages: list[str] | None,
+    memory: dict[str, float],
+) -> dict[str, Any]:
+    """What the worker's cost model needs, measured here: one product's milliseconds (on the
+    first block to measure, else every parameter), the blocks and pairs, the sample size."""
+    first_ms, ms = time_products(engine, probe_block or list(engine.names))
+    return {
+        "ms_per_product": ms,
+        "first_product_ms": first_ms,
+        "blocks": dict(sizes),
+        "pairs": [list(p) for p in pairs],
+        "n_params": n_params,
+        "n_examples": engine.n_examples,
+        "tokens": tokens,
+        "micro_batch": engine.micro_batch,
+        "options": opts.model_dump(mode="json"),
+        "stages": stages,
+        "memory": memory,
+    }
