@@ -347,3 +347,70 @@ def test_the_lockstep_plan_counts_graph_bases_and_vectors_within_the_budget(lm_c
     assert tight.predicted_peak_bytes <= budget and tight.fits
     tiny = plan_lockstep(plan, bases, 500, 8, int(free.graph_bytes) + 10)
     assert not tiny.fits and tiny.concurrent == 1 and tiny.vectors_per_product == 1
+
+
+# -- analyze end to end ------------------------------------------------------------------------
+
+
+def test_analyze_runs_its_blocks_and_pairs_in_lockstep_and_matches_the_dense_oracle():
+    from _engine_cases import TINY_CLASSIFIER_SPEC, oracle_hessian
+
+    from curvplan.types.options import MachineSettings
+    from curvplan_worker.curvature.analyze import analyze
+    from curvplan_worker.curvature.data import Dataset
+    from curvplan_worker.curvature.model import build_model
+    from curvplan_worker.curvature.objective import objective_for
+
+    model = build_model(TINY_CLASSIFIER_SPEC, seed=3, dtype=torch.float64)
+    gen = _gen(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.4 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+    x = torch.randn(8, 3, 2, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 3, (8,), generator=gen)
+    options = {
+        "precision": "float64",
+        "tolerance": 1e-9,
+        "blocks": ["layers.0.q", "layers.0.ffn_in", "head"],
+        "off_diagonal": [["layers.0.q", "head"]],
+        "trace_probes": 0,
+        "dense": "off",
+        "per_sample": False,
+        "gradient_noise": False,
+        "bounds": False,
+    }
+    result = analyze(
+        TINY_CLASSIFIER_SPEC,
+        None,
+        None,
+        options,
+        machine=MachineSettings(threads=1, self_test=False),
+        model=model,
+        data=Dataset(x, y),
+    )
+    lockstep = result["memory_plan"]["lockstep"]
+    assert lockstep["mode"] == "batched" and lockstep["max_running"] == 4
+    assert lockstep["backwards"] < lockstep["products"]
+    assert lockstep["plan"]["concurrent"] == 4 and lockstep["plan"]["fits"]
+    assert set(result["memory_plan"]["stages"]) == {"per_sample", "gradient_noise"}
+    hessian = oracle_hessian(model, objective_for(TINY_CLASSIFIER_SPEC), x, y)
+    offsets, start = {}, 0
+    for name, p in model.named_parameters():
+        offsets[name] = torch.arange(start, start + p.numel())
+        start += p.numel()
+
+    def index(members):
+        return torch.cat([offsets[m] for m in members])
+
+    for record in result["blocks"]:
+        i = index(record["params"])
+        exact = np.linalg.eigvalsh(hessian[i][:, i].numpy())
+        assert record["converged"] and record["basis_vectors"] >= 6
+        assert record["lambda_max"] == pytest.approx(exact[-1], rel=1e-8)
+        norm = max(abs(exact[0]), abs(exact[-1]))
+        assert record["lambda_min"] == pytest.approx(exact[0], rel=1e-8, abs=1e-9 * norm)
+    params = {r["name"]: r["params"] for r in result["blocks"]}
+    (pair,) = result["off_diagonal"]
+    rows, cols = index(params[pair["row"]]), index(params[pair["col"]])
+    want = np.linalg.norm(hessian[rows][:, cols].numpy(), 2)
+    assert pair["converged"] and pair["sigma_max"] == pytest.approx(want, rel=1e-8)

@@ -38,6 +38,7 @@ from curvplan_worker.curvature.memory import (
     agree_lockstep,
     default_budget,
     fit_to_memory,
+    later_stage_memory,
     peak_memory,
     plan_lockstep,
     reset_peak,
@@ -350,6 +351,14 @@ def _analyze(
         # rank on its own shard when data parallel)
         plan = fit_to_memory(engine, *default_budget(device, machine.memory_budget), cache_graph)
         result["memory_plan"] = plan.as_dict()
+        result["memory_plan"]["stages"] = later_stage_memory(
+            plan,
+            n_params,
+            sample_batch=micro_batch or 64,
+            noise_batch=micro_batch or 32,
+            noise_groups=opts.noise_max_groups,
+            basis_budget=machine.basis_budget,
+        )
         result["cache_graph"] = plan.cache_graph
         if plan.micro_batch != plan.configured_micro_batch:
             result["eval_batch_size"] = plan.micro_batch
@@ -541,7 +550,7 @@ def _spectra(
     plan = plan_lockstep(engine.memory_plan, task_bytes, n_union, itemsize, engine.memory_budget)
     if engine.reducer is not None:  # every rank makes the same batched products
         plan = agree_lockstep(plan, task_bytes, engine.reducer, engine.device)
-    n_blocks = len(blocks)
+    n_blocks, n_tasks = len(blocks), len(tasks)
     if tasks:
         report(
             0.05,
@@ -549,32 +558,20 @@ def _spectra(
             f"{n_blocks} blocks and {len(pairs)} pairs in lockstep "
             f"({plan.vectors_per_product} vectors per batched product)",
             index=0,
-            total=n_blocks,
+            total=n_tasks,
         )
-    finished = {"blocks": 0, "pairs": 0}
 
-    def done(key: str, value: object, _count: int, _total: int) -> None:
+    def done(key: str, value: object, finished: int, total: int) -> None:
         kind, _, name = key.partition(":")
-        if kind == "block":
-            finished["blocks"] += 1
-            report(
-                0.05 + 0.5 * finished["blocks"] / max(n_blocks, 1),
-                "blocks",
-                f"block {name} certified ({finished['blocks']}/{n_blocks})",
-                index=finished["blocks"],
-                total=n_blocks,
-                block=name,
-            )
-        else:
-            finished["pairs"] += 1
-            report(
-                0.6 + 0.1 * finished["pairs"] / max(len(pairs), 1),
-                "off_diagonal",
-                f"H[{name.replace('|', ', ')}] ({finished['pairs']}/{len(pairs)})",
-                index=finished["pairs"],
-                total=len(pairs),
-                block=name,
-            )
+        what = f"block {name}" if kind == "block" else f"pair H[{name.replace('|', ', ')}]"
+        report(
+            0.05 + 0.5 * finished / max(total, 1),
+            "blocks",
+            f"{what} certified ({finished}/{total})",
+            index=finished,
+            total=total,
+            block=name,
+        )
 
     runner = Lockstep(
         engine, vectors_per_product=plan.vectors_per_product, basis_room=plan.basis_room_bytes
@@ -622,6 +619,8 @@ def _spectra(
                 )
                 record[key] = part.as_dict()
         records.append(record)
+    if pairs:
+        report(0.6, "off_diagonal", f"{len(pairs)} pairs measured in lockstep with the blocks")
     pair_records = []
     for row, col in pairs:
         sv = results[pair_key(row, col)]

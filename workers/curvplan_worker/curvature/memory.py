@@ -421,3 +421,33 @@ def agree_lockstep(
     largest = sorted(basis_bytes, reverse=True)
     room = None if concurrent >= plan.n_tasks else int(sum(largest[:concurrent]))
     return replace(plan, concurrent=concurrent, vectors_per_product=vectors, basis_room_bytes=room)
+
+
+def later_stage_memory(
+    plan: MemoryPlan | None,
+    n_params: int,
+    *,
+    sample_batch: int,
+    noise_batch: int,
+    noise_groups: int,
+    basis_budget: int | None,
+) -> dict[str, float]:
+    """Predicted peak bytes of the stages after the spectra (the result's
+    ``memory_plan.stages``; a prediction recorded for the operator, not enforced):
+
+    * ``per_sample``: the per-example Hessian norms' one-example product, f·(a + g), and its
+      Lanczos basis over all ``n_params`` parameters (float64 on the CPU,
+      ``spectra.basis_vectors`` of ``basis_budget``), plus the per-example gradient rows of one
+      vmapped batch, ``sample_batch`` × n_params float64;
+    * ``gradient_noise``: its ``noise_groups`` running gradient sums and one batch of
+      per-example gradient rows (float64), and the vmapped batch's graph, ``noise_batch`` · a.
+    """
+    from curvplan_worker.curvature.spectra import basis_bytes, basis_vectors
+
+    a = plan.per_example_bytes if plan is not None else 0.0
+    g = plan.gradient_bytes if plan is not None else 0.0
+    f = plan.product_factor if plan is not None else CPU_PRODUCT_FACTOR
+    vectors = basis_vectors(n_params, basis_budget, 8, 2)
+    per_sample = f * (a + g) + basis_bytes(n_params, vectors, 8) + sample_batch * n_params * 8.0
+    noise = (noise_groups + noise_batch) * n_params * 8.0 + noise_batch * a + g
+    return {"per_sample": per_sample, "gradient_noise": noise}
