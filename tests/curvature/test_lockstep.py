@@ -414,3 +414,21 @@ def test_analyze_runs_its_blocks_and_pairs_in_lockstep_and_matches_the_dense_ora
     rows, cols = index(params[pair["row"]]), index(params[pair["col"]])
     want = np.linalg.norm(hessian[rows][:, cols].numpy(), 2)
     assert pair["converged"] and pair["sigma_max"] == pytest.approx(want, rel=1e-8)
+
+
+def test_the_plan_batches_small_vectors_on_a_cpu_and_always_on_cuda(lm_case):
+    from curvplan_worker.curvature.memory import CPU_BATCHED_VECTOR_BYTES
+
+    with CurvatureEngine(lm_case.model, lm_case.objective, lm_case.batches) as eng:
+        plan = fit_to_memory(eng, None, "test", True)
+    small = plan_lockstep(plan, [1, 1, 1], 100, 8, None)
+    assert small.batched and small.vectors_per_product == 3
+    # a union so large that one vector's gathered rows alone exceed the CPU threshold
+    n_big = CPU_BATCHED_VECTOR_BYTES // 8
+    big = plan_lockstep(plan, [1, 1, 1], n_big, 8, None)
+    assert (
+        not big.batched
+        and big.vectors_per_product == 1
+        and "one product per block" in (big.batched_reason)
+    )
+    assert plan_lockstep(plan, [1, 1, 1], n_big, 8, None, device_type="cuda").batched

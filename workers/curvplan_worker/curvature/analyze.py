@@ -547,7 +547,14 @@ def _spectra(
     bases = engine.layout([m for name in dict.fromkeys(used) for m in all_blocks[name]]).bases
     n_union = sum(engine.params[b].numel() for b in bases)
     task_bytes = [t.basis_bytes for t in tasks]
-    plan = plan_lockstep(engine.memory_plan, task_bytes, n_union, itemsize, engine.memory_budget)
+    plan = plan_lockstep(
+        engine.memory_plan,
+        task_bytes,
+        n_union,
+        itemsize,
+        engine.memory_budget,
+        device_type=engine.device.type,
+    )
     if engine.reducer is not None:  # every rank makes the same batched products
         plan = agree_lockstep(plan, task_bytes, engine.reducer, engine.device)
     n_blocks, n_tasks = len(blocks), len(tasks)
@@ -556,7 +563,8 @@ def _spectra(
             0.05,
             "blocks",
             f"{n_blocks} blocks and {len(pairs)} pairs in lockstep "
-            f"({plan.vectors_per_product} vectors per batched product)",
+            f"({plan.vectors_per_product if plan.batched else 'one'} vector"
+            f"{'s' if plan.batched else ''} per second backward)",
             index=0,
             total=n_tasks,
         )
@@ -574,8 +582,12 @@ def _spectra(
         )
 
     runner = Lockstep(
-        engine, vectors_per_product=plan.vectors_per_product, basis_room=plan.basis_room_bytes
+        engine,
+        vectors_per_product=plan.vectors_per_product,
+        basis_room=plan.basis_room_bytes,
+        batched=plan.batched,
     )
+    runner.stats.mode_reason = plan.batched_reason
     results = runner.run(tasks, done)
     records = []
     for i, (name, members) in enumerate(blocks.items()):

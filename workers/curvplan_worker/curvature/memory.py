@@ -324,6 +324,16 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
 MAX_LOCKSTEP_VECTORS = 32
 """The most vectors one batched second backward of the lockstep spectra carries."""
 
+CPU_BATCHED_VECTOR_BYTES = 1 << 20
+"""On a CPU the lockstep batches its products only while one vector's working set
+(``LockstepPlan.vector_bytes``) is at most this (1 MiB). Measured on the 2-core machine, one
+thread, float32 (docs/numerics.md#lockstep): with 0.02–0.03 MiB a vector (the tests' tiny
+models) one batched round took 0.3–0.6× the time of one product per block; with 2.8 MiB (the
+example on 8 sequences) 1.4×, with 20–22 MiB (the example and the tiny GPT-2 on their 64
+sequences) 4.4–4.7×: vmap's batched intermediates are memory-bound there, and every vector
+computes every row of the union while a block product prunes to its own. On CUDA the batched
+product is always used (it removes the per-product launch costs)."""
+
 
 @dataclass(frozen=True)
 class LockstepPlan:
@@ -346,9 +356,26 @@ class LockstepPlan:
     vector_bytes: float
     predicted_peak_bytes: float
     fits: bool
+    batched: bool = True
+    batched_reason: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _batched_choice(device_type: str, vector: float) -> tuple[bool, str]:
+    """Whether the lockstep batches its products (:data:`CPU_BATCHED_VECTOR_BYTES`): decided
+    from the plan alone, so every process with the same model and data decides alike."""
+    if device_type == "cuda":
+        return True, "cuda: batched products remove the per-product launch costs"
+    if vector <= CPU_BATCHED_VECTOR_BYTES:
+        return True, (
+            f"cpu: {format_bytes(vector)} a vector ≤ {format_bytes(CPU_BATCHED_VECTOR_BYTES)}"
+        )
+    return False, (
+        f"cpu: {format_bytes(vector)} a vector > {format_bytes(CPU_BATCHED_VECTOR_BYTES)}: "
+        "one product per block is faster there"
+    )
 
 
 def plan_lockstep(
@@ -358,12 +385,15 @@ def plan_lockstep(
     itemsize: int,
     budget: int | None,
     max_vectors: int = MAX_LOCKSTEP_VECTORS,
+    device_type: str = "cpu",
 ) -> LockstepPlan:
     """Concurrency and vectors per batched product of the lockstep spectra within ``budget``.
 
     All tasks run at once when their bases and one vector each fit with the graph; else the
     largest number c such that the c largest bases plus c vectors fit (at least one: a run
     whose single largest task does not fit says ``fits`` False and runs one at a time).
+    ``batched`` says whether the products are batched at all (:data:`CPU_BATCHED_VECTOR_BYTES`);
+    without, one product per vector (``vectors_per_product`` 1).
     """
     n = len(basis_bytes)
     per_batch = plan.per_batch_bytes if plan is not None else 0.0
@@ -379,9 +409,12 @@ def plan_lockstep(
     vector = max(factor - 1.0, 1.0) * per_batch + 3.0 * n_union * itemsize
     total = int(sum(basis_bytes))
     cap = max(1, min(max_vectors, n)) if n else 1
+    batched, why = _batched_choice(device_type, vector)
+    if not batched:
+        cap = 1
     if budget is None or n == 0:
         peak = graph + total + cap * vector
-        return LockstepPlan(n, total, None, n, cap, graph, vector, peak, True)
+        return LockstepPlan(n, total, None, n, cap, graph, vector, peak, True, batched, why)
     available = budget - graph
     largest = sorted(basis_bytes, reverse=True)
     concurrent, room = 0, 0
@@ -395,8 +428,9 @@ def plan_lockstep(
         concurrent, room = 1, largest[0]
     vectors = max(1, min(cap, concurrent, int((available - room) // vector) if fits else 1))
     peak = graph + room + vectors * vector
+    room_or_none = None if concurrent == n else room
     return LockstepPlan(
-        n, total, None if concurrent == n else room, concurrent, vectors, graph, vector, peak, fits
+        n, total, room_or_none, concurrent, vectors, graph, vector, peak, fits, batched, why
     )
 
 

@@ -193,14 +193,23 @@ def _wanted_counts(ends: Sequence[str], top_k: int) -> tuple[int, int]:
     return top, 1 if "min" in ends else 0
 
 
-def _kept(m: int, ends: Sequence[str], top_k: int) -> list[int]:
+def _kept(
+    m: int, ends: Sequence[str], top_k: int, done_top: bool = False, done_bottom: bool = False
+) -> list[int]:
     """Indices (into ascending Ritz values of an m × m projection) kept at a thick restart:
-    half the basis, split between the wanted ends, the wanted ones always included
-    (Wu & Simon 2000 §4 keep the Ritz pairs nearest the wanted end)."""
+    half the basis, the wanted ones always included, the rest near the wanted ends (Wu & Simon
+    2000 §4 keep the Ritz pairs nearest the wanted end); once one end's estimate has passed
+    its tolerance (``done_top``/``done_bottom``) it keeps only its wanted vectors and the
+    other end, still converging, gets the spare ones."""
     need_top, need_bottom = _wanted_counts(ends, top_k)
     kept = min(m - 2, max(need_top + need_bottom, m // 2))
     if need_top and need_bottom:
-        bottom = max(need_bottom, min(kept - need_top, kept // 2))
+        if done_top and not done_bottom:
+            bottom = kept - need_top
+        elif done_bottom and not done_top:
+            bottom = need_bottom
+        else:
+            bottom = max(need_bottom, min(kept - need_top, kept // 2))
         top = kept - bottom
     elif need_top:
         top, bottom = kept, 0
@@ -315,7 +324,11 @@ def lanczos_steps(
         if beta == 0.0:
             break
         if j + 1 == m:  # the basis is full: thick restart from the kept Ritz vectors
-            kept = _kept(m, ends, top_k)
+            done_top = need_top > 0 and all(
+                estimate_ok(len(theta) - 1 - i) for i in range(min(need_top, len(theta)))
+            )
+            done_bottom = need_bottom > 0 and estimate_ok(0)
+            kept = _kept(m, ends, top_k, done_top, done_bottom)
             _rotate(q_basis, m, s[:, kept])
             k = len(kept)
             q_basis[k] = w / beta
