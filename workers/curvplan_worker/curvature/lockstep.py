@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from curvplan_worker.curvature.cancel import check_cancel
+from curvplan_worker.curvature.distributed import RankLost
 from curvplan_worker.curvature.memory import OutOfDeviceMemory
 from curvplan_worker.curvature.spectra import Product, ProductSteps
 
@@ -154,8 +155,8 @@ class Lockstep:
                 result = self._batched(chunk)
                 self.stats.backwards += 1
                 return result
-            except (torch.cuda.OutOfMemoryError, OutOfDeviceMemory):
-                raise
+            except (torch.cuda.OutOfMemoryError, OutOfDeviceMemory, RankLost):
+                raise  # not a missing batching rule: the job's own errors
             except (RuntimeError, NotImplementedError) as exc:
                 self.fall_back(f"{type(exc).__name__}: {exc}")
         self.stats.backwards += len(chunk)
