@@ -79,8 +79,8 @@ def service(e2e_database: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def _key(database_url: str, project: str) -> str:
-    from curvplan_server.auth.keys import create_key
-    from curvplan_server.db import make_engine, make_sessionmaker
+    from curvplan_core.credentials.keys import create_key
+    from curvplan_core.db import make_engine, make_sessionmaker
 
     engine = make_engine(database_url)
     try:
@@ -523,7 +523,7 @@ def test_block_fan_out_over_two_workers_equals_the_single_process_run(
 
 def test_no_temp_files_and_no_orphan_blobs(client: httpx.Client, service: Service) -> None:
     """Runs last: every blob in the store is referenced by a row, nothing is left in tmp/."""
-    from curvplan_server.artifacts.blobstore import default_store
+    from curvplan_core.artifacts.blobstore import default_store
 
     store = default_store(service.data_dir)
     engine = _engine(service)
