@@ -102,7 +102,14 @@ class MachineSettings(BaseModel):
         "a worker (docs/numerics.md#memory-plan)",
     )
 
-    @field_validator("memory_budget", mode="before")
+    basis_budget: int = Field(
+        default=2 * 1024**3,
+        ge=1,
+        description="bytes one block's Lanczos basis may hold (e.g. 2GiB): at most "
+        "min(32, budget / (n · 4 bytes)) vectors (docs/numerics.md#bounded-basis)",
+    )
+
+    @field_validator("memory_budget", "basis_budget", mode="before")
     @classmethod
     def _memory_budget(cls, value: Any) -> int | None:
         return parse_byte_size(value)
@@ -251,6 +258,7 @@ class AnalysisOptions(BaseModel):
     self_test: _Removed = Field(default=None, exclude=True)
     cache_graph: _Removed = Field(default=None, exclude=True)
     memory_budget: _Removed = Field(default=None, exclude=True)
+    basis_budget: _Removed = Field(default=None, exclude=True)
 
     _no_machine_settings = field_validator(*MACHINE_SETTINGS, mode="before")(
         classmethod(_machine_setting)

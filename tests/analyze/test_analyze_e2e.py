@@ -393,14 +393,15 @@ def test_cancel_stops_inside_a_block_without_the_workers_kill(
         dataset=upload(client, files["slow-data"], "dataset"),
         options={**SLOW_OPTIONS, "blocks": ["layers.0.ffn_in"]},
     )
-    assert _wait_for_block_spectra(client, job["id"], service) == 1
+    # the blocks run in lockstep: "block spectra 0/1" while none is certified yet
+    assert _wait_for_block_spectra(client, job["id"], service) == 0
     time.sleep(0.5)  # inside the block's Lanczos / trace loops
     asked = time.monotonic()
     assert client.post(f"/v1/jobs/{job['id']}/cancel").status_code == 202
     done = wait_terminal(client, job["id"], timeout=120)
     took = time.monotonic() - asked
     assert done["status"] == "cancelled", service.logs()
-    assert done["progress"]["stage"] == "block spectra 1/1", done["progress"]
+    assert done["progress"]["stage"] == "block spectra 0/1", done["progress"]
     # Heartbeat (0.3 s) + one product + long-poll: seconds, not the block's minute.
     assert took < 10, (took, service.logs())
     logs = service.worker.tail(200_000)
@@ -459,12 +460,28 @@ def test_worker_sigkill_during_analysis_is_retried_and_finishes_once(
     assert {name for name, _ in outputs} == set(done["result"]["artifacts"])
 
 
+def _assert_close(mine: object, theirs: object, where: str) -> None:
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        assert mine.keys() == theirs.keys(), where
+        for key in mine:
+            _assert_close(mine[key], theirs[key], f"{where}.{key}")
+    elif isinstance(mine, list) and isinstance(theirs, list):
+        assert len(mine) == len(theirs), where
+        for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+            _assert_close(a, b, f"{where}[{i}]")
+    elif isinstance(mine, float) and isinstance(theirs, float):
+        assert mine == pytest.approx(theirs, rel=1e-8, abs=1e-12), where
+    else:
+        assert mine == theirs, where
+
+
 @pytest.mark.slow
 def test_block_fan_out_over_two_workers_equals_the_single_process_run(
     client: httpx.Client, service: Service, files: dict[str, Path]
 ) -> None:
     """An analysis fanned out over two workers assembles, block by block and pair by pair,
-    exactly the floats of the same request run in one process (``fan_out: false``)."""
+    the numbers of the same request run in one process (``fan_out: false``), to the rounding
+    of the batched products."""
     second = service.new_worker("fan-out-worker.log")
     try:
         ckpt = upload(client, files["checkpoint"], "checkpoint")
@@ -488,9 +505,12 @@ def test_block_fan_out_over_two_workers_equals_the_single_process_run(
     assert single_done["status"] == "succeeded", (single_done["error"], service.logs())
     got, want = fanned_done["result"]["measurements"], single_done["result"]["measurements"]
     assert [b["name"] for b in got["blocks"]] == [b["name"] for b in want["blocks"]]
+    # batched lockstep products may differ in their last bits with the batch's width
+    # (docs/numerics.md#lockstep): floats to 1e-8 relative (residuals at the rounding level,
+    # ~1e-14, to 1e-12 absolute), everything else exactly
     for mine, theirs in zip(got["blocks"], want["blocks"], strict=True):
-        assert mine == theirs, mine["name"]
-    assert got["off_diagonal"] == want["off_diagonal"]
+        _assert_close(mine, theirs, mine["name"])
+    _assert_close(got["off_diagonal"], want["off_diagonal"], "off_diagonal")
     assert got["loss"] == want["loss"]
     assert "fan_out" not in want
     # The fan-in reports the same stages as one process (block spectra from the children).

@@ -223,13 +223,28 @@ def test_a_killed_rank_fails_the_attempt_and_the_job_is_retried_whole(
     assert time.monotonic() - started < 60
 
 
+def _assert_close(mine: object, theirs: object, where: str) -> None:
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        assert mine.keys() == theirs.keys(), where
+        for key in mine:
+            _assert_close(mine[key], theirs[key], f"{where}.{key}")
+    elif isinstance(mine, list) and isinstance(theirs, list):
+        assert len(mine) == len(theirs), where
+        for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+            _assert_close(a, b, f"{where}[{i}]")
+    elif isinstance(mine, float) and isinstance(theirs, float):
+        assert mine == pytest.approx(theirs, rel=1e-8, abs=1e-12), where
+    else:
+        assert mine == theirs, where
+
+
 @pytest.mark.slow
 def test_a_block_fan_out_of_a_two_device_job_runs_every_child_on_two_ranks(
     client: httpx.Client, service: Service, inputs: dict[str, str]
 ) -> None:
     """Each child and the fan-in run on the job's 2 ranks with the same share of the work on
     every rank (a mismatch would hang the collectives); the assembled blocks equal the same
-    2-device job run as one process, float for float."""
+    2-device job run as one process, to the rounding of the batched products."""
     light = {
         **OPTIONS,
         "blocks": ["layers.0.q", "head"],
@@ -251,8 +266,11 @@ def test_a_block_fan_out_of_a_two_device_job_runs_every_child_on_two_ranks(
     assert reference["status"] == "succeeded", (reference["error"], service.logs())
     got, want = done["result"]["measurements"], reference["result"]["measurements"]
     assert got["data_parallel"] == want["data_parallel"] == {"world_size": 2, "backend": "gloo"}
-    assert got["blocks"] == want["blocks"]
-    assert got["off_diagonal"] == want["off_diagonal"]
+    # batched lockstep products may differ in their last bits with the batch's width
+    # (docs/numerics.md#lockstep): floats to 1e-8 relative (residuals at the rounding level,
+    # ~1e-14, to 1e-12 absolute), everything else exactly
+    _assert_close(got["blocks"], want["blocks"], "blocks")
+    _assert_close(got["off_diagonal"], want["off_diagonal"], "off_diagonal")
     children = client.get(f"/v1/jobs/{fanned['id']}").json()
     assert [c["status"] for c in children["children"]] == ["succeeded", "succeeded"]
     for child in children["children"]:

@@ -42,16 +42,29 @@ from curvplan_worker.curvature.limits import (
     host_budget,
     largest_basis_bytes,
 )
+from curvplan_worker.curvature.lockstep import Lockstep, Task
 from curvplan_worker.curvature.memory import (
     OutOfDeviceMemory,
+    agree_lockstep,
     default_budget,
     fit_to_memory,
+    later_stage_memory,
     peak_memory,
+    plan_lockstep,
     reset_peak,
 )
 from curvplan_worker.curvature.operator import CurvatureEngine, block_slices
 from curvplan_worker.curvature.sources import is_hf_source, load_source
-from curvplan_worker.curvature.spectra import block_spectrum, lanczos_spectrum, off_diagonal_norm
+from curvplan_worker.curvature.spectra import (
+    SingularValue,
+    Spectrum,
+    basis_bytes,
+    basis_dtype,
+    basis_vectors,
+    block_steps,
+    lanczos_spectrum,
+    pair_steps,
+)
 from curvplan_worker.curvature.trace import hutchpp_trace
 
 
@@ -407,6 +420,14 @@ def _analyze(
                 }
             )
         result["memory_plan"] = plan.as_dict()
+        result["memory_plan"]["stages"] = later_stage_memory(
+            plan,
+            n_params,
+            sample_batch=micro_batch or 64,
+            noise_batch=micro_batch or 32,
+            noise_groups=opts.noise_max_groups,
+            basis_budget=machine.basis_budget,
+        )
         result["cache_graph"] = plan.cache_graph
         if plan.micro_batch != plan.configured_micro_batch:
             result["eval_batch_size"] = plan.micro_batch
@@ -442,8 +463,9 @@ def _analyze(
         if only is not None:
             wanted = {name: blocks[name] for name in _known(only.blocks, blocks, "blocks")}
             _known([x for p in only.pairs for x in p], blocks, "off_diagonal")
-            result["blocks"] = _block_records(engine, wanted, opts, report)
-            result["off_diagonal"] = _off_diagonal(engine, blocks, list(only.pairs), opts, report)
+            result["blocks"], result["off_diagonal"], result["memory_plan"]["lockstep"] = _spectra(
+                engine, blocks, wanted, list(only.pairs), opts, report, machine
+            )
             engine.release_graph()
             result["memory_plan"].update(
                 retries=list(engine.oom_retries), final_micro_batch=engine.micro_batch
@@ -467,8 +489,9 @@ def _analyze(
                 measured.off_diagonal, [f"{r}|{c}" for r, c in pairs], "off_diagonal", _pair
             )
         else:
-            result["blocks"] = _block_records(engine, blocks, opts, report)
-            result["off_diagonal"] = _off_diagonal(engine, blocks, pairs, opts, report)
+            result["blocks"], result["off_diagonal"], result["memory_plan"]["lockstep"] = _spectra(
+                engine, blocks, blocks, pairs, opts, report, machine
+            )
         report(0.71, "full_model", "λ_max of the whole-model Hessian (one Lanczos)")
         result["full_model"] = full_model_lambda_max(
             engine,
@@ -581,32 +604,110 @@ def plan_blocks(
     return BlockPlan(blocks=sizes, pairs=pairs)
 
 
-def _block_records(engine, blocks, opts, report) -> list[dict]:
-    records = []
-    for i, (name, members) in enumerate(blocks.items()):
-        gen = derived_generator(opts.seed, block_key(name))
-        report(
-            0.05 + 0.55 * i / len(blocks),
-            "blocks",
-            f"block {name} ({i + 1}/{len(blocks)})",
-            index=i + 1,
-            total=len(blocks),
-            block=name,
-        )
-        n = engine.layout(members).numel
-        spectrum = block_spectrum(
+def _spectra(
+    engine, all_blocks, blocks, pairs, opts, report, machine
+) -> tuple[list[dict], list[dict], dict[str, Any]]:
+    """Block spectra and off-diagonal σ_max, all advancing in lockstep (``lockstep.py``:
+    one batched second backward per round, chunked to the memory plan), then each block's
+    trace and GGN parts from its own generator. Returns (block records, pair records, the
+    lockstep record: the plan and what the run did)."""
+    itemsize = torch.empty((), dtype=basis_dtype(engine.dtype)).element_size()
+    generators = {name: derived_generator(opts.seed, block_key(name)) for name in blocks}
+    sizes = {name: engine.layout(members).numel for name, members in all_blocks.items()}
+    tasks: list[Task] = []
+    wanted = max(1, opts.top_k) + 1  # the top-k (at least λ_max) and λ_min
+    for name, members in blocks.items():
+        n = sizes[name]
+        steps = block_steps(
             engine,
             members,
-            generator=gen,
+            generator=generators[name],
             tol=opts.tolerance,
             max_iter=opts.max_iter,
             top_k=opts.top_k,
             floor=opts.residual_floor,
+            basis_budget=machine.basis_budget,
         )
+        vectors = basis_vectors(n, machine.basis_budget, itemsize, wanted)
+        tasks.append(Task(block_key(name), steps, basis_bytes(n, vectors, itemsize)))
+    for row, col in pairs:
+        n = sizes[col]
+        steps = pair_steps(
+            engine,
+            all_blocks[row],
+            all_blocks[col],
+            generator=derived_generator(opts.seed, pair_key(row, col)),
+            tol=opts.tolerance,
+            max_iter=opts.max_iter,
+            basis_budget=machine.basis_budget,
+        )
+        vectors = basis_vectors(n, machine.basis_budget, itemsize, 1)
+        tasks.append(Task(pair_key(row, col), steps, basis_bytes(n, vectors, itemsize)))
+    used = [*blocks, *(x for pair in pairs for x in pair)]
+    bases = engine.layout([m for name in dict.fromkeys(used) for m in all_blocks[name]]).bases
+    n_union = sum(engine.params[b].numel() for b in bases)
+    task_bytes = [t.basis_bytes for t in tasks]
+    plan = plan_lockstep(
+        engine.memory_plan,
+        task_bytes,
+        n_union,
+        itemsize,
+        engine.memory_budget,
+        device_type=engine.device.type,
+    )
+    if engine.reducer is not None:  # every rank makes the same batched products
+        plan = agree_lockstep(plan, task_bytes, engine.reducer, engine.device)
+    n_blocks, n_tasks = len(blocks), len(tasks)
+    if tasks:
+        report(
+            0.05,
+            "blocks",
+            f"{n_blocks} blocks and {len(pairs)} pairs in lockstep "
+            f"({plan.vectors_per_product if plan.batched else 'one'} vector"
+            f"{'s' if plan.batched else ''} per second backward)",
+            index=0,
+            total=n_tasks,
+        )
+
+    def done(key: str, value: object, finished: int, total: int) -> None:
+        kind, _, name = key.partition(":")
+        what = f"block {name}" if kind == "block" else f"pair H[{name.replace('|', ', ')}]"
+        report(
+            0.05 + 0.5 * finished / max(total, 1),
+            "blocks",
+            f"{what} certified ({finished}/{total})",
+            index=finished,
+            total=total,
+            block=name,
+        )
+
+    runner = Lockstep(
+        engine,
+        vectors_per_product=plan.vectors_per_product,
+        basis_room=plan.basis_room_bytes,
+        batched=plan.batched,
+    )
+    runner.stats.mode_reason = plan.batched_reason
+    results = runner.run(tasks, done)
+    records = []
+    for i, (name, members) in enumerate(blocks.items()):
+        spectrum = results[block_key(name)]
+        assert isinstance(spectrum, Spectrum)
+        n = sizes[name]
         record = {"name": name, "params": list(members), "n_params": n, **spectrum.as_dict()}
         slices = block_slices(members)
         if slices:
             record["slices"] = slices
+        gen = generators[name]
+        if opts.trace_probes > 0 or opts.ggn:
+            report(
+                0.55 + 0.05 * i / max(n_blocks, 1),
+                "blocks",
+                f"trace of block {name} ({i + 1}/{n_blocks})",
+                index=i + 1,
+                total=n_blocks,
+                block=name,
+            )
         if opts.trace_probes > 0:
             trace = hutchpp_trace(
                 lambda v, m=members: engine.block_hvp(m, v),
@@ -624,33 +725,21 @@ def _block_records(engine, blocks, opts, report) -> list[dict]:
                     tol=opts.tolerance,
                     max_iter=opts.max_iter,
                     floor=opts.residual_floor,
+                    basis_budget=machine.basis_budget,
+                    device=engine.device,
+                    dtype=basis_dtype(engine.dtype),
                 )
                 record[key] = part.as_dict()
         records.append(record)
-    return records
-
-
-def _off_diagonal(engine, blocks, pairs, opts, report) -> list[dict]:
-    out = []
-    for i, (row, col) in enumerate(pairs):
-        report(
-            0.6 + 0.1 * i / len(pairs),
-            "off_diagonal",
-            f"H[{row}, {col}]",
-            index=i + 1,
-            total=len(pairs),
-            block=f"{row}|{col}",
-        )
-        sv = off_diagonal_norm(
-            engine,
-            blocks[row],
-            blocks[col],
-            generator=derived_generator(opts.seed, pair_key(row, col)),
-            tol=opts.tolerance,
-            max_iter=opts.max_iter,
-        )
-        out.append({"row": row, "col": col, **sv.as_dict()})
-    return out
+    if pairs:
+        report(0.6, "off_diagonal", f"{len(pairs)} pairs measured in lockstep with the blocks")
+    pair_records = []
+    for row, col in pairs:
+        sv = results[pair_key(row, col)]
+        assert isinstance(sv, SingularValue)
+        pair_records.append({"row": row, "col": col, **sv.as_dict()})
+    info = {"plan": plan.as_dict(), **runner.stats.as_dict()}
+    return records, pair_records, info
 
 
 def _top_eigenspace(engine, opts):

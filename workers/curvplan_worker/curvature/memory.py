@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import math
 import resource
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -274,7 +275,7 @@ def fit_to_memory(
     if micro != configured:
         engine.rebatch(micro)
     engine.cache_graph = cache
-    return MemoryPlan(
+    engine.memory_plan = MemoryPlan(
         budget_bytes=budget,
         budget_source=budget_source,
         source=memory.source,
@@ -292,6 +293,7 @@ def fit_to_memory(
         predicted_peak_bytes=peak,
         retries=list(engine.oom_retries),
     )
+    return engine.memory_plan
 
 
 _PEAK_FLOOR: dict[str, int] = {}
@@ -317,3 +319,169 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
         peak = max(_PEAK_FLOOR.get(str(device), 0), int(torch.cuda.max_memory_allocated(device)))
         return peak, "cuda-max-allocated"
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "process-max-rss"
+
+
+MAX_LOCKSTEP_VECTORS = 32
+"""The most vectors one batched second backward of the lockstep spectra carries."""
+
+CPU_BATCHED_VECTOR_BYTES = 1 << 20
+"""On a CPU the lockstep batches its products only while one vector's working set
+(``LockstepPlan.vector_bytes``) is at most this (1 MiB). Measured on the 2-core machine, one
+thread, float32 (docs/numerics.md#lockstep): with 0.02–0.03 MiB a vector (the tests' tiny
+models) one batched round took 0.3–0.6× the time of one product per block; with 2.8 MiB (the
+example on 8 sequences) 1.4×, with 20–22 MiB (the example and the tiny GPT-2 on their 64
+sequences) 4.4–4.7×: vmap's batched intermediates are memory-bound there, and every vector
+computes every row of the union while a block product prunes to its own. On CUDA the batched
+product is always used (it removes the per-product launch costs)."""
+
+
+@dataclass(frozen=True)
+class LockstepPlan:
+    """How the lockstep spectra fit the budget (the result's ``memory_plan.lockstep``).
+
+    ``graph_bytes`` is what the products walk (every micro-batch's graph when cached, one
+    micro-batch's otherwise, built once per batched product); each vector of a batched product
+    adds ``vector_bytes``: the second backward's own intermediates, (f − 1)·(m·a + g), batched
+    once per vector, plus its block-masked input, its output and the gathered rows
+    (3 · n_union · itemsize). The running coroutines' bases sum to at most
+    ``basis_room_bytes``; ``basis_bytes_total`` is every block's and pair's together.
+    """
+
+    n_tasks: int
+    basis_bytes_total: int
+    basis_room_bytes: int | None
+    concurrent: int
+    vectors_per_product: int
+    graph_bytes: float
+    vector_bytes: float
+    predicted_peak_bytes: float
+    fits: bool
+    batched: bool = True
+    batched_reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _batched_choice(device_type: str, vector: float) -> tuple[bool, str]:
+    """Whether the lockstep batches its products (:data:`CPU_BATCHED_VECTOR_BYTES`): decided
+    from the plan alone, so every process with the same model and data decides alike."""
+    if device_type == "cuda":
+        return True, "cuda: batched products remove the per-product launch costs"
+    if vector <= CPU_BATCHED_VECTOR_BYTES:
+        return True, (
+            f"cpu: {format_bytes(vector)} a vector ≤ {format_bytes(CPU_BATCHED_VECTOR_BYTES)}"
+        )
+    return False, (
+        f"cpu: {format_bytes(vector)} a vector > {format_bytes(CPU_BATCHED_VECTOR_BYTES)}: "
+        "one product per block is faster there"
+    )
+
+
+def plan_lockstep(
+    plan: MemoryPlan | None,
+    basis_bytes: list[int],
+    n_union: int,
+    itemsize: int,
+    budget: int | None,
+    max_vectors: int = MAX_LOCKSTEP_VECTORS,
+    device_type: str = "cpu",
+) -> LockstepPlan:
+    """Concurrency and vectors per batched product of the lockstep spectra within ``budget``.
+
+    All tasks run at once when their bases and one vector each fit with the graph; else the
+    largest number c such that the c largest bases plus c vectors fit (at least one: a run
+    whose single largest task does not fit says ``fits`` False and runs one at a time).
+    ``batched`` says whether the products are batched at all (:data:`CPU_BATCHED_VECTOR_BYTES`);
+    without, one product per vector (``vectors_per_product`` 1).
+    """
+    n = len(basis_bytes)
+    per_batch = plan.per_batch_bytes if plan is not None else 0.0
+    factor = plan.product_factor if plan is not None else CPU_PRODUCT_FACTOR
+    if plan is None:
+        graph = 0.0
+    elif plan.cache_graph:
+        graph = plan.n_examples * plan.per_example_bytes + (
+            math.ceil(plan.n_examples / max(plan.micro_batch, 1)) * plan.gradient_bytes
+        )
+    else:
+        graph = per_batch
+    vector = max(factor - 1.0, 1.0) * per_batch + 3.0 * n_union * itemsize
+    total = int(sum(basis_bytes))
+    cap = max(1, min(max_vectors, n)) if n else 1
+    batched, why = _batched_choice(device_type, vector)
+    if not batched:
+        cap = 1
+    if budget is None or n == 0:
+        peak = graph + total + cap * vector
+        return LockstepPlan(n, total, None, n, cap, graph, vector, peak, True, batched, why)
+    available = budget - graph
+    largest = sorted(basis_bytes, reverse=True)
+    concurrent, room = 0, 0
+    for c in range(1, n + 1):
+        bases = sum(largest[:c])
+        if bases + min(c, cap) * vector > available:
+            break
+        concurrent, room = c, bases
+    fits = concurrent >= 1
+    if not fits:
+        concurrent, room = 1, largest[0]
+    vectors = max(1, min(cap, concurrent, int((available - room) // vector) if fits else 1))
+    peak = graph + room + vectors * vector
+    room_or_none = None if concurrent == n else room
+    return LockstepPlan(
+        n, total, room_or_none, concurrent, vectors, graph, vector, peak, fits, batched, why
+    )
+
+
+def agree_lockstep(
+    plan: LockstepPlan,
+    basis_bytes: list[int],
+    reduce: Callable[[torch.Tensor], torch.Tensor],
+    device: torch.device,
+) -> LockstepPlan:
+    """The smallest concurrency and vectors per product over the ranks of a data-parallel
+    group (``reduce`` an all-reduce sum): every rank must make the same batched products, and
+    so the same number of all-reduces, in the same order (docs/numerics.md#data-parallel).
+    The minimum is read from the summed one-hot votes of the ranks."""
+    n = max(plan.n_tasks, plan.vectors_per_product, 1)
+    votes = torch.zeros(2, n + 1, dtype=torch.float64)
+    votes[0, plan.concurrent] = 1.0
+    votes[1, plan.vectors_per_product] = 1.0
+    summed = reduce(votes.to(device))
+    summed = summed.to("cpu")
+    concurrent = int(torch.nonzero(summed[0] > 0)[0])
+    vectors = int(torch.nonzero(summed[1] > 0)[0])
+    largest = sorted(basis_bytes, reverse=True)
+    room = None if concurrent >= plan.n_tasks else int(sum(largest[:concurrent]))
+    return replace(plan, concurrent=concurrent, vectors_per_product=vectors, basis_room_bytes=room)
+
+
+def later_stage_memory(
+    plan: MemoryPlan | None,
+    n_params: int,
+    *,
+    sample_batch: int,
+    noise_batch: int,
+    noise_groups: int,
+    basis_budget: int | None,
+) -> dict[str, float]:
+    """Predicted peak bytes of the stages after the spectra (the result's
+    ``memory_plan.stages``; a prediction recorded for the operator, not enforced):
+
+    * ``per_sample``: the per-example Hessian norms' one-example product, f·(a + g), and its
+      Lanczos basis over all ``n_params`` parameters (float64 on the CPU,
+      ``spectra.basis_vectors`` of ``basis_budget``), plus the per-example gradient rows of one
+      vmapped batch, ``sample_batch`` × n_params float64;
+    * ``gradient_noise``: its ``noise_groups`` running gradient sums and one batch of
+      per-example gradient rows (float64), and the vmapped batch's graph, ``noise_batch`` · a.
+    """
+    from curvplan_worker.curvature.spectra import basis_bytes, basis_vectors
+
+    a = plan.per_example_bytes if plan is not None else 0.0
+    g = plan.gradient_bytes if plan is not None else 0.0
+    f = plan.product_factor if plan is not None else CPU_PRODUCT_FACTOR
+    vectors = basis_vectors(n_params, basis_budget, 8, 2)
+    per_sample = f * (a + g) + basis_bytes(n_params, vectors, 8) + sample_batch * n_params * 8.0
+    noise = (noise_groups + noise_batch) * n_params * 8.0 + noise_batch * a + g
+    return {"per_sample": per_sample, "gradient_noise": noise}

@@ -47,7 +47,7 @@ from torch.func import functional_call, jvp
 
 from curvplan_worker.curvature.cancel import check_cancel
 from curvplan_worker.curvature.device import eval_mode
-from curvplan_worker.curvature.memory import OutOfDeviceMemory
+from curvplan_worker.curvature.memory import MemoryPlan, OutOfDeviceMemory
 from curvplan_worker.curvature.objective import Objective
 
 # ---------------------------------------------------------------------------------------------
@@ -263,6 +263,7 @@ class CurvatureEngine:
         # memory: the plan's budget and measurement (named by the out-of-memory error) and
         # one record per out-of-memory retry (docs/numerics.md#memory-plan)
         self.memory_budget: int | None = None
+        self.memory_plan: MemoryPlan | None = None  # set by memory.fit_to_memory
         self.per_example_bytes: float | None = None
         self.memory_source: str | None = None
         self.oom_retries: list[dict[str, Any]] = []
@@ -466,25 +467,82 @@ class CurvatureEngine:
     def multi_block_hvp(
         self, blocks: Sequence[Sequence[str]], vectors: Sequence[Tensor]
     ) -> list[Tensor]:
-        """H_{B_j B_j} v_j for several blocks in one batched second backward.
+        """H_{B_j B_j} v_j for several blocks in one batched second backward
+        (:meth:`multi_hvp` with rows = cols = B_j)."""
+        return self.multi_hvp([(block, block, v) for block, v in zip(blocks, vectors, strict=True)])
 
-        The j-th batch entry carries v_j on block j and zeros elsewhere; entry j of the result,
-        restricted to block j, is H_jj v_j. The cross terms are computed and discarded.
+    @_retry_on_oom
+    def multi_hvp(
+        self, requests: Sequence[tuple[Sequence[str], Sequence[str], Tensor]]
+    ) -> list[Tensor]:
+        """H[rows_j, cols_j] · v_j for several (rows, cols, v) in ONE batched second backward.
+
+        Entry j of the batch carries v_j on the parameters of cols_j and zeros elsewhere
+        (``is_grads_batched``); its product over the union of every request's rows, restricted
+        to rows_j, is H[rows_j, cols_j] v_j (the other rows are computed and discarded). Each
+        entry is the product :meth:`hvp` computes, up to the order of its sums; a single
+        request goes through the batched backward too, so that an entry does not depend on
+        how many others share its batch (docs/numerics.md#lockstep). Blocks may share
+        parameter tensors (slices of one tensor) or overlap. An operation without a batching
+        rule raises here (RuntimeError); ``lockstep.py`` then falls back to one :meth:`hvp`
+        per request.
         """
-        union = [n for block in blocks for n in block]
-        layout = self.layout(union)
-        spans, start = [], 0
-        for block in blocks:
-            size = self.layout(block).numel
-            spans.append((start, start + size))
-            start += size
-        stacked = torch.zeros(len(blocks), layout.numel, dtype=self.dtype, device=self.device)
-        for j, ((a, e), v) in enumerate(zip(spans, vectors, strict=True)):
-            stacked[j, a:e] = v
-        result = self.hvp(union, union, stacked if len(blocks) > 1 else stacked[0])
-        if len(blocks) == 1:
-            return [result]
-        return [result[j, a:e] for j, (a, e) in enumerate(spans)]
+        self._require_session()
+        k = len(requests)
+        if k == 0:
+            return []
+        col_layouts = [self.layout(list(c)) for _, c, _ in requests]
+        row_layouts = [self.layout(list(r)) for r, _, _ in requests]
+        col_bases = list(dict.fromkeys(n for lay in col_layouts for n in lay.bases))
+        row_bases = list(dict.fromkeys(n for lay in row_layouts for n in lay.bases))
+        stacked = {
+            n: torch.zeros(k, *self.params[n].shape, dtype=self.dtype, device=self.device)
+            for n in col_bases
+        }
+        for j, ((_, _, v), lay) in enumerate(zip(requests, col_layouts, strict=True)):
+            if v.shape[-1] != lay.numel:
+                raise ValueError(f"request {j}: vector length {v.shape[-1]} != {lay.numel}")
+            for n, part in lay.expand(v.reshape(-1).to(self.device, self.dtype)).items():
+                stacked[n][j] += part
+        row_tensors = [self.params[n] for n in row_bases]
+        totals: list[Tensor | None] = [None] * len(row_bases)
+        retain = self.cache_graph
+        for b in range(len(self.batches)):
+            check_cancel("batched Hessian product")
+            grads = self._graph_grads(b, col_bases)
+            pairs = [
+                (g, stacked[n])
+                for g, n in zip(grads, col_bases, strict=True)
+                if g is not None and g.requires_grad
+            ]
+            if not pairs:
+                continue
+            outs = torch.autograd.grad(
+                [g for g, _ in pairs],
+                row_tensors,
+                grad_outputs=[v for _, v in pairs],
+                retain_graph=retain,
+                allow_unused=True,
+                is_grads_batched=True,
+            )
+            for i, o in enumerate(outs):
+                if o is not None:
+                    totals[i] = o if totals[i] is None else totals[i] + o
+        full = {
+            n: (
+                t
+                if t is not None
+                else torch.zeros(k, *self.params[n].shape, dtype=self.dtype, device=self.device)
+            )
+            for n, t in zip(row_bases, totals, strict=True)
+        }
+        flat_rows = [
+            lay.gather({n: full[n][j] for n in lay.bases}) for j, lay in enumerate(row_layouts)
+        ]
+        lengths = [f.numel() for f in flat_rows]
+        reduced = self._reduce(torch.cat(flat_rows))
+        self.n_hvp += k
+        return list(torch.split(reduced, lengths))
 
     # -- Gauss–Newton ----------------------------------------------------------------------
     @_retry_on_oom
