@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))  # plan_bodies
 
 from receiver import Receiver, start_receiver
 

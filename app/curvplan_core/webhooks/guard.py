@@ -48,6 +48,24 @@ class WebhookRefused(ValueError):
     """The URL or the address it resolves to is not allowed."""
 
 
+MAX_HOST_LENGTH = 253  # RFC 1035 §2.3.4, without the root dot
+
+
+def _check_encodable(host: str) -> None:
+    """Refuse a host that is no DNS name: empty, a label over 63 octets, over 253 in all, or
+    not encodable as IDNA (the resolver would raise ``UnicodeError`` at each delivery)."""
+    if not host:
+        raise WebhookRefused("the webhook URL has no host")
+    try:
+        encoded = host.encode("idna")
+    except UnicodeError as exc:
+        raise WebhookRefused(
+            f"the webhook host is not a valid DNS name (labels of 1 to 63 characters): {exc}"
+        ) from None
+    if len(encoded.rstrip(b".")) > MAX_HOST_LENGTH:
+        raise WebhookRefused(f"the webhook host is longer than {MAX_HOST_LENGTH} characters")
+
+
 def host_allowed(host: str, allowed_hosts: Iterable[str]) -> bool:
     """``host`` matches an entry: exact (case-insensitive), '*.domain' (subdomains), '*'."""
     host = host.lower().rstrip(".")
@@ -77,6 +95,7 @@ class AddressPolicy:
         if parts.username or parts.password:
             raise WebhookRefused("the webhook URL must not carry credentials")
         host = parts.hostname or ""
+        _check_encodable(host)
         if not self.allowed_hosts:
             raise WebhookRefused(
                 "webhooks are off on this service: the operator lists callback hosts in "
@@ -114,8 +133,11 @@ class AddressPolicy:
         """``socket.create_connection`` that resolves once, checks every address the name
         resolves to, and connects to a checked one (used for each delivery)."""
         host, port = address
+        _check_encodable(host)
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except UnicodeError as exc:  # the resolver's IDNA encoding of the name
+            raise WebhookRefused(f"the webhook host cannot be resolved: {exc}") from None
         except socket.gaierror as exc:
             raise WebhookRefused(f"the webhook host {host!r} does not resolve: {exc}") from None
         resolved = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
