@@ -143,6 +143,35 @@ def test_private_addresses_are_refused_unless_their_network_is_allowed(address: 
     AddressPolicy.from_lists(["*"], ["0.0.0.0/0", "::/0"]).check_address(ip)
 
 
+@pytest.mark.parametrize(
+    ("address", "reaches"),
+    [
+        ("64:ff9b::7f00:1", "127.0.0.1"),  # NAT64 well-known prefix (RFC 6052)
+        ("64:ff9b::a9fe:a9fe", "169.254.169.254"),
+        ("64:ff9b::c0a8:101", "192.168.1.1"),
+        ("2002:7f00:1::1", "127.0.0.1"),  # 6to4 (RFC 3056)
+        ("2002:a00:1::", "10.0.0.1"),
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", "127.0.0.1"),  # Teredo client (RFC 4380)
+    ],
+)
+def test_ipv6_translations_of_private_ipv4_are_refused(address: str, reaches: str) -> None:
+    ip = ipaddress.ip_address(address)
+    with pytest.raises(WebhookRefused, match=f"reaches {reaches}"):
+        AddressPolicy.from_lists(["*"], []).check_address(ip)
+    with pytest.raises(WebhookRefused, match="loopback"):  # also as a literal in the URL
+        AddressPolicy.from_lists(["*"], []).check_url(f"http://[{address}]/hook")
+    # the operator allowing the IPv4 network it reaches allows it
+    AddressPolicy.from_lists(["*"], [f"{reaches}/32"]).check_address(ip)
+
+
+def test_local_use_nat64_is_refused_and_public_translations_pass() -> None:
+    policy = AddressPolicy.from_lists(["*"], [])
+    with pytest.raises(WebhookRefused):  # RFC 8215 local-use: a site's own translator
+        policy.check_address(ipaddress.ip_address("64:ff9b:1::7f00:1"))
+    for public in ["64:ff9b::5db8:d70e", "2002:5db8:d70e::1"]:  # 93.184.215.14
+        policy.check_address(ipaddress.ip_address(public))
+
+
 def test_public_addresses_pass_and_hosts_follow_the_allow_list() -> None:
     AddressPolicy.from_lists(["*"], []).check_address(ipaddress.ip_address("93.184.215.14"))
     assert host_allowed("hooks.example.com", ["*.example.com"])
