@@ -155,6 +155,7 @@ def keys_create_operator(
     name: str | None = typer.Option(None, "--name", help="A label, e.g. prometheus."),
 ) -> None:
     """Create an operator key (no project, the given scopes) and print it once."""
+    import curvplan_server.models  # noqa: F401  (every table: service_credential.worker_id → worker)
     from curvplan_core.credentials.service_keys import SCOPES, create_service_key
     from curvplan_core.db import make_engine, make_sessionmaker
 
