@@ -172,3 +172,36 @@ def settings(database_url: str, tmp_path: Any) -> Any:
         data_dir=tmp_path / "data",
         max_artifact_bytes=1 << 20,
     )
+
+
+HUGE_INTEGER_HEADER = (
+    b'{"w": {"dtype": "F32", "shape": [' + b"1" * 5000 + b'], "data_offsets": [0, 4]}}'
+)
+
+
+def _form(fields: list[tuple[str, bytes]], boundary: bytes = b"hugeintboundary") -> bytes:
+    body = b""
+    for name, value in fields:
+        extra = b'; filename="m.safetensors"' if name == "file" else b""
+        body += b"--" + boundary + b'\r\nContent-Disposition: form-data; name="'
+        body += name.encode() + b'"' + extra + b"\r\n\r\n" + value + b"\r\n"
+    return body + b"--" + boundary + b"--\r\n"
+
+
+@pytest.mark.parametrize("kind_first", [True, False], ids=["kind-first", "file-first"])
+def test_header_integer_of_over_4300_digits_is_a_422(
+    client: Any, auth_headers: dict[str, str], store: Any, kind_first: bool
+) -> None:
+    """Python's int parsing refuses over 4,300 digits with a ValueError that is no
+    JSONDecodeError: it reached the route as a 500, whichever field came first."""
+    data = _safetensors_with_header(HUGE_INTEGER_HEADER) + b"\x00" * 4
+    fields = [("kind", b"checkpoint"), ("file", data)]
+    body = _form(fields if kind_first else fields[::-1])
+    response = client.post(
+        "/v1/artifacts",
+        headers={**auth_headers, "Content-Type": "multipart/form-data; boundary=hugeintboundary"},
+        content=body,
+    )
+    problem = assert_problem(response, 422)
+    assert "body.file" in _fields(problem) and "4300" in problem["detail"]
+    assert store.temp_files() == [] and store.blobs() == []

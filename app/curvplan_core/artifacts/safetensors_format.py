@@ -85,7 +85,7 @@ def parse_header(header: bytes) -> tuple[dict[str, TensorInfo], dict[str, str], 
     """
     try:
         decoded = json.loads(header.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # not UTF-8, not JSON, or an integer of over 4,300 digits
         raise InvalidSafetensors(f"header is not valid UTF-8 JSON ({exc})") from None
     except RecursionError:
         raise InvalidSafetensors("header JSON is nested too deeply") from None
