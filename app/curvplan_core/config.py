@@ -61,6 +61,25 @@ class Settings(BaseSettings):
     max_artifact_bytes: int = Field(
         default=4 * 1024**3, gt=0, description="Largest artifact upload (POST /v1/artifacts)."
     )
+    max_safetensors_header_bytes: int = Field(
+        default=10_000_000,
+        gt=0,
+        le=100_000_000,
+        description="Longest safetensors header an upload may have (bytes; the header is "
+        "held and parsed in the API process); longer is a 413.",
+    )
+    max_safetensors_tensors: int = Field(
+        default=100_000,
+        gt=0,
+        description="Most tensors one safetensors header may list; more is a 422.",
+    )
+    artifact_tensor_preview: int = Field(
+        default=100,
+        ge=0,
+        le=10_000,
+        description="Tensors an artifact's metadata lists (the first, by name); the rest are "
+        "paged from GET /v1/artifacts/{id}/tensors.",
+    )
     artifact_uri_roots: list[Path] = Field(
         default_factory=list,
         description="Directories file:// artifacts must lie under (JSON list, e.g. "

@@ -22,6 +22,8 @@ from typing import BinaryIO
 
 from curvplan.types.artifacts import is_sha256
 from curvplan_core.artifacts.safetensors_format import (
+    MAX_HEADER_BYTES,
+    MAX_TENSORS,
     SafetensorsInfo,
     SafetensorsValidator,
     check_file,
@@ -58,10 +60,15 @@ class BlobStore:
     def exists(self, sha256: str) -> bool:
         return self.path_for(sha256).is_file()
 
-    def writer(self, max_bytes: int | None = None) -> BlobWriter:
+    def writer(
+        self,
+        max_bytes: int | None = None,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+        max_tensors: int = MAX_TENSORS,
+    ) -> BlobWriter:
         """A writer for one new blob (validated as safetensors while it streams)."""
         self.ensure()
-        return BlobWriter(self, max_bytes)
+        return BlobWriter(self, max_bytes, SafetensorsValidator(max_header_bytes, max_tensors))
 
     def commit_temp(self, temp_path: Path, sha256: str) -> Path:
         """Move a fully written temp file to its content address (dedupe: keep the first)."""
@@ -97,13 +104,15 @@ class BlobWriter:
     plus the safetensors header.
     """
 
-    def __init__(self, store: BlobStore, max_bytes: int | None) -> None:
+    def __init__(
+        self, store: BlobStore, max_bytes: int | None, validator: SafetensorsValidator | None = None
+    ) -> None:
         self.store = store
         self.max_bytes = max_bytes
         self.temp_path = store.tmp_dir / f"upload-{secrets.token_hex(12)}"
         self._fh: BinaryIO | None = open(self.temp_path, "xb")  # noqa: SIM115 (closed in finish/abort)
         self._hash = hashlib.sha256()
-        self._validator = SafetensorsValidator()
+        self._validator = validator or SafetensorsValidator()
         self.size = 0
         self.sha256: str | None = None
         self.info: SafetensorsInfo | None = None

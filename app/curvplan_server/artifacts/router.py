@@ -15,7 +15,7 @@ from curvplan.types.artifacts import ArtifactOut, ArtifactPage, ArtifactUriCreat
 from curvplan_core.artifacts.blobstore import BlobTooLarge, BlobWriter
 from curvplan_core.artifacts.checks import ArtifactContentError
 from curvplan_core.artifacts.header_checks import check_header
-from curvplan_core.artifacts.safetensors_format import InvalidSafetensors
+from curvplan_core.artifacts.safetensors_format import HeaderTooLarge, InvalidSafetensors
 from curvplan_core.storable import shown, storable_text
 from curvplan_server.artifacts import service
 from curvplan_server.artifacts.commit import commit_upload, early_quota_check, register_uri
@@ -136,7 +136,11 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
     def open_writer() -> BlobWriter:
         # The kind known before the file (``?kind=`` or a ``kind`` field sent first) lets
         # the header be checked as soon as it arrives, before the body is read.
-        writer = store.writer(max_bytes=limit)
+        writer = store.writer(
+            max_bytes=limit,
+            max_header_bytes=settings.max_safetensors_header_bytes,
+            max_tensors=settings.max_safetensors_tensors,
+        )
         early_kind = query_kind or form.fields.get("kind")
         if early_kind in UPLOAD_KINDS:
             writer.on_header = lambda info, declared: check_header(
@@ -162,7 +166,7 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
         if query_kind is not None and kind != query_kind:
             raise _field_problem("kind", f"the form says {kind!r}, the URL {query_kind!r}", "enum")
         info = await run_in_threadpool(form.writer.finish)
-        check_header(kind, info, info.total_bytes, limit)
+        await run_in_threadpool(check_header, kind, info, info.total_bytes, limit)
         name = _upload_name(form)
         stored = await run_in_threadpool(
             commit_upload,
@@ -180,6 +184,9 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
         if exc.field is not None and exc.status == 422:
             raise _field_problem(exc.field, str(exc), "invalid_form") from None
         raise Problem(exc.status, str(exc)) from None
+    except HeaderTooLarge as exc:
+        _abort(form)
+        raise _header_too_large(exc) from None
     except InvalidSafetensors as exc:
         _abort(form)
         raise _invalid_file(
@@ -205,6 +212,15 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
     status = 201 if stored.created else 200
     return JSONResponse(
         artifact, status_code=status, headers={"Location": artifact["links"]["self"]}
+    )
+
+
+def _header_too_large(exc: HeaderTooLarge) -> Problem:
+    return Problem(
+        413,
+        f"{exc.reason} (CURVPLAN_MAX_SAFETENSORS_HEADER_BYTES)",
+        title="Content Too Large",
+        extra={"max_header_bytes": exc.limit},
     )
 
 

@@ -27,7 +27,7 @@ from sqlalchemy import Engine
 from curvplan.types.artifacts import is_sha256
 from curvplan.types.storage import WorkerBlobOut
 from curvplan_core.artifacts.blobstore import BlobStore, BlobTooLarge, BlobWriter
-from curvplan_core.artifacts.safetensors_format import InvalidSafetensors
+from curvplan_core.artifacts.safetensors_format import HeaderTooLarge, InvalidSafetensors
 from curvplan_core.credentials.service_keys import WORKER_SCOPE, ServiceContext
 from curvplan_core.storage.blobs import place_blob
 from curvplan_server.auth.dependencies import require_scope
@@ -124,7 +124,12 @@ async def put_worker_blob(request: Request, sha256: Sha256Path, worker: WorkerDe
     """
     digest = _digest(sha256)
     store = blob_store(request)
-    writer = store.writer(max_bytes=request.app.state.settings.worker_upload_max_bytes)
+    settings = request.app.state.settings
+    writer = store.writer(
+        max_bytes=settings.worker_upload_max_bytes,
+        max_header_bytes=settings.max_safetensors_header_bytes,
+        max_tensors=settings.max_safetensors_tensors,
+    )
     try:
         async for chunk in request.stream():
             if chunk:
@@ -136,6 +141,14 @@ async def put_worker_blob(request: Request, sha256: Sha256Path, worker: WorkerDe
                 "digest_mismatch",
             )
         created = await run_in_threadpool(_place, request.app.state.engine, store, writer, digest)
+    except HeaderTooLarge as exc:
+        writer.abort()
+        raise Problem(
+            413,
+            f"{exc.reason} (CURVPLAN_MAX_SAFETENSORS_HEADER_BYTES)",
+            title="Content Too Large",
+            extra={"max_header_bytes": exc.limit},
+        ) from None
     except InvalidSafetensors as exc:
         writer.abort()
         raise _body_problem(
