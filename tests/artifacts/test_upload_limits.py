@@ -74,3 +74,43 @@ def test_a_header_longer_than_the_limit_is_a_413(
     problem = assert_problem(upload(client, auth_headers, data), 413)
     assert problem["max_header_bytes"] == MAX_HEADER
     assert store.temp_files() == [] and store.blobs() == []
+
+
+def test_reads_return_a_bounded_summary_and_the_tensors_page_through_all(
+    client: Any, auth_headers: dict[str, str], other_auth_headers: dict[str, str]
+) -> None:
+    count = 250
+    created = upload(client, auth_headers, many_tensors(count))
+    assert created.status_code == 201, created.text
+    names = [f"t{i:06d}" for i in range(count)]  # the oracle: byte order of the names
+    for body in (
+        created.json(),
+        client.get(created.headers["location"], headers=auth_headers).json(),
+        client.get("/v1/artifacts", headers=auth_headers).json()["items"][0],
+    ):
+        assert body["tensor_count"] == count and body["tensors_truncated"] is True
+        assert sorted(body["tensors"]) == names[:PREVIEW]
+        assert body["tensors"][names[0]] == {"dtype": "F32", "shape": [1]}
+        assert body["size"] == 8 + struct.unpack("<Q", many_tensors(count)[:8])[0] + 4 * count
+    link = created.json()["links"]["tensors"]
+    seen: list[str] = []
+    token = None
+    while True:
+        params: dict[str, Any] = {"page_size": 64}
+        if token:
+            params["page_token"] = token
+        page = client.get(link, headers=auth_headers, params=params)
+        assert page.status_code == 200, page.text
+        seen += [t["name"] for t in page.json()["items"]]
+        assert all(t["dtype"] == "F32" and t["shape"] == [1] for t in page.json()["items"])
+        token = page.json()["next_page_token"]
+        if token is None:
+            break
+    assert seen == names
+    assert client.get(link, headers=other_auth_headers).status_code == 404  # not theirs
+
+
+def test_a_small_file_is_listed_whole(client: Any, auth_headers: dict[str, str]) -> None:
+    body = upload(client, auth_headers, many_tensors(3)).json()
+    assert body["tensor_count"] == 3 and body["tensors_truncated"] is False
+    assert sorted(body["tensors"]) == ["t000000", "t000001", "t000002"]

@@ -11,7 +11,13 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from curvplan.types.artifacts import ArtifactOut, ArtifactPage, ArtifactUriCreate, uri_allowed
+from curvplan.types.artifacts import (
+    ArtifactOut,
+    ArtifactPage,
+    ArtifactUriCreate,
+    TensorPage,
+    uri_allowed,
+)
 from curvplan_core.artifacts.blobstore import BlobTooLarge, BlobWriter
 from curvplan_core.artifacts.checks import ArtifactContentError
 from curvplan_core.artifacts.header_checks import check_header
@@ -178,6 +184,7 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
             name,
             info.to_json(),
             quota,
+            settings.artifact_tensor_preview,
         )
     except UploadFormError as exc:
         _abort(form)
@@ -325,7 +332,13 @@ def list_artifacts(
     settings = request.app.state.settings
     size = min(page_size or settings.default_page_size, settings.max_page_size)
     items, token = service.list_artifacts(
-        session, auth.project_id, kind=kind, job_id=job_id, page_size=size, page_token=page_token
+        session,
+        auth.project_id,
+        kind=kind,
+        job_id=job_id,
+        page_size=size,
+        page_token=page_token,
+        preview=settings.artifact_tensor_preview,
     )
     return JSONResponse({"items": items, "next_page_token": token})
 
@@ -337,9 +350,39 @@ def list_artifacts(
     summary="Artifact metadata: kind, sha256, size, tensors",
     responses={**PROBLEM_RESPONSES},
 )
-def get_artifact(artifact_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> JSONResponse:
-    """The artifact (404 for an unknown id or another project's)."""
-    return JSONResponse(service.get_artifact(session, auth.project_id, artifact_id))
+def get_artifact(
+    request: Request, artifact_id: uuid.UUID, session: SessionDep, auth: ProjectDep
+) -> JSONResponse:
+    """The artifact (404 for an unknown id or another project's): its first tensors by name
+    (``tensor_count`` in all; ``links.tensors`` pages through every one)."""
+    preview = request.app.state.settings.artifact_tensor_preview
+    return JSONResponse(service.get_artifact(session, auth.project_id, artifact_id, preview))
+
+
+@router.get(
+    "/{artifact_id}/tensors",
+    name="list_artifact_tensors",
+    response_model=TensorPage,
+    summary="Every tensor of an artifact (name, dtype, shape), by name, paged",
+    responses={**PROBLEM_RESPONSES},
+)
+def list_artifact_tensors(
+    request: Request,
+    artifact_id: uuid.UUID,
+    session: SessionDep,
+    auth: ProjectDep,
+    page_size: Annotated[int | None, Query(ge=1)] = None,
+    page_token: Annotated[str | None, Query()] = None,
+) -> JSONResponse:
+    """A page of the artifact's tensors in byte order of their names; follow
+    ``next_page_token``. An artifact not read yet (a ``file://`` one) has none."""
+    settings = request.app.state.settings
+    size = min(page_size or settings.max_page_size, settings.max_page_size)
+    return JSONResponse(
+        service.list_tensors(
+            session, auth.project_id, artifact_id, page_size=size, page_token=page_token
+        )
+    )
 
 
 @router.get(
