@@ -38,6 +38,11 @@ class BlobTooLarge(Exception):
         self.limit = limit
 
 
+class TempFileGone(Exception):
+    """The upload's temp file vanished before it was placed: the temp-file sweeper removed it
+    (an upload stalled longer than ``CURVPLAN_TEMP_FILE_MAX_AGE_SECONDS``)."""
+
+
 class BlobStore:
     """A directory of immutable blobs addressed by sha256."""
 
@@ -77,7 +82,10 @@ class BlobStore:
         if dest.is_file():
             temp_path.unlink(missing_ok=True)
             return dest
-        os.replace(temp_path, dest)
+        try:
+            os.replace(temp_path, dest)
+        except FileNotFoundError:
+            raise TempFileGone(str(temp_path)) from None
         return dest
 
     def delete(self, sha256: str) -> None:
@@ -147,7 +155,10 @@ class BlobWriter:
         os.fsync(self._fh.fileno())
         self._fh.close()
         self._fh = None
-        check_file(self.temp_path)
+        try:
+            check_file(self.temp_path)
+        except FileNotFoundError:
+            raise TempFileGone(str(self.temp_path)) from None
         self.info = info
         self.sha256 = self._hash.hexdigest()
         return self.info

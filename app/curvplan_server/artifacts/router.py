@@ -18,7 +18,7 @@ from curvplan.types.artifacts import (
     TensorPage,
     uri_allowed,
 )
-from curvplan_core.artifacts.blobstore import BlobTooLarge, BlobWriter
+from curvplan_core.artifacts.blobstore import BlobTooLarge, BlobWriter, TempFileGone
 from curvplan_core.artifacts.checks import ArtifactContentError
 from curvplan_core.artifacts.header_checks import check_header
 from curvplan_core.artifacts.safetensors_format import HeaderTooLarge, InvalidSafetensors
@@ -34,6 +34,7 @@ from curvplan_server.problems import (
     PROBLEM_TYPE_BASE,
     Problem,
     field_errors_from_pydantic,
+    problem_responses,
     validation_problem,
 )
 from curvplan_server.storage.quota import Quota
@@ -80,7 +81,11 @@ def _invalid_file(reason: str, tensor: str | None, kind: str, title: str) -> Pro
     status_code=201,
     response_model=ArtifactOut,
     summary="Upload a safetensors checkpoint or dataset (multipart), or register a file:// uri",
-    responses={**PROBLEM_RESPONSES, 200: {"model": ArtifactOut, "description": "Already stored"}},
+    responses={
+        **PROBLEM_RESPONSES,
+        **problem_responses(_408="The upload stalled past the temp-file age limit; send it again"),
+        200: {"model": ArtifactOut, "description": "Already stored"},
+    },
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -212,6 +217,9 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
             title="Content Too Large",
             extra={"max_artifact_bytes": exc.limit},
         ) from None
+    except TempFileGone:
+        _abort(form)
+        raise temp_file_gone(settings.temp_file_max_age_seconds) from None
     except BaseException:
         _abort(form)
         raise
@@ -219,6 +227,18 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
     status = 201 if stored.created else 200
     return JSONResponse(
         artifact, status_code=status, headers={"Location": artifact["links"]["self"]}
+    )
+
+
+def temp_file_gone(max_age_seconds: float) -> Problem:
+    """408: the upload was so slow that the temp-file sweeper removed what it had written."""
+    return Problem(
+        408,
+        "the upload stalled for longer than the service keeps an unfinished upload "
+        f"(CURVPLAN_TEMP_FILE_MAX_AGE_SECONDS = {max_age_seconds:g} s) and its partial file "
+        "was removed; nothing was stored: send the file again",
+        title="Request Timeout",
+        extra={"temp_file_max_age_seconds": max_age_seconds},
     )
 
 
