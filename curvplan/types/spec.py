@@ -122,6 +122,35 @@ class ModelSpec(_Strict):
             return True
         return not (isinstance(task, RegressionTask) and task.input_dim is None)
 
+    def parameter_count(self) -> int:
+        """Elements of the reference model's parameters (``CurvTransformer(spec)``), a tied
+        head counted once: what a checkpoint of this spec holds and the engine allocates."""
+        d, bias = self.d_model, int(self.bias)
+
+        def linear(n_in: int, n_out: int) -> int:
+            return n_in * n_out + bias * n_out
+
+        norm = 0
+        if self.norm_affine:
+            norm = d + (d if self.norm == "layernorm" and self.bias else 0)
+        attention = 3 * linear(d, d) + (linear(d, d) if self.attn_output_proj else 0)
+        block = 2 * norm + attention + linear(d, self.d_ff) + linear(self.d_ff, d)
+        total = self.n_layers * block + (norm if self.use_final_norm else 0)
+        task = self.task
+        if self.token_inputs:
+            total += (task.vocab_size or 0) * d
+        elif task.input_dim is not None:
+            total += linear(task.input_dim, d)
+        if self.positional == "learned":
+            total += task.seq_len * d
+        if isinstance(task, CausalLMTask):
+            total += bias * task.vocab_size + (0 if task.tie_embeddings else d * task.vocab_size)
+        elif isinstance(task, ClassificationTask):
+            total += linear(d, task.n_classes)
+        elif task.output_dim is not None:
+            total += linear(d, task.output_dim)
+        return total
+
     @property
     def token_inputs(self) -> bool:
         """Whether the inputs are int64 token ids (else float features)."""
