@@ -100,6 +100,18 @@ class Settings(BaseSettings):
         description="Largest Hugging Face model (parameters, computed from its config.json) "
         "an analyze job may name; checked before the job is queued.",
     )
+    plan_max_loss_evaluations: int = Field(
+        default=20_000_000,
+        gt=0,
+        description="Most planner work one plan job may ask for: (losses + perturbed "
+        "losses) × targets.orderings; more is a 422 naming targets.orderings.",
+    )
+    plan_max_bootstrap: int = Field(
+        default=10_000,
+        ge=0,
+        description="Most bootstrap draws (targets.bootstrap) one plan job may ask for; more "
+        "is a 422.",
+    )
     max_job_devices: int = Field(
         default=8,
         ge=1,

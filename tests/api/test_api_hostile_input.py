@@ -165,7 +165,7 @@ def test_losses_whose_sums_overflow_are_a_422(
 def test_the_largest_accepted_losses_give_a_finite_plan() -> None:
     """At the cap the planner's answer is finite JSON (the oracle: strict JSON encoding)."""
     from curvplan.types.planner import MAX_LOSS_VALUE, Measurements, Targets
-    from curvplan_server.planner import make_plan
+    from curvplan_core.planner import make_plan
 
     measurements = Measurements.model_validate_json(
         json.dumps({"per_sample_losses": [MAX_LOSS_VALUE] * 3, "loss_bound": MAX_LOSS_VALUE})

@@ -22,6 +22,7 @@ from curvplan_server.auth.dependencies import ProjectDep, authenticate
 from curvplan_server.db import SessionDep
 from curvplan_server.jobs import service
 from curvplan_server.jobs.examples import CREATE_EXAMPLES, JOB_EXAMPLE, RECOMMENDATION_EXAMPLE
+from curvplan_server.jobs.limits import PlanLimits, check_plan_work
 from curvplan_server.problems import (
     Problem,
     field_errors_from_pydantic,
@@ -193,6 +194,7 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
     settings = request.app.state.settings
     if body["kind"] == "analyze":
         check_job_devices(body, settings.max_job_devices)
+    check_plan_work(body, PlanLimits.from_settings(settings))
     if body.get("webhook_url") is not None:
         await run_in_threadpool(check_job_webhook, session, settings, auth.project_id, body)
     created = await run_in_threadpool(
@@ -204,6 +206,7 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
         idempotency_key,
         settings.data_dir,
         settings.max_model_parameters,
+        PlanLimits.from_settings(settings),
     )
     headers = {"Location": created.job["links"]["self"]}
     if created.replayed:
@@ -219,9 +222,12 @@ def _create_and_commit(
     idempotency_key: str | None,
     data_dir: Path,
     max_model_parameters: int | None,
+    plan_limits: PlanLimits,
 ) -> service.Created:
     # artifact ids, model size, shards, from_job
     body = prepare_job_body(session, project_id, body, data_dir, max_model_parameters)
+    if body.get("from_job") is not None:  # the measurements of the analysis it re-plans
+        check_plan_work(body, plan_limits)
     created = service.create_job(
         session,
         project_id,
