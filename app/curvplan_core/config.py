@@ -264,8 +264,19 @@ class Settings(BaseSettings):
     webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
     public_url: str | None = Field(
         default=None,
-        description="The service's public base URL (e.g. https://curvplan.example.com): "
-        "webhook links are absolute with it, relative without.",
+        description="The service's public base URL (e.g. https://curvplan.example.com): every "
+        "absolute URL the API writes (report links, redirects) and webhook links start with "
+        "it. Unset: the request's Host must be one of allowed_hosts.",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=lambda: ["localhost", "127.0.0.1"],
+        description="Host names requests may name when public_url is unset (JSON list; "
+        "'*.example.com' matches subdomains, '*' any host); others get 400.",
+    )
+    forwarded_allow_ips: list[str] = Field(
+        default_factory=list,
+        description="Addresses of the proxies whose X-Forwarded-For/-Proto headers "
+        "`curvplan serve` honours (uvicorn's forwarded_allow_ips); empty: none.",
     )
 
     @field_validator("worker_api_url")

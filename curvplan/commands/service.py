@@ -81,6 +81,8 @@ def _multiprocess_metrics_dir() -> Path | None:
 def _serve(host: str, port: int, workers: int, access_log: bool) -> None:
     import uvicorn
 
+    settings = _settings()
+
     uvicorn.run(
         "curvplan_server.main:create_app",
         factory=True,
@@ -89,7 +91,9 @@ def _serve(host: str, port: int, workers: int, access_log: bool) -> None:
         workers=workers,
         log_config=None,
         access_log=access_log,
-        proxy_headers=True,
+        # X-Forwarded-* only from the proxies the operator names (none by default).
+        proxy_headers=bool(settings.forwarded_allow_ips),
+        forwarded_allow_ips=",".join(settings.forwarded_allow_ips) or "",
     )
 
 
@@ -304,7 +308,12 @@ def _run_dev(url: str, data_dir: Path, host: str, port: int, worker: bool) -> No
         )
     try:
         uvicorn.run(
-            "curvplan_server.main:create_app", factory=True, host=host, port=port, log_config=None
+            "curvplan_server.main:create_app",
+            factory=True,
+            host=host,
+            port=port,
+            log_config=None,
+            proxy_headers=False,  # no proxy in front of a development server
         )
     finally:
         if child is not None:
