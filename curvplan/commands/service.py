@@ -135,17 +135,28 @@ def db_current() -> None:
 def keys_create(
     project: str = typer.Option(..., "--project", help="Project name (created if missing)."),
     name: str | None = typer.Option(None, "--name", help="A label for the key."),
+    expires_in: str | None = typer.Option(
+        None, "--expires-in", help="Expire the key after this long: 30d, 12h, 90m, 2w, 45s."
+    ),
 ) -> None:
     """Create an API key for PROJECT and print it (it is shown only this once)."""
-    from curvplan_core.credentials.keys import create_key
+    from datetime import UTC, datetime
+
+    from curvplan_core.credentials.keys import create_key, parse_duration
     from curvplan_core.db import make_engine, make_sessionmaker
 
     project = project.strip()
     if not project:
         raise typer.BadParameter("must not be empty", param_hint="--project")
+    expires_at = None
+    if expires_in is not None:
+        try:
+            expires_at = datetime.now(UTC) + parse_duration(expires_in)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--expires-in") from None
     engine = make_engine(_require_database_url())
     with make_sessionmaker(engine)() as session:
-        key = create_key(session, project, name)
+        key = create_key(session, project, name, expires_at)
         session.commit()
     engine.dispose()
     typer.echo(key)
@@ -180,7 +191,7 @@ def keys_create_operator(
 def keys_list(
     project: str = typer.Option(..., "--project", help="Project name."),
 ) -> None:
-    """List the keys of PROJECT: id, prefix, label, created, revoked (never the key)."""
+    """List the keys of PROJECT: id, prefix, created, revoked, expires, label (never the key)."""
     from sqlalchemy import select
 
     from curvplan_core.credentials.models import ApiKey, Project
@@ -196,9 +207,10 @@ def keys_list(
         ).scalars()
         for key in rows:
             revoked = key.revoked_at.isoformat() if key.revoked_at else "-"
+            expires = key.expires_at.isoformat() if key.expires_at else "never"
             typer.echo(
                 f"{key.id}  {key.prefix}…  {key.created_at.isoformat()}  revoked={revoked}  "
-                f"{key.name or ''}".rstrip()
+                f"expires={expires}  {key.name or ''}".rstrip()
             )
     engine.dispose()
 
