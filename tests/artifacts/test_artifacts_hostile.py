@@ -205,3 +205,21 @@ def test_header_integer_of_over_4300_digits_is_a_422(
     problem = assert_problem(response, 422)
     assert "body.file" in _fields(problem) and "4300" in problem["detail"]
     assert store.temp_files() == [] and store.blobs() == []
+
+
+def test_an_upload_name_longer_than_200_characters_is_a_422(
+    client: Any, auth_headers: dict[str, str], store: Any
+) -> None:
+    """The OpenAPI says maxLength 200; a 1,000-character name was accepted."""
+
+    def post(name: str | None, filename: str = "m.safetensors", seed: int = 0) -> Any:
+        data = {"kind": "checkpoint", **({"name": name} if name is not None else {})}
+        files = {"file": (filename, checkpoint_bytes(seed), "application/octet-stream")}
+        return client.post("/v1/artifacts", headers=auth_headers, data=data, files=files)
+
+    problem = assert_problem(post("n" * 1000), 422)
+    assert _fields(problem) == {"body.name"}
+    assert store.temp_files() == [] and store.blobs() == []
+    assert post("n" * 200).status_code == 201
+    long_file = post(None, "f" * 240 + ".safetensors", seed=1)  # only the default label
+    assert long_file.status_code == 201 and long_file.json()["name"] == "f" * 200

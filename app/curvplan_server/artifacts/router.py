@@ -42,6 +42,9 @@ from curvplan_server.storage.store import blob_store
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
 
+MAX_NAME_LENGTH = 200
+"""Characters of an artifact's name (the ``name`` field; a longer file name is cut)."""
+
 UPLOAD_OVERHEAD_BYTES = 64 * 1024
 """Room for multipart boundaries and headers above the file size limit (middleware limit)."""
 
@@ -97,7 +100,7 @@ def _invalid_file(reason: str, tensor: str | None, kind: str, title: str) -> Pro
                         "properties": {
                             "file": {"type": "string", "format": "binary"},
                             "kind": {"type": "string", "enum": list(UPLOAD_KINDS)},
-                            "name": {"type": "string", "maxLength": 200},
+                            "name": {"type": "string", "maxLength": MAX_NAME_LENGTH},
                         },
                     }
                 },
@@ -262,6 +265,12 @@ def _upload_name(form: UploadForm) -> str | None:
     if not storable_text(name):
         what = "the name" if field == "name" else "the file name"
         raise _field_problem(field, f"{what} must not contain NUL characters", "string_nul")
+    if len(name) > MAX_NAME_LENGTH:
+        if field == "name":
+            raise _field_problem(
+                "name", f"must be at most {MAX_NAME_LENGTH} characters", "string_too_long"
+            )
+        name = name[:MAX_NAME_LENGTH]  # a file name is only the default label
     return name
 
 
