@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 
 class SpecError(ValueError):
@@ -32,7 +32,7 @@ class CausalLMTask(_Strict):
     type: Literal["causal_lm"] = "causal_lm"
     vocab_size: int = Field(gt=1)
     seq_len: int = Field(gt=0)
-    tie_embeddings: bool = False
+    tie_embeddings: StrictBool = False
 
 
 class ClassificationTask(_Strict):
@@ -88,11 +88,11 @@ class ModelSpec(_Strict):
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_position: Literal["post", "pre"] = "post"
     ln_eps: float = Field(default=1e-5, ge=0.0)
-    norm_affine: bool = True
+    norm_affine: StrictBool = True
     activation: Literal["relu", "gelu"] = "gelu"
-    bias: bool = True
-    attn_output_proj: bool = True
-    final_norm: bool | None = None
+    bias: StrictBool = True
+    attn_output_proj: StrictBool = True
+    final_norm: StrictBool | None = None
     positional: Literal["learned", "sinusoidal", "none"] = "learned"
     task: TaskSpec
 

@@ -6,6 +6,7 @@ spec implies is checked against CURVPLAN_MAX_MODEL_PARAMETERS before the job is 
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -51,3 +52,25 @@ def test_a_spec_above_the_parameter_limit_is_refused_before_queueing(
     assert db_session.execute(text("SELECT count(*) FROM job")).scalar_one() == before
     fine = client.post("/v1/jobs", json=_body(ckpt, data), headers=auth_headers)
     assert fine.status_code == 202, fine.text
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (
+            {"task": {**SPEC["task"], "tie_embeddings": 0}},
+            "body.model.task.causal_lm.tie_embeddings",
+        ),
+        ({"bias": 1}, "body.model.bias"),
+        ({"norm_affine": "true"}, "body.model.norm_affine"),
+    ],
+)
+def test_spec_booleans_are_strict(
+    client: Any, auth_headers: dict[str, str], change: dict[str, Any], field: str
+) -> None:
+    """``"tie_embeddings": 0`` was read as false; a boolean field takes true or false only."""
+    body = _body(str(uuid.uuid4()), str(uuid.uuid4()), model={**SPEC, **change})
+    response = client.post("/v1/jobs", json=body, headers=auth_headers)
+    assert response.status_code == 422, response.text
+    fields = [e["field"] for e in response.json()["errors"]]
+    assert field in fields, fields
