@@ -340,7 +340,13 @@ def list_artifacts(
     request: Request,
     session: SessionDep,
     auth: ProjectDep,
-    kind: Annotated[str | None, Query(description="checkpoint, dataset or job-output")] = None,
+    kind: Annotated[
+        str | None,
+        Query(
+            description="checkpoint, dataset or job-output",
+            json_schema_extra={"enum": list(ARTIFACT_KINDS)},
+        ),
+    ] = None,
     job_id: Annotated[uuid.UUID | None, Query(description="Outputs of this job")] = None,
     page_size: Annotated[int | None, Query(ge=1)] = None,
     page_token: Annotated[str | None, Query()] = None,

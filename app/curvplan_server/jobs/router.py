@@ -22,6 +22,12 @@ from curvplan_server.auth.dependencies import ProjectDep, authenticate
 from curvplan_server.db import SessionDep
 from curvplan_server.jobs import service
 from curvplan_server.jobs.examples import CREATE_EXAMPLES, JOB_EXAMPLE, RECOMMENDATION_EXAMPLE
+from curvplan_server.jobs.filters import (
+    KIND_FILTER_SCHEMA,
+    NAME_FILTER_SCHEMA,
+    STATUS_FILTER_SCHEMA,
+    TAG_FILTER_SCHEMA,
+)
 from curvplan_server.jobs.limits import PlanLimits, check_plan_work
 from curvplan_server.problems import (
     Problem,
@@ -251,11 +257,18 @@ def list_jobs(
     session: SessionDep,
     auth: ProjectDep,
     status: Annotated[
-        list[str] | None, Query(description="Repeat or comma-separate: status=queued,running")
+        list[str] | None,
+        Query(
+            description="Repeat or comma-separate: status=queued,running",
+            json_schema_extra=STATUS_FILTER_SCHEMA,
+        ),
     ] = None,
-    kind: Annotated[str | None, Query()] = None,
-    name: Annotated[str | None, Query()] = None,
-    tag: Annotated[list[str] | None, Query(description="key:value; repeatable (AND)")] = None,
+    kind: Annotated[str | None, Query(json_schema_extra=KIND_FILTER_SCHEMA)] = None,
+    name: Annotated[str | None, Query(json_schema_extra=NAME_FILTER_SCHEMA)] = None,
+    tag: Annotated[
+        list[str] | None,
+        Query(description="key:value; repeatable (AND)", json_schema_extra=TAG_FILTER_SCHEMA),
+    ] = None,
     page_size: Annotated[int | None, Query(ge=1)] = None,
     page_token: Annotated[str | None, Query()] = None,
 ) -> JSONResponse:
