@@ -137,9 +137,11 @@ class ModelSpec(_Strict):
         block = 2 * norm + attention + linear(d, self.d_ff) + linear(self.d_ff, d)
         total = self.n_layers * block + (norm if self.use_final_norm else 0)
         task = self.task
-        if self.token_inputs:
+        if isinstance(task, CausalLMTask) or (
+            isinstance(task, ClassificationTask) and task.vocab_size is not None
+        ):
             total += (task.vocab_size or 0) * d
-        elif task.input_dim is not None:
+        elif not isinstance(task, CausalLMTask) and task.input_dim is not None:
             total += linear(task.input_dim, d)
         if self.positional == "learned":
             total += task.seq_len * d

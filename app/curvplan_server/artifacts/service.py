@@ -33,12 +33,12 @@ _COLUMNS = [
     ARTIFACT.c.created_at,
 ]
 #: Tensors are listed by name in byte order (COLLATE "C"): the same order on every server.
-_TENSOR_COUNT = literal_column(
+_TENSOR_COUNT: Any = literal_column(
     "CASE WHEN jsonb_typeof(artifact.tensors -> 'tensors') = 'object' THEN coalesce("
     "(artifact.tensors ->> 'tensor_count')::bigint, "
     "(SELECT count(*) FROM jsonb_object_keys(artifact.tensors -> 'tensors'))) END"
 ).label("tensor_count")
-_METADATA = literal_column("artifact.tensors -> 'metadata'").label("metadata")
+_METADATA: Any = literal_column("artifact.tensors -> 'metadata'").label("metadata")
 
 
 def _preview(limit: int) -> Any:
