@@ -15,7 +15,6 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from curvplan.types.jobs import JOB_CREATE_ADAPTER
 from curvplan.types.problems import ProblemDocument
@@ -33,7 +32,7 @@ from curvplan_server.jobs.router import router as jobs_router
 from curvplan_server.metrics import QueueCollector
 from curvplan_server.middleware import BodySizeLimitMiddleware, MetricsMiddleware
 from curvplan_server.problems import install_problem_handlers
-from curvplan_server.public_url import PublicLocationMiddleware
+from curvplan_server.public_url import AllowedHostsMiddleware, PublicLocationMiddleware
 from curvplan_server.recommendations.router import router as recommendations_router
 from curvplan_server.reports.router import router as reports_router
 from curvplan_server.storage.housekeeping import temp_sweeper
@@ -120,7 +119,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.public_url:
         app.add_middleware(PublicLocationMiddleware, public_url=settings.public_url)
     else:  # outermost: a request naming another host is refused before anything runs
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(settings.allowed_hosts))
+        app.add_middleware(AllowedHostsMiddleware, allowed_hosts=list(settings.allowed_hosts))
     _install_openapi(app)
     return app
 

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from starlette.datastructures import MutableHeaders
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from curvplan_server.problems import problem_response
 
 
 def base_url(request: Request) -> str:
@@ -54,3 +57,27 @@ class PublicLocationMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_public)
+
+
+class AllowedHostsMiddleware(TrustedHostMiddleware):
+    """Starlette's host allow-list, answering a refused host with a 400 problem document."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or self.allow_any:
+            await self.app(scope, receive, send)
+            return
+        host = Headers(scope=scope).get("host", "").split(":")[0]
+        allowed = any(
+            host == pattern or (pattern.startswith("*") and host.endswith(pattern[1:]))
+            for pattern in self.allowed_hosts
+        )
+        if allowed:
+            await self.app(scope, receive, send)
+            return
+        response = problem_response(
+            400,
+            detail=f"the host {host!r} is not one this service answers to "
+            "(CURVPLAN_ALLOWED_HOSTS, or set CURVPLAN_PUBLIC_URL)",
+            instance=scope.get("path"),
+        )
+        await response(scope, receive, send)

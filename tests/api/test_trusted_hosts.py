@@ -37,7 +37,9 @@ def public_client(settings: Any, db_session: Any) -> Iterator[TestClient]:
 
 @pytest.fixture
 def listed_client(settings: Any, db_session: Any) -> Iterator[TestClient]:
-    yield from _client(settings, db_session, public_url=None, allowed_hosts=["api.internal"])
+    yield from _client(
+        settings, db_session, public_url=None, allowed_hosts=["api.internal", "*.example.org"]
+    )
 
 
 EVIL = {"Host": "evil.example", "X-Forwarded-Proto": "gopher", "X-Forwarded-Host": "evil.example"}
@@ -62,10 +64,13 @@ def test_without_public_url_only_listed_hosts_are_answered(
 ) -> None:
     refused = listed_client.get("/v1/jobs/", headers={**auth_headers, **EVIL})
     assert refused.status_code == 400
-    assert "location" not in refused.headers
+    assert refused.headers["content-type"].startswith("application/problem+json")
+    assert "evil.example" in refused.json()["detail"] and "location" not in refused.headers
     ok = listed_client.get("/v1/jobs/", headers={**auth_headers, "Host": "api.internal"})
     assert ok.status_code in (307, 308)
     assert ok.headers["location"] == "http://api.internal/v1/jobs"
+    sub = listed_client.get("/v1/jobs", headers={**auth_headers, "Host": "a.example.org:8000"})
+    assert sub.status_code == 200
 
 
 def test_the_default_allow_list_is_loopback_only() -> None:
