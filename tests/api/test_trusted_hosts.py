@@ -74,7 +74,7 @@ def test_without_public_url_only_listed_hosts_are_answered(
 
 
 def test_the_default_allow_list_is_loopback_only() -> None:
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     defaults = Settings.model_fields["allowed_hosts"].default_factory()  # type: ignore[misc]
     assert defaults == ["localhost", "127.0.0.1"]

@@ -22,7 +22,7 @@ PREVIEW = 7
 
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Any:
-    from curvplan_server.config import Settings
+    from curvplan_core.config import Settings
 
     return Settings(
         database_url=database_url,

@@ -120,7 +120,7 @@ def test_an_upload_whose_temp_file_was_swept_is_a_408_and_stores_nothing(
     import numpy as np
     from safetensors.numpy import save
 
-    from curvplan_server.storage.blobs import sweep_temp_files
+    from curvplan_core.storage.blobs import sweep_temp_files
 
     data = save({"w": np.arange(64, dtype=np.float32)})
     head = (

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from curvplan.types.planner import Targets
-from curvplan_server.config import Settings
+from curvplan_core.config import Settings
 from curvplan_server.problems import validation_problem
 
 
