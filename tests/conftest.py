@@ -28,6 +28,10 @@ import pytest
 
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
+# The service answers only hosts on CURVPLAN_ALLOWED_HOSTS when CURVPLAN_PUBLIC_URL is unset;
+# test clients name "testserver", "test", …: any host, except in tests/api/test_trusted_hosts.py.
+os.environ.setdefault("CURVPLAN_ALLOWED_HOSTS", '["*"]')
+
 with warnings.catch_warnings():
     # starlette nags (once, at import) that its TestClient should use httpx2; importing it
     # here under the filter keeps that out of every test run's output.

@@ -61,6 +61,25 @@ class Settings(BaseSettings):
     max_artifact_bytes: int = Field(
         default=4 * 1024**3, gt=0, description="Largest artifact upload (POST /v1/artifacts)."
     )
+    max_safetensors_header_bytes: int = Field(
+        default=10_000_000,
+        gt=0,
+        le=100_000_000,
+        description="Longest safetensors header an upload may have (bytes; the header is "
+        "held and parsed in the API process); longer is a 413.",
+    )
+    max_safetensors_tensors: int = Field(
+        default=100_000,
+        gt=0,
+        description="Most tensors one safetensors header may list; more is a 422.",
+    )
+    artifact_tensor_preview: int = Field(
+        default=100,
+        ge=0,
+        le=10_000,
+        description="Tensors an artifact's metadata lists (the first, by name); the rest are "
+        "paged from GET /v1/artifacts/{id}/tensors.",
+    )
     artifact_uri_roots: list[Path] = Field(
         default_factory=list,
         description="Directories file:// artifacts must lie under (JSON list, e.g. "
@@ -80,6 +99,18 @@ class Settings(BaseSettings):
         gt=0,
         description="Largest Hugging Face model (parameters, computed from its config.json) "
         "an analyze job may name; checked before the job is queued.",
+    )
+    plan_max_loss_evaluations: int = Field(
+        default=20_000_000,
+        gt=0,
+        description="Most planner work one plan job may ask for: (losses + perturbed "
+        "losses) × targets.orderings; more is a 422 naming targets.orderings.",
+    )
+    plan_max_bootstrap: int = Field(
+        default=10_000,
+        ge=0,
+        description="Most bootstrap draws (targets.bootstrap) one plan job may ask for; more "
+        "is a 422.",
     )
     max_job_devices: int = Field(
         default=8,
@@ -233,8 +264,19 @@ class Settings(BaseSettings):
     webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
     public_url: str | None = Field(
         default=None,
-        description="The service's public base URL (e.g. https://curvplan.example.com): "
-        "webhook links are absolute with it, relative without.",
+        description="The service's public base URL (e.g. https://curvplan.example.com): every "
+        "absolute URL the API writes (report links, redirects) and webhook links start with "
+        "it. Unset: the request's Host must be one of allowed_hosts.",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=lambda: ["localhost", "127.0.0.1"],
+        description="Host names requests may name when public_url is unset (JSON list; "
+        "'*.example.com' matches subdomains, '*' any host); others get 400.",
+    )
+    forwarded_allow_ips: list[str] = Field(
+        default_factory=list,
+        description="Addresses of the proxies whose X-Forwarded-For/-Proto headers "
+        "`curvplan serve` honours (uvicorn's forwarded_allow_ips); empty: none.",
     )
 
     @field_validator("worker_api_url")

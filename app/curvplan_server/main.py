@@ -32,6 +32,7 @@ from curvplan_server.jobs.router import router as jobs_router
 from curvplan_server.metrics import QueueCollector
 from curvplan_server.middleware import BodySizeLimitMiddleware, MetricsMiddleware
 from curvplan_server.problems import install_problem_handlers
+from curvplan_server.public_url import AllowedHostsMiddleware, PublicLocationMiddleware
 from curvplan_server.recommendations.router import router as recommendations_router
 from curvplan_server.reports.router import router as reports_router
 from curvplan_server.storage.housekeeping import temp_sweeper
@@ -115,6 +116,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         },
     )
     app.add_middleware(MetricsMiddleware)
+    if settings.public_url:
+        app.add_middleware(PublicLocationMiddleware, public_url=settings.public_url)
+    else:  # outermost: a request naming another host is refused before anything runs
+        app.add_middleware(AllowedHostsMiddleware, allowed_hosts=list(settings.allowed_hosts))
     _install_openapi(app)
     return app
 

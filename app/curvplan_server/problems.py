@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 
 from curvplan.types.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE
 from curvplan_core.db import is_unavailable
@@ -151,11 +152,35 @@ async def _http_exception_handler(request: Request, exc: Exception) -> JSONRespo
     detail = exc.detail if isinstance(exc.detail, str) else None
     if status == 404 and detail == "Not Found":
         detail = f"no route matches {request.method} {request.url.path}"
-    elif status == 405:
+    headers = dict(exc.headers or {})
+    if status == 405:
         detail = f"method {request.method} is not allowed on {request.url.path}"
-    return problem_response(
-        status, detail=detail, instance=request.url.path, headers=dict(exc.headers or {})
-    )
+        allowed = _allowed_methods(request)
+        if allowed:
+            headers["Allow"] = ", ".join(allowed)
+    return problem_response(status, detail=detail, instance=request.url.path, headers=headers)
+
+
+_HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the path answers (Starlette's 405 names only the methods of
+    the first route that matched the path, one of several), from the OpenAPI paths."""
+    table = getattr(request.app.state, "allowed_methods", None)
+    if table is None:
+        table = []
+        for template, operations in request.app.openapi().get("paths", {}).items():
+            methods = {m.upper() for m in operations if m in _HTTP_METHODS}
+            if "GET" in methods:
+                methods.add("HEAD")  # Starlette answers HEAD wherever it answers GET
+            table.append((compile_path(template)[0], methods))
+        request.app.state.allowed_methods = table
+    found: set[str] = set()
+    for pattern, methods in table:
+        if pattern.match(request.url.path):
+            found |= methods
+    return sorted(found)
 
 
 async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:

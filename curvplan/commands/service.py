@@ -81,6 +81,8 @@ def _multiprocess_metrics_dir() -> Path | None:
 def _serve(host: str, port: int, workers: int, access_log: bool) -> None:
     import uvicorn
 
+    settings = _settings()
+
     uvicorn.run(
         "curvplan_server.main:create_app",
         factory=True,
@@ -89,7 +91,9 @@ def _serve(host: str, port: int, workers: int, access_log: bool) -> None:
         workers=workers,
         log_config=None,
         access_log=access_log,
-        proxy_headers=True,
+        # X-Forwarded-* only from the proxies the operator names (none by default).
+        proxy_headers=bool(settings.forwarded_allow_ips),
+        forwarded_allow_ips=",".join(settings.forwarded_allow_ips) or "",
     )
 
 
@@ -131,17 +135,28 @@ def db_current() -> None:
 def keys_create(
     project: str = typer.Option(..., "--project", help="Project name (created if missing)."),
     name: str | None = typer.Option(None, "--name", help="A label for the key."),
+    expires_in: str | None = typer.Option(
+        None, "--expires-in", help="Expire the key after this long: 30d, 12h, 90m, 2w, 45s."
+    ),
 ) -> None:
     """Create an API key for PROJECT and print it (it is shown only this once)."""
-    from curvplan_core.credentials.keys import create_key
+    from datetime import UTC, datetime
+
+    from curvplan_core.credentials.keys import create_key, parse_duration
     from curvplan_core.db import make_engine, make_sessionmaker
 
     project = project.strip()
     if not project:
         raise typer.BadParameter("must not be empty", param_hint="--project")
+    expires_at = None
+    if expires_in is not None:
+        try:
+            expires_at = datetime.now(UTC) + parse_duration(expires_in)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--expires-in") from None
     engine = make_engine(_require_database_url())
     with make_sessionmaker(engine)() as session:
-        key = create_key(session, project, name)
+        key = create_key(session, project, name, expires_at)
         session.commit()
     engine.dispose()
     typer.echo(key)
@@ -155,6 +170,7 @@ def keys_create_operator(
     name: str | None = typer.Option(None, "--name", help="A label, e.g. prometheus."),
 ) -> None:
     """Create an operator key (no project, the given scopes) and print it once."""
+    import curvplan_server.models  # noqa: F401  (every table: service_credential.worker_id → worker)
     from curvplan_core.credentials.service_keys import SCOPES, create_service_key
     from curvplan_core.db import make_engine, make_sessionmaker
 
@@ -175,7 +191,7 @@ def keys_create_operator(
 def keys_list(
     project: str = typer.Option(..., "--project", help="Project name."),
 ) -> None:
-    """List the keys of PROJECT: id, prefix, label, created, revoked (never the key)."""
+    """List the keys of PROJECT: id, prefix, created, revoked, expires, label (never the key)."""
     from sqlalchemy import select
 
     from curvplan_core.credentials.models import ApiKey, Project
@@ -191,9 +207,10 @@ def keys_list(
         ).scalars()
         for key in rows:
             revoked = key.revoked_at.isoformat() if key.revoked_at else "-"
+            expires = key.expires_at.isoformat() if key.expires_at else "never"
             typer.echo(
                 f"{key.id}  {key.prefix}…  {key.created_at.isoformat()}  revoked={revoked}  "
-                f"{key.name or ''}".rstrip()
+                f"expires={expires}  {key.name or ''}".rstrip()
             )
     engine.dispose()
 
@@ -303,7 +320,12 @@ def _run_dev(url: str, data_dir: Path, host: str, port: int, worker: bool) -> No
         )
     try:
         uvicorn.run(
-            "curvplan_server.main:create_app", factory=True, host=host, port=port, log_config=None
+            "curvplan_server.main:create_app",
+            factory=True,
+            host=host,
+            port=port,
+            log_config=None,
+            proxy_headers=False,  # no proxy in front of a development server
         )
     finally:
         if child is not None:

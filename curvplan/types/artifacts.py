@@ -21,6 +21,20 @@ class TensorSummary(BaseModel):
 class ArtifactLinks(BaseModel):
     self: str
     content: str | None = None
+    tensors: str | None = Field(default=None, description="Every tensor, paged.")
+
+
+class TensorEntry(BaseModel):
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+class TensorPage(BaseModel):
+    """A page of an artifact's tensors, by name (byte order)."""
+
+    items: list[TensorEntry]
+    next_page_token: str | None
 
 
 class ArtifactOut(BaseModel):
@@ -33,7 +47,16 @@ class ArtifactOut(BaseModel):
     sha256: str | None = Field(description="Hex digest of the bytes (null for a uri not yet read).")
     size: int | None = Field(description="Bytes (null for a uri not yet read).")
     uri: str | None
-    tensors: dict[str, TensorSummary] | None = Field(description="Name → dtype and shape.")
+    tensor_count: int | None = Field(
+        default=None, description="Tensors in the file (null for a uri not yet read)."
+    )
+    tensors: dict[str, TensorSummary] | None = Field(
+        description="Name → dtype and shape of the first tensors by name "
+        "(CURVPLAN_ARTIFACT_TENSOR_PREVIEW, 100 by default); every one: links.tensors."
+    )
+    tensors_truncated: bool = Field(
+        default=False, description="Whether the file has more tensors than `tensors` lists."
+    )
     metadata: dict[str, str] | None = Field(description="The safetensors __metadata__.")
     job_id: uuid.UUID | None = Field(description="The job that wrote it (job outputs).")
     created_at: datetime

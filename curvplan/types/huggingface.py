@@ -23,6 +23,7 @@ does; GPT-2's aliases (``hidden_size`` for ``n_embd``, …) are accepted like it
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -328,6 +329,19 @@ def parameter_count(config: dict[str, Any] | ArchConfig) -> int:
     return parsed.parameter_count()
 
 
+def _check_finite(value: Any, loc: tuple[str | int, ...]) -> None:
+    """Refuse NaN and ±Infinity anywhere in a config (JSON has no such numbers; Python's
+    parser accepts them, PostgreSQL's jsonb stores them as null, and the worker then fails)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise HFConfigError([(loc, f"{value} is not a JSON number; a config holds finite ones")])
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, (*loc, str(key)))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_finite(item, (*loc, i))
+
+
 class HuggingFaceModel(BaseModel):
     """A model given by its Hugging Face ``config.json`` (weights: the checkpoint artifacts).
 
@@ -347,6 +361,7 @@ class HuggingFaceModel(BaseModel):
     @classmethod
     def _supported(cls, value: dict[str, Any]) -> dict[str, Any]:
         try:
+            _check_finite(value, ())
             parse_hf_config(value)
         except HFConfigError as exc:
             from pydantic_core import InitErrorDetails, PydanticCustomError

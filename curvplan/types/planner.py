@@ -32,6 +32,12 @@ PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 PosInt = Annotated[int, Field(gt=0)]
 Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
+#: The largest loss (and loss_bound) accepted: sums of up to MAX_PER_SAMPLE_LOSSES losses and
+#: squares of the bound stay finite in float64 (1e308 × 3 overflowed the mean to inf).
+MAX_LOSS_VALUE = 1e150
+LossValue = Annotated[float, Field(ge=0, le=MAX_LOSS_VALUE, allow_inf_nan=False)]
+LossBound = Annotated[float, Field(gt=0, le=MAX_LOSS_VALUE, allow_inf_nan=False)]
+
 MAX_ORDERINGS = 10_000
 MAX_BOOTSTRAP = 100_000
 # Input size caps (the planner's cost is linear in losses × orderings; 1e6 × 100 is the benchmark).
@@ -49,7 +55,7 @@ class PerturbedLosses(_Strict):
     """Per-sample losses at P perturbed points w* + r·u (docs/formulas.md#sample-size)."""
 
     radius: PosFloat
-    losses: Annotated[list[Annotated[list[NonNegFloat], Field(min_length=1)]], Field(min_length=1)]
+    losses: Annotated[list[Annotated[list[LossValue], Field(min_length=1)]], Field(min_length=1)]
     kind: Literal["random", "top_eigenspace"] = "random"
 
     @field_validator("losses")
@@ -250,7 +256,7 @@ class Measurements(_Strict):
     """The `measurements` object of a plan job (docs/openapi.json). Every group is optional."""
 
     per_sample_losses: (
-        Annotated[list[NonNegFloat], Field(min_length=1, max_length=MAX_PER_SAMPLE_LOSSES)] | None
+        Annotated[list[LossValue], Field(min_length=1, max_length=MAX_PER_SAMPLE_LOSSES)] | None
     ) = None
     per_sample_groups: (
         Annotated[list[int], Field(min_length=1, max_length=MAX_PER_SAMPLE_LOSSES)] | None
@@ -261,7 +267,7 @@ class Measurements(_Strict):
         "groups (docs/numbers.md#evaluation-set-size).",
     )
     perturbed_losses: PerturbedLosses | None = None
-    loss_bound: PosFloat | None = None
+    loss_bound: LossBound | None = None
     hessian_norm_bound: NonNegFloat | None = None
     per_sample_hessian_norms: Annotated[list[NonNegFloat], Field(min_length=1)] | None = None
     gradient_noise: (

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 
 class SpecError(ValueError):
@@ -32,7 +32,7 @@ class CausalLMTask(_Strict):
     type: Literal["causal_lm"] = "causal_lm"
     vocab_size: int = Field(gt=1)
     seq_len: int = Field(gt=0)
-    tie_embeddings: bool = False
+    tie_embeddings: StrictBool = False
 
 
 class ClassificationTask(_Strict):
@@ -88,11 +88,11 @@ class ModelSpec(_Strict):
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_position: Literal["post", "pre"] = "post"
     ln_eps: float = Field(default=1e-5, ge=0.0)
-    norm_affine: bool = True
+    norm_affine: StrictBool = True
     activation: Literal["relu", "gelu"] = "gelu"
-    bias: bool = True
-    attn_output_proj: bool = True
-    final_norm: bool | None = None
+    bias: StrictBool = True
+    attn_output_proj: StrictBool = True
+    final_norm: StrictBool | None = None
     positional: Literal["learned", "sinusoidal", "none"] = "learned"
     task: TaskSpec
 
@@ -121,6 +121,37 @@ class ModelSpec(_Strict):
         if isinstance(task, CausalLMTask):
             return True
         return not (isinstance(task, RegressionTask) and task.input_dim is None)
+
+    def parameter_count(self) -> int:
+        """Elements of the reference model's parameters (``CurvTransformer(spec)``), a tied
+        head counted once: what a checkpoint of this spec holds and the engine allocates."""
+        d, bias = self.d_model, int(self.bias)
+
+        def linear(n_in: int, n_out: int) -> int:
+            return n_in * n_out + bias * n_out
+
+        norm = 0
+        if self.norm_affine:
+            norm = d + (d if self.norm == "layernorm" and self.bias else 0)
+        attention = 3 * linear(d, d) + (linear(d, d) if self.attn_output_proj else 0)
+        block = 2 * norm + attention + linear(d, self.d_ff) + linear(self.d_ff, d)
+        total = self.n_layers * block + (norm if self.use_final_norm else 0)
+        task = self.task
+        if isinstance(task, CausalLMTask) or (
+            isinstance(task, ClassificationTask) and task.vocab_size is not None
+        ):
+            total += (task.vocab_size or 0) * d
+        elif not isinstance(task, CausalLMTask) and task.input_dim is not None:
+            total += linear(task.input_dim, d)
+        if self.positional == "learned":
+            total += task.seq_len * d
+        if isinstance(task, CausalLMTask):
+            total += bias * task.vocab_size + (0 if task.tie_embeddings else d * task.vocab_size)
+        elif isinstance(task, ClassificationTask):
+            total += linear(d, task.n_classes)
+        elif task.output_dim is not None:
+            total += linear(d, task.output_dim)
+        return total
 
     @property
     def token_inputs(self) -> bool:

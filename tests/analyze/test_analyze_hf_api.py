@@ -3,6 +3,7 @@ is a 422 naming the field, before anything is queued (no torch, no transformers 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -271,3 +272,34 @@ def test_bool_masks_and_known_buffers_are_accepted(
         data={"kind": "checkpoint"},
     )
     assert response.status_code == 422 and "h.0.ln_1.weight" in response.text
+
+
+@pytest.mark.parametrize(
+    ("fragment", "field"),
+    [
+        ('"layer_norm_epsilon": NaN', "body.model.config.layer_norm_epsilon"),
+        (
+            '"task_specific_params": {"x": [1, -Infinity]}',
+            "body.model.config.task_specific_params.x.1",
+        ),
+        ('"initializer_range": Infinity', "body.model.config.initializer_range"),
+    ],
+)
+def test_nan_or_infinity_in_a_config_is_a_422_naming_it(
+    client: Any, auth_headers: dict[str, str], db_session: Any, fragment: str, field: str
+) -> None:
+    """Python's JSON parser takes NaN and Infinity; jsonb stored them as null and the job
+    failed later with internal-error."""
+    ckpt = _upload(client, auth_headers, "checkpoint", _shard(["a.weight"]))
+    data = _upload(client, auth_headers, "dataset", _hf_data())
+    before = _jobs(db_session)
+    config = json.dumps(GPT2)[:-1] + ", " + fragment + "}"
+    raw = (
+        '{"kind": "analyze", "model": {"source": "huggingface", "config": ' + config + "}, "
+        f'"checkpoint": "{ckpt}", "dataset": "{data}"' + "}"
+    )
+    response = client.post(
+        "/v1/jobs", headers={**auth_headers, "Content-Type": "application/json"}, content=raw
+    )
+    assert [f for f, _ in _errors(response)] == [field]
+    assert _jobs(db_session) == before

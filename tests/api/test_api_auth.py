@@ -168,3 +168,51 @@ def test_cli_keys_list_and_revoke(database_url, settings) -> None:
     finally:
         with application.state.engine.begin() as conn:
             conn.execute(text("DELETE FROM project WHERE name = :n"), {"n": project})
+
+
+def test_cli_key_with_expiry_is_stored_listed_and_refused_once_expired(
+    database_url, settings
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from fastapi.testclient import TestClient
+    from typer.testing import CliRunner
+
+    from curvplan.cli import app as cli_app
+    from curvplan_server.main import create_app
+
+    project = f"cli-expiry-{os.getpid()}"
+    runner = CliRunner()
+    env = {"DATABASE_URL": database_url}
+
+    def cli(*args: str) -> Any:
+        return runner.invoke(cli_app, list(args), env=env)
+
+    bad = cli("keys", "create", "--project", project, "--expires-in", "soon")
+    assert bad.exit_code != 0 and "--expires-in" in bad.output
+    made = cli("keys", "create", "--project", project, "--expires-in", "30d")
+    assert made.exit_code == 0, made.output
+    key = made.stdout.strip()
+    listing = cli("keys", "list", "--project", project).stdout
+    expires = datetime.fromisoformat(listing.split("expires=")[1].split()[0])
+    assert abs(expires - (datetime.now(UTC) + timedelta(days=30))) < timedelta(minutes=5)
+    application = create_app(settings.model_copy(update={"auth_cache_seconds": 0}))
+    try:
+        with TestClient(application, raise_server_exceptions=False) as c:
+            headers = {"Authorization": f"Bearer {key}"}
+            assert c.get("/v1/jobs", headers=headers).status_code == 200
+            with application.state.engine.begin() as conn:  # 30 days later
+                conn.execute(
+                    text(
+                        "UPDATE api_key SET expires_at = now() - interval '1 second' "
+                        "WHERE prefix = :p"
+                    ),
+                    {"p": key[:8]},
+                )
+            assert_problem(c.get("/v1/jobs", headers=headers), 401)
+        never = cli("keys", "create", "--project", project).stdout.strip()
+        assert f"{never[:8]}…" in cli("keys", "list", "--project", project).stdout
+        assert "expires=never" in cli("keys", "list", "--project", project).stdout
+    finally:
+        with application.state.engine.begin() as conn:
+            conn.execute(text("DELETE FROM project WHERE name = :n"), {"n": project})

@@ -140,3 +140,35 @@ def test_nul_in_the_idempotency_key_is_a_422(
     )
     assert start["status"] == 422, body
     assert {e["field"] for e in body["errors"]} == {"header.Idempotency-Key"}
+
+
+@pytest.mark.parametrize(
+    ("measurements", "field"),
+    [
+        ({"per_sample_losses": [1e308] * 3, "loss_bound": 1e308}, "body.measurements.loss_bound"),
+        (
+            {"per_sample_losses": [1e300, 1.0], "loss_bound": 2.0},
+            "body.measurements.per_sample_losses.0",
+        ),
+    ],
+)
+def test_losses_whose_sums_overflow_are_a_422(
+    client: Any, auth_headers: dict[str, str], measurements: dict[str, Any], field: str
+) -> None:
+    """[1e308] × 3 was accepted; the planner's mean overflowed to inf and the job failed
+    with internal-error ("Out of range float values are not JSON compliant")."""
+    body = {"kind": "plan", "measurements": measurements}
+    response = client.post("/v1/jobs", json=body, headers=auth_headers)
+    assert field in error_fields(assert_problem(response, 422))
+
+
+def test_the_largest_accepted_losses_give_a_finite_plan() -> None:
+    """At the cap the planner's answer is finite JSON (the oracle: strict JSON encoding)."""
+    from curvplan.types.planner import MAX_LOSS_VALUE, Measurements, Targets
+    from curvplan_core.planner import make_plan
+
+    measurements = Measurements.model_validate_json(
+        json.dumps({"per_sample_losses": [MAX_LOSS_VALUE] * 3, "loss_bound": MAX_LOSS_VALUE})
+    )
+    plan = make_plan(measurements, Targets.model_validate_json("{}"), seed=1)
+    json.dumps(plan.model_dump(mode="json"), allow_nan=False)  # raises on inf/nan

@@ -171,3 +171,15 @@ def test_openapi_has_clean_operation_ids_and_the_job_schema(client) -> None:
     schemas = spec["components"]["schemas"]
     assert "JobCreate" in schemas and "Measurements" in schemas
     assert "ProblemDocument" in schemas
+
+
+def test_a_405_lists_every_method_of_the_path_in_allow(
+    client: Any, auth_headers: dict[str, str]
+) -> None:
+    """``OPTIONS /v1/jobs`` answered ``Allow: GET``, though the path also takes POST."""
+    response = client.options("/v1/jobs", headers=auth_headers)
+    assert response.status_code == 405
+    assert {m.strip() for m in response.headers["allow"].split(",")} == {"GET", "HEAD", "POST"}
+    one = client.request("PATCH", "/v1/artifacts/00000000-0000-0000-0000-000000000000")
+    assert one.status_code == 405
+    assert {m.strip() for m in one.headers["allow"].split(",")} == {"DELETE", "GET", "HEAD"}

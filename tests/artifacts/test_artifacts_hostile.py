@@ -172,3 +172,54 @@ def settings(database_url: str, tmp_path: Any) -> Any:
         data_dir=tmp_path / "data",
         max_artifact_bytes=1 << 20,
     )
+
+
+HUGE_INTEGER_HEADER = (
+    b'{"w": {"dtype": "F32", "shape": [' + b"1" * 5000 + b'], "data_offsets": [0, 4]}}'
+)
+
+
+def _form(fields: list[tuple[str, bytes]], boundary: bytes = b"hugeintboundary") -> bytes:
+    body = b""
+    for name, value in fields:
+        extra = b'; filename="m.safetensors"' if name == "file" else b""
+        body += b"--" + boundary + b'\r\nContent-Disposition: form-data; name="'
+        body += name.encode() + b'"' + extra + b"\r\n\r\n" + value + b"\r\n"
+    return body + b"--" + boundary + b"--\r\n"
+
+
+@pytest.mark.parametrize("kind_first", [True, False], ids=["kind-first", "file-first"])
+def test_header_integer_of_over_4300_digits_is_a_422(
+    client: Any, auth_headers: dict[str, str], store: Any, kind_first: bool
+) -> None:
+    """Python's int parsing refuses over 4,300 digits with a ValueError that is no
+    JSONDecodeError: it reached the route as a 500, whichever field came first."""
+    data = _safetensors_with_header(HUGE_INTEGER_HEADER) + b"\x00" * 4
+    fields = [("kind", b"checkpoint"), ("file", data)]
+    body = _form(fields if kind_first else fields[::-1])
+    response = client.post(
+        "/v1/artifacts",
+        headers={**auth_headers, "Content-Type": "multipart/form-data; boundary=hugeintboundary"},
+        content=body,
+    )
+    problem = assert_problem(response, 422)
+    assert "body.file" in _fields(problem) and "4300" in problem["detail"]
+    assert store.temp_files() == [] and store.blobs() == []
+
+
+def test_an_upload_name_longer_than_200_characters_is_a_422(
+    client: Any, auth_headers: dict[str, str], store: Any
+) -> None:
+    """The OpenAPI says maxLength 200; a 1,000-character name was accepted."""
+
+    def post(name: str | None, filename: str = "m.safetensors", seed: int = 0) -> Any:
+        data = {"kind": "checkpoint", **({"name": name} if name is not None else {})}
+        files = {"file": (filename, checkpoint_bytes(seed), "application/octet-stream")}
+        return client.post("/v1/artifacts", headers=auth_headers, data=data, files=files)
+
+    problem = assert_problem(post("n" * 1000), 422)
+    assert _fields(problem) == {"body.name"}
+    assert store.temp_files() == [] and store.blobs() == []
+    assert post("n" * 200).status_code == 201
+    long_file = post(None, "f" * 240 + ".safetensors", seed=1)  # only the default label
+    assert long_file.status_code == 201 and long_file.json()["name"] == "f" * 200

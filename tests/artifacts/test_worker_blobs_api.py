@@ -8,6 +8,7 @@ key reaches neither project nor operator routes.
 from __future__ import annotations
 
 import hashlib
+import struct
 import uuid
 from typing import Any
 
@@ -26,7 +27,7 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-UPLOAD_LIMIT = 4096
+UPLOAD_LIMIT = 8192
 
 
 @pytest.fixture
@@ -112,6 +113,16 @@ def test_a_body_that_is_not_safetensors_is_refused_and_nothing_is_kept(
     body = assert_problem(put(client, worker_headers, sha(junk), junk), 422)
     assert body["errors"][0]["field"] == "body"
     assert store.blobs() == [] and store.temp_files() == []
+
+
+def test_a_header_integer_of_over_4300_digits_is_a_422_not_a_500(
+    client: Any, worker_headers: dict[str, str], store: Any
+) -> None:
+    header = b'{"w": {"dtype": "F32", "shape": [' + b"1" * 5000 + b'], "data_offsets": [0, 4]}}'
+    data = struct.pack("<Q", len(header)) + header + b"\x00" * 4
+    body = assert_problem(put(client, worker_headers, sha(data), data), 422)
+    assert body["errors"][0]["field"] == "body" and "4300" in body["errors"][0]["message"]
+    assert store.temp_files() == [] and store.blobs() == []
 
 
 @pytest.mark.parametrize("digest", ["abc", "G" * 64, "A" * 64, "0" * 65])

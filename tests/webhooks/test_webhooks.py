@@ -143,6 +143,35 @@ def test_private_addresses_are_refused_unless_their_network_is_allowed(address: 
     AddressPolicy.from_lists(["*"], ["0.0.0.0/0", "::/0"]).check_address(ip)
 
 
+@pytest.mark.parametrize(
+    ("address", "reaches"),
+    [
+        ("64:ff9b::7f00:1", "127.0.0.1"),  # NAT64 well-known prefix (RFC 6052)
+        ("64:ff9b::a9fe:a9fe", "169.254.169.254"),
+        ("64:ff9b::c0a8:101", "192.168.1.1"),
+        ("2002:7f00:1::1", "127.0.0.1"),  # 6to4 (RFC 3056)
+        ("2002:a00:1::", "10.0.0.1"),
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", "127.0.0.1"),  # Teredo client (RFC 4380)
+    ],
+)
+def test_ipv6_translations_of_private_ipv4_are_refused(address: str, reaches: str) -> None:
+    ip = ipaddress.ip_address(address)
+    with pytest.raises(WebhookRefused, match=f"reaches {reaches}"):
+        AddressPolicy.from_lists(["*"], []).check_address(ip)
+    with pytest.raises(WebhookRefused, match="loopback"):  # also as a literal in the URL
+        AddressPolicy.from_lists(["*"], []).check_url(f"http://[{address}]/hook")
+    # the operator allowing the IPv4 network it reaches allows it
+    AddressPolicy.from_lists(["*"], [f"{reaches}/32"]).check_address(ip)
+
+
+def test_local_use_nat64_is_refused_and_public_translations_pass() -> None:
+    policy = AddressPolicy.from_lists(["*"], [])
+    with pytest.raises(WebhookRefused):  # RFC 8215 local-use: a site's own translator
+        policy.check_address(ipaddress.ip_address("64:ff9b:1::7f00:1"))
+    for public in ["64:ff9b::5db8:d70e", "2002:5db8:d70e::1"]:  # 93.184.215.14
+        policy.check_address(ipaddress.ip_address(public))
+
+
 def test_public_addresses_pass_and_hosts_follow_the_allow_list() -> None:
     AddressPolicy.from_lists(["*"], []).check_address(ipaddress.ip_address("93.184.215.14"))
     assert host_allowed("hooks.example.com", ["*.example.com"])
@@ -216,6 +245,8 @@ def test_signed_post_retried_after_500s_and_never_sent_again(
     assert again.status == "succeeded" and len(again.attempts) == 3
     time.sleep(0.2)
     assert len(receiver.requests) == 3
+    with Session(engine) as session:
+        assert len(list_deliveries(session, project_id, job).items[0].attempts) == 3
 
 
 def test_redirects_are_not_followed_and_4xx_not_retried(engine: Any, receiver: Receiver) -> None:
@@ -253,6 +284,142 @@ def test_address_is_checked_at_each_delivery(engine: Any, receiver: Receiver) ->
     assert receiver.requests == []
 
 
+POISON_URL = "http://" + "a" * 300 + ".com/"  # a 300-character label: IDNA cannot encode it
+
+
+def _due_first(engine: Any, job_id: uuid.UUID) -> None:
+    """Put the job's delivery at the head of the claim order (the oldest due)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE webhook_delivery SET next_attempt_at = now() - interval '1 hour' "
+                 "WHERE job_id = :j"), {"j": job_id},
+        )  # fmt: skip
+
+
+def test_a_poisoned_delivery_is_its_own_failed_attempt_and_holds_no_other(
+    engine: Any, receiver: Receiver
+) -> None:
+    """One delivery whose URL the resolver cannot encode, claimed first in a batch with five
+    good ones of other projects: the five are sent on that very pass, and the bad one's
+    attempt is recorded (not left leased and pending past its maximum)."""
+    poisoned_project, _ = _project(engine)
+    poisoned = _job(engine, poisoned_project, POISON_URL)
+    _set_status(engine, poisoned, "succeeded")
+    _due_first(engine, poisoned)
+    good = []
+    for i in range(5):
+        project_id, _ = _project(engine)
+        good.append((project_id, _job(engine, project_id, f"{receiver.url}/good/{i}")))
+        _set_status(engine, good[-1][1], "succeeded")
+    batch = SenderOptions(
+        policy=AddressPolicy.from_lists(["*"], ["127.0.0.0/8"]),
+        max_attempts=2,
+        backoff_seconds=0.05,
+        timeout_seconds=5,
+        batch=100,
+    )
+    deliver_due(engine, batch)  # one pass
+    assert sorted(r.path for r in receiver.wait_for(5, timeout=5)) == [
+        f"/good/{i}" for i in range(5)
+    ]
+    with Session(engine) as session:
+        for project_id, job_id in good:
+            (delivery,) = list_deliveries(session, project_id, job_id).items
+            assert delivery.status == "succeeded" and len(delivery.attempts) == 1
+        (bad,) = list_deliveries(session, poisoned_project, poisoned).items
+    assert bad.status == "failed" and len(bad.attempts) == 1  # a bad name is not retried
+    assert "DNS name" in (bad.attempts[0].error or "")
+
+
+class _FaultyPolicy(AddressPolicy):
+    """Loopback allowed; connecting to port 1 raises what no handler expects (a bug)."""
+
+    def connect(self, address: tuple[str, int], timeout: float | None = None,
+                source_address: tuple[str, int] | None = None) -> Any:  # fmt: skip
+        if address[1] == 1:
+            raise RuntimeError("unexpected fault in the connection code")
+        return super().connect(address, timeout, source_address)
+
+
+def test_any_exception_counts_toward_the_maximum_attempts(engine: Any, receiver: Receiver) -> None:
+    project_id, _ = _project(engine)
+    faulty = _job(engine, project_id, "http://127.0.0.1:1/hook")
+    _set_status(engine, faulty, "succeeded")
+    _due_first(engine, faulty)
+    fine = _job(engine, project_id, receiver.url + "/fine")
+    _set_status(engine, fine, "succeeded")
+    options = SenderOptions(
+        policy=_FaultyPolicy(("127.0.0.1",), LOOPBACK.allowed_networks),
+        max_attempts=2,
+        backoff_seconds=0.05,
+        timeout_seconds=5,
+        batch=100,
+    )
+    _drain(engine, options, faulty, fine)
+    for _ in range(3):  # never tried past its maximum
+        deliver_due(engine, options)
+        time.sleep(0.1)
+    with Session(engine) as session:
+        (bad,) = list_deliveries(session, project_id, faulty).items
+        (ok,) = list_deliveries(session, project_id, fine).items
+    assert bad.status == "failed" and [a.number for a in bad.attempts] == [1, 2]
+    assert all("RuntimeError: unexpected fault" in (a.error or "") for a in bad.attempts)
+    assert ok.status == "succeeded" and len(receiver.requests) == 1
+
+
+def test_a_delivery_left_leased_at_its_maximum_is_failed_not_retried(engine: Any) -> None:
+    """A sender that died during the last allowed attempt leaves the row pending and leased;
+    once the lease runs out it is failed with that attempt recorded, not sent a third time."""
+    project_id, _ = _project(engine)
+    job = _job(engine, project_id, "http://127.0.0.1:9/hook")
+    _set_status(engine, job, "succeeded")
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE webhook_delivery SET attempts = 2, next_attempt_at = now(), "
+                 "locked_until = now() - interval '1 second' WHERE job_id = :j"), {"j": job},
+        )  # fmt: skip
+    deliver_due(engine, SenderOptions(policy=LOOPBACK, max_attempts=2, batch=100))
+    with Session(engine) as session:
+        (delivery,) = list_deliveries(session, project_id, job).items
+    assert delivery.status == "failed"
+    assert [a.number for a in delivery.attempts] == [2]
+    assert "no outcome was recorded" in (delivery.attempts[0].error or "")
+
+
+def test_a_slow_receiver_is_cut_off_at_the_time_limit() -> None:
+    """A receiver that sends its answer a byte at a time ends the attempt at the limit."""
+    import socket
+    import threading
+
+    from curvplan_worker.webhooks import post_event
+
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def drip() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok":
+            if stop.wait(0.5):
+                break
+            try:
+                conn.send(bytes([byte]))
+            except OSError:
+                break
+        conn.close()
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    options = SenderOptions(policy=LOOPBACK, timeout_seconds=1.0)
+    t0 = time.monotonic()
+    outcome = post_event(f"http://127.0.0.1:{server.getsockname()[1]}/", b"{}", {}, options)
+    elapsed = time.monotonic() - t0
+    stop.set()
+    server.close()
+    assert not outcome.ok and outcome.retry and "time limit" in (outcome.error or "")
+    assert elapsed < 8.0, elapsed  # 40 bytes at 0.5 s each take 20 s (slack for a loaded CI)
+
+
 # --------------------------------------------------------------------------- the API
 def test_api_secret_submit_checks_and_delivery_listing(
     client: Any, db_session: Any, auth_headers: dict[str, str], engine: Any
@@ -269,7 +436,7 @@ def test_api_secret_submit_checks_and_delivery_listing(
     again = client.post("/v1/webhooks/secret", headers=auth_headers).json()["secret"]
     assert again != made.json()["secret"]  # rotated
     for url, why in [("http://10.0.0.8/h", "allow-list"), ("http://169.254.169.254/", "allow"),
-                     ("file:///etc/passwd", "URL")]:  # fmt: skip
+                     ("file:///etc/passwd", "URL"), (POISON_URL, "DNS name")]:  # fmt: skip
         refused = client.post("/v1/jobs", json={**body, "webhook_url": url}, headers=auth_headers)
         assert refused.status_code == 422, url
         assert refused.json()["errors"][0]["field"] == "body.webhook_url"

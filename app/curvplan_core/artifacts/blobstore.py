@@ -22,6 +22,8 @@ from typing import BinaryIO
 
 from curvplan.types.artifacts import is_sha256
 from curvplan_core.artifacts.safetensors_format import (
+    MAX_HEADER_BYTES,
+    MAX_TENSORS,
     SafetensorsInfo,
     SafetensorsValidator,
     check_file,
@@ -34,6 +36,11 @@ class BlobTooLarge(Exception):
     def __init__(self, limit: int) -> None:
         super().__init__(f"the file exceeds the limit of {limit} bytes")
         self.limit = limit
+
+
+class TempFileGone(Exception):
+    """The upload's temp file vanished before it was placed: the temp-file sweeper removed it
+    (an upload stalled longer than ``CURVPLAN_TEMP_FILE_MAX_AGE_SECONDS``)."""
 
 
 class BlobStore:
@@ -58,10 +65,15 @@ class BlobStore:
     def exists(self, sha256: str) -> bool:
         return self.path_for(sha256).is_file()
 
-    def writer(self, max_bytes: int | None = None) -> BlobWriter:
+    def writer(
+        self,
+        max_bytes: int | None = None,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+        max_tensors: int = MAX_TENSORS,
+    ) -> BlobWriter:
         """A writer for one new blob (validated as safetensors while it streams)."""
         self.ensure()
-        return BlobWriter(self, max_bytes)
+        return BlobWriter(self, max_bytes, SafetensorsValidator(max_header_bytes, max_tensors))
 
     def commit_temp(self, temp_path: Path, sha256: str) -> Path:
         """Move a fully written temp file to its content address (dedupe: keep the first)."""
@@ -70,7 +82,10 @@ class BlobStore:
         if dest.is_file():
             temp_path.unlink(missing_ok=True)
             return dest
-        os.replace(temp_path, dest)
+        try:
+            os.replace(temp_path, dest)
+        except FileNotFoundError:
+            raise TempFileGone(str(temp_path)) from None
         return dest
 
     def delete(self, sha256: str) -> None:
@@ -97,13 +112,15 @@ class BlobWriter:
     plus the safetensors header.
     """
 
-    def __init__(self, store: BlobStore, max_bytes: int | None) -> None:
+    def __init__(
+        self, store: BlobStore, max_bytes: int | None, validator: SafetensorsValidator | None = None
+    ) -> None:
         self.store = store
         self.max_bytes = max_bytes
         self.temp_path = store.tmp_dir / f"upload-{secrets.token_hex(12)}"
         self._fh: BinaryIO | None = open(self.temp_path, "xb")  # noqa: SIM115 (closed in finish/abort)
         self._hash = hashlib.sha256()
-        self._validator = SafetensorsValidator()
+        self._validator = validator or SafetensorsValidator()
         self.size = 0
         self.sha256: str | None = None
         self.info: SafetensorsInfo | None = None
@@ -138,7 +155,10 @@ class BlobWriter:
         os.fsync(self._fh.fileno())
         self._fh.close()
         self._fh = None
-        check_file(self.temp_path)
+        try:
+            check_file(self.temp_path)
+        except FileNotFoundError:
+            raise TempFileGone(str(self.temp_path)) from None
         self.info = info
         self.sha256 = self._hash.hexdigest()
         return self.info

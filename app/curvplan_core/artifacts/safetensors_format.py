@@ -27,8 +27,15 @@ from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
-#: The reference implementation refuses headers above 100 MB; so do we, before reading one.
-MAX_HEADER_BYTES = 100_000_000
+#: The reference implementation refuses headers above 100 MB. We accept far less by default
+#: (``CURVPLAN_MAX_SAFETENSORS_HEADER_BYTES``): the header is held and parsed in the API
+#: process, and 10 MB already lists ~140,000 tensors (real checkpoints list a few thousand).
+MAX_HEADER_BYTES = 10_000_000
+#: Tensors one header may list (``CURVPLAN_MAX_SAFETENSORS_TENSORS``).
+MAX_TENSORS = 100_000
+#: A declared length above this is no header at all (the reference implementation's bound):
+#: the first bytes of some other format, reported as such rather than as "too large".
+MAX_PLAUSIBLE_HEADER_BYTES = 100_000_000
 
 _PICKLE_OR_ZIP_HINTS = (
     (b"PK\x03\x04", "a zip archive (torch.save output); only safetensors is accepted"),
@@ -43,6 +50,17 @@ class InvalidSafetensors(ValueError):
         super().__init__(reason if tensor is None else f"tensor {tensor!r}: {reason}")
         self.reason = reason
         self.tensor = tensor
+
+
+class HeaderTooLarge(InvalidSafetensors):
+    """The header is longer than the service accepts (a 413: the limit is the service's)."""
+
+    def __init__(self, length: int, limit: int) -> None:
+        super().__init__(
+            f"the safetensors header is {length} bytes; this service accepts at most {limit}"
+        )
+        self.length = length
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -70,14 +88,19 @@ class SafetensorsInfo:
             "tensors": {
                 t.name: {"dtype": t.dtype, "shape": list(t.shape)} for t in self.tensors.values()
             },
+            "tensor_count": len(self.tensors),
             "metadata": self.metadata,
             "header_bytes": self.header_bytes,
             "total_bytes": self.total_bytes,
         }
 
 
-def parse_header(header: bytes) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
+def parse_header(
+    header: bytes, max_tensors: int = MAX_TENSORS
+) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
     """Read a header's JSON: the tensors, the metadata and the buffer size it declares.
+
+    More than ``max_tensors`` entries is refused before any entry is read.
 
     Only the structure the early checks read is checked here (an object of entries with a
     dtype string, a shape and two offsets); whether dtypes, shapes and offsets are consistent
@@ -85,13 +108,18 @@ def parse_header(header: bytes) -> tuple[dict[str, TensorInfo], dict[str, str], 
     """
     try:
         decoded = json.loads(header.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # not UTF-8, not JSON, or an integer of over 4,300 digits
         raise InvalidSafetensors(f"header is not valid UTF-8 JSON ({exc})") from None
     except RecursionError:
         raise InvalidSafetensors("header JSON is nested too deeply") from None
     if not isinstance(decoded, dict):
         raise InvalidSafetensors("header must be a JSON object")
 
+    count = len(decoded) - ("__metadata__" in decoded)
+    if count > max_tensors:
+        raise InvalidSafetensors(
+            f"the header lists {count} tensors; this service accepts at most {max_tensors} per file"
+        )
     metadata_raw = decoded.pop("__metadata__", {})
     if not isinstance(metadata_raw, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata_raw.items()
@@ -153,8 +181,11 @@ class SafetensorsValidator:
     only counted, never kept.
     """
 
-    def __init__(self, max_header_bytes: int = MAX_HEADER_BYTES) -> None:
+    def __init__(
+        self, max_header_bytes: int = MAX_HEADER_BYTES, max_tensors: int = MAX_TENSORS
+    ) -> None:
         self._max_header = max_header_bytes
+        self._max_tensors = max_tensors
         self._prefix = bytearray()
         self._header_len: int | None = None
         self._info: SafetensorsInfo | None = None
@@ -172,7 +203,7 @@ class SafetensorsValidator:
             self._header_len = self._read_header_length(bytes(self._prefix[:8]))
         if self._header_len is not None and len(self._prefix) >= 8 + self._header_len:
             header = bytes(self._prefix[8 : 8 + self._header_len])
-            tensors, metadata, buffer_len = parse_header(header)
+            tensors, metadata, buffer_len = parse_header(header, self._max_tensors)
             self._info = SafetensorsInfo(tensors, metadata, self._header_len)
             self._buffer_expected = buffer_len
             self._prefix = bytearray()  # drop the header copy; the buffer is only counted
@@ -207,6 +238,8 @@ class SafetensorsValidator:
 
     def _read_header_length(self, first8: bytes) -> int:
         length = int.from_bytes(first8, "little")
+        if MAX_PLAUSIBLE_HEADER_BYTES >= length > self._max_header:
+            raise HeaderTooLarge(length, self._max_header)
         if length < 2 or length > self._max_header:
             # Only an impossible length is blamed on a pickle/zip: a real header of 128 bytes
             # (or 384, …) also starts with 0x80.

@@ -10,8 +10,9 @@ import hashlib
 import secrets
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -48,8 +49,15 @@ def get_or_create_project(session: Session, name: str) -> Project:
     return session.execute(select(Project).where(Project.name == name)).scalar_one()
 
 
-def create_key(session: Session, project_name: str, key_name: str | None = None) -> str:
-    """Create a key for ``project_name`` (and the project if missing); return the clear key."""
+def create_key(
+    session: Session,
+    project_name: str,
+    key_name: str | None = None,
+    expires_at: datetime | None = None,
+) -> str:
+    """Create a key for ``project_name`` (and the project if missing); return the clear key.
+
+    ``expires_at``: the key is refused from then on (None: it never expires)."""
     project = get_or_create_project(session, project_name)
     key = generate_key()
     session.add(
@@ -59,6 +67,7 @@ def create_key(session: Session, project_name: str, key_name: str | None = None)
             prefix=key[:8],
             key_hash=hash_key(key),
             name=key_name,
+            expires_at=expires_at,
         )
     )
     session.flush()
@@ -66,10 +75,28 @@ def create_key(session: Session, project_name: str, key_name: str | None = None)
 
 
 def lookup_key(session: Session, key: str) -> AuthContext | None:
-    """The project of a valid, unrevoked key, else None."""
+    """The project of a valid key (neither revoked nor expired), else None."""
     row = session.execute(
         select(Project.id, Project.name)
         .join(ApiKey, ApiKey.project_id == Project.id)
-        .where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None))
+        .where(
+            ApiKey.key_hash == hash_key(key),
+            ApiKey.revoked_at.is_(None),
+            or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > func.now()),
+        )
     ).first()
     return AuthContext(row[0], row[1]) if row else None
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``30d``, ``12h``, ``90m``, ``2w``, ``45s`` → a positive timedelta; ValueError otherwise."""
+    value, unit = text.strip()[:-1], text.strip()[-1:].lower()
+    if unit not in _UNITS or not value.isdigit() or int(value) <= 0:
+        raise ValueError(f"{text!r} is not a duration like 30d, 12h, 90m, 2w or 45s")
+    seconds = int(value) * _UNITS[unit]
+    if seconds > 100 * 365 * 86400:
+        raise ValueError(f"{text!r} is longer than 100 years")
+    return timedelta(seconds=seconds)

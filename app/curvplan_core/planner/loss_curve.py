@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from curvplan_core.planner.cancel import stop_check
+
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
@@ -152,15 +154,20 @@ def loss_difference_curves(
     abs_rows = np.empty((orderings, grid.k_rep.size))
     sq_rows = np.empty_like(abs_rows)
 
+    check = stop_check()  # a cancel takes effect within one ordering
+
     def run(r: int) -> None:
+        check()
         abs_rows[r], sq_rows[r] = _one_ordering(arr, grid, seed, stream, r)
 
     if n_workers <= 1 or orderings < 4:
         for r in range(orderings):
             run(r)
     else:
+        step = 8 * n_workers  # a few orderings queued at a time: a cancel drops the rest
         with ThreadPoolExecutor(max_workers=n_workers) as pool:
-            list(pool.map(run, range(orderings)))
+            for start in range(0, orderings, step):
+                list(pool.map(run, range(start, min(start + step, orderings))))
     return OrderingCurves(grid, abs_rows, sq_rows)
 
 

@@ -40,12 +40,50 @@ BLOCKED_NETWORKS: tuple[IPNetwork, ...] = tuple(
         "fe80::/10",
         "ff00::/8",
         "fd00:ec2::254/128",  # AWS metadata over IPv6
+        "64:ff9b:1::/48",  # RFC 8215 local-use NAT64: a site's own translators, any layout
     )
 )
 
 
+#: RFC 6052's well-known NAT64 prefix; the IPv4 address is the last 32 bits.
+NAT64_NETWORK = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def embedded_ipv4(address: IPAddress) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address delivers to: NAT64 (RFC 6052 ``64:ff9b::/96``),
+    6to4 (RFC 3056, ``2002:AABB:CCDD::/48``), Teredo (RFC 4380, the server and the client)."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return []
+    found: list[ipaddress.IPv4Address] = []
+    if address in NAT64_NETWORK:
+        found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    if address.sixtofour is not None:
+        found.append(address.sixtofour)
+    if address.teredo is not None:
+        found.extend(address.teredo)
+    return found
+
+
 class WebhookRefused(ValueError):
     """The URL or the address it resolves to is not allowed."""
+
+
+MAX_HOST_LENGTH = 253  # RFC 1035 §2.3.4, without the root dot
+
+
+def _check_encodable(host: str) -> None:
+    """Refuse a host that is no DNS name: empty, a label over 63 octets, over 253 in all, or
+    not encodable as IDNA (the resolver would raise ``UnicodeError`` at each delivery)."""
+    if not host:
+        raise WebhookRefused("the webhook URL has no host")
+    try:
+        encoded = host.encode("idna")
+    except UnicodeError as exc:
+        raise WebhookRefused(
+            f"the webhook host is not a valid DNS name (labels of 1 to 63 characters): {exc}"
+        ) from None
+    if len(encoded.rstrip(b".")) > MAX_HOST_LENGTH:
+        raise WebhookRefused(f"the webhook host is longer than {MAX_HOST_LENGTH} characters")
 
 
 def host_allowed(host: str, allowed_hosts: Iterable[str]) -> bool:
@@ -58,6 +96,16 @@ def host_allowed(host: str, allowed_hosts: Iterable[str]) -> bool:
         if pattern.startswith("*.") and host.endswith(pattern[1:]):
             return True
     return False
+
+
+def _refuse_if_blocked(address: IPAddress, via: IPAddress | None = None) -> None:
+    blocked = any(address in n for n in BLOCKED_NETWORKS if n.version == address.version)
+    if blocked or not address.is_global:
+        shown = f"{via}, which reaches {address}," if via is not None else f"{address},"
+        raise WebhookRefused(
+            f"the webhook host resolves to {shown} a loopback, link-local, private or "
+            "reserved address (allow its network in CURVPLAN_WEBHOOK_ALLOWED_NETWORKS)"
+        )
 
 
 @dataclass(frozen=True)
@@ -77,6 +125,7 @@ class AddressPolicy:
         if parts.username or parts.password:
             raise WebhookRefused("the webhook URL must not carry credentials")
         host = parts.hostname or ""
+        _check_encodable(host)
         if not self.allowed_hosts:
             raise WebhookRefused(
                 "webhooks are off on this service: the operator lists callback hosts in "
@@ -93,17 +142,25 @@ class AddressPolicy:
         return parts.scheme, host, parts.port or (443 if parts.scheme == "https" else 80)
 
     def check_address(self, address: IPAddress) -> None:
-        """Raise WebhookRefused for a non-public address outside the allowed networks."""
+        """Raise WebhookRefused for a non-public address outside the allowed networks.
+
+        An IPv6 address that carries an IPv4 one (mapped, NAT64, 6to4, Teredo) is judged by
+        the IPv4 address it reaches as well: ``64:ff9b::7f00:1`` is 127.0.0.1 behind a NAT64
+        gateway.
+        """
         if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
             address = address.ipv4_mapped
-        if any(address in n for n in self.allowed_networks if n.version == address.version):
+        if self._allowed(address):
             return
-        blocked = any(address in n for n in BLOCKED_NETWORKS if n.version == address.version)
-        if blocked or not address.is_global:
-            raise WebhookRefused(
-                f"the webhook host resolves to {address}, a loopback, link-local, private or "
-                "reserved address (allow its network in CURVPLAN_WEBHOOK_ALLOWED_NETWORKS)"
-            )
+        embedded = embedded_ipv4(address)
+        for ipv4 in embedded:  # a translation prefix: where it leads decides
+            if not self._allowed(ipv4):
+                _refuse_if_blocked(ipv4, via=address)
+        if not embedded:
+            _refuse_if_blocked(address)
+
+    def _allowed(self, address: IPAddress) -> bool:
+        return any(address in n for n in self.allowed_networks if n.version == address.version)
 
     def connect(
         self,
@@ -114,8 +171,11 @@ class AddressPolicy:
         """``socket.create_connection`` that resolves once, checks every address the name
         resolves to, and connects to a checked one (used for each delivery)."""
         host, port = address
+        _check_encodable(host)
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except UnicodeError as exc:  # the resolver's IDNA encoding of the name
+            raise WebhookRefused(f"the webhook host cannot be resolved: {exc}") from None
         except socket.gaierror as exc:
             raise WebhookRefused(f"the webhook host {host!r} does not resolve: {exc}") from None
         resolved = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]

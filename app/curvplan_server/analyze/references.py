@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from curvplan.types.artifact_inputs import HF_DATASET_TENSORS, checkpoint_ids
 from curvplan.types.huggingface import GPT2Config, parameter_count, parse_hf_config
+from curvplan.types.spec import ModelSpec
 from curvplan_server.artifacts.models import Artifact
 from curvplan_server.problems import validation_problem
 
@@ -70,17 +71,23 @@ def check_job_devices(body: dict[str, Any], max_devices: int) -> None:
 
 
 def check_model_size(body: dict[str, Any], max_parameters: int | None) -> None:
-    """422 naming ``body.model.config`` when a Hugging Face model is larger than allowed."""
+    """422 naming ``body.model.config`` (a Hugging Face model) or ``body.model`` (a reference
+    spec) when the model has more parameters than ``CURVPLAN_MAX_MODEL_PARAMETERS``."""
     model = body["model"]
-    if max_parameters is None or model.get("source") != "huggingface":
+    if max_parameters is None:
         return
-    count = parameter_count(model["config"])
+    if model.get("source") == "huggingface":
+        loc: Loc = ("model", "config")
+        count, source = parameter_count(model["config"]), "its config"
+    else:
+        spec = ModelSpec.model_validate({k: v for k, v in model.items() if k != "source"})
+        loc, count, source = ("model",), spec.parameter_count(), "its spec"
     if count > max_parameters:
         raise validation_problem(
             [
                 _error(
-                    ("model", "config"),
-                    f"the model has {count:,} parameters (computed from its config), more than "
+                    loc,
+                    f"the model has {count:,} parameters (computed from {source}), more than "
                     f"this service analyses ({max_parameters:,}; CURVPLAN_MAX_MODEL_PARAMETERS)",
                     "model_too_large",
                 )

@@ -42,6 +42,7 @@ def commit_upload(
     name: str | None,
     summary: dict[str, Any],
     quota: Quota,
+    preview: int = 100,
 ) -> service.Stored:
     """Quota check, blob into place and row inserted, committed under the blob's lock.
 
@@ -67,6 +68,7 @@ def commit_upload(
             sha256=sha256,
             size=writer.size,
             summary=summary,
+            preview=preview,
         )
         session.commit()
     except BaseException:

@@ -11,11 +11,17 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from curvplan.types.artifacts import ArtifactOut, ArtifactPage, ArtifactUriCreate, uri_allowed
-from curvplan_core.artifacts.blobstore import BlobTooLarge, BlobWriter
+from curvplan.types.artifacts import (
+    ArtifactOut,
+    ArtifactPage,
+    ArtifactUriCreate,
+    TensorPage,
+    uri_allowed,
+)
+from curvplan_core.artifacts.blobstore import BlobTooLarge, BlobWriter, TempFileGone
 from curvplan_core.artifacts.checks import ArtifactContentError
 from curvplan_core.artifacts.header_checks import check_header
-from curvplan_core.artifacts.safetensors_format import InvalidSafetensors
+from curvplan_core.artifacts.safetensors_format import HeaderTooLarge, InvalidSafetensors
 from curvplan_core.storable import shown, storable_text
 from curvplan_server.artifacts import service
 from curvplan_server.artifacts.commit import commit_upload, early_quota_check, register_uri
@@ -28,12 +34,16 @@ from curvplan_server.problems import (
     PROBLEM_TYPE_BASE,
     Problem,
     field_errors_from_pydantic,
+    problem_responses,
     validation_problem,
 )
 from curvplan_server.storage.quota import Quota
 from curvplan_server.storage.store import blob_store
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
+
+MAX_NAME_LENGTH = 200
+"""Characters of an artifact's name (the ``name`` field; a longer file name is cut)."""
 
 UPLOAD_OVERHEAD_BYTES = 64 * 1024
 """Room for multipart boundaries and headers above the file size limit (middleware limit)."""
@@ -74,7 +84,11 @@ def _invalid_file(reason: str, tensor: str | None, kind: str, title: str) -> Pro
     status_code=201,
     response_model=ArtifactOut,
     summary="Upload a safetensors checkpoint or dataset (multipart), or register a file:// uri",
-    responses={**PROBLEM_RESPONSES, 200: {"model": ArtifactOut, "description": "Already stored"}},
+    responses={
+        **PROBLEM_RESPONSES,
+        **problem_responses(_408="The upload stalled past the temp-file age limit; send it again"),
+        200: {"model": ArtifactOut, "description": "Already stored"},
+    },
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -86,7 +100,7 @@ def _invalid_file(reason: str, tensor: str | None, kind: str, title: str) -> Pro
                         "properties": {
                             "file": {"type": "string", "format": "binary"},
                             "kind": {"type": "string", "enum": list(UPLOAD_KINDS)},
-                            "name": {"type": "string", "maxLength": 200},
+                            "name": {"type": "string", "maxLength": MAX_NAME_LENGTH},
                         },
                     }
                 },
@@ -136,7 +150,11 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
     def open_writer() -> BlobWriter:
         # The kind known before the file (``?kind=`` or a ``kind`` field sent first) lets
         # the header be checked as soon as it arrives, before the body is read.
-        writer = store.writer(max_bytes=limit)
+        writer = store.writer(
+            max_bytes=limit,
+            max_header_bytes=settings.max_safetensors_header_bytes,
+            max_tensors=settings.max_safetensors_tensors,
+        )
         early_kind = query_kind or form.fields.get("kind")
         if early_kind in UPLOAD_KINDS:
             writer.on_header = lambda info, declared: check_header(
@@ -162,7 +180,7 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
         if query_kind is not None and kind != query_kind:
             raise _field_problem("kind", f"the form says {kind!r}, the URL {query_kind!r}", "enum")
         info = await run_in_threadpool(form.writer.finish)
-        check_header(kind, info, info.total_bytes, limit)
+        await run_in_threadpool(check_header, kind, info, info.total_bytes, limit)
         name = _upload_name(form)
         stored = await run_in_threadpool(
             commit_upload,
@@ -174,12 +192,16 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
             name,
             info.to_json(),
             quota,
+            settings.artifact_tensor_preview,
         )
     except UploadFormError as exc:
         _abort(form)
         if exc.field is not None and exc.status == 422:
             raise _field_problem(exc.field, str(exc), "invalid_form") from None
         raise Problem(exc.status, str(exc)) from None
+    except HeaderTooLarge as exc:
+        _abort(form)
+        raise _header_too_large(exc) from None
     except InvalidSafetensors as exc:
         _abort(form)
         raise _invalid_file(
@@ -198,6 +220,9 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
             title="Content Too Large",
             extra={"max_artifact_bytes": exc.limit},
         ) from None
+    except TempFileGone:
+        _abort(form)
+        raise temp_file_gone(settings.temp_file_max_age_seconds) from None
     except BaseException:
         _abort(form)
         raise
@@ -205,6 +230,27 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
     status = 201 if stored.created else 200
     return JSONResponse(
         artifact, status_code=status, headers={"Location": artifact["links"]["self"]}
+    )
+
+
+def temp_file_gone(max_age_seconds: float) -> Problem:
+    """408: the upload was so slow that the temp-file sweeper removed what it had written."""
+    return Problem(
+        408,
+        "the upload stalled for longer than the service keeps an unfinished upload "
+        f"(CURVPLAN_TEMP_FILE_MAX_AGE_SECONDS = {max_age_seconds:g} s) and its partial file "
+        "was removed; nothing was stored: send the file again",
+        title="Request Timeout",
+        extra={"temp_file_max_age_seconds": max_age_seconds},
+    )
+
+
+def _header_too_large(exc: HeaderTooLarge) -> Problem:
+    return Problem(
+        413,
+        f"{exc.reason} (CURVPLAN_MAX_SAFETENSORS_HEADER_BYTES)",
+        title="Content Too Large",
+        extra={"max_header_bytes": exc.limit},
     )
 
 
@@ -219,6 +265,12 @@ def _upload_name(form: UploadForm) -> str | None:
     if not storable_text(name):
         what = "the name" if field == "name" else "the file name"
         raise _field_problem(field, f"{what} must not contain NUL characters", "string_nul")
+    if len(name) > MAX_NAME_LENGTH:
+        if field == "name":
+            raise _field_problem(
+                "name", f"must be at most {MAX_NAME_LENGTH} characters", "string_too_long"
+            )
+        name = name[:MAX_NAME_LENGTH]  # a file name is only the default label
     return name
 
 
@@ -288,7 +340,13 @@ def list_artifacts(
     request: Request,
     session: SessionDep,
     auth: ProjectDep,
-    kind: Annotated[str | None, Query(description="checkpoint, dataset or job-output")] = None,
+    kind: Annotated[
+        str | None,
+        Query(
+            description="checkpoint, dataset or job-output",
+            json_schema_extra={"enum": list(ARTIFACT_KINDS)},
+        ),
+    ] = None,
     job_id: Annotated[uuid.UUID | None, Query(description="Outputs of this job")] = None,
     page_size: Annotated[int | None, Query(ge=1)] = None,
     page_token: Annotated[str | None, Query()] = None,
@@ -309,7 +367,13 @@ def list_artifacts(
     settings = request.app.state.settings
     size = min(page_size or settings.default_page_size, settings.max_page_size)
     items, token = service.list_artifacts(
-        session, auth.project_id, kind=kind, job_id=job_id, page_size=size, page_token=page_token
+        session,
+        auth.project_id,
+        kind=kind,
+        job_id=job_id,
+        page_size=size,
+        page_token=page_token,
+        preview=settings.artifact_tensor_preview,
     )
     return JSONResponse({"items": items, "next_page_token": token})
 
@@ -321,9 +385,39 @@ def list_artifacts(
     summary="Artifact metadata: kind, sha256, size, tensors",
     responses={**PROBLEM_RESPONSES},
 )
-def get_artifact(artifact_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> JSONResponse:
-    """The artifact (404 for an unknown id or another project's)."""
-    return JSONResponse(service.get_artifact(session, auth.project_id, artifact_id))
+def get_artifact(
+    request: Request, artifact_id: uuid.UUID, session: SessionDep, auth: ProjectDep
+) -> JSONResponse:
+    """The artifact (404 for an unknown id or another project's): its first tensors by name
+    (``tensor_count`` in all; ``links.tensors`` pages through every one)."""
+    preview = request.app.state.settings.artifact_tensor_preview
+    return JSONResponse(service.get_artifact(session, auth.project_id, artifact_id, preview))
+
+
+@router.get(
+    "/{artifact_id}/tensors",
+    name="list_artifact_tensors",
+    response_model=TensorPage,
+    summary="Every tensor of an artifact (name, dtype, shape), by name, paged",
+    responses={**PROBLEM_RESPONSES},
+)
+def list_artifact_tensors(
+    request: Request,
+    artifact_id: uuid.UUID,
+    session: SessionDep,
+    auth: ProjectDep,
+    page_size: Annotated[int | None, Query(ge=1)] = None,
+    page_token: Annotated[str | None, Query()] = None,
+) -> JSONResponse:
+    """A page of the artifact's tensors in byte order of their names; follow
+    ``next_page_token``. An artifact not read yet (a ``file://`` one) has none."""
+    settings = request.app.state.settings
+    size = min(page_size or settings.max_page_size, settings.max_page_size)
+    return JSONResponse(
+        service.list_tensors(
+            session, auth.project_id, artifact_id, page_size=size, page_token=page_token
+        )
+    )
 
 
 @router.get(

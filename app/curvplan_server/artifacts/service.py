@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from psycopg.types.json import Jsonb
-from sqlalchemy import Row, Table, and_, select, tuple_
+from sqlalchemy import Row, Table, and_, literal_column, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from curvplan.types.jobs import ArtifactReference
@@ -30,17 +30,43 @@ _COLUMNS = [
     ARTIFACT.c.sha256,
     ARTIFACT.c.size_bytes,
     ARTIFACT.c.uri,
-    ARTIFACT.c.tensors,
     ARTIFACT.c.job_id,
     ARTIFACT.c.created_at,
 ]
-_RETURNING = ", ".join(c.name for c in _COLUMNS)
+#: Tensors are listed by name in byte order (COLLATE "C"): the same order on every server.
+_TENSOR_COUNT: Any = literal_column(
+    "CASE WHEN jsonb_typeof(artifact.tensors -> 'tensors') = 'object' THEN coalesce("
+    "(artifact.tensors ->> 'tensor_count')::bigint, "
+    "(SELECT count(*) FROM jsonb_object_keys(artifact.tensors -> 'tensors'))) END"
+).label("tensor_count")
+_METADATA: Any = literal_column("artifact.tensors -> 'metadata'").label("metadata")
+
+
+def _preview(limit: int) -> Any:
+    """The first ``limit`` tensors (name → dtype and shape) of each row, by name."""
+    return literal_column(
+        "(SELECT jsonb_object_agg(t.key, t.value) FROM (SELECT key, value FROM "
+        "jsonb_each(CASE WHEN jsonb_typeof(artifact.tensors -> 'tensors') = 'object' "
+        "THEN artifact.tensors -> 'tensors' END) "
+        f'ORDER BY key COLLATE "C" LIMIT {int(limit)}) t)'
+    ).label("tensor_preview")
+
+
+def summary_columns(preview: int) -> list[Any]:
+    """What a read selects: the row, and a bounded summary of its tensors."""
+    return [*_COLUMNS, _TENSOR_COUNT, _METADATA, _preview(preview)]
 
 
 def artifact_to_json(row: Row[Any] | Any) -> dict[str, Any]:
-    """The API representation of an artifact row (see ``curvplan.types.artifacts.ArtifactOut``)."""
+    """The API representation of an artifact row (see ``curvplan.types.artifacts.ArtifactOut``).
+
+    ``tensors`` holds the first tensors by name (``CURVPLAN_ARTIFACT_TENSOR_PREVIEW``);
+    ``tensor_count`` says how many there are, ``links.tensors`` pages through them all.
+    """
     m = row._mapping
     artifact_id = str(m["id"])
+    count = m["tensor_count"]
+    preview = m["tensor_preview"] if count is not None else None
     out = {
         "id": artifact_id,
         "kind": m["kind"],
@@ -49,11 +75,16 @@ def artifact_to_json(row: Row[Any] | Any) -> dict[str, Any]:
         "sha256": m["sha256"],
         "size": m["size_bytes"],
         "uri": m["uri"],
-        "tensors": (m["tensors"] or {}).get("tensors"),
-        "metadata": (m["tensors"] or {}).get("metadata"),
+        "tensor_count": count,
+        "tensors": (preview or {}) if count is not None else None,
+        "tensors_truncated": count is not None and count > len(preview or {}),
+        "metadata": m["metadata"],
         "job_id": str(m["job_id"]) if m["job_id"] is not None else None,
         "created_at": m["created_at"].isoformat(),
-        "links": {"self": f"/v1/artifacts/{artifact_id}"},
+        "links": {
+            "self": f"/v1/artifacts/{artifact_id}",
+            "tensors": f"/v1/artifacts/{artifact_id}/tensors",
+        },
     }
     if m["storage"] == "blob":
         out["links"]["content"] = f"/v1/artifacts/{artifact_id}/content"
@@ -77,6 +108,7 @@ def insert_blob_artifact(
     sha256: str,
     size: int,
     summary: dict[str, Any],
+    preview: int = 100,
 ) -> Stored:
     """Insert an uploaded blob's row; the same content uploaded again returns the first row."""
     driver = session.connection().connection.driver_connection
@@ -85,13 +117,15 @@ def insert_blob_artifact(
         "INSERT INTO artifact (id, project_id, kind, name, storage, sha256, size_bytes, tensors) "
         "VALUES (%s, %s, %s, %s, 'blob', %s, %s, %s) "
         "ON CONFLICT (project_id, kind, sha256) WHERE job_id IS NULL AND storage = 'blob' "
-        f"DO NOTHING RETURNING {_RETURNING}",
+        "DO NOTHING RETURNING id",
         (uuid.uuid4(), project_id, kind, name, sha256, size, Jsonb(summary)),
     ).fetchone()
+    columns = summary_columns(preview)
     if raw is not None:
-        return Stored(artifact_to_json(_Mapped(dict(zip(_names(), raw, strict=True)))), True)
+        row = session.execute(select(*columns).where(ARTIFACT.c.id == raw[0])).one()
+        return Stored(artifact_to_json(row), True)
     existing = session.execute(
-        select(*_COLUMNS).where(
+        select(*columns).where(
             ARTIFACT.c.project_id == project_id,
             ARTIFACT.c.kind == kind,
             ARTIFACT.c.sha256 == sha256,
@@ -111,28 +145,59 @@ def insert_uri_artifact(
         .values(
             id=uuid.uuid4(), project_id=project_id, kind=kind, name=name, storage="uri", uri=uri
         )
-        .returning(*_COLUMNS)
-    ).one()
-    return artifact_to_json(row)
+        .returning(ARTIFACT.c.id)
+    ).scalar_one()
+    return artifact_to_json(
+        session.execute(select(*summary_columns(0)).where(ARTIFACT.c.id == row)).one()
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class _Mapped:
-    _mapping: dict[str, Any]
-
-
-def _names() -> tuple[str, ...]:
-    return tuple(c.name for c in _COLUMNS)
-
-
-def get_artifact(session: Session, project_id: uuid.UUID, artifact_id: uuid.UUID) -> dict[str, Any]:
+def get_artifact(
+    session: Session, project_id: uuid.UUID, artifact_id: uuid.UUID, preview: int = 100
+) -> dict[str, Any]:
     """The artifact, or a 404 problem (also for another project's artifact)."""
     row = session.execute(
-        select(*_COLUMNS).where(ARTIFACT.c.id == artifact_id, ARTIFACT.c.project_id == project_id)
+        select(*summary_columns(preview)).where(
+            ARTIFACT.c.id == artifact_id, ARTIFACT.c.project_id == project_id
+        )
     ).first()
     if row is None:
         raise not_found("artifact")
     return artifact_to_json(row)
+
+
+def list_tensors(
+    session: Session,
+    project_id: uuid.UUID,
+    artifact_id: uuid.UUID,
+    *,
+    page_size: int,
+    page_token: str | None,
+) -> dict[str, Any]:
+    """A page of the artifact's tensors by name (byte order) and the next page's token."""
+    get_artifact(session, project_id, artifact_id, preview=0)  # 404 if not ours
+    offset = 0  # an artifact's tensors never change: a position is a stable cursor
+    if page_token:
+        data = decode_page_token(page_token, ("o", "a"))
+        if data["a"] != str(artifact_id) or not data["o"].isdigit():
+            raise page_token_problem("this page token was issued for another artifact")
+        offset = int(data["o"])
+    rows = session.execute(
+        text(
+            "SELECT key, value FROM artifact, jsonb_each(CASE WHEN jsonb_typeof(tensors -> "
+            "'tensors') = 'object' THEN tensors -> 'tensors' END) "
+            'WHERE artifact.id = :id ORDER BY key COLLATE "C" OFFSET :o LIMIT :n'
+        ),
+        {"id": artifact_id, "o": offset, "n": page_size + 1},
+    ).all()
+    items = [
+        {"name": r.key, "dtype": r.value.get("dtype"), "shape": r.value.get("shape")}
+        for r in rows[:page_size]
+    ]
+    token = None
+    if len(rows) > page_size:
+        token = encode_page_token({"o": str(offset + page_size), "a": str(artifact_id)})
+    return {"items": items, "next_page_token": token}
 
 
 # --------------------------------------------------------------------------- listing
@@ -162,6 +227,7 @@ def list_artifacts(
     job_id: uuid.UUID | None,
     page_size: int,
     page_token: str | None,
+    preview: int = 100,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """A page of the project's artifacts, newest first, and the next page's token."""
     fingerprint = f"{kind}|{job_id}"
@@ -176,7 +242,7 @@ def list_artifacts(
             tuple_(ARTIFACT.c.created_at, ARTIFACT.c.id) < tuple_(created_at, last_id)
         )
     rows = session.execute(
-        select(*_COLUMNS)
+        select(*summary_columns(preview))
         .where(and_(*conditions))
         .order_by(ARTIFACT.c.created_at.desc(), ARTIFACT.c.id.desc())
         .limit(page_size + 1)

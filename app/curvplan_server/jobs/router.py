@@ -28,6 +28,13 @@ from curvplan_server.auth.dependencies import ProjectDep, authenticate
 from curvplan_server.db import SessionDep
 from curvplan_server.jobs import service
 from curvplan_server.jobs.examples import CREATE_EXAMPLES, JOB_EXAMPLE, RECOMMENDATION_EXAMPLE
+from curvplan_server.jobs.filters import (
+    KIND_FILTER_SCHEMA,
+    NAME_FILTER_SCHEMA,
+    STATUS_FILTER_SCHEMA,
+    TAG_FILTER_SCHEMA,
+)
+from curvplan_server.jobs.limits import PlanLimits, check_plan_work
 from curvplan_server.jobs.submission import (
     SubmissionContext,
     internal_kind_message,
@@ -205,6 +212,7 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
         )
     body = _validate_body(await request.body())
     settings = request.app.state.settings
+    check_plan_work(body, PlanLimits.from_settings(settings))
     if body.get("webhook_url") is not None:
         await run_in_threadpool(check_job_webhook, session, settings, auth.project_id, body)
     created = await run_in_threadpool(
@@ -217,6 +225,7 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
         settings.data_dir,
         settings.max_model_parameters,
         settings.max_job_devices,
+        PlanLimits.from_settings(settings),
     )
     headers = {"Location": created.job["links"]["self"]}
     if created.replayed:
@@ -233,12 +242,15 @@ def _create_and_commit(
     data_dir: Path,
     max_model_parameters: int | None,
     max_job_devices: int,
+    plan_limits: PlanLimits,
 ) -> service.Created:
     # every kind's artifact ids, then the kind's own checks (model size, shards, from_job)
     context = SubmissionContext(
         session, project_id, data_dir, max_model_parameters, max_job_devices
     )
     body = prepare_job_body(context, body)
+    if body.get("from_job") is not None:  # the measurements of the analysis it re-plans
+        check_plan_work(body, plan_limits)
     created = service.create_job(
         session,
         project_id,
@@ -262,11 +274,18 @@ def list_jobs(
     session: SessionDep,
     auth: ProjectDep,
     status: Annotated[
-        list[str] | None, Query(description="Repeat or comma-separate: status=queued,running")
+        list[str] | None,
+        Query(
+            description="Repeat or comma-separate: status=queued,running",
+            json_schema_extra=STATUS_FILTER_SCHEMA,
+        ),
     ] = None,
-    kind: Annotated[str | None, Query()] = None,
-    name: Annotated[str | None, Query()] = None,
-    tag: Annotated[list[str] | None, Query(description="key:value; repeatable (AND)")] = None,
+    kind: Annotated[str | None, Query(json_schema_extra=KIND_FILTER_SCHEMA)] = None,
+    name: Annotated[str | None, Query(json_schema_extra=NAME_FILTER_SCHEMA)] = None,
+    tag: Annotated[
+        list[str] | None,
+        Query(description="key:value; repeatable (AND)", json_schema_extra=TAG_FILTER_SCHEMA),
+    ] = None,
     page_size: Annotated[int | None, Query(ge=1)] = None,
     page_token: Annotated[str | None, Query()] = None,
 ) -> JSONResponse:

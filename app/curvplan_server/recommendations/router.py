@@ -12,6 +12,11 @@ from curvplan.types.recommendations import (
 )
 from curvplan_server.auth.dependencies import ProjectDep
 from curvplan_server.db import SessionDep
+from curvplan_server.jobs.filters import (
+    KIND_FILTER_SCHEMA,
+    NAME_FILTER_SCHEMA,
+    TAG_FILTER_SCHEMA,
+)
 from curvplan_server.jobs.service import parse_filters
 from curvplan_server.problems import problem_responses
 from curvplan_server.recommendations.service import latest_recommendations
@@ -30,9 +35,16 @@ def list_recommendations(
     request: Request,
     session: SessionDep,
     auth: ProjectDep,
-    name: Annotated[str | None, Query(description="Only this job name")] = None,
-    tag: Annotated[list[str] | None, Query(description="key:value; repeatable (AND)")] = None,
-    kind: Annotated[str | None, Query(description="plan or analyze")] = None,
+    name: Annotated[
+        str | None, Query(description="Only this job name", json_schema_extra=NAME_FILTER_SCHEMA)
+    ] = None,
+    tag: Annotated[
+        list[str] | None,
+        Query(description="key:value; repeatable (AND)", json_schema_extra=TAG_FILTER_SCHEMA),
+    ] = None,
+    kind: Annotated[
+        str | None, Query(description="plan or analyze", json_schema_extra=KIND_FILTER_SCHEMA)
+    ] = None,
     page_size: Annotated[int | None, Query(ge=1)] = None,
     page_token: Annotated[str | None, Query()] = None,
 ) -> JSONResponse:

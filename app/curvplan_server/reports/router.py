@@ -19,6 +19,7 @@ from curvplan_server.db import SessionDep
 from curvplan_server.jobs import service
 from curvplan_server.jobs.models import Job
 from curvplan_server.problems import PROBLEM_RESPONSES, Problem, conflict, not_found
+from curvplan_server.public_url import base_url
 from curvplan_server.reports import signing
 
 router = APIRouter(prefix="/v1/jobs", tags=["reports"])
@@ -188,7 +189,7 @@ def create_job_report_link(
     token = signing.sign(signing.link_secret(settings), job_id, auth.project_id, expires)
     path = f"/v1/jobs/{job_id}/report?expires={expires}&token={token}"
     body = ReportLinkOut(
-        url=str(request.base_url).rstrip("/") + path,
+        url=base_url(request) + path,
         path=path,
         expires_at=datetime.fromtimestamp(expires, UTC),
     )

@@ -26,10 +26,11 @@ from sqlalchemy import Engine
 
 from curvplan.types.artifacts import is_sha256
 from curvplan.types.storage import WorkerBlobOut
-from curvplan_core.artifacts.blobstore import BlobStore, BlobTooLarge, BlobWriter
-from curvplan_core.artifacts.safetensors_format import InvalidSafetensors
+from curvplan_core.artifacts.blobstore import BlobStore, BlobTooLarge, BlobWriter, TempFileGone
+from curvplan_core.artifacts.safetensors_format import HeaderTooLarge, InvalidSafetensors
 from curvplan_core.credentials.service_keys import WORKER_SCOPE, ServiceContext
 from curvplan_core.storage.blobs import place_blob
+from curvplan_server.artifacts.router import temp_file_gone
 from curvplan_server.auth.dependencies import require_scope
 from curvplan_server.problems import Problem, problem_responses, validation_problem
 from curvplan_server.storage.store import blob_store
@@ -110,7 +111,7 @@ def head_worker_blob(request: Request, sha256: Sha256Path, worker: WorkerDep) ->
     response_model=WorkerBlobOut,
     summary="Upload a job's output blob, addressed by its sha256 (worker credential)",
     responses={
-        **problem_responses(401, 403, 413, 422, 500, 503),
+        **problem_responses(401, 403, 408, 413, 422, 500, 503),
         200: {"model": WorkerBlobOut, "description": "The store already held this content"},
     },
 )
@@ -124,7 +125,12 @@ async def put_worker_blob(request: Request, sha256: Sha256Path, worker: WorkerDe
     """
     digest = _digest(sha256)
     store = blob_store(request)
-    writer = store.writer(max_bytes=request.app.state.settings.worker_upload_max_bytes)
+    settings = request.app.state.settings
+    writer = store.writer(
+        max_bytes=settings.worker_upload_max_bytes,
+        max_header_bytes=settings.max_safetensors_header_bytes,
+        max_tensors=settings.max_safetensors_tensors,
+    )
     try:
         async for chunk in request.stream():
             if chunk:
@@ -136,6 +142,14 @@ async def put_worker_blob(request: Request, sha256: Sha256Path, worker: WorkerDe
                 "digest_mismatch",
             )
         created = await run_in_threadpool(_place, request.app.state.engine, store, writer, digest)
+    except HeaderTooLarge as exc:
+        writer.abort()
+        raise Problem(
+            413,
+            f"{exc.reason} (CURVPLAN_MAX_SAFETENSORS_HEADER_BYTES)",
+            title="Content Too Large",
+            extra={"max_header_bytes": exc.limit},
+        ) from None
     except InvalidSafetensors as exc:
         writer.abort()
         raise _body_problem(
@@ -149,6 +163,9 @@ async def put_worker_blob(request: Request, sha256: Sha256Path, worker: WorkerDe
             title="Content Too Large",
             extra={"max_body_bytes": exc.limit},
         ) from None
+    except TempFileGone:
+        writer.abort()
+        raise temp_file_gone(settings.temp_file_max_age_seconds) from None
     except BaseException:
         writer.abort()
         raise

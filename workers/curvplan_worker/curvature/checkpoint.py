@@ -14,7 +14,7 @@ class TensorIssue:
     """One checkpoint tensor that does not fit the model."""
 
     name: str
-    problem: str  # "missing" | "unexpected" | "shape" | "dtype"
+    problem: str  # "missing" | "unexpected" | "shape" | "dtype" | "non-finite"
     expected: str | None = None
     found: str | None = None
 
@@ -89,8 +89,21 @@ def check_state(model: nn.Module, state: dict[str, torch.Tensor], path: str) -> 
             )
         if not tensor.is_floating_point():
             issues.append(TensorIssue(name, "dtype", "a floating dtype", str(tensor.dtype)))
+        elif (issue := non_finite_issue(name, tensor)) is not None:
+            issues.append(issue)
     if issues:
         raise CheckpointMismatch(path, issues)
+
+
+def non_finite_issue(name: str, tensor: torch.Tensor) -> TensorIssue | None:
+    """The issue of a weight holding NaN or ±Inf (how many of its elements), else None."""
+    finite = torch.isfinite(tensor)
+    if bool(finite.all()):
+        return None
+    bad = int((~finite).sum())
+    return TensorIssue(
+        name, "non-finite", "finite values", f"{bad} NaN or infinite of {finite.numel()}"
+    )
 
 
 def load_checkpoint(model: nn.Module, path: str | Path) -> nn.Module:

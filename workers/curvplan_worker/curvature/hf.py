@@ -33,6 +33,7 @@ from curvplan_worker.curvature.checkpoint import (
     CheckpointError,
     CheckpointMismatch,
     TensorIssue,
+    non_finite_issue,
     read_safetensors,
 )
 from curvplan_worker.curvature.objective import IGNORE_INDEX
@@ -321,6 +322,8 @@ def load_hf_weights(model: HFModel | nn.Module, shards: Sequence[str | Path]) ->
             )
         if not tensor.is_floating_point():
             issues.append(TensorIssue(ck_name, "dtype", "a floating dtype", str(tensor.dtype)))
+        elif (issue := non_finite_issue(ck_name, tensor)) is not None:
+            issues.append(issue)
     for name in unexpected:
         issues.append(TensorIssue(name, "unexpected", None, str(tuple(state[name].shape))))
     for name, param in expected.items():

@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from curvplan_core.planner import Measurements, PlanInputError, Targets, check_workload, make_plan
-from curvplan_worker.errors import JobError
+from curvplan_core.planner.cancel import PlanCancelled, cancel_scope
+from curvplan_worker.errors import JobCancelled, JobError
 from curvplan_worker.kinds import JobContext
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -40,6 +41,14 @@ def _validate(model: type[ModelT], value: Any, field: str) -> ModelT:
         ) from None
 
 
+def _cancel_requested(ctx: JobContext) -> bool:
+    try:
+        ctx.check_cancelled()
+    except JobCancelled:
+        return True
+    return False
+
+
 def seed_for_job(job_id: str) -> int:
     """A seed fixed per job, so that every attempt of a job draws the same orderings."""
     return uuid.UUID(job_id).int % (2**31)
@@ -56,6 +65,10 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         raise JobError("invalid-request", "Invalid plan request", str(exc)) from None
     seed = targets.seed if targets.seed is not None else seed_for_job(ctx.job_id)
     ctx.report_progress(0.05, "plan", "fitting the data-budget model")
-    recommendation = make_plan(measurements, targets, seed=seed)
+    with cancel_scope(lambda: _cancel_requested(ctx)):  # checked between orderings
+        try:
+            recommendation = make_plan(measurements, targets, seed=seed)
+        except PlanCancelled:
+            raise JobCancelled() from None
     ctx.report_progress(1.0, "done", "recommendation ready")
     return {"recommendation": recommendation.model_dump(mode="json")}
