@@ -170,24 +170,23 @@ def data_for_target_interval(
     u_hat = (math.log(fit.A) - math.log(target - fit.E)) / fit.beta
     y_min = float(y.min())
 
+    lower = np.array([0.0, math.log(BETA_BOUNDS[0])])
+    upper = np.array([max(min(y_min, target) - 1e-12, 1e-12), math.log(BETA_BOUNDS[1])])
+    warm = {"p": np.clip(np.array([fit.E, math.log(fit.beta)]), lower, upper)}
+
     def ssr_at(u: float) -> float:
         def residuals(p: FloatArray) -> FloatArray:
             e, log_beta = p
             return e + (target - e) * np.exp(np.exp(log_beta) * (u - log_d)) - y
 
-        best = math.inf
-        for e0, b0 in ((min(fit.E, target - 1e-9), fit.beta), (0.5 * min(y_min, target), 0.5)):
-            start = np.array([min(max(e0, 0.0), min(y_min, target) - 1e-12), math.log(b0)])
-            lower = np.array([0.0, math.log(BETA_BOUNDS[0])])
-            upper = np.array([max(min(y_min, target) - 1e-12, 1e-12), math.log(BETA_BOUNDS[1])])
-            start = np.clip(start, lower, upper)
-            with np.errstate(over="ignore", invalid="ignore"):
-                res = optimize.least_squares(
-                    residuals, start, bounds=(lower, upper), method="trf", max_nfev=400
-                )
-            if np.all(np.isfinite(res.fun)):
-                best = min(best, float(res.fun @ res.fun))
-        return best
+        with np.errstate(over="ignore", invalid="ignore"):
+            res = optimize.least_squares(
+                residuals, warm["p"], bounds=(lower, upper), method="trf", max_nfev=200
+            )
+        if not np.all(np.isfinite(res.fun)):
+            return math.inf
+        warm["p"] = res.x  # the next u is close: start there
+        return float(res.fun @ res.fun)
 
     ssr_min = min(ssr_at(u_hat), float("inf"))
     resid = fit.E + fit.A * np.exp(-fit.beta * log_d) - y
@@ -198,8 +197,14 @@ def data_for_target_interval(
     def crossing(edge: float) -> float | None:
         if ssr_at(edge) <= threshold:
             return None
+        warm["p"] = np.clip(np.array([fit.E, math.log(fit.beta)]), lower, upper)
         return float(
-            optimize.brentq(lambda u: ssr_at(u) - threshold, min(u_hat, edge), max(u_hat, edge))
+            optimize.brentq(
+                lambda u: ssr_at(u) - threshold,
+                min(u_hat, edge),
+                max(u_hat, edge),
+                xtol=1e-3,  # 0.1 % in D
+            )
         )
 
     lo_u = crossing(0.0) if u_hat > 0 else None
