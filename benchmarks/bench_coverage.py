@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -31,6 +32,11 @@ from curvplan_worker.curvature.noise_stream import (
 from curvplan_worker.curvature.trace import hutchpp_trace
 
 CONF = 0.95
+
+
+def _inside(ci: tuple[float, float] | None, truth: float) -> bool:
+    """Whether the interval holds the truth (no interval: a miss)."""
+    return ci is not None and ci[0] <= truth <= ci[1]
 
 
 def _row(name: str, new: float, old: float | None = None, extra: str = "") -> None:
@@ -167,8 +173,8 @@ def critical_batch(reps: int, rng: np.random.Generator) -> None:
                     except ValueError:  # B_crit at the edge of the range: no interval, a miss
                         failed[method] += 1
                         continue
-                    count["B_crit"] += fit.b_crit_ci[0] <= b_crit <= fit.b_crit_ci[1]
-                    count["S_min"] += fit.s_min_ci[0] <= s_min <= fit.s_min_ci[1]
+                    count["B_crit"] += _inside(fit.b_crit_ci, b_crit)
+                    count["S_min"] += _inside(fit.s_min_ci, s_min)
             for key in ("B_crit", "S_min"):
                 _row(
                     f"{key} CI, variance-function GLS, t_(n-3) ({mode}, {label})",
@@ -210,11 +216,11 @@ def loss_vs_data(reps: int, rng: np.random.Generator) -> None:
                 y = clean * np.exp(rng.normal(0, 0.02, d.size))
             else:
                 y = clean + rng.normal(0, 0.02 * clean.min(), d.size)
-            for count, robust in ((hits, True), (old, False)):
+            for tally, robust in ((hits, True), (old, False)):
                 fit = fit_loss_vs_data(d, y, CONF, robust=robust)
-                count["E"] += fit.E_ci[0] <= e <= fit.E_ci[1]
-                count["A"] += fit.A_ci[0] <= a <= fit.A_ci[1]
-                count["beta"] += fit.beta_ci[0] <= beta <= fit.beta_ci[1]
+                tally["E"] += _inside(fit.E_ci, e)
+                tally["A"] += _inside(fit.A_ci, a)
+                tally["beta"] += _inside(fit.beta_ci, beta)
                 if robust:
                     ci = data_for_target_interval(fit, target, CONF)
                     if ci is not None:
@@ -311,7 +317,7 @@ def main() -> None:
     rng = np.random.default_rng(2026)
     start = time.perf_counter()
     print(f"coverage at nominal {CONF} over {args.reps} replicates (truth known)")
-    sections = {
+    sections: dict[str, Callable[[], None]] = {
         "loss_accuracy": lambda: loss_accuracy(args.reps, rng),
         "guarantee": lambda: loss_accuracy_guarantee(args.reps, rng),
         "noise": lambda: noise_ratio(args.reps, rng),
