@@ -195,17 +195,21 @@ def data_for_target_interval(
     threshold = ssr_min * (1.0 + t * t / fit.dof) + 1e-300
 
     def crossing(edge: float) -> float | None:
-        if ssr_at(edge) <= threshold:
-            return None
+        """The first u from û towards ``edge`` where SSR(u) exceeds the threshold: a scan
+        of 48 steps (warm-started, the profile is not always monotone numerically), then
+        brentq inside the bracketing step."""
         warm["p"] = np.clip(np.array([fit.E, math.log(fit.beta)]), lower, upper)
-        return float(
-            optimize.brentq(
-                lambda u: ssr_at(u) - threshold,
-                min(u_hat, edge),
-                max(u_hat, edge),
-                xtol=1e-3,  # 0.1 % in D
-            )
-        )
+        grid = np.linspace(u_hat, edge, 49)
+        prev = float(grid[0])
+        for u in grid[1:]:
+            if ssr_at(float(u)) > threshold:
+                a, b = sorted((prev, float(u)))
+                try:
+                    return float(optimize.brentq(lambda v: ssr_at(v) - threshold, a, b, xtol=1e-3))
+                except ValueError:  # the inner step was not bracketed after all
+                    return float(u)
+            prev = float(u)
+        return None
 
     lo_u = crossing(0.0) if u_hat > 0 else None
     hi_u = crossing(float(log_d.max()) + math.log(1e12))
