@@ -18,12 +18,12 @@ import numpy as np
 import torch
 from scipy import stats
 
-from curvplan_server.planner.critical_batch import (
+from curvplan_core.planner.critical_batch import (
     fit_steps_to_target,
     linear_cross_check,
 )
-from curvplan_server.planner.loss_accuracy import k_loss_accuracy, loss_variance
-from curvplan_server.planner.scaling import data_for_target_interval, fit_loss_vs_data
+from curvplan_core.planner.loss_accuracy import k_loss_accuracy, loss_variance
+from curvplan_core.planner.scaling import data_for_target_interval, fit_loss_vs_data
 from curvplan_worker.curvature.noise_stream import (
     GroupedGradientSums,
     selection_bias,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from curvplan_server.planner import Measurements, Targets, make_plan
-from curvplan_server.planner.critical_batch import (
+from curvplan_core.planner import Measurements, Targets, make_plan
+from curvplan_core.planner.critical_batch import (
     batch_at_step_overhead,
     fit_steps_to_target,
     linear_cross_check,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from curvplan_server.planner import Measurements, Targets, make_plan
-from curvplan_server.planner.scaling import data_for_target, fit_loss_vs_data
+from curvplan_core.planner import Measurements, Targets, make_plan
+from curvplan_core.planner.scaling import data_for_target, fit_loss_vs_data
 
 D_GRID = np.geomspace(1e5, 1e8, 12)
 TRUE = {"E": 1.7, "A": 400.0, "beta": 0.3}
@@ -76,7 +76,7 @@ def test_no_interval_has_a_lower_end_of_zero_when_beta_is_poorly_determined() ->
     """Four noisy points over one decade: β's standard error is near β itself, so draws of β
     near 0 used to be clamped to 1e-3 and the D interval's lower end became 0.0 examples. On
     log β every draw keeps β > 0 and D > 0; the truth stays inside most intervals."""
-    from curvplan_server.planner.scaling import data_for_target_interval
+    from curvplan_core.planner.scaling import data_for_target_interval
 
     d = np.geomspace(1e3, 1e4, 4)
     e, a, beta, target = 1.0, 5.0, 0.3, 1.4

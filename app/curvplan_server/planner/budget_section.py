@@ -38,9 +38,9 @@ from curvplan.types.planner import (
     ScalingSection,
     Targets,
 )
-from curvplan_server.planner import formulas
-from curvplan_server.planner.critical_batch import nearest_power_of_two
-from curvplan_server.planner.gradient_noise import NOISE_SCALE_FIELDS, TREND_SCALE_ORDER
+from curvplan_core.planner import formulas
+from curvplan_core.planner.critical_batch import nearest_power_of_two
+from curvplan_core.planner.gradient_noise import NOISE_SCALE_FIELDS, TREND_SCALE_ORDER
 
 TARGET_LOSS_RULE = (
     "without targets.target_loss the target is the mean loss at w* (the loss the analysed "

@@ -11,7 +11,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import optimize, stats
 
-from curvplan_server.planner.critical_batch import robust_covariance
+from curvplan_core.planner.critical_batch import robust_covariance
 
 FloatArray = NDArray[np.float64]
 

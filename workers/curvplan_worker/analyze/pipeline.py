@@ -34,8 +34,8 @@ from typing import Any
 
 from curvplan.types.jobs import AnalyzeJobCreate
 from curvplan.types.options import MACHINE_SETTINGS, MachineSettings
-from curvplan_server.config import get_settings
-from curvplan_server.planner import Measurements, Targets, make_plan
+from curvplan_core.config import get_settings
+from curvplan_core.planner import Measurements, Targets, make_plan
 from curvplan_worker.analyze import fanout
 from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
@@ -530,7 +530,7 @@ STEP_METADATA_KEYS = ("step", "global_step")
 def checkpoint_step(path: str) -> int | None:
     """The training step a checkpoint file declares in its safetensors ``__metadata__``
     (``step`` or ``global_step``, a non-negative integer); None when it declares none."""
-    from curvplan_server.artifacts.safetensors_format import validate_file
+    from curvplan_core.artifacts.safetensors_format import validate_file
 
     try:
         metadata = validate_file(path).metadata

@@ -36,9 +36,9 @@ from curvplan.types.sweep import (
     SweepResult,
     SweepSettings,
 )
-from curvplan_server.artifacts.safetensors_format import validate_file
-from curvplan_server.planner import make_plan
-from curvplan_server.planner.gradient_noise import ratio_of_means_bootstrap, two_batch_estimates
+from curvplan_core.artifacts.safetensors_format import validate_file
+from curvplan_core.planner import make_plan
+from curvplan_core.planner.gradient_noise import ratio_of_means_bootstrap, two_batch_estimates
 from curvplan_worker.analyze.artifacts import attempt_access
 from curvplan_worker.errors import JobError
 from curvplan_worker.kinds import ChildJob, FanOut, JobContext
