@@ -224,8 +224,8 @@ class AnalysisOptions(BaseModel):
     noise_adaptive: bool = Field(
         default=True,
         description="at intermediate checkpoints, add gradient examples (doubling from "
-        "noise_grad_examples, default 64) until |G|² is significantly positive or "
-        "noise_max_examples are spent",
+        "noise_grad_examples, default 64) until the intervals of B_simple and B_noise lie "
+        "within a factor 2 of their estimates or noise_max_examples are spent",
     )
     noise_max_examples: int = Field(default=1024, ge=2, le=1_000_000)
     noise_max_groups: int = Field(

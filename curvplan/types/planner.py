@@ -112,7 +112,7 @@ class DirectNoiseStats(_Strict):
     b_simple_median_ratio: PosFloat | None = None
     b_noise_p_defined: Probability | None = None
     b_noise_median_ratio: PosFloat | None = None
-    stop_reason: Literal["significant", "budget", "fixed"] | None = None
+    stop_reason: Literal["precise", "significant", "budget", "fixed"] | None = None
 
     @model_validator(mode="after")
     def _pairs_complete(self) -> DirectNoiseStats:

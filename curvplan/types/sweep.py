@@ -8,8 +8,11 @@ results when they have all ended (see ``docs/budget.md``):
   cap; fit S/S_min − 1 = (E/E_min − 1)⁻¹ (McCandlish et al. 2018, eq. 2.11) for S_min, E_min
   and B_crit; measure B_simple with the two-batch estimator (McCandlish et al. 2018, App. A)
   from the training gradients of the same runs.
-* **data sweep** — train on nested subsets of geometric sizes D_i with early stopping on the
-  held-out split; fit L(D) = E + A·D^(−β) and size the dataset for ``target_loss``.
+* **data sweep** — train on nested subsets of geometric sizes D_i, each for the full horizon
+  ``max_steps`` with a decayed schedule (cosine, or warmup-stable-decay with a cooldown:
+  Hägele et al. 2024) at the learning rate chosen by a grid on the smallest and largest
+  subsets; the best held-out loss of each run is L(D_i); fit L(D) = E + A·D^(−β) and size the
+  dataset for ``target_loss``.
 
 Batch sizes are in **examples** (rows of the dataset: sequences for a language model); the
 results also give them in tokens.
@@ -54,7 +57,10 @@ class OptimizerSpec(BaseModel):
     )
     lr_grid: Annotated[list[PosFloat], Field(min_length=1, max_length=5)] = Field(
         default_factory=lambda: [0.5, 1.0, 2.0],
-        description="Multipliers of the sqrt-rule learning rate tried by the grid rule.",
+        description="Multipliers of the sqrt-rule learning rate tried by the grid rule. A data "
+        "sweep always tunes on this grid: the multiplier with the best held-out loss on the "
+        "smallest and on the largest subset, log-linearly interpolated in log D between them "
+        "for the other subsets (the nearest grid run is used).",
     )
 
 
@@ -88,7 +94,18 @@ class SweepSettings(BaseModel):
         default=5, description="Evaluate (and check the target / early stopping) every n steps."
     )
     patience: Annotated[int, Field(ge=1, le=1000)] = Field(
-        default=5, description="Data sweep: evaluations without improvement before stopping."
+        default=5,
+        description="Unused since data sweeps run their decayed schedule to its end (kept so "
+        "that older requests stay valid).",
+    )
+    schedule: Literal["cosine", "wsd"] = Field(
+        default="wsd",
+        description="Data sweep: the decayed learning-rate schedule of every run over its "
+        "max_steps: cosine to 0, or warmup-stable-decay with a 1−sqrt cooldown over the last "
+        "cooldown_fraction of the steps (Hägele et al. 2024).",
+    )
+    cooldown_fraction: Annotated[float, Field(gt=0, le=1)] = Field(
+        default=0.2, description="Data sweep, wsd: the share of the steps spent cooling down."
     )
     init_seed: Annotated[int, Field(ge=0)] = Field(
         default=0, description="Seed of the initialisation (no checkpoint) and the batch order."
@@ -143,6 +160,12 @@ class PointSettings(BaseModel):
     eval_every: Annotated[int, Field(ge=1)]
     patience: Annotated[int, Field(ge=1)] = 5
     seed: Annotated[int, Field(ge=0)] = 0
+    schedule: Literal["constant", "cosine", "wsd"] = Field(
+        default="constant",
+        description="Learning rate after warm-up: constant (batch sweep: train to the target), "
+        "or decayed over max_steps (data sweep).",
+    )
+    cooldown_fraction: Annotated[float, Field(gt=0, le=1)] = 0.2
 
 
 class PointResult(BaseModel):
@@ -232,6 +255,16 @@ class DataSweepFit(BaseModel):
     fit: ScalingSection | NotComputed
     loss_vs_data: list[LossPoint] = Field(default_factory=list)
     n_points: int
+    schedule: str | None = Field(
+        default=None, description="The training protocol of every subset, in words."
+    )
+    lr_rule: str | None = Field(
+        default=None, description="How the learning rate of each subset was chosen, in words."
+    )
+    lr_multipliers: dict[str, float] = Field(
+        default_factory=dict,
+        description="The learning-rate multiplier of the run used for each subset size.",
+    )
 
 
 class SweepResult(BaseModel):

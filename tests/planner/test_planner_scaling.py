@@ -70,3 +70,27 @@ def test_too_few_points_are_not_computed() -> None:
         {"loss_vs_data": [{"n_samples": 1e5, "loss": 3.0}, {"n_samples": 1e6, "loss": 2.5}]}
     )
     assert make_plan(m, Targets()).scaling.status == "not_computed"
+
+
+def test_no_interval_has_a_lower_end_of_zero_when_beta_is_poorly_determined() -> None:
+    """Four noisy points over one decade: β's standard error is near β itself, so draws of β
+    near 0 used to be clamped to 1e-3 and the D interval's lower end became 0.0 examples. On
+    log β every draw keeps β > 0 and D > 0; the truth stays inside most intervals."""
+    from curvplan_core.planner.scaling import data_for_target_interval
+
+    d = np.geomspace(1e3, 1e4, 4)
+    e, a, beta, target = 1.0, 5.0, 0.3, 1.4
+    truth = (a / (target - e)) ** (1 / beta)
+    covered = computed = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        y = (e + a * d**-beta) * np.exp(0.01 * rng.standard_normal(d.size))
+        fit = fit_loss_vs_data(d, y, 0.95)
+        assert fit.beta_ci is not None and fit.beta_ci[0] > 0
+        ci = data_for_target_interval(fit, target, 0.95, np.random.default_rng(seed))
+        assert ci is not None
+        lo, hi = ci
+        assert lo is None or lo >= 1.0, (seed, lo)  # never 0 (nor a fraction of an example)
+        computed += 1
+        covered += (lo or 0.0) <= truth <= (hi if hi is not None else np.inf)
+    assert covered / computed >= 0.8

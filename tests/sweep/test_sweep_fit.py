@@ -117,16 +117,61 @@ def test_data_fit_recovers_the_law_and_sizes_the_dataset_for_the_target():
     children = []
     for d in sizes:
         loss = (e + a * d**-beta) * math.exp(rng.normal(0, 0.002))
-        point = _batch_point(32, 10.0).model_copy(update={"data_size": d, "best_eval_loss": loss})
-        children.append(_child(f"D={d}", point))
+        for m in (0.5, 1.0, 2.0):  # the default grid: ×1 is best everywhere here
+            worse = loss * (1.0 + 0.05 * abs(math.log2(m)))
+            point = _batch_point(32, 10.0, lr_mult=m).model_copy(
+                update={"data_size": d, "best_eval_loss": worse}
+            )
+            children.append(_child(f"D={d}, lr×{m:g}", point))
     target = 1.5
     out = run(_body("data", target_loss=target), _ctx(children))
+    assert out["sweep"]["data"]["lr_multipliers"] == {str(d): 1.0 for d in sizes}
+    assert "Hägele" in out["sweep"]["data"]["schedule"]
+    assert sum(p["used_in_fit"] for p in out["sweep"]["points"]) == len(sizes)
     fit = out["sweep"]["data"]["fit"]
     assert fit["E_ci"][0] <= e <= fit["E_ci"][1] if "E_ci" in fit else True
     truth = (a / (target - e)) ** (1 / beta)
     lo, hi = fit["n_for_target_loss_ci"]
     assert lo <= truth <= hi
     assert out["measurements"]["loss_vs_data"][0]["n_samples"] == 64
+
+
+def test_the_data_lr_is_tuned_on_the_end_subsets_and_interpolated_between():
+    """The rule: best multiplier on the smallest (×0.5) and largest (×2) subsets only; the
+    middle subsets take the nearest grid run to the log-linear interpolation, even where
+    another multiplier happened to score better on them (no per-point selection)."""
+    sizes = [64, 256, 1024, 4096, 16384]
+    best_at = {64: 0.5, 16384: 2.0, 256: 2.0, 1024: 0.5, 4096: 0.5}  # middle bests: decoys
+    children = []
+    for d in sizes:
+        for m in (0.5, 1.0, 2.0):
+            loss = 1.0 + 30.0 * d**-0.5 + (0.0 if m == best_at[d] else 0.01)
+            point = _batch_point(32, 10.0, lr_mult=m).model_copy(
+                update={"data_size": d, "best_eval_loss": loss}
+            )
+            children.append(_child(f"D={d}, lr×{m:g}", point))
+    out = run(_body("data", target_loss=1.2), _ctx(children))
+    # log m(D) runs from log 0.5 at D=64 to log 2 at D=16384: m(1024) = 1 exactly; the
+    # nearest grid runs at 256 and 4096 are ×0.5·2^(1/2)→×1 (tie broken to the first) and ×2·…
+    chosen = out["sweep"]["data"]["lr_multipliers"]
+    assert chosen["64"] == 0.5 and chosen["16384"] == 2.0
+    assert chosen["1024"] == 1.0
+    assert chosen["256"] in (0.5, 1.0) and chosen["4096"] in (1.0, 2.0)
+    assert "smallest and on the largest" in out["sweep"]["data"]["lr_rule"]
+
+
+def test_a_data_sweep_plans_every_subset_at_every_grid_multiplier_with_a_decayed_schedule():
+    body = SweepJobCreate.model_validate(
+        _body("data", data_sizes=[16, 32, 64, 128], max_steps=50, schedule="cosine")
+        | {"optimizer": {"lr": 1e-3, "base_batch_size": 32, "lr_grid": [0.5, 1.0, 2.0]}}
+    )
+    points = [c.request["point"] for c in plan_points(body, n_train=200)]
+    assert len(points) == 12
+    assert {p["schedule"] for p in points} == {"cosine"}
+    assert {(p["data_size"], p["lr_multiplier"]) for p in points} == {
+        (d, m) for d in (16, 32, 64, 128) for m in (0.5, 1.0, 2.0)
+    }
+    assert all(p["lr"] == pytest.approx(1e-3 * p["lr_multiplier"]) for p in points)
 
 
 def test_points_follow_the_learning_rate_rule_and_the_grid():
@@ -147,7 +192,7 @@ def test_points_follow_the_learning_rate_rule_and_the_grid():
         plan_points(body, n_train=16)
 
 
-def test_a_data_point_trains_on_a_nested_subset_and_stops_early():
+def test_a_data_point_trains_on_a_nested_subset_for_its_whole_decayed_schedule():
     import torch
 
     from curvplan_worker.curvature.model import build_model
@@ -159,7 +204,14 @@ def test_a_data_point_trains_on_a_nested_subset_and_stops_early():
     order = nested_order(100, 3)
     assert sorted(order.tolist()) == list(range(100))
     point = PointSettings(
-        type="data", batch_size=8, lr=0.03, data_size=16, max_steps=120, eval_every=2, patience=3
+        type="data",
+        batch_size=8,
+        lr=0.03,
+        data_size=16,
+        max_steps=120,
+        eval_every=2,
+        patience=3,
+        schedule="wsd",
     )
     result = train_point(
         build_model(TINY_SPEC, seed=0),
@@ -172,7 +224,7 @@ def test_a_data_point_trains_on_a_nested_subset_and_stops_early():
     torch.set_num_threads(threads)
     assert result.data_size == 16 and not result.censored
     assert result.best_eval_loss == min(result.eval_losses)
-    assert result.eval_steps[-1] - result.best_step == 3 * 2 or result.eval_steps[-1] == 120
+    assert result.eval_steps[-1] == 120  # no early stop: the cooldown is always run
     assert result.two_batch is not None and result.two_batch.b_small == 4
 
 

@@ -46,6 +46,7 @@ from curvplan.types.planner import (
 )
 from curvplan_core.planner import formulas
 from curvplan_core.planner.critical_batch import nearest_power_of_two
+from curvplan_core.planner.gradient_noise import NOISE_SCALE_FIELDS, TREND_SCALE_ORDER
 
 TARGET_LOSS_RULE = (
     "without targets.target_loss the target is the mean loss at w* (the loss the analysed "
@@ -363,10 +364,8 @@ def _trend_at_target(
     rows: list[tuple[float, float, float | None]] = []
     which = "B_noise"
     z = float(stats.norm.ppf((1 + confidence) / 2))
-    for name, num, den in (
-        ("B_noise", "trace_h_sigma", "gHg"),
-        ("B_simple", "trace_sigma", "grad_sq_norm"),
-    ):
+    for name in TREND_SCALE_ORDER:  # the leading scale is one named constant
+        num, den = NOISE_SCALE_FIELDS[name]
         rows = []
         for p in points:
             a, b = getattr(p, num), getattr(p, den)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -24,6 +25,7 @@ class CriticalBatchFit:
     r2: float
     n_points: int
     sigma: float = 0.0  # residual SD on log S (dof n − 2)
+    variance_exponent: float = 1.0  # k of Var S ∝ μ^(2k) chosen by the fit
 
 
 @dataclass(frozen=True)
@@ -33,27 +35,71 @@ class LinearCrossCheck:
     e_min: float
 
 
-def fit_steps_to_target(
-    batch_sizes: FloatArray, steps: FloatArray, confidence: float, *, robust: bool = True
-) -> CriticalBatchFit:
-    """Fit S = S_min(1 + B_crit/B) (McCandlish et al. 2018 §2.3, docs/formulas.md#batch-size).
+#: Exponents k of the variance model Var(S_i) ∝ μ_i^(2k) tried by the fit: k = 1 is noise
+#: proportional to S (constant on log S: seed-to-seed spread), k = 0 constant noise on S (the
+#: resolution of the evaluations that time the target).
+VARIANCE_EXPONENTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+IntervalMethod = Literal["variance_function", "hc3", "constant"]
 
-    Nonlinear least squares on log S (multiplicative noise) over θ = (log S_min, log B_crit),
-    which keeps both positive. Intervals: θ ± t_{n−2}·se with the heteroskedasticity-robust
-    HC3 sandwich covariance (JᵀJ)⁻¹ Jᵀ diag(r_i²/(1 − h_i)²) J (JᵀJ)⁻¹ (MacKinnon & White 1985),
-    which does not assume the noise has the same size on log S at every batch size (additive
-    noise on S does not), mapped through exp; E_min = B_crit·S_min with its log-variance from
-    the same covariance. Needs at least 2 distinct batch sizes (intervals need 3).
+
+def _fit_log_steps(
+    b: FloatArray, log_s: FloatArray, weights: FloatArray, start: FloatArray, bounds: Any
+) -> Any:
+    """Weighted least squares on log S over θ = (log S_min, log B_crit) (scipy TRF)."""
+    root_w = np.sqrt(weights)
+
+    def residuals(theta: FloatArray) -> FloatArray:
+        return root_w * (theta[0] + np.log1p(np.exp(theta[1]) / b) - log_s)
+
+    def jacobian(theta: FloatArray) -> FloatArray:
+        ratio = np.exp(theta[1]) / b
+        return root_w[:, None] * np.column_stack([np.ones(b.size), ratio / (1.0 + ratio)])
+
+    return optimize.least_squares(
+        residuals,
+        np.clip(start, bounds[0], bounds[1]),
+        jac=jacobian,
+        bounds=bounds,
+        method="trf",
+        xtol=1e-12,
+        ftol=1e-12,
+        gtol=1e-12,
+    )
+
+
+def fit_steps_to_target(
+    batch_sizes: FloatArray,
+    steps: FloatArray,
+    confidence: float,
+    *,
+    robust: bool = True,
+    method: IntervalMethod | None = None,
+) -> CriticalBatchFit:
+    """Fit S = S_min(1 + B_crit/B) (McCandlish et al. 2018 §2.3, eq. 2.11;
+    docs/formulas.md#batch-size) on log S over θ = (log S_min, log B_crit), which keeps both
+    positive.
+
+    The noise of a steps-to-target table is neither purely multiplicative (seed spread) nor
+    purely additive (the evaluation interval that times the target), so the fit estimates its
+    variance function: Var(log S_i) ∝ μ_i^(2(k−1)) (i.e. Var S_i ∝ μ_i^(2k), the power-of-the-
+    mean model of Carroll & Ruppert 1988, ch. 2–3), k on the grid ``VARIANCE_EXPONENTS`` chosen
+    by the Gaussian profile likelihood −n/2·log(SSR_w/n) + ½·Σ log w_i, with the weights
+    w_i = μ_i^(2(1−k)) iterated three times (generalised least squares). Intervals (method
+    "variance_function", the default): θ ± t_{n−3}·se with cov = s_w²(JᵀWJ)⁻¹, one degree of
+    freedom spent on k (the small-sample correction; with 3 points, k = 1 and t_{n−2}),
+    mapped through exp; E_min = B_crit·S_min with its log-variance from the same covariance.
+    "hc3": the previous unweighted fit with the HC3 sandwich (MacKinnon & White 1985);
+    "constant" (or ``robust=False``): unweighted with s²(JᵀJ)⁻¹ — both kept for the coverage
+    benchmark. Needs at least 2 distinct batch sizes (intervals need 3).
     """
     b = np.asarray(batch_sizes, dtype=np.float64)
     s = np.asarray(steps, dtype=np.float64)
     n = b.size
     if n < 2:
         raise ValueError("at least two batch sizes are needed")
+    if method is None:
+        method = "variance_function" if robust else "constant"
     log_s = np.log(s)
-
-    def residuals(theta: FloatArray) -> FloatArray:
-        return theta[0] + np.log1p(np.exp(theta[1]) / b) - log_s
 
     def jacobian(theta: FloatArray) -> FloatArray:
         ratio = np.exp(theta[1]) / b
@@ -64,49 +110,73 @@ def fit_steps_to_target(
     log_b_hi = math.log(b.max()) + math.log(1e4)
     lower = np.array([log_s.min() - 50.0, log_b_lo])
     upper = np.array([log_s.max(), log_b_hi])
+    bounds = (lower, upper)
     # Start from the linear form S = S_min + S_min·B_crit·(1/B) (least squares in S).
     slope, intercept = np.polyfit(1.0 / b, s, 1)
     s0 = intercept if intercept > 0 else float(s.min())
     bc0 = slope / s0 if slope > 0 else float(np.median(b))
+    ones = np.ones(n)
     best = None
     for start_bc in (bc0, float(np.median(b)), float(b.min()), float(b.max())):
-        start = np.clip([math.log(s0), math.log(max(start_bc, 1e-300))], lower, upper)
-        res = optimize.least_squares(
-            residuals,
-            start,
-            jac=jacobian,
-            bounds=(lower, upper),
-            method="trf",
-            xtol=1e-12,
-            ftol=1e-12,
-            gtol=1e-12,
-        )
+        start = np.array([math.log(s0), math.log(max(start_bc, 1e-300))])
+        res = _fit_log_steps(b, log_s, ones, start, bounds)
         if best is None or res.cost < best.cost:
             best = res
     assert best is not None
     theta = best.x
+    weights = ones
+    exponent = 1.0
+    if method == "variance_function" and n > 3 and float(best.fun @ best.fun) > 1e-24:
+        chosen = None
+        for k in VARIANCE_EXPONENTS:
+            theta_k, w_k = theta, ones
+            for _ in range(3):
+                mu = np.exp(theta_k[0] + np.log1p(np.exp(theta_k[1]) / b))
+                w_k = (mu / mu.mean()) ** (2.0 * (1.0 - k))
+                theta_k = _fit_log_steps(b, log_s, w_k, theta_k, bounds).x
+            r_k = np.sqrt(w_k) * (theta_k[0] + np.log1p(np.exp(theta_k[1]) / b) - log_s)
+            ssr_w = float(r_k @ r_k)
+            if ssr_w <= 0:
+                continue
+            loglik = -0.5 * n * math.log(ssr_w / n) + 0.5 * float(np.log(w_k).sum())
+            if chosen is None or loglik > chosen[0]:
+                chosen = (loglik, k, theta_k, w_k)
+        if chosen is not None:
+            _, exponent, theta, weights = chosen
     if theta[1] - log_b_lo < 1e-6 or log_b_hi - theta[1] < 1e-6:
         raise ValueError(
             "the steps do not follow S = S_min(1 + B_crit/B): the fitted B_crit runs to the "
             "edge of 10⁴× the measured batch range (steps flat or rising with batch size?)"
         )
     s_min, b_crit = math.exp(theta[0]), math.exp(theta[1])
-    resid = best.fun
+    resid = theta[0] + np.log1p(b_crit / b) - log_s
     ss_res = float(resid @ resid)
     ss_tot = float(((log_s - log_s.mean()) ** 2).sum())
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
     s_ci = b_ci = e_ci = None
     sigma = math.sqrt(ss_res / (n - 2)) if n > 2 else 0.0
     if n > 2:
-        cov = robust_covariance(jacobian(theta), resid, robust=robust)
+        jac = jacobian(theta)
+        dof = n - 2
+        cov: FloatArray | None
+        if method == "variance_function":
+            spent = 1 if n > 3 else 0
+            dof = n - 2 - spent
+            wr = np.sqrt(weights) * resid
+            try:
+                cov = np.linalg.inv((jac * weights[:, None]).T @ jac) * float(wr @ wr) / dof
+            except np.linalg.LinAlgError:
+                cov = None
+        else:
+            cov = robust_covariance(jac, resid, robust=method == "hc3")
         if cov is not None and np.all(np.isfinite(cov)):
-            t = float(stats.t.ppf((1 + confidence) / 2, n - 2))
+            t = float(stats.t.ppf((1 + confidence) / 2, dof))
             se0, se1 = math.sqrt(max(cov[0, 0], 0)), math.sqrt(max(cov[1, 1], 0))
             se_e = math.sqrt(max(cov[0, 0] + cov[1, 1] + 2 * cov[0, 1], 0))
             s_ci = _log_interval(theta[0], t * se0)
             b_ci = _log_interval(theta[1], t * se1)
             e_ci = _log_interval(theta[0] + theta[1], t * se_e)
-    return CriticalBatchFit(s_min, b_crit, s_ci, b_ci, s_min * b_crit, e_ci, r2, n, sigma)
+    return CriticalBatchFit(s_min, b_crit, s_ci, b_ci, s_min * b_crit, e_ci, r2, n, sigma, exponent)
 
 
 def robust_covariance(

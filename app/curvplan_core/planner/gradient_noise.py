@@ -22,6 +22,19 @@ from scipy import stats
 
 FloatArray = NDArray[np.float64]
 
+#: The noise scales in the order the budget's noise-scale trend tries them: the first one
+#: defined at ≥ 2 checkpoints leads ``budget.batch``. B_noise = tr(HΣ)/GᵀHG is the scale that
+#: McCandlish et al. 2018 (§2.2, eq. 2.8) relate to B_crit; B_simple = tr Σ/|G|² (eq. 2.9)
+#: equals it only when H ∝ I and is the fallback. Which one predicts a brute-force B_crit on
+#: real text is to be decided by benchmarks/bench_predictive.py; until then this order stays.
+TREND_SCALE_ORDER: tuple[str, ...] = ("B_noise", "B_simple")
+
+#: (numerator, denominator) field names of each noise scale in the measurements.
+NOISE_SCALE_FIELDS: dict[str, tuple[str, str]] = {
+    "B_noise": ("trace_h_sigma", "gHg"),
+    "B_simple": ("trace_sigma", "grad_sq_norm"),
+}
+
 
 @dataclass(frozen=True)
 class Stat:

@@ -30,6 +30,7 @@ class ScalingFit:
     n_points: int
     cov: FloatArray | None  # covariance of θ = (E, log A, β)
     dof: int
+    data: tuple[FloatArray, FloatArray] | None = None  # (D, L) the fit was made on
 
 
 def _design(d: FloatArray, beta: float) -> FloatArray:
@@ -116,7 +117,10 @@ def fit_loss_vs_data(
             se = np.sqrt(np.maximum(np.diag(cov), 0.0))
             e_ci = (max(theta[0] - t * se[0], 0.0), theta[0] + t * se[0])
             a_ci = (math.exp(theta[1] - t * se[1]), math.exp(min(theta[1] + t * se[1], 700.0)))
-            b_ci = (max(theta[2] - t * se[2], 0.0), theta[2] + t * se[2])
+            # β > 0: the interval is formed on log β (delta method, se(log β) = se(β)/β) and
+            # mapped back, so its lower end is never 0
+            log_b_half = min(t * se[2] / theta[2], 700.0)
+            b_ci = (theta[2] * math.exp(-log_b_half), theta[2] * math.exp(log_b_half))
         else:
             cov = None
     return ScalingFit(
@@ -130,6 +134,7 @@ def fit_loss_vs_data(
         n_points=n,
         cov=cov,
         dof=dof,
+        data=(d, y),
     )
 
 
@@ -142,23 +147,72 @@ def data_for_target(E: float, A: float, beta: float, target: float) -> float | N
 
 
 def data_for_target_interval(
-    fit: ScalingFit, target: float, confidence: float, rng: np.random.Generator, draws: int = 4000
+    fit: ScalingFit, target: float, confidence: float, rng: np.random.Generator | None = None
 ) -> tuple[float | None, float | None] | None:
-    """Percentile interval of D(θ) over draws of θ from the fit's asymptotic normal (t-scaled).
+    """Profile-likelihood interval of D_t = (A/(target − E))^(1/β), the data that reaches
+    ``target`` on L(D) = E + A·D^(−β) (Hoffmann et al. 2022 eq. 2 without the model term).
 
-    An end is None when the corresponding quantile is unreachable (target ≤ E in those draws)."""
-    if fit.cov is None:
+    The law is rewritten in D_t itself, L(D) = E + (target − E)·(D_t/D)^β, and u = log D_t is
+    profiled: SSR(u) = min over (E < target, β > 0) of the squared residuals. The interval is
+    {u : SSR(u) ≤ SSR_min·(1 + t²_{n−3}/(n − 3))}, the F-calibrated likelihood-ratio region
+    (Bates & Watts 1988, §6.1, eq. 6.4 for one parameter), mapped through exp: D_t > 0 by
+    construction, so no end is ever 0 (the draws of β clamped at 1e-3 that used to send the
+    lower end to 0.0 examples are gone). An end is None when the region is not bounded on that
+    side within D ∈ [1, 10¹²·max D] (lower: the data cannot rule out one example; upper: the
+    target may be unreachable). ``rng`` is unused (kept for callers)."""
+    del rng
+    if fit.data is None or fit.dof <= 0 or target <= 0:
         return None
-    theta = np.array([fit.E, math.log(fit.A), fit.beta])
-    try:
-        chol = np.linalg.cholesky(fit.cov + 1e-300 * np.eye(3))
-    except np.linalg.LinAlgError:
+    d, y = fit.data
+    log_d = np.log(d)
+    if not target > fit.E:
         return None
-    z = rng.standard_t(max(fit.dof, 1), size=(draws, 3))
-    samples = theta + z @ chol.T
-    e, log_a, beta = samples[:, 0], samples[:, 1], np.maximum(samples[:, 2], BETA_BOUNDS[0])
-    gap = target - e
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        d = np.where(gap > 0, np.exp((log_a - np.log(np.where(gap > 0, gap, 1.0))) / beta), np.inf)
-    lo, hi = np.quantile(d, [(1 - confidence) / 2, (1 + confidence) / 2], method="inverted_cdf")
-    return (float(lo) if math.isfinite(lo) else None, float(hi) if math.isfinite(hi) else None)
+    u_hat = (math.log(fit.A) - math.log(target - fit.E)) / fit.beta
+    y_min = float(y.min())
+
+    lower = np.array([0.0, math.log(BETA_BOUNDS[0])])
+    upper = np.array([max(min(y_min, target) - 1e-12, 1e-12), math.log(BETA_BOUNDS[1])])
+    warm = {"p": np.clip(np.array([fit.E, math.log(fit.beta)]), lower, upper)}
+
+    def ssr_at(u: float) -> float:
+        def residuals(p: FloatArray) -> FloatArray:
+            e, log_beta = p
+            return e + (target - e) * np.exp(np.exp(log_beta) * (u - log_d)) - y
+
+        with np.errstate(over="ignore", invalid="ignore"):
+            res = optimize.least_squares(
+                residuals, warm["p"], bounds=(lower, upper), method="trf", max_nfev=200
+            )
+        if not np.all(np.isfinite(res.fun)):
+            return math.inf
+        warm["p"] = res.x  # the next u is close: start there
+        return float(res.fun @ res.fun)
+
+    ssr_min = min(ssr_at(u_hat), float("inf"))
+    resid = fit.E + fit.A * np.exp(-fit.beta * log_d) - y
+    ssr_min = min(ssr_min, float(resid @ resid))
+    t = float(stats.t.ppf((1 + confidence) / 2, fit.dof))
+    threshold = ssr_min * (1.0 + t * t / fit.dof) + 1e-300
+
+    def crossing(edge: float) -> float | None:
+        """The first u from û towards ``edge`` where SSR(u) exceeds the threshold: a scan
+        of 48 steps (warm-started, the profile is not always monotone numerically), then
+        brentq inside the bracketing step."""
+        warm["p"] = np.clip(np.array([fit.E, math.log(fit.beta)]), lower, upper)
+        grid = np.linspace(u_hat, edge, 49)
+        prev = float(grid[0])
+        for u in grid[1:]:
+            if ssr_at(float(u)) > threshold:
+                a, b = sorted((prev, float(u)))
+                try:
+                    return float(optimize.brentq(lambda v: ssr_at(v) - threshold, a, b, xtol=1e-3))
+                except ValueError:  # the inner step was not bracketed after all
+                    return float(u)
+            prev = float(u)
+        return None
+
+    lo_u = crossing(0.0) if u_hat > 0 else None
+    hi_u = crossing(float(log_d.max()) + math.log(1e12))
+    lo = None if lo_u is None else math.exp(lo_u)
+    hi = None if hi_u is None else math.exp(min(hi_u, 700.0))
+    return (lo, hi)

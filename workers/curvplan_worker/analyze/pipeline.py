@@ -541,6 +541,25 @@ def _fanned_in(children: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
     return MeasuredBlocks(blocks=blocks, off_diagonal=pairs), {"children": record}
 
 
+STEP_METADATA_KEYS = ("step", "global_step")
+
+
+def checkpoint_step(path: str) -> int | None:
+    """The training step a checkpoint file declares in its safetensors ``__metadata__``
+    (``step`` or ``global_step``, a non-negative integer); None when it declares none."""
+    from curvplan_core.artifacts.safetensors_format import validate_file
+
+    try:
+        metadata = validate_file(path).metadata
+    except Exception:  # the checkpoint itself was validated when resolved; no step then
+        return None
+    for key in STEP_METADATA_KEYS:
+        value = metadata.get(key, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
+
+
 def _intermediate_noise(
     spec: dict[str, Any],
     intermediates: list[Any],
@@ -552,8 +571,10 @@ def _intermediate_noise(
     """Gradient-noise statistics at each intermediate checkpoint (McCandlish et al. 2018 §2.2).
 
     In the order the checkpoints were given (oldest first: the planner reports the trend).
-    Adaptive by default (``noise_adaptive``): gradient examples are added until |G|² is
-    significantly positive or ``noise_max_examples`` are spent.
+    Adaptive by default (``noise_adaptive``): gradient examples are added until the intervals
+    of B_simple and B_noise are within a factor 2 or ``noise_max_examples`` are spent. Each
+    point carries its training step when the checkpoint's safetensors metadata names it
+    (``checkpoint_step``).
     Uses the STATS helper's ``gradient_noise_from_sample`` on the same evaluation sample,
     with the same precision, device and seed as the main analysis.
     """
@@ -631,6 +652,9 @@ def _intermediate_noise(
         stats.pop("grad_indices", None)
         stats.pop("hessian_indices", None)
         stats["checkpoint"] = shards[0].id if len(shards) == 1 else [a.id for a in shards]
+        step = checkpoint_step(str(shards[0].path))
+        if step is not None:
+            stats["step"] = step
         out.append(stats)
         del model
         if device.type == "cuda":

@@ -117,9 +117,10 @@ def load_checkpoint(model: nn.Module, path: str | Path) -> nn.Module:
     return model
 
 
-def save_checkpoint(model: nn.Module, path: str | Path) -> None:
-    """Write the model's parameters under the contract names (tied tensors once)."""
+def save_checkpoint(model: nn.Module, path: str | Path, *, step: int | None = None) -> None:
+    """Write the model's parameters under the contract names (tied tensors once); ``step``
+    goes to the safetensors metadata (``step``), where the noise-scale trend reads it."""
     from safetensors.torch import save_file
 
     tensors = {n: p.detach().contiguous().cpu() for n, p in model.named_parameters()}
-    save_file(tensors, str(path))
+    save_file(tensors, str(path), metadata=None if step is None else {"step": str(int(step))})

@@ -98,7 +98,7 @@ def write_example(
     try:
         for step in range(steps):
             if step in checkpoint_steps:
-                save_checkpoint(model, out / f"step_{step}.safetensors")
+                save_checkpoint(model, out / f"step_{step}.safetensors", step=step)
                 saved.append(step)
             pick = torch.randint(0, n_train, (batch_size,), generator=gen)
             seq = train_seq[pick]

@@ -30,7 +30,7 @@ exactly unbiased when every example has the same count.)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -62,6 +62,7 @@ __all__ = [
     "DEFAULT_MAX_GROUPS",
     "DEFAULT_MAX_HESSIAN_EXAMPLES",
     "DEFAULT_NOISE_BUDGET",
+    "NOISE_TARGET_FACTOR",
     "HessianForms",
     "NoiseEstimates",
     "PerExampleGradients",
@@ -438,16 +439,36 @@ def _raw_gradient_chunks(
             yield g, c, used
 
 
-def _significant(acc: GroupedGradientSums, confidence: float) -> bool:
-    """One-sided test |G|² > 0 at ``confidence`` (Student-t, groups − 1 dof) on the sums so far."""
+#: The adaptive sampler stops once the log-ratio interval of the noise scale lies within this
+#: factor of the estimate (both ends): exp(t·se(log B)) ≤ NOISE_TARGET_FACTOR.
+NOISE_TARGET_FACTOR = 2.0
+
+
+def _half_width_factor(se_log: float | None, groups: int, confidence: float) -> float:
+    """exp(t_{groups−1}·se(log B)): how far (as a factor) the interval's ends lie from B."""
     from scipy import stats as sps
 
-    _, n_b, q_b = acc.active()
-    if n_b.numel() < 3:
-        return False
-    est = stream_estimates(acc.gram(), n_b, q_b)
-    crit = float(sps.t.ppf(confidence, n_b.numel() - 1))
-    return est.grad_sq_norm_se is not None and est.grad_sq_norm - crit * est.grad_sq_norm_se > 0
+    if se_log is None or groups < 3:
+        return math.inf
+    return math.exp(min(float(sps.t.ppf((1 + confidence) / 2, groups - 1)) * se_log, 700.0))
+
+
+PrecisionCheck = Callable[[GroupedGradientSums], bool]
+
+
+def simple_precise(confidence: float, factor: float = NOISE_TARGET_FACTOR) -> PrecisionCheck:
+    """The stopping test on B_simple alone: its log-ratio interval (delete-a-group jackknife,
+    Student-t with groups − 1 dof; McCandlish et al. 2018 §2.2, B_simple = tr Σ/|G|²) lies
+    within ``factor`` of the estimate. Undefined B_simple (|G|² ≤ 0 in a replicate) fails."""
+
+    def check(acc: GroupedGradientSums) -> bool:
+        _, n_b, q_b = acc.active()
+        if n_b.numel() < 3:
+            return False
+        est = stream_estimates(acc.gram(), n_b, q_b)
+        return _half_width_factor(est.log_b_simple_se, est.groups, confidence) <= factor
+
+    return check
 
 
 def stream_gradient_sums(
@@ -463,14 +484,16 @@ def stream_gradient_sums(
     adaptive: bool = False,
     min_examples: int = DEFAULT_MAX_GRAD_EXAMPLES,
     confidence: float = 0.95,
+    precise: PrecisionCheck | None = None,
 ) -> tuple[GroupedGradientSums, list[str], str, str]:
     """Per-example gradients streamed into ``GroupedGradientSums`` (O(max_groups · D) memory).
 
     Non-adaptive: every example. Adaptive: examples in order, looking at n = min_examples,
-    2·min_examples, 4·min_examples, … (few looks, so the optional stopping barely moves the
-    test's level) and stopping once |G|² is significantly positive at ``confidence``
-    (McCandlish et al. 2018 §2.2 needs |G|² > 0 for B_simple) or the examples are spent.
-    Returns (sums, parameter names, gradient method, stop reason: "significant" | "budget" |
+    2·min_examples, 4·min_examples, … (few looks) and stopping once ``precise(sums)`` holds
+    (default :func:`simple_precise`: the interval of B_simple within a factor
+    ``NOISE_TARGET_FACTOR`` of it) or the examples are spent. A significant |G|² alone is not
+    enough: at the first look where it is, B_simple's interval still spans decades.
+    Returns (sums, parameter names, gradient method, stop reason: "precise" | "budget" |
     "fixed").
     """
     n = check_sample(inputs, targets)
@@ -482,6 +505,7 @@ def stream_gradient_sums(
     look = max(2, min(min_examples, n))
     used = method
     stop = "fixed" if not adaptive else "budget"
+    check = precise if precise is not None else simple_precise(confidence)
     with eval_mode(model):
         for g, c, chunk_method in _raw_gradient_chunks(
             model, objective, inputs, targets, torch.arange(n), base, chunk_size, method
@@ -489,8 +513,8 @@ def stream_gradient_sums(
             used = chunk_method
             acc.add(g, c)
             if adaptive and acc.n >= look:
-                if _significant(acc, confidence):
-                    stop = "significant"
+                if check(acc):
+                    stop = "precise"
                     break
                 while look <= acc.n:
                     look *= 2
@@ -534,8 +558,10 @@ def gradient_noise_statistics(
     Hessian terms use one Hessian-vector product per group (micro-batch gradients). Also:
     ``log_b_simple_se``/``log_b_noise_se`` (jackknife of the log-ratio on the same gradients),
     ``jackknife_groups``, and the selection bias of the ratios (``b_*_p_defined``,
-    ``b_*_median_ratio``, ``noise_stream.selection_bias``). ``adaptive`` stops adding examples
-    once |G|² is significantly positive (``stream_gradient_sums``). Σ is the covariance of
+    ``b_*_median_ratio``, ``noise_stream.selection_bias``). ``adaptive`` adds examples until the
+    log-ratio intervals of B_simple and (with a Hessian batch) B_noise both lie within a factor
+    ``NOISE_TARGET_FACTOR`` of their estimates, or the examples run out
+    (``stream_gradient_sums``). Σ is the covariance of
     PER-EXAMPLE (per-sequence) gradients. B ratios are None where the denominator is ≤ 0 (e.g.
     |G|² at w*, docs/numerics.md#negative-estimates: never clamped).
     """
@@ -544,7 +570,46 @@ def gradient_noise_statistics(
         raise ValueError("grad_inputs: the unbiased estimators need at least 2 examples")
     if (hessian_inputs is None) != (hessian_targets is None):
         raise ValueError("hessian_inputs/hessian_targets: give both or neither")
-    acc, names, used, stop = stream_gradient_sums(
+    simple_ok = simple_precise(confidence)
+    cached: dict[str, Any] = {}
+
+    def forms_for(acc: GroupedGradientSums) -> HessianForms:
+        key = (acc.n, acc.n_groups)
+        if cached.get("key") != key:
+            assert hessian_inputs is not None and hessian_targets is not None
+            cached["key"] = key
+            cached["forms"] = hessian_quadratic_forms(
+                model,
+                objective,
+                hessian_inputs,
+                hessian_targets,
+                acc.active()[0] / acc.mean_count,
+                param_names=param_names,
+                batch_size=batch_size,
+                n_groups=n_hessian_groups,
+            )
+        return cached["forms"]
+
+    def both_precise(acc: GroupedGradientSums) -> bool:
+        """B_simple's interval within the factor first (cheap); then B_noise's, whose
+        Hessian forms cost one HVP per group and Hessian micro-batch at this look."""
+        if not simple_ok(acc):
+            return False
+        if hessian_inputs is None:
+            return True
+        scale = 1.0 / acc.mean_count
+        forms = forms_for(acc)
+        _, n_b, q_b = acc.active()
+        est = stream_estimates(
+            acc.gram() * scale**2,
+            n_b,
+            q_b * scale**2,
+            hessian_forms=forms.forms,
+            hessian_counts=forms.counts,
+        )
+        return _half_width_factor(est.log_b_noise_se, est.groups, confidence) <= NOISE_TARGET_FACTOR
+
+    acc, _, used, stop = stream_gradient_sums(
         model,
         objective,
         grad_inputs,
@@ -556,26 +621,18 @@ def gradient_noise_statistics(
         adaptive=adaptive,
         min_examples=min_examples,
         confidence=confidence,
+        precise=both_precise,
     )
     n = acc.n
     scale = 1.0 / acc.mean_count
-    sums, n_b, q_b = acc.active()
+    _, n_b, q_b = acc.active()
     w = acc.gram() * scale**2
     q_s = q_b * scale**2
     forms: HessianForms | None = None
     n_hessian = 0
     if hessian_inputs is not None and hessian_targets is not None:
         n_hessian = check_sample(hessian_inputs, hessian_targets)
-        forms = hessian_quadratic_forms(
-            model,
-            objective,
-            hessian_inputs,
-            hessian_targets,
-            sums * scale,
-            param_names=names,
-            batch_size=batch_size,
-            n_groups=n_hessian_groups,
-        )
+        forms = forms_for(acc)
     est = stream_estimates(
         w,
         n_b,
@@ -672,9 +729,9 @@ def gradient_noise_from_sample(
 
     ``adaptive``: B is the LAST ``n_hessian`` (default min(n/4, 64), at least 1) examples of the
     permutation and A grows through the rest, from ``n_grad`` (default 64) examples up to
-    ``max_examples`` (default 1024), until |G|² is significantly positive
-    (``stream_gradient_sums``); memory stays O(max_groups · D). The split's indices are
-    returned under ``grad_indices``/``hessian_indices``.
+    ``max_examples`` (default 1024), until the intervals of B_simple and B_noise are within a
+    factor ``NOISE_TARGET_FACTOR`` (``stream_gradient_sums``); memory stays O(max_groups · D).
+    The split's indices are returned under ``grad_indices``/``hessian_indices``.
     """
     n = check_sample(inputs, targets)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))

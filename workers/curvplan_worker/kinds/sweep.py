@@ -3,7 +3,9 @@
 First attempt (fan-out): validate, read the training data's size from its safetensors
 header, and return the points as child jobs. Fan-in attempt (``ctx.children`` set): fit
 the finished points with the planner. A failed point leaves the fit to the others when
-enough remain (3 for a batch sweep, 4 for a data sweep); the result names the failed ones.
+enough remain (3 for a batch sweep, 4 subset sizes for a data sweep); the result names the
+failed ones. A data sweep trains every subset at every multiplier of ``optimizer.lr_grid``
+with a decayed schedule and keeps one run per subset by ``DATA_LR_RULE``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from curvplan.types.sweep import (
     PointSettings,
     SweepPointOut,
     SweepResult,
+    SweepSettings,
 )
 from curvplan_core.artifacts.safetensors_format import validate_file
 from curvplan_core.planner import make_plan
@@ -40,7 +43,7 @@ from curvplan_worker.analyze.artifacts import attempt_access
 from curvplan_worker.errors import JobError
 from curvplan_worker.kinds import ChildJob, FanOut, JobContext
 from curvplan_worker.kinds.plan import seed_for_job
-from curvplan_worker.sweep.lr import lr_for_batch
+from curvplan_worker.sweep.lr import interpolated_multiplier, lr_for_batch
 
 DEFAULT_BATCH_SIZES = (8, 16, 32, 64, 128)
 MIN_POINTS = {"batch": 3, "data": 4}
@@ -132,20 +135,88 @@ def plan_points(body: SweepJobCreate, n_train: int) -> list[ChildJob]:
             "Invalid sweep request",
             f"sweep.data_sizes: {too_big} exceed the training data ({n_train} examples)",
         )
+    # every subset at every grid multiplier: the fan-in cannot fan out again, so the runs the
+    # end-tuned rule needs for the middle subsets are not known before the ends have finished
     for d in sizes:
-        point = PointSettings(
-            type="data",
-            batch_size=sweep.batch_size,
-            lr=lr_for_batch(opt, sweep.batch_size),
-            data_size=d,
-            target_loss=sweep.target_loss,
-            max_steps=sweep.max_steps,
-            eval_every=sweep.eval_every,
-            patience=sweep.patience,
-            seed=sweep.init_seed,
-        )
-        children.append(child(f"D={d}", point))
+        for m in opt.lr_grid:
+            point = PointSettings(
+                type="data",
+                batch_size=sweep.batch_size,
+                lr=lr_for_batch(opt, sweep.batch_size, m),
+                lr_multiplier=m,
+                data_size=d,
+                target_loss=sweep.target_loss,
+                max_steps=sweep.max_steps,
+                eval_every=sweep.eval_every,
+                patience=sweep.patience,
+                seed=sweep.init_seed,
+                schedule=sweep.schedule,
+                cooldown_fraction=sweep.cooldown_fraction,
+            )
+            suffix = f", lr×{m:g}" if len(opt.lr_grid) > 1 else ""
+            children.append(child(f"D={d}{suffix}", point))
     return children
+
+
+def data_schedule_text(settings: SweepSettings) -> str:
+    """The data sweep's training protocol, in words (result and docs)."""
+    if settings.schedule == "cosine":
+        decay = "cosine decay to 0 (Loshchilov & Hutter 2017)"
+    else:
+        decay = (
+            f"warmup-stable-decay with a 1−sqrt cooldown over the last "
+            f"{settings.cooldown_fraction:.0%} of the steps (Hägele et al. 2024)"
+        )
+    return (
+        f"every subset trained for {settings.max_steps} steps at batch {settings.batch_size}: "
+        f"linear warm-up, then {decay}; L(D) is the best held-out loss, evaluated every "
+        f"{settings.eval_every} steps"
+    )
+
+
+DATA_LR_RULE = (
+    "lr = base lr × m; m from the grid {grid}: the best held-out loss on the smallest and on the "
+    "largest subset, log-linear in log D between them for the other subsets (the nearest grid "
+    "run is used)"
+)
+
+
+def select_data_runs(
+    results: list[tuple[SweepPointOut, PointResult]],
+) -> tuple[list[tuple[SweepPointOut, PointResult]], dict[int, float]]:
+    """One run per subset size by the stated rule (``DATA_LR_RULE``): the grid multiplier with
+    the lowest best held-out loss is chosen on the smallest and on the largest subset only;
+    a subset in between uses the run whose multiplier is nearest in log to the log-linear
+    interpolation (``interpolated_multiplier``). Choosing on the end subsets only keeps the
+    middle points free of a per-point selection on the evaluation data."""
+    by_size: dict[int, list[tuple[SweepPointOut, PointResult]]] = {}
+    for out, r in results:
+        if r.data_size is not None:
+            by_size.setdefault(r.data_size, []).append((out, r))
+    if not by_size:
+        return [], {}
+    sizes = sorted(by_size)
+    best_end = {
+        d: min(by_size[d], key=lambda pr: pr[1].best_eval_loss)[1].lr_multiplier
+        for d in (sizes[0], sizes[-1])
+    }
+    chosen: list[tuple[SweepPointOut, PointResult]] = []
+    multipliers: dict[int, float] = {}
+    for d in sizes:
+        want = interpolated_multiplier(
+            (sizes[0], sizes[-1]), (best_end[sizes[0]], best_end[sizes[-1]]), d
+        )
+        pick = min(by_size[d], key=lambda pr: abs(math.log(pr[1].lr_multiplier / want)))
+        for out, _ in by_size[d]:
+            if out is not pick[0]:
+                out.excluded_reason = (
+                    f"the lr rule chose ×{pick[1].lr_multiplier:g} for this subset size"
+                )
+        pick[0].used_in_fit = True
+        pick[0].excluded_reason = None
+        chosen.append(pick)
+        multipliers[d] = pick[1].lr_multiplier
+    return chosen, multipliers
 
 
 def _default_data_sizes(n_train: int, batch_size: int) -> list[int]:
@@ -157,11 +228,16 @@ def _fan_out(body: SweepJobCreate, ctx: JobContext) -> FanOut:
     ctx.report_progress(0.0, "planning points", "reading the training data")
     n_train = _train_size(body, ctx)
     children = plan_points(body, n_train)
-    if len(set(c.name for c in children)) < MIN_POINTS[body.sweep.type]:
+    distinct = (
+        len({c.request["point"]["data_size"] for c in children})
+        if body.sweep.type == "data"
+        else len(set(c.name for c in children))
+    )
+    if distinct < MIN_POINTS[body.sweep.type]:
         raise JobError(
             "invalid-request",
             "Invalid sweep request",
-            f"sweep: {len(children)} points; a {body.sweep.type} sweep needs at least "
+            f"sweep: {distinct} points; a {body.sweep.type} sweep needs at least "
             f"{MIN_POINTS[body.sweep.type]} to fit",
         )
     ctx.report_progress(0.01, "planning points", f"{len(children)} points")
@@ -248,9 +324,7 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
             seed,
         )
     else:
-        good = [(o, r) for o, r in results if r.data_size is not None]
-        for o, _ in good:
-            o.used_in_fit = True
+        good, multipliers = select_data_runs(results)
         if len(good) < MIN_POINTS["data"]:
             raise JobError(
                 "too-few-points",
@@ -267,7 +341,12 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
             seed=seed,
         )
         answer.data = DataSweepFit(
-            fit=recommendation.scaling, loss_vs_data=loss_vs_data, n_points=len(good)
+            fit=recommendation.scaling,
+            loss_vs_data=loss_vs_data,
+            n_points=len(good),
+            schedule=data_schedule_text(sweep),
+            lr_rule=DATA_LR_RULE.format(grid=body.optimizer.lr_grid),
+            lr_multipliers={str(d): m for d, m in multipliers.items()},
         )
         answer.points_used = len(good)
         measurements["loss_vs_data"] = [p.model_dump() for p in loss_vs_data]

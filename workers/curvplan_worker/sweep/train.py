@@ -1,5 +1,5 @@
-"""One training run of a sweep: train to a target evaluation loss (batch sweep) or with early
-stopping on a held-out split (data sweep), measuring two-batch gradient norms on the way.
+"""One training run of a sweep: train to a target evaluation loss (batch sweep) or for a fixed
+horizon with a decayed schedule (data sweep), measuring two-batch gradient norms on the way.
 
 Pure functions of tensors (no database, no job): the ``sweep_point`` kind calls
 :func:`train_point` on loaded artifacts, and validation studies call it in-process.
@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from curvplan.types.sweep import OptimizerSpec, PointResult, PointSettings, TwoBatchWindows
 from curvplan_worker.curvature.data import Dataset
 from curvplan_worker.curvature.objective import Objective
-from curvplan_worker.sweep.lr import lr_for_batch
+from curvplan_worker.sweep.lr import lr_at_step, lr_for_batch
 
 __all__ = ["eval_loss", "lr_for_batch", "nested_order", "train_point"]
 
@@ -84,14 +84,16 @@ def train_point(
     of the two halves of the batch separately and steps on their count-weighted mean (the
     full batch's gradient). The halves' squared norms are the two-batch estimator's input
     (McCandlish et al. 2018, App. A, eq. A.2–A.3). The learning rate warms up linearly over
-    ``optimizer.warmup_steps`` and is then constant.
+    ``optimizer.warmup_steps`` and then follows ``point.schedule`` over ``max_steps``
+    (:func:`curvplan_worker.sweep.lr.lr_at_step`: constant, cosine, or warmup-stable-decay).
 
     ``on_step(step, model)``, when given, is called before each step with the model at the
     weights the step's gradients are taken at (validation studies compute closed forms there).
 
     Batch sweep: stops at the first evaluation with loss ≤ ``target_loss``; the steps to
     target are interpolated linearly in loss between the last two evaluations. Data sweep:
-    stops after ``patience`` evaluations without a new best (early stopping).
+    runs the whole decayed schedule (an early stop would end it at a high learning rate and
+    bias L(D) upward) and reports the best evaluation.
     """
     started = time.monotonic()
     b = point.batch_size
@@ -129,7 +131,7 @@ def train_point(
     tokens_per_example = None
     eval_steps: list[int] = [0]
     eval_losses: list[float] = [eval_loss(objective, model, evaluation)]
-    best, best_step, since_best = eval_losses[0], 0, 0
+    best, best_step = eval_losses[0], 0
     window_ends: list[int] = []
     window_losses: list[float] = []
     small: list[list[float]] = []
@@ -156,7 +158,14 @@ def train_point(
             numel = p.numel()
             p.grad = g[offset : offset + numel].view_as(p).clone()
             offset += numel
-        lr = point.lr * min(1.0, (step + 1) / warmup) if warmup > 0 else point.lr
+        lr = lr_at_step(
+            step,
+            point.lr,
+            point.max_steps,
+            warmup_steps=warmup,
+            schedule=point.schedule,
+            cooldown_fraction=point.cooldown_fraction,
+        )
         for group in opt.param_groups:
             group["lr"] = lr
         opt.step()
@@ -176,17 +185,13 @@ def train_point(
             if not math.isfinite(loss):
                 raise FloatingPointError(f"evaluation loss became {loss} at step {step}")
             if loss < best:
-                best, best_step, since_best = loss, step, 0
-            else:
-                since_best += 1
-            if point.type == "batch" and point.target_loss is not None:
-                if loss <= point.target_loss:
-                    reached = True
-                    drop = prev_loss - loss
-                    frac = (prev_loss - point.target_loss) / drop if drop > 0 else 1.0
-                    steps_to_target = prev_step + min(max(frac, 0.0), 1.0) * (step - prev_step)
-            elif point.type == "data" and since_best >= point.patience:
-                break
+                best, best_step = loss, step
+            target = point.target_loss
+            if point.type == "batch" and target is not None and loss <= target:
+                reached = True
+                drop = prev_loss - loss
+                frac = (prev_loss - target) / drop if drop > 0 else 1.0
+                steps_to_target = prev_step + min(max(frac, 0.0), 1.0) * (step - prev_step)
             if report is not None:
                 report(step / point.max_steps, "training", f"step {step}, eval loss {loss:.4f}")
     model.eval()
