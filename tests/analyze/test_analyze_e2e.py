@@ -13,7 +13,7 @@ import httpx
 import live_plugin
 import numpy as np
 import pytest
-from live import Service, start_service, wait_terminal
+from live import Service, assert_records_close, start_service, wait_terminal
 from sqlalchemy import create_engine, text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -460,21 +460,6 @@ def test_worker_sigkill_during_analysis_is_retried_and_finishes_once(
     assert {name for name, _ in outputs} == set(done["result"]["artifacts"])
 
 
-def _assert_close(mine: object, theirs: object, where: str) -> None:
-    if isinstance(mine, dict) and isinstance(theirs, dict):
-        assert mine.keys() == theirs.keys(), where
-        for key in mine:
-            _assert_close(mine[key], theirs[key], f"{where}.{key}")
-    elif isinstance(mine, list) and isinstance(theirs, list):
-        assert len(mine) == len(theirs), where
-        for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
-            _assert_close(a, b, f"{where}[{i}]")
-    elif isinstance(mine, float) and isinstance(theirs, float):
-        assert mine == pytest.approx(theirs, rel=1e-8, abs=1e-12), where
-    else:
-        assert mine == theirs, where
-
-
 @pytest.mark.slow
 def test_block_fan_out_over_two_workers_equals_the_single_process_run(
     client: httpx.Client, service: Service, files: dict[str, Path]
@@ -509,8 +494,8 @@ def test_block_fan_out_over_two_workers_equals_the_single_process_run(
     # (docs/numerics.md#lockstep): floats to 1e-8 relative (residuals at the rounding level,
     # ~1e-14, to 1e-12 absolute), everything else exactly
     for mine, theirs in zip(got["blocks"], want["blocks"], strict=True):
-        _assert_close(mine, theirs, mine["name"])
-    _assert_close(got["off_diagonal"], want["off_diagonal"], "off_diagonal")
+        assert_records_close(mine, theirs, mine["name"])
+    assert_records_close(got["off_diagonal"], want["off_diagonal"], "off_diagonal")
     assert got["loss"] == want["loss"]
     assert "fan_out" not in want
     # The fan-in reports the same stages as one process (block spectra from the children).

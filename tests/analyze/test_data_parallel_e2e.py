@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import live_plugin
 import pytest
-from live import Service, start_service, wait_terminal
+from live import Service, assert_records_close, start_service, wait_terminal
 from sqlalchemy import create_engine, text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -223,21 +223,6 @@ def test_a_killed_rank_fails_the_attempt_and_the_job_is_retried_whole(
     assert time.monotonic() - started < 60
 
 
-def _assert_close(mine: object, theirs: object, where: str) -> None:
-    if isinstance(mine, dict) and isinstance(theirs, dict):
-        assert mine.keys() == theirs.keys(), where
-        for key in mine:
-            _assert_close(mine[key], theirs[key], f"{where}.{key}")
-    elif isinstance(mine, list) and isinstance(theirs, list):
-        assert len(mine) == len(theirs), where
-        for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
-            _assert_close(a, b, f"{where}[{i}]")
-    elif isinstance(mine, float) and isinstance(theirs, float):
-        assert mine == pytest.approx(theirs, rel=1e-8, abs=1e-12), where
-    else:
-        assert mine == theirs, where
-
-
 @pytest.mark.slow
 def test_a_block_fan_out_of_a_two_device_job_runs_every_child_on_two_ranks(
     client: httpx.Client, service: Service, inputs: dict[str, str]
@@ -269,8 +254,8 @@ def test_a_block_fan_out_of_a_two_device_job_runs_every_child_on_two_ranks(
     # batched lockstep products may differ in their last bits with the batch's width
     # (docs/numerics.md#lockstep): floats to 1e-8 relative (residuals at the rounding level,
     # ~1e-14, to 1e-12 absolute), everything else exactly
-    _assert_close(got["blocks"], want["blocks"], "blocks")
-    _assert_close(got["off_diagonal"], want["off_diagonal"], "off_diagonal")
+    assert_records_close(got["blocks"], want["blocks"], "blocks")
+    assert_records_close(got["off_diagonal"], want["off_diagonal"], "off_diagonal")
     children = client.get(f"/v1/jobs/{fanned['id']}").json()
     assert [c["status"] for c in children["children"]] == ["succeeded", "succeeded"]
     for child in children["children"]:
