@@ -85,28 +85,42 @@ def _inputs(**extra) -> dict:
     }
 
 
-def test_the_eta_counts_down_and_learns_from_the_blocks_that_finished() -> None:
+def test_the_eta_counts_down_as_lockstep_certifies_blocks() -> None:
+    """Lockstep spectra (docs/numerics.md#lockstep): every block runs in the ``blocks`` stage
+    at once and a ``blocks`` event naming a block says it is certified."""
     clock = [100.0]
     eta = EtaTracker(None, {}, clock=lambda: clock[0])
     assert eta.update(_event("load", 0)) is None  # no estimate yet
     first = eta.update(_event("cost", 0, cost=_inputs()))
     assert first == pytest.approx(2 * 65 * 0.010)  # two blocks of 65 products, 10 ms each
-    eta.update(_event("blocks", 0, block="a"))
-    # Block a took twice its prior (130 products) at 20 ms each: block b is expected to take
-    # 130 products too, at the 20 ms seen.
-    clock[0] += 130 * 0.020
-    after_a = eta.update(_event("blocks", 130, block="b"))
-    assert after_a == pytest.approx(130 * 0.020)
-    clock[0] += 65 * 0.020
-    halfway = eta.update(_event("blocks", 195, block=None))  # a report inside block b
-    assert halfway == pytest.approx(65 * 0.020)
-    clock[0] += 65 * 0.020
-    assert eta.update(_event("done", 260)) == 0.0
+    eta.update(_event("blocks", 0))  # "0/2 certified": the lockstep starts
+    # 100 products at 20 ms each, none certified: 30 of the 130 prior products are left, at
+    # the 20 ms seen.
+    clock[0] += 100 * 0.020
+    assert eta.update(_event("blocks", 100)) == pytest.approx(30 * 0.020)
+    # a certified after 120 products: it is charged its prior (65), so 55 went to b, which
+    # has 10 of its 65 left.
+    clock[0] += 20 * 0.020
+    assert eta.update(_event("blocks", 120, block="a")) == pytest.approx(10 * 0.020)
+    clock[0] += 20 * 0.020
+    assert eta.update(_event("blocks", 140, block="b")) == 0.0  # both certified
+    assert eta.update(_event("done", 140)) == 0.0
     record = eta.record()
     assert record is not None and record["first_eta_seconds"] == first
-    # The first ETA said 1.3 s; the run took 5.2 s after it.
-    assert record["eta_relative_error"] == pytest.approx((1.3 - 5.2) / 5.2)
+    # The first ETA said 1.3 s; the run took 2.8 s after it.
+    assert record["eta_relative_error"] == pytest.approx((1.3 - 2.8) / 2.8, abs=1e-4)  # 4 digits
     assert record["stages"][0]["items"] == {"a": 65.0, "b": 65.0}
+
+
+def test_a_certified_pair_counts_in_the_lockstep_spectra() -> None:
+    """Pairs (``row|col``) run inside the blocks stage: a certified pair is no KeyError, and
+    the off-diagonal stage is not counted again after the blocks."""
+    eta = EtaTracker(None, {}, clock=lambda: 0.0)
+    first = eta.update(_event("cost", 0, cost=_inputs(pairs=[["a", "b", 10_000, 10_000]])))
+    assert first is not None and first > 2 * 65 * 0.010  # the pair's products are counted
+    eta.update(_event("blocks", 0))
+    after_pair = eta.update(_event("blocks", 0, block="a|b"))
+    assert after_pair == pytest.approx(2 * 65 * 0.010)  # the blocks alone are left
 
 
 def test_an_estimate_past_the_time_left_fails_at_once_naming_it() -> None:

@@ -5,8 +5,14 @@ event (``curvplan_worker.curvature.limits``). :class:`EtaTracker` turns them int
 stage estimate with the torch-free cost model (``curvplan_core.cost_model``), fails the job
 at once with ``over-time-limit`` when the estimate exceeds the time the worker allows, and then
 gives every progress report an ``eta_seconds``: the stages not yet run at the measured speed,
-plus what is left of the current one, refined as blocks converge (the products the finished
-blocks took against their prior, and the milliseconds per product actually seen).
+plus what is left of the current one, refined as blocks converge (the blocks and pairs not
+yet certified, and the milliseconds per product actually seen).
+
+The spectra run in lockstep (``curvature/lockstep.py``): every block and off-diagonal pair
+advances in the ``blocks`` stage at once, and a ``blocks`` event naming a ``block`` (a block
+name, or ``row|col`` for a pair) says that it is certified. The products one item took are not
+separable, so the finished items are charged their prior and the rest of the stage's products
+go to the items still running.
 """
 
 from __future__ import annotations
@@ -41,9 +47,7 @@ class EtaTracker:
         self.stage_started = clock()
         self.stage_products_at_start = 0
         self.stage_seconds: dict[str, float] = {}
-        self.block_done_products: dict[str, float] = {}
-        self._block: str | None = None
-        self._block_started_products = 0
+        self.certified: set[str] = set()  # blocks and pairs (``row|col``) done in lockstep
         self.first_eta: float | None = None
         self.first_eta_at: float | None = None
         self.last_eta: float | None = None
@@ -60,12 +64,10 @@ class EtaTracker:
                 self.stage_seconds[self.stage] = (
                     self.stage_seconds.get(self.stage, 0.0) + now - self.stage_started
                 )
-            self._close_block(products)
             self.stage, self.stage_started = event.stage, now
             self.stage_products_at_start = products or 0
         if event.stage == "blocks" and getattr(event, "block", None):
-            self._close_block(products)
-            self._block, self._block_started_products = event.block, products or 0
+            self.certified.add(event.block)
         if self.estimate is None:
             return None
         eta = self._eta(event, now, products)
@@ -73,11 +75,6 @@ class EtaTracker:
             self.first_eta, self.first_eta_at = eta, now
         self.last_eta = eta
         return eta
-
-    def _close_block(self, products: int | None) -> None:
-        if self._block is not None and products is not None:
-            self.block_done_products[self._block] = float(products - self._block_started_products)
-        self._block = None
 
     def _start(self, inputs: dict[str, Any]) -> None:
         self.inputs = inputs
@@ -119,21 +116,26 @@ class EtaTracker:
             return 1000.0 * elapsed / done
         return self.estimate.ms_per_product
 
-    def _blocks_left(self, ms: float, products: int | None) -> float:
-        """Seconds left in the block spectra: the blocks not finished, at the products the
-        finished ones took against their prior, minus what the current one has done."""
+    def _spectra_items(self) -> dict[str, float]:
+        """Prior products of every block and pair the lockstep spectra run."""
         assert self.estimate is not None
-        stage = self.estimate.stage("blocks")
-        if stage is None or not stage.items:
+        items: dict[str, float] = {}
+        for name in ("blocks", "off_diagonal"):
+            stage = self.estimate.stage(name)
+            if stage is not None and stage.items:
+                items.update(stage.items)
+        return items
+
+    def _blocks_left(self, ms: float, products: int | None) -> float:
+        """Seconds left in the lockstep spectra: the priors of the items not yet certified,
+        less the stage's products beyond what the certified items' priors account for."""
+        items = self._spectra_items()
+        if not items:
             return 0.0
-        prior_done = sum(stage.items.get(b, 0.0) for b in self.block_done_products)
-        ratio = 1.0
-        if prior_done > 0:
-            ratio = sum(self.block_done_products.values()) / prior_done
-        left = [b for b in stage.items if b not in self.block_done_products]
-        remaining = sum(stage.items[b] for b in left) * ratio
-        if self._block is not None and products is not None:
-            remaining -= min(products - self._block_started_products, stage.items[self._block])
+        done = max((products or 0) - self.stage_products_at_start, 0)
+        finished = sum(p for name, p in items.items() if name in self.certified)
+        running = sum(p for name, p in items.items() if name not in self.certified)
+        remaining = running - max(done - finished, 0)
         return max(remaining, 0.0) * ms / 1000.0
 
     def _eta(self, event: Any, now: float, products: int | None) -> float:
@@ -144,6 +146,8 @@ class EtaTracker:
         ms = self._ms(current, now, products)
         scale = ms / self.estimate.ms_per_product if self.estimate.ms_per_product else 1.0
         later = ORDER[ORDER.index(current) + 1 :] if current in ORDER else ORDER
+        if current == "blocks":  # the pairs run inside the blocks stage (lockstep)
+            later = tuple(s for s in later if s != "off_diagonal")
         total = sum(
             cost.seconds * scale for s in later if (cost := self.estimate.stage(s)) is not None
         )
