@@ -73,11 +73,13 @@ def small_plan(name: str, tags: dict[str, str] | None = None) -> dict[str, Any]:
 
 
 def slow_plan(name: str) -> dict[str, Any]:
-    """A plan that runs for tens of seconds (to observe running jobs, cancel, restarts)."""
+    """A plan that runs for seconds (to observe running jobs, cancel, restarts): 2,000 losses
+    × 10,000 orderings, the most loss evaluations a service plans per job by default
+    (CURVPLAN_PLAN_MAX_LOSS_EVALUATIONS), and the most bootstrap draws."""
     rng = random.Random(1)
     return {
         "kind": "plan",
         "name": name,
-        "measurements": {"per_sample_losses": [rng.expovariate(1.0) for _ in range(20000)]},
-        "targets": {"orderings": 10000, "bootstrap": 2000},
+        "measurements": {"per_sample_losses": [rng.expovariate(1.0) for _ in range(2000)]},
+        "targets": {"orderings": 10000, "bootstrap": 10000},
     }
