@@ -92,7 +92,8 @@ def post_event(url: str, body: bytes, headers: dict[str, str], options: SenderOp
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     kind = _GuardedHTTPS if scheme == "https" else _GuardedHTTP
     conn = kind(host, port, options.policy, options.timeout_seconds)
-    deadline = threading.Timer(options.timeout_seconds, _cut_off, args=(conn,))
+    cut = threading.Event()  # set by the timer before it cuts: the reader may wake first
+    deadline = threading.Timer(options.timeout_seconds, _cut_off, args=(conn, cut))
     deadline.daemon = True
     deadline.start()
     try:
@@ -103,7 +104,7 @@ def post_event(url: str, body: bytes, headers: dict[str, str], options: SenderOp
     except WebhookRefused as exc:
         return Outcome(None, str(exc), retry=True)  # DNS may change back; retried, then failed
     except (OSError, http.client.HTTPException) as exc:
-        late = " (the attempt's time limit passed)" if not deadline.is_alive() else ""
+        late = " (the attempt's time limit passed)" if cut.is_set() else ""
         return Outcome(None, f"{type(exc).__name__}: {exc}{late}", retry=True)
     finally:
         deadline.cancel()
@@ -116,8 +117,9 @@ def post_event(url: str, body: bytes, headers: dict[str, str], options: SenderOp
     return Outcome(code, f"the receiver answered {code}", retry=retry)
 
 
-def _cut_off(conn: http.client.HTTPConnection) -> None:
+def _cut_off(conn: http.client.HTTPConnection, cut: threading.Event) -> None:
     """End an attempt past its time limit: a shutdown wakes the thread blocked in recv."""
+    cut.set()
     sock = conn.sock
     if sock is not None:
         with contextlib.suppress(OSError):  # the raw socket's shutdown, also under TLS
