@@ -401,7 +401,11 @@ def test_cancel_stops_inside_a_block_without_the_workers_kill(
     done = wait_terminal(client, job["id"], timeout=120)
     took = time.monotonic() - asked
     assert done["status"] == "cancelled", service.logs()
-    assert done["progress"]["stage"] == "block spectra 0/1", done["progress"]
+    # inside the block: its lockstep Lanczos (0/1 certified) or, at the planning-grade
+    # tolerance, already its 5000-probe trace loop (1/1 certified, "trace of block …")
+    progress = done["progress"]
+    assert progress["stage"] in ("block spectra 0/1", "block spectra 1/1"), progress
+    assert progress["stage"] == "block spectra 0/1" or "trace of block" in progress["message"]
     # Heartbeat (0.3 s) + one product + long-poll: seconds, not the block's minute.
     assert took < 10, (took, service.logs())
     logs = service.worker.tail(200_000)
