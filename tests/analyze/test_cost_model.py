@@ -98,8 +98,7 @@ def test_the_eta_counts_down_as_lockstep_certifies_blocks() -> None:
     # the 20 ms seen.
     clock[0] += 100 * 0.020
     assert eta.update(_event("blocks", 100)) == pytest.approx(30 * 0.020)
-    # a certified after 120 products: it is charged its prior (65), so 55 went to b, which
-    # has 10 of its 65 left.
+    # a certified after 120 products: 10 of the 130 prior products are left.
     clock[0] += 20 * 0.020
     assert eta.update(_event("blocks", 120, block="a")) == pytest.approx(10 * 0.020)
     clock[0] += 20 * 0.020
@@ -120,7 +119,7 @@ def test_a_certified_pair_counts_in_the_lockstep_spectra() -> None:
     assert first is not None and first > 2 * 65 * 0.010  # the pair's products are counted
     eta.update(_event("blocks", 0))
     after_pair = eta.update(_event("blocks", 0, block="a|b"))
-    assert after_pair == pytest.approx(2 * 65 * 0.010)  # the blocks alone are left
+    assert after_pair == pytest.approx(first)  # counted once, in the blocks stage
 
 
 def test_an_estimate_past_the_time_left_fails_at_once_naming_it() -> None:

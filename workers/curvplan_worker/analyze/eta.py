@@ -5,14 +5,14 @@ event (``curvplan_worker.curvature.limits``). :class:`EtaTracker` turns them int
 stage estimate with the torch-free cost model (``curvplan_core.cost_model``), fails the job
 at once with ``over-time-limit`` when the estimate exceeds the time the worker allows, and then
 gives every progress report an ``eta_seconds``: the stages not yet run at the measured speed,
-plus what is left of the current one, refined as blocks converge (the blocks and pairs not
-yet certified, and the milliseconds per product actually seen).
+plus what is left of the current one, refined as the spectra go (the prior products the stage
+has not yet made, and the milliseconds per product actually seen).
 
 The spectra run in lockstep (``curvature/lockstep.py``): every block and off-diagonal pair
 advances in the ``blocks`` stage at once, and a ``blocks`` event naming a ``block`` (a block
-name, or ``row|col`` for a pair) says that it is certified. The products one item took are not
-separable, so the finished items are charged their prior and the rest of the stage's products
-go to the items still running.
+name, or ``row|col`` for a pair) says that its Lanczos is certified; its trace runs after. The
+products one item took are not separable, so the stage's prior products count down as a
+whole.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ class EtaTracker:
         self.stage_started = clock()
         self.stage_products_at_start = 0
         self.stage_seconds: dict[str, float] = {}
-        self.certified: set[str] = set()  # blocks and pairs (``row|col``) done in lockstep
         self.first_eta: float | None = None
         self.first_eta_at: float | None = None
         self.last_eta: float | None = None
@@ -66,8 +65,6 @@ class EtaTracker:
                 )
             self.stage, self.stage_started = event.stage, now
             self.stage_products_at_start = products or 0
-        if event.stage == "blocks" and getattr(event, "block", None):
-            self.certified.add(event.block)
         if self.estimate is None:
             return None
         eta = self._eta(event, now, products)
@@ -127,16 +124,12 @@ class EtaTracker:
         return items
 
     def _blocks_left(self, ms: float, products: int | None) -> float:
-        """Seconds left in the lockstep spectra: the priors of the items not yet certified,
-        less the stage's products beyond what the certified items' priors account for."""
+        """Seconds left in the lockstep spectra: the prior products of every block and pair
+        (Lanczos, then trace and GGN parts) less the products the stage has made. A certified
+        item still has its trace to run, so certification alone does not drop its prior."""
         items = self._spectra_items()
-        if not items:
-            return 0.0
         done = max((products or 0) - self.stage_products_at_start, 0)
-        finished = sum(p for name, p in items.items() if name in self.certified)
-        running = sum(p for name, p in items.items() if name not in self.certified)
-        remaining = running - max(done - finished, 0)
-        return max(remaining, 0.0) * ms / 1000.0
+        return max(sum(items.values()) - done, 0.0) * ms / 1000.0
 
     def _eta(self, event: Any, now: float, products: int | None) -> float:
         assert self.estimate is not None
