@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from live_plugin import Proc, free_port
+from live_plugin import Proc, free_port, make_api_key
 
 FAST_WORKER = [
     "--lease-seconds",
@@ -132,3 +135,13 @@ def assert_records_close(mine: object, theirs: object, where: str) -> None:
         assert mine == pytest.approx(theirs, rel=1e-8, abs=1e-12), where
     else:
         assert mine == theirs, where
+
+
+@contextmanager
+def project_client(service: Service, prefix: str) -> Iterator[httpx.Client]:
+    """An HTTP client of ``service`` with the key of a new project named ``prefix-<random>``."""
+    key = make_api_key(service.database_url, f"{prefix}-{uuid.uuid4().hex[:6]}")
+    with httpx.Client(
+        base_url=service.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ) as client:
+        yield client

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 import live_plugin
 import pytest
-from live import Service, assert_records_close, start_service, wait_terminal
+from live import Service, assert_records_close, project_client, start_service, wait_terminal
 from sqlalchemy import create_engine, text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -68,10 +67,7 @@ def service(pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 @pytest.fixture(scope="module")
 def client(service: Service) -> Iterator[httpx.Client]:
-    key = live_plugin.make_api_key(service.database_url, f"dp-{uuid.uuid4().hex[:6]}")
-    with httpx.Client(
-        base_url=service.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
-    ) as c:
+    with project_client(service, "dp") as c:
         yield c
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import httpx
 import live_plugin
 import pytest
-from live import Service, start_service, wait_terminal
+from live import Service, project_client, start_service, wait_terminal
 from live_plugin import Proc
 from sqlalchemy import create_engine, text
 
@@ -95,10 +94,7 @@ def worker(svc: Service, log_name: str) -> Proc:
 
 @pytest.fixture(scope="module")
 def client(service: Service) -> Iterator[httpx.Client]:
-    key = live_plugin.make_api_key(service.database_url, f"limits-{uuid.uuid4().hex[:6]}")
-    with httpx.Client(
-        base_url=service.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
-    ) as c:
+    with project_client(service, "limits") as c:
         yield c
 
 
