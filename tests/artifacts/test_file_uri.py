@@ -193,3 +193,27 @@ def test_worker_outside_the_roots_gives_one_answer(
     assert _resolve(engine, tmp_path, *uri_artifact(root / "ok.safetensors")).path.name == (
         "ok.safetensors"
     )
+
+
+@pytest.mark.usefixtures("worker_roots")
+def test_worker_applies_the_services_header_limits(
+    engine: Any,
+    uri_artifact: Any,
+    root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A file:// checkpoint is held to CURVPLAN_MAX_SAFETENSORS_TENSORS like an upload: the
+    same 2-tensor file passes at the default limit and is refused at a limit of 1."""
+    from curvplan_core.config import get_settings
+
+    project, artifact = uri_artifact(root / "ok.safetensors")
+    assert _resolve(engine, tmp_path, project, artifact).path.name == "ok.safetensors"
+    monkeypatch.setenv("CURVPLAN_MAX_SAFETENSORS_TENSORS", "1")
+    get_settings.cache_clear()
+    try:
+        error = _job_error(engine, tmp_path, project, artifact)
+    finally:
+        monkeypatch.delenv("CURVPLAN_MAX_SAFETENSORS_TENSORS")
+        get_settings.cache_clear()
+    assert error.type == "invalid-artifact"

@@ -11,7 +11,12 @@ from __future__ import annotations
 import os
 import stat
 
-from curvplan_core.artifacts.safetensors_format import SafetensorsInfo, SafetensorsValidator
+from curvplan_core.artifacts.safetensors_format import (
+    MAX_HEADER_BYTES,
+    MAX_TENSORS,
+    SafetensorsInfo,
+    SafetensorsValidator,
+)
 
 
 class NotARegularFile(OSError):
@@ -31,9 +36,16 @@ def open_regular(path: str) -> int:
     return fd
 
 
-def validate_regular_file(path: str, chunk_size: int = 1 << 20) -> SafetensorsInfo:
-    """Validate the safetensors file at ``path``, which must be a regular file."""
-    validator = SafetensorsValidator()
+def validate_regular_file(
+    path: str,
+    chunk_size: int = 1 << 20,
+    *,
+    max_header_bytes: int = MAX_HEADER_BYTES,
+    max_tensors: int = MAX_TENSORS,
+) -> SafetensorsInfo:
+    """Validate the safetensors file at ``path``, which must be a regular file, under the
+    given header limits (a worker passes the service's ``CURVPLAN_MAX_SAFETENSORS_*``)."""
+    validator = SafetensorsValidator(max_header_bytes=max_header_bytes, max_tensors=max_tensors)
     with os.fdopen(open_regular(path), "rb") as fh:
         while chunk := fh.read(chunk_size):
             validator.feed(chunk)

@@ -314,9 +314,15 @@ class ArtifactAccess:
 
 
 def _check_file(path: Path, kind: str, field: str, shown: str, artifact_id: str) -> None:
-    """Validate a file read for the first time: a regular safetensors file of ``kind``."""
+    """Validate a file read for the first time: a regular safetensors file of ``kind``, under
+    the same header limits as an upload to the API (``CURVPLAN_MAX_SAFETENSORS_*``)."""
+    settings = get_settings()
     try:
-        info = validate_regular_file(str(path))
+        info = validate_regular_file(
+            str(path),
+            max_header_bytes=settings.max_safetensors_header_bytes,
+            max_tensors=settings.max_safetensors_tensors,
+        )
         check_kind(kind, info)
     except FileNotFoundError:
         raise JobError(
