@@ -13,7 +13,8 @@ import httpx
 import live_plugin
 import numpy as np
 import pytest
-from live import Service, assert_records_close, start_service, wait_terminal
+from live import Service, start_service, wait_terminal
+from record_compare import assert_records_close
 from sqlalchemy import create_engine, text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

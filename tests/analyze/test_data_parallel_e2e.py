@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import live_plugin
 import pytest
-from live import Service, assert_records_close, project_client, start_service, wait_terminal
+from live import Service, project_client, start_service, wait_terminal
+from record_compare import assert_records_close
 from sqlalchemy import create_engine, text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]

@@ -1,5 +1,12 @@
 """Per-block generators: a block's (and a pair's) numbers do not depend on which blocks were
-measured before it, so a block fan-out assembles exactly the single-process result."""
+measured before it, so a block fan-out assembles the single-process result.
+
+"Equal" is to the rounding of a batched product: the lockstep spectra batch the running
+blocks' products into one second backward, and a batch of four vectors rounds differently
+from a batch of one (float32: ~3e-8 relative on λ, and rounding-level quantities such as a
+residual differ by far more). The runs are in float64, where that rounding is ~1e-15, so
+the 1e-8 comparison of ``assert_records_close`` still catches any change of a block's random
+stream (a different seed moves the trace estimate at the 1e-2 level)."""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import hashlib
 import pytest
 import torch
 from _engine_cases import TINY_CLASSIFIER_SPEC
+from record_compare import assert_records_close
 
 from curvplan.types.options import MachineSettings
 from curvplan_worker.curvature.analyze import (
@@ -23,8 +31,8 @@ from curvplan_worker.curvature.model import build_model
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 SPEC = TINY_CLASSIFIER_SPEC
-# float32 (the default precision): no accident of float64 round-off can hide a difference
 OPTIONS = {
+    "precision": "float64",
     "blocks": ["layers.0.q", "layers.0.k", "layers.0.v", "head"],
     "off_diagonal": [["layers.0.q", "layers.0.k"], ["layers.0.v", "head"]],
     "trace_probes": 6,
@@ -90,7 +98,7 @@ def test_a_block_alone_equals_the_same_block_measured_after_others(options):
     after = _run(options, only=BlockShare(blocks=(*before, target)))
     assert [r["name"] for r in alone["blocks"]] == [target]
     a = _by_name(alone["blocks"])[target]
-    assert a == _by_name(after["blocks"])[target]
+    assert_records_close(a, _by_name(after["blocks"])[target], target)
     assert "trace" in a and ("ggn" in a) == options.get("ggn", False)
     assert alone["seed_derivation"]["scheme"] == "sha256"
 
@@ -99,7 +107,7 @@ def test_a_pair_alone_equals_the_pair_measured_after_another():
     first, second = (tuple(p) for p in OPTIONS["off_diagonal"])
     alone = _run(only=BlockShare(pairs=(second,)))
     after = _run(only=BlockShare(pairs=(first, second)))
-    assert alone["off_diagonal"] == [after["off_diagonal"][1]]
+    assert_records_close(alone["off_diagonal"], [after["off_diagonal"][1]], "off_diagonal")
     assert alone["blocks"] == []
 
 
@@ -115,8 +123,8 @@ def test_split_records_plugged_into_the_fan_in_equal_the_single_process_result()
     )
     assembled = _run(measured=measured)
     single = _run()
-    assert assembled["blocks"] == single["blocks"]
-    assert assembled["off_diagonal"] == single["off_diagonal"]
+    assert_records_close(assembled["blocks"], single["blocks"], "blocks")
+    assert_records_close(assembled["off_diagonal"], single["off_diagonal"], "off_diagonal")
     assert assembled["loss"] == single["loss"]
 
 
