@@ -394,8 +394,10 @@ def test_cancel_stops_inside_a_block_without_the_workers_kill(
         dataset=upload(client, files["slow-data"], "dataset"),
         options={**SLOW_OPTIONS, "blocks": ["layers.0.ffn_in"]},
     )
-    # the blocks run in lockstep: "block spectra 0/1" while none is certified yet
-    assert _wait_for_block_spectra(client, job["id"], service) == 0
+    # the blocks run in lockstep: "block spectra 0/1" while none is certified yet; on a loaded
+    # machine the first poll may already see the planning-grade Lanczos certified ("1/1"),
+    # with the block's 5000-probe trace loop still ahead
+    assert _wait_for_block_spectra(client, job["id"], service) in (0, 1)
     time.sleep(0.5)  # inside the block's Lanczos / trace loops
     asked = time.monotonic()
     assert client.post(f"/v1/jobs/{job['id']}/cancel").status_code == 202
