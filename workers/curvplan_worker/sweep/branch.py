@@ -285,7 +285,7 @@ def fit_branches(
     examples = sum(
         int(o.result.steps * o.result.batch_size) for o in outs.values() if o.result is not None
     )
-    result = BranchResult(
+    answer = BranchResult(
         rule=cbs_rule(sweep.tolerance, sweep.compare),
         formula=CBS_FORMULA,
         tolerance=sweep.tolerance,
@@ -300,4 +300,4 @@ def fit_branches(
         examples_processed=examples,
         tokens_processed=examples * tpe,
     )
-    return result, measured
+    return answer, measured
