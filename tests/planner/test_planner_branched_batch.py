@@ -76,7 +76,9 @@ def test_equal_curves_tie_and_keep_up_so_the_largest_batch_is_at_least() -> None
 
 
 def test_none_within_the_tolerance_leaves_the_smallest_batch_as_an_upper_bracket() -> None:
-    verdict = critical_batch_from_branches([_flat(8, 0.0)] + [_flat(b, 0.5) for b in SWEPT[1:]], 0.1)
+    verdict = critical_batch_from_branches(
+        [_flat(8, 0.0)] + [_flat(b, 0.5) for b in SWEPT[1:]], 0.1
+    )
     assert verdict.within == {b: b == 8 for b in SWEPT}
     assert (verdict.critical_batch, verdict.status, verdict.next_batch) == (8, "at_most", 16)
     assert "below 16" in verdict.notes[0]
@@ -169,7 +171,9 @@ def test_the_branch_sweep_leads_budget_batch_and_a_batch_sweep_gives_its_steps()
 
 def test_a_cbs_at_the_edge_of_the_sweep_warns_with_its_bracket() -> None:
     rec = make_plan(
-        Measurements.model_validate({"branched_critical_batch": _branched([_point(5, 8, "at_most")])}),
+        Measurements.model_validate(
+            {"branched_critical_batch": _branched([_point(5, 8, "at_most")])}
+        ),
         Targets(),
     )
     batch = rec.budget.batch

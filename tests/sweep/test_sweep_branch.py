@@ -86,7 +86,9 @@ def _children(body: dict[str, Any], *, fail: set[tuple[int, int]] = frozenset())
                 "name": c.name,
                 "status": "failed" if failed else "succeeded",
                 "request": c.request,
-                "result": None if failed else {"point": _result(point, step).model_dump(mode="json")},
+                "result": None
+                if failed
+                else {"point": _result(point, step).model_dump(mode="json")},
                 "error": {"type": "diverged"} if failed else None,
                 "attempt": 1,
             }
@@ -126,9 +128,9 @@ def test_the_plan_trains_every_checkpoint_at_every_batch_over_the_same_tokens() 
         assert c.request["optimizer"]["warmup_steps"] == max(1, math.ceil(8 * 4 / b))
         assert c.request["checkpoint"] == CHECKPOINTS[STEPS.index(point.checkpoint_step)]
         assert c.name == f"step {point.checkpoint_step}, B={b}"
-    with pytest.raises(JobError, match="sweep.window_tokens"):
+    with pytest.raises(JobError, match=r"sweep\.window_tokens"):
         plan_points(SweepJobCreate.model_validate(_body(max_steps=100)), 512, STEPS)
-    with pytest.raises(JobError, match="sweep.batch_sizes"):
+    with pytest.raises(JobError, match=r"sweep\.batch_sizes"):
         plan_points(SweepJobCreate.model_validate(_body()), 32, STEPS)
 
 

@@ -143,9 +143,7 @@ def test_sigkill_during_a_sweep_finishes_every_point_and_the_parent_exactly_once
 
 
 @pytest.fixture(scope="module")
-def branch_checkpoints(
-    client: httpx.Client, tmp_path_factory: pytest.TempPathFactory
-) -> list[str]:
+def branch_checkpoints(client: httpx.Client, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """Two saves of one tiny run: at initialisation (step 0) and after 30 Adam steps."""
     import torch
 
