@@ -457,19 +457,21 @@ def sweep(
             },
             "sweep": settings,
         }
-        for path, key, kind in (
+        start = checkpoints[0] if checkpoints and not branch else None
+        uploads: list[tuple[Path | None, str, str]] = [
             (train, "train_data", "dataset"),
             (evaluation, "eval_data", "dataset"),
-            (checkpoints[0] if checkpoints and not branch else None, "checkpoint", "checkpoint"),
-        ):
-            if path is not None:
-                log(f"uploading {path} …")
-                body[key] = str(client.upload_artifact(path, kind).id)
+            (start, "checkpoint", "checkpoint"),
+        ]
+        for source, key, kind in uploads:
+            if source is not None:
+                log(f"uploading {source} …")
+                body[key] = str(client.upload_artifact(source, kind).id)
         if branch:
             ids = []
-            for path in checkpoints:
-                log(f"uploading {path} …")
-                ids.append(str(client.upload_artifact(path, "checkpoint").id))
+            for ckpt in checkpoints:
+                log(f"uploading {ckpt} …")
+                ids.append(str(client.upload_artifact(ckpt, "checkpoint").id))
             body["checkpoints"] = ids
         if name is not None:
             body["name"] = name

@@ -92,7 +92,9 @@ def _inputs(body: SweepJobCreate, ctx: JobContext) -> tuple[int, list[int | None
         ]
         info = validate_file(str(art.path))
         declared = body.sweep.checkpoint_steps
-        steps = list(declared) if declared is not None else list(map(checkpoint_step, branch_paths))
+        steps: list[int | None] = (
+            list(declared) if declared is not None else [checkpoint_step(p) for p in branch_paths]
+        )
     inputs = info.tensors.get("inputs")
     if inputs is None or not inputs.shape:
         raise JobError("invalid-dataset", "Invalid training data", "train_data: no inputs tensor")
