@@ -105,7 +105,9 @@ class SweepSettings(BaseModel):
         default=32, description="Data sweep: the batch size of every run (examples)."
     )
     max_steps: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
-        default=2000, description="Step cap of a run; a run that hits it is censored."
+        default=2000,
+        description="Step cap of a run; a run that hits it is censored. Branch sweep: the most "
+        "steps the smallest batch may need for the window (more: the sweep is refused).",
     )
     eval_every: Annotated[int, Field(ge=1, le=10_000)] = Field(
         default=5, description="Evaluate (and check the target / early stopping) every n steps."
