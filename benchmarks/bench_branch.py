@@ -66,12 +66,18 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=400)
     parser.add_argument("--window-tokens", type=int, default=32 * 1024)
     parser.add_argument("--tolerance", type=float, default=0.01)
+    parser.add_argument(
+        "--checkpoints",
+        default=",".join(map(str, CHECKPOINT_STEPS)),
+        help="step_<n> to branch from",
+    )
     parser.add_argument("--settle", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not (args.example / "train.safetensors").exists():
         subprocess.run([*curvplan_command(), "example", "--out", str(args.example)], check=True)
     spec = json.loads((args.example / "spec.json").read_text())
+    steps = [int(s) for s in args.checkpoints.split(",")]
     tpe = float(spec["task"]["seq_len"])
     from curvplan import Client
 
@@ -81,7 +87,7 @@ def main() -> None:
         evaluation = api.upload_artifact(args.example / "data.safetensors", "dataset")
         checkpoints = [
             str(api.upload_artifact(args.example / f"step_{s}.safetensors", "checkpoint").id)
-            for s in CHECKPOINT_STEPS
+            for s in steps
         ]
         time.sleep(args.settle)  # let the workers' forkservers import torch first
         common = {
@@ -124,7 +130,7 @@ def main() -> None:
         f"{args.workers} worker(s); batches {BATCHES}",
         f"batch sweep: from a seeded init to eval loss {args.target_loss} (cap {args.max_steps} "
         "steps)",
-        f"branch sweep: from step_{{{','.join(map(str, CHECKPOINT_STEPS))}}}, window "
+        f"branch sweep: from step_{{{','.join(map(str, steps))}}}, window "
         f"{branch['branch']['window_tokens']:,.0f} tokens, ε = {args.tolerance} (end of window)",
         "",
         f"{'':14} {'runs':>5} {'steps':>7} {'train tokens':>13} {'wall s':>8} {'Σ run s':>8}",
