@@ -218,7 +218,15 @@ def test_a_branch_sweep_gives_each_checkpoints_cbs_and_leads_an_analysis_batch(
         "checkpoint": branch_checkpoints[1],
         "dataset": data_ids["eval_data"],
         "sweeps": [done["id"]],
-        "options": {"fan_out": False, "trace_probes": 2, "dense": "off"},
+        "options": {  # only budget.batch is under test: the cheapest analysis
+            "fan_out": False,
+            "trace_probes": 2,
+            "dense": "off",
+            "per_sample": False,
+            "gradient_noise": False,
+            "bounds": False,
+            "off_diagonal": False,
+        },
     }
     response = client.post("/v1/jobs", json=analyze)
     assert response.status_code == 202, response.text
