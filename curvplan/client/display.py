@@ -237,14 +237,30 @@ def budget_text(budget: Any) -> str:
         enough = {True: "ENOUGH", False: "NOT ENOUGH", None: "-"}[d.available_is_enough]
         rows.append(["  you have", fmt(d.available_samples), "", enough])
     rows.append(["batch (examples)", fmt(b.recommended), "", b.source])
-    rows.append(["  critical B_crit", fmt(b.critical), interval(b.critical_ci), "examples"])
+    stages = getattr(b, "warmup_schedule", None) or []
+    if b.source == "branch_sweep":
+        low, high = b.critical_bracket or (None, None)
+        rows.append(
+            [
+                "  critical batch CBS",
+                fmt(b.critical),
+                f"[{fmt(low)}, {fmt(high)})",
+                "examples; swept bracket",
+            ]
+        )
+        schedule = ", ".join(
+            f"{'?' if s.from_step is None else s.from_step}: {s.batch_size}" for s in stages
+        )
+        rows.append(["  warm-up (step: batch)", "", "", schedule])
+    else:
+        rows.append(["  critical B_crit", fmt(b.critical), interval(b.critical_ci), "examples"])
     if b.recommended_tokens is not None:
         rows.append(
             [
                 "  batch (tokens)",
                 fmt(b.recommended_tokens),
                 interval(b.critical_tokens_ci),
-                "tokens; B_crit interval",
+                "tokens; B_crit interval" if b.critical_tokens_ci else "tokens",
             ]
         )
     if b.expected_steps is not None:
@@ -443,3 +459,66 @@ def stage_timeline(job: m.JobOut) -> str:
         seconds = f" {(end - mark.started_at).total_seconds():.1f}s" if end is not None else ""
         parts.append(f"{mark.stage}{seconds}")
     return " → ".join(parts)
+
+
+def sweep_text(job: m.JobOut) -> str | None:
+    """A branch sweep's table: the CBS at each checkpoint, its bracket, and the warm-up
+    schedule (None for other jobs)."""
+    result = job.result
+    sweep = getattr(result, "sweep", None)
+    branch = getattr(sweep, "branch", None)
+    if branch is None:
+        return None
+    width = max(60, shutil.get_terminal_size((100, 20)).columns - 6)
+    sizes = branch.batch_sizes
+    rows = []
+    for c in branch.checkpoints:
+        excess = {k.batch_size: k.excess for k in c.curves}
+        bracket = (
+            "" if c.critical_batch is None else _bracket(c.status, c.critical_batch, c.next_batch)
+        )
+        rows.append(
+            [
+                "-" if c.step is None else str(c.step),
+                fmt(c.loss),
+                _int(c.critical_batch),
+                bracket,
+                *[fmt(excess.get(b)) if b in excess else "failed" for b in sizes],
+            ]
+        )
+    headers = ["step", "loss", "CBS", "bracket", *[f"excess B={b}" for b in sizes]]
+    stages = ", ".join(
+        f"from step {'?' if s.from_step is None else s.from_step}: {s.batch_size}"
+        for s in branch.warmup_schedule
+    )
+    lines = [
+        "BRANCH SWEEP (critical batch size by branched training, Merrill et al. 2025)",
+        table(headers, rows),
+        f"  warm-up schedule: {stages}",
+    ]
+    texts = [
+        ("rule", branch.rule),
+        (
+            "window",
+            f"{fmt(branch.window_tokens)} tokens ({branch.window_examples} examples) per branch",
+        ),
+        ("learning rate", branch.lr_rule),
+        (
+            "cost",
+            f"{branch.examples_processed:,} examples processed"
+            + (f" ({fmt(branch.tokens_processed)} tokens)" if branch.tokens_processed else ""),
+        ),
+        ("schedule", branch.schedule_note or ""),
+    ]
+    texts += [("note", f"step {c.step}: {n}") for c in branch.checkpoints for n in c.notes]
+    for label, text in texts:
+        lines.append("  " + "\n    ".join(textwrap.wrap(f"{label}: {text}", width)))
+    return "\n".join(lines)
+
+
+def _bracket(status: str | None, cbs: int, next_batch: int | None) -> str:
+    if status == "at_least":
+        return f"≥ {cbs}"
+    if status == "at_most":
+        return f"< {next_batch}"
+    return f"[{cbs}, {next_batch})"

@@ -181,8 +181,9 @@ class Client:
         of shards, an intermediate checkpoint a ``save_pretrained`` directory.
         ``intermediate_checkpoints`` (before convergence) give the gradient-noise scale,
         which is undefined at a converged w* (docs/formulas.md).
-        ``sweeps`` (succeeded ``sweep`` jobs) give the budget its data-sweep and batch-sweep
-        fits (docs/budget.md). ``devices`` (``resources.devices``) runs the analysis on that
+        ``sweeps`` (succeeded ``sweep`` jobs) give the budget its data-sweep, batch-sweep
+        and branch-sweep (critical batch per checkpoint) fits (docs/budget.md).
+        ``devices`` (``resources.devices``) runs the analysis on that
         many data-parallel devices of one worker (docs/operations.md#several-devices-per-job).
         """
         sources = c.analyze_sources(model, checkpoint, dataset, intermediate_checkpoints)

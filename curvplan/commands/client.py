@@ -217,6 +217,9 @@ def _report_outcome(client: Client, job: JobOut, as_json: bool) -> None:
     if as_json:
         _print_json(job)
     elif job.status == "succeeded":
+        branch = display.sweep_text(job)
+        if branch is not None:
+            typer.echo(branch + "\n")
         typer.echo(display.recommendation_text(client.get_recommendation(job.id)))
         typer.echo(f"\nreport: curvplan report {job.id} --open")
     else:
@@ -355,9 +358,12 @@ def sweep(
     spec: Path = typer.Option(..., "--spec", help="Model spec JSON."),
     train: Path = typer.Option(..., "--train", help="Training data (.safetensors)."),
     evaluation: Path = typer.Option(..., "--eval", help="Held-out evaluation data."),
-    sweep_type: str = typer.Option("batch", "--type", help="batch | data"),
-    checkpoint: Path | None = typer.Option(
-        None, "--checkpoint", help="Start checkpoint (default: a seeded initialisation)."
+    sweep_type: str = typer.Option("batch", "--type", help="batch | data | branch"),
+    checkpoint: list[Path] | None = typer.Option(
+        None,
+        "--checkpoint",
+        help="Start checkpoint (default: a seeded initialisation). Branch sweep: repeat it, "
+        "one per checkpoint to branch from (e.g. the run's step_<n> saves).",
     ),
     target_loss: float | None = typer.Option(
         None, "--target-loss", help="Eval loss (nats per token) to train to / size data for."
@@ -373,6 +379,22 @@ def sweep(
     warmup_steps: int = typer.Option(10, "--warmup-steps"),
     lr_rule: str = typer.Option("sqrt", "--lr-rule", help="sqrt | linear | constant | grid"),
     seed: int = typer.Option(0, "--seed", help="Initialisation and batch-order seed."),
+    window_tokens: int | None = typer.Option(
+        None, "--window-tokens", help="Branch sweep: tokens each branch trains from its checkpoint."
+    ),
+    window_evals: int = typer.Option(4, "--window-evals", help="Branch sweep: evaluations."),
+    tolerance: float = typer.Option(
+        0.01, "--tolerance", help="Branch sweep: ε (nats) a batch may trail the smallest by."
+    ),
+    compare: str = typer.Option(
+        "end", "--compare", help="Branch sweep: end (of the window) | window (throughout)."
+    ),
+    checkpoint_steps: str | None = typer.Option(
+        None,
+        "--checkpoint-steps",
+        help="Branch sweep: each checkpoint's training step, e.g. 25,50,100 (default: the "
+        "step each file declares).",
+    ),
     name: str | None = typer.Option(None, "--name"),
     tag: list[str] | None = TAG_OPTION,
     wait: bool = typer.Option(False, "--wait", help="Wait for the result, with progress."),
@@ -382,11 +404,26 @@ def sweep(
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
-    """Run a batch or data sweep on the workers (one child job per training run)."""
+    """Run a batch, data or branch sweep on the workers (one child job per training run).
+
+    A branch sweep (Merrill et al. 2025) branches from every --checkpoint at each of
+    --batch-sizes for --window-tokens and gives the critical batch size at each checkpoint.
+    """
     model = _read_json(spec, "--spec")
-    for path, opt in ((train, "--train"), (evaluation, "--eval"), (checkpoint, "--checkpoint")):
-        if path is not None and not path.is_file():
+    checkpoints = list(checkpoint or [])
+    for path, opt in ((train, "--train"), (evaluation, "--eval")):
+        if not path.is_file():
             raise _fail(f"{opt}: file not found: {path}", EXIT_BAD_INPUT)
+    for path in checkpoints:
+        if not path.is_file():
+            raise _fail(f"--checkpoint: file not found: {path}", EXIT_BAD_INPUT)
+    branch = sweep_type == "branch"
+    if len(checkpoints) > 1 and not branch:
+        raise _fail(
+            "--checkpoint: a batch or data sweep starts from one checkpoint; repeat it only "
+            "for --type branch",
+            EXIT_BAD_INPUT,
+        )
     settings: dict[str, object] = {
         "type": sweep_type,
         "max_steps": max_steps,
@@ -400,6 +437,12 @@ def sweep(
         settings["batch_sizes"] = _ints(batch_sizes, "--batch-sizes")
     if data_sizes is not None:
         settings["data_sizes"] = _ints(data_sizes, "--data-sizes")
+    if branch:
+        settings |= {"window_evals": window_evals, "tolerance": tolerance, "compare": compare}
+        if window_tokens is not None:
+            settings["window_tokens"] = window_tokens
+        if checkpoint_steps is not None:
+            settings["checkpoint_steps"] = _ints(checkpoint_steps, "--checkpoint-steps")
     with _client(url, api_key) as client:
         log = (lambda s: None) if as_json or quiet else (lambda s: typer.echo(s, err=True))
         body: dict[str, object] = {
@@ -414,14 +457,22 @@ def sweep(
             },
             "sweep": settings,
         }
-        for path, key, kind in (
+        start = checkpoints[0] if checkpoints and not branch else None
+        uploads: list[tuple[Path | None, str, str]] = [
             (train, "train_data", "dataset"),
             (evaluation, "eval_data", "dataset"),
-            (checkpoint, "checkpoint", "checkpoint"),
-        ):
-            if path is not None:
-                log(f"uploading {path} …")
-                body[key] = str(client.upload_artifact(path, kind).id)
+            (start, "checkpoint", "checkpoint"),
+        ]
+        for source, key, kind in uploads:
+            if source is not None:
+                log(f"uploading {source} …")
+                body[key] = str(client.upload_artifact(source, kind).id)
+        if branch:
+            ids = []
+            for ckpt in checkpoints:
+                log(f"uploading {ckpt} …")
+                ids.append(str(client.upload_artifact(ckpt, "checkpoint").id))
+            body["checkpoints"] = ids
         if name is not None:
             body["name"] = name
         tags = _pairs(tag, "--tag")

@@ -42,12 +42,19 @@ from pydantic import (
 from curvplan.types.artifact_inputs import CheckpointRef
 from curvplan.types.model_source import ModelSource
 from curvplan.types.options import AnalysisOptions  # pydantic only, like the spec
-from curvplan.types.planner import Measurements, PlanInputError, Targets, check_workload
+from curvplan.types.planner import (
+    MAX_BRANCH_CHECKPOINTS,
+    Measurements,
+    PlanInputError,
+    Targets,
+    check_workload,
+)
 from curvplan.types.results import (
     RESULT_TYPES,
     AnalyzeBlocksResult,
     AnalyzeResult,
     PlanResult,
+    SweepJobResult,
 )
 from curvplan.types.sweep import PointSettings, SweepSettings, _SweepBase
 
@@ -197,8 +204,9 @@ class AnalyzeJobCreate(_JobCreateBase):
     sweeps: Annotated[list[uuid.UUID], Field(max_length=8)] = Field(
         default_factory=list,
         description="Succeeded sweep jobs of the project whose fits the budget uses: a batch "
-        "sweep's steps to target (B_crit) and a data sweep's L(D) (the data size for the target "
-        "loss). Their target loss is used when targets.target_loss is not given.",
+        "sweep's steps to target (B_crit), a data sweep's L(D) (the data size for the target "
+        "loss) and a branch sweep's critical batch per checkpoint (it leads budget.batch, with "
+        "the warm-up schedule). Their target loss is used when targets.target_loss is not given.",
     )
 
 
@@ -255,15 +263,56 @@ class SweepJobCreate(_JobCreateBase, _SweepBase):
 
     The job fans out one ``sweep_point`` child per run (listed as ``children``), waits for
     them (stage ``waiting for children``, progress = points done / total) and fits the
-    results: S_min, E_min, B_crit and the two-batch B_simple (batch sweep), or
-    L(D) = E + A·D^(−β) and the size for the target loss (data sweep). The fit runs on the
-    cpu queue, the training runs on the gpu queue (CUDA when the worker has it).
+    results: S_min, E_min, B_crit and the two-batch B_simple (batch sweep),
+    L(D) = E + A·D^(−β) and the size for the target loss (data sweep), or the critical batch
+    size at each of ``checkpoints`` by branched training (branch sweep, Merrill et al. 2025:
+    one point per checkpoint and batch size). The fit runs on the cpu queue, the training
+    runs on the gpu queue (CUDA when the worker has it).
     """
 
     queue: ClassVar[str] = "cpu"
-    artifact_fields: ClassVar[tuple[ArtifactField, ...]] = _SWEEP_ARTIFACTS
+    artifact_fields: ClassVar[tuple[ArtifactField, ...]] = (
+        *_SWEEP_ARTIFACTS,
+        ArtifactField("checkpoints", "checkpoint"),
+    )
     kind: Literal["sweep"]
     sweep: SweepSettings
+    checkpoints: Annotated[list[uuid.UUID], Field(max_length=MAX_BRANCH_CHECKPOINTS)] = Field(
+        default_factory=list,
+        validate_default=True,
+        description="Branch sweep (required, at least one): artifact ids of the checkpoints of "
+        "one training run to branch from, e.g. its saved steps (docs/budget.md#branch-sweep). "
+        "Other sweeps start from `checkpoint`.",
+    )
+
+    @field_validator("checkpoints")
+    @classmethod
+    def _checkpoints_for_branch(
+        cls, value: list[uuid.UUID], info: ValidationInfo
+    ) -> list[uuid.UUID]:
+        sweep = info.data.get("sweep")
+        if sweep is None:
+            return value  # the sweep settings failed: their own error names them
+        if sweep.type != "branch":
+            if value:
+                raise ValueError(
+                    f"only a branch sweep takes checkpoints (this is a {sweep.type} sweep); "
+                    "give its start checkpoint as `checkpoint`"
+                )
+            return value
+        if not value:
+            raise ValueError(
+                "Field required for a branch sweep: the checkpoints to branch from (at least one)"
+            )
+        if info.data.get("checkpoint") is not None:
+            raise ValueError("a branch sweep branches from `checkpoints`; drop `checkpoint`")
+        steps = sweep.checkpoint_steps
+        if steps is not None and len(steps) != len(value):
+            raise ValueError(
+                f"sweep.checkpoint_steps gives {len(steps)} steps for {len(value)} checkpoints: "
+                "give one step per checkpoint, in the same order"
+            )
+        return value
 
 
 class SweepPointJobCreate(_JobCreateBase, _SweepBase):
@@ -417,9 +466,10 @@ class JobOut(BaseModel):
     attempt: int
     max_attempts: int
     cancel_requested: bool
-    result: AnalyzeResult | PlanResult | AnalyzeBlocksResult | None = Field(
+    result: AnalyzeResult | PlanResult | AnalyzeBlocksResult | SweepJobResult | None = Field(
         description="The kind's result once the job succeeded (plan: PlanResult, analyze: "
-        "AnalyzeResult, analyze_blocks: AnalyzeBlocksResult); null before."
+        "AnalyzeResult, analyze_blocks: AnalyzeBlocksResult, sweep: SweepJobResult); null "
+        "before."
     )
     error: JobError | None
     request: dict[str, Any] | None = Field(

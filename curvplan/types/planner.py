@@ -252,6 +252,62 @@ class TheoryApplicability(_Strict):
     ] = Field(default_factory=list)
 
 
+BRANCH_STATUSES = ("measured", "at_least", "at_most")
+BranchStatus = Literal["measured", "at_least", "at_most"]
+MAX_BRANCH_CHECKPOINTS = 16
+
+
+class BranchedBatchPoint(_Strict):
+    """The critical batch size measured by branched training at one checkpoint (Merrill et
+    al. 2025): the largest swept batch whose loss over the branch window stayed within the
+    tolerance of the smallest swept batch's (docs/budget.md#branch-sweep)."""
+
+    checkpoint: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        default=None, description="The checkpoint's artifact id (or a label)."
+    )
+    step: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="The training step the checkpoint was saved at."
+    )
+    loss: NonNegFloat | None = Field(
+        default=None, description="Evaluation loss at the checkpoint (nats per token)."
+    )
+    critical_batch: PosInt = Field(
+        description="CBS, examples: the largest swept batch within the tolerance (status "
+        "at_most: the smallest swept batch, the only one within it)."
+    )
+    status: BranchStatus = Field(
+        description="measured: CBS ≤ the true value < next_batch; at_least: even the largest "
+        "swept batch stayed within (CBS ≥ it); at_most: no batch above the smallest did "
+        "(CBS < next_batch)."
+    )
+    next_batch: PosInt | None = Field(
+        default=None, description="The next swept batch above critical_batch (null: none)."
+    )
+
+
+class BranchedCriticalBatch(_Strict):
+    """A branch sweep's critical batch sizes over training (``sweep.branch`` of a ``sweep``
+    job, passed to an analysis through ``sweeps``)."""
+
+    checkpoints: Annotated[
+        list[BranchedBatchPoint], Field(min_length=1, max_length=MAX_BRANCH_CHECKPOINTS)
+    ]
+    tolerance: PosFloat = Field(description="ε of the CBS rule, nats per token.")
+    compare: Literal["end", "window"] = Field(
+        description="end: the losses at the end of the window are compared; window: at every "
+        "evaluation of the window."
+    )
+    window_tokens: PosFloat | None = Field(
+        default=None, description="Tokens every branch trained for from its checkpoint."
+    )
+    batch_sizes: Annotated[list[PosInt], Field(min_length=2, max_length=12)] = Field(
+        description="The swept batch sizes, examples."
+    )
+    lr_rule: Annotated[str, Field(max_length=500)] | None = Field(
+        default=None, description="How each branch's learning rate was set, in words."
+    )
+
+
 class Measurements(_Strict):
     """The `measurements` object of a plan job (docs/openapi.json). Every group is optional."""
 
@@ -299,6 +355,11 @@ class Measurements(_Strict):
     ) = None
     tokens_per_example: PosFloat | None = None
     steps_to_target_unit: Literal["examples", "tokens"] = "examples"
+    branched_critical_batch: BranchedCriticalBatch | None = Field(
+        default=None,
+        description="A branch sweep's critical batch per checkpoint (Merrill et al. 2025): "
+        "when given it leads budget.batch, with the batch-size warm-up schedule.",
+    )
 
     @field_validator("per_sample_groups")
     @classmethod
@@ -915,6 +976,19 @@ class BudgetData(_Out):
     reason: str | None = Field(default=None, description="Why nothing is recommended.")
 
 
+class BatchWarmupStage(_Out):
+    """One stage of a batch-size warm-up: from ``from_step`` on, train at ``batch_size``."""
+
+    from_step: int | None = Field(
+        description="Training step the stage starts at (the checkpoint's step; null: the "
+        "checkpoint declared none)."
+    )
+    batch_size: int = Field(description="The CBS measured at that checkpoint, examples.")
+    batch_size_tokens: float | None = None
+    status: BranchStatus = Field(description="The CBS's status at that checkpoint.")
+    loss: float | None = Field(default=None, description="Evaluation loss at the checkpoint.")
+
+
 class BudgetBatch(_Out):
     """Which batch size to train at; every batch size in examples, and in tokens."""
 
@@ -931,8 +1005,21 @@ class BudgetBatch(_Out):
     critical_tokens_ci: tuple[float | None, float | None] | None = None
     unit: Literal["examples"] = "examples"
     tokens_per_example: float | None = None
-    source: Literal["batch_sweep", "noise_scale_trend", "not_available"]
+    source: Literal["branch_sweep", "batch_sweep", "noise_scale_trend", "not_available"]
     basis: str = Field(description="Where the critical batch comes from, in words.")
+    critical_formula: str | None = Field(
+        default=None, description="The formula of `critical` (branch sweep)."
+    )
+    critical_bracket: tuple[int | None, int | None] | None = Field(
+        default=None,
+        description="Branch sweep: the swept batches the critical batch lies between, "
+        "[low, high) in examples (null end: beyond the swept range).",
+    )
+    warmup_schedule: list[BatchWarmupStage] = Field(
+        default_factory=list,
+        description="Branch sweep: the batch-size warm-up over training, the CBS measured at "
+        "each checkpoint's step (Merrill et al. 2025); `recommended` is its last stage.",
+    )
     target_loss: float | None = Field(default=None, description="Loss the batch is for (nats).")
     expected_steps: float | None = Field(
         default=None, description="Optimizer steps to the target at `recommended` (steps)."

@@ -1,6 +1,7 @@
 """Per-kind job results: what ``GET /v1/jobs/{id}`` answers in ``result`` once a job succeeded.
 
-A ``plan`` job's result is :class:`PlanResult`, an ``analyze`` job's :class:`AnalyzeResult`.
+A ``plan`` job's result is :class:`PlanResult`, an ``analyze`` job's :class:`AnalyzeResult`,
+a ``sweep`` job's :class:`SweepJobResult`.
 The recommendation inside both is :class:`curvplan.types.planner.Recommendation`.
 
 The engine's measurements are wide and grow with the engine; :class:`EngineMeasurements`
@@ -17,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from curvplan.types.planner import Recommendation
+from curvplan.types.sweep import SweepResult
 
 
 class _Open(BaseModel):
@@ -209,11 +211,25 @@ class AnalyzeBlocksResult(_Open):
     estimated_cost: float | None = None
 
 
+class SweepJobResult(_Open):
+    """Result of a succeeded ``sweep`` job: the sweep's fit, the planner measurements it gives
+    an analysis (through ``sweeps``), and the recommendation from those alone."""
+
+    sweep: SweepResult
+    measurements: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The planner measurements of the sweep (steps_to_target, loss_vs_data or "
+        "branched_critical_batch): what an analysis listing it in `sweeps` plans with.",
+    )
+    recommendation: Recommendation
+
+
 #: kind → result model (the job resource's ``result`` is one of these or null).
 RESULT_TYPES: dict[str, type[BaseModel]] = {
     "plan": PlanResult,
     "analyze": AnalyzeResult,
     "analyze_blocks": AnalyzeBlocksResult,
+    "sweep": SweepJobResult,
 }
 
-JobResult = AnalyzeResult | PlanResult | AnalyzeBlocksResult
+JobResult = AnalyzeResult | PlanResult | AnalyzeBlocksResult | SweepJobResult

@@ -13,6 +13,11 @@ results when they have all ended (see ``docs/budget.md``):
   Hägele et al. 2024) at the learning rate chosen by a grid on the smallest and largest
   subsets; the best held-out loss of each run is L(D_i); fit L(D) = E + A·D^(−β) and size the
   dataset for ``target_loss``.
+* **branch sweep** — branched training (Merrill et al. 2025, "Critical Batch Size Revisited",
+  arXiv 2505.23971): from each given checkpoint, one branch per batch size B trains the same
+  token window (constant learning rate by ``optimizer.lr_rule``); the critical batch size at
+  the checkpoint is the largest B whose loss stays within ``tolerance`` of the smallest
+  batch's. Over the checkpoints this gives a batch-size warm-up schedule.
 
 Batch sizes are in **examples** (rows of the dataset: sequences for a language model); the
 results also give them in tokens.
@@ -25,7 +30,16 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from curvplan.types.planner import BCrit, LossPoint, NotComputed, ScalingSection, StepsPoint
+from curvplan.types.planner import (
+    MAX_BRANCH_CHECKPOINTS,
+    BatchWarmupStage,
+    BCrit,
+    BranchStatus,
+    LossPoint,
+    NotComputed,
+    ScalingSection,
+    StepsPoint,
+)
 from curvplan.types.spec import ModelSpec
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -69,7 +83,10 @@ class SweepSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["batch", "data"] = Field(description="Batch-size sweep or dataset-size sweep.")
+    type: Literal["batch", "data", "branch"] = Field(
+        description="Batch-size sweep, dataset-size sweep, or branched critical-batch sweep "
+        "(from the request's `checkpoints`)."
+    )
     target_loss: PosFloat | None = Field(
         default=None,
         description="Evaluation loss (mean per-token loss, nats) a batch-sweep run trains to; "
@@ -77,7 +94,7 @@ class SweepSettings(BaseModel):
     )
     batch_sizes: Annotated[list[Annotated[int, Field(ge=2)]], Field(max_length=12)] | None = Field(
         default=None,
-        description="Batch sweep: powers of two, in examples (default 8 … 128).",
+        description="Batch and branch sweep: powers of two, in examples (default 8 … 128).",
     )
     data_sizes: Annotated[list[Annotated[int, Field(ge=2)]], Field(max_length=12)] | None = Field(
         default=None,
@@ -88,7 +105,9 @@ class SweepSettings(BaseModel):
         default=32, description="Data sweep: the batch size of every run (examples)."
     )
     max_steps: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
-        default=2000, description="Step cap of a run; a run that hits it is censored."
+        default=2000,
+        description="Step cap of a run; a run that hits it is censored. Branch sweep: the most "
+        "steps the smallest batch may need for the window (more: the sweep is refused).",
     )
     eval_every: Annotated[int, Field(ge=1, le=10_000)] = Field(
         default=5, description="Evaluate (and check the target / early stopping) every n steps."
@@ -110,11 +129,49 @@ class SweepSettings(BaseModel):
     init_seed: Annotated[int, Field(ge=0)] = Field(
         default=0, description="Seed of the initialisation (no checkpoint) and the batch order."
     )
+    window_tokens: Annotated[int, Field(ge=1, le=10**12)] | None = Field(
+        default=None,
+        description="Branch sweep (required): tokens every branch trains for from its "
+        "checkpoint (a causal-LM example counts seq_len tokens, any other one 1). Rounded up "
+        "so that each of the window_evals evaluations falls on a whole step of the largest "
+        "batch; the result gives the window used.",
+    )
+    window_evals: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=4,
+        description="Branch sweep: evaluations of every branch, equally spaced in tokens over "
+        "the window (all branches are evaluated at the same token counts).",
+    )
+    tolerance: PosFloat = Field(
+        default=0.01,
+        description="Branch sweep: ε, nats per token. A batch B is within tolerance when its "
+        "evaluation loss is at most the smallest batch's + ε (at the compared points).",
+    )
+    compare: Literal["end", "window"] = Field(
+        default="end",
+        description="Branch sweep: compare the losses at the end of the window (end) or at "
+        "every evaluation of the window (window: B must stay within ε throughout).",
+    )
+    checkpoint_steps: (
+        Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_BRANCH_CHECKPOINTS)]
+        | None
+    ) = Field(
+        default=None,
+        description="Branch sweep: the training step of each checkpoint, in the order of "
+        "`checkpoints` (default: the `step` the checkpoint file declares in its metadata, as "
+        "`curvplan example` and save_checkpoint write it).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> SweepSettings:
-        if self.type == "batch":
-            if self.target_loss is None:
+        if self.type != "branch" and self.checkpoint_steps is not None:
+            raise ValueError("checkpoint_steps is for a branch sweep")
+        if self.type == "branch" and self.window_tokens is None:
+            raise ValueError(
+                "window_tokens is required for a branch sweep: the tokens each branch "
+                "trains for from its checkpoint"
+            )
+        if self.type in ("batch", "branch"):
+            if self.type == "batch" and self.target_loss is None:
                 raise ValueError("target_loss is required for a batch sweep")
             for b in self.batch_sizes or []:
                 if b & (b - 1):
@@ -148,7 +205,7 @@ class PointSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["batch", "data"]
+    type: Literal["batch", "data", "branch"]
     batch_size: Annotated[int, Field(ge=2)]
     lr: PosFloat = Field(description="This run's peak learning rate (after the rule).")
     lr_multiplier: PosFloat = 1.0
@@ -162,10 +219,15 @@ class PointSettings(BaseModel):
     seed: Annotated[int, Field(ge=0)] = 0
     schedule: Literal["constant", "cosine", "wsd"] = Field(
         default="constant",
-        description="Learning rate after warm-up: constant (batch sweep: train to the target), "
-        "or decayed over max_steps (data sweep).",
+        description="Learning rate after warm-up: constant (batch sweep: train to the target; "
+        "branch sweep: the window), or decayed over max_steps (data sweep).",
     )
     cooldown_fraction: Annotated[float, Field(gt=0, le=1)] = 0.2
+    checkpoint_step: Annotated[int, Field(ge=0)] | None = Field(
+        default=None,
+        description="Branch sweep: the training step of the checkpoint the branch starts from "
+        "(for the warm-up schedule; the run does not use it).",
+    )
 
 
 class PointResult(BaseModel):
@@ -267,10 +329,70 @@ class DataSweepFit(BaseModel):
     )
 
 
+class BranchCurve(BaseModel):
+    """One branch's loss against the tokens it trained on since its checkpoint."""
+
+    name: str | None = Field(default=None, description="The point's name (its child job).")
+    batch_size: int = Field(description="Examples per step.")
+    lr: float
+    lr_multiplier: float = 1.0
+    tokens: list[float] = Field(
+        description="Tokens processed since the checkpoint at each evaluation (0 first)."
+    )
+    losses: list[float] = Field(description="Evaluation loss at each of `tokens` (nats).")
+    excess: float | None = Field(
+        description="Loss above the smallest batch's at the compared points (the largest "
+        "excess over them; nats per token; 0 for the smallest batch)."
+    )
+    within_tolerance: bool
+
+
+class BranchCheckpoint(BaseModel):
+    """The branches from one checkpoint and the critical batch size they give."""
+
+    checkpoint: str = Field(description="The checkpoint's artifact id.")
+    step: int | None = Field(description="Its training step (null: not declared).")
+    loss: float | None = Field(description="Evaluation loss at the checkpoint (nats).")
+    reference_batch: int = Field(description="The smallest swept batch: the reference curve.")
+    critical_batch: int | None = Field(
+        description="CBS, examples (null: the reference branch failed)."
+    )
+    critical_batch_tokens: float | None = None
+    status: BranchStatus | None = None
+    next_batch: int | None = Field(
+        default=None, description="The next swept batch above the CBS (its bracket's end)."
+    )
+    curves: list[BranchCurve] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+class BranchResult(BaseModel):
+    """A branch sweep's critical batch size per checkpoint and the warm-up schedule they give
+    (Merrill et al. 2025, arXiv 2505.23971; docs/budget.md#branch-sweep)."""
+
+    rule: str = Field(description="The CBS rule with its tolerance and comparison, in words.")
+    formula: str
+    tolerance: float = Field(description="ε, nats per token.")
+    compare: Literal["end", "window"]
+    window_tokens: float = Field(description="Tokens each branch trained (after rounding).")
+    window_examples: int = Field(description="Examples each branch trained.")
+    batch_sizes: list[int]
+    lr_rule: str = Field(description="How each branch's learning rate was set, in words.")
+    checkpoints: list[BranchCheckpoint]
+    warmup_schedule: list[BatchWarmupStage] = Field(
+        default_factory=list,
+        description="From which step on to use which batch: the CBS at each checkpoint's step, "
+        "in step order, consecutive equal batches merged.",
+    )
+    schedule_note: str | None = None
+    examples_processed: int = Field(description="Examples all branches trained on (the cost).")
+    tokens_processed: float | None = Field(description="… in tokens.")
+
+
 class SweepResult(BaseModel):
     """What a finished sweep job returns under ``result.sweep``."""
 
-    type: Literal["batch", "data"]
+    type: Literal["batch", "data", "branch"]
     target_loss: float | None
     optimizer: OptimizerSpec
     tokens_per_example: float | None
@@ -284,4 +406,5 @@ class SweepResult(BaseModel):
     b_simple_at_target: NoiseScaleAtLoss | None = None
     b_simple_trend: list[NoiseScaleAtLoss] = Field(default_factory=list)
     data: DataSweepFit | None = None
+    branch: BranchResult | None = None
     notes: list[str] = Field(default_factory=list)

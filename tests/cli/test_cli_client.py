@@ -249,6 +249,50 @@ def test_wait_timeout_exits_4(live: LiveService, tmp_path: Path) -> None:
             assert api.cancel_job(job.id).status == "cancelled"
 
 
+def test_branch_sweep_command_uploads_every_checkpoint_in_order(
+    live: LiveService, analyze_dir: dict[str, Path], tmp_path: Path
+) -> None:
+    """``curvplan sweep --type branch --checkpoint A --checkpoint B`` sends the checkpoints as
+    the branch sweep's list (their stored bytes are the files') with the branch flags; a
+    repeated --checkpoint on another sweep type exits 2 before anything is sent."""
+    import hashlib
+
+    files = [
+        "--spec", str(analyze_dir["spec"]),
+        "--train", str(analyze_dir["data"]), "--eval", str(analyze_dir["data"]),
+    ]  # fmt: skip
+    from safetensors.numpy import load_file, save_file
+
+    late = tmp_path / "late.safetensors"  # a later save of the same model: other values
+    save_file({k: v + 1e-3 for k, v in load_file(analyze_dir["checkpoint"]).items()}, late)
+    both = ["--checkpoint", str(analyze_dir["checkpoint"]), "--checkpoint", str(late)]
+    twice = in_process(["sweep", *files, *both, "--type", "batch", "--target-loss", "1"], live)
+    assert twice.exit_code == 2 and "repeat it only for --type branch" in twice.output
+    no_window = in_process(["sweep", *files, *both, "--type", "branch", "--json"], live)
+    assert no_window.exit_code == 2 and "window_tokens" in no_window.output
+
+    name = f"cli-branch-{uuid.uuid4().hex[:8]}"
+    with live.worker.paused():  # stays queued: only the submitted request is under test
+        run = in_process(
+            ["sweep", *files, *both, "--type", "branch", "--batch-sizes", "4,2",
+             "--window-tokens", "96", "--tolerance", "0.02", "--compare", "window",
+             "--checkpoint-steps", "5,9", "--name", name, "--json"],
+            live,
+        )  # fmt: skip
+        assert run.exit_code == 0, run.output
+        job_id = json.loads(run.stdout)["id"]
+        with curvplan.Client(live.url, live.api_key) as api:
+            request = api.get_job(job_id).request
+            digests = [api.get_artifact(c).sha256 for c in request["checkpoints"]]
+            api.cancel_job(job_id)
+    assert digests == [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in both[1::2]]
+    assert request.get("checkpoint") is None
+    sweep = request["sweep"]
+    assert (sweep["type"], sweep["window_tokens"], sweep["tolerance"]) == ("branch", 96, 0.02)
+    assert sweep["compare"] == "window" and sweep["checkpoint_steps"] == [5, 9]
+    assert sorted(sweep["batch_sizes"]) == [2, 4]
+
+
 def test_sweep_command_submits_what_it_was_given(
     live: LiveService, analyze_dir: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -37,6 +37,17 @@ def sweep_body(checkpoint: str | None, train: str, evaluation: str) -> dict[str,
     }
 
 
+def branch_body(checkpoints: list[str], data: str) -> dict[str, Any]:
+    return {
+        "kind": "sweep",
+        "model": SPEC,
+        "checkpoints": checkpoints,
+        "train_data": data,
+        "eval_data": data,
+        "sweep": {"type": "branch", "batch_sizes": [2, 4], "window_tokens": 48},
+    }
+
+
 def _links(db_session: Any, job_id: str) -> set[tuple[str, str]]:
     rows = db_session.execute(
         text("SELECT field, artifact_id FROM job_artifact WHERE job_id = :j"), {"j": job_id}
@@ -115,6 +126,65 @@ def test_an_artifact_of_a_queued_sweep_cannot_be_deleted_until_the_sweep_ends(
         deleted = client.delete(f"/v1/artifacts/{artifact_id}", headers=auth_headers)
         assert deleted.status_code == 204, deleted.text
     assert _links(db_session, job_id) == set()  # the rows went with their artifacts
+
+
+def test_a_branch_sweeps_checkpoints_are_checked_one_by_one_and_locked_while_it_is_live(
+    client: Any,
+    auth_headers: dict[str, str],
+    other_auth_headers: dict[str, str],
+    db_session: Any,
+) -> None:
+    data = upload(client, auth_headers, dataset_bytes(), kind="dataset").json()["id"]
+    early, late = (upload(client, auth_headers, checkpoint_bytes(s)).json()["id"] for s in (20, 21))
+    other_model = upload(client, auth_headers, checkpoint_bytes(22, rows=9)).json()["id"]
+    theirs = upload(client, other_auth_headers, checkpoint_bytes(23)).json()["id"]
+    before = _job_count(db_session)
+
+    cases = [
+        ([early, theirs], {"body.checkpoints.1": "artifact_not_found"}),
+        ([early, str(uuid.uuid4()), data], {
+            "body.checkpoints.1": "artifact_not_found",
+            "body.checkpoints.2": "artifact_kind",  # a dataset where a checkpoint belongs
+        }),
+        ([early, late, early], {"body.checkpoints.2": "duplicate_checkpoint"}),
+        ([early, other_model], {"body.checkpoints.1": "checkpoint_mismatch"}),
+        ([], {"body.checkpoints": "value_error"}),  # a branch sweep needs its checkpoints
+    ]  # fmt: skip
+    for checkpoints, expected in cases:
+        response = client.post(
+            "/v1/jobs", headers=auth_headers, json=branch_body(checkpoints, data)
+        )
+        problem = assert_problem(response, 422)
+        assert _errors(problem) == expected, problem
+    mismatch = assert_problem(
+        client.post("/v1/jobs", headers=auth_headers, json=branch_body([early, other_model], data)),
+        422,
+    )
+    assert "other shape embed.weight" in mismatch["errors"][0]["message"]
+    assert _job_count(db_session) == before  # nothing was queued
+
+    job = client.post("/v1/jobs", headers=auth_headers, json=branch_body([early, late], data))
+    assert job.status_code == 202, job.text
+    job_id = job.json()["id"]
+    assert _links(db_session, job_id) == {
+        ("checkpoints.0", early),
+        ("checkpoints.1", late),
+        ("train_data", data),
+        ("eval_data", data),
+    }
+    for artifact_id in (early, late):
+        problem = assert_problem(
+            client.delete(f"/v1/artifacts/{artifact_id}", headers=auth_headers), 409
+        )
+        assert problem["jobs"] == [{"id": job_id, "status": "queued"}]
+    db_session.execute(
+        text("UPDATE job SET status = 'cancelled', finished_at = now() WHERE id = :id"),
+        {"id": job_id},
+    )
+    db_session.commit()
+    for artifact_id in (early, late):
+        deleted = client.delete(f"/v1/artifacts/{artifact_id}", headers=auth_headers)
+        assert deleted.status_code == 204, deleted.text
 
 
 @pytest.mark.parametrize("kind", ["analyze_blocks", "sweep_point"])

@@ -140,3 +140,99 @@ def test_sigkill_during_a_sweep_finishes_every_point_and_the_parent_exactly_once
     fit = sweep["batch"]["fit"]
     assert fit["value"] > 0 and fit["s_min"] > 0
     assert sweep["b_simple_trend"], sweep
+
+
+@pytest.fixture(scope="module")
+def branch_checkpoints(client: httpx.Client, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """Two saves of one tiny run: at initialisation (step 0) and after 30 Adam steps."""
+    import torch
+
+    from curvplan_worker.curvature.checkpoint import save_checkpoint
+    from curvplan_worker.curvature.model import build_model
+    from curvplan_worker.curvature.objective import dataset_loss, objective_for
+
+    out = tmp_path_factory.mktemp("branch-checkpoints")
+    model = build_model(TINY_SPEC, seed=3)
+    save_checkpoint(model, out / "step_0.safetensors", step=0)
+    data = counting_data(128, 0)
+    objective = objective_for(TINY_SPEC)
+    opt = torch.optim.Adam(model.parameters(), lr=0.03)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        pick = torch.randint(0, 128, (16,), generator=gen)
+        loss = dataset_loss(objective, model, data.inputs[pick], data.targets[pick])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    save_checkpoint(model, out / "step_30.safetensors", step=30)
+    return [upload(client, out / f"step_{s}.safetensors", "checkpoint") for s in (0, 30)]
+
+
+def test_a_branch_sweep_gives_each_checkpoints_cbs_and_leads_an_analysis_batch(
+    client: httpx.Client,
+    service: Service,
+    data_ids: dict[str, str],
+    branch_checkpoints: list[str],
+) -> None:
+    body = {
+        "kind": "sweep",
+        "name": "tiny-branch-sweep",
+        "model": TINY_SPEC,
+        **data_ids,
+        "checkpoints": branch_checkpoints,
+        "optimizer": {"name": "adamw", "lr": 0.01, "base_batch_size": 8, "warmup_steps": 2},
+        "sweep": {
+            "type": "branch",
+            "batch_sizes": [4, 8, 16],
+            "window_tokens": 6 * 128,  # 128 examples: 32 steps at batch 4, 8 at batch 16
+            "window_evals": 4,
+            "tolerance": 0.05,
+        },
+    }
+    response = client.post("/v1/jobs", json=body)
+    assert response.status_code == 202, response.text
+    done = wait_terminal(client, response.json()["id"], timeout=120)
+    assert done["status"] == "succeeded", (done["error"], service.logs())
+    assert len(done["children"]) == 6 and {c["status"] for c in done["children"]} == {"succeeded"}
+    branch = done["result"]["sweep"]["branch"]
+    assert [c["step"] for c in branch["checkpoints"]] == [0, 30]  # read from the files
+    for checkpoint in branch["checkpoints"]:
+        curves = {c["batch_size"]: c for c in checkpoint["curves"]}
+        assert set(curves) == {4, 8, 16}
+        marks = [c["tokens"] for c in curves.values()]
+        assert marks[0] == [0.0, 192.0, 384.0, 576.0, 768.0] and marks.count(marks[0]) == 3
+        start = {c["losses"][0] for c in curves.values()}  # the same checkpoint, the same eval
+        assert len(start) == 1 and checkpoint["loss"] == start.pop()
+        for curve in curves.values():  # training from the checkpoint lowers the loss
+            assert curve["losses"][-1] < curve["losses"][0]
+        end = {b: c["losses"][-1] for b, c in curves.items()}
+        within = [b for b in (4, 8, 16) if end[b] - end[4] <= 0.05]
+        assert checkpoint["critical_batch"] == max(within)  # the rule, on the real curves
+    assert branch["examples_processed"] == 2 * 3 * 128
+    stages = branch["warmup_schedule"]
+    assert stages and stages[0]["from_step"] == 0
+
+    analyze = {
+        "kind": "analyze",
+        "model": TINY_SPEC,
+        "checkpoint": branch_checkpoints[1],
+        "dataset": data_ids["eval_data"],
+        "sweeps": [done["id"]],
+        "options": {  # only budget.batch is under test: the cheapest analysis
+            "fan_out": False,
+            "trace_probes": 2,
+            "dense": "off",
+            "per_sample": False,
+            "gradient_noise": False,
+            "bounds": False,
+            "off_diagonal": False,
+        },
+    }
+    response = client.post("/v1/jobs", json=analyze)
+    assert response.status_code == 202, response.text
+    analysed = wait_terminal(client, response.json()["id"], timeout=120)
+    assert analysed["status"] == "succeeded", (analysed["error"], service.logs())
+    batch = analysed["result"]["recommendation"]["budget"]["batch"]
+    assert batch["source"] == "branch_sweep"
+    assert batch["recommended"] == branch["checkpoints"][-1]["critical_batch"]
+    assert batch["warmup_schedule"] == stages

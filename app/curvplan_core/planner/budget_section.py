@@ -45,6 +45,7 @@ from curvplan.types.planner import (
     Targets,
 )
 from curvplan_core.planner import formulas
+from curvplan_core.planner.branched_batch import branch_budget_batch
 from curvplan_core.planner.critical_batch import nearest_power_of_two
 from curvplan_core.planner.gradient_noise import NOISE_SCALE_FIELDS, TREND_SCALE_ORDER
 
@@ -430,6 +431,15 @@ def build_batch(
             return None
         return tuple(None if v is None else v * tokens for v in ci)
 
+    branched = getattr(measurements, "branched_critical_batch", None)
+    if branched is not None:  # a direct measurement leads (docs/budget.md#branch-sweep)
+        return branch_budget_batch(
+            branched,
+            target_loss=targets.target_loss,
+            tokens_per_example=tokens,
+            batch_sweep=bcrit if isinstance(bcrit, BCrit) else None,
+            expected_steps_formula=STEPS_FORMULA,
+        )
     if isinstance(bcrit, BCrit) and getattr(bcrit, "unit", "examples") == "examples":
         rec = nearest_power_of_two(bcrit.value)
         steps = steps_ci = None

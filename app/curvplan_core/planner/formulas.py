@@ -162,3 +162,7 @@ BUDGET_DATA_SWEEP: Final = formula(
     "budget.data_sweep",
     "D = (A/(L* − E))^(1/β) from L(D) = E + A·D^(−β); unreachable only if L* < E's lower CI end",
 )
+BUDGET_BRANCHED_CBS: Final = formula(
+    "budget.branched_cbs",
+    "CBS(t) = max{B : L_B(t+Δ) ≤ L_B₀(t+Δ) + ε}, branches from checkpoint t (Merrill et al. 2025)",
+)

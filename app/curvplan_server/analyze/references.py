@@ -161,3 +161,56 @@ def check_artifact_contents(session: Session, project_id: uuid.UUID, body: dict[
             )
     if errors:
         raise validation_problem(errors)
+
+
+def check_branch_checkpoints(session: Session, project_id: uuid.UUID, body: dict[str, Any]) -> None:
+    """422 for a branch sweep's ``checkpoints`` that repeat one, or that are not saves of one
+    model: every checkpoint must hold the tensors (names and shapes) of the first."""
+    ids = [uuid.UUID(str(c)) for c in body.get("checkpoints") or []]
+    if not ids:
+        return
+    headers = _headers(session, project_id, ids)
+    errors = []
+    first_at: dict[uuid.UUID, int] = {}
+    reference = headers.get(ids[0])
+    for i, artifact_id in enumerate(ids):
+        loc: Loc = ("checkpoints", i)
+        if artifact_id in first_at:
+            errors.append(
+                _error(
+                    loc,
+                    f"artifact {artifact_id} is already body.checkpoints.{first_at[artifact_id]}: "
+                    "give each checkpoint once",
+                    "duplicate_checkpoint",
+                )
+            )
+            continue
+        first_at[artifact_id] = i
+        tensors = headers.get(artifact_id)
+        if i == 0 or reference is None or tensors is None:
+            continue  # file:// artifacts have no stored header; the worker checks them
+        shapes = {name: t.get("shape") for name, t in tensors.items()}
+        wanted = {name: t.get("shape") for name, t in reference.items()}
+        if shapes != wanted:
+            missing = sorted(set(wanted) - set(shapes))
+            extra = sorted(set(shapes) - set(wanted))
+            reshaped = sorted(n for n in set(wanted) & set(shapes) if wanted[n] != shapes[n])
+            parts = [
+                f"{label} {', '.join(names[:3])}{' …' if len(names) > 3 else ''}"
+                for label, names in (
+                    ("missing", missing),
+                    ("extra", extra),
+                    ("other shape", reshaped),
+                )
+                if names
+            ]
+            errors.append(
+                _error(
+                    loc,
+                    f"the checkpoint does not hold the tensors of body.checkpoints.0 "
+                    f"({'; '.join(parts)}): a branch sweep branches from saves of one model",
+                    "checkpoint_mismatch",
+                )
+            )
+    if errors:
+        raise validation_problem(errors)

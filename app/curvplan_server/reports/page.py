@@ -199,6 +199,27 @@ def budget_html(rec: dict[str, Any] | None) -> str:
             "",
         )
     )
+    if batch.get("source") == "branch_sweep":
+        low, high = batch.get("critical_bracket") or (None, None)
+        rows.append(
+            (
+                "critical batch: swept bracket",
+                "",
+                f"[{_text(low)}, {_text(high)})",
+                "examples",
+                batch.get("critical_formula"),
+            )
+        )
+        for stage in batch.get("warmup_schedule") or []:
+            rows.append(
+                (
+                    f"warm-up: from step {_text(stage.get('from_step'))}",
+                    stage.get("batch_size"),
+                    "",
+                    "examples",
+                    f"CBS {stage.get('status')} at that checkpoint",
+                )
+            )
     if batch.get("expected_steps") is not None:
         rows.append(
             (
@@ -238,6 +259,57 @@ def budget_html(rec: dict[str, Any] | None) -> str:
     ]
     items = "".join(f"<li>{esc(_text(n))}</li>" for n in notes if n)
     return f'<section id="budget">{table}<ul class="budget-notes">{items}</ul></section>'
+
+
+def branch_html(job: dict[str, Any]) -> str:
+    """A branch sweep's table: per checkpoint the CBS, its bracket and each batch's excess
+    loss over the smallest batch's; then the rule, the window and the warm-up schedule."""
+    result = job.get("result") if isinstance(job.get("result"), dict) else {}
+    branch = ((result or {}).get("sweep") or {}).get("branch")
+    if not isinstance(branch, dict):
+        return ""
+    sizes = branch.get("batch_sizes") or []
+    rows = []
+    for c in branch.get("checkpoints") or []:
+        excess = {k.get("batch_size"): k for k in c.get("curves") or []}
+        cells = [
+            "failed"
+            if b not in excess
+            else f"{_text(excess[b].get('excess'))}"
+            + (" ✓" if excess[b].get("within_tolerance") else " ✗")
+            for b in sizes
+        ]
+        rows.append(
+            (
+                c.get("step"),
+                c.get("loss"),
+                c.get("critical_batch"),
+                c.get("status"),
+                c.get("next_batch"),
+                *cells,
+                "; ".join(c.get("notes") or []),
+            )
+        )
+    headers = ("step", "loss", "CBS", "status", "next batch", *[f"excess B={b}" for b in sizes])
+    table = _table((*headers, "notes"), rows, {0, 1, 2, 4})
+    stages = [
+        (s.get("from_step"), s.get("batch_size"), s.get("status"))
+        for s in branch.get("warmup_schedule") or []
+    ]
+    schedule = _table(("from step", "batch size", "CBS status"), stages, {0, 1})
+    notes = [
+        branch.get("rule"),
+        f"window: {_text(branch.get('window_tokens'))} tokens "
+        f"({branch.get('window_examples')} examples) per branch",
+        f"learning rate: {branch.get('lr_rule')}",
+        f"cost: {branch.get('examples_processed')} examples processed in all",
+        branch.get("schedule_note"),
+    ]
+    items = "".join(f"<li>{esc(_text(n))}</li>" for n in notes if n)
+    return (
+        '<section id="branch-sweep"><h2>Branch sweep: critical batch size by checkpoint</h2>'
+        f"{table}<h3>Batch-size warm-up schedule</h3>{schedule}<ul>{items}</ul></section>"
+    )
 
 
 def children_html(job: dict[str, Any]) -> str:
@@ -453,6 +525,7 @@ def render_report(job: dict[str, Any], plots: list[Plot] | None = None) -> str:
         f"{esc(job.get('status'))}</p></header><main>"
         f"<h2>Budget</h2>{budget_html(recommendation_of(job))}"
         f"<h2>Summary</h2>{summary_html(job)}"
+        f"{branch_html(job)}"
         f"{children_html(job)}"
         f"<h2>Inputs</h2>{inputs_html(job)}"
         f"<h2>Recommendation</h2>{recommendation_html(recommendation_of(job), job)}"

@@ -229,8 +229,9 @@ def _peak_memory(result: dict[str, Any]) -> dict[str, Any]:
 def _sweep_fields(
     engine: Any, project_id: uuid.UUID, sweeps: list[uuid.UUID]
 ) -> tuple[dict[str, Any], float | None]:
-    """Measurements from finished sweep jobs of the project: the batch sweep's steps to target
-    and the data sweep's loss-vs-data table (the budget then leads with them), and the sweep's
+    """Measurements from finished sweep jobs of the project: the batch sweep's steps to target,
+    the data sweep's loss-vs-data table and the branch sweep's critical batch per checkpoint
+    (the budget then leads with them), and the sweep's
     target loss (used when targets.target_loss is not given)."""
     from sqlalchemy import text
 
@@ -252,7 +253,7 @@ def _sweep_fields(
             )
         measured = (row.result or {}).get("measurements") or {}
         sweep = (row.result or {}).get("sweep") or {}
-        for key in ("steps_to_target", "loss_vs_data"):
+        for key in ("steps_to_target", "loss_vs_data", "branched_critical_batch"):
             if key in measured:
                 fields[key] = measured[key]
         if sweep.get("tokens_per_example"):

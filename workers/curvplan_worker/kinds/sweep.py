@@ -5,13 +5,17 @@ header, and return the points as child jobs. Fan-in attempt (``ctx.children`` se
 the finished points with the planner. A failed point leaves the fit to the others when
 enough remain (3 for a batch sweep, 4 subset sizes for a data sweep); the result names the
 failed ones. A data sweep trains every subset at every multiplier of ``optimizer.lr_grid``
-with a decayed schedule and keeps one run per subset by ``DATA_LR_RULE``.
+with a decayed schedule and keeps one run per subset by ``DATA_LR_RULE``. A branch sweep
+trains one point per checkpoint and batch size over the same token window and takes the CBS
+of each checkpoint (``curvplan_worker.sweep.branch``; a failed branch counts as not keeping
+up, a failed reference branch leaves its checkpoint without a CBS).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -40,13 +44,15 @@ from curvplan_core.artifacts.safetensors_format import validate_file
 from curvplan_core.planner import make_plan
 from curvplan_core.planner.gradient_noise import ratio_of_means_bootstrap, two_batch_estimates
 from curvplan_worker.analyze.artifacts import attempt_access
+from curvplan_worker.analyze.pipeline import checkpoint_step
 from curvplan_worker.errors import JobError
 from curvplan_worker.kinds import ChildJob, FanOut, JobContext
 from curvplan_worker.kinds.plan import seed_for_job
+from curvplan_worker.sweep.branch import fit_branches, plan_branches
 from curvplan_worker.sweep.lr import interpolated_multiplier, lr_for_batch
 
 DEFAULT_BATCH_SIZES = (8, 16, 32, 64, 128)
-MIN_POINTS = {"batch": 3, "data": 4}
+MIN_POINTS = {"batch": 3, "data": 4, "branch": 2}
 DATA_SIZE_STEPS = 6  # default data sweep: N, N/2, …, N/32
 B_SIMPLE_FORMULA = (
     "B_simple = mean_t tr Σ_t / mean_t |G|²_t with |G|²_t = (B|G_B|² − b|G_b|²)/(B − b), "
@@ -72,22 +78,35 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
 
 
 # --------------------------------------------------------------------------- fan-out
-def _train_size(body: SweepJobCreate, ctx: JobContext) -> int:
+def _inputs(body: SweepJobCreate, ctx: JobContext) -> tuple[int, list[int | None]]:
+    """The training data's size, and the step of each branch checkpoint (the request's
+    ``sweep.checkpoint_steps``, else what each checkpoint file declares)."""
     with attempt_access(ctx) as (access, project_id):
         art = access.resolve(project_id, str(body.train_data), "dataset", "train_data")
         access.resolve(project_id, str(body.eval_data), "dataset", "eval_data")
         if body.checkpoint is not None:
             access.resolve(project_id, str(body.checkpoint), "checkpoint", "checkpoint")
+        branch_paths = [
+            str(access.resolve(project_id, str(c), "checkpoint", f"checkpoints.{i}").path)
+            for i, c in enumerate(body.checkpoints)
+        ]
         info = validate_file(str(art.path))
+        declared = body.sweep.checkpoint_steps
+        steps: list[int | None] = (
+            list(declared) if declared is not None else [checkpoint_step(p) for p in branch_paths]
+        )
     inputs = info.tensors.get("inputs")
     if inputs is None or not inputs.shape:
         raise JobError("invalid-dataset", "Invalid training data", "train_data: no inputs tensor")
-    return int(inputs.shape[0])
+    return int(inputs.shape[0]), steps
 
 
-def plan_points(body: SweepJobCreate, n_train: int) -> list[ChildJob]:
+def plan_points(
+    body: SweepJobCreate, n_train: int, steps: Sequence[int | None] | None = None
+) -> list[ChildJob]:
     """The sweep's runs as child jobs (one per batch size, × lr multipliers for the grid rule;
-    one per subset size for a data sweep)."""
+    one per subset size for a data sweep; one per checkpoint and batch size for a branch
+    sweep, ``steps`` being the checkpoints' training steps)."""
     sweep, opt = body.sweep, body.optimizer
     common = body.model_dump(
         mode="json", include={"model", "checkpoint", "train_data", "eval_data", "optimizer"}
@@ -101,6 +120,13 @@ def plan_points(body: SweepJobCreate, n_train: int) -> list[ChildJob]:
             name=name,
         )
 
+    if sweep.type == "branch":
+        return plan_branches(
+            body,
+            n_train,
+            list(steps) if steps is not None else [None] * len(body.checkpoints),
+            lambda name, request: ChildJob(kind="sweep_point", request=request, name=name),
+        )
     if sweep.type == "batch":
         sizes = sorted(set(sweep.batch_sizes or DEFAULT_BATCH_SIZES))
         too_big = [b for b in sizes if b > n_train]
@@ -226,12 +252,12 @@ def _default_data_sizes(n_train: int, batch_size: int) -> list[int]:
 
 def _fan_out(body: SweepJobCreate, ctx: JobContext) -> FanOut:
     ctx.report_progress(0.0, "planning points", "reading the training data")
-    n_train = _train_size(body, ctx)
-    children = plan_points(body, n_train)
+    n_train, steps = _inputs(body, ctx)
+    children = plan_points(body, n_train, steps)
     distinct = (
         len({c.request["point"]["data_size"] for c in children})
         if body.sweep.type == "data"
-        else len(set(c.name for c in children))
+        else len({c.request["point"]["batch_size"] for c in children})
     )
     if distinct < MIN_POINTS[body.sweep.type]:
         raise JobError(
@@ -289,7 +315,18 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
         failed_points=failed,
     )
     measurements: dict[str, Any] = {}
-    if sweep.type == "batch":
+    if sweep.type == "branch":
+        answer.branch, branched = fit_branches(body, children, {o.job_id: o for o in outs}, tokens)
+        answer.points_used = sum(o.used_in_fit for o in outs)
+        measurements["branched_critical_batch"] = branched.model_dump(mode="json")
+        if tokens is not None:
+            measurements["tokens_per_example"] = tokens
+        recommendation = make_plan(
+            Measurements(branched_critical_batch=branched, tokens_per_example=tokens),
+            Targets(),
+            seed=seed,
+        )
+    elif sweep.type == "batch":
         used = _best_per_batch(results)
         if len(used) < MIN_POINTS["batch"]:
             raise JobError(

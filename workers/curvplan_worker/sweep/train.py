@@ -93,7 +93,9 @@ def train_point(
     Batch sweep: stops at the first evaluation with loss ≤ ``target_loss``; the steps to
     target are interpolated linearly in loss between the last two evaluations. Data sweep:
     runs the whole decayed schedule (an early stop would end it at a high learning rate and
-    bias L(D) upward) and reports the best evaluation.
+    bias L(D) upward) and reports the best evaluation. Branch sweep: runs its window of
+    ``max_steps`` steps and evaluates every ``eval_every``; its batch order does not depend on
+    the batch size, so every branch of a checkpoint sees the same examples in the same order.
     """
     started = time.monotonic()
     b = point.batch_size
@@ -106,7 +108,10 @@ def train_point(
             )
         train = train.subset(nested_order(n_train, point.seed)[: point.data_size])
         n_train = len(train)
-    gen = torch.Generator().manual_seed(point.seed * 1_000_003 + b)
+    # a branch sweep's branches share one example order, so at equal tokens they saw the same data
+    gen = torch.Generator().manual_seed(
+        point.seed * 1_000_003 + (0 if point.type == "branch" else b)
+    )
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(params, optimizer_spec, point.lr)
     warmup = optimizer_spec.warmup_steps
@@ -198,6 +203,8 @@ def train_point(
     censored = point.type == "batch" and not reached
     if point.type == "batch":
         steps = float(steps_to_target) if steps_to_target is not None else float(step)
+    elif point.type == "branch":
+        steps = float(step)
     else:
         steps = float(best_step)
     return PointResult(

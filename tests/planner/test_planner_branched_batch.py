@@ -1,0 +1,182 @@
+"""Branched critical batch size (Merrill et al. 2025) on loss-vs-tokens curves whose answer is
+known by construction, the warm-up schedule, and the branch result leading budget.batch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from curvplan.types.planner import BranchedBatchPoint, Measurements, Targets
+from curvplan_core.planner import make_plan
+from curvplan_core.planner.branched_batch import (
+    BranchLosses,
+    critical_batch_from_branches,
+    warmup_schedule,
+)
+
+SWEPT = [8, 16, 32, 64, 128, 256]
+E_MIN, B_CRIT, WINDOW = 2000.0, 48.0, 4096.0  # examples
+L_INF, DELTA = 1.0, 1.5
+MARKS = [0.0, 1024.0, 2048.0, 3072.0, 4096.0]
+
+
+def mccandlish_curve(b: int) -> BranchLosses:
+    """L_B(x) = L∞ + Δ·exp(−x/τ_B) with τ_B = E_min·(1 + B/B_crit): a batch B needs
+    (1 + B/B_crit) times the examples of a tiny batch for the same progress (McCandlish et
+    al. 2018, E = E_min(1 + B/B_crit))."""
+    tau = E_MIN * (1 + b / B_CRIT)
+    return BranchLosses(b, MARKS, [L_INF + DELTA * math.exp(-x / tau) for x in MARKS])
+
+
+def threshold_batch(tolerance: float) -> float:
+    """The B† with L_B†(W) − L_B₀(W) = ε, solved in closed form: every swept B ≤ B† is within."""
+    tau0 = E_MIN * (1 + SWEPT[0] / B_CRIT)
+    tau = -WINDOW / math.log(tolerance / DELTA + math.exp(-WINDOW / tau0))
+    return B_CRIT * (tau / E_MIN - 1)
+
+
+@pytest.mark.parametrize("tolerance", [0.08, 0.2, 0.5, 0.7])
+def test_the_cbs_is_the_largest_swept_batch_below_the_closed_form_threshold(tolerance) -> None:
+    b_dagger = threshold_batch(tolerance)
+    expected = max(b for b in SWEPT if b <= b_dagger)
+    assert SWEPT[0] < expected < SWEPT[-1], "the tolerances bracket the CBS inside the sweep"
+    verdict = critical_batch_from_branches([mccandlish_curve(b) for b in SWEPT], tolerance)
+    assert verdict.critical_batch == expected
+    assert verdict.status == "measured"
+    assert verdict.next_batch == SWEPT[SWEPT.index(expected) + 1]
+    assert verdict.next_batch > b_dagger  # the bracket [CBS, next) holds the threshold
+    assert verdict.reference_batch == 8 and verdict.excess[8] == 0.0
+    for b in SWEPT:  # the excess is the closed-form loss gap at the end of the window
+        gap = mccandlish_curve(b).losses[-1] - mccandlish_curve(8).losses[-1]
+        assert verdict.excess[b] == pytest.approx(gap if b != 8 else 0.0, abs=1e-12)
+        assert verdict.within[b] is (b <= b_dagger)
+    assert verdict.notes == []
+
+
+def _flat(b: int, end_excess: float, mid_excess: float = 0.0) -> BranchLosses:
+    reference = [2.0, 1.8, 1.6, 1.5, 1.4]
+    gaps = [0.0, mid_excess, mid_excess, mid_excess, end_excess]
+    return BranchLosses(b, MARKS, [r + g for r, g in zip(reference, gaps, strict=True)])
+
+
+def test_an_excess_exactly_at_the_tolerance_is_within_and_just_above_is_not() -> None:
+    eps = 0.01
+    branches = [_flat(8, 0.0), _flat(16, eps), _flat(32, eps * (1 + 1e-6)), _flat(64, 1.0)]
+    verdict = critical_batch_from_branches(branches, eps)
+    assert verdict.within == {8: True, 16: True, 32: False, 64: False}
+    assert (verdict.critical_batch, verdict.status, verdict.next_batch) == (16, "measured", 32)
+
+
+def test_equal_curves_tie_and_keep_up_so_the_largest_batch_is_at_least() -> None:
+    verdict = critical_batch_from_branches([_flat(b, 0.0) for b in SWEPT], 0.01)
+    assert all(verdict.within.values())
+    assert (verdict.critical_batch, verdict.status, verdict.next_batch) == (256, "at_least", None)
+    assert "at least 256" in verdict.notes[0]
+
+
+def test_none_within_the_tolerance_leaves_the_smallest_batch_as_an_upper_bracket() -> None:
+    verdict = critical_batch_from_branches(
+        [_flat(8, 0.0)] + [_flat(b, 0.5) for b in SWEPT[1:]], 0.1
+    )
+    assert verdict.within == {b: b == 8 for b in SWEPT}
+    assert (verdict.critical_batch, verdict.status, verdict.next_batch) == (8, "at_most", 16)
+    assert "below 16" in verdict.notes[0]
+
+
+def test_window_comparison_needs_the_whole_window_within_end_only_the_last_point() -> None:
+    lagging = _flat(16, end_excess=0.0, mid_excess=0.05)  # catches up by the end
+    branches = [_flat(8, 0.0), lagging, _flat(32, 0.5)]
+    end = critical_batch_from_branches(branches, 0.01, "end")
+    window = critical_batch_from_branches(branches, 0.01, "window")
+    assert (end.critical_batch, end.status) == (16, "measured")
+    assert (window.critical_batch, window.status) == (8, "at_most")
+    assert window.excess[16] == pytest.approx(0.05)
+
+
+def test_a_non_monotone_sweep_takes_the_largest_within_and_says_so() -> None:
+    branches = [_flat(8, 0.0), _flat(16, 0.3), _flat(32, 0.0), _flat(64, 0.3)]
+    verdict = critical_batch_from_branches(branches, 0.01)
+    assert (verdict.critical_batch, verdict.next_batch) == (32, 64)
+    assert "not monotone" in verdict.notes[0] and "16" in verdict.notes[0]
+
+
+def test_failed_branches_are_not_within_and_a_failed_reference_has_no_cbs() -> None:
+    verdict = critical_batch_from_branches(
+        [_flat(8, 0.0), _flat(16, 0.0), _flat(64, 0.0)], 0.01, failed_batches=[32]
+    )
+    assert verdict.within[32] is False and verdict.excess[32] is None
+    assert verdict.critical_batch == 64  # the rule is the largest within, as stated
+    with pytest.raises(ValueError, match="reference branch"):
+        critical_batch_from_branches([_flat(16, 0.0), _flat(32, 0.0)], 0.01, failed_batches=[8])
+    with pytest.raises(ValueError, match="no evaluation at"):
+        short = BranchLosses(16, MARKS[:-1], _flat(16, 0.0).losses[:-1])
+        critical_batch_from_branches([_flat(8, 0.0), short], 0.01)
+
+
+def _point(step: int | None, cbs: int, status: str = "measured") -> BranchedBatchPoint:
+    return BranchedBatchPoint(step=step, critical_batch=cbs, status=status, next_batch=cbs * 2)
+
+
+def test_the_warmup_schedule_follows_the_steps_merges_equal_batches_and_flags_drops() -> None:
+    points = [_point(400, 64), _point(25, 8, "at_most"), _point(100, 32), _point(200, 32)]
+    stages, note = warmup_schedule(points, tokens_per_example=32.0)
+    assert [(s.from_step, s.batch_size) for s in stages] == [(25, 8), (100, 32), (400, 64)]
+    assert stages[0].batch_size_tokens == 256.0 and stages[0].status == "at_most"
+    assert "before it no CBS was measured" in note and "decreases" not in note
+    stages, note = warmup_schedule([_point(0, 16), _point(50, 64), _point(90, 32)])
+    assert [(s.from_step, s.batch_size) for s in stages] == [(0, 16), (50, 64), (90, 32)]
+    assert "decreases at step 90: 64 → 32" in note
+    stages, note = warmup_schedule([_point(None, 16), _point(10, 8)])
+    assert [(s.from_step, s.batch_size) for s in stages] == [(10, 8), (None, 16)]
+    assert "declare no step" in note
+
+
+def _branched(points: list[BranchedBatchPoint]) -> dict:
+    return {
+        "checkpoints": [p.model_dump() for p in points],
+        "tolerance": 0.01,
+        "compare": "end",
+        "window_tokens": 4096.0,
+        "batch_sizes": [8, 16, 32, 64],
+    }
+
+
+def test_the_branch_sweep_leads_budget_batch_and_a_batch_sweep_gives_its_steps() -> None:
+    steps = [{"batch_size": b, "steps": 40.0 * (1 + 20.0 / b)} for b in (4, 8, 16, 32, 64)]
+    branched = _branched([_point(50, 16), _point(10, 8, "at_most"), _point(200, 32)])
+    rec = make_plan(
+        Measurements.model_validate(
+            {"branched_critical_batch": branched, "steps_to_target": steps, "tokens_per_example": 6}
+        ),
+        Targets(target_loss=1.0),
+    )
+    batch = rec.budget.batch
+    assert batch.source == "branch_sweep"
+    assert (batch.recommended, batch.critical, batch.critical_bracket) == (32, 32.0, (32, 64))
+    assert batch.recommended_tokens == 192.0
+    assert [(s.from_step, s.batch_size) for s in batch.warmup_schedule] == [
+        (10, 8),
+        (50, 16),
+        (200, 32),
+    ]
+    assert batch.critical_formula.startswith("budget.branched_cbs: ")
+    assert "Merrill et al. 2025" in batch.basis and "ε = 0.01" in batch.basis
+    b_crit = rec.batch_size.b_crit  # the batch sweep's fit stays in its section …
+    assert batch.expected_steps == pytest.approx(b_crit.s_min * (1 + b_crit.value / 32))
+    without = make_plan(Measurements(steps_to_target=steps), Targets(target_loss=1.0))
+    assert without.budget.batch.source == "batch_sweep"  # … and leads without a branch sweep
+    assert without.budget.batch.warmup_schedule == []
+
+
+def test_a_cbs_at_the_edge_of_the_sweep_warns_with_its_bracket() -> None:
+    rec = make_plan(
+        Measurements.model_validate(
+            {"branched_critical_batch": _branched([_point(5, 8, "at_most")])}
+        ),
+        Targets(),
+    )
+    batch = rec.budget.batch
+    assert batch.critical_bracket == (None, 16)
+    assert any("below 16" in w for w in rec.budget.warnings)
+    assert batch.expected_steps is None and "batch sweep" in batch.reason

@@ -1,0 +1,303 @@
+"""The branch sweep's plan and fit (torch-free; the ``sweep`` kind calls them).
+
+Branched training (Merrill et al. 2025, "Critical Batch Size Revisited", arXiv 2505.23971):
+from each checkpoint, one ``sweep_point`` per batch size B (× learning-rate multiplier for
+the grid rule) trains the same token window at a constant learning rate; the planner picks
+the CBS per checkpoint from the branches' loss-vs-tokens curves
+(:func:`curvplan_core.planner.branched_batch.critical_batch_from_branches`) and the
+batch-size warm-up schedule over the checkpoints' steps (docs/budget.md#branch-sweep).
+
+Every branch of a checkpoint draws the same sequence of training examples (one seeded
+order, independent of B), so at equal tokens all branches have seen the same data; each
+starts with a fresh optimizer state (a checkpoint holds weights only) and a linear warm-up
+over the same number of examples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from curvplan.types.jobs import SweepJobCreate
+from curvplan.types.planner import BranchedBatchPoint, BranchedCriticalBatch
+from curvplan.types.sweep import (
+    BranchCheckpoint,
+    BranchCurve,
+    BranchResult,
+    PointResult,
+    PointSettings,
+    SweepPointOut,
+)
+from curvplan_core.planner.branched_batch import (
+    CBS_FORMULA,
+    BranchLosses,
+    cbs_rule,
+    critical_batch_from_branches,
+    warmup_schedule,
+)
+from curvplan_worker.errors import JobError
+from curvplan_worker.sweep.lr import lr_for_batch
+
+DEFAULT_BATCH_SIZES = (8, 16, 32, 64, 128)
+
+
+def tokens_per_example(body: SweepJobCreate) -> float:
+    """Loss terms ("tokens") one example counts for the window: seq_len for a causal LM and a
+    per-token regression, 1 for a classification (as the objective counts them)."""
+    task = body.model.task
+    seq_len = getattr(task, "seq_len", None)
+    return float(seq_len) if task.type != "classification" and seq_len else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class BranchWindow:
+    """The window every branch trains: examples in all, and per evaluation."""
+
+    examples: int
+    examples_per_eval: int
+    tokens: float
+
+    def steps(self, batch_size: int) -> int:
+        return self.examples // batch_size
+
+    def eval_every(self, batch_size: int) -> int:
+        return self.examples_per_eval // batch_size
+
+
+def branch_window(body: SweepJobCreate, sizes: Sequence[int]) -> BranchWindow:
+    """``window_tokens`` rounded up so that each of the ``window_evals`` evaluations falls on a
+    whole step of the largest batch (batch sizes are powers of two: of every batch then)."""
+    sweep = body.sweep
+    tpe = tokens_per_example(body)
+    wanted = math.ceil((sweep.window_tokens or 1) / tpe)
+    b_max = max(sizes)
+    per_eval = math.ceil(wanted / sweep.window_evals / b_max) * b_max
+    examples = per_eval * sweep.window_evals
+    return BranchWindow(examples=examples, examples_per_eval=per_eval, tokens=examples * tpe)
+
+
+def lr_rule_text(body: SweepJobCreate, sizes: Sequence[int]) -> str:
+    """How each branch's learning rate is set, in words (result and docs)."""
+    opt = body.optimizer
+    rule = {
+        "sqrt": f"lr·√(B/{opt.base_batch_size})",
+        "linear": f"lr·B/{opt.base_batch_size}",
+        "constant": "lr",
+        "grid": f"lr·√(B/{opt.base_batch_size}) × the best of {opt.lr_grid} (lowest loss at "
+        "the end of the window)",
+    }[opt.lr_rule]
+    return (
+        f"{opt.name} at {rule} with lr = {opt.lr:g}, constant after a linear warm-up over "
+        f"{opt.warmup_steps} steps of batch {min(sizes)} (the same examples at every B); fresh "
+        "optimizer state at the checkpoint"
+    )
+
+
+def _warmup_steps(body: SweepJobCreate, batch_size: int, smallest: int) -> int:
+    steps = body.optimizer.warmup_steps
+    return 0 if steps == 0 else max(1, math.ceil(steps * smallest / batch_size))
+
+
+ChildFactory = Callable[[str, dict[str, Any]], Any]
+
+
+def plan_branches(
+    body: SweepJobCreate, n_train: int, steps: Sequence[int | None], child: ChildFactory
+) -> list[Any]:
+    """One child per (checkpoint, batch size[, lr multiplier]); ``child(name, request)``
+    builds the child job from its request (the parent's fields with this branch's)."""
+    sweep, opt = body.sweep, body.optimizer
+    sizes = sorted(set(sweep.batch_sizes or DEFAULT_BATCH_SIZES))
+    too_big = [b for b in sizes if b > n_train]
+    if too_big:
+        raise JobError(
+            "invalid-request",
+            "Invalid sweep request",
+            f"sweep.batch_sizes: {too_big} exceed the training data ({n_train} examples)",
+        )
+    window = branch_window(body, sizes)
+    if window.steps(sizes[0]) > sweep.max_steps:
+        raise JobError(
+            "invalid-request",
+            "Invalid sweep request",
+            f"sweep.window_tokens: the window of {window.examples} examples needs "
+            f"{window.steps(sizes[0])} steps at batch {sizes[0]}, more than sweep.max_steps "
+            f"({sweep.max_steps}): shorten the window or raise max_steps",
+        )
+    common = body.model_dump(mode="json", include={"model", "train_data", "eval_data"})
+    multipliers = opt.lr_grid if opt.lr_rule == "grid" else [1.0]
+    children = []
+    for i, (checkpoint, step) in enumerate(zip(body.checkpoints, steps, strict=True)):
+        where = f"step {step}" if step is not None else f"checkpoint {i}"
+        for b in sizes:
+            optimizer = opt.model_copy(update={"warmup_steps": _warmup_steps(body, b, sizes[0])})
+            for m in multipliers:
+                point = PointSettings(
+                    type="branch",
+                    batch_size=b,
+                    lr=lr_for_batch(opt, b, m),
+                    lr_multiplier=m,
+                    max_steps=window.steps(b),
+                    eval_every=window.eval_every(b),
+                    seed=sweep.init_seed,
+                    schedule="constant",
+                    checkpoint_step=step,
+                )
+                request = {
+                    **common,
+                    "checkpoint": str(checkpoint),
+                    "optimizer": optimizer.model_dump(mode="json"),
+                    "point": point.model_dump(mode="json", exclude_none=True),
+                }
+                suffix = f", lr×{m:g}" if opt.lr_rule == "grid" else ""
+                children.append(child(f"{where}, B={b}{suffix}", request))
+    return children
+
+
+def _compared_loss(result: PointResult) -> float:
+    return result.eval_losses[-1]
+
+
+def _checkpoint_steps(body: SweepJobCreate, children: list[dict[str, Any]]) -> list[int | None]:
+    """Each checkpoint's step, as the fan-out wrote it into its branches' points."""
+    found: dict[str, int] = {}
+    for child in children:
+        step = child["request"]["point"].get("checkpoint_step")
+        if step is not None:
+            found[str(child["request"]["checkpoint"])] = int(step)
+    return [found.get(str(c)) for c in body.checkpoints]
+
+
+def fit_branches(
+    body: SweepJobCreate,
+    children: list[dict[str, Any]],
+    outs: dict[str, SweepPointOut],
+    tokens: float | None,
+) -> tuple[BranchResult, BranchedCriticalBatch]:
+    """The CBS at every checkpoint from its branches, and the warm-up schedule.
+
+    ``outs`` maps child ids to their listed points (marked used or excluded here). Per
+    checkpoint and batch size the grid rule keeps the multiplier with the lowest loss at the
+    end of the window; a failed branch counts as not within the tolerance."""
+    sweep = body.sweep
+    steps = _checkpoint_steps(body, children)
+    sizes = sorted(set(sweep.batch_sizes or DEFAULT_BATCH_SIZES))
+    window = branch_window(body, sizes)
+    tpe = tokens if tokens is not None else tokens_per_example(body)
+    finished: dict[tuple[str, int], tuple[SweepPointOut, PointResult]] = {}
+    failed: dict[str, set[int]] = {}
+    for child in children:
+        out = outs[child["id"]]
+        checkpoint = str(child["request"]["checkpoint"])
+        b = int(child["request"]["point"]["batch_size"])
+        result = out.result
+        if result is None:
+            failed.setdefault(checkpoint, set()).add(b)
+            continue
+        best = finished.get((checkpoint, b))
+        if best is None or _compared_loss(result) < _compared_loss(best[1]):
+            if best is not None:
+                best[0].excluded_reason = "another learning rate ended the window lower"
+            finished[(checkpoint, b)] = (out, result)
+        else:
+            out.excluded_reason = "another learning rate ended the window lower"
+    checkpoints_out: list[BranchCheckpoint] = []
+    points: list[BranchedBatchPoint] = []
+    for checkpoint_id, step in zip(body.checkpoints, steps, strict=True):
+        checkpoint = str(checkpoint_id)
+        branches = {b: finished[(checkpoint, b)] for b in sizes if (checkpoint, b) in finished}
+        lost = {b for b in failed.get(checkpoint, set()) if b not in branches}
+        start_loss = next((r.eval_losses[0] for _, r in branches.values()), None)
+        entry = BranchCheckpoint(
+            checkpoint=checkpoint,
+            step=step,
+            loss=start_loss,
+            reference_batch=sizes[0],
+            critical_batch=None,
+        )
+        checkpoints_out.append(entry)
+        if sizes[0] not in branches:
+            entry.notes.append(
+                f"the reference branch (batch {sizes[0]}) failed: no CBS at this checkpoint"
+            )
+            continue
+        curves = [
+            BranchLosses(b, [s * b for s in r.eval_steps], r.eval_losses)
+            for b, (_, r) in sorted(branches.items())
+        ]
+        verdict = critical_batch_from_branches(
+            curves, sweep.tolerance, sweep.compare, failed_batches=sorted(lost)
+        )
+        for out, _ in branches.values():
+            out.used_in_fit = True
+            out.excluded_reason = None
+        entry.critical_batch = verdict.critical_batch
+        entry.critical_batch_tokens = verdict.critical_batch * tpe
+        entry.status = verdict.status
+        entry.next_batch = verdict.next_batch
+        entry.notes.extend(verdict.notes)
+        if lost:
+            entry.notes.append(
+                f"branch(es) at batch {', '.join(map(str, sorted(lost)))} failed: counted as "
+                "not within the tolerance"
+            )
+        entry.curves = [
+            BranchCurve(
+                name=out.name,
+                batch_size=b,
+                lr=r.lr,
+                lr_multiplier=r.lr_multiplier,
+                tokens=[s * b * tpe for s in r.eval_steps],
+                losses=r.eval_losses,
+                excess=verdict.excess[b],
+                within_tolerance=verdict.within[b],
+            )
+            for b, (out, r) in sorted(branches.items())
+        ]
+        points.append(
+            BranchedBatchPoint(
+                checkpoint=checkpoint,
+                step=step,
+                loss=start_loss,
+                critical_batch=verdict.critical_batch,
+                status=verdict.status,
+                next_batch=verdict.next_batch,
+            )
+        )
+    if not points:
+        raise JobError(
+            "too-few-points",
+            "No checkpoint's branches finished",
+            "the reference branch (the smallest batch) failed at every checkpoint: "
+            + "; ".join(n for c in checkpoints_out for n in c.notes),
+        )
+    schedule, note = warmup_schedule(points, tpe)
+    measured = BranchedCriticalBatch(
+        checkpoints=points,
+        tolerance=sweep.tolerance,
+        compare=sweep.compare,
+        window_tokens=window.examples * tpe,
+        batch_sizes=sizes,
+        lr_rule=lr_rule_text(body, sizes),
+    )
+    examples = sum(
+        int(o.result.steps * o.result.batch_size) for o in outs.values() if o.result is not None
+    )
+    answer = BranchResult(
+        rule=cbs_rule(sweep.tolerance, sweep.compare),
+        formula=CBS_FORMULA,
+        tolerance=sweep.tolerance,
+        compare=sweep.compare,
+        window_tokens=window.examples * tpe,
+        window_examples=window.examples,
+        batch_sizes=sizes,
+        lr_rule=measured.lr_rule or "",
+        checkpoints=checkpoints_out,
+        warmup_schedule=schedule,
+        schedule_note=note,
+        examples_processed=examples,
+        tokens_processed=examples * tpe,
+    )
+    return answer, measured
