@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from curvplan.cli import app
 from curvplan_core.config import Settings, get_settings
 from curvplan_core.jobs import store
-from curvplan_worker.worker import WorkerOptions
+from curvplan_worker.options import WorkerOptions
 
 
 def test_a_job_waits_for_a_worker_with_enough_devices(db, project_id):
