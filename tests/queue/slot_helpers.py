@@ -14,7 +14,7 @@ from typing import Any
 from queue_helpers import insert_jobs
 from sqlalchemy import Engine
 
-from curvplan_core.jobs import store
+from curvplan_core.jobs import lifecycle, store
 from curvplan_worker.options import WorkerOptions
 
 FORK = multiprocessing.get_context("fork")
@@ -54,6 +54,6 @@ def claim_test_job(
     """Queue one job of ``kind`` and claim it as ``worker_id``."""
     (job_id,) = insert_jobs(db, project_id, [request], kind=kind, max_attempts=max_attempts)
     with db.begin() as conn:
-        claimed = store.claim(conn, worker_id, ["cpu"], lease_seconds)
+        claimed = lifecycle.claim(conn, worker_id, ["cpu"], lease_seconds)
     assert claimed is not None and claimed.fence.job_id == job_id
     return claimed

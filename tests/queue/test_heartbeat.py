@@ -14,7 +14,7 @@ from queue_helpers import insert_jobs, job_row
 from slot_helpers import claim_test_job, slot_options
 from sqlalchemy import Engine, text
 
-from curvplan_core.jobs import store
+from curvplan_core.jobs import lifecycle, store
 from curvplan_worker.attempt import Progress
 from curvplan_worker.attempt_state import CurrentAttempt, SlotState
 from curvplan_worker.heartbeat import Heartbeat
@@ -101,7 +101,7 @@ def test_the_reaper_queues_an_expired_lease_again_and_stops_a_silent_worker(
 ) -> None:
     (expired,) = insert_jobs(db, project_id, [{}], kind="test")
     with db.begin() as conn:
-        assert store.claim(conn, "w-gone", ["cpu"], 5.0) is not None
+        assert lifecycle.claim(conn, "w-gone", ["cpu"], 5.0) is not None
         conn.execute(
             text("UPDATE job SET lease_expires_at = now() - interval '1 second' WHERE id = :id"),
             {"id": expired},

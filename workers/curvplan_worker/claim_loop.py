@@ -17,7 +17,7 @@ import threading
 from sqlalchemy import Engine
 
 from curvplan_core.credentials.service_keys import create_worker_key, worker_key_valid
-from curvplan_core.jobs import store
+from curvplan_core.jobs import lifecycle, store
 from curvplan_core.logging import bind
 from curvplan_core.notify import QueueNotifier
 from curvplan_worker.attempt_state import SlotState
@@ -100,7 +100,7 @@ class WorkerSlot:
             due: float | None = None
             try:
                 with self.engine.begin() as conn:
-                    job = store.claim(conn, self.worker_id, queues, self.options.lease_seconds)
+                    job = lifecycle.claim(conn, self.worker_id, queues, self.options.lease_seconds)
                     if job is None and notified:
                         due = store.seconds_until_runnable(conn, queues)
             except Exception:

@@ -17,7 +17,7 @@ from typing import Literal
 
 from sqlalchemy import Engine
 
-from curvplan_core.jobs import store
+from curvplan_core.jobs import lifecycle, store
 from curvplan_core.logging import bind
 from curvplan_worker.attempt_state import SlotState
 from curvplan_worker.health import touch_health_file
@@ -133,7 +133,7 @@ class Heartbeat:
         # Two transactions: the reaper locks job rows, the stale check worker rows;
         # holding both at once could deadlock with a revived worker's heartbeat.
         with self.engine.begin() as conn:
-            reaped = store.reap_expired(
+            reaped = lifecycle.requeue_expired(
                 conn, backoff_base=self.options.backoff_base, backoff_max=self.options.backoff_max
             )
         with self.engine.begin() as conn:

@@ -1,4 +1,4 @@
-"""The outcome writes of an attempt, each fenced by its claim (``curvplan_core.jobs.store``).
+"""The outcome writes of an attempt, each fenced by its claim (``curvplan_core.jobs.lifecycle``).
 
 Every write returns the attempt's outcome as the metrics count it: the job's new status,
 ``crashed``, ``released`` or ``lease-lost`` (the fence matched no row: the reaper re-queued
@@ -16,7 +16,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
-from curvplan_core.jobs import store
+from curvplan_core.jobs import lifecycle, store
 from curvplan_core.jobs.errors import error_dict
 from curvplan_worker.attempt import Final
 from curvplan_worker.options import WorkerOptions
@@ -26,11 +26,11 @@ log = logging.getLogger("curvplan.worker")
 
 def fail_parent_fast(engine: Engine, job_id: uuid.UUID) -> None:
     """A failed child whose parent cannot succeed without it fails that parent now and
-    cancels its siblings (``store.fail_parent_fast``); a failure here is only logged: the
+    cancels its siblings (``lifecycle.fail_parent_fast``); a failure here is only logged: the
     parent's fan-in fails the same way once its children have ended."""
     try:
         with engine.begin() as conn:
-            parent = store.fail_parent_fast(conn, job_id)
+            parent = lifecycle.fail_parent_fast(conn, job_id)
     except Exception:
         log.exception("could not fail the parent of a failed child; its fan-in will")
         return
@@ -82,18 +82,24 @@ class OutcomeWriter:
         if final.kind == "retry":  # transient: queued again like a crash, with its error
             return self.crash(fence, "", None, error=final.payload)
         outcome: Literal["succeeded", "failed", "cancelled"]
-        result = error = None
+        error = final.payload if final.kind == "error" else None
         if final.kind == "result":
-            outcome, result = "succeeded", final.payload
+            outcome = "succeeded"
+            status = self.fenced_write(
+                lambda conn: lifecycle.mark_succeeded(
+                    conn, fence, result=final.payload, progress=progress
+                )
+            )
         elif final.kind == "error":
-            outcome, error = "failed", final.payload
+            outcome = "failed"
+            status = self.fenced_write(
+                lambda conn: lifecycle.fail(conn, fence, error=error, progress=progress)
+            )
         else:
             outcome = "cancelled"
-        status = self.fenced_write(
-            lambda conn: store.finish(
-                conn, fence, outcome, result=result, error=error, progress=progress
+            status = self.fenced_write(
+                lambda conn: lifecycle.mark_cancelled(conn, fence, progress=progress)
             )
-        )
         if status is None:
             log.warning("lease lost before the outcome was written; %s result discarded", outcome)
             return "lease-lost"
@@ -112,7 +118,7 @@ class OutcomeWriter:
     def fan_out(self, fence: store.Fence, final: Final, *, progress: dict[str, Any] | None) -> str:
         children = (final.payload or {}).get("children") or []
         status = self.fenced_write(
-            lambda conn: store.fan_out(conn, fence, children, progress=progress)
+            lambda conn: lifecycle.wait_for_children(conn, fence, children, progress=progress)
         )
         if status is None:
             log.warning("lease lost before the fan-out was written; no children created")
@@ -132,7 +138,7 @@ class OutcomeWriter:
         if error is not None:
             detail = str(error.get("detail", ""))
         status = self.fenced_write(
-            lambda conn: store.end_crashed(
+            lambda conn: lifecycle.requeue_for_retry(
                 conn,
                 fence,
                 detail=detail,
@@ -168,7 +174,7 @@ class OutcomeWriter:
 
     def release(self, fence: store.Fence) -> str:
         """Give the job back at shutdown (queued again, the release not counted)."""
-        status = self.fenced_write(lambda conn: store.release(conn, fence))
+        status = self.fenced_write(lambda conn: lifecycle.release(conn, fence))
         if status is None:
             log.warning("lease lost before the job could be released")
             return "lease-lost"

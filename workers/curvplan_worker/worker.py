@@ -35,7 +35,7 @@ Decisions (each one has a test in tests/queue):
   attempt runs once more at half the micro-batch, then fails with ``out-of-memory``. A
   SIGKILL from elsewhere (the counter stayed put) is a crash like any other.
 * A failed child whose parent needs every child (an analysis's block group) fails the parent
-  at once and cancels its siblings (``store.fail_parent_fast``).
+  at once and cancels its siblings (``lifecycle.fail_parent_fast``).
 * Shutdown (SIGTERM/SIGINT): stop claiming, let the running attempt finish within
   ``shutdown_grace_seconds``, else kill it and release the job (queued again, its
   ``max_attempts`` raised by one so the release is not counted). A second signal
