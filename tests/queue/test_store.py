@@ -1,7 +1,7 @@
 """The queue's SQL against a real PostgreSQL: claim, fencing, reaper, release, crash, workers.
 
-These call ``curvplan_core.jobs.lifecycle`` and ``store`` directly (the worker processes are exercised in
-test_workers.py), so each rule can be checked on exact rows: what a claim writes,
+These call ``curvplan_core.jobs.lifecycle`` and ``store`` directly (the worker processes are
+exercised in test_workers.py), so each rule can be checked on exact rows: what a claim writes,
 which writes a fence rejects, what the reaper makes of an expired lease.
 """
 

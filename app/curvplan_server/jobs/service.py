@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from curvplan.types.jobs import JOB_KINDS, JOB_STATUSES, QUEUE_OF_KIND, TERMINAL_STATUSES
 from curvplan_core.jobs import lifecycle
-from curvplan_server.jobs.models import Job
+from curvplan_core.jobs.models import Job
 from curvplan_server.problems import Problem, conflict, not_found, validation_problem
 
 JOB = cast(Table, Job.__table__)

@@ -41,7 +41,7 @@ from curvplan_core.planner import make_plan
 from curvplan_core.planner.gradient_noise import ratio_of_means_bootstrap, two_batch_estimates
 from curvplan_worker.analyze.artifacts import attempt_access
 from curvplan_worker.errors import JobError
-from curvplan_worker.kinds import ChildJob, FanOut, JobContext
+from curvplan_worker.job_context import ChildJob, FanOut, JobContext
 from curvplan_worker.kinds.plan import seed_for_job
 from curvplan_worker.sweep.lr import interpolated_multiplier, lr_for_batch
 
