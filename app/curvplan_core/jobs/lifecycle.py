@@ -48,6 +48,9 @@ from curvplan_core.jobs.store import (
     json_param,
 )
 
+TERMINAL = ("succeeded", "failed", "cancelled")
+assert set(TERMINAL) == set(TERMINAL_STATUSES)
+
 NEW = "(new)"
 """The source of a job's first status: the row does not exist yet."""
 
@@ -89,7 +92,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         "cancelled",
         ("mark_cancelled", "requeue_for_retry", "release", "requeue_expired", "settle_parent"),
     ),
-    Transition("expire", TERMINAL_STATUSES, DELETED, ("expire",)),
+    Transition("expire", TERMINAL, DELETED, ("expire",)),
 )
 """Every allowed transition. A ``running`` job stays ``running`` while it waits for its
 children (no lease, no worker); a ``cancelling`` job only ever ends ``cancelled``; a
@@ -106,7 +109,7 @@ def allowed(source: str, target: str) -> bool:
     return (source, target) in ALLOWED
 
 
-_TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in TERMINAL_STATUSES) + ")"
+_TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in TERMINAL) + ")"
 
 
 # --------------------------------------------------------------------------- submission
