@@ -2,7 +2,7 @@
 
 Fills a scratch database with ``--history`` finished jobs over all projects, one project's
 backlog of ``--backlog`` queued jobs (a large fan-out) and two queued jobs of each of
-``--projects`` other projects, then times ``curvplan_core.jobs.store.CLAIM_SQL`` (fair across
+``--projects`` other projects, then times ``curvplan_core.jobs.lifecycle.CLAIM_SQL`` (fair across
 projects, docs/operations.md#claim-order) and the FIFO claim it replaced (ORDER BY priority
 DESC, created_at on ``ix_job_claim_order``), each claim rolled back, and prints the fair
 claim's EXPLAIN ANALYZE. Needs PostgreSQL: ``--admin-url``.
@@ -102,7 +102,7 @@ def main() -> None:
     from sqlalchemy.engine import make_url
 
     from curvplan_core.config import libpq_url, normalise_database_url
-    from curvplan_core.jobs import store
+    from curvplan_core.jobs import lifecycle
     from curvplan_server import migrations
 
     name = f"curvplan_bench_claim_{secrets.token_hex(4)}"
@@ -118,12 +118,12 @@ def main() -> None:
         with db.connect() as conn:
             trans = conn.begin()
             plan = conn.execute(
-                text("EXPLAIN (ANALYZE) " + store.CLAIM_SQL.text),
+                text("EXPLAIN (ANALYZE) " + lifecycle.CLAIM_SQL.text),
                 {"worker_id": "bench", "queues": ["gpu"], "lease": 30.0},
             ).scalars()
             print("\n".join(plan))
             trans.rollback()
-        fair = median_ms(db, store.CLAIM_SQL, args.repeats)
+        fair = median_ms(db, lifecycle.CLAIM_SQL, args.repeats)
         fifo = median_ms(db, text(FIFO_CLAIM), args.repeats)
         db.dispose()
     finally:

@@ -226,7 +226,7 @@ def measure_product_memory(op: Operator, device) -> dict:
     """Memory of one uncached full-model HVP on the first micro-batch: distinct storages saved
     for backward (forward + first backward with create_graph; parameters excluded), the
     first-gradient bytes, and on CUDA the max_memory_allocated increase (the engine's
-    ``curvplan_worker.curvature.memory.measure_product``)."""
+    ``curvplan_worker.curvature.memory_fit.measure_product``)."""
     x = op.batches[0]
     resident = {p.untyped_storage().data_ptr() for p in op.params.values()}
     resident.add(x.untyped_storage().data_ptr())

@@ -152,7 +152,8 @@ def child(args: argparse.Namespace) -> dict:
         }
 
     from curvplan_worker.curvature.lockstep import Lockstep, Task
-    from curvplan_worker.curvature.memory import fit_to_memory, plan_lockstep
+    from curvplan_worker.curvature.memory import plan_lockstep
+    from curvplan_worker.curvature.memory_fit import fit_to_memory
     from curvplan_worker.curvature.operator import CurvatureEngine
     from curvplan_worker.curvature.spectra import (
         basis_bytes,

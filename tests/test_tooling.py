@@ -51,19 +51,23 @@ def test_layering_contracts_and_mypy_settings_are_declared() -> None:
     sources = {m for c in contracts for m in c.get("source_modules", [])}
     assert {"curvplan.types", "curvplan.client", "curvplan_server", "curvplan_core"} <= sources
     assert "curvplan_worker.curvature" in sources
-    [layers] = [c["layers"] for c in contracts if c["type"] == "layers"]
-    assert layers == [
+    layered = [c["layers"] for c in contracts if c["type"] == "layers"]
+    assert [
         "curvplan.commands",
         "curvplan_server | curvplan_worker",
         "curvplan_core",
         "curvplan.types",
-    ]
+    ] in layered
+    # the cycles kept broken (docs/layout.md)
+    assert ["curvplan_worker.kinds", "curvplan_worker.analyze"] in layered
+    assert ["curvplan_server.jobs", "curvplan_server.analyze"] in layered
     forbidden: dict[str, set[str]] = {}
     for c in contracts:
         for source in c.get("source_modules", []):
             forbidden.setdefault(source, set()).update(c["forbidden_modules"])
     assert {"torch"} <= forbidden["curvplan_server"] & forbidden["curvplan_core"]
     assert "fastapi" in forbidden["curvplan_worker"]
+    assert "curvplan_worker.curvature.operator" in forbidden["curvplan_worker.curvature.memory"]
     mypy = config["tool"]["mypy"]
     assert "pydantic.mypy" in mypy["plugins"]
     assert {"curvplan", "app", "workers", "tests", "benchmarks"} <= set(mypy["files"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from curvplan_core.credentials.models import ApiKey, Project, ServiceCredential
 from curvplan_core.db import Base
+from curvplan_core.jobs.models import Job, JobArtifact, JobAttempt
 from curvplan_server.artifacts.models import Artifact
-from curvplan_server.jobs.models import Job, JobArtifact, JobAttempt
 from curvplan_server.reports.models import JobPlot
 from curvplan_server.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookSecret
 from curvplan_server.workers.models import Worker

@@ -86,7 +86,8 @@ def worker(
     import os
 
     from curvplan_core.config import get_settings
-    from curvplan_worker.worker import WorkerOptions, run_worker
+    from curvplan_worker.options import WorkerOptions
+    from curvplan_worker.worker import run_worker
 
     flags = {"device": device, "threads": threads, "self_test": self_test}
     flags["cache_graph"] = cache_graph

@@ -10,7 +10,7 @@ import pytest
 from api_helpers import assert_problem, error_fields
 from sqlalchemy import text, update
 
-from curvplan_server.jobs.models import Job
+from curvplan_core.jobs.models import Job
 
 
 def _create(client: Any, headers: dict[str, str], body: dict[str, Any], **extra: str) -> Any:

@@ -12,7 +12,8 @@ from torch import nn
 
 from curvplan_worker.curvature.hvp import CurvatureEngine
 from curvplan_worker.curvature.lockstep import Lockstep, Task
-from curvplan_worker.curvature.memory import fit_to_memory, plan_lockstep
+from curvplan_worker.curvature.memory import plan_lockstep
+from curvplan_worker.curvature.memory_fit import fit_to_memory
 from curvplan_worker.curvature.objective import RegressionObjective
 from curvplan_worker.curvature.spectra import (
     Spectrum,

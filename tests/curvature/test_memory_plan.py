@@ -21,8 +21,8 @@ from curvplan_worker.curvature.memory import (
     OutOfDeviceMemory,
     ProductMemory,
     choose,
-    measure_product,
 )
+from curvplan_worker.curvature.memory_fit import measure_product
 from curvplan_worker.curvature.model import build_model
 from curvplan_worker.curvature.objective import objective_for
 from curvplan_worker.curvature.operator import CurvatureEngine
@@ -170,7 +170,7 @@ def test_injected_out_of_memory_halves_the_micro_batch_and_redoes_the_product(
 def test_out_of_memory_at_micro_batch_one_is_a_named_job_error(monkeypatch, tmp_path):
     from curvplan_worker.analyze.pipeline import run_engine
     from curvplan_worker.errors import JobError
-    from curvplan_worker.kinds import JobContext
+    from curvplan_worker.job_context import JobContext
 
     save_checkpoint(_model(), tmp_path / "ckpt.safetensors")
     save_dataset(_data(), tmp_path / "data.safetensors")

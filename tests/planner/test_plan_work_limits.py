@@ -59,7 +59,7 @@ def test_a_cancel_stops_the_loop_over_orderings_within_one_ordering() -> None:
 
 def test_the_plan_kind_turns_a_cancel_into_a_cancelled_job(tmp_path: Path) -> None:
     from curvplan_worker.errors import JobCancelled
-    from curvplan_worker.kinds import JobContext
+    from curvplan_worker.job_context import JobContext
     from curvplan_worker.kinds import plan as plan_kind
 
     stop = threading.Event()

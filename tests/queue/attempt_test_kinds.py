@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from curvplan_worker.errors import JobError, RetryableError
-from curvplan_worker.kinds import JobContext
+from curvplan_worker.job_context import JobContext
 
 
 def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:

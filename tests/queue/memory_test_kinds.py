@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from curvplan_worker.kinds import JobContext
+from curvplan_worker.job_context import JobContext
 
 CHUNK = 16 * 2**20
 

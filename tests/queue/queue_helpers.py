@@ -48,14 +48,15 @@ def insert_jobs(
     requests: list[dict[str, Any]],
     *,
     max_attempts: int = 3,
+    kind: str = "plan",
 ) -> list[uuid.UUID]:
-    """Queue plan jobs the way the API does (status queued, queue cpu)."""
+    """Queue jobs of ``kind`` (plan) the way the API does (status queued, queue cpu)."""
     ids = [uuid.uuid4() for _ in requests]
     with engine.begin() as conn:
         conn.execute(
             text(
                 "INSERT INTO job (id, project_id, kind, queue, status, request, max_attempts)"
-                " VALUES (:id, :project_id, 'plan', 'cpu', 'queued', CAST(:request AS jsonb),"
+                " VALUES (:id, :project_id, :kind, 'cpu', 'queued', CAST(:request AS jsonb),"
                 " :max_attempts)"
             ),
             [
@@ -64,6 +65,7 @@ def insert_jobs(
                     "project_id": project_id,
                     "request": json.dumps(request),
                     "max_attempts": max_attempts,
+                    "kind": kind,
                 }
                 for job_id, request in zip(ids, requests, strict=True)
             ],

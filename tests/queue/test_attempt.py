@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from curvplan_worker.attempt import AttemptProcess, Final, Progress, describe_exit
-from curvplan_worker.child import EXIT_WORKER_GONE, ChildTask
+from curvplan_worker.child import ChildTask
+from curvplan_worker.exit_codes import EXIT_WORKER_GONE
 from curvplan_worker.kinds import KINDS, KindSpec
 
 FORK = multiprocessing.get_context("fork")

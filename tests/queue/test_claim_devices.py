@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from curvplan.cli import app
 from curvplan_core.config import Settings, get_settings
-from curvplan_core.jobs import store
-from curvplan_worker.worker import WorkerOptions
+from curvplan_core.jobs import lifecycle, store
+from curvplan_worker.options import WorkerOptions
 
 
 def test_a_job_waits_for_a_worker_with_enough_devices(db, project_id):
@@ -23,13 +23,13 @@ def test_a_job_waits_for_a_worker_with_enough_devices(db, project_id):
         store.register_worker(conn, "one-device", "h", 1, ["cpu"])
         store.register_worker(conn, "two-devices", "h", 2, ["cpu"], devices=2)
     with db.begin() as conn:  # the big job comes first by priority, but needs 2 devices
-        claimed = store.claim(conn, "one-device", ["cpu"], 30)
+        claimed = lifecycle.claim(conn, "one-device", ["cpu"], 30)
         assert claimed is not None and claimed.fence.job_id == small_job
     with db.begin() as conn:
-        assert store.claim(conn, "one-device", ["cpu"], 30) is None
+        assert lifecycle.claim(conn, "one-device", ["cpu"], 30) is None
     assert job_row(db, big_job).status == "queued"  # waiting, not failed
     with db.begin() as conn:
-        claimed = store.claim(conn, "two-devices", ["cpu"], 30)
+        claimed = lifecycle.claim(conn, "two-devices", ["cpu"], 30)
         assert claimed is not None and claimed.fence.job_id == big_job
         devices = conn.execute(text("SELECT devices FROM worker WHERE id = 'two-devices'"))
         assert devices.scalar() == 2

@@ -8,7 +8,7 @@ import uuid
 from queue_helpers import insert_jobs, job_row, plan_request
 from sqlalchemy import Engine, text
 
-from curvplan_core.jobs import store
+from curvplan_core.jobs import lifecycle, store
 
 W = "test-worker"
 
@@ -19,7 +19,7 @@ def _claim(db: Engine, job_id: uuid.UUID, queue: str, worker: str = W) -> store.
             text("UPDATE job SET created_at = now() - interval '1 hour' WHERE id = :id"),
             {"id": job_id},
         )
-        claimed = store.claim(conn, worker, [queue], 30.0)
+        claimed = lifecycle.claim(conn, worker, [queue], 30.0)
     assert claimed is not None and claimed.fence.job_id == job_id
     return claimed.fence
 
@@ -36,7 +36,7 @@ def _fanned(db: Engine, project_id: uuid.UUID, kind: str, n: int) -> tuple[uuid.
         for i in range(n)
     ]
     with db.begin() as conn:
-        assert store.fan_out(conn, fence, children) == "running"
+        assert lifecycle.wait_for_children(conn, fence, children) == "running"
     with db.connect() as conn:
         rows = list(
             conn.execute(
@@ -51,7 +51,7 @@ def _fail(db: Engine, child_id: uuid.UUID, queue: str) -> None:
     fence = _claim(db, child_id, queue)
     with db.begin() as conn:
         error = {"type": "invalid-options", "title": "x", "detail": "blocks: unknown"}
-        assert store.finish(conn, fence, "failed", error=error) == "failed"
+        assert lifecycle.fail(conn, fence, error=error) == "failed"
 
 
 def test_a_failed_block_group_fails_its_parent_and_cancels_the_siblings(db, project_id):
@@ -59,7 +59,7 @@ def test_a_failed_block_group_fails_its_parent_and_cancels_the_siblings(db, proj
     sibling_fence = _claim(db, running.id, "gpu", worker="other-worker")
     _fail(db, first.id, "gpu")
     with db.begin() as conn:
-        assert store.fail_parent_fast(conn, first.id) == parent
+        assert lifecycle.fail_parent_fast(conn, first.id) == parent
     row = job_row(db, parent)
     assert row.status == "failed" and row.finished_at is not None
     assert row.error["type"] == "block-group-failed"
@@ -73,18 +73,18 @@ def test_a_failed_block_group_fails_its_parent_and_cancels_the_siblings(db, proj
     assert busy.status == "cancelling" and busy.cancel_requested
     # Its end (whatever it brings) leaves the failed parent alone: no fan-in is queued.
     with db.begin() as conn:
-        assert store.finish(conn, sibling_fence, "succeeded", result={"ok": 1}) == "cancelled"
+        assert lifecycle.mark_succeeded(conn, sibling_fence, result={"ok": 1}) == "cancelled"
     after = job_row(db, parent)
     assert after.status == "failed" and after.error == row.error
     # A second call finds nothing to do.
     with db.begin() as conn:
-        assert store.fail_parent_fast(conn, first.id) is None
+        assert lifecycle.fail_parent_fast(conn, first.id) is None
 
 
 def test_a_failed_sweep_point_leaves_the_sweep_waiting_for_the_others(db, project_id):
     parent, (first, second) = _fanned(db, project_id, "sweep_point", 2)
     _fail(db, first.id, "gpu")
     with db.begin() as conn:
-        assert store.fail_parent_fast(conn, first.id) is None
+        assert lifecycle.fail_parent_fast(conn, first.id) is None
     assert job_row(db, parent).status == "running"
     assert job_row(db, second.id).status == "queued"

@@ -11,7 +11,7 @@ from queue_helpers import attempt_rows, insert_jobs, job_row, plan_request
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from curvplan_core.jobs import store
+from curvplan_core.jobs import lifecycle, store
 from curvplan_server.jobs import service
 
 W = "test-worker"
@@ -24,7 +24,7 @@ def _claim(db: Engine, job_id: uuid.UUID, worker: str = W, lease: float = 30.0) 
             text("UPDATE job SET created_at = now() - interval '1 hour' WHERE id = :id"),
             {"id": job_id},
         )
-        claimed = store.claim(conn, worker, ["cpu"], lease)
+        claimed = lifecycle.claim(conn, worker, ["cpu"], lease)
     assert claimed is not None and claimed.fence.job_id == job_id
     return claimed.fence
 
@@ -53,20 +53,19 @@ def _fanned_parent(
         for i in range(n)
     ]
     with db.begin() as conn:
-        assert store.fan_out(conn, fence, children) == "running"
+        assert lifecycle.wait_for_children(conn, fence, children) == "running"
     return parent, _children(db, parent)
 
 
 def _finish_child(db: Engine, child_id: uuid.UUID, outcome: str = "succeeded") -> None:
     fence = _claim(db, child_id)
     with db.begin() as conn:
-        status = store.finish(
-            conn,
-            fence,
-            outcome,  # type: ignore[arg-type]
-            result={"ok": 1} if outcome == "succeeded" else None,
-            error={"type": "x", "title": "x", "detail": "x"} if outcome == "failed" else None,
-        )
+        if outcome == "succeeded":
+            status = lifecycle.mark_succeeded(conn, fence, result={"ok": 1})
+        elif outcome == "failed":
+            status = lifecycle.fail(conn, fence, error={"type": "x", "title": "x", "detail": "x"})
+        else:
+            status = lifecycle.mark_cancelled(conn, fence)
     assert status == outcome
 
 
@@ -82,7 +81,7 @@ def test_parent_waits_without_lease_and_the_last_child_queues_it(db, project_id)
     assert {c.priority for c in children} == {5}  # a prioritised job's children keep its place
     # The reaper, even with every lease long expired, leaves the waiting parent alone.
     with db.begin() as conn:
-        assert store.reap_expired(conn, backoff_base=0.1, backoff_max=0.1) == []
+        assert lifecycle.requeue_expired(conn, backoff_base=0.1, backoff_max=0.1) == []
     assert job_row(db, parent).status == "running"
 
     _finish_child(db, children[0].id)
@@ -111,11 +110,11 @@ def test_children_ending_at_once_queue_the_parent_exactly_once(db, project_id):
     outcomes: dict[int, str | None] = {}
     conn_a = db.connect()
     tx_a = conn_a.begin()
-    assert store.finish(conn_a, fences[0], "succeeded", result={}) == "succeeded"  # holds parent
+    assert lifecycle.mark_succeeded(conn_a, fences[0], result={}) == "succeeded"  # holds parent
 
     def finish_b() -> None:
         with db.begin() as conn:
-            outcomes[1] = store.finish(conn, fences[1], "succeeded", result={})
+            outcomes[1] = lifecycle.mark_succeeded(conn, fences[1], result={})
 
     thread = threading.Thread(target=finish_b)
     thread.start()
@@ -136,7 +135,7 @@ def test_reaped_child_that_runs_out_of_attempts_settles_the_parent(db, project_i
     _claim(db, children[0].id, lease=0.01)
     time.sleep(0.05)
     with db.begin() as conn:
-        reaped = store.reap_expired(conn, backoff_base=0.1, backoff_max=0.1)
+        reaped = lifecycle.requeue_expired(conn, backoff_base=0.1, backoff_max=0.1)
     assert [r.status for r in reaped] == ["failed"]
     assert job_row(db, parent).status == "queued"
 
@@ -149,7 +148,7 @@ def test_cancelling_the_parent_cancels_children_and_ends_when_the_last_stops(db,
     assert out["status"] == "cancelling"
     assert [c["status"] for c in out["children"]] == ["cancelling", "cancelled", "cancelled"]
     with db.begin() as conn:
-        assert store.finish(conn, running, "succeeded", result={}) == "cancelled"
+        assert lifecycle.mark_succeeded(conn, running, result={}) == "cancelled"
     row = job_row(db, parent)
     assert row.status == "cancelled" and row.finished_at is not None
     assert all(c.status == "cancelled" for c in _children(db, parent))
@@ -179,7 +178,7 @@ def test_fan_out_of_a_job_cancelled_meanwhile_creates_nothing(db, project_id):
         assert service.cancel_job(session, project_id, parent)["status"] == "cancelling"
     child = {"kind": "plan", "request": {"kind": "plan", **plan_request()}, "name": "p"}
     with db.begin() as conn:
-        assert store.fan_out(conn, fence, [child]) == "cancelled"
+        assert lifecycle.wait_for_children(conn, fence, [child]) == "cancelled"
     assert _children(db, parent) == []
 
 
@@ -190,7 +189,7 @@ def test_safety_net_queues_a_parent_whose_children_ended_behind_its_back(db, pro
             text("UPDATE job SET status = 'failed' WHERE id = :id"), {"id": children[0].id}
         )
     with db.begin() as conn:
-        store.reap_expired(conn, backoff_base=0.1, backoff_max=0.1)
+        lifecycle.requeue_expired(conn, backoff_base=0.1, backoff_max=0.1)
     assert job_row(db, parent).status == "queued"
 
 
@@ -214,7 +213,7 @@ def test_children_are_linked_to_their_artifacts_in_the_fan_out_transaction(db, p
         {"kind": "plan", "request": {"kind": "plan", **plan_request()}, "name": "plan"},
     ]
     with db.begin() as conn:
-        assert store.fan_out(conn, fence, children) == "running"
+        assert lifecycle.wait_for_children(conn, fence, children) == "running"
     point_child, plan_child = _children(db, parent)
     with db.connect() as conn:
         links = set(conn.execute(text("SELECT job_id, field, artifact_id FROM job_artifact")))

@@ -3,7 +3,6 @@ worker id), so an operator can tell which attempt's lease is at risk."""
 
 from __future__ import annotations
 
-import contextvars
 import io
 import json
 import logging
@@ -15,7 +14,9 @@ from typing import Any
 
 from curvplan_core.jobs import store
 from curvplan_core.logging import ContextFilter, JsonFormatter, bind
-from curvplan_worker.worker import WorkerOptions, WorkerSlot, _Current
+from curvplan_worker.attempt_state import CurrentAttempt, SlotState
+from curvplan_worker.heartbeat import Heartbeat
+from curvplan_worker.options import WorkerOptions
 
 
 class _DownEngine:
@@ -41,24 +42,20 @@ def test_heartbeat_failure_names_the_running_job(tmp_path: Path) -> None:
         lease_seconds=1.0,
         heartbeat_seconds=0.05,
     )
-    slot = WorkerSlot(options, _DownEngine(), None, threading.Event(), threading.Event(), "w-7")  # type: ignore[arg-type]
+    state = SlotState()
+    heartbeat = Heartbeat(options, _DownEngine(), "w-7", state, threading.Event())  # type: ignore[arg-type]
     fence = store.Fence(job_id=uuid.uuid4(), worker_id="w-7", attempt=2)
-    slot.state.current = _Current(fence=fence)
+    state.current = CurrentAttempt(fence=fence)
     try:
         with bind(worker_id="w-7"):  # what WorkerSlot.run binds before starting the thread
-            beat = threading.Thread(
-                target=contextvars.copy_context().run, args=(slot._heartbeat_loop,)
-            )
-        beat.start()
+            heartbeat.start()
         try:
             for _ in range(200):  # the first beat fails at once; allow 10 s on a busy box
                 if "heartbeat failed" in stream.getvalue():
                     break
                 time.sleep(0.05)
         finally:
-            slot._heartbeat_done.set()
-            slot.state.beat_now.set()
-            beat.join(5)
+            heartbeat.finish(timeout=5)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)

@@ -23,11 +23,12 @@ import pytest
 from queue_helpers import attempt_rows, job_row, wait_for
 from sqlalchemy import Engine, text
 
-from curvplan_core.jobs import store
+from curvplan_core.jobs import lifecycle
 from curvplan_worker import memstats
 from curvplan_worker.attempt import classify_kill
+from curvplan_worker.claim_loop import WorkerSlot
 from curvplan_worker.kinds import KINDS, KindSpec
-from curvplan_worker.worker import WorkerOptions, WorkerSlot
+from curvplan_worker.options import WorkerOptions
 
 FORK = multiprocessing.get_context("fork")
 MiB = 2**20
@@ -148,9 +149,9 @@ def _run_job(db: Engine, slot: WorkerSlot, project_id: uuid.UUID, request: dict,
             ),
             {"id": job_id, "p": project_id, "r": __import__("json").dumps(request), "m": attempts},
         )
-        claimed = store.claim(conn, slot.worker_id, ["cpu"], 30.0)
+        claimed = lifecycle.claim(conn, slot.worker_id, ["cpu"], 30.0)
     assert claimed is not None and claimed.fence.job_id == job_id
-    slot._run_attempt(claimed)
+    slot.supervisor.run(claimed)
     return job_id
 
 

@@ -1,7 +1,7 @@
 """The queue's SQL against a real PostgreSQL: claim, fencing, reaper, release, crash, workers.
 
-These call ``curvplan_core.jobs.store`` directly (the worker processes are exercised in
-test_workers.py), so each rule can be checked on exact rows: what a claim writes,
+These call ``curvplan_core.jobs.lifecycle`` and ``store`` directly (the worker processes are
+exercised in test_workers.py), so each rule can be checked on exact rows: what a claim writes,
 which writes a fence rejects, what the reaper makes of an expired lease.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from queue_helpers import attempt_rows, insert_jobs, job_row, plan_request
 from sqlalchemy import Engine, text
 
-from curvplan_core.jobs import store
+from curvplan_core.jobs import lifecycle, store
 
 
 def expire_lease(db: Engine, job_id: uuid.UUID, seconds_ago: float = 1.0) -> None:
@@ -31,7 +31,7 @@ def expire_lease(db: Engine, job_id: uuid.UUID, seconds_ago: float = 1.0) -> Non
 
 def claim(db: Engine, worker_id: str, queues: tuple[str, ...] = ("cpu",)) -> store.ClaimedJob:
     with db.begin() as conn:
-        job = store.claim(conn, worker_id, list(queues), lease_seconds=30)
+        job = lifecycle.claim(conn, worker_id, list(queues), lease_seconds=30)
     assert job is not None, f"{worker_id} found nothing to claim"
     return job
 
@@ -55,7 +55,7 @@ def test_claim_sets_lease_attempt_and_records_the_attempt(db, project_id):
     assert current == job_id
     # The job is taken: nobody else can claim it.
     with db.begin() as conn:
-        assert store.claim(conn, "w2", ["cpu"], 30) is None
+        assert lifecycle.claim(conn, "w2", ["cpu"], 30) is None
 
 
 def test_claim_order_queue_filter_and_run_after(db, project_id):
@@ -66,11 +66,11 @@ def test_claim_order_queue_filter_and_run_after(db, project_id):
             text("UPDATE job SET run_after = now() + interval '1 hour' WHERE id = :id"),
             {"id": later},
         )
-        assert store.claim(conn, "w", ["gpu"], 30) is None  # plan jobs are on the cpu queue
+        assert lifecycle.claim(conn, "w", ["gpu"], 30) is None  # plan jobs are on the cpu queue
     assert claim(db, "w").fence.job_id == high  # priority first
     assert claim(db, "w").fence.job_id == low
     with db.begin() as conn:
-        assert store.claim(conn, "w", ["cpu"], 30) is None  # `later` is not due yet
+        assert lifecycle.claim(conn, "w", ["cpu"], 30) is None  # `later` is not due yet
 
 
 def test_concurrent_claims_never_hand_out_a_job_twice(db, project_id):
@@ -81,7 +81,7 @@ def test_concurrent_claims_never_hand_out_a_job_twice(db, project_id):
     def claimer(worker_id: str) -> None:
         while True:
             with db.begin() as conn:
-                job = store.claim(conn, worker_id, ["cpu"], 30)
+                job = lifecycle.claim(conn, worker_id, ["cpu"], 30)
             if job is None:
                 return
             with lock:
@@ -126,7 +126,7 @@ def test_zombie_writes_are_fenced_out_after_the_job_was_reclaimed(db, project_id
     zombie = claim(db, "zombie")
     expire_lease(db, job_id)
     with db.begin() as conn:
-        (reaped,) = store.reap_expired(conn, backoff_base=0, backoff_max=0)
+        (reaped,) = lifecycle.requeue_expired(conn, backoff_base=0, backoff_max=0)
     assert (reaped.job_id, reaped.status, reaped.lost_worker_id) == (job_id, "queued", "zombie")
     fresh = claim(db, "fresh")
     assert fresh.fence.attempt == 2
@@ -135,23 +135,24 @@ def test_zombie_writes_are_fenced_out_after_the_job_was_reclaimed(db, project_id
     late_result = {"recommendation": {"from": "zombie"}}
     with db.begin() as conn:
         assert store.heartbeat(conn, zombie.fence, 30, {"fraction": 1.0}) is None
-        assert store.finish(conn, zombie.fence, "succeeded", result=late_result) is None
-        assert store.release(conn, zombie.fence) is None
-        assert (
-            store.end_crashed(conn, zombie.fence, detail="x", backoff_base=0, backoff_max=0) is None
+        assert lifecycle.mark_succeeded(conn, zombie.fence, result=late_result) is None
+        assert lifecycle.release(conn, zombie.fence) is None
+        crashed = lifecycle.requeue_for_retry(
+            conn, zombie.fence, detail="x", backoff_base=0, backoff_max=0
         )
+        assert crashed is None
     after = job_row(db, job_id)
     assert after == before  # not one column changed
     assert [a.outcome for a in attempt_rows(db, job_id)] == ["lease-lost", None]
 
     with db.begin() as conn:
-        assert store.finish(conn, fresh.fence, "succeeded", result={"ok": 1}) == "succeeded"
+        assert lifecycle.mark_succeeded(conn, fresh.fence, result={"ok": 1}) == "succeeded"
     row = job_row(db, job_id)
     assert (row.status, row.result, row.worker_id) == ("succeeded", {"ok": 1}, "fresh")
     assert [a.outcome for a in attempt_rows(db, job_id)] == ["lease-lost", "succeeded"]
     # A finished job cannot be written again, not even by its own worker.
     with db.begin() as conn:
-        assert store.finish(conn, fresh.fence, "failed", error={"type": "x"}) is None
+        assert lifecycle.fail(conn, fresh.fence, error={"type": "x"}) is None
 
 
 def test_reaper_backoff_is_exponential_and_capped(db, project_id):
@@ -163,7 +164,7 @@ def test_reaper_backoff_is_exponential_and_capped(db, project_id):
         assert job.fence.attempt == attempt
         expire_lease(db, job_id)
         with db.begin() as conn:
-            (reaped,) = store.reap_expired(conn, backoff_base=base, backoff_max=cap)
+            (reaped,) = lifecycle.requeue_expired(conn, backoff_base=base, backoff_max=cap)
             delay = conn.execute(
                 text("SELECT extract(epoch FROM run_after - updated_at) FROM job WHERE id = :id"),
                 {"id": job_id},
@@ -188,7 +189,7 @@ def test_reaper_fails_the_last_attempt_with_worker_lost_and_cancels_cancelling(d
     expire_lease(db, last)
     expire_lease(db, cancelling)
     with db.begin() as conn:
-        reaped = store.reap_expired(conn, backoff_base=1, backoff_max=1)
+        reaped = lifecycle.requeue_expired(conn, backoff_base=1, backoff_max=1)
     assert {r.job_id: r.status for r in reaped} == {last: "failed", cancelling: "cancelled"}
     row = job_row(db, last)
     assert row.error["type"] == "worker-lost"
@@ -198,7 +199,7 @@ def test_reaper_fails_the_last_attempt_with_worker_lost_and_cancels_cancelling(d
     for job_id in (last, cancelling):
         assert [a.outcome for a in attempt_rows(db, job_id)] == ["lease-lost"]
     with db.begin() as conn:  # nothing left to reap, and live leases are left alone
-        assert store.reap_expired(conn, backoff_base=1, backoff_max=1) == []
+        assert lifecycle.requeue_expired(conn, backoff_base=1, backoff_max=1) == []
 
 
 def test_concurrent_reapers_reap_each_job_once(db, project_id):
@@ -213,7 +214,7 @@ def test_concurrent_reapers_reap_each_job_once(db, project_id):
     def reaper() -> None:
         barrier.wait()
         with db.begin() as conn:
-            results.append(store.reap_expired(conn, backoff_base=0, backoff_max=0, batch=15))
+            results.append(lifecycle.requeue_expired(conn, backoff_base=0, backoff_max=0, batch=15))
 
     for _ in range(3):  # a few rounds: each round four reapers race
         threads = [threading.Thread(target=reaper) for _ in range(4)]
@@ -232,7 +233,7 @@ def test_release_requeues_without_spending_an_attempt(db, project_id):
     (job_id,) = insert_jobs(db, project_id, [plan_request()], max_attempts=2)
     job = claim(db, "w1")
     with db.begin() as conn:
-        assert store.release(conn, job.fence) == "queued"
+        assert lifecycle.release(conn, job.fence) == "queued"
     row = job_row(db, job_id)
     assert (row.status, row.attempt, row.max_attempts, row.worker_id) == ("queued", 1, 3, None)
     assert [a.outcome for a in attempt_rows(db, job_id)] == ["released"]
@@ -243,13 +244,13 @@ def test_crash_requeues_until_max_attempts_then_fails_worker_crashed(db, project
     (job_id,) = insert_jobs(db, project_id, [plan_request()], max_attempts=2)
     job = claim(db, "w1")
     with db.begin() as conn:
-        status = store.end_crashed(
+        status = lifecycle.requeue_for_retry(
             conn, job.fence, detail="killed by SIGKILL", backoff_base=0, backoff_max=0
         )
     assert status == "queued"
     job = claim(db, "w1")
     with db.begin() as conn:
-        status = store.end_crashed(
+        status = lifecycle.requeue_for_retry(
             conn, job.fence, detail="killed by SIGKILL", backoff_base=0, backoff_max=0
         )
     assert status == "failed"
@@ -264,7 +265,7 @@ def test_a_transient_failure_requeues_then_fails_with_its_own_error_type(db, pro
     for expected in ("queued", "failed"):
         job = claim(db, "w1")
         with db.begin() as conn:
-            status = store.end_crashed(
+            status = lifecycle.requeue_for_retry(
                 conn,
                 job.fence,
                 detail="download of blob 00ff failed",
@@ -287,7 +288,7 @@ def test_finish_while_cancelling_ends_cancelled_and_drops_the_result(db, project
             text("UPDATE job SET status = 'cancelling', cancel_requested = true WHERE id = :id"),
             {"id": job_id},
         )
-        assert store.finish(conn, job.fence, "succeeded", result={"late": True}) == "cancelled"
+        assert lifecycle.mark_succeeded(conn, job.fence, result={"late": True}) == "cancelled"
     row = job_row(db, job_id)
     assert (row.status, row.result) == ("cancelled", None)
     assert [a.outcome for a in attempt_rows(db, job_id)] == ["cancelled"]
@@ -355,7 +356,7 @@ def test_claim_walks_indexes_instead_of_sorting_the_backlog(db, project_id, queu
     with db.connect() as conn:
         trans = conn.begin()
         (plan,) = conn.execute(
-            text("EXPLAIN (ANALYZE, FORMAT JSON) " + store.CLAIM_SQL.text),
+            text("EXPLAIN (ANALYZE, FORMAT JSON) " + lifecycle.CLAIM_SQL.text),
             {"worker_id": "w-explain", "queues": list(queues), "lease": 30.0},
         ).scalar_one()
         trans.rollback()
@@ -363,7 +364,7 @@ def test_claim_walks_indexes_instead_of_sorting_the_backlog(db, project_id, queu
     job_scans = [n for n in nodes if n.get("Relation Name") == "job" and "Scan" in n["Node Type"]]
     assert not [n for n in job_scans if n["Node Type"] == "Seq Scan"], plan
     assert any(n.get("Index Name") == "ix_job_project_claim" for n in nodes), plan
-    heads = 2 * N_BACKLOG_PROJECTS * store.CLAIM_DEPTH  # (project, queue) pairs × depth
+    heads = 2 * N_BACKLOG_PROJECTS * lifecycle.CLAIM_DEPTH  # (project, queue) pairs × depth
     sorts = [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")]
     assert all(n["Actual Rows"] * n["Actual Loops"] <= heads for n in sorts), plan
     read = sum(
@@ -429,7 +430,8 @@ def test_a_claim_falls_back_when_every_head_is_locked(db, project_id):
     """Two claims at once on one project with more claimers than CLAIM_DEPTH heads: the
     fallback hands out the next job instead of nothing."""
     # one insert each, so the creation times (and so the heads) are distinct
-    jobs = [insert_jobs(db, project_id, [plan_request()])[0] for _ in range(store.CLAIM_DEPTH + 2)]
+    n_jobs = lifecycle.CLAIM_DEPTH + 2
+    jobs = [insert_jobs(db, project_id, [plan_request()])[0] for _ in range(n_jobs)]
     with db.connect() as holder:
         trans = holder.begin()
         held = (
@@ -438,14 +440,14 @@ def test_a_claim_falls_back_when_every_head_is_locked(db, project_id):
                     "SELECT id FROM job WHERE status = 'queued' ORDER BY created_at LIMIT :n"
                     " FOR UPDATE"
                 ),
-                {"n": store.CLAIM_DEPTH},
+                {"n": lifecycle.CLAIM_DEPTH},
             )
             .scalars()
             .all()
         )
         got = claim(db, "w1").fence.job_id
         trans.rollback()
-    assert got == jobs[store.CLAIM_DEPTH] and got not in held
+    assert got == jobs[lifecycle.CLAIM_DEPTH] and got not in held
 
 
 def test_live_workers_counts_fresh_slots_of_the_queue(db):

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from curvplan.cli import app
 from curvplan_core.config import Settings
 from curvplan_worker.kinds import KINDS, UnknownKindError, load_run, modules_for_queues
-from curvplan_worker.worker import WorkerOptions
+from curvplan_worker.options import WorkerOptions
 
 URL = "postgresql+psycopg://postgres@127.0.0.1:5432/unused"
 

@@ -10,8 +10,8 @@ from plan_bodies import full_measurements, full_targets
 from sqlalchemy import update
 
 from curvplan_core.credentials.keys import lookup_key
+from curvplan_core.jobs.models import Job
 from curvplan_server.jobs import service
-from curvplan_server.jobs.models import Job
 
 
 def test_report_of_a_plan_with_subnormal_steps_explains_the_plot(

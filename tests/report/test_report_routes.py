@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import select, update
 
 from curvplan_core.credentials.keys import lookup_key
+from curvplan_core.jobs.models import Job
 from curvplan_server.jobs import service
-from curvplan_server.jobs.models import Job
 from curvplan_server.reports import signing
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -14,7 +14,7 @@ from sweep_helpers import TINY_SPEC, counting_data
 from curvplan.types.jobs import SweepJobCreate
 from curvplan.types.sweep import OptimizerSpec, PointResult, PointSettings
 from curvplan_worker.errors import JobError
-from curvplan_worker.kinds import JobContext
+from curvplan_worker.job_context import JobContext
 from curvplan_worker.kinds.sweep import plan_points, run
 
 S_MIN, B_CRIT = 40.0, 48.0

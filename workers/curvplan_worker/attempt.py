@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import Any, Literal
 
-from curvplan_worker.child import EXIT_RANK_DIED, EXIT_WORKER_GONE, ChildTask, child_main
+from curvplan_worker.child import ChildTask, child_main
+from curvplan_worker.exit_codes import EXIT_RANK_DIED, EXIT_WORKER_GONE
 from curvplan_worker.kinds import modules_for_queues
 
 

@@ -33,14 +33,13 @@ from curvplan.types.jobs import JOB_CREATE_ADAPTER
 from curvplan_core.jobs.errors import error_dict
 from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobCancelled, JobError, RetryableError
-from curvplan_worker.kinds import FanOut, JobContext, load_run
+from curvplan_worker.exit_codes import EXIT_WORKER_GONE
+from curvplan_worker.job_context import FanOut, JobContext
+from curvplan_worker.kinds import load_run
 from curvplan_worker.memstats import device_memory
 
 log = logging.getLogger("curvplan.worker.child")
 
-EXIT_WORKER_GONE = 75
-#: A data-parallel rank of the attempt died (``curvplan_worker.analyze.ranks``): a crash.
-EXIT_RANK_DIED = 76
 MAX_DETAIL_CHARS = 300
 
 

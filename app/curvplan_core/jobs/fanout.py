@@ -1,5 +1,8 @@
 """Fan-out as a queue facility: a job runs child jobs and resumes when they have all ended.
 
+This module reads a parent's children; the status changes of the life below are
+:mod:`curvplan_core.jobs.lifecycle`'s.
+
 The life of a parent job (any kind may do this; the sweep kind is the first user):
 
 1. **Fan-out attempt.** The kind returns a fan-out (children to create) instead of a
@@ -10,7 +13,7 @@ The life of a parent job (any kind may do this; the sweep kind is the first user
    never touches a waiting parent.
 2. **Children run** as ordinary jobs, on any worker. Every transaction that moves a child
    to a terminal status (finish, crash, reaper, release, cancel) calls
-   :func:`settle_parents` before it commits: it locks the parent row, counts the children
+   ``lifecycle.settle_parents`` before it commits: it locks the parent row, counts the children
    and records ``points done / total`` in the parent's progress. The transaction that
    records the *last* child's end queues the parent again (``run_after`` now, one more
    attempt allowed, since the fan-out attempt was not a failure).
@@ -30,9 +33,7 @@ the parent becomes ``cancelled`` when its last child has ended.
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,13 +43,6 @@ from curvplan.types.jobs import TERMINAL_STATUSES
 
 WAITING_STAGE = "waiting for children"
 FAN_IN_STAGE = "fan-in queued"
-
-_TERMINAL_SQL = "('succeeded', 'failed', 'cancelled')"
-assert set(TERMINAL_STATUSES) == {"succeeded", "failed", "cancelled"}
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, allow_nan=False)
 
 
 def children_counts(conn: Connection, parent_id: uuid.UUID) -> dict[str, int]:
@@ -86,116 +80,6 @@ def waiting_progress(
         "points_total": total,
         "points_failed": failed,
     }
-
-
-def settle_parent(conn: Connection, parent_id: uuid.UUID) -> str | None:
-    """Update a waiting parent after one of its children ended; its status, or None.
-
-    Must run in the transaction that wrote the child's terminal status, after that write.
-    A parent that is not waiting (it holds a lease, or is already terminal) is left alone.
-    """
-    row = conn.execute(
-        text("SELECT status, lease_expires_at, progress FROM job WHERE id = :p FOR UPDATE"),
-        {"p": parent_id},
-    ).one_or_none()
-    if row is None or row.status not in ("running", "cancelling"):
-        return None
-    if row.lease_expires_at is not None:
-        return None  # an attempt holds it (fan-out not finished yet, or fan-in running)
-    counts = children_counts(conn, parent_id)
-    total = sum(counts.values())
-    if total == 0:
-        return None
-    done = sum(n for status, n in counts.items() if status in TERMINAL_STATUSES)
-    stages = (row.progress or {}).get("stages")
-    if done < total:
-        conn.execute(
-            text(
-                "UPDATE job SET progress = CAST(:progress AS jsonb), updated_at = now()"
-                " WHERE id = :p"
-            ),
-            {"p": parent_id, "progress": _json(waiting_progress(counts, stages))},
-        )
-        return str(row.status)
-    if row.status == "cancelling":
-        conn.execute(
-            text(
-                "UPDATE job SET status = 'cancelled', finished_at = now(), updated_at = now(),"
-                " progress = CAST(:progress AS jsonb) WHERE id = :p"
-            ),
-            {"p": parent_id, "progress": _json(waiting_progress(counts, stages))},
-        )
-        return "cancelled"
-    conn.execute(
-        text(
-            "UPDATE job SET status = 'queued', run_after = now(), worker_id = NULL,"
-            " max_attempts = max_attempts + 1, updated_at = now(),"
-            " progress = CAST(:progress AS jsonb) WHERE id = :p"
-        ),
-        {"p": parent_id, "progress": _json(waiting_progress(counts, stages, FAN_IN_STAGE))},
-    )
-    return "queued"
-
-
-def settle_parents(conn: Connection, child_ids: Iterable[uuid.UUID]) -> None:
-    """:func:`settle_parent` for the parents of ``child_ids`` that ended (a no-op for jobs
-    without a parent). Parents are locked in id order."""
-    ids = list(child_ids)
-    if not ids:
-        return
-    parents = conn.execute(
-        text(
-            "SELECT DISTINCT parent_id FROM job WHERE id = ANY(:ids) AND parent_id IS NOT NULL"
-            f" AND status IN {_TERMINAL_SQL} ORDER BY parent_id"
-        ),
-        {"ids": ids},
-    ).scalars()
-    for parent_id in list(parents):
-        settle_parent(conn, parent_id)
-
-
-def settle_orphaned_waits(conn: Connection) -> list[uuid.UUID]:
-    """Queue (or finish cancelling) waiting parents whose children have all ended.
-
-    A safety net run by the reaper: every path that ends a child settles its parent in the
-    same transaction, so this finds nothing unless a child row was ended or removed by
-    hand (or by a path added later that forgot to settle).
-    """
-    rows = conn.execute(
-        text(
-            "SELECT p.id FROM job p WHERE p.status IN ('running', 'cancelling')"
-            " AND p.lease_expires_at IS NULL"
-            " AND EXISTS (SELECT 1 FROM job c WHERE c.parent_id = p.id)"
-            " AND NOT EXISTS (SELECT 1 FROM job c WHERE c.parent_id = p.id"
-            f"   AND c.status NOT IN {_TERMINAL_SQL})"
-            " ORDER BY p.id LIMIT 100"
-        )
-    ).scalars()
-    settled = []
-    for parent_id in list(rows):
-        if settle_parent(conn, parent_id) in ("queued", "cancelled"):
-            settled.append(parent_id)
-    return settled
-
-
-def cancel_children(conn: Connection, parent_id: uuid.UUID) -> None:
-    """Cancel the children of a parent whose cancellation was just requested.
-
-    Call with the children already locked (:func:`lock_children`) and after the parent's
-    own update. Queued children end ``cancelled`` at once; running ones become
-    ``cancelling`` (their worker stops them). Then the parent is settled: it becomes
-    ``cancelled`` if no child is still running.
-    """
-    conn.execute(
-        text(
-            "UPDATE job SET cancel_requested = true, updated_at = now(),"
-            " status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE 'cancelling' END,"
-            " finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END"
-            " WHERE parent_id = :p AND status IN ('queued', 'running')"
-        ),
-        {"p": parent_id},
-    )
-    settle_parent(conn, parent_id)
 
 
 def lock_children(conn: Connection, parent_id: uuid.UUID) -> int:

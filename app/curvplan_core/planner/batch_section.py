@@ -279,26 +279,76 @@ def build_batch_section(
             reason="needs measurements.gradient_noise and/or measurements.steps_to_target"
         )
     missing: list[Missing] = []
-    noise = _Noise()
-    source = None
+    noise, source = _noise_estimates(noise_input, targets, seed)
+    b_simple = _ratio_or_reason(
+        noise.b_simple,
+        noise.dof,
+        "B_simple",
+        "gradient_noise with grad_sq_norm and trace_sigma (or series)",
+    )
+    b_noise = _ratio_or_reason(
+        noise.b_noise,
+        noise.dof,
+        "B_noise",
+        "gradient_noise with gHg and trace_h_sigma (or gHg series)",
+    )
+    _warn_about_noise(noise, log)
+    trend, trend_note = _trend(trend_input, targets.confidence, log)
+    b_crit = _b_crit(measurements, targets, seed, log)
+    tpe = measurements.tokens_per_example
+    recommended, basis, unit = _recommend(b_crit, b_noise, b_simple, missing, log)
+    return BatchSizeSection(
+        grad_sq_norm=_stat_or_none(noise.grad_sq),
+        trace_sigma=_stat_or_none(noise.trace_sigma),
+        gHg=_stat_or_none(noise.ghg),
+        trace_h_sigma=_stat_or_none(noise.trace_h_sigma),
+        source=source,
+        b_simple=b_simple,
+        b_noise=b_noise,
+        b_crit=b_crit,
+        recommended=recommended,
+        recommended_basis=basis,
+        recommended_formula=None if basis is None else formulas.RECOMMENDED.format(basis=basis),
+        lr_scaling=_lr_scaling(noise, b_noise, recommended, unit),
+        unit=unit,
+        tokens_per_example=tpe,
+        recommended_tokens=None
+        if recommended is None or tpe is None or unit != "examples"
+        else round(recommended * tpe),
+        b_simple_reliability=noise.reliability_simple,
+        b_noise_reliability=noise.reliability_noise,
+        trend=trend,
+        trend_note=trend_note,
+        missing=missing,
+    )
+
+
+def _noise_estimates(
+    noise_input: TwoBatchNoiseSeries | DirectNoiseStats | None, targets: Targets, seed: int
+) -> tuple[_Noise, str | None]:
+    """Step 1: the noise statistics and B_simple/B_noise ratios of the gradient-noise input
+    (two-batch series or direct statistics), and which it was."""
     if isinstance(noise_input, TwoBatchNoiseSeries):
-        noise = _two_batch_noise(noise_input, targets, seed)
-        source = "two_batch"
-    elif isinstance(noise_input, DirectNoiseStats):
-        noise = _direct_noise(noise_input, targets.confidence)
-        source = "direct"
+        return _two_batch_noise(noise_input, targets, seed), "two_batch"
+    if isinstance(noise_input, DirectNoiseStats):
+        return _direct_noise(noise_input, targets.confidence), "direct"
+    return _Noise(), None
 
-    def ratio_or_reason(ratio: Ratio | None, what: str, needs: str) -> Estimate | NotComputed:
-        if ratio is None:
-            return NotComputed(reason=f"{what} needs {needs}")
-        return _ratio_out(ratio, noise.dof)
 
-    b_simple = ratio_or_reason(
-        noise.b_simple, "B_simple", "gradient_noise with grad_sq_norm and trace_sigma (or series)"
-    )
-    b_noise = ratio_or_reason(
-        noise.b_noise, "B_noise", "gradient_noise with gHg and trace_h_sigma (or gHg series)"
-    )
+def _ratio_or_reason(
+    ratio: Ratio | None, dof: int | None, what: str, needs: str
+) -> Estimate | NotComputed:
+    if ratio is None:
+        return NotComputed(reason=f"{what} needs {needs}")
+    return _ratio_out(ratio, dof)
+
+
+def _stat_or_none(stat: Stat | None) -> Estimate | None:
+    return None if stat is None else _stat_out(stat, stat.formula)
+
+
+def _warn_about_noise(noise: _Noise, log: WarningLog) -> None:
+    """Step 2: undefined ratios, negative trace estimates and a likely-low noise scale."""
     if noise.b_simple is not None and noise.b_simple.value is None:
         log.add(
             "b_simple_undefined",
@@ -320,7 +370,6 @@ def build_batch_section(
                 f"the estimate of {name} is negative ({stat.value:.4g}): "
                 "too few or too noisy steps",
             )
-
     for rel, name in ((noise.reliability_simple, "B_simple"), (noise.reliability_noise, "B_noise")):
         if rel is None:
             continue
@@ -336,11 +385,16 @@ def build_batch_section(
                 "examples or an earlier checkpoint)",
             )
 
-    trend, trend_note = _trend(trend_input, targets.confidence, log)
 
-    b_crit = _b_crit(measurements, targets, seed, log)
-    tpe = measurements.tokens_per_example
-
+def _recommend(
+    b_crit: BCrit | NotComputed,
+    b_noise: Estimate | NotComputed,
+    b_simple: Estimate | NotComputed,
+    missing: list[Missing],
+    log: WarningLog,
+) -> tuple[int | None, str | None, str]:
+    """Step 3: the recommended power-of-two batch, from B_crit, else B_noise, else B_simple;
+    (batch, its basis, its unit)."""
     recommended = None
     basis = None
     unit = "examples"
@@ -368,66 +422,40 @@ def build_batch_section(
             Missing(item="recommended", reason=f"{basis} exceeds 2^62: no sensible batch size")
         )
         basis = None
+    return recommended, basis, unit
 
-    lr: LrScaling | NotComputed
-    if isinstance(b_noise, Estimate):
-        eps_max = None
-        eps_note = None
-        if noise.grad_sq is None or noise.ghg is None:
-            eps_note = "ε_max = |G|²/GᵀHG needs |G|² and GᵀHG"
-        elif noise.grad_sq.value > 0 and noise.ghg.value > 0:
-            eps_max = noise.grad_sq.value / noise.ghg.value
-        else:
-            # an unbiased |G|² ≤ 0 (near w*) gives no step size: never report a negative ε_max
-            eps_note = (
-                f"ε_max undefined: |G|² = {noise.grad_sq.value:.4g}, GᵀHG = "
-                f"{noise.ghg.value:.4g} (both must be positive); the factor 1/(1 + B_noise/B) "
-                "still scales whatever learning rate is tuned at large batch"
-            )
-        factor = None
-        if recommended is not None and unit == "examples":
-            factor = 1.0 / (1.0 + b_noise.value / recommended)
-        lr = LrScaling(
-            formula=formulas.LR_SCALING,
-            b_noise=b_noise.value,
-            epsilon_max=eps_max,
-            factor_at_recommended=factor,
-            epsilon_opt_at_recommended=None
-            if eps_max is None or factor is None
-            else eps_max * factor,
-            note=eps_note,
-        )
-    else:
-        lr = NotComputed(
+
+def _lr_scaling(
+    noise: _Noise, b_noise: Estimate | NotComputed, recommended: int | None, unit: str
+) -> LrScaling | NotComputed:
+    """Step 4: the learning-rate rule ε_opt(B) = ε_max/(1 + B_noise/B) at the recommended batch."""
+    if not isinstance(b_noise, Estimate):
+        return NotComputed(
             reason="the learning-rate scaling ε_opt(B) = ε_max/(1 + B_noise/B) needs B_noise"
         )
-
-    def stat_or_none(stat: Stat | None) -> Estimate | None:
-        return None if stat is None else _stat_out(stat, stat.formula)
-
-    return BatchSizeSection(
-        grad_sq_norm=stat_or_none(noise.grad_sq),
-        trace_sigma=stat_or_none(noise.trace_sigma),
-        gHg=stat_or_none(noise.ghg),
-        trace_h_sigma=stat_or_none(noise.trace_h_sigma),
-        source=source,
-        b_simple=b_simple,
-        b_noise=b_noise,
-        b_crit=b_crit,
-        recommended=recommended,
-        recommended_basis=basis,
-        recommended_formula=None if basis is None else formulas.RECOMMENDED.format(basis=basis),
-        lr_scaling=lr,
-        unit=unit,
-        tokens_per_example=tpe,
-        recommended_tokens=None
-        if recommended is None or tpe is None or unit != "examples"
-        else round(recommended * tpe),
-        b_simple_reliability=noise.reliability_simple,
-        b_noise_reliability=noise.reliability_noise,
-        trend=trend,
-        trend_note=trend_note,
-        missing=missing,
+    eps_max = None
+    eps_note = None
+    if noise.grad_sq is None or noise.ghg is None:
+        eps_note = "ε_max = |G|²/GᵀHG needs |G|² and GᵀHG"
+    elif noise.grad_sq.value > 0 and noise.ghg.value > 0:
+        eps_max = noise.grad_sq.value / noise.ghg.value
+    else:
+        # an unbiased |G|² ≤ 0 (near w*) gives no step size: never report a negative ε_max
+        eps_note = (
+            f"ε_max undefined: |G|² = {noise.grad_sq.value:.4g}, GᵀHG = "
+            f"{noise.ghg.value:.4g} (both must be positive); the factor 1/(1 + B_noise/B) "
+            "still scales whatever learning rate is tuned at large batch"
+        )
+    factor = None
+    if recommended is not None and unit == "examples":
+        factor = 1.0 / (1.0 + b_noise.value / recommended)
+    return LrScaling(
+        formula=formulas.LR_SCALING,
+        b_noise=b_noise.value,
+        epsilon_max=eps_max,
+        factor_at_recommended=factor,
+        epsilon_opt_at_recommended=None if eps_max is None or factor is None else eps_max * factor,
+        note=eps_note,
     )
 
 

@@ -213,27 +213,7 @@ def build_data(
     available = _available(measurements, targets)
     tokens = _tokens_per_example(measurements)
     conf = targets.confidence
-    first = None
-    if isinstance(sample_size, SampleSizeSection) and sample_size.per_tolerance:
-        first = sample_size.per_tolerance[0]
-    evaluation = _evaluation_set_size(sample_size, conf)
-    stab = None
-    if first is not None and isinstance(first.empirical, SampleSizeValue):
-        stab = LandscapeStabilisation(
-            examples=first.empirical.k,
-            ci=first.empirical.ci,
-            tolerance=first.tolerance,
-            label="landscape stabilisation k*(ε) (Petrov et al. 2025): beyond it one more "
-            "example changes the average loss by about ε or less; it is neither the accuracy "
-            "of the loss (evaluation_set_size) nor a prediction of training",
-        )
-    common: dict[str, object] = {
-        "tolerance": None if first is None else first.tolerance,
-        "evaluation_set_size": evaluation,
-        "loss_accuracy_examples": None if evaluation is None else evaluation.examples,
-        "landscape_stabilisation": stab,
-        "available_samples": available,
-    }
+    common = _data_beside(sample_size, available, conf)
     sweep = scaling if isinstance(scaling, ScalingSection) else None
     status = _target_status(sweep) if sweep is not None else None
     sweep_fields: dict[str, object] = {"target_loss": targets.target_loss}
@@ -245,66 +225,11 @@ def build_data(
             "irreducible_loss_ci": sweep.E_ci,
         }
     if sweep is not None and status == "reachable" and isinstance(sweep.n_for_target_loss, float):
-        n = sweep.n_for_target_loss
-        ci = sweep.n_for_target_loss_ci
-        assert sweep.target_loss is not None
-        rec = math.ceil(n) if math.isfinite(n) else None
-        data = BudgetData(
-            recommended_examples=rec,
-            recommended_examples_ci=ci,
-            recommended_tokens=None if tokens is None or rec is None else rec * tokens,
-            source="data_sweep",
-            criterion="data sweep: the size at which the fitted L(D) = E + A·D^(−β) reaches the "
-            f"target loss ({formulas.formula_id(formulas.BUDGET_DATA_SWEEP)}); it is the only "
-            "number here that predicts how low training on that much data gets the loss",
-            guarantee=f"Training on about {_fmt(n)} examples is predicted to reach a held-out "
-            f"loss of {sweep.target_loss:.4g} (nats per token); the {conf:.0%} interval of the "
-            "size reflects the fit's uncertainty. It holds for the same model, optimizer, "
-            "schedule and data distribution as the sweep, inside the swept sizes (beyond them "
-            "it extrapolates the power law).",
-            **sweep_fields,
-            **common,
-        )
+        data = _data_from_sweep(sweep, tokens, conf, {**sweep_fields, **common})
         _assess_available(data, warnings)
         return data, warnings
     next_step = data_sweep_next_step(targets.target_loss, available, tokens)
-    if sweep is not None and status == "unreachable":
-        assert sweep.target_loss is not None and sweep.E_ci is not None
-        reason = (
-            f"the target loss {sweep.target_loss:.4g} is below the lower {conf:.0%} confidence "
-            f"end {sweep.E_ci[0]:.4g} of the fitted irreducible loss E = {sweep.E:.4g}: more "
-            "data alone does not reach it with this model and training setup"
-        )
-        warnings.append(f"data: {reason}")
-        guarantee = "unreachable: no training-set size reaches the target loss"
-    elif sweep is not None and status == "uncertain":
-        lo = "n/a" if sweep.E_ci is None else f"{sweep.E_ci[0]:.4g}"
-        assert sweep.target_loss is not None
-        reason = (
-            f"the target loss {sweep.target_loss:.4g} lies inside the interval of the fitted "
-            f"irreducible loss E = {sweep.E:.4g} (lower end {lo}): the sweep cannot tell whether "
-            "it is reachable; a data sweep that reaches larger sizes (or a higher target) "
-            "settles it"
-        )
-        warnings.append(f"data: {reason}")
-        guarantee = "no training-set size: the target may or may not be reachable"
-    elif sweep is not None and sweep.target_loss is None:
-        reason = "the data sweep has no target loss to solve L(D) for"
-        guarantee = "no training-set size"
-    elif sweep is not None:
-        reason = "the data sweep's L(D) gives no finite size for the target loss"
-        guarantee = "no training-set size"
-    else:
-        why = (
-            scaling.reason
-            if isinstance(scaling, NotComputed)
-            else "measurements.loss_vs_data not given"
-        )
-        reason = (
-            f"no data sweep ({why}): only training on subsets of the data predicts how much "
-            "data reaches a loss; run the command in next_step"
-        )
-        guarantee = "no training-set size"
+    reason, guarantee = _why_no_data_size(sweep, status, scaling, conf, warnings)
     return (
         BudgetData(
             recommended_examples=None,
@@ -323,6 +248,107 @@ def build_data(
         ),
         warnings,
     )
+
+
+def _data_beside(
+    sample_size: SampleSizeSection | object, available: int | None, conf: float
+) -> dict[str, object]:
+    """Step 1: what budget.data shows beside its answer, whatever leads it: the first
+    tolerance, the evaluation-set size, landscape stabilisation k*(ε), the examples you have."""
+    first = None
+    if isinstance(sample_size, SampleSizeSection) and sample_size.per_tolerance:
+        first = sample_size.per_tolerance[0]
+    evaluation = _evaluation_set_size(sample_size, conf)
+    stab = None
+    if first is not None and isinstance(first.empirical, SampleSizeValue):
+        stab = LandscapeStabilisation(
+            examples=first.empirical.k,
+            ci=first.empirical.ci,
+            tolerance=first.tolerance,
+            label="landscape stabilisation k*(ε) (Petrov et al. 2025): beyond it one more "
+            "example changes the average loss by about ε or less; it is neither the accuracy "
+            "of the loss (evaluation_set_size) nor a prediction of training",
+        )
+    return {
+        "tolerance": None if first is None else first.tolerance,
+        "evaluation_set_size": evaluation,
+        "loss_accuracy_examples": None if evaluation is None else evaluation.examples,
+        "landscape_stabilisation": stab,
+        "available_samples": available,
+    }
+
+
+def _data_from_sweep(
+    sweep: ScalingSection, tokens: float | None, conf: float, fields: dict[str, object]
+) -> BudgetData:
+    """Step 2: the answer when the sweep's L(D) reaches the target loss: the size it solves
+    for (docs/budget.md#data)."""
+    n = sweep.n_for_target_loss
+    assert isinstance(n, float) and sweep.target_loss is not None
+    ci = sweep.n_for_target_loss_ci
+    rec = math.ceil(n) if math.isfinite(n) else None
+    return BudgetData(
+        recommended_examples=rec,
+        recommended_examples_ci=ci,
+        recommended_tokens=None if tokens is None or rec is None else rec * tokens,
+        source="data_sweep",
+        criterion="data sweep: the size at which the fitted L(D) = E + A·D^(−β) reaches the "
+        f"target loss ({formulas.formula_id(formulas.BUDGET_DATA_SWEEP)}); it is the only "
+        "number here that predicts how low training on that much data gets the loss",
+        guarantee=f"Training on about {_fmt(n)} examples is predicted to reach a held-out "
+        f"loss of {sweep.target_loss:.4g} (nats per token); the {conf:.0%} interval of the "
+        "size reflects the fit's uncertainty. It holds for the same model, optimizer, "
+        "schedule and data distribution as the sweep, inside the swept sizes (beyond them "
+        "it extrapolates the power law).",
+        **fields,
+    )
+
+
+def _why_no_data_size(
+    sweep: ScalingSection | None,
+    status: str | None,
+    scaling: ScalingSection | object,
+    conf: float,
+    warnings: list[str],
+) -> tuple[str, str]:
+    """Step 3: why no training-set size leads budget.data; (reason, guarantee)."""
+    if sweep is not None and status == "unreachable":
+        assert sweep.target_loss is not None and sweep.E_ci is not None
+        reason = (
+            f"the target loss {sweep.target_loss:.4g} is below the lower {conf:.0%} confidence "
+            f"end {sweep.E_ci[0]:.4g} of the fitted irreducible loss E = {sweep.E:.4g}: more "
+            "data alone does not reach it with this model and training setup"
+        )
+        warnings.append(f"data: {reason}")
+        return reason, "unreachable: no training-set size reaches the target loss"
+    if sweep is not None and status == "uncertain":
+        lo = "n/a" if sweep.E_ci is None else f"{sweep.E_ci[0]:.4g}"
+        assert sweep.target_loss is not None
+        reason = (
+            f"the target loss {sweep.target_loss:.4g} lies inside the interval of the fitted "
+            f"irreducible loss E = {sweep.E:.4g} (lower end {lo}): the sweep cannot tell whether "
+            "it is reachable; a data sweep that reaches larger sizes (or a higher target) "
+            "settles it"
+        )
+        warnings.append(f"data: {reason}")
+        return reason, "no training-set size: the target may or may not be reachable"
+    if sweep is not None and sweep.target_loss is None:
+        return "the data sweep has no target loss to solve L(D) for", "no training-set size"
+    if sweep is not None:
+        return (
+            "the data sweep's L(D) gives no finite size for the target loss",
+            "no training-set size",
+        )
+    why = (
+        scaling.reason
+        if isinstance(scaling, NotComputed)
+        else "measurements.loss_vs_data not given"
+    )
+    reason = (
+        f"no data sweep ({why}): only training on subsets of the data predicts how much "
+        "data reaches a loss; run the command in next_step"
+    )
+    return reason, "no training-set size"
 
 
 def _assess_available(data: BudgetData, warnings: list[str]) -> None:
@@ -419,18 +445,11 @@ def _trend_at_target(
 def build_batch(
     measurements: Measurements, targets: Targets, batch: BatchSizeSection | object
 ) -> tuple[BudgetBatch, list[str]]:
+    """budget.batch: a branch sweep's critical batch leads, else the batch sweep's B_crit,
+    else the noise-scale trend at the target loss, else nothing (docs/budget.md)."""
     warnings: list[str] = []
     tokens = _tokens_per_example(measurements)
     bcrit = batch.b_crit if isinstance(batch, BatchSizeSection) else None
-
-    def tok(x: float | None) -> float | None:
-        return None if x is None or tokens is None else x * tokens
-
-    def tok_ci(ci: tuple[float | None, float | None] | None):
-        if ci is None or tokens is None:
-            return None
-        return tuple(None if v is None else v * tokens for v in ci)
-
     branched = getattr(measurements, "branched_critical_batch", None)
     if branched is not None:  # a direct measurement leads (docs/budget.md#branch-sweep)
         return branch_budget_batch(
@@ -441,71 +460,11 @@ def build_batch(
             expected_steps_formula=STEPS_FORMULA,
         )
     if isinstance(bcrit, BCrit) and getattr(bcrit, "unit", "examples") == "examples":
-        rec = nearest_power_of_two(bcrit.value)
-        steps = steps_ci = None
-        if rec is not None:
-            steps = bcrit.s_min * (1 + bcrit.value / rec)
-            if bcrit.s_min_ci is not None and bcrit.ci is not None:
-                lo_s, hi_s = bcrit.s_min_ci
-                lo_b, hi_b = bcrit.ci
-                if None not in (lo_s, hi_s, lo_b, hi_b):
-                    steps_ci = (lo_s * (1 + lo_b / rec), hi_s * (1 + hi_b / rec))
-        lo, hi = bcrit.measured_range or (None, None)
-        if lo is not None and not lo <= bcrit.value <= hi:
-            warnings.append(
-                f"batch: B_crit = {bcrit.value:.4g} lies outside the swept batch sizes "
-                f"{lo}–{hi}: extrapolated"
-            )
-        return (
-            BudgetBatch(
-                recommended=rec,
-                recommended_tokens=tok(rec),
-                critical=bcrit.value,
-                critical_ci=bcrit.ci,
-                critical_tokens=tok(bcrit.value),
-                critical_tokens_ci=tok_ci(bcrit.ci),
-                tokens_per_example=tokens,
-                source="batch_sweep",
-                basis="B_crit = E_min/S_min fitted to the batch sweep's steps to the target loss "
-                "(S(B) = S_min·(1 + B_crit/B), McCandlish et al. 2018, eq. 2.11)",
-                target_loss=targets.target_loss,
-                expected_steps=steps,
-                expected_steps_ci=steps_ci,
-                expected_steps_formula=STEPS_FORMULA,
-                expected_examples=None if steps is None or rec is None else steps * rec,
-            ),
-            warnings,
-        )
+        return _batch_from_sweep(bcrit, tokens, targets, warnings), warnings
     trend = list(getattr(measurements, "gradient_noise_trend", None) or [])
     found = _trend_at_target(trend, targets.target_loss, targets.confidence) if trend else None
     if isinstance(found, tuple):
-        value, ci, which = found
-        losses = [p.loss for p in trend if p.loss is not None]
-        target = targets.target_loss
-        if target is not None and losses and not min(losses) <= target <= max(losses):
-            warnings.append(
-                f"batch: the target loss {target:.4g} is outside the checkpoints' losses "
-                f"{min(losses):.4g}–{max(losses):.4g}: the noise-scale trend is extrapolated"
-            )
-        rec = nearest_power_of_two(value)
-        return (
-            BudgetBatch(
-                recommended=rec,
-                recommended_tokens=tok(rec),
-                critical=value,
-                critical_ci=ci,
-                critical_tokens=tok(value),
-                critical_tokens_ci=tok_ci(ci),
-                tokens_per_example=tokens,
-                source="noise_scale_trend",
-                basis=f"{which} trend over {len(trend)} intermediate checkpoints evaluated at "
-                f"the target loss ({TREND_FORMULA}); B_crit ≈ B_noise (McCandlish et al. 2018 "
-                "§2.2; B_simple is its proxy when the Hessian terms are missing)",
-                target_loss=target,
-                reason="expected steps need S_min, which only a batch sweep measures",
-            ),
-            warnings,
-        )
+        return _batch_from_trend(found, trend, tokens, targets, warnings), warnings
     if trend or measurements.gradient_noise is not None:
         reason = (
             found
@@ -534,6 +493,88 @@ def build_batch(
             reason=reason,
         ),
         warnings,
+    )
+
+
+def _in_tokens(x: float | None, tokens: float | None) -> float | None:
+    return None if x is None or tokens is None else x * tokens
+
+
+def _ci_in_tokens(ci: tuple[float | None, float | None] | None, tokens: float | None):
+    if ci is None or tokens is None:
+        return None
+    return tuple(None if v is None else v * tokens for v in ci)
+
+
+def _batch_from_sweep(
+    bcrit: BCrit, tokens: float | None, targets: Targets, warnings: list[str]
+) -> BudgetBatch:
+    """Step 1: the batch sweep's B_crit, its power of two and the steps S(B) expected there."""
+    rec = nearest_power_of_two(bcrit.value)
+    steps = steps_ci = None
+    if rec is not None:
+        steps = bcrit.s_min * (1 + bcrit.value / rec)
+        if bcrit.s_min_ci is not None and bcrit.ci is not None:
+            lo_s, hi_s = bcrit.s_min_ci
+            lo_b, hi_b = bcrit.ci
+            if None not in (lo_s, hi_s, lo_b, hi_b):
+                steps_ci = (lo_s * (1 + lo_b / rec), hi_s * (1 + hi_b / rec))
+    lo, hi = bcrit.measured_range or (None, None)
+    if lo is not None and not lo <= bcrit.value <= hi:
+        warnings.append(
+            f"batch: B_crit = {bcrit.value:.4g} lies outside the swept batch sizes "
+            f"{lo}–{hi}: extrapolated"
+        )
+    return BudgetBatch(
+        recommended=rec,
+        recommended_tokens=_in_tokens(rec, tokens),
+        critical=bcrit.value,
+        critical_ci=bcrit.ci,
+        critical_tokens=_in_tokens(bcrit.value, tokens),
+        critical_tokens_ci=_ci_in_tokens(bcrit.ci, tokens),
+        tokens_per_example=tokens,
+        source="batch_sweep",
+        basis="B_crit = E_min/S_min fitted to the batch sweep's steps to the target loss "
+        "(S(B) = S_min·(1 + B_crit/B), McCandlish et al. 2018, eq. 2.11)",
+        target_loss=targets.target_loss,
+        expected_steps=steps,
+        expected_steps_ci=steps_ci,
+        expected_steps_formula=STEPS_FORMULA,
+        expected_examples=None if steps is None or rec is None else steps * rec,
+    )
+
+
+def _batch_from_trend(
+    found: tuple[float, tuple[float | None, float | None] | None, str],
+    trend: list[NoiseTrendPoint],
+    tokens: float | None,
+    targets: Targets,
+    warnings: list[str],
+) -> BudgetBatch:
+    """Step 2: the noise-scale trend over the checkpoints evaluated at the target loss."""
+    value, ci, which = found
+    losses = [p.loss for p in trend if p.loss is not None]
+    target = targets.target_loss
+    if target is not None and losses and not min(losses) <= target <= max(losses):
+        warnings.append(
+            f"batch: the target loss {target:.4g} is outside the checkpoints' losses "
+            f"{min(losses):.4g}–{max(losses):.4g}: the noise-scale trend is extrapolated"
+        )
+    rec = nearest_power_of_two(value)
+    return BudgetBatch(
+        recommended=rec,
+        recommended_tokens=_in_tokens(rec, tokens),
+        critical=value,
+        critical_ci=ci,
+        critical_tokens=_in_tokens(value, tokens),
+        critical_tokens_ci=_ci_in_tokens(ci, tokens),
+        tokens_per_example=tokens,
+        source="noise_scale_trend",
+        basis=f"{which} trend over {len(trend)} intermediate checkpoints evaluated at "
+        f"the target loss ({TREND_FORMULA}); B_crit ≈ B_noise (McCandlish et al. 2018 "
+        "§2.2; B_simple is its proxy when the Hessian terms are missing)",
+        target_loss=target,
+        reason="expected steps need S_min, which only a batch sweep measures",
     )
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from curvplan.types.planner import (
     NotComputed,
     OffMinimumFit,
     PerTolerance,
+    PerturbedLosses,
     PowerLawFit,
     SampleSizeSection,
     SampleSizeValue,
@@ -26,6 +28,7 @@ from curvplan_core.planner import formulas
 from curvplan_core.planner.laws import theorem7_constant
 from curvplan_core.planner.loss_accuracy import (
     MIN_GROUPS,
+    LossVariance,
     adjacent_correlation,
     cluster_robust_variance,
     k_loss_accuracy,
@@ -106,54 +109,68 @@ def _loss_correlation(
 ) -> tuple[LossCorrelation, float, tuple[float, float]]:
     """The variance the evaluation-set size uses (cluster-robust with groups) and how
     correlated the sample looks; (diagnostics, σ²_eff, its interval)."""
-    iid = loss_variance(losses, conf)
     adjacent = adjacent_correlation(losses)
+    if groups is not None and np.unique(np.asarray(groups)).size >= MIN_GROUPS:
+        return _clustered_correlation(losses, groups, conf, adjacent)
+    return _iid_correlation(losses, groups, conf, adjacent)
+
+
+def _clustered_correlation(
+    losses: np.ndarray, groups: list[int], conf: float, adjacent: float | None
+) -> tuple[LossCorrelation, float, tuple[float, float]]:
+    """The cluster-robust variance over ``groups`` and its design effect."""
+    cv = cluster_robust_variance(losses, np.asarray(groups, dtype=np.int64), conf)
+    correlated = cv.design_effect_ci is not None and (
+        cv.design_effect_ci[0] > CORRELATED_DESIGN_EFFECT
+    )
+    deff = "n/a" if cv.design_effect is None else f"{cv.design_effect:.3g}"
+    note = (
+        f"cluster-robust over {cv.n_groups} groups (mean size {cv.mean_group_size:.3g}): "
+        f"design effect {deff}"
+        + (
+            f", intra-cluster correlation {cv.intra_cluster_correlation:.3g}"
+            if cv.intra_cluster_correlation is not None
+            else ""
+        )
+        + (
+            ": the losses are correlated within groups, so the evaluation set must be "
+            "drawn as whole groups like these and needs the inflated size"
+            if correlated
+            else ": no sign of correlation within groups"
+        )
+    )
+    return (
+        LossCorrelation(
+            variance_method="cluster_robust",
+            effective_variance=cv.effective_variance,
+            effective_variance_ci=cv.ci,
+            n_groups=cv.n_groups,
+            mean_group_size=cv.mean_group_size,
+            design_effect=cv.design_effect,
+            design_effect_ci=cv.design_effect_ci,
+            intra_cluster_correlation=cv.intra_cluster_correlation,
+            adjacent_correlation=adjacent,
+            correlated=correlated,
+            rule=CORRELATION_RULE,
+            note=note,
+            formula=formulas.LOSS_VARIANCE_CLUSTER,
+        ),
+        cv.effective_variance,
+        cv.ci,
+    )
+
+
+def _iid_correlation(
+    losses: np.ndarray, groups: list[int] | None, conf: float, adjacent: float | None
+) -> tuple[LossCorrelation, float, tuple[float, float]]:
+    """The i.i.d. variance s², and whether consecutive losses correlate significantly."""
+    iid = loss_variance(losses, conf)
     z = z_two_sided(conf)
     adjacent_flag = (
         adjacent is not None
         and adjacent > ADJACENT_CORRELATION_LIMIT
         and adjacent > z / math.sqrt(losses.size)
     )
-    if groups is not None and np.unique(np.asarray(groups)).size >= MIN_GROUPS:
-        cv = cluster_robust_variance(losses, np.asarray(groups, dtype=np.int64), conf)
-        correlated = cv.design_effect_ci is not None and (
-            cv.design_effect_ci[0] > CORRELATED_DESIGN_EFFECT
-        )
-        deff = "n/a" if cv.design_effect is None else f"{cv.design_effect:.3g}"
-        note = (
-            f"cluster-robust over {cv.n_groups} groups (mean size {cv.mean_group_size:.3g}): "
-            f"design effect {deff}"
-            + (
-                f", intra-cluster correlation {cv.intra_cluster_correlation:.3g}"
-                if cv.intra_cluster_correlation is not None
-                else ""
-            )
-            + (
-                ": the losses are correlated within groups, so the evaluation set must be "
-                "drawn as whole groups like these and needs the inflated size"
-                if correlated
-                else ": no sign of correlation within groups"
-            )
-        )
-        return (
-            LossCorrelation(
-                variance_method="cluster_robust",
-                effective_variance=cv.effective_variance,
-                effective_variance_ci=cv.ci,
-                n_groups=cv.n_groups,
-                mean_group_size=cv.mean_group_size,
-                design_effect=cv.design_effect,
-                design_effect_ci=cv.design_effect_ci,
-                intra_cluster_correlation=cv.intra_cluster_correlation,
-                adjacent_correlation=adjacent,
-                correlated=correlated,
-                rule=CORRELATION_RULE,
-                note=note,
-                formula=formulas.LOSS_VARIANCE_CLUSTER,
-            ),
-            cv.effective_variance,
-            cv.ci,
-        )
     note = (
         "i.i.d. variance s²"
         + (
@@ -499,58 +516,104 @@ def build_sample_size_section(
         )
     conf = targets.confidence
     missing: list[Missing] = []
-    fits = _Fits()
-    curve = None
-    n = 0
-    if losses is not None:
-        arr = np.asarray(losses, dtype=np.float64)
-        n = arr.size
-        if n < MIN_SAMPLES_FOR_FIT:
-            log.add(
-                "insufficient_samples",
-                "sample_size",
-                f"{n} per-sample losses; at least {MIN_SAMPLES_FOR_FIT} are needed for a Δ_k fit",
-            )
-            reason = f"only {n} per-sample losses (need ≥ {MIN_SAMPLES_FOR_FIT})"
-            fits.abs_out = NotComputed(reason=reason)
-            fits.sq_out = NotComputed(reason=reason)
-        elif float(np.ptp(arr)) == 0.0:
-            reason = "all per-sample losses are equal: Δ_k ≡ 0 and has no power law to fit"
-            fits.abs_out = NotComputed(reason=reason)
-            fits.sq_out = NotComputed(reason=reason)
-        else:
-            if n < FEW_SAMPLES:
-                log.add(
-                    "insufficient_samples",
-                    "sample_size",
-                    f"only {n} per-sample losses: the fit covers less than 3 decades of k",
-                )
-            if targets.orderings < FEW_ORDERINGS and targets.bootstrap > 0:
-                log.add(
-                    "few_orderings",
-                    "sample_size",
-                    f"{targets.orderings} orderings: the bootstrap over orderings has few units "
-                    f"and the C and α intervals under-cover (synthetic check: ≈ 0.5 of the "
-                    f"nominal 0.9 at 5 orderings, ≈ 0.8 at 20); use ≥ {FEW_ORDERINGS}",
-                )
-            curves = loss_difference_curves(arr, orderings=targets.orderings, seed=seed)
-            curve = _curve_out(curves)
-            fits = _fit_curves(
-                curves,
-                arr,
-                _window(n, targets),
-                targets,
-                seed,
-                _data_bootstrap(arr, targets, seed, 0),
-            )
-            _check_fit(fits, "losses at w*", log)
+    fits, curve, n = _fit_at_minimum(losses, targets, seed, log, missing)
+    loss_bound, m_bound = _theorem7_bounds(measurements)
+    off_minimum = []
+    if perturbed is not None:
+        off_minimum.append(_off_minimum_fit(perturbed, targets, seed, loss_bound, m_bound, log))
+    theory_note = _theory_note(measurements)
+    available, available_source = _available_samples(measurements, targets, log)
+    variance, correlation, effective = _variance_and_correlation(measurements, n, conf, log)
+    per_tolerance = []
+    if targets.tolerances is None:
+        missing.append(Missing(item="per_tolerance", reason="targets.tolerances not given"))
     else:
+        bounds = _Theorem7Inputs(loss_bound, m_bound, targets.radius, theory_note)
+        for tol in dict.fromkeys(targets.tolerances):
+            entry = _per_tolerance(tol, fits, bounds, effective, available, conf, n, losses)
+            per_tolerance.append(entry)
+            _warn_if_extrapolated(entry, fits, tol, log)
+    return SampleSizeSection(
+        n_losses=n,
+        orderings=targets.orderings,
+        bootstrap=targets.bootstrap,
+        confidence=conf,
+        fit=fits.abs_out,
+        fit_squared=fits.sq_out,
+        curve=curve,
+        loss_bound=loss_bound,
+        hessian_norm_bound=m_bound,
+        radius=targets.radius,
+        available_samples=available,
+        available_samples_source=available_source,
+        loss_variance=_variance_out(variance),
+        loss_correlation=correlation,
+        recommended_criterion="loss_accuracy" if targets.tolerances is not None else None,
+        recommended_criterion_reason=RECOMMENDED_REASON if targets.tolerances is not None else None,
+        off_minimum=off_minimum,
+        per_tolerance=per_tolerance,
+        missing=missing,
+    )
+
+
+def _fit_at_minimum(
+    losses: list[float] | None,
+    targets: Targets,
+    seed: int,
+    log: WarningLog,
+    missing: list[Missing],
+) -> tuple[_Fits, Curve | None, int]:
+    """Step 1: the Δ_k curves of the losses at w* and their power-law fits; (fits, the curve,
+    the number of losses). Too few or constant losses leave the fits not computed."""
+    fits = _Fits()
+    if losses is None:
         reason = "measurements.per_sample_losses not given"
         fits.abs_out = NotComputed(reason=reason)
         fits.sq_out = NotComputed(reason=reason)
         missing.append(Missing(item="fit", reason=reason))
+        return fits, None, 0
+    arr = np.asarray(losses, dtype=np.float64)
+    n = arr.size
+    if n < MIN_SAMPLES_FOR_FIT:
+        log.add(
+            "insufficient_samples",
+            "sample_size",
+            f"{n} per-sample losses; at least {MIN_SAMPLES_FOR_FIT} are needed for a Δ_k fit",
+        )
+        reason = f"only {n} per-sample losses (need ≥ {MIN_SAMPLES_FOR_FIT})"
+        fits.abs_out = NotComputed(reason=reason)
+        fits.sq_out = NotComputed(reason=reason)
+        return fits, None, n
+    if float(np.ptp(arr)) == 0.0:
+        reason = "all per-sample losses are equal: Δ_k ≡ 0 and has no power law to fit"
+        fits.abs_out = NotComputed(reason=reason)
+        fits.sq_out = NotComputed(reason=reason)
+        return fits, None, n
+    if n < FEW_SAMPLES:
+        log.add(
+            "insufficient_samples",
+            "sample_size",
+            f"only {n} per-sample losses: the fit covers less than 3 decades of k",
+        )
+    if targets.orderings < FEW_ORDERINGS and targets.bootstrap > 0:
+        log.add(
+            "few_orderings",
+            "sample_size",
+            f"{targets.orderings} orderings: the bootstrap over orderings has few units "
+            f"and the C and α intervals under-cover (synthetic check: ≈ 0.5 of the "
+            f"nominal 0.9 at 5 orderings, ≈ 0.8 at 20); use ≥ {FEW_ORDERINGS}",
+        )
+    curves = loss_difference_curves(arr, orderings=targets.orderings, seed=seed)
+    fits = _fit_curves(
+        curves, arr, _window(n, targets), targets, seed, _data_bootstrap(arr, targets, seed, 0)
+    )
+    _check_fit(fits, "losses at w*", log)
+    return fits, _curve_out(curves), n
 
-    # ℓ_max and M for Theorem 7
+
+def _theorem7_bounds(measurements: Measurements) -> tuple[BoundValue | None, BoundValue | None]:
+    """Step 2: ℓ_max and M for Theorem 7, given or else measured; (ℓ_max, M)."""
+    losses = measurements.per_sample_losses
     loss_bound = None
     if measurements.loss_bound is not None:
         loss_bound = BoundValue(
@@ -575,166 +638,169 @@ def build_sample_size_section(
             source="per_sample_max",
             formula=formulas.HESSIAN_BOUND_MEASURED,
         )
+    return loss_bound, m_bound
 
-    off_minimum = []
-    if perturbed is not None:
-        p_arr = np.asarray(perturbed.losses, dtype=np.float64)
-        p_n = p_arr.shape[1]
-        if p_n < MIN_SAMPLES_FOR_FIT:
-            reason = f"only {p_n} samples per perturbed point (need ≥ {MIN_SAMPLES_FOR_FIT})"
-            off = OffMinimumFit(
-                radius=perturbed.radius,
-                kind=perturbed.kind,
-                n_points=p_arr.shape[0],
-                fit=NotComputed(reason=reason),
-                fit_squared=NotComputed(reason=reason),
-            )
-        else:
-            p_curves = loss_difference_curves(
-                p_arr, orderings=targets.orderings, seed=seed, stream=10
-            )
-            p_fits = _fit_curves(
-                p_curves,
-                p_arr,
-                _window(p_n, targets),
-                targets,
-                seed,
-                _data_bootstrap(p_arr, targets, seed, 10),
-            )
-            _check_fit(p_fits, f"perturbed losses at radius {perturbed.radius:g}", log)
-            thm7: dict[str, float | str | None] = {}
-            if loss_bound is not None and m_bound is not None:
-                args = (loss_bound.value, m_bound.value, perturbed.radius)
-                full = theorem7_constant(*args)
-                thm7 = {
-                    "theorem7_C": full,
-                    "theorem7_C_tight": theorem7_constant(*args, tight=True),
-                    "tightness": p_fits.abs.C / full if p_fits.abs is not None else None,
-                    "theorem7_formula": formulas.THM7_CONSTANT,
-                }
-            off = OffMinimumFit(
-                radius=perturbed.radius,
-                kind=perturbed.kind,
-                n_points=p_arr.shape[0],
-                fit=p_fits.abs_out,
-                fit_squared=p_fits.sq_out,
-                **thm7,
-            )
-        off_minimum.append(off)
 
-    theory_note = None
+def _off_minimum_fit(
+    perturbed: PerturbedLosses,
+    targets: Targets,
+    seed: int,
+    loss_bound: BoundValue | None,
+    m_bound: BoundValue | None,
+    log: WarningLog,
+) -> OffMinimumFit:
+    """Step 3: the same fits on the losses at perturbed points, with Theorem 7's constant at
+    their radius and how tight the fitted C is against it."""
+    p_arr = np.asarray(perturbed.losses, dtype=np.float64)
+    p_n = p_arr.shape[1]
+    if p_n < MIN_SAMPLES_FOR_FIT:
+        reason = f"only {p_n} samples per perturbed point (need ≥ {MIN_SAMPLES_FOR_FIT})"
+        return OffMinimumFit(
+            radius=perturbed.radius,
+            kind=perturbed.kind,
+            n_points=p_arr.shape[0],
+            fit=NotComputed(reason=reason),
+            fit_squared=NotComputed(reason=reason),
+        )
+    p_curves = loss_difference_curves(p_arr, orderings=targets.orderings, seed=seed, stream=10)
+    p_fits = _fit_curves(
+        p_curves,
+        p_arr,
+        _window(p_n, targets),
+        targets,
+        seed,
+        _data_bootstrap(p_arr, targets, seed, 10),
+    )
+    _check_fit(p_fits, f"perturbed losses at radius {perturbed.radius:g}", log)
+    thm7: dict[str, float | str | None] = {}
+    if loss_bound is not None and m_bound is not None:
+        args = (loss_bound.value, m_bound.value, perturbed.radius)
+        full = theorem7_constant(*args)
+        thm7 = {
+            "theorem7_C": full,
+            "theorem7_C_tight": theorem7_constant(*args, tight=True),
+            "tightness": p_fits.abs.C / full if p_fits.abs is not None else None,
+            "theorem7_formula": formulas.THM7_CONSTANT,
+        }
+    return OffMinimumFit(
+        radius=perturbed.radius,
+        kind=perturbed.kind,
+        n_points=p_arr.shape[0],
+        fit=p_fits.abs_out,
+        fit_squared=p_fits.sq_out,
+        **thm7,
+    )
+
+
+def _theory_note(measurements: Measurements) -> str | None:
+    """The note on Theorem 7's k* when the model is outside its assumptions."""
     if measurements.theory is not None and not measurements.theory.applicable:
-        theory_note = (
-            "the model is outside Theorem 7's assumptions (measurements.theory): indicative only"
+        return "the model is outside Theorem 7's assumptions (measurements.theory): indicative only"
+    return None
+
+
+def _variance_and_correlation(
+    measurements: Measurements, n: int, conf: float, log: WarningLog
+) -> tuple[LossVariance | None, LossCorrelation | None, tuple[float, tuple[float, float]] | None]:
+    """Step 4: the loss variance, how correlated the losses look, and the effective variance
+    (value, interval) the evaluation-set size uses; all None below 4 losses."""
+    losses = measurements.per_sample_losses
+    if losses is None or n < 4:
+        return None, None, None
+    arr_losses = np.asarray(losses, dtype=np.float64)
+    variance = loss_variance(arr_losses, conf)
+    correlation, eff_value, eff_ci = _loss_correlation(
+        arr_losses, measurements.per_sample_groups, conf
+    )
+    if correlation.correlated:
+        log.add("correlated_losses", "sample_size", correlation.note)
+    return variance, correlation, (eff_value, eff_ci)
+
+
+@dataclass(frozen=True)
+class _Theorem7Inputs:
+    """What Theorem 7's k* of every tolerance needs."""
+
+    loss_bound: BoundValue | None
+    m_bound: BoundValue | None
+    radius: float | None
+    note: str | None
+
+    def k(self, tol: float, tight: bool) -> SampleSizeValue | NotComputed:
+        return _theoretical(self.loss_bound, self.m_bound, self.radius, tol, tight, self.note)
+
+
+def _per_tolerance(
+    tol: float,
+    fits: _Fits,
+    bounds: _Theorem7Inputs,
+    effective: tuple[float, tuple[float, float]] | None,
+    available: int | None,
+    conf: float,
+    n: int,
+    losses: list[float] | None,
+) -> PerTolerance:
+    """Step 5: every k*(ε) of one tolerance: empirical, Theorem 7 (and tight), squared, RMS,
+    the evaluation-set size, and the deprecated "available is enough" flags."""
+    no_losses = NotComputed(reason="measurements.per_sample_losses not given")
+    empirical = _empirical(fits, tol, conf) if losses is not None else no_losses
+    accuracy = _loss_accuracy(effective, tol, conf, n)
+    accuracy_sq = _loss_accuracy_squared(fits, tol, conf)
+    # deprecated flags, kept with their old values for one release: they compare a
+    # training-set size with an evaluation number (budget.data.available_is_enough
+    # compares it with the data sweep's training-set size)
+    enough = enough_stab = None
+    if available is not None and isinstance(accuracy, SampleSizeValue):
+        needed = accuracy.ci[1] if accuracy.ci is not None else accuracy.k
+        enough = needed is not None and available >= needed
+    if available is not None and isinstance(empirical, SampleSizeValue):
+        needed = empirical.ci[1] if empirical.ci is not None else empirical.k
+        enough_stab = needed is not None and available >= needed
+    error_at = None
+    if effective is not None and isinstance(empirical, SampleSizeValue) and empirical.k is not None:
+        error_at = loss_error_at(empirical.k, effective[0], conf)
+    squared_rms = _squared(fits, tol, conf, rms=True) if losses is not None else no_losses
+    if isinstance(squared_rms, SampleSizeValue):
+        squared_rms = squared_rms.model_copy(update={"meaning": MEANING_SQUARED_RMS})
+    return PerTolerance(
+        tolerance=tol,
+        empirical=empirical,
+        theoretical=bounds.k(tol, False),
+        theoretical_tight=bounds.k(tol, True),
+        squared=_squared(fits, tol, conf, rms=False) if losses is not None else no_losses,
+        squared_rms=squared_rms,
+        evaluation_set_size=accuracy,
+        loss_accuracy=accuracy,
+        loss_accuracy_squared=accuracy_sq,
+        loss_error_at_empirical=error_at,
+        available_is_enough=enough,
+        available_is_enough_stabilisation=enough_stab,
+    )
+
+
+def _warn_if_extrapolated(entry: PerTolerance, fits: _Fits, tol: float, log: WarningLog) -> None:
+    """Warn when the empirical k*(ε) lies beyond the k range the power law was fitted on."""
+    empirical = entry.empirical
+    if (
+        isinstance(empirical, SampleSizeValue)
+        and fits.abs is not None
+        and (empirical.k is None or empirical.k > fits.abs.window[1])
+    ):
+        log.add(
+            "extrapolation",
+            "sample_size",
+            f"empirical k*(ε={tol:g}) lies beyond the fitted range k ≤ "
+            f"{fits.abs.window[1]}: the power law is extrapolated",
         )
-    available, available_source = _available_samples(measurements, targets, log)
-    variance = None
-    correlation = None
-    effective = None
-    if losses is not None and n >= 4:
-        arr_losses = np.asarray(losses, dtype=np.float64)
-        variance = loss_variance(arr_losses, conf)
-        correlation, eff_value, eff_ci = _loss_correlation(
-            arr_losses, measurements.per_sample_groups, conf
-        )
-        effective = (eff_value, eff_ci)
-        if correlation.correlated:
-            log.add("correlated_losses", "sample_size", correlation.note)
-    per_tolerance = []
-    if targets.tolerances is None:
-        missing.append(Missing(item="per_tolerance", reason="targets.tolerances not given"))
-    else:
-        for tol in dict.fromkeys(targets.tolerances):
-            empirical = (
-                _empirical(fits, tol, conf)
-                if losses is not None
-                else NotComputed(reason="measurements.per_sample_losses not given")
-            )
-            accuracy = _loss_accuracy(effective, tol, conf, n)
-            accuracy_sq = _loss_accuracy_squared(fits, tol, conf)
-            # deprecated flags, kept with their old values for one release: they compare a
-            # training-set size with an evaluation number (budget.data.available_is_enough
-            # compares it with the data sweep's training-set size)
-            enough = enough_stab = None
-            if available is not None and isinstance(accuracy, SampleSizeValue):
-                needed = accuracy.ci[1] if accuracy.ci is not None else accuracy.k
-                enough = needed is not None and available >= needed
-            if available is not None and isinstance(empirical, SampleSizeValue):
-                needed = empirical.ci[1] if empirical.ci is not None else empirical.k
-                enough_stab = needed is not None and available >= needed
-            error_at = None
-            if (
-                effective is not None
-                and isinstance(empirical, SampleSizeValue)
-                and empirical.k is not None
-            ):
-                error_at = loss_error_at(empirical.k, effective[0], conf)
-            squared_rms = (
-                _squared(fits, tol, conf, rms=True)
-                if losses is not None
-                else NotComputed(reason="measurements.per_sample_losses not given")
-            )
-            if isinstance(squared_rms, SampleSizeValue):
-                squared_rms = squared_rms.model_copy(update={"meaning": MEANING_SQUARED_RMS})
-            per_tolerance.append(
-                PerTolerance(
-                    tolerance=tol,
-                    empirical=empirical,
-                    theoretical=_theoretical(
-                        loss_bound, m_bound, targets.radius, tol, False, theory_note
-                    ),
-                    theoretical_tight=_theoretical(
-                        loss_bound, m_bound, targets.radius, tol, True, theory_note
-                    ),
-                    squared=_squared(fits, tol, conf, rms=False)
-                    if losses is not None
-                    else NotComputed(reason="measurements.per_sample_losses not given"),
-                    squared_rms=squared_rms,
-                    evaluation_set_size=accuracy,
-                    loss_accuracy=accuracy,
-                    loss_accuracy_squared=accuracy_sq,
-                    loss_error_at_empirical=error_at,
-                    available_is_enough=enough,
-                    available_is_enough_stabilisation=enough_stab,
-                )
-            )
-            if (
-                isinstance(empirical, SampleSizeValue)
-                and fits.abs is not None
-                and (empirical.k is None or empirical.k > fits.abs.window[1])
-            ):
-                log.add(
-                    "extrapolation",
-                    "sample_size",
-                    f"empirical k*(ε={tol:g}) lies beyond the fitted range k ≤ "
-                    f"{fits.abs.window[1]}: the power law is extrapolated",
-                )
-    variance_out = None
-    if variance is not None:
-        variance_out = LossVarianceOut(
-            value=variance.variance,
-            ci=variance.ci,
-            se=variance.se,
-            formula=formulas.LOSS_VARIANCE,
-        )
-    return SampleSizeSection(
-        n_losses=n,
-        orderings=targets.orderings,
-        bootstrap=targets.bootstrap,
-        confidence=conf,
-        fit=fits.abs_out,
-        fit_squared=fits.sq_out,
-        curve=curve,
-        loss_bound=loss_bound,
-        hessian_norm_bound=m_bound,
-        radius=targets.radius,
-        available_samples=available,
-        available_samples_source=available_source,
-        loss_variance=variance_out,
-        loss_correlation=correlation,
-        recommended_criterion="loss_accuracy" if targets.tolerances is not None else None,
-        recommended_criterion_reason=RECOMMENDED_REASON if targets.tolerances is not None else None,
-        off_minimum=off_minimum,
-        per_tolerance=per_tolerance,
-        missing=missing,
+
+
+def _variance_out(variance: LossVariance | None) -> LossVarianceOut | None:
+    """The loss variance as the section reports it."""
+    if variance is None:
+        return None
+    return LossVarianceOut(
+        value=variance.variance,
+        ci=variance.ci,
+        se=variance.se,
+        formula=formulas.LOSS_VARIANCE,
     )

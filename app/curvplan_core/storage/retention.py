@@ -15,8 +15,9 @@ Families: a job's family root is ``COALESCE(parent_id, id)`` when the ``job`` ta
 at run time (:func:`family_root_sql`), so the query follows the schema without a change here;
 deeper trees need a recursive root instead of ``COALESCE``.
 
-Deleting a job row cascades to ``job_attempt`` and to its ``job-output`` artifacts (foreign
-keys ``ON DELETE CASCADE``); the blob files then go with the blob garbage collection.
+Deleting a job row (``lifecycle.expire``) cascades to ``job_attempt`` and to its
+``job-output`` artifacts (foreign keys ``ON DELETE CASCADE``); the blob files then go with the
+blob garbage collection.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Connection, Engine, text
 
+from curvplan_core.jobs import lifecycle
 from curvplan_core.storage.blobs import transaction
 
 log = logging.getLogger("curvplan.storage")
@@ -116,20 +118,12 @@ def delete_expired_jobs(
                 ),
                 {"roots": roots},
             ).scalar_one()
-            deleted = conn.execute(
-                # Re-checked here: a member queued since the SELECT above stays.
-                text(
-                    f"DELETE FROM job AS j WHERE {root} = ANY(:roots) AND j.status IN "
-                    "('succeeded', 'failed', 'cancelled') AND j.finished_at < :cutoff "
-                    "RETURNING j.id"
-                ),
-                {"roots": roots, "cutoff": cutoff},
-            ).all()
+            deleted = lifecycle.expire(conn, roots, cutoff, root)
         if not deleted:
             break
         report.jobs_deleted += len(deleted)
         report.outputs_deleted += int(outputs)
-        report.job_ids.extend(str(r[0]) for r in deleted)
+        report.job_ids.extend(str(job_id) for job_id in deleted)
     if report.jobs_deleted:
         log.info("retention deleted finished jobs", extra=report.as_dict())
     return report

@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 
 from curvplan.types.planner import Measurements
 from curvplan_core.artifacts.blobstore import default_store
+from curvplan_core.jobs.models import Job
 from curvplan_server.artifacts.models import Artifact
-from curvplan_server.jobs.models import Job
 from curvplan_server.problems import Problem, conflict, validation_problem
 
 JOB = Job.__table__

@@ -14,14 +14,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from psycopg.types.json import Jsonb
-from sqlalchemy import Row, Table, and_, case, func, or_, select, tuple_, update
+from sqlalchemy import Row, Table, and_, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from curvplan.types.jobs import JOB_KINDS, JOB_STATUSES, QUEUE_OF_KIND, TERMINAL_STATUSES
-from curvplan_core.jobs import fanout
-from curvplan_core.jobs.links import link_artifacts
-from curvplan_server.jobs.models import Job
+from curvplan_core.jobs import lifecycle
+from curvplan_core.jobs.models import Job
 from curvplan_server.problems import Problem, conflict, not_found, validation_problem
 
 JOB = cast(Table, Job.__table__)
@@ -45,15 +43,6 @@ _OUT_COLUMNS = [
     JOB.c.finished_at,
 ]
 _OUT_WITH_REQUEST = [*_OUT_COLUMNS, JOB.c.request, JOB.c.request_hash]
-_INSERT_RETURNING = tuple(c.name for c in _OUT_COLUMNS)
-_INSERT_SQL = (
-    "INSERT INTO job (id, project_id, kind, queue, name, tags, status, request, request_hash, "
-    "idempotency_key, max_attempts, created_at, updated_at) "
-    "SELECT %s, %s, %s, %s, %s, %s, 'queued', %s, %s, %s, %s, clock.ts, clock.ts "
-    "FROM (SELECT clock_timestamp() AS ts) AS clock "
-    "ON CONFLICT ON CONSTRAINT uq_job_project_id_idempotency_key DO NOTHING "
-    "RETURNING " + ", ".join(_INSERT_RETURNING)
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,34 +135,21 @@ def create_job(
         "idempotency_key": idempotency_key,
         "max_attempts": body.get("max_attempts") or default_max_attempts,
     }
-    # created_at = updated_at = clock_timestamp(), not now(): jobs made in one transaction
-    # still get distinct, ordered times (the list cursor orders by them).
-    # Hot path: one prepared statement on the session's own psycopg connection (same
-    # transaction as the rest of the request), skipping SQLAlchemy's statement building.
-    driver = session.connection().connection.driver_connection
-    assert driver is not None
-    cursor = driver.execute(
-        _INSERT_SQL,
-        (
-            values["id"],
-            project_id,
-            kind,
-            values["queue"],
-            values["name"],
-            Jsonb(values["tags"]),
-            Jsonb(body),
-            request_hash,
-            idempotency_key,
-            values["max_attempts"],
-        ),
-        prepare=True,
+    queued = lifecycle.queue_job(
+        session.connection(),
+        job_id=values["id"],
+        project_id=project_id,
+        kind=kind,
+        name=values["name"],
+        tags=values["tags"],
+        request=body,
+        request_hash=request_hash,
+        idempotency_key=idempotency_key,
+        max_attempts=values["max_attempts"],
     )
-    raw = cursor.fetchone()
-    if raw is not None:
-        link_artifacts(session.connection(), project_id, [(values["id"], kind, body)])
-        mapping = dict(zip(_INSERT_RETURNING, raw, strict=True))
-        mapping["request"] = body  # what was just stored; no need to read it back
-        return Created(job_to_json(_RawRow(mapping)), replayed=False)
+    if queued is not None:
+        queued["request"] = body  # what was just stored; no need to read it back
+        return Created(job_to_json(_RawRow(queued)), replayed=False)
     existing = session.execute(
         select(*_OUT_WITH_REQUEST).where(
             JOB.c.project_id == project_id, JOB.c.idempotency_key == idempotency_key
@@ -395,35 +371,13 @@ def cancel_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> di
 
     Cancelling a job that is already ``cancelling`` is a no-op; a terminal job is a 409.
     A job with children (a fan-out) cancels them too; a cancelled child settles its parent
-    (see :mod:`curvplan_core.jobs.fanout`). Children are locked before the parent, the
-    order every child's end uses.
+    (:func:`curvplan_core.jobs.lifecycle.cancel`).
     """
-    conn = session.connection()
-    has_children = fanout.lock_children(conn, job_id) > 0
-    row = session.execute(
-        update(JOB)
-        .where(
-            JOB.c.id == job_id,
-            JOB.c.project_id == project_id,
-            JOB.c.status.in_(("queued", "running")),
-        )
-        .values(
-            status=case((JOB.c.status == "queued", "cancelled"), else_="cancelling"),
-            cancel_requested=True,
-            finished_at=case((JOB.c.status == "queued", func.now()), else_=JOB.c.finished_at),
-            lease_expires_at=case((JOB.c.status == "queued", None), else_=JOB.c.lease_expires_at),
-            updated_at=func.now(),
-        )
-        .returning(*_OUT_WITH_REQUEST)
-    ).first()
-    if row is not None:
-        if has_children:
-            fanout.cancel_children(conn, job_id)
-        elif row.status == "cancelled" and row.parent_id is not None:
-            fanout.settle_parents(conn, [job_id])
-        if has_children or row.parent_id is not None:
+    cancelled = lifecycle.cancel(session.connection(), project_id, job_id)
+    if cancelled is not None:
+        if cancelled.has_children or cancelled.row.parent_id is not None:
             return get_job(session, project_id, job_id)
-        return job_to_json(row)
+        return job_to_json(cancelled.row)
     job = get_job(session, project_id, job_id)  # 404 when missing
     if job["status"] == "cancelling":
         return job

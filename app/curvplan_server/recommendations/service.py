@@ -15,7 +15,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.orm import Session
 
-from curvplan_server.jobs.models import Job
+from curvplan_core.jobs.models import Job
 from curvplan_server.jobs.service import JobFilters
 from curvplan_server.paging import decode_page_token, encode_page_token, page_token_problem
 

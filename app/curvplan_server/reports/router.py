@@ -14,10 +14,10 @@ from pydantic import BaseModel
 from sqlalchemy import select
 
 from curvplan.types.reports import PlotFiles, PlotInfo, PlotList
+from curvplan_core.jobs.models import Job
 from curvplan_server.auth.dependencies import ProjectDep, authenticate
 from curvplan_server.db import SessionDep
 from curvplan_server.jobs import service
-from curvplan_server.jobs.models import Job
 from curvplan_server.problems import PROBLEM_RESPONSES, Problem, conflict, not_found
 from curvplan_server.public_url import base_url
 from curvplan_server.reports import signing

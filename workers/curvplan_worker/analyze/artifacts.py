@@ -39,7 +39,7 @@ from curvplan_core.storage.blobs import delete_if_unreferenced, lock_blob, place
 from curvplan_worker.blobs.cache import BlobCache, CorruptDownload
 from curvplan_worker.blobs.client import BlobApi, BlobNotOnServer, BlobTransferError
 from curvplan_worker.errors import JobError
-from curvplan_worker.kinds import JobContext
+from curvplan_worker.job_context import JobContext
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
 from curvplan_worker.analyze.eta import EtaTracker
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.errors import JobCancelled, JobError
-from curvplan_worker.kinds import ChildJob, FanOut, JobContext
+from curvplan_worker.job_context import ChildJob, FanOut, JobContext
 
 log = logging.getLogger("curvplan.worker.analyze")
 

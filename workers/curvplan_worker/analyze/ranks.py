@@ -38,7 +38,7 @@ import traceback
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-from curvplan_worker.child import EXIT_RANK_DIED, EXIT_WORKER_GONE
+from curvplan_worker.exit_codes import EXIT_RANK_DIED, EXIT_WORKER_GONE
 
 log = logging.getLogger("curvplan.worker.ranks")
 

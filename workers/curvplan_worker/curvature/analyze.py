@@ -47,12 +47,12 @@ from curvplan_worker.curvature.memory import (
     OutOfDeviceMemory,
     agree_lockstep,
     default_budget,
-    fit_to_memory,
     later_stage_memory,
     peak_memory,
     plan_lockstep,
     reset_peak,
 )
+from curvplan_worker.curvature.memory_fit import fit_to_memory
 from curvplan_worker.curvature.operator import CurvatureEngine, block_slices
 from curvplan_worker.curvature.sources import is_hf_source, load_source
 from curvplan_worker.curvature.spectra import (

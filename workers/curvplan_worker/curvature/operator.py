@@ -263,7 +263,7 @@ class CurvatureEngine:
         # memory: the plan's budget and measurement (named by the out-of-memory error) and
         # one record per out-of-memory retry (docs/numerics.md#memory-plan)
         self.memory_budget: int | None = None
-        self.memory_plan: MemoryPlan | None = None  # set by memory.fit_to_memory
+        self.memory_plan: MemoryPlan | None = None  # set by memory_fit.fit_to_memory
         self.per_example_bytes: float | None = None
         self.memory_source: str | None = None
         self.oom_retries: list[dict[str, Any]] = []

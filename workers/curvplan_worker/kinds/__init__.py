@@ -10,7 +10,9 @@ requested, which is how cancel reaches a running job (cooperatively). A kind rai
 :class:`curvplan_worker.errors.JobError` for a failure it diagnosed (bad input, …): the job
 fails with that error and is not retried.
 
-Fan-out: instead of a result dict a kind may return :class:`FanOut` (child jobs to
+The context and the fan-out types live in :mod:`curvplan_worker.job_context`.
+
+Fan-out: instead of a result dict a kind may return a ``FanOut`` (child jobs to
 create). The job then waits for its children (``curvplan_core.jobs.fanout``) and is run
 again once they have all ended, this time with ``ctx.children`` holding their outcomes:
 that second run (the fan-in) returns the job's result.
@@ -19,35 +21,12 @@ that second run (the fan-in) returns the job's result.
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from curvplan.types.jobs import QUEUE_OF_KIND
-from curvplan_worker.curvature.limits import AttemptLimits
-from curvplan_worker.errors import JobCancelled
-
-
-@dataclass(frozen=True)
-class ChildJob:
-    """One child job of a fan-out: its kind, its request (a valid create body) and a name."""
-
-    kind: str
-    request: dict[str, Any]
-    name: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "request": self.request, "name": self.name}
-
-
-@dataclass(frozen=True)
-class FanOut:
-    """What a kind returns to run child jobs first; it is run again when they have ended."""
-
-    children: list[ChildJob]
-    message: str = ""
+from curvplan_worker.job_context import FanOut, JobContext
 
 
 @dataclass(frozen=True)
@@ -68,59 +47,6 @@ KINDS: dict[str, KindSpec] = {
 
 class UnknownKindError(LookupError):
     """The job names a kind this worker does not know."""
-
-
-class JobContext:
-    """What a running kind sees of its job: ids, data directory, the API (remote workers),
-    progress and cancel."""
-
-    def __init__(
-        self,
-        *,
-        job_id: str,
-        attempt: int,
-        data_dir: Path,
-        send_progress: Callable[..., None],
-        is_cancelled: Callable[[], bool],
-        children: list[dict[str, Any]] | None = None,
-        api_url: str | None = None,
-        api_key: str | None = None,
-        limits: AttemptLimits | None = None,
-    ) -> None:
-        #: The worker's memory and time limits for this attempt (docs/operations.md#memory-limit).
-        self.limits = limits
-        #: The children's outcomes in a fan-in attempt (``id``, ``kind``, ``name``,
-        #: ``status``, ``request``, ``result``, ``error``), oldest first; None otherwise.
-        self.children = children
-        #: The API and this worker's key, on a worker on another host (blobs go through the
-        #: API: ``curvplan_worker.analyze.artifacts.ArtifactAccess``); None on one host.
-        self.api_url = api_url
-        self.api_key = api_key
-        self.job_id = job_id
-        self.attempt = attempt
-        self.data_dir = data_dir
-        self._send_progress = send_progress
-        self._is_cancelled = is_cancelled
-
-    def report_progress(
-        self, fraction: float, stage: str, message: str = "", *, eta_seconds: float | None = None
-    ) -> None:
-        """Publish progress (``0 ≤ fraction ≤ 1``, and the seconds the job still needs when it
-        has an estimate); raise JobCancelled if cancel was requested."""
-        if not (isinstance(fraction, int | float) and math.isfinite(fraction)):
-            raise ValueError(f"progress fraction must be a finite number, got {fraction!r}")
-        if not 0.0 <= fraction <= 1.0:
-            raise ValueError(f"progress fraction must lie in [0, 1], got {fraction}")
-        self.check_cancelled()
-        eta = None
-        if eta_seconds is not None and math.isfinite(eta_seconds):
-            eta = max(float(eta_seconds), 0.0)
-        self._send_progress(float(fraction), str(stage), str(message), eta)
-
-    def check_cancelled(self) -> None:
-        """Raise JobCancelled if the job's cancellation was requested (no progress sent)."""
-        if self._is_cancelled():
-            raise JobCancelled()
 
 
 RunFunction = Callable[[dict[str, Any], JobContext], "dict[str, Any] | FanOut"]

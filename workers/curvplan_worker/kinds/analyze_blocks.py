@@ -20,7 +20,7 @@ from curvplan_worker.analyze.pipeline import (
     worker_machine,
 )
 from curvplan_worker.errors import JobError
-from curvplan_worker.kinds import JobContext
+from curvplan_worker.job_context import JobContext
 
 
 def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 from curvplan_core.planner import Measurements, PlanInputError, Targets, check_workload, make_plan
 from curvplan_core.planner.cancel import PlanCancelled, cancel_scope
 from curvplan_worker.errors import JobCancelled, JobError
-from curvplan_worker.kinds import JobContext
+from curvplan_worker.job_context import JobContext
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

@@ -46,7 +46,7 @@ from curvplan_core.planner.gradient_noise import ratio_of_means_bootstrap, two_b
 from curvplan_worker.analyze.artifacts import attempt_access
 from curvplan_worker.analyze.pipeline import checkpoint_step
 from curvplan_worker.errors import JobError
-from curvplan_worker.kinds import ChildJob, FanOut, JobContext
+from curvplan_worker.job_context import ChildJob, FanOut, JobContext
 from curvplan_worker.kinds.plan import seed_for_job
 from curvplan_worker.sweep.branch import fit_branches, plan_branches
 from curvplan_worker.sweep.lr import interpolated_multiplier, lr_for_batch

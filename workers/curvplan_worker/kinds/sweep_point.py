@@ -18,7 +18,7 @@ from curvplan_worker.curvature.data import DataError, load_dataset
 from curvplan_worker.curvature.model import build_model
 from curvplan_worker.curvature.objective import objective_for
 from curvplan_worker.errors import JobError
-from curvplan_worker.kinds import JobContext
+from curvplan_worker.job_context import JobContext
 from curvplan_worker.sweep.train import train_point
 
 #: Below this many parameters one thread is fastest and leaves the other cores to other runs.

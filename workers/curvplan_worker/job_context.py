@@ -1,0 +1,89 @@
+"""What a job kind's ``run`` sees and returns: its :class:`JobContext`, and a :class:`FanOut`
+of :class:`ChildJob` s instead of a result (docs in :mod:`curvplan_worker.kinds`).
+
+Below the kinds and the analyze pipeline alike, so that neither imports the other for these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from curvplan_worker.curvature.limits import AttemptLimits
+from curvplan_worker.errors import JobCancelled
+
+
+@dataclass(frozen=True)
+class ChildJob:
+    """One child job of a fan-out: its kind, its request (a valid create body) and a name."""
+
+    kind: str
+    request: dict[str, Any]
+    name: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "request": self.request, "name": self.name}
+
+
+@dataclass(frozen=True)
+class FanOut:
+    """What a kind returns to run child jobs first; it is run again when they have ended."""
+
+    children: list[ChildJob]
+    message: str = ""
+
+
+class JobContext:
+    """What a running kind sees of its job: ids, data directory, the API (remote workers),
+    progress and cancel."""
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        attempt: int,
+        data_dir: Path,
+        send_progress: Callable[..., None],
+        is_cancelled: Callable[[], bool],
+        children: list[dict[str, Any]] | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        limits: AttemptLimits | None = None,
+    ) -> None:
+        #: The worker's memory and time limits for this attempt (docs/operations.md#memory-limit).
+        self.limits = limits
+        #: The children's outcomes in a fan-in attempt (``id``, ``kind``, ``name``,
+        #: ``status``, ``request``, ``result``, ``error``), oldest first; None otherwise.
+        self.children = children
+        #: The API and this worker's key, on a worker on another host (blobs go through the
+        #: API: ``curvplan_worker.analyze.artifacts.ArtifactAccess``); None on one host.
+        self.api_url = api_url
+        self.api_key = api_key
+        self.job_id = job_id
+        self.attempt = attempt
+        self.data_dir = data_dir
+        self._send_progress = send_progress
+        self._is_cancelled = is_cancelled
+
+    def report_progress(
+        self, fraction: float, stage: str, message: str = "", *, eta_seconds: float | None = None
+    ) -> None:
+        """Publish progress (``0 ≤ fraction ≤ 1``, and the seconds the job still needs when it
+        has an estimate); raise JobCancelled if cancel was requested."""
+        if not (isinstance(fraction, int | float) and math.isfinite(fraction)):
+            raise ValueError(f"progress fraction must be a finite number, got {fraction!r}")
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"progress fraction must lie in [0, 1], got {fraction}")
+        self.check_cancelled()
+        eta = None
+        if eta_seconds is not None and math.isfinite(eta_seconds):
+            eta = max(float(eta_seconds), 0.0)
+        self._send_progress(float(fraction), str(stage), str(message), eta)
+
+    def check_cancelled(self) -> None:
+        """Raise JobCancelled if the job's cancellation was requested (no progress sent)."""
+        if self._is_cancelled():
+            raise JobCancelled()
