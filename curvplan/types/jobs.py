@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import reduce
 from operator import or_
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
 from pydantic import (
     AnyHttpUrl,
@@ -41,7 +41,11 @@ from pydantic import (
 
 from curvplan.types.artifact_inputs import CheckpointRef
 from curvplan.types.model_source import ModelSource
-from curvplan.types.options import AnalysisOptions  # pydantic only, like the spec
+from curvplan.types.options import (  # pydantic only, like the spec
+    STORED_REQUEST,
+    AnalysisOptions,
+    is_stored_request,
+)
 from curvplan.types.planner import Measurements, PlanInputError, Targets, check_workload
 from curvplan.types.results import (
     RESULT_TYPES,
@@ -134,6 +138,10 @@ class PlanJobCreate(_JobCreateBase):
         from_job = info.data.get("from_job")
         if value is None and from_job is None:
             raise ValueError("Field required (or give from_job to re-plan an analyze job)")
+        if is_stored_request(info):
+            if value is None:  # the API completes a re-plan with the analysis's measurements
+                raise ValueError("Field required (a stored re-plan holds its measurements)")
+            return value
         if value is not None and from_job is not None:
             raise ValueError("give measurements or from_job, not both")
         return value
@@ -292,6 +300,9 @@ def kind_name(create_type: type[_JobCreateBase]) -> str:
     return str(name)
 
 
+#: kind → its create model: what the API validates a body with and the worker parses the
+#: stored request into (:func:`parse_stored_request`).
+CREATE_TYPE_OF_KIND: dict[str, type[_JobCreateBase]] = {kind_name(t): t for t in JOB_CREATE_TYPES}
 #: kind → queue: the registry the API (validation, queueing) and the worker derive from.
 QUEUE_OF_KIND: dict[str, str] = {kind_name(t): t.queue for t in JOB_CREATE_TYPES}
 JOB_KINDS: tuple[str, ...] = tuple(QUEUE_OF_KIND)
@@ -323,6 +334,21 @@ JOB_CREATE_ADAPTER: TypeAdapter[Any] = TypeAdapter(JobCreate)
 #: The body of ``POST /v1/jobs``: the kinds a client may submit (the OpenAPI ``JobCreate``).
 ClientJobCreate = _union(CLIENT_JOB_CREATE_TYPES)
 CLIENT_JOB_CREATE_ADAPTER: TypeAdapter[Any] = TypeAdapter(ClientJobCreate)
+
+
+CreateT = TypeVar("CreateT", bound=BaseModel)
+
+
+def parse_stored_request(create_type: type[CreateT], stored: str | bytes) -> CreateT:
+    """A job's request as the API stored it (the create model's JSON), parsed back into
+    ``create_type`` — once, by the worker that runs the job.
+
+    JSON semantics (arrays are valid for tuple fields), in the :data:`STORED_REQUEST`
+    context: a re-plan holds both ``from_job`` and the measurements the API copied, and the
+    machine settings that older API versions accepted as options are dropped. Raises
+    pydantic's ``ValidationError``.
+    """
+    return create_type.model_validate_json(stored, context=STORED_REQUEST)
 
 
 def _artifact_ids(loc: Loc, value: object) -> list[tuple[Loc, uuid.UUID]]:

@@ -78,7 +78,7 @@ from curvplan_worker.attempt import (
     describe_exit,
     make_context,
 )
-from curvplan_worker.child import ChildTask
+from curvplan_worker.child import ChildTask, request_json
 from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.health import touch_health_file
 from curvplan_worker.kinds import KINDS
@@ -412,7 +412,7 @@ class WorkerSlot:
             job_id=str(fence.job_id),
             attempt=fence.attempt,
             worker_id=self.worker_id,
-            request=job.request,
+            request_json=request_json(job.kind, job.request),
             data_dir=str(self.options.data_dir),
             log_format=self.options.log_format,
             log_level=self.options.log_level,

@@ -1,8 +1,12 @@
-"""Job kinds: ``kind name → run(request: dict, ctx: JobContext) -> dict``.
+"""Job kinds: ``kind name → run(request: XJobCreate, ctx: JobContext) -> dict``.
 
 A kind module exposes ``run``. It is imported lazily, in the child process that runs
 the attempt (and preloaded in the forkserver), never in the worker parent, so a kind
 may import torch without the parent paying for it.
+
+``run`` receives the kind's validated create model (``curvplan.types.jobs``), parsed once
+from the stored request's JSON by :func:`load_request` in the attempt child: a kind reads
+typed fields and never re-validates its request.
 
 A kind reports progress with ``ctx.report_progress(fraction, stage, message)``; that
 call raises :class:`curvplan_worker.errors.JobCancelled` once the job's cancellation was
@@ -20,49 +24,57 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from curvplan.types.jobs import QUEUE_OF_KIND
+from pydantic import BaseModel, ValidationError
+
+from curvplan.types.jobs import CREATE_TYPE_OF_KIND, parse_stored_request
 from curvplan_worker.curvature.limits import AttemptLimits
-from curvplan_worker.errors import JobCancelled
+from curvplan_worker.errors import JobCancelled, JobError
+
+RequestT = TypeVar("RequestT", bound=BaseModel)
 
 
 @dataclass(frozen=True)
-class ChildJob:
-    """One child job of a fan-out: its kind, its request (a valid create body) and a name."""
+class ChildJob(Generic[RequestT]):
+    """One child job of a fan-out: its request (a create model of the contract, validated
+    when built) and a name."""
 
-    kind: str
-    request: dict[str, Any]
+    request: RequestT
     name: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "request": self.request, "name": self.name}
+    def stored(self) -> dict[str, Any]:
+        """``{kind, request, name}`` as the worker inserts the child (the request's JSON)."""
+        request = self.request.model_dump(mode="json", exclude_none=True)
+        return {"kind": request["kind"], "request": request, "name": self.name}
 
 
 @dataclass(frozen=True)
 class FanOut:
     """What a kind returns to run child jobs first; it is run again when they have ended."""
 
-    children: list[ChildJob]
+    children: Sequence[ChildJob[Any]]
     message: str = ""
 
 
 @dataclass(frozen=True)
 class KindSpec:
-    """Where a kind's code lives and which queue its jobs go to."""
+    """Where a kind's code lives, which queue its jobs go to and the model of its request."""
 
     name: str
     queue: str
     module: str
+    request_type: type[BaseModel]
 
 
-#: Derived from the contract's registry: kind ``x`` runs ``curvplan_worker.kinds.x.run``.
+#: Derived from the contract's registry: kind ``x`` runs ``curvplan_worker.kinds.x.run`` on
+#: its ``XJobCreate``.
 KINDS: dict[str, KindSpec] = {
-    name: KindSpec(name=name, queue=queue, module=f"{__name__}.{name}")
-    for name, queue in QUEUE_OF_KIND.items()
+    name: KindSpec(name=name, queue=t.queue, module=f"{__name__}.{name}", request_type=t)
+    for name, t in CREATE_TYPE_OF_KIND.items()
 }
 
 
@@ -123,7 +135,8 @@ class JobContext:
             raise JobCancelled()
 
 
-RunFunction = Callable[[dict[str, Any], JobContext], "dict[str, Any] | FanOut"]
+RunFunction = Callable[[Any, JobContext], "dict[str, Any] | FanOut"]
+"""A kind's ``run``: its create model (typed per kind) and the context → result or fan-out."""
 
 
 def kind_spec(name: str) -> KindSpec:
@@ -133,6 +146,21 @@ def kind_spec(name: str) -> KindSpec:
     except KeyError:
         raise UnknownKindError(
             f"unknown job kind {name!r}; this worker runs {sorted(KINDS)}"
+        ) from None
+
+
+def load_request(name: str, stored: str | bytes) -> BaseModel:
+    """The stored request of a job of kind ``name`` (its JSON) as the kind's create model,
+    parsed once; a request that does not validate (a row edited by hand, a kind's rules
+    tightened since it was queued) is a JobError naming the first failing field."""
+    try:
+        return parse_stored_request(kind_spec(name).request_type, stored)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = ".".join(str(part) for part in first["loc"]) or "request"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise JobError(
+            "invalid-request", f"Invalid {name} request", f"{field}: {first['msg']}{more}"[:300]
         ) from None
 
 
