@@ -47,12 +47,7 @@ from curvplan.types.options import (  # pydantic only, like the spec
     is_stored_request,
 )
 from curvplan.types.planner import Measurements, PlanInputError, Targets, check_workload
-from curvplan.types.results import (
-    RESULT_TYPES,
-    AnalyzeBlocksResult,
-    AnalyzeResult,
-    PlanResult,
-)
+from curvplan.types.results import RESULT_TYPES, JobResult
 from curvplan.types.sweep import PointSettings, SweepSettings, _SweepBase
 
 TagKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
@@ -443,9 +438,10 @@ class JobOut(BaseModel):
     attempt: int
     max_attempts: int
     cancel_requested: bool
-    result: AnalyzeResult | PlanResult | AnalyzeBlocksResult | None = Field(
+    result: JobResult | None = Field(
         description="The kind's result once the job succeeded (plan: PlanResult, analyze: "
-        "AnalyzeResult, analyze_blocks: AnalyzeBlocksResult); null before."
+        "AnalyzeResult, analyze_blocks: AnalyzeBlocksResult, sweep: SweepJobResult, "
+        "sweep_point: SweepPointJobResult); null before."
     )
     error: JobError | None
     request: dict[str, Any] | None = Field(

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from curvplan.types.planner import Recommendation
+from curvplan.types.sweep import PointResult, SweepResult
 
 
 class _Open(BaseModel):
@@ -209,11 +210,30 @@ class AnalyzeBlocksResult(_Open):
     estimated_cost: float | None = None
 
 
+class SweepJobResult(_Open):
+    """Result of a succeeded ``sweep`` job: the fit (``sweep``), the planner inputs it gives
+    an analysis that names the sweep (``measurements``), and the recommendation."""
+
+    sweep: SweepResult
+    measurements: dict[str, Any] = Field(
+        default_factory=dict, description="steps_to_target (batch sweep) or loss_vs_data."
+    )
+    recommendation: Recommendation
+
+
+class SweepPointJobResult(_Open):
+    """Result of a succeeded ``sweep_point`` job (one training run of a sweep)."""
+
+    point: PointResult
+
+
 #: kind → result model (the job resource's ``result`` is one of these or null).
 RESULT_TYPES: dict[str, type[BaseModel]] = {
     "plan": PlanResult,
     "analyze": AnalyzeResult,
     "analyze_blocks": AnalyzeBlocksResult,
+    "sweep": SweepJobResult,
+    "sweep_point": SweepPointJobResult,
 }
 
-JobResult = AnalyzeResult | PlanResult | AnalyzeBlocksResult
+JobResult = AnalyzeResult | PlanResult | AnalyzeBlocksResult | SweepJobResult | SweepPointJobResult

@@ -25,7 +25,7 @@ def undrawn_job(db_session: Any, api_key: str, plan_job: dict[str, Any]) -> str:
     project_id = lookup_key(db_session, api_key).project_id  # type: ignore[union-attr]
     body = {**plan_job["request"], "name": '<script>alert("x")</script>', "tags": {"t": "a&b"}}
     created = service.create_job(db_session, project_id, body, default_max_attempts=3)
-    job_id = created.job["id"]
+    job_id = str(created.job.id)
     db_session.execute(
         update(Job.__table__)
         .where(Job.__table__.c.id == uuid.UUID(job_id))

@@ -164,5 +164,5 @@ def test_delete_racing_a_job_submission_waits_for_it_and_refuses(
         submit.commit()
     deleter.join(10)
     problem = assert_problem(answer["r"], 409)
-    assert problem["jobs"] == [{"id": job["id"], "status": "queued"}]
+    assert problem["jobs"] == [{"id": str(job.id), "status": "queued"}]
     assert live_client.get(f"/v1/artifacts/{checkpoint['id']}", headers=live_headers).is_success

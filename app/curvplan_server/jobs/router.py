@@ -9,9 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
@@ -145,8 +144,14 @@ def _nul_locations(value: Any, loc: tuple[str | int, ...]) -> Iterator[tuple[str
             yield from _nul_locations(item, (*loc, index))
 
 
-def _job_response(job: dict[str, Any], status_code: int, **headers: str) -> JSONResponse:
-    return JSONResponse(job, status_code=status_code, headers=headers or None)
+def _job_response(job: JobOut | JobPage, status_code: int, **headers: str) -> Response:
+    """The job (or page) as JSON, serialized from its response model."""
+    return Response(
+        service.job_json(job),
+        status_code=status_code,
+        headers=headers or None,
+        media_type="application/json",
+    )
 
 
 IDEMPOTENCY_KEY_PARAMETER = {
@@ -187,7 +192,7 @@ IDEMPOTENCY_KEY_PARAMETER = {
         },
     },
 )
-async def create_job(request: Request, session: SessionDep) -> JSONResponse:
+async def create_job(request: Request, session: SessionDep) -> Response:
     """Queue a job. Answers 202 with the job and its ``Location``.
 
     This is the hot path: the body is validated once from raw bytes, the key
@@ -227,7 +232,7 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
         settings.max_job_devices,
         PlanLimits.from_settings(settings),
     )
-    headers = {"Location": created.job["links"]["self"]}
+    headers = {"Location": created.job.links.self}
     if created.replayed:
         headers["Idempotent-Replayed"] = "true"
     return _job_response(created.job, 202, **headers)
@@ -288,15 +293,15 @@ def list_jobs(
     ] = None,
     page_size: Annotated[int | None, Query(ge=1)] = None,
     page_token: Annotated[str | None, Query()] = None,
-) -> JSONResponse:
+) -> Response:
     """Jobs of the caller's project matching every filter given."""
     settings = request.app.state.settings
     size = min(page_size or settings.default_page_size, settings.max_page_size)
     filters = service.parse_filters(status, kind, name, tag)
-    items, next_token = service.list_jobs(
+    page = service.list_jobs(
         session, auth.project_id, filters, page_size=size, page_token=page_token
     )
-    return JSONResponse({"items": items, "next_page_token": next_token})
+    return _job_response(page, 200)
 
 
 @router.get(
@@ -325,7 +330,7 @@ async def get_job(
             "(capped by the server, default 0: answer at once).",
         ),
     ] = 0,
-) -> JSONResponse:
+) -> Response:
     """The job. With ``wait`` the answer comes when its status changes or ends, or at timeout."""
     settings = request.app.state.settings
     wait = min(wait, settings.long_poll_max_seconds)
@@ -336,9 +341,9 @@ async def get_job(
         # Read and hand the connection back in one thread hop: a connection held while this
         # request waits for a thread could deadlock the pool under hundreds of long-polls.
         job = await run_in_threadpool(_read_job, session, auth.project_id, job_id)
-        if wait <= 0 or job["status"] in TERMINAL_STATUSES:
+        if wait <= 0 or job.status in TERMINAL_STATUSES:
             return _job_response(job, 200)
-        initial = job["status"]
+        initial = job.status
         deadline = time.monotonic() + wait
         while True:
             remaining = deadline - time.monotonic()
@@ -360,7 +365,7 @@ async def get_job(
             subscription.close()
 
 
-def _read_job(session: Any, project_id: uuid.UUID, job_id: uuid.UUID) -> dict[str, Any]:
+def _read_job(session: Any, project_id: uuid.UUID, job_id: uuid.UUID) -> JobOut:
     try:
         return service.get_job(session, project_id, job_id)
     finally:
@@ -386,10 +391,10 @@ def _probe_status(session: Any, project_id: uuid.UUID, job_id: uuid.UUID) -> str
         **problem_responses(401, 404, 422, 500, _409="The job already finished"),
     },
 )
-def cancel_job(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> JSONResponse:
+def cancel_job(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> Response:
     """Queued → ``cancelled`` at once (200); running → ``cancelling`` (202); terminal → 409."""
     job = service.cancel_job(session, auth.project_id, job_id)
-    return _job_response(job, 200 if job["status"] == "cancelled" else 202)
+    return _job_response(job, 200 if job.status == "cancelled" else 202)
 
 
 @router.get(
@@ -405,8 +410,9 @@ def cancel_job(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> JSON
         **problem_responses(401, 404, 422, 500, _409="The job has not succeeded (yet)"),
     },
 )
-def get_job_recommendation(
-    job_id: uuid.UUID, session: SessionDep, auth: ProjectDep
-) -> JSONResponse:
+def get_job_recommendation(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> Response:
     """``result.recommendation``; a 409 problem while the job has not succeeded."""
-    return JSONResponse(service.get_recommendation(session, auth.project_id, job_id))
+    recommendation = service.get_recommendation(session, auth.project_id, job_id)
+    return Response(
+        recommendation.model_dump_json(exclude_unset=True), media_type="application/json"
+    )

@@ -18,7 +18,17 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import Row, Table, and_, case, func, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from curvplan.types.jobs import JOB_KINDS, JOB_STATUSES, QUEUE_OF_KIND, TERMINAL_STATUSES
+from curvplan.types.jobs import (
+    JOB_KINDS,
+    JOB_STATUSES,
+    QUEUE_OF_KIND,
+    TERMINAL_STATUSES,
+    JobChild,
+    JobLinks,
+    JobOut,
+    JobPage,
+)
+from curvplan.types.planner import Recommendation
 from curvplan_core.jobs import fanout
 from curvplan_core.jobs.links import link_artifacts
 from curvplan_server.jobs.models import Job
@@ -58,7 +68,7 @@ _INSERT_SQL = (
 
 @dataclass(frozen=True, slots=True)
 class _RawRow:
-    """A psycopg tuple as a mapping, so :func:`job_to_json` reads both kinds of rows."""
+    """A psycopg tuple as a mapping, so :func:`job_out` reads both kinds of rows."""
 
     _mapping: dict[str, Any]
 
@@ -69,49 +79,48 @@ def canonical_hash(body: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
-def job_to_json(row: Row[Any] | Any) -> dict[str, Any]:
-    """The API representation of a job row (see ``curvplan.types.jobs.JobOut``)."""
+def job_out(row: Row[Any] | Any) -> JobOut:
+    """The API representation of a job row: its response model, validated (the result as
+    its kind's result model). ``request`` is set only when the row holds it (not in list
+    pages); :func:`job_json` leaves out what is not set."""
     m = row._mapping
-    job_id = str(m["id"])
-    base = f"/v1/jobs/{job_id}"
-    out: dict[str, Any] = {
-        "id": job_id,
-        "parent_id": str(m["parent_id"]) if m.get("parent_id") else None,
-        "kind": m["kind"],
-        "queue": m["queue"],
-        "status": m["status"],
-        "name": m["name"],
-        "tags": m["tags"] or {},
-        "progress": m["progress"],
-        "attempt": m["attempt"],
-        "max_attempts": m["max_attempts"],
-        "cancel_requested": m["cancel_requested"],
-        "result": m["result"],
-        "error": m["error"],
-        "created_at": _iso(m["created_at"]),
-        "updated_at": _iso(m["updated_at"]),
-        "started_at": _iso(m["started_at"]),
-        "finished_at": _iso(m["finished_at"]),
-        "links": {
-            "self": base,
-            "cancel": f"{base}/cancel",
-            "recommendation": f"{base}/recommendation",
-        },
-    }
+    base = f"/v1/jobs/{m['id']}"
+    job = JobOut(
+        id=m["id"],
+        parent_id=m.get("parent_id"),
+        kind=m["kind"],
+        queue=m["queue"],
+        status=m["status"],
+        name=m["name"],
+        tags=m["tags"] or {},
+        progress=m["progress"],
+        attempt=m["attempt"],
+        max_attempts=m["max_attempts"],
+        cancel_requested=m["cancel_requested"],
+        result=m["result"],
+        error=m["error"],
+        created_at=m["created_at"],
+        updated_at=m["updated_at"],
+        started_at=m["started_at"],
+        finished_at=m["finished_at"],
+        links=JobLinks(self=base, cancel=f"{base}/cancel", recommendation=f"{base}/recommendation"),
+    )
     if "request" in m:
-        out["request"] = m["request"]
-    return out
+        job.request = m["request"]
+    return job
+
+
+def job_json(job: JobOut | JobPage) -> bytes:
+    """A job (or a page of them) as the API's JSON: every field it was built with, stored
+    results and progress exactly as stored (nothing a kind's result model leaves unset)."""
+    return job.model_dump_json(exclude_unset=True).encode()
 
 
 @dataclass(frozen=True, slots=True)
 class Created:
     """Outcome of :func:`create_job`: the job and whether it is an idempotent replay."""
 
-    job: dict[str, Any]
+    job: JobOut
     replayed: bool
 
 
@@ -173,7 +182,7 @@ def create_job(
         link_artifacts(session.connection(), project_id, [(values["id"], kind, body)])
         mapping = dict(zip(_INSERT_RETURNING, raw, strict=True))
         mapping["request"] = body  # what was just stored; no need to read it back
-        return Created(job_to_json(_RawRow(mapping)), replayed=False)
+        return Created(job_out(_RawRow(mapping)), replayed=False)
     existing = session.execute(
         select(*_OUT_WITH_REQUEST).where(
             JOB.c.project_id == project_id, JOB.c.idempotency_key == idempotency_key
@@ -198,7 +207,7 @@ def create_job(
     return Created(original_response(existing), replayed=True)
 
 
-def original_response(row: Row[Any] | Any) -> dict[str, Any]:
+def original_response(row: Row[Any] | Any) -> JobOut:
     """The job exactly as the first ``POST /v1/jobs`` answered it, rebuilt from the row.
 
     An idempotent replay repeats the original response (draft-ietf-httpapi-idempotency-
@@ -217,24 +226,24 @@ def original_response(row: Row[Any] | Any) -> dict[str, Any]:
         started_at=None,
         finished_at=None,
     )
-    return job_to_json(_RawRow(initial))
+    return job_out(_RawRow(initial))
 
 
-def get_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> dict[str, Any]:
+def get_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> JobOut:
     """The job, or a 404 problem (also for another project's job)."""
     row = session.execute(
         select(*_OUT_WITH_REQUEST).where(JOB.c.id == job_id, JOB.c.project_id == project_id)
     ).first()
     if row is None:
         raise not_found("job")
-    out = job_to_json(row)
+    job = job_out(row)
     children = list_children(session, job_id)
     if children:
-        out["children"] = children
-    return out
+        job.children = children
+    return job
 
 
-def list_children(session: Session, parent_id: uuid.UUID) -> list[dict[str, Any]]:
+def list_children(session: Session, parent_id: uuid.UUID) -> list[JobChild]:
     """The children of a job (a fan-out), oldest first: id, kind, name, status, error type."""
     rows = session.execute(
         select(JOB.c.id, JOB.c.kind, JOB.c.name, JOB.c.status, JOB.c.attempt, JOB.c.error)
@@ -242,15 +251,15 @@ def list_children(session: Session, parent_id: uuid.UUID) -> list[dict[str, Any]
         .order_by(JOB.c.created_at, JOB.c.id)
     ).all()
     return [
-        {
-            "id": str(r.id),
-            "kind": r.kind,
-            "name": r.name,
-            "status": r.status,
-            "attempt": r.attempt,
-            "error_type": (r.error or {}).get("type"),
-            "links": {"self": f"/v1/jobs/{r.id}"},
-        }
+        JobChild(
+            id=r.id,
+            kind=r.kind,
+            name=r.name,
+            status=r.status,
+            attempt=r.attempt,
+            error_type=(r.error or {}).get("type"),
+            links={"self": f"/v1/jobs/{r.id}"},
+        )
         for r in rows
     ]
 
@@ -356,7 +365,7 @@ def list_jobs(
     *,
     page_size: int,
     page_token: str | None,
-) -> tuple[list[dict[str, Any]], str | None]:
+) -> JobPage:
     """A page of the project's jobs, newest first, and the token of the next page."""
     conditions = [JOB.c.project_id == project_id]
     if filters.statuses:
@@ -381,16 +390,16 @@ def list_jobs(
         .order_by(JOB.c.created_at.desc(), JOB.c.id.desc())
         .limit(page_size + 1)
     ).all()
-    items = [job_to_json(r) for r in rows[:page_size]]
+    items = [job_out(r) for r in rows[:page_size]]
     next_token = None
     if len(rows) > page_size:
         last = rows[page_size - 1]
         next_token = encode_page_token(last.created_at, last.id, filters)
-    return items, next_token
+    return JobPage(items=items, next_page_token=next_token)
 
 
 # --------------------------------------------------------------------------- cancel
-def cancel_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> dict[str, Any]:
+def cancel_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> JobOut:
     """Cancel: queued → cancelled at once; running → cancelling (the worker stops it).
 
     Cancelling a job that is already ``cancelling`` is a no-op; a terminal job is a 409.
@@ -423,20 +432,21 @@ def cancel_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> di
             fanout.settle_parents(conn, [job_id])
         if has_children or row.parent_id is not None:
             return get_job(session, project_id, job_id)
-        return job_to_json(row)
+        return job_out(row)
     job = get_job(session, project_id, job_id)  # 404 when missing
-    if job["status"] == "cancelling":
+    if job.status == "cancelling":
         return job
     raise conflict(
-        f"job is already {job['status']}; only queued or running jobs can be cancelled",
-        job_status=job["status"],
+        f"job is already {job.status}; only queued or running jobs can be cancelled",
+        job_status=job.status,
     )
 
 
 def get_recommendation(
     session: Session, project_id: uuid.UUID, job_id: uuid.UUID
-) -> dict[str, Any]:
-    """``result.recommendation`` of a succeeded job; 409 problem while it is not succeeded."""
+) -> Recommendation:
+    """``result.recommendation`` of a succeeded job (its response model); 409 problem while
+    it is not succeeded."""
     row = session.execute(
         select(JOB.c.status, JOB.c.result, JOB.c.error).where(
             JOB.c.id == job_id, JOB.c.project_id == project_id
@@ -454,4 +464,4 @@ def get_recommendation(
         raise conflict(
             "the job succeeded but its result holds no recommendation", job_status=row.status
         )
-    return recommendation
+    return Recommendation.model_validate(recommendation)
