@@ -280,6 +280,9 @@ class SweepPointJobCreate(_JobCreateBase, _SweepBase):
     point: PointSettings
 
 
+#: Any kind's create model (what the API validated, what the worker runs).
+JobCreateModel = _JobCreateBase
+
 JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = (
     PlanJobCreate,
     AnalyzeJobCreate,
@@ -357,13 +360,19 @@ def _artifact_ids(loc: Loc, value: object) -> list[tuple[Loc, uuid.UUID]]:
     return [(loc, uuid.UUID(str(value)))]
 
 
-def artifact_references(kind: str, body: Mapping[str, object]) -> list[ArtifactReference]:
-    """Every artifact a validated body of ``kind`` names (JSON or Python form), in the order
-    of the kind's :attr:`artifact_fields`; ``[]`` for a kind that names none."""
+def artifact_references(
+    kind: str, body: JobCreateModel | Mapping[str, object]
+) -> list[ArtifactReference]:
+    """Every artifact a validated body of ``kind`` names (its create model, or its JSON), in
+    the order of the kind's :attr:`artifact_fields`; ``[]`` for a kind that names none."""
+
+    def value(name: str) -> object:
+        return body.get(name) if isinstance(body, Mapping) else getattr(body, name, None)
+
     return [
         ArtifactReference(loc, artifact_id, field.artifact_kind)
         for field in ARTIFACT_FIELDS_OF_KIND.get(kind, ())
-        for loc, artifact_id in _artifact_ids((field.name,), body.get(field.name))
+        for loc, artifact_id in _artifact_ids((field.name,), value(field.name))
     ]
 
 

@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -19,8 +19,10 @@ from curvplan.types.jobs import (
     INTERNAL_JOB_KINDS,
     JOB_KINDS,
     TERMINAL_STATUSES,
+    JobCreateModel,
     JobOut,
     JobPage,
+    PlanJobCreate,
 )
 from curvplan.types.planner import Recommendation
 from curvplan_server.auth.dependencies import ProjectDep, authenticate
@@ -64,7 +66,8 @@ def _check_content_type(request: Request) -> None:
         )
 
 
-def _validate_body(raw: bytes) -> dict[str, Any]:
+def _validate_body(raw: bytes) -> JobCreateModel:
+    """The body as its kind's create model (validated once, from the raw bytes)."""
     if not raw.strip():
         raise validation_problem(
             [
@@ -106,9 +109,10 @@ def _validate_body(raw: bytes) -> dict[str, Any]:
             elif e["loc"] and e["loc"][0] in JOB_KINDS:
                 e["loc"] = e["loc"][1:]
         raise validation_problem(field_errors_from_pydantic(errors, prefix=("body",))) from None
-    body: dict[str, Any] = model.model_dump(mode="json", exclude_unset=True)
     # JSON can only carry U+0000 escaped, so the walk runs only when the escape is there.
-    nul_locs = list(_nul_locations(body, ("body",))) if b"\\u0000" in raw else []
+    nul_locs = (
+        list(_nul_locations(service.stored_request(model), ("body",))) if b"\\u0000" in raw else []
+    )
     if nul_locs:
         raise validation_problem(
             [
@@ -121,7 +125,7 @@ def _validate_body(raw: bytes) -> dict[str, Any]:
                 for loc in nul_locs
             ]
         )
-    return body
+    return cast(JobCreateModel, model)
 
 
 def _nul_locations(value: Any, loc: tuple[str | int, ...]) -> Iterator[tuple[str | int, ...]]:
@@ -218,8 +222,10 @@ async def create_job(request: Request, session: SessionDep) -> Response:
     body = _validate_body(await request.body())
     settings = request.app.state.settings
     check_plan_work(body, PlanLimits.from_settings(settings))
-    if body.get("webhook_url") is not None:
-        await run_in_threadpool(check_job_webhook, session, settings, auth.project_id, body)
+    if body.webhook_url is not None:
+        await run_in_threadpool(
+            check_job_webhook, session, settings, auth.project_id, str(body.webhook_url)
+        )
     created = await run_in_threadpool(
         _create_and_commit,
         session,
@@ -241,7 +247,7 @@ async def create_job(request: Request, session: SessionDep) -> Response:
 def _create_and_commit(
     session: Session,
     project_id: uuid.UUID,
-    body: dict[str, Any],
+    body: JobCreateModel,
     default_max_attempts: int,
     idempotency_key: str | None,
     data_dir: Path,
@@ -254,7 +260,7 @@ def _create_and_commit(
         session, project_id, data_dir, max_model_parameters, max_job_devices
     )
     body = prepare_job_body(context, body)
-    if body.get("from_job") is not None:  # the measurements of the analysis it re-plans
+    if isinstance(body, PlanJobCreate) and body.from_job is not None:  # the analysis's measurements
         check_plan_work(body, plan_limits)
     created = service.create_job(
         session,

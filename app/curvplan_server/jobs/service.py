@@ -24,9 +24,11 @@ from curvplan.types.jobs import (
     QUEUE_OF_KIND,
     TERMINAL_STATUSES,
     JobChild,
+    JobCreateModel,
     JobLinks,
     JobOut,
     JobPage,
+    kind_name,
 )
 from curvplan.types.planner import Recommendation
 from curvplan_core.jobs import fanout
@@ -124,37 +126,32 @@ class Created:
     replayed: bool
 
 
+def stored_request(model: JobCreateModel) -> dict[str, Any]:
+    """What the job row stores of a validated body: its create model's JSON, with only the
+    fields the client set (and those the API completed) — what the worker parses back."""
+    return model.model_dump(mode="json", exclude_unset=True)
+
+
 def create_job(
     session: Session,
     project_id: uuid.UUID,
-    body: dict[str, Any],
+    model: JobCreateModel,
     *,
     default_max_attempts: int,
     idempotency_key: str | None = None,
 ) -> Created:
     """Insert a queued job (one statement); with an idempotency key, replay or refuse reuse.
 
-    ``body`` is the validated request (JSON-ready dict). Same key + same body
-    returns the original response again (``replayed=True``, see :func:`original_response`);
-    same key + another body raises a 422 problem (draft-ietf-httpapi-idempotency-key-header
-    §2.7). The artifacts the body names are linked to the new job (``job_artifact``) in the
-    same transaction.
+    ``model`` is the validated request, stored as its JSON (:func:`stored_request`). Same
+    key + same body returns the original response again (``replayed=True``, see
+    :func:`original_response`); same key + another body raises a 422 problem
+    (draft-ietf-httpapi-idempotency-key-header §2.7). The artifacts the body names are
+    linked to the new job (``job_artifact``) in the same transaction.
     """
+    body = stored_request(model)
     request_hash = canonical_hash(body)
-    kind = body["kind"]
-    values = {
-        "id": uuid.uuid4(),
-        "project_id": project_id,
-        "kind": kind,
-        "queue": QUEUE_OF_KIND[kind],
-        "name": body.get("name"),
-        "tags": body.get("tags") or {},
-        "status": "queued",
-        "request": body,
-        "request_hash": request_hash,
-        "idempotency_key": idempotency_key,
-        "max_attempts": body.get("max_attempts") or default_max_attempts,
-    }
+    kind = kind_name(type(model))
+    job_id = uuid.uuid4()
     # created_at = updated_at = clock_timestamp(), not now(): jobs made in one transaction
     # still get distinct, ordered times (the list cursor orders by them).
     # Hot path: one prepared statement on the session's own psycopg connection (same
@@ -164,22 +161,22 @@ def create_job(
     cursor = driver.execute(
         _INSERT_SQL,
         (
-            values["id"],
+            job_id,
             project_id,
             kind,
-            values["queue"],
-            values["name"],
-            Jsonb(values["tags"]),
+            QUEUE_OF_KIND[kind],
+            model.name,
+            Jsonb(model.tags),
             Jsonb(body),
             request_hash,
             idempotency_key,
-            values["max_attempts"],
+            model.max_attempts or default_max_attempts,
         ),
         prepare=True,
     )
     raw = cursor.fetchone()
     if raw is not None:
-        link_artifacts(session.connection(), project_id, [(values["id"], kind, body)])
+        link_artifacts(session.connection(), project_id, [(job_id, kind, body)])
         mapping = dict(zip(_INSERT_RETURNING, raw, strict=True))
         mapping["request"] = body  # what was just stored; no need to read it back
         return Created(job_out(_RawRow(mapping)), replayed=False)
