@@ -188,9 +188,13 @@ def test_each_attempt_of_an_analysis_parses_its_model_spec_once(
         "options": OPTIONS,
         "targets": {"tolerances": [0.05], "radius": 0.05, "orderings": 4, "bootstrap": 10},
     }
+    for stale in spec_parses.iterdir():  # the model files were written with the engine
+        stale.unlink()
     answer = client.post("/v1/jobs", headers=headers, json=body)
     assert answer.status_code == 202, answer.text
     job_id = answer.json()["id"]
+    # The API validated the body once and checked the model's size on that model.
+    assert (spec_parses / str(os.getpid())).read_text().splitlines() == ["1"]
 
     # What the API stored (JSONB) is the validated model's JSON: it parses back unchanged.
     row = _stored(engine, job_id)
