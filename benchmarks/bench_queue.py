@@ -57,7 +57,14 @@ def child_latency(method: str, runs: int) -> None:
     for _ in range(runs + 1):
         start = time.perf_counter()
         task = ChildTask(
-            "plan", str(uuid.uuid4()), 1, "bench", plan_body(40), "/tmp", "json", "WARNING"
+            "plan",
+            str(uuid.uuid4()),
+            1,
+            "bench",
+            json.dumps(plan_body(40)),
+            "/tmp",
+            "json",
+            "WARNING",
         )
         child = AttemptProcess(ctx, task)
         final = None

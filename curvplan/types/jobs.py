@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import reduce
 from operator import or_
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
 from pydantic import (
     AnyHttpUrl,
@@ -41,7 +41,11 @@ from pydantic import (
 
 from curvplan.types.artifact_inputs import CheckpointRef
 from curvplan.types.model_source import ModelSource
-from curvplan.types.options import AnalysisOptions  # pydantic only, like the spec
+from curvplan.types.options import (  # pydantic only, like the spec
+    STORED_REQUEST,
+    AnalysisOptions,
+    is_stored_request,
+)
 from curvplan.types.planner import (
     MAX_BRANCH_CHECKPOINTS,
     Measurements,
@@ -49,13 +53,7 @@ from curvplan.types.planner import (
     Targets,
     check_workload,
 )
-from curvplan.types.results import (
-    RESULT_TYPES,
-    AnalyzeBlocksResult,
-    AnalyzeResult,
-    PlanResult,
-    SweepJobResult,
-)
+from curvplan.types.results import RESULT_TYPES, JobResult
 from curvplan.types.sweep import PointSettings, SweepSettings, _SweepBase
 
 TagKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
@@ -141,6 +139,10 @@ class PlanJobCreate(_JobCreateBase):
         from_job = info.data.get("from_job")
         if value is None and from_job is None:
             raise ValueError("Field required (or give from_job to re-plan an analyze job)")
+        if is_stored_request(info):
+            if value is None:  # the API completes a re-plan with the analysis's measurements
+                raise ValueError("Field required (a stored re-plan holds its measurements)")
+            return value
         if value is not None and from_job is not None:
             raise ValueError("give measurements or from_job, not both")
         return value
@@ -326,6 +328,9 @@ class SweepPointJobCreate(_JobCreateBase, _SweepBase):
     point: PointSettings
 
 
+#: Any kind's create model (what the API validated, what the worker runs).
+JobCreateModel = _JobCreateBase
+
 JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = (
     PlanJobCreate,
     AnalyzeJobCreate,
@@ -341,6 +346,9 @@ def kind_name(create_type: type[_JobCreateBase]) -> str:
     return str(name)
 
 
+#: kind → its create model: what the API validates a body with and the worker parses the
+#: stored request into (:func:`parse_stored_request`).
+CREATE_TYPE_OF_KIND: dict[str, type[_JobCreateBase]] = {kind_name(t): t for t in JOB_CREATE_TYPES}
 #: kind → queue: the registry the API (validation, queueing) and the worker derive from.
 QUEUE_OF_KIND: dict[str, str] = {kind_name(t): t.queue for t in JOB_CREATE_TYPES}
 JOB_KINDS: tuple[str, ...] = tuple(QUEUE_OF_KIND)
@@ -374,6 +382,21 @@ ClientJobCreate = _union(CLIENT_JOB_CREATE_TYPES)
 CLIENT_JOB_CREATE_ADAPTER: TypeAdapter[Any] = TypeAdapter(ClientJobCreate)
 
 
+CreateT = TypeVar("CreateT", bound=BaseModel)
+
+
+def parse_stored_request(create_type: type[CreateT], stored: str | bytes) -> CreateT:
+    """A job's request as the API stored it (the create model's JSON), parsed back into
+    ``create_type`` — once, by the worker that runs the job.
+
+    JSON semantics (arrays are valid for tuple fields), in the :data:`STORED_REQUEST`
+    context: a re-plan holds both ``from_job`` and the measurements the API copied, and the
+    machine settings that older API versions accepted as options are dropped. Raises
+    pydantic's ``ValidationError``.
+    """
+    return create_type.model_validate_json(stored, context=STORED_REQUEST)
+
+
 def _artifact_ids(loc: Loc, value: object) -> list[tuple[Loc, uuid.UUID]]:
     """The ids in a field's value (an id, a list of ids, a list of those), with their locs."""
     if value is None:
@@ -385,13 +408,19 @@ def _artifact_ids(loc: Loc, value: object) -> list[tuple[Loc, uuid.UUID]]:
     return [(loc, uuid.UUID(str(value)))]
 
 
-def artifact_references(kind: str, body: Mapping[str, object]) -> list[ArtifactReference]:
-    """Every artifact a validated body of ``kind`` names (JSON or Python form), in the order
-    of the kind's :attr:`artifact_fields`; ``[]`` for a kind that names none."""
+def artifact_references(
+    kind: str, body: JobCreateModel | Mapping[str, object]
+) -> list[ArtifactReference]:
+    """Every artifact a validated body of ``kind`` names (its create model, or its JSON), in
+    the order of the kind's :attr:`artifact_fields`; ``[]`` for a kind that names none."""
+
+    def value(name: str) -> object:
+        return body.get(name) if isinstance(body, Mapping) else getattr(body, name, None)
+
     return [
         ArtifactReference(loc, artifact_id, field.artifact_kind)
         for field in ARTIFACT_FIELDS_OF_KIND.get(kind, ())
-        for loc, artifact_id in _artifact_ids((field.name,), body.get(field.name))
+        for loc, artifact_id in _artifact_ids((field.name,), value(field.name))
     ]
 
 
@@ -466,10 +495,10 @@ class JobOut(BaseModel):
     attempt: int
     max_attempts: int
     cancel_requested: bool
-    result: AnalyzeResult | PlanResult | AnalyzeBlocksResult | SweepJobResult | None = Field(
+    result: JobResult | None = Field(
         description="The kind's result once the job succeeded (plan: PlanResult, analyze: "
-        "AnalyzeResult, analyze_blocks: AnalyzeBlocksResult, sweep: SweepJobResult); null "
-        "before."
+        "AnalyzeResult, analyze_blocks: AnalyzeBlocksResult, sweep: SweepJobResult, "
+        "sweep_point: SweepPointJobResult); null before."
     )
     error: JobError | None
     request: dict[str, Any] | None = Field(

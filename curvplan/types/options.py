@@ -8,6 +8,7 @@ which validates an ``analyze`` job's options before queueing it and must never i
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -153,7 +154,20 @@ class BoundsOptions(BaseModel):
     max_samples: int | None = Field(default=None, ge=1)
 
 
+#: The validation context of a request as the API stored it (``curvplan.types.jobs``
+#: ``parse_stored_request``): what older API versions accepted and stored is read leniently.
+STORED_REQUEST: dict[str, Any] = {"stored_request": True}
+
+
+def is_stored_request(info: ValidationInfo) -> bool:
+    """Whether this validation reads a stored request (context :data:`STORED_REQUEST`)."""
+    return isinstance(info.context, dict) and bool(info.context.get("stored_request"))
+
+
 def _machine_setting(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+    if is_stored_request(info):
+        # A job queued before they became worker settings still runs, under the worker's.
+        return None
     name = str(info.field_name)
     flag = name.replace("_", "-")
     raise ValueError(
@@ -265,7 +279,7 @@ class AnalysisOptions(BaseModel):
     )
 
 
-def parse_options(options: AnalysisOptions | dict[str, Any] | None) -> AnalysisOptions:
+def parse_options(options: AnalysisOptions | Mapping[str, Any] | None) -> AnalysisOptions:
     """Validate options; raise :class:`OptionsError` naming each invalid field."""
     if isinstance(options, AnalysisOptions):
         return options

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from curvplan.types.planner import Recommendation
-from curvplan.types.sweep import SweepResult
+from curvplan.types.sweep import PointResult, SweepResult
 
 
 class _Open(BaseModel):
@@ -224,12 +224,19 @@ class SweepJobResult(_Open):
     recommendation: Recommendation
 
 
+class SweepPointJobResult(_Open):
+    """Result of a succeeded ``sweep_point`` job (one training run of a sweep)."""
+
+    point: PointResult
+
+
 #: kind → result model (the job resource's ``result`` is one of these or null).
 RESULT_TYPES: dict[str, type[BaseModel]] = {
     "plan": PlanResult,
     "analyze": AnalyzeResult,
     "analyze_blocks": AnalyzeBlocksResult,
     "sweep": SweepJobResult,
+    "sweep_point": SweepPointJobResult,
 }
 
-JobResult = AnalyzeResult | PlanResult | AnalyzeBlocksResult | SweepJobResult
+JobResult = AnalyzeResult | PlanResult | AnalyzeBlocksResult | SweepJobResult | SweepPointJobResult

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The tiny model's files (tests/client/analyze_files.py), as tests/cli and tests/report use them.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
 
 
 @pytest.fixture

@@ -121,12 +121,21 @@ def test_machine_settings_and_bound_option_typos_are_422_naming_the_field(
 
 
 def test_a_request_queued_with_machine_settings_still_runs_without_them() -> None:
-    from curvplan_worker.analyze.pipeline import _validated, without_machine_settings
+    import json
+
+    import pytest
+    from pydantic import ValidationError
+
+    from curvplan.types.jobs import AnalyzeJobCreate
+    from curvplan_worker.kinds import load_request
 
     old = _body(str(uuid.uuid4()), str(uuid.uuid4()), options={"self_test": False, "seed": 2})
-    body = _validated(without_machine_settings(old))
+    body = load_request("analyze", json.dumps(old))
+    assert isinstance(body, AnalyzeJobCreate)
     assert body.options.seed == 2
-    assert "self_test" not in body.options.model_dump(exclude_unset=True)
+    assert "self_test" not in body.options.model_dump(mode="json")
+    with pytest.raises(ValidationError, match="worker setting"):  # a client's is still a 422
+        AnalyzeJobCreate.model_validate_json(json.dumps(old))
 
 
 def test_the_contract_bound_options_are_the_engines() -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from curvplan.client import display
 from curvplan.client import models as m
+from curvplan.types.options import AnalysisOptions
 from curvplan_core import cost_model
 from curvplan_worker.analyze.eta import EtaTracker
 from curvplan_worker.curvature.limits import AttemptLimits
@@ -89,7 +90,7 @@ def test_the_eta_counts_down_as_lockstep_certifies_blocks() -> None:
     """Lockstep spectra (docs/numerics.md#lockstep): every block runs in the ``blocks`` stage
     at once and a ``blocks`` event naming a block says it is certified."""
     clock = [100.0]
-    eta = EtaTracker(None, {}, clock=lambda: clock[0])
+    eta = EtaTracker(None, AnalysisOptions(), clock=lambda: clock[0])
     assert eta.update(_event("load", 0)) is None  # no estimate yet
     first = eta.update(_event("cost", 0, cost=_inputs()))
     assert first == pytest.approx(2 * 65 * 0.010)  # two blocks of 65 products, 10 ms each
@@ -114,7 +115,7 @@ def test_the_eta_counts_down_as_lockstep_certifies_blocks() -> None:
 def test_a_certified_pair_counts_in_the_lockstep_spectra() -> None:
     """Pairs (``row|col``) run inside the blocks stage: a certified pair is no KeyError, and
     the off-diagonal stage is not counted again after the blocks."""
-    eta = EtaTracker(None, {}, clock=lambda: 0.0)
+    eta = EtaTracker(None, AnalysisOptions(), clock=lambda: 0.0)
     first = eta.update(_event("cost", 0, cost=_inputs(pairs=[["a", "b", 10_000, 10_000]])))
     assert first is not None and first > 2 * 65 * 0.010  # the pair's products are counted
     eta.update(_event("blocks", 0))
@@ -124,14 +125,14 @@ def test_a_certified_pair_counts_in_the_lockstep_spectra() -> None:
 
 def test_an_estimate_past_the_time_left_fails_at_once_naming_it() -> None:
     limits = AttemptLimits(time_limit_seconds=1.0, started_at=time.monotonic())
-    eta = EtaTracker(limits, {})
+    eta = EtaTracker(limits, AnalysisOptions())
     with pytest.raises(JobError) as caught:
         eta.update(_event("cost", 0, cost=_inputs(ms_per_product=1000.0)))
     assert caught.value.type == "over-time-limit"
     assert "130 products × 1000.0 ms per product" in caught.value.detail
     assert "max_iter" in caught.value.detail and "tolerance" in caught.value.detail
     # Within the limit it passes.
-    EtaTracker(AttemptLimits(time_limit_seconds=3600.0), {}).update(
+    EtaTracker(AttemptLimits(time_limit_seconds=3600.0), AnalysisOptions()).update(
         _event("cost", 0, cost=_inputs())
     )
 

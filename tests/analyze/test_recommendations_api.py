@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+#: A real plan recommendation (what a worker stored); each job's gets its minutes as seed.
+RECOMMENDATION = json.loads(
+    (Path(__file__).resolve().parents[1] / "fixtures" / "plan_result_v0.json").read_text()
+)["recommendation"]
 
 
 def _project_id(db_session: Any, headers: dict[str, str]) -> uuid.UUID:
@@ -32,7 +37,9 @@ def _job(
     tags: dict[str, str] | None = None,
 ) -> str:
     job_id = uuid.uuid4()
-    result = {"recommendation": {"marker": f"{name}@{minutes}"}} if status == "succeeded" else None
+    result = (
+        {"recommendation": {**RECOMMENDATION, "seed": minutes}} if status == "succeeded" else None
+    )
     db_session.execute(
         text(
             "INSERT INTO job (id, project_id, kind, queue, name, tags, status, request, result,"
@@ -57,7 +64,12 @@ def _job(
 
 def _markers(response: Any) -> list[str]:
     assert response.status_code == 200, response.text
-    return [item["recommendation"]["marker"] for item in response.json()["items"]]
+    return [_marker(item) for item in response.json()["items"]]
+
+
+def _marker(item: dict[str, Any]) -> str:
+    """Which stored job an item is: its name and the seed its recommendation was given."""
+    return f"{item['name']}@{item['recommendation']['seed']}"
 
 
 def test_latest_succeeded_per_name(
@@ -103,7 +115,7 @@ def test_pagination_walks_every_name_once(
         if token:
             params["page_token"] = token
         page = client.get("/v1/recommendations", headers=auth_headers, params=params).json()
-        seen += [item["recommendation"]["marker"] for item in page["items"]]
+        seen += [_marker(item) for item in page["items"]]
         token = page["next_page_token"]
         if not token:
             break

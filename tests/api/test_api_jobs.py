@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +12,11 @@ from api_helpers import assert_problem, error_fields
 from sqlalchemy import text, update
 
 from curvplan_core.jobs.models import Job
+
+#: A real plan recommendation, as a worker stored it.
+RECOMMENDATION = json.loads(
+    (Path(__file__).resolve().parents[1] / "fixtures" / "plan_result_v0.json").read_text()
+)["recommendation"]
 
 
 def _create(client: Any, headers: dict[str, str], body: dict[str, Any], **extra: str) -> Any:
@@ -101,7 +107,7 @@ def test_idempotent_replay_repeats_the_original_response_after_the_job_ran(
         first.json()["id"],
         status="succeeded",
         attempt=1,
-        result={"recommendation": {}},
+        result={"recommendation": RECOMMENDATION},
         progress={"fraction": 1.0, "stage": "done", "message": "ok"},
     )
     replay = _create(client, auth_headers, plan_body, **{"Idempotency-Key": "k-ran"})
@@ -306,11 +312,10 @@ def test_recommendation_409_until_succeeded(
     assert assert_problem(client.get(url, headers=auth_headers), 409)["job_status"] == "queued"
     _set(db_session, job["id"], status="running")
     assert_problem(client.get(url, headers=auth_headers), 409)
-    recommendation = {"sample_size": {"fit": {"C": 0.8, "alpha": 1.0}}, "warnings": []}
-    _set(db_session, job["id"], status="succeeded", result={"recommendation": recommendation})
+    _set(db_session, job["id"], status="succeeded", result={"recommendation": RECOMMENDATION})
     response = client.get(url, headers=auth_headers)
     assert response.status_code == 200
-    assert response.json() == recommendation
+    assert response.json() == RECOMMENDATION
     assert_problem(client.get(url, headers=other_auth_headers), 404)
 
 

@@ -14,6 +14,7 @@ from _engine_cases import TINY_CLASSIFIER_SPEC
 from pydantic import ValidationError
 
 from curvplan.types.options import MachineSettings, parse_byte_size, parse_options
+from curvplan.types.spec import parse_spec
 from curvplan_worker.curvature.analyze import analyze
 from curvplan_worker.curvature.checkpoint import save_checkpoint
 from curvplan_worker.curvature.data import Dataset, save_dataset
@@ -187,11 +188,11 @@ def test_out_of_memory_at_micro_batch_one_is_a_named_job_error(monkeypatch, tmp_
         is_cancelled=lambda: False,
     )
     with pytest.raises(JobError) as err:
-        run_engine(
-            SPEC,
+        run_engine(  # the job's typed spec and options, as the analyze pipeline passes them
+            parse_spec(SPEC),
             str(tmp_path / "ckpt.safetensors"),
             str(tmp_path / "data.safetensors"),
-            OPTIONS,
+            parse_options(OPTIONS),
             MachineSettings(self_test=False, device="cpu", memory_budget="1GiB"),
             ctx,
         )

@@ -7,6 +7,7 @@ its 900 s limit, and cancelling it took 16.8 s.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -60,6 +61,7 @@ def test_a_cancel_stops_the_loop_over_orderings_within_one_ordering() -> None:
 def test_the_plan_kind_turns_a_cancel_into_a_cancelled_job(tmp_path: Path) -> None:
     from curvplan_worker.errors import JobCancelled
     from curvplan_worker.job_context import JobContext
+    from curvplan_worker.kinds import load_request
     from curvplan_worker.kinds import plan as plan_kind
 
     stop = threading.Event()
@@ -70,10 +72,12 @@ def test_the_plan_kind_turns_a_cancel_into_a_cancelled_job(tmp_path: Path) -> No
         send_progress=lambda *_: None,
         is_cancelled=stop.is_set,
     )
-    request = {
+    stored = {
+        "kind": "plan",
         "measurements": {"per_sample_losses": _losses(200_000), "loss_bound": 10.0},
         "targets": {"tolerances": [0.01], "orderings": 1000},  # about a minute of work
     }
+    request = load_request("plan", json.dumps(stored))
     threading.Timer(1.0, stop.set).start()  # after validation, during the orderings
     t0 = time.monotonic()
     with pytest.raises(JobCancelled):

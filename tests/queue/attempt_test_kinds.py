@@ -1,4 +1,4 @@
-"""A job kind for the attempt-process tests: ``request["behaviour"]`` picks what it does.
+"""A job kind for the attempt-process tests: ``request.behaviour`` picks what it does.
 
 Registered only inside the test process (``monkeypatch.setitem(KINDS, …)``) and run
 in children started with the ``fork`` context, which inherit that registration.
@@ -12,18 +12,30 @@ import os
 import time
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from curvplan_worker.errors import JobError, RetryableError
 from curvplan_worker.job_context import JobContext
 
 
-def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    behaviour = request["behaviour"]
+class AttemptRequest(BaseModel):
+    """The test kind's request (its create model): what to do, and for how long."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = "test"
+    behaviour: str
+    seconds: float = 0.0
+
+
+def run(request: AttemptRequest, ctx: JobContext) -> dict[str, Any]:
+    behaviour = request.behaviour
     if behaviour == "progress":
         for i in range(3):
             ctx.report_progress(i / 2, f"stage-{i}", f"step {i}")
         return {"job_id": ctx.job_id, "attempt": ctx.attempt, "data_dir": str(ctx.data_dir)}
     if behaviour == "cooperative":  # reports progress often, so it sees cancel quickly
-        deadline = time.monotonic() + request["seconds"]
+        deadline = time.monotonic() + request.seconds
         steps = 0
         while time.monotonic() < deadline:
             ctx.report_progress(0.5, "loop", f"step {steps}")
@@ -31,8 +43,8 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             time.sleep(0.01)
         return {"steps": steps}
     if behaviour == "sleep":  # never reports progress: cancel cannot reach it
-        time.sleep(request["seconds"])
-        return {"slept": request["seconds"]}
+        time.sleep(request.seconds)
+        return {"slept": request.seconds}
     if behaviour == "exit":
         os._exit(3)
     if behaviour == "segfault":

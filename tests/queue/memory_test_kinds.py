@@ -1,4 +1,4 @@
-"""A job kind for the memory-limit tests: it allocates ``request["bytes"]`` (times the attempt's
+"""A job kind for the memory-limit tests: it allocates ``request.bytes`` (times the attempt's
 micro-batch factor, as an analysis would halve its micro-batch) and holds it.
 
 Registered only inside the test process (``monkeypatch.setitem(KINDS, …)``) and run in
@@ -12,21 +12,34 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from curvplan_worker.job_context import JobContext
 
 CHUNK = 16 * 2**20
 
 
-def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+class MemoryRequest(BaseModel):
+    """The memtest kind's request (its create model)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = "memtest"
+    bytes: int = 0
+    hold_seconds: float = 0.0
+    cgroup: str | None = None
+
+
+def run(request: MemoryRequest, ctx: JobContext) -> dict[str, Any]:
     (ctx.data_dir / f"pid-{ctx.attempt}-{os.getpid()}").write_text(str(os.getpid()))
     factor = ctx.limits.micro_batch_factor if ctx.limits is not None else 1.0
-    if request.get("cgroup"):  # move into the test's cgroup, then let the worker see it there
-        Path(request["cgroup"], "cgroup.procs").write_text(str(os.getpid()))
+    if request.cgroup:  # move into the test's cgroup, then let the worker see it there
+        Path(request.cgroup, "cgroup.procs").write_text(str(os.getpid()))
         time.sleep(1.0)
     held = []
-    wanted = int(request.get("bytes", 0) * factor)
+    wanted = int(request.bytes * factor)
     while len(held) * CHUNK < wanted:
         held.append(bytearray(b"\x01") * CHUNK)  # written, so resident
         time.sleep(0.01)
-    time.sleep(float(request.get("hold_seconds", 0.0)))
+    time.sleep(request.hold_seconds)
     return {"factor": factor, "held_bytes": len(held) * CHUNK}

@@ -6,6 +6,7 @@ registered here is visible in the child) and reads what it reports through the p
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from attempt_test_kinds import AttemptRequest
 
 from curvplan_worker.attempt import AttemptProcess, Final, Progress, describe_exit
 from curvplan_worker.child import ChildTask
@@ -26,7 +28,11 @@ FORK = multiprocessing.get_context("fork")
 @pytest.fixture(autouse=True)
 def test_kind(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(
-        KINDS, "test", KindSpec(name="test", queue="cpu", module="attempt_test_kinds")
+        KINDS,
+        "test",
+        KindSpec(
+            name="test", queue="cpu", module="attempt_test_kinds", request_type=AttemptRequest
+        ),
     )
 
 
@@ -39,7 +45,7 @@ def start(
         job_id="7f0c3c1e-0000-4000-8000-000000000001",
         attempt=2,
         worker_id="w-test",
-        request={"behaviour": behaviour, **request},
+        request_json=json.dumps({"behaviour": behaviour, **request}),
         data_dir=str(tmp_path),
         log_format="json",
         log_level="WARNING",
@@ -179,7 +185,7 @@ def test_the_worker_key_reaches_the_child_through_the_pipe_and_never_its_repr(tm
         job_id="j",
         attempt=1,
         worker_id="w",
-        request={},
+        request_json="{}",
         data_dir=".",
         log_format="json",
         log_level="INFO",

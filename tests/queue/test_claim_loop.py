@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from attempt_test_kinds import AttemptRequest
 from queue_helpers import attempt_rows, insert_jobs, job_row, wait_for
 from slot_helpers import FORK, slot_options
 from sqlalchemy import Engine, text
@@ -20,7 +21,11 @@ from curvplan_worker.kinds import KINDS, KindSpec
 @pytest.fixture(autouse=True)
 def test_kind(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(
-        KINDS, "test", KindSpec(name="test", queue="cpu", module="attempt_test_kinds")
+        KINDS,
+        "test",
+        KindSpec(
+            name="test", queue="cpu", module="attempt_test_kinds", request_type=AttemptRequest
+        ),
     )
 
 

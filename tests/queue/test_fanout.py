@@ -145,8 +145,8 @@ def test_cancelling_the_parent_cancels_children_and_ends_when_the_last_stops(db,
     running = _claim(db, children[0].id)
     with Session(db) as session, session.begin():
         out = service.cancel_job(session, project_id, parent)
-    assert out["status"] == "cancelling"
-    assert [c["status"] for c in out["children"]] == ["cancelling", "cancelled", "cancelled"]
+    assert out.status == "cancelling" and out.children is not None
+    assert [c.status for c in out.children] == ["cancelling", "cancelled", "cancelled"]
     with db.begin() as conn:
         assert lifecycle.mark_succeeded(conn, running, result={}) == "cancelled"
     row = job_row(db, parent)
@@ -158,8 +158,8 @@ def test_cancelling_a_parent_whose_children_are_all_queued_ends_it_at_once(db, p
     parent, _ = _fanned_parent(db, project_id, n=2)
     with Session(db) as session, session.begin():
         out = service.cancel_job(session, project_id, parent)
-    assert out["status"] == "cancelled"
-    assert out["parent_id"] is None and len(out["children"]) == 2
+    assert out.status == "cancelled"
+    assert out.parent_id is None and out.children is not None and len(out.children) == 2
 
 
 def test_cancelling_the_last_queued_child_queues_the_parent(db, project_id):
@@ -167,7 +167,7 @@ def test_cancelling_the_last_queued_child_queues_the_parent(db, project_id):
     _finish_child(db, children[0].id)
     with Session(db) as session, session.begin():
         out = service.cancel_job(session, project_id, children[1].id)
-    assert out["status"] == "cancelled" and out["parent_id"] == str(parent)
+    assert out.status == "cancelled" and out.parent_id == parent
     assert job_row(db, parent).status == "queued"
 
 
@@ -175,7 +175,7 @@ def test_fan_out_of_a_job_cancelled_meanwhile_creates_nothing(db, project_id):
     (parent,) = insert_jobs(db, project_id, [plan_request()])
     fence = _claim(db, parent)
     with Session(db) as session, session.begin():
-        assert service.cancel_job(session, project_id, parent)["status"] == "cancelling"
+        assert service.cancel_job(session, project_id, parent).status == "cancelling"
     child = {"kind": "plan", "request": {"kind": "plan", **plan_request()}, "name": "p"}
     with db.begin() as conn:
         assert lifecycle.wait_for_children(conn, fence, [child]) == "cancelled"

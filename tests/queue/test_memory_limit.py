@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from memory_test_kinds import MemoryRequest
 from queue_helpers import attempt_rows, job_row, wait_for
 from sqlalchemy import Engine, text
 
@@ -100,7 +101,11 @@ def test_only_a_sigkill_is_an_oom_and_the_counter_decides(exitcode, kills, kind)
 @pytest.fixture(autouse=True)
 def memory_kind(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(
-        KINDS, "memtest", KindSpec(name="memtest", queue="cpu", module="memory_test_kinds")
+        KINDS,
+        "memtest",
+        KindSpec(
+            name="memtest", queue="cpu", module="memory_test_kinds", request_type=MemoryRequest
+        ),
     )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from attempt_test_kinds import AttemptRequest
 from queue_helpers import attempt_rows, job_row
 from slot_helpers import FORK, claim_test_job, slot_options
 from sqlalchemy import Engine, text
@@ -29,7 +30,11 @@ WORKER = "w-supervised"
 @pytest.fixture(autouse=True)
 def test_kind(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(
-        KINDS, "test", KindSpec(name="test", queue="cpu", module="attempt_test_kinds")
+        KINDS,
+        "test",
+        KindSpec(
+            name="test", queue="cpu", module="attempt_test_kinds", request_type=AttemptRequest
+        ),
     )
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 from plan_bodies import full_measurements, full_targets
 from sqlalchemy import update
 
+from curvplan.types.jobs import CLIENT_JOB_CREATE_ADAPTER
 from curvplan_core.credentials.keys import lookup_key
 from curvplan_core.jobs.models import Job
 from curvplan_server.jobs import service
@@ -31,10 +31,11 @@ def test_report_of_a_plan_with_subnormal_steps_explains_the_plot(
     )
     project_id = lookup_key(db_session, api_key).project_id  # type: ignore[union-attr]
     body = {"kind": "plan", "name": "subnormal", "measurements": measurements, "targets": targets}
-    job_id = service.create_job(db_session, project_id, body, default_max_attempts=3).job["id"]
+    model = CLIENT_JOB_CREATE_ADAPTER.validate_python(body)
+    job_id = service.create_job(db_session, project_id, model, default_max_attempts=3).job.id
     db_session.execute(
         update(Job.__table__)
-        .where(Job.__table__.c.id == uuid.UUID(job_id))
+        .where(Job.__table__.c.id == job_id)
         .values(status="succeeded", result={"recommendation": rec.model_dump(mode="json")})
     )
     db_session.commit()

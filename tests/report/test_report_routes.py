@@ -11,6 +11,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from sqlalchemy import select, update
 
+from curvplan.types.jobs import CLIENT_JOB_CREATE_ADAPTER
 from curvplan_core.credentials.keys import lookup_key
 from curvplan_core.jobs.models import Job
 from curvplan_server.jobs import service
@@ -24,8 +25,9 @@ def undrawn_job(db_session: Any, api_key: str, plan_job: dict[str, Any]) -> str:
     """A succeeded plan job of the api_key's project, with the plan_job fixture's result."""
     project_id = lookup_key(db_session, api_key).project_id  # type: ignore[union-attr]
     body = {**plan_job["request"], "name": '<script>alert("x")</script>', "tags": {"t": "a&b"}}
-    created = service.create_job(db_session, project_id, body, default_max_attempts=3)
-    job_id = created.job["id"]
+    model = CLIENT_JOB_CREATE_ADAPTER.validate_python(body)
+    created = service.create_job(db_session, project_id, model, default_max_attempts=3)
+    job_id = str(created.job.id)
     db_session.execute(
         update(Job.__table__)
         .where(Job.__table__.c.id == uuid.UUID(job_id))

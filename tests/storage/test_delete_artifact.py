@@ -137,7 +137,7 @@ def test_delete_racing_a_job_submission_waits_for_it_and_refuses(
     """A submission holds the artifact rows it checked (FOR KEY SHARE) until it commits; the
     delete waits for it, then sees the queued job and answers 409 — never a queued job whose
     artifact is gone."""
-    from curvplan.types.jobs import artifact_references
+    from curvplan.types.jobs import CLIENT_JOB_CREATE_ADAPTER, artifact_references
     from curvplan_core.db import make_sessionmaker
     from curvplan_server.artifacts.service import check_references
     from curvplan_server.jobs.service import create_job
@@ -148,7 +148,7 @@ def test_delete_racing_a_job_submission_waits_for_it_and_refuses(
         project_id = conn.execute(
             text("SELECT project_id FROM artifact WHERE id = :id"), {"id": checkpoint["id"]}
         ).scalar_one()
-    body = analyze_body(checkpoint["id"], dataset["id"])
+    body = CLIENT_JOB_CREATE_ADAPTER.validate_python(analyze_body(checkpoint["id"], dataset["id"]))
 
     with make_sessionmaker(engine)() as submit:
         check_references(submit, project_id, artifact_references("analyze", body))  # 1st step
@@ -164,5 +164,5 @@ def test_delete_racing_a_job_submission_waits_for_it_and_refuses(
         submit.commit()
     deleter.join(10)
     problem = assert_problem(answer["r"], 409)
-    assert problem["jobs"] == [{"id": job["id"], "status": "queued"}]
+    assert problem["jobs"] == [{"id": str(job.id), "status": "queued"}]
     assert live_client.get(f"/v1/artifacts/{checkpoint['id']}", headers=live_headers).is_success

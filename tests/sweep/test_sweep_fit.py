@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from curvplan.types.jobs import SweepJobCreate
 from curvplan.types.sweep import OptimizerSpec, PointResult, PointSettings
 from curvplan_worker.errors import JobError
 from curvplan_worker.job_context import JobContext
+from curvplan_worker.kinds import load_request
 from curvplan_worker.kinds.sweep import plan_points, run
 
 S_MIN, B_CRIT = 40.0, 48.0
@@ -28,6 +30,11 @@ def _body(kind: str, **sweep: Any) -> dict[str, Any]:
         "eval_data": str(uuid.uuid4()),
         "sweep": {"type": kind, **sweep},
     }
+
+
+def _stored(kind: str, **sweep: Any) -> SweepJobCreate:
+    """The sweep request as the worker hands it to the kind: parsed from its stored JSON."""
+    return cast(SweepJobCreate, load_request("sweep", json.dumps(_body(kind, **sweep))))
 
 
 def _ctx(children: list[dict[str, Any]]) -> JobContext:
@@ -82,7 +89,7 @@ def test_batch_fit_recovers_b_crit_and_leaves_out_censored_failed_and_worse_lr_p
     children.append(_child("B=512", _batch_point(512, 400.0, censored=True)))
     children.append(_child("B=1024", None, status="failed"))
     children.append(_child("B=64, lr×2", _batch_point(64, 500.0, lr_mult=2.0)))
-    out = run(_body("batch", target_loss=1.0), _ctx(children))
+    out = run(_stored("batch", target_loss=1.0), _ctx(children))
     sweep = out["sweep"]
     fit = sweep["batch"]["fit"]
     assert fit["ci"][0] <= B_CRIT <= fit["ci"][1]
@@ -105,7 +112,7 @@ def test_batch_sweep_with_too_few_points_left_fails_with_a_named_error():
         _child("B=64", _batch_point(64, 400.0, censored=True)),
     ]
     with pytest.raises(JobError) as info:
-        run(_body("batch", target_loss=1.0), _ctx(children))
+        run(_stored("batch", target_loss=1.0), _ctx(children))
     assert info.value.type == "too-few-points"
     assert "B=32" in info.value.detail and "B=64" in info.value.detail
 
@@ -124,7 +131,7 @@ def test_data_fit_recovers_the_law_and_sizes_the_dataset_for_the_target():
             )
             children.append(_child(f"D={d}, lr×{m:g}", point))
     target = 1.5
-    out = run(_body("data", target_loss=target), _ctx(children))
+    out = run(_stored("data", target_loss=target), _ctx(children))
     assert out["sweep"]["data"]["lr_multipliers"] == {str(d): 1.0 for d in sizes}
     assert "Hägele" in out["sweep"]["data"]["schedule"]
     assert sum(p["used_in_fit"] for p in out["sweep"]["points"]) == len(sizes)
@@ -150,7 +157,7 @@ def test_the_data_lr_is_tuned_on_the_end_subsets_and_interpolated_between():
                 update={"data_size": d, "best_eval_loss": loss}
             )
             children.append(_child(f"D={d}, lr×{m:g}", point))
-    out = run(_body("data", target_loss=1.2), _ctx(children))
+    out = run(_stored("data", target_loss=1.2), _ctx(children))
     # log m(D) runs from log 0.5 at D=64 to log 2 at D=16384: m(1024) = 1 exactly; the
     # nearest grid runs at 256 and 4096 are ×0.5·2^(1/2)→×1 (tie broken to the first) and ×2·…
     chosen = out["sweep"]["data"]["lr_multipliers"]
@@ -165,13 +172,13 @@ def test_a_data_sweep_plans_every_subset_at_every_grid_multiplier_with_a_decayed
         _body("data", data_sizes=[16, 32, 64, 128], max_steps=50, schedule="cosine")
         | {"optimizer": {"lr": 1e-3, "base_batch_size": 32, "lr_grid": [0.5, 1.0, 2.0]}}
     )
-    points = [c.request["point"] for c in plan_points(body, n_train=200)]
+    points = [c.request.point for c in plan_points(body, n_train=200)]
     assert len(points) == 12
-    assert {p["schedule"] for p in points} == {"cosine"}
-    assert {(p["data_size"], p["lr_multiplier"]) for p in points} == {
+    assert {p.schedule for p in points} == {"cosine"}
+    assert {(p.data_size, p.lr_multiplier) for p in points} == {
         (d, m) for d in (16, 32, 64, 128) for m in (0.5, 1.0, 2.0)
     }
-    assert all(p["lr"] == pytest.approx(1e-3 * p["lr_multiplier"]) for p in points)
+    assert all(p.lr == pytest.approx(1e-3 * p.lr_multiplier) for p in points)
 
 
 def test_points_follow_the_learning_rate_rule_and_the_grid():
@@ -180,12 +187,7 @@ def test_points_follow_the_learning_rate_rule_and_the_grid():
         | {"optimizer": {"lr": 1e-3, "base_batch_size": 8, "lr_rule": "grid", "lr_grid": [0.5, 2]}}
     )
     points = plan_points(body, n_train=100)
-    lrs = {
-        (c.request["point"]["batch_size"], c.request["point"]["lr_multiplier"]): c.request["point"][
-            "lr"
-        ]
-        for c in points
-    }
+    lrs = {(p.batch_size, p.lr_multiplier): p.lr for p in (c.request.point for c in points)}
     assert lrs[(32, 2.0)] == pytest.approx(1e-3 * 2 * 2.0)  # √(32/8) = 2
     assert lrs[(8, 0.5)] == pytest.approx(0.5e-3)
     with pytest.raises(JobError, match="exceed the training data"):

@@ -29,13 +29,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from curvplan.types.jobs import JOB_CREATE_ADAPTER
+from curvplan.types.jobs import JOB_CREATE_TYPES
 from curvplan_core.jobs.errors import error_dict
 from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobCancelled, JobError, RetryableError
 from curvplan_worker.exit_codes import EXIT_WORKER_GONE
 from curvplan_worker.job_context import FanOut, JobContext
-from curvplan_worker.kinds import load_run
+from curvplan_worker.kinds import load_request, load_run
 from curvplan_worker.memstats import device_memory
 
 log = logging.getLogger("curvplan.worker.child")
@@ -45,13 +45,19 @@ MAX_DETAIL_CHARS = 300
 
 @dataclass(frozen=True)
 class ChildTask:
-    """Everything the child needs to run one attempt (pickled to the child)."""
+    """Everything the child needs to run one attempt (pickled to the child: plain values).
+
+    ``request_json`` is the job's request as stored (the JSON of the kind's create model,
+    with the row's ``kind``): the child parses it once into that model
+    (:func:`curvplan_worker.kinds.load_request`), so what a client sent crosses the process
+    boundary as JSON text, never as a pickled object.
+    """
 
     kind: str
     job_id: str
     attempt: int
     worker_id: str
-    request: dict[str, Any]
+    request_json: str
     data_dir: str
     log_format: str
     log_level: str
@@ -62,6 +68,12 @@ class ChildTask:
     api_key: str | None = field(default=None, repr=False)
     #: The worker's memory and time limits, and the micro-batch factor of an OOM retry.
     limits: AttemptLimits | None = None
+
+
+def request_json(kind: str, stored: dict[str, Any]) -> str:
+    """A claimed job's stored request (JSONB, as the driver decoded it) as the JSON text of
+    its ``ChildTask``, with the row's ``kind`` (the column is authoritative)."""
+    return json.dumps({**stored, "kind": kind}, allow_nan=False)
 
 
 def _close_inherited_parent_end(lifeline: Connection, parent_end_fd: int) -> None:
@@ -113,7 +125,8 @@ def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[
         limits=task.limits,
     )
     try:
-        result = load_run(task.kind)(task.request, ctx)
+        run = load_run(task.kind)
+        result = run(load_request(task.kind, task.request_json), ctx)
         if isinstance(result, FanOut):
             return ("fan-out", _fan_out_payload(task, result))
         if not isinstance(result, dict):
@@ -146,15 +159,14 @@ def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[
 
 
 def _fan_out_payload(task: ChildTask, fan_out: FanOut) -> dict[str, Any]:
-    """The children as the worker inserts them; each request validated by the contract."""
+    """The children as the worker inserts them: each request a create model of the contract
+    (validated when the kind built it), as JSON."""
     if task.children is not None:
         raise TypeError(f"kind {task.kind!r} fanned out again in its fan-in attempt")
-    children = []
     for child in fan_out.children:
-        body = {**child.request, "kind": child.kind}
-        validated = JOB_CREATE_ADAPTER.validate_python(body)
-        request = validated.model_dump(mode="json", exclude_none=True)
-        children.append({"kind": child.kind, "request": request, "name": child.name})
+        if not isinstance(child.request, JOB_CREATE_TYPES):
+            raise TypeError(f"kind {task.kind!r} fanned out a {type(child.request).__name__}")
+    children = [child.stored() for child in fan_out.children]
     json.dumps(children, allow_nan=False)
     return {"children": children, "message": fan_out.message}
 

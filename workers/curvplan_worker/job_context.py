@@ -7,32 +7,38 @@ Below the kinds and the analyze pipeline alike, so that neither imports the othe
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
 
 from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobCancelled
 
+RequestT = TypeVar("RequestT", bound=BaseModel)
+
 
 @dataclass(frozen=True)
-class ChildJob:
-    """One child job of a fan-out: its kind, its request (a valid create body) and a name."""
+class ChildJob(Generic[RequestT]):
+    """One child job of a fan-out: its request (a create model of the contract, validated
+    when built) and a name."""
 
-    kind: str
-    request: dict[str, Any]
+    request: RequestT
     name: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "request": self.request, "name": self.name}
+    def stored(self) -> dict[str, Any]:
+        """``{kind, request, name}`` as the worker inserts the child (the request's JSON)."""
+        request = self.request.model_dump(mode="json", exclude_none=True)
+        return {"kind": request["kind"], "request": request, "name": self.name}
 
 
 @dataclass(frozen=True)
 class FanOut:
     """What a kind returns to run child jobs first; it is run again when they have ended."""
 
-    children: list[ChildJob]
+    children: Sequence[ChildJob[Any]]
     message: str = ""
 
 

@@ -30,7 +30,7 @@ from curvplan_worker.attempt import (
     describe_exit,
 )
 from curvplan_worker.attempt_state import CurrentAttempt, SlotState
-from curvplan_worker.child import ChildTask
+from curvplan_worker.child import ChildTask, request_json
 from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.kinds import KINDS
 from curvplan_worker.memstats import OomWatch, tree_rss_bytes
@@ -105,7 +105,7 @@ class AttemptSupervisor:
             job_id=str(fence.job_id),
             attempt=fence.attempt,
             worker_id=self.worker_id,
-            request=job.request,
+            request_json=request_json(job.kind, job.request),
             data_dir=str(self.options.data_dir),
             log_format=self.options.log_format,
             log_level=self.options.log_level,

@@ -17,14 +17,20 @@ artifacts' stored safetensors headers and the model alone (no torch):
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from curvplan.types.artifact_inputs import HF_DATASET_TENSORS, checkpoint_ids
-from curvplan.types.huggingface import GPT2Config, parameter_count, parse_hf_config
-from curvplan.types.spec import ModelSpec
+from curvplan.types.huggingface import (
+    GPT2Config,
+    HuggingFaceModel,
+    parameter_count,
+    parse_hf_config,
+)
+from curvplan.types.jobs import AnalyzeJobCreate
 from curvplan_server.artifacts.models import Artifact
 from curvplan_server.problems import validation_problem
 
@@ -32,13 +38,13 @@ ARTIFACT = Artifact.__table__
 Loc = tuple[str | int, ...]
 
 
-def _checkpoint_fields(body: dict[str, Any]) -> list[list[tuple[Loc, uuid.UUID]]]:
+def _checkpoint_fields(body: AnalyzeJobCreate) -> list[list[tuple[Loc, uuid.UUID]]]:
     """Each checkpoint of the body (main, then intermediates) as its shards' (loc, id)."""
     out = []
-    refs: list[tuple[Loc, Any]] = [(("checkpoint",), body["checkpoint"])]
+    refs: list[tuple[Loc, uuid.UUID | list[uuid.UUID]]] = [(("checkpoint",), body.checkpoint)]
     refs += [
         (("intermediate_checkpoints", i), ref)
-        for i, ref in enumerate(body.get("intermediate_checkpoints") or [])
+        for i, ref in enumerate(body.intermediate_checkpoints)
     ]
     for loc, ref in refs:
         ids = checkpoint_ids(ref)
@@ -54,9 +60,9 @@ def _error(loc: Loc, message: str, type_: str) -> dict[str, Any]:
     return {"field": ".".join(map(str, full)), "loc": full, "message": message, "type": type_}
 
 
-def check_job_devices(body: dict[str, Any], max_devices: int) -> None:
+def check_job_devices(body: AnalyzeJobCreate, max_devices: int) -> None:
     """422 naming ``body.resources.devices`` above the operator's CURVPLAN_MAX_JOB_DEVICES."""
-    devices = int((body.get("resources") or {}).get("devices", 1))
+    devices = body.resources.devices
     if devices > max_devices:
         raise validation_problem(
             [
@@ -70,18 +76,17 @@ def check_job_devices(body: dict[str, Any], max_devices: int) -> None:
         )
 
 
-def check_model_size(body: dict[str, Any], max_parameters: int | None) -> None:
+def check_model_size(body: AnalyzeJobCreate, max_parameters: int | None) -> None:
     """422 naming ``body.model.config`` (a Hugging Face model) or ``body.model`` (a reference
     spec) when the model has more parameters than ``CURVPLAN_MAX_MODEL_PARAMETERS``."""
-    model = body["model"]
+    model = body.model
     if max_parameters is None:
         return
-    if model.get("source") == "huggingface":
+    if isinstance(model, HuggingFaceModel):
         loc: Loc = ("model", "config")
-        count, source = parameter_count(model["config"]), "its config"
+        count, source = parameter_count(model.config), "its config"
     else:
-        spec = ModelSpec.model_validate({k: v for k, v in model.items() if k != "source"})
-        loc, count, source = ("model",), spec.parameter_count(), "its spec"
+        loc, count, source = ("model",), model.parameter_count(), "its spec"
     if count > max_parameters:
         raise validation_problem(
             [
@@ -113,10 +118,12 @@ def _headers(
     return out
 
 
-def check_artifact_contents(session: Session, project_id: uuid.UUID, body: dict[str, Any]) -> None:
+def check_artifact_contents(
+    session: Session, project_id: uuid.UUID, body: AnalyzeJobCreate
+) -> None:
     """422 for shards that repeat a tensor, and for a dataset layout the model cannot take."""
     checkpoints = _checkpoint_fields(body)
-    dataset_id = uuid.UUID(body["dataset"])
+    dataset_id = body.dataset
     ids = [dataset_id] + [artifact_id for shards in checkpoints for _, artifact_id in shards]
     headers = _headers(session, project_id, ids)
     errors = []
@@ -138,7 +145,7 @@ def check_artifact_contents(session: Session, project_id: uuid.UUID, body: dict[
                 owner[name] = loc
     dataset = headers.get(dataset_id)
     hf_names = sorted(set(dataset or {}) & set(HF_DATASET_TENSORS))
-    if body["model"].get("source") != "huggingface" and hf_names:
+    if not isinstance(body.model, HuggingFaceModel) and hf_names:
         errors.append(
             _error(
                 ("dataset",),
@@ -147,8 +154,8 @@ def check_artifact_contents(session: Session, project_id: uuid.UUID, body: dict[
                 "dataset_layout",
             )
         )
-    if body["model"].get("source") == "huggingface" and "input_ids" in (dataset or {}):
-        config = parse_hf_config(body["model"]["config"])
+    if isinstance(body.model, HuggingFaceModel) and "input_ids" in (dataset or {}):
+        config = parse_hf_config(body.model.config)
         shape = (dataset or {})["input_ids"].get("shape") or []
         if isinstance(config, GPT2Config) and len(shape) == 2 and shape[1] > config.n_positions:
             errors.append(
@@ -163,10 +170,12 @@ def check_artifact_contents(session: Session, project_id: uuid.UUID, body: dict[
         raise validation_problem(errors)
 
 
-def check_branch_checkpoints(session: Session, project_id: uuid.UUID, body: dict[str, Any]) -> None:
+def check_branch_checkpoints(
+    session: Session, project_id: uuid.UUID, checkpoints: Sequence[uuid.UUID]
+) -> None:
     """422 for a branch sweep's ``checkpoints`` that repeat one, or that are not saves of one
     model: every checkpoint must hold the tensors (names and shapes) of the first."""
-    ids = [uuid.UUID(str(c)) for c in body.get("checkpoints") or []]
+    ids = list(checkpoints)
     if not ids:
         return
     headers = _headers(session, project_id, ids)

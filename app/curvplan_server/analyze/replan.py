@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from curvplan.types.jobs import PlanJobCreate
 from curvplan.types.planner import Measurements
 from curvplan_core.artifacts.blobstore import default_store
 from curvplan_core.jobs.models import Job
@@ -87,13 +88,13 @@ def measurements_from_job(
 
 
 def complete_replan(
-    session: Session, project_id: uuid.UUID, body: dict[str, Any], data_dir: Path
-) -> dict[str, Any]:
+    session: Session, project_id: uuid.UUID, body: PlanJobCreate, data_dir: Path
+) -> PlanJobCreate:
     """A plan body with ``from_job``, completed with that analysis's measurements (a plan
     body without it is returned as is). 409 when they no longer fit the planner."""
-    if body.get("from_job") is None:
+    if body.from_job is None:
         return body
-    fields = measurements_from_job(session, project_id, uuid.UUID(body["from_job"]), data_dir)
+    fields = measurements_from_job(session, project_id, body.from_job, data_dir)
     try:
         measurements = Measurements.model_validate_json(json.dumps(fields))
     except ValidationError as exc:
@@ -102,7 +103,8 @@ def complete_replan(
             f"the analysis's stored measurements no longer fit the planner: {exc}"[:500],
             title="Conflict",
         ) from None
-    return {**body, "measurements": measurements.model_dump(mode="json", exclude_none=True)}
+    # Stored with from_job: the worker reads it in the stored context (parse_stored_request).
+    return body.model_copy(update={"measurements": measurements})
 
 
 def _load(session: Session, store: Any, project_id: uuid.UUID, artifact_id: str) -> dict[str, Any]:

@@ -9,9 +9,8 @@ The operator's settings bound both; more is a 422 naming the field.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from curvplan.types.planner import Targets
+from curvplan.types.jobs import JobCreateModel, PlanJobCreate
 from curvplan_core.config import Settings
 from curvplan_server.problems import validation_problem
 
@@ -26,21 +25,16 @@ class PlanLimits:
         return cls(settings.plan_max_loss_evaluations, settings.plan_max_bootstrap)
 
 
-def _default(field: str) -> int:
-    return int(Targets.model_fields[field].default)
-
-
-def check_plan_work(body: dict[str, Any], limits: PlanLimits) -> None:
+def check_plan_work(body: JobCreateModel, limits: PlanLimits) -> None:
     """422 naming ``body.targets.orderings`` / ``body.targets.bootstrap`` past the limits."""
-    if body.get("kind") != "plan":
+    if not isinstance(body, PlanJobCreate):
         return
-    measurements = body.get("measurements") or {}
-    targets = body.get("targets") or {}
-    n = len(measurements.get("per_sample_losses") or [])
-    rows = (measurements.get("perturbed_losses") or {}).get("losses") or []
+    measurements, targets = body.measurements, body.targets
+    n = len(measurements.per_sample_losses or []) if measurements is not None else 0
+    perturbed = measurements.perturbed_losses if measurements is not None else None
+    rows = perturbed.losses if perturbed is not None else []
     losses = n + (len(rows) * len(rows[0]) if rows else 0)
-    orderings = int(targets.get("orderings", _default("orderings")))
-    bootstrap = int(targets.get("bootstrap", _default("bootstrap")))
+    orderings, bootstrap = targets.orderings, targets.bootstrap
     errors = []
     if losses * orderings > limits.max_loss_evaluations:
         allowed = limits.max_loss_evaluations // max(1, losses)

@@ -7,11 +7,10 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
@@ -20,8 +19,10 @@ from curvplan.types.jobs import (
     INTERNAL_JOB_KINDS,
     JOB_KINDS,
     TERMINAL_STATUSES,
+    JobCreateModel,
     JobOut,
     JobPage,
+    PlanJobCreate,
 )
 from curvplan.types.planner import Recommendation
 from curvplan_server.auth.dependencies import ProjectDep, authenticate
@@ -65,7 +66,8 @@ def _check_content_type(request: Request) -> None:
         )
 
 
-def _validate_body(raw: bytes) -> dict[str, Any]:
+def _validate_body(raw: bytes) -> JobCreateModel:
+    """The body as its kind's create model (validated once, from the raw bytes)."""
     if not raw.strip():
         raise validation_problem(
             [
@@ -107,9 +109,10 @@ def _validate_body(raw: bytes) -> dict[str, Any]:
             elif e["loc"] and e["loc"][0] in JOB_KINDS:
                 e["loc"] = e["loc"][1:]
         raise validation_problem(field_errors_from_pydantic(errors, prefix=("body",))) from None
-    body: dict[str, Any] = model.model_dump(mode="json", exclude_unset=True)
     # JSON can only carry U+0000 escaped, so the walk runs only when the escape is there.
-    nul_locs = list(_nul_locations(body, ("body",))) if b"\\u0000" in raw else []
+    nul_locs = (
+        list(_nul_locations(service.stored_request(model), ("body",))) if b"\\u0000" in raw else []
+    )
     if nul_locs:
         raise validation_problem(
             [
@@ -122,7 +125,7 @@ def _validate_body(raw: bytes) -> dict[str, Any]:
                 for loc in nul_locs
             ]
         )
-    return body
+    return cast(JobCreateModel, model)
 
 
 def _nul_locations(value: Any, loc: tuple[str | int, ...]) -> Iterator[tuple[str | int, ...]]:
@@ -145,8 +148,14 @@ def _nul_locations(value: Any, loc: tuple[str | int, ...]) -> Iterator[tuple[str
             yield from _nul_locations(item, (*loc, index))
 
 
-def _job_response(job: dict[str, Any], status_code: int, **headers: str) -> JSONResponse:
-    return JSONResponse(job, status_code=status_code, headers=headers or None)
+def _job_response(job: JobOut | JobPage, status_code: int, **headers: str) -> Response:
+    """The job (or page) as JSON, serialized from its response model."""
+    return Response(
+        service.job_json(job),
+        status_code=status_code,
+        headers=headers or None,
+        media_type="application/json",
+    )
 
 
 IDEMPOTENCY_KEY_PARAMETER = {
@@ -187,7 +196,7 @@ IDEMPOTENCY_KEY_PARAMETER = {
         },
     },
 )
-async def create_job(request: Request, session: SessionDep) -> JSONResponse:
+async def create_job(request: Request, session: SessionDep) -> Response:
     """Queue a job. Answers 202 with the job and its ``Location``.
 
     This is the hot path: the body is validated once from raw bytes, the key
@@ -213,8 +222,10 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
     body = _validate_body(await request.body())
     settings = request.app.state.settings
     check_plan_work(body, PlanLimits.from_settings(settings))
-    if body.get("webhook_url") is not None:
-        await run_in_threadpool(check_job_webhook, session, settings, auth.project_id, body)
+    if body.webhook_url is not None:
+        await run_in_threadpool(
+            check_job_webhook, session, settings, auth.project_id, str(body.webhook_url)
+        )
     created = await run_in_threadpool(
         _create_and_commit,
         session,
@@ -227,7 +238,7 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
         settings.max_job_devices,
         PlanLimits.from_settings(settings),
     )
-    headers = {"Location": created.job["links"]["self"]}
+    headers = {"Location": created.job.links.self}
     if created.replayed:
         headers["Idempotent-Replayed"] = "true"
     return _job_response(created.job, 202, **headers)
@@ -236,7 +247,7 @@ async def create_job(request: Request, session: SessionDep) -> JSONResponse:
 def _create_and_commit(
     session: Session,
     project_id: uuid.UUID,
-    body: dict[str, Any],
+    body: JobCreateModel,
     default_max_attempts: int,
     idempotency_key: str | None,
     data_dir: Path,
@@ -249,7 +260,7 @@ def _create_and_commit(
         session, project_id, data_dir, max_model_parameters, max_job_devices
     )
     body = prepare_job_body(context, body)
-    if body.get("from_job") is not None:  # the measurements of the analysis it re-plans
+    if isinstance(body, PlanJobCreate) and body.from_job is not None:  # the analysis's measurements
         check_plan_work(body, plan_limits)
     created = service.create_job(
         session,
@@ -288,15 +299,15 @@ def list_jobs(
     ] = None,
     page_size: Annotated[int | None, Query(ge=1)] = None,
     page_token: Annotated[str | None, Query()] = None,
-) -> JSONResponse:
+) -> Response:
     """Jobs of the caller's project matching every filter given."""
     settings = request.app.state.settings
     size = min(page_size or settings.default_page_size, settings.max_page_size)
     filters = service.parse_filters(status, kind, name, tag)
-    items, next_token = service.list_jobs(
+    page = service.list_jobs(
         session, auth.project_id, filters, page_size=size, page_token=page_token
     )
-    return JSONResponse({"items": items, "next_page_token": next_token})
+    return _job_response(page, 200)
 
 
 @router.get(
@@ -325,7 +336,7 @@ async def get_job(
             "(capped by the server, default 0: answer at once).",
         ),
     ] = 0,
-) -> JSONResponse:
+) -> Response:
     """The job. With ``wait`` the answer comes when its status changes or ends, or at timeout."""
     settings = request.app.state.settings
     wait = min(wait, settings.long_poll_max_seconds)
@@ -336,9 +347,9 @@ async def get_job(
         # Read and hand the connection back in one thread hop: a connection held while this
         # request waits for a thread could deadlock the pool under hundreds of long-polls.
         job = await run_in_threadpool(_read_job, session, auth.project_id, job_id)
-        if wait <= 0 or job["status"] in TERMINAL_STATUSES:
+        if wait <= 0 or job.status in TERMINAL_STATUSES:
             return _job_response(job, 200)
-        initial = job["status"]
+        initial = job.status
         deadline = time.monotonic() + wait
         while True:
             remaining = deadline - time.monotonic()
@@ -360,7 +371,7 @@ async def get_job(
             subscription.close()
 
 
-def _read_job(session: Any, project_id: uuid.UUID, job_id: uuid.UUID) -> dict[str, Any]:
+def _read_job(session: Any, project_id: uuid.UUID, job_id: uuid.UUID) -> JobOut:
     try:
         return service.get_job(session, project_id, job_id)
     finally:
@@ -386,10 +397,10 @@ def _probe_status(session: Any, project_id: uuid.UUID, job_id: uuid.UUID) -> str
         **problem_responses(401, 404, 422, 500, _409="The job already finished"),
     },
 )
-def cancel_job(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> JSONResponse:
+def cancel_job(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> Response:
     """Queued → ``cancelled`` at once (200); running → ``cancelling`` (202); terminal → 409."""
     job = service.cancel_job(session, auth.project_id, job_id)
-    return _job_response(job, 200 if job["status"] == "cancelled" else 202)
+    return _job_response(job, 200 if job.status == "cancelled" else 202)
 
 
 @router.get(
@@ -405,8 +416,9 @@ def cancel_job(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> JSON
         **problem_responses(401, 404, 422, 500, _409="The job has not succeeded (yet)"),
     },
 )
-def get_job_recommendation(
-    job_id: uuid.UUID, session: SessionDep, auth: ProjectDep
-) -> JSONResponse:
+def get_job_recommendation(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> Response:
     """``result.recommendation``; a 409 problem while the job has not succeeded."""
-    return JSONResponse(service.get_recommendation(session, auth.project_id, job_id))
+    recommendation = service.get_recommendation(session, auth.project_id, job_id)
+    return Response(
+        recommendation.model_dump_json(exclude_unset=True), media_type="application/json"
+    )

@@ -17,7 +17,18 @@ from typing import Any, cast
 from sqlalchemy import Row, Table, and_, or_, select, tuple_
 from sqlalchemy.orm import Session
 
-from curvplan.types.jobs import JOB_KINDS, JOB_STATUSES, QUEUE_OF_KIND, TERMINAL_STATUSES
+from curvplan.types.jobs import (
+    JOB_KINDS,
+    JOB_STATUSES,
+    TERMINAL_STATUSES,
+    JobChild,
+    JobCreateModel,
+    JobLinks,
+    JobOut,
+    JobPage,
+    kind_name,
+)
+from curvplan.types.planner import Recommendation
 from curvplan_core.jobs import lifecycle
 from curvplan_core.jobs.models import Job
 from curvplan_server.problems import Problem, conflict, not_found, validation_problem
@@ -47,7 +58,7 @@ _OUT_WITH_REQUEST = [*_OUT_COLUMNS, JOB.c.request, JOB.c.request_hash]
 
 @dataclass(frozen=True, slots=True)
 class _RawRow:
-    """A psycopg tuple as a mapping, so :func:`job_to_json` reads both kinds of rows."""
+    """A psycopg tuple as a mapping, so :func:`job_out` reads both kinds of rows."""
 
     _mapping: dict[str, Any]
 
@@ -58,98 +69,92 @@ def canonical_hash(body: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
-def job_to_json(row: Row[Any] | Any) -> dict[str, Any]:
-    """The API representation of a job row (see ``curvplan.types.jobs.JobOut``)."""
+def job_out(row: Row[Any] | Any) -> JobOut:
+    """The API representation of a job row: its response model, validated (the result as
+    its kind's result model). ``request`` is set only when the row holds it (not in list
+    pages); :func:`job_json` leaves out what is not set."""
     m = row._mapping
-    job_id = str(m["id"])
-    base = f"/v1/jobs/{job_id}"
-    out: dict[str, Any] = {
-        "id": job_id,
-        "parent_id": str(m["parent_id"]) if m.get("parent_id") else None,
-        "kind": m["kind"],
-        "queue": m["queue"],
-        "status": m["status"],
-        "name": m["name"],
-        "tags": m["tags"] or {},
-        "progress": m["progress"],
-        "attempt": m["attempt"],
-        "max_attempts": m["max_attempts"],
-        "cancel_requested": m["cancel_requested"],
-        "result": m["result"],
-        "error": m["error"],
-        "created_at": _iso(m["created_at"]),
-        "updated_at": _iso(m["updated_at"]),
-        "started_at": _iso(m["started_at"]),
-        "finished_at": _iso(m["finished_at"]),
-        "links": {
-            "self": base,
-            "cancel": f"{base}/cancel",
-            "recommendation": f"{base}/recommendation",
-        },
-    }
+    base = f"/v1/jobs/{m['id']}"
+    job = JobOut(
+        id=m["id"],
+        parent_id=m.get("parent_id"),
+        kind=m["kind"],
+        queue=m["queue"],
+        status=m["status"],
+        name=m["name"],
+        tags=m["tags"] or {},
+        progress=m["progress"],
+        attempt=m["attempt"],
+        max_attempts=m["max_attempts"],
+        cancel_requested=m["cancel_requested"],
+        result=m["result"],
+        error=m["error"],
+        created_at=m["created_at"],
+        updated_at=m["updated_at"],
+        started_at=m["started_at"],
+        finished_at=m["finished_at"],
+        links=JobLinks(self=base, cancel=f"{base}/cancel", recommendation=f"{base}/recommendation"),
+    )
     if "request" in m:
-        out["request"] = m["request"]
-    return out
+        job.request = m["request"]
+    return job
+
+
+def job_json(job: JobOut | JobPage) -> bytes:
+    """A job (or a page of them) as the API's JSON: every field it was built with, stored
+    results and progress exactly as stored (nothing a kind's result model leaves unset)."""
+    return job.model_dump_json(exclude_unset=True).encode()
 
 
 @dataclass(frozen=True, slots=True)
 class Created:
     """Outcome of :func:`create_job`: the job and whether it is an idempotent replay."""
 
-    job: dict[str, Any]
+    job: JobOut
     replayed: bool
+
+
+def stored_request(model: JobCreateModel) -> dict[str, Any]:
+    """What the job row stores of a validated body: its create model's JSON, with only the
+    fields the client set (and those the API completed) — what the worker parses back."""
+    return model.model_dump(mode="json", exclude_unset=True)
 
 
 def create_job(
     session: Session,
     project_id: uuid.UUID,
-    body: dict[str, Any],
+    model: JobCreateModel,
     *,
     default_max_attempts: int,
     idempotency_key: str | None = None,
 ) -> Created:
     """Insert a queued job (one statement); with an idempotency key, replay or refuse reuse.
 
-    ``body`` is the validated request (JSON-ready dict). Same key + same body
-    returns the original response again (``replayed=True``, see :func:`original_response`);
-    same key + another body raises a 422 problem (draft-ietf-httpapi-idempotency-key-header
-    §2.7). The artifacts the body names are linked to the new job (``job_artifact``) in the
-    same transaction.
+    ``model`` is the validated request, stored as its JSON (:func:`stored_request`). Same
+    key + same body returns the original response again (``replayed=True``, see
+    :func:`original_response`); same key + another body raises a 422 problem
+    (draft-ietf-httpapi-idempotency-key-header §2.7). The artifacts the body names are
+    linked to the new job (``job_artifact``) in the same transaction.
     """
+    body = stored_request(model)
     request_hash = canonical_hash(body)
-    kind = body["kind"]
-    values = {
-        "id": uuid.uuid4(),
-        "project_id": project_id,
-        "kind": kind,
-        "queue": QUEUE_OF_KIND[kind],
-        "name": body.get("name"),
-        "tags": body.get("tags") or {},
-        "status": "queued",
-        "request": body,
-        "request_hash": request_hash,
-        "idempotency_key": idempotency_key,
-        "max_attempts": body.get("max_attempts") or default_max_attempts,
-    }
+    kind = kind_name(type(model))
+    max_attempts = model.max_attempts or default_max_attempts
     queued = lifecycle.queue_job(
         session.connection(),
-        job_id=values["id"],
+        job_id=uuid.uuid4(),
         project_id=project_id,
         kind=kind,
-        name=values["name"],
-        tags=values["tags"],
+        name=model.name,
+        tags=model.tags,
         request=body,
         request_hash=request_hash,
         idempotency_key=idempotency_key,
-        max_attempts=values["max_attempts"],
+        max_attempts=max_attempts,
     )
     if queued is not None:
         queued["request"] = body  # what was just stored; no need to read it back
-        return Created(job_to_json(_RawRow(queued)), replayed=False)
+        return Created(job_out(_RawRow(queued)), replayed=False)
     existing = session.execute(
         select(*_OUT_WITH_REQUEST).where(
             JOB.c.project_id == project_id, JOB.c.idempotency_key == idempotency_key
@@ -174,7 +179,7 @@ def create_job(
     return Created(original_response(existing), replayed=True)
 
 
-def original_response(row: Row[Any] | Any) -> dict[str, Any]:
+def original_response(row: Row[Any] | Any) -> JobOut:
     """The job exactly as the first ``POST /v1/jobs`` answered it, rebuilt from the row.
 
     An idempotent replay repeats the original response (draft-ietf-httpapi-idempotency-
@@ -193,24 +198,24 @@ def original_response(row: Row[Any] | Any) -> dict[str, Any]:
         started_at=None,
         finished_at=None,
     )
-    return job_to_json(_RawRow(initial))
+    return job_out(_RawRow(initial))
 
 
-def get_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> dict[str, Any]:
+def get_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> JobOut:
     """The job, or a 404 problem (also for another project's job)."""
     row = session.execute(
         select(*_OUT_WITH_REQUEST).where(JOB.c.id == job_id, JOB.c.project_id == project_id)
     ).first()
     if row is None:
         raise not_found("job")
-    out = job_to_json(row)
+    job = job_out(row)
     children = list_children(session, job_id)
     if children:
-        out["children"] = children
-    return out
+        job.children = children
+    return job
 
 
-def list_children(session: Session, parent_id: uuid.UUID) -> list[dict[str, Any]]:
+def list_children(session: Session, parent_id: uuid.UUID) -> list[JobChild]:
     """The children of a job (a fan-out), oldest first: id, kind, name, status, error type."""
     rows = session.execute(
         select(JOB.c.id, JOB.c.kind, JOB.c.name, JOB.c.status, JOB.c.attempt, JOB.c.error)
@@ -218,15 +223,15 @@ def list_children(session: Session, parent_id: uuid.UUID) -> list[dict[str, Any]
         .order_by(JOB.c.created_at, JOB.c.id)
     ).all()
     return [
-        {
-            "id": str(r.id),
-            "kind": r.kind,
-            "name": r.name,
-            "status": r.status,
-            "attempt": r.attempt,
-            "error_type": (r.error or {}).get("type"),
-            "links": {"self": f"/v1/jobs/{r.id}"},
-        }
+        JobChild(
+            id=r.id,
+            kind=r.kind,
+            name=r.name,
+            status=r.status,
+            attempt=r.attempt,
+            error_type=(r.error or {}).get("type"),
+            links={"self": f"/v1/jobs/{r.id}"},
+        )
         for r in rows
     ]
 
@@ -332,7 +337,7 @@ def list_jobs(
     *,
     page_size: int,
     page_token: str | None,
-) -> tuple[list[dict[str, Any]], str | None]:
+) -> JobPage:
     """A page of the project's jobs, newest first, and the token of the next page."""
     conditions = [JOB.c.project_id == project_id]
     if filters.statuses:
@@ -357,16 +362,16 @@ def list_jobs(
         .order_by(JOB.c.created_at.desc(), JOB.c.id.desc())
         .limit(page_size + 1)
     ).all()
-    items = [job_to_json(r) for r in rows[:page_size]]
+    items = [job_out(r) for r in rows[:page_size]]
     next_token = None
     if len(rows) > page_size:
         last = rows[page_size - 1]
         next_token = encode_page_token(last.created_at, last.id, filters)
-    return items, next_token
+    return JobPage(items=items, next_page_token=next_token)
 
 
 # --------------------------------------------------------------------------- cancel
-def cancel_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> dict[str, Any]:
+def cancel_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> JobOut:
     """Cancel: queued → cancelled at once; running → cancelling (the worker stops it).
 
     Cancelling a job that is already ``cancelling`` is a no-op; a terminal job is a 409.
@@ -377,20 +382,21 @@ def cancel_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> di
     if cancelled is not None:
         if cancelled.has_children or cancelled.row.parent_id is not None:
             return get_job(session, project_id, job_id)
-        return job_to_json(cancelled.row)
+        return job_out(cancelled.row)
     job = get_job(session, project_id, job_id)  # 404 when missing
-    if job["status"] == "cancelling":
+    if job.status == "cancelling":
         return job
     raise conflict(
-        f"job is already {job['status']}; only queued or running jobs can be cancelled",
-        job_status=job["status"],
+        f"job is already {job.status}; only queued or running jobs can be cancelled",
+        job_status=job.status,
     )
 
 
 def get_recommendation(
     session: Session, project_id: uuid.UUID, job_id: uuid.UUID
-) -> dict[str, Any]:
-    """``result.recommendation`` of a succeeded job; 409 problem while it is not succeeded."""
+) -> Recommendation:
+    """``result.recommendation`` of a succeeded job (its response model); 409 problem while
+    it is not succeeded."""
     row = session.execute(
         select(JOB.c.status, JOB.c.result, JOB.c.error).where(
             JOB.c.id == job_id, JOB.c.project_id == project_id
@@ -408,4 +414,4 @@ def get_recommendation(
         raise conflict(
             "the job succeeded but its result holds no recommendation", job_status=row.status
         )
-    return recommendation
+    return Recommendation.model_validate(recommendation)

@@ -24,7 +24,16 @@ from uuid import UUID
 
 from sqlalchemy.orm import Session
 
-from curvplan.types.jobs import CLIENT_JOB_KINDS, INTERNAL_JOB_KINDS, artifact_references
+from curvplan.types.jobs import (
+    CLIENT_JOB_KINDS,
+    INTERNAL_JOB_KINDS,
+    AnalyzeJobCreate,
+    JobCreateModel,
+    PlanJobCreate,
+    SweepJobCreate,
+    artifact_references,
+    kind_name,
+)
 from curvplan_server.analyze import references, replan
 from curvplan_server.artifacts.service import check_references
 from curvplan_server.problems import Problem, validation_problem
@@ -41,22 +50,23 @@ class SubmissionContext:
     max_job_devices: int = 1
 
 
-SubmissionCheck = Callable[[SubmissionContext, dict[str, Any]], dict[str, Any]]
+#: A kind's check: its validated create model in, the model to queue out.
+SubmissionCheck = Callable[[SubmissionContext, Any], JobCreateModel]
 
 
-def _check_plan(ctx: SubmissionContext, body: dict[str, Any]) -> dict[str, Any]:
+def _check_plan(ctx: SubmissionContext, body: PlanJobCreate) -> PlanJobCreate:
     return replan.complete_replan(ctx.session, ctx.project_id, body, ctx.data_dir)
 
 
-def _check_analyze(ctx: SubmissionContext, body: dict[str, Any]) -> dict[str, Any]:
+def _check_analyze(ctx: SubmissionContext, body: AnalyzeJobCreate) -> AnalyzeJobCreate:
     references.check_job_devices(body, ctx.max_job_devices)
     references.check_model_size(body, ctx.max_model_parameters)
     references.check_artifact_contents(ctx.session, ctx.project_id, body)
     return body
 
 
-def _check_sweep(ctx: SubmissionContext, body: dict[str, Any]) -> dict[str, Any]:
-    references.check_branch_checkpoints(ctx.session, ctx.project_id, body)
+def _check_sweep(ctx: SubmissionContext, body: SweepJobCreate) -> SweepJobCreate:
+    references.check_branch_checkpoints(ctx.session, ctx.project_id, body.checkpoints)
     return body
 
 
@@ -91,9 +101,10 @@ def internal_kind_problem(kind: str) -> Problem:
     )
 
 
-def prepare_job_body(ctx: SubmissionContext, body: dict[str, Any]) -> dict[str, Any]:
-    """Check (and, for re-plans, complete) a validated client body; raises a 422/409 problem."""
-    kind = body["kind"]
+def prepare_job_body(ctx: SubmissionContext, body: JobCreateModel) -> JobCreateModel:
+    """Check (and, for re-plans, complete) a validated client body (its create model); raises
+    a 422/409 problem."""
+    kind = kind_name(type(body))
     if kind in INTERNAL_JOB_KINDS:
         raise internal_kind_problem(kind)
     check_references(ctx.session, ctx.project_id, artifact_references(kind, body))

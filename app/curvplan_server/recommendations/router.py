@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Query, Request, Response
 
 from curvplan.types.recommendations import (
     RecommendationPage,
@@ -47,12 +46,12 @@ def list_recommendations(
     ] = None,
     page_size: Annotated[int | None, Query(ge=1)] = None,
     page_token: Annotated[str | None, Query()] = None,
-) -> JSONResponse:
+) -> Response:
     """For each job name, the recommendation of its most recently finished succeeded job."""
     settings = request.app.state.settings
     size = min(page_size or settings.default_page_size, settings.max_page_size)
     filters = parse_filters(None, kind, name, tag)
-    items, token = latest_recommendations(
+    page = latest_recommendations(
         session, auth.project_id, filters, page_size=size, page_token=page_token
     )
-    return JSONResponse({"items": items, "next_page_token": token})
+    return Response(page.model_dump_json(exclude_unset=True), media_type="application/json")

@@ -9,12 +9,16 @@ token is the last name of the page bound to the filters.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.orm import Session
 
+from curvplan.types.recommendations import (
+    LatestRecommendation,
+    RecommendationLinks,
+    RecommendationPage,
+)
 from curvplan_core.jobs.models import Job
 from curvplan_server.jobs.service import JobFilters
 from curvplan_server.paging import decode_page_token, encode_page_token, page_token_problem
@@ -41,7 +45,7 @@ def latest_recommendations(
     *,
     page_size: int,
     page_token: str | None,
-) -> tuple[list[dict[str, Any]], str | None]:
+) -> RecommendationPage:
     """One item per job name: that name's most recently finished succeeded job."""
     conditions = [
         JOB.c.project_id == project_id,
@@ -75,20 +79,19 @@ def latest_recommendations(
         .limit(page_size + 1)
     ).all()
     items = [
-        {
-            "name": row.name,
-            "job_id": str(row.id),
-            "kind": row.kind,
-            "tags": row.tags or {},
-            "finished_at": row.finished_at.isoformat() if row.finished_at else None,
-            "budget": (row.recommendation or {}).get("budget"),
-            "recommendation": row.recommendation,
-            "links": {
-                "job": f"/v1/jobs/{row.id}",
-                "recommendation": f"/v1/jobs/{row.id}/recommendation",
-            },
-        }
+        LatestRecommendation(
+            name=row.name,
+            job_id=row.id,
+            kind=row.kind,
+            tags=row.tags or {},
+            finished_at=row.finished_at,
+            budget=(row.recommendation or {}).get("budget"),
+            recommendation=row.recommendation,
+            links=RecommendationLinks(
+                job=f"/v1/jobs/{row.id}", recommendation=f"/v1/jobs/{row.id}/recommendation"
+            ),
+        )
         for row in rows[:page_size]
     ]
     token = _encode(rows[page_size - 1].name, filters) if len(rows) > page_size else None
-    return items, token
+    return RecommendationPage(items=items, next_page_token=token)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -82,9 +82,14 @@ async def get_job_report(
         assert project_id is not None
     else:
         project_id = (await authenticate(request, session)).project_id
-    job = await run_in_threadpool(service.get_job, session, project_id, job_id)
+    job = await run_in_threadpool(_job_json, session, project_id, job_id)
     html = await run_in_threadpool(_render_page, session, job)
     return HTMLResponse(html, headers=REPORT_HEADERS)
+
+
+def _job_json(session: SessionDep, project_id: uuid.UUID, job_id: uuid.UUID) -> dict[str, Any]:
+    """The job as ``GET /v1/jobs/{id}`` answers it (what the report and its figures read)."""
+    return service.get_job(session, project_id, job_id).model_dump(mode="json", exclude_unset=True)
 
 
 def _render_page(session: SessionDep, job: dict) -> str:
@@ -110,7 +115,7 @@ def _plots(session: SessionDep, job: dict, with_png: bool = False) -> list:
 )
 async def list_job_plots(job_id: uuid.UUID, session: SessionDep, auth: ProjectDep) -> PlotList:
     """Figures are drawn once, on the first request for a succeeded job, and kept."""
-    job = await run_in_threadpool(service.get_job, session, auth.project_id, job_id)
+    job = await run_in_threadpool(_job_json, session, auth.project_id, job_id)
     plots = await run_in_threadpool(_plots, session, job)
     base = f"/v1/jobs/{job_id}/plots"
     return PlotList(
@@ -151,7 +156,7 @@ async def get_job_plot(
     name: Annotated[str, Path(description="The figure's id (see GET /v1/jobs/{id}/plots).")],
     fmt: Annotated[Literal["svg", "png"], Path(description="svg or png")],
 ) -> Response:
-    job = await run_in_threadpool(service.get_job, session, auth.project_id, job_id)
+    job = await run_in_threadpool(_job_json, session, auth.project_id, job_id)
     if job["status"] != "succeeded":
         raise conflict(f"the job is {job['status']}; figures are drawn for succeeded jobs")
     plots = await run_in_threadpool(_plots, session, job, fmt == "png")

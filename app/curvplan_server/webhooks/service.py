@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from typing import Any
 
 from sqlalchemy import select, text
 from sqlalchemy.dialects.postgresql import insert
@@ -42,11 +41,10 @@ def _field_problem(message: str) -> Problem:
 
 
 def check_job_webhook(
-    session: Session, settings: Settings, project_id: uuid.UUID, body: dict[str, Any]
+    session: Session, settings: Settings, project_id: uuid.UUID, url: object
 ) -> None:
-    """422 naming ``body.webhook_url`` when its host is not allowed or the project has no
-    signing secret yet (events would be unverifiable)."""
-    url = body.get("webhook_url")
+    """422 naming ``body.webhook_url`` (``url``, a job body's) when its host is not allowed or
+    the project has no signing secret yet (events would be unverifiable)."""
     if url is None:
         return
     try:

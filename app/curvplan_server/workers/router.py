@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy import func, select
 
-from curvplan.types.jobs import WorkerList
+from curvplan.types.jobs import WorkerList, WorkerOut
 from curvplan_core.credentials.service_keys import ServiceContext
 from curvplan_server.auth.dependencies import require_scope
 from curvplan_server.db import SessionDep
@@ -32,7 +31,7 @@ def list_workers(
     operator: Annotated[ServiceContext, Depends(require_scope("workers:read"))],
     status: Annotated[str | None, Query(description="running | stopping | stopped")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
-) -> JSONResponse:
+) -> Response:
     """Workers (shared by all projects), most recent heartbeat first. An operator route:
     it needs a service credential with scope ``workers:read`` (a project key gets 403),
     since hostnames, pids and current jobs span every project.
@@ -55,18 +54,18 @@ def list_workers(
         stmt = stmt.where(Worker.status == status)
     rows = session.execute(stmt.order_by(Worker.last_heartbeat_at.desc()).limit(limit)).all()
     items = [
-        {
-            "id": w.id,
-            "hostname": w.hostname,
-            "pid": w.pid,
-            "queues": list(w.queues),
-            "devices": w.devices,
-            "status": w.status,
-            "live": bool(live),
-            "started_at": w.started_at.isoformat(),
-            "last_heartbeat_at": w.last_heartbeat_at.isoformat(),
-            "current_job_id": str(visible_job_id) if visible_job_id else None,
-        }
+        WorkerOut(
+            id=w.id,
+            hostname=w.hostname,
+            pid=w.pid,
+            queues=list(w.queues),
+            devices=w.devices,
+            status=w.status,
+            live=bool(live),
+            started_at=w.started_at,
+            last_heartbeat_at=w.last_heartbeat_at,
+            current_job_id=visible_job_id,
+        )
         for w, live, visible_job_id in rows
     ]
-    return JSONResponse({"items": items})
+    return Response(WorkerList(items=items).model_dump_json(), media_type="application/json")

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from curvplan.types.options import AnalysisOptions
 from curvplan_core import cost_model
 from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobError
@@ -35,7 +36,7 @@ class EtaTracker:
     def __init__(
         self,
         limits: AttemptLimits | None,
-        options: dict[str, Any],
+        options: AnalysisOptions,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = limits

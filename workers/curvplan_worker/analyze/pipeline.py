@@ -15,7 +15,9 @@ cancelled job stops within about one product instead of at the end of a block.
 
 The model is a reference spec or a Hugging Face source (``{"source": "huggingface", "config":
 …}``); a checkpoint is one artifact id or the ids of its shards
-(``docs/engine-model-sources.md``).
+(``docs/engine-model-sources.md``). The request arrives as the validated ``AnalyzeJobCreate``
+(parsed once, from the stored JSON, by the attempt child): its model spec and options go to
+the engine as those typed objects and are never parsed again in this process.
 
 A job with ``resources.devices`` > 1 runs the engine's operator stages on that many
 data-parallel ranks, this attempt process being rank 0 (``ranks.py``,
@@ -32,8 +34,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from curvplan.types.jobs import AnalyzeJobCreate
-from curvplan.types.options import MACHINE_SETTINGS, MachineSettings
+from curvplan.types.huggingface import HuggingFaceModel
+from curvplan.types.jobs import AnalyzeBlocksJobCreate, AnalyzeJobCreate
+from curvplan.types.options import AnalysisOptions, MachineSettings
+from curvplan.types.spec import CausalLMTask, ModelSpec
 from curvplan_core.config import get_settings
 from curvplan_core.planner import Measurements, Targets, make_plan
 from curvplan_worker.analyze import fanout
@@ -95,15 +99,18 @@ def _engine_progress(ctx: JobContext, eta: EtaTracker | None = None) -> Callable
     return report
 
 
-def _ids(value: Any) -> list[str]:
+def _ids(value: uuid.UUID | list[uuid.UUID]) -> list[str]:
     """A checkpoint reference: one artifact id or the list of its shards' ids."""
-    if isinstance(value, list | tuple):
+    if isinstance(value, list):
         return [str(v) for v in value]
     return [str(value)]
 
 
 def resolve_checkpoint(
-    access: ArtifactAccess, project_id: uuid.UUID, value: Any, field: str
+    access: ArtifactAccess,
+    project_id: uuid.UUID,
+    value: uuid.UUID | list[uuid.UUID],
+    field: str,
 ) -> list[Any]:
     """A checkpoint reference (one id or its shards' ids) resolved to readable files; errors
     name ``field`` (``field.i`` for shard i)."""
@@ -113,24 +120,7 @@ def resolve_checkpoint(
     return [access.resolve(project_id, a, "checkpoint", f"{field}.{i}") for i, a in enumerate(ids)]
 
 
-def without_machine_settings(request: dict[str, Any]) -> dict[str, Any]:
-    """A stored request without the machine settings older API versions accepted as options
-    (a job queued before they became worker settings still runs, under the worker's)."""
-    options = request.get("options")
-    if not isinstance(options, dict) or not set(options) & set(MACHINE_SETTINGS):
-        return request
-    kept = {k: v for k, v in options.items() if k not in MACHINE_SETTINGS}
-    return {**request, "options": kept}
-
-
-def _validated(request: dict[str, Any]) -> AnalyzeJobCreate:
-    try:
-        return AnalyzeJobCreate.model_validate(request)
-    except Exception as exc:  # the API validated it; a stored row edited by hand may not be
-        raise JobError("invalid-request", "Invalid analyze request", str(exc)[:300]) from None
-
-
-def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
+def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any] | FanOut:
     """Run one attempt of an analyze job; returns ``{measurements, recommendation, …}``.
 
     With two or more blocks and ``options.fan_out`` (the default) the first attempt returns
@@ -138,32 +128,28 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
     (``ctx.children`` set) runs every other stage with their records
     (docs/numerics.md#block-fan-out).
     """
-    request = without_machine_settings(request)
-    body = _validated(request)
-    options = dict(request.get("options") or {})  # only what the client set: engine defaults
+    options = body.options
     ctx.report_progress(0.0, "loading", "resolving artifacts")
     settings = get_settings()
     machine = worker_machine(settings)
     with attempt_access(ctx) as (access, project_id):
         engine = access.engine
-        checkpoint = resolve_checkpoint(access, project_id, request["checkpoint"], "checkpoint")
+        checkpoint = resolve_checkpoint(access, project_id, body.checkpoint, "checkpoint")
         dataset = access.resolve(project_id, str(body.dataset), "dataset", "dataset")
         intermediates = [
             resolve_checkpoint(access, project_id, a, f"intermediate_checkpoints.{i}")
-            for i, a in enumerate(request.get("intermediate_checkpoints") or [])
+            for i, a in enumerate(body.intermediate_checkpoints)
         ]
         checkpoint_paths = [str(c.path) for c in checkpoint]
         measured, fan_out_record = None, None
         if ctx.children is not None:
             measured, fan_out_record = _fanned_in(ctx.children)
-        elif body.options.fan_out:
-            planned = _fan_out(
-                request, body, checkpoint_paths, str(dataset.path), options, engine, settings, ctx
-            )
+        elif options.fan_out:
+            planned = _fan_out(body, checkpoint_paths, str(dataset.path), engine, settings, ctx)
             if planned is not None:
                 return planned
         result = run_engine(
-            request["model"],
+            body.model,
             checkpoint_paths,
             str(dataset.path),
             options,
@@ -176,12 +162,12 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
         if fan_out_record is not None:
             result["fan_out"] = fan_out_record
         noise = _intermediate_noise(
-            request["model"], intermediates, str(dataset.path), options, machine, ctx
+            body.model, intermediates, str(dataset.path), options, machine, ctx
         )
         fields, notes = planner_fields(result, noise)
         sweep_fields, sweep_target = _sweep_fields(engine, project_id, body.sweeps)
         fields.update(sweep_fields)
-        fields.setdefault("tokens_per_example", _tokens_per_example(request["model"], dataset))
+        fields.setdefault("tokens_per_example", _tokens_per_example(body.model))
         if fields["tokens_per_example"] is None:
             fields.pop("tokens_per_example")
         measurements = _measurements(fields)  # before any output is stored
@@ -263,11 +249,11 @@ def _sweep_fields(
     return fields, target
 
 
-def _tokens_per_example(spec: dict[str, Any], dataset: Any) -> float | None:
-    """Loss terms per example of a causal LM (its sequence length); None otherwise."""
-    task = spec.get("task") or {}
-    if task.get("type") == "causal_lm":
-        return float(task["seq_len"])
+def _tokens_per_example(model: ModelSpec | HuggingFaceModel) -> float | None:
+    """Loss terms per example of a reference causal LM (its sequence length); None otherwise
+    (a Hugging Face model's comes from the engine's measurements)."""
+    if isinstance(model, ModelSpec) and isinstance(model.task, CausalLMTask):
+        return float(model.task.seq_len)
     return None
 
 
@@ -324,10 +310,10 @@ def _inline_planner_inputs(
 
 
 def run_engine(
-    spec: dict[str, Any],
+    spec: ModelSpec | HuggingFaceModel,
     checkpoint_path: str | list[str],
     data_path: str,
-    options: dict[str, Any],
+    options: AnalysisOptions,
     machine: MachineSettings,
     ctx: JobContext,
     *,
@@ -339,7 +325,9 @@ def run_engine(
     """The engine's ``analyze`` with its errors turned into job errors (on ``devices``
     data-parallel ranks when more than one; a lost rank ends this process as a crash).
     ``only``: the blocks and pairs of one fan-out child; ``measured``: the children's records,
-    in the fan-in; every rank gets them, so all ranks run the same products."""
+    in the fan-in; every rank gets them, so all ranks run the same products. The spec and
+    options go to the engine as they are (typed, never parsed again); the other ranks get
+    them as JSON and parse them once each."""
     import torch
 
     from curvplan_worker.curvature import analyze as curvature_analysis
@@ -358,10 +346,10 @@ def run_engine(
             )
 
         task = {
-            "spec": spec,
+            "spec": spec.model_dump(mode="json"),
             "checkpoint": checkpoint_path,
             "data": data_path,
-            "options": options,
+            "options": options.model_dump(mode="json"),
             "machine": machine.model_dump(),
             **curvature_analysis.fan_out_task(only, measured),
         }
@@ -450,11 +438,9 @@ def _mismatch_detail(exc: Any, field: str) -> str:
 
 
 def _fan_out(
-    request: dict[str, Any],
     body: AnalyzeJobCreate,
     checkpoint_paths: list[str],
     data_path: str,
-    options: dict[str, Any],
     engine: Any,
     settings: Any,
     ctx: JobContext,
@@ -465,9 +451,7 @@ def _fan_out(
 
     ctx.report_progress(0.01, "planning blocks", "block sizes → cost-balanced groups")
     with engine_errors():
-        plan = curvature_analysis.plan_blocks(
-            request["model"], checkpoint_paths, data_path, options
-        )
+        plan = curvature_analysis.plan_blocks(body.model, checkpoint_paths, data_path, body.options)
     if len(plan.blocks) < fanout.MIN_GROUPS:
         return None
     live = fanout.live_workers(engine, AnalyzeJobCreate.queue, settings.worker_stale_seconds)
@@ -475,21 +459,19 @@ def _fan_out(
     if n_groups < fanout.MIN_GROUPS:
         return None
     groups = fanout.lpt_groups(fanout.work_items(plan.blocks, plan.pairs, body.options), n_groups)
-    common: dict[str, Any] = {
-        key: request[key]
-        for key in ("model", "checkpoint", "dataset", "resources")
-        if key in request
-    }
     children = [
         ChildJob(
-            kind=fanout.CHILD_KIND,
-            request={
-                **common,
-                "options": options,
-                "blocks": group.blocks,
-                "pairs": [list(p) for p in group.pairs],
-                "estimated_cost": group.cost,
-            },
+            request=AnalyzeBlocksJobCreate(
+                kind="analyze_blocks",
+                model=body.model,
+                checkpoint=body.checkpoint,
+                dataset=body.dataset,
+                options=body.options,
+                resources=body.resources,
+                blocks=group.blocks,
+                pairs=list(group.pairs),
+                estimated_cost=group.cost,
+            ),
             name=fanout.child_name(i + 1, len(groups), group),
         )
         for i, group in enumerate(groups)
@@ -562,10 +544,10 @@ def checkpoint_step(path: str) -> int | None:
 
 
 def _intermediate_noise(
-    spec: dict[str, Any],
+    spec: ModelSpec | HuggingFaceModel,
     intermediates: list[Any],
     data_path: str,
-    options: dict[str, Any],
+    options: AnalysisOptions,
     machine: MachineSettings,
     ctx: JobContext,
 ) -> list[dict[str, Any]]:
@@ -591,7 +573,7 @@ def _intermediate_noise(
     from curvplan_worker.curvature.sources import load_source
 
     device = resolve_device(machine.device)
-    dtype = resolve_dtype(options.get("precision", "float32"))
+    dtype = resolve_dtype(options.precision)
     out = []
     n = len(intermediates)
     for i, shards in enumerate(intermediates):
@@ -621,7 +603,7 @@ def _intermediate_noise(
             )
         data = source.data.to(device, dtype)
         objective = source.objective
-        micro_batch = source.micro_batch(options.get("eval_batch_size"))
+        micro_batch = source.micro_batch(options.eval_batch_size)
         model = model.to(device=device, dtype=dtype)
         if len(data) < 3:
             raise JobError(
@@ -636,13 +618,13 @@ def _intermediate_noise(
                     objective,
                     data.inputs,
                     data.targets,
-                    n_grad=options.get("noise_grad_examples"),
-                    n_hessian=options.get("noise_hessian_examples"),
-                    seed=int(options.get("seed", 0)),
+                    n_grad=options.noise_grad_examples,
+                    n_hessian=options.noise_hessian_examples,
+                    seed=options.seed,
                     batch_size=micro_batch or 32,
-                    adaptive=bool(options.get("noise_adaptive", True)),
-                    max_examples=options.get("noise_max_examples"),
-                    max_groups=int(options.get("noise_max_groups", 64)),
+                    adaptive=options.noise_adaptive,
+                    max_examples=options.noise_max_examples,
+                    max_groups=options.noise_max_groups,
                 )
         except Cancelled:
             raise JobCancelled() from None

@@ -13,14 +13,14 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from curvplan.types.options import AnalysisOptions, MachineSettings, OptionsError, parse_options
-from curvplan.types.spec import ModelSpec, parse_spec
+from curvplan.types.spec import parse_spec
 from curvplan_worker.curvature.blocks import custom_blocks, default_blocks, select_blocks
 from curvplan_worker.curvature.cancel import Cancelled, cancel_scope
 from curvplan_worker.curvature.data import Dataset
@@ -54,7 +54,7 @@ from curvplan_worker.curvature.memory import (
 )
 from curvplan_worker.curvature.memory_fit import fit_to_memory
 from curvplan_worker.curvature.operator import CurvatureEngine, block_slices
-from curvplan_worker.curvature.sources import is_hf_source, load_source
+from curvplan_worker.curvature.sources import ModelInput, is_hf_source, load_source
 from curvplan_worker.curvature.spectra import (
     SingularValue,
     Spectrum,
@@ -232,10 +232,10 @@ class _Reporter:
 
 
 def analyze(
-    spec: ModelSpec | dict | Any,
+    spec: ModelInput,
     checkpoint_path: str | Sequence[str] | None,
     data_path: str | None,
-    options: AnalysisOptions | dict | None = None,
+    options: AnalysisOptions | Mapping[str, Any] | None = None,
     progress: Progress | None = None,
     should_cancel: ShouldCancel | None = None,
     *,
@@ -250,7 +250,9 @@ def analyze(
     """Measure the curvature of the model at its checkpoint weights on an evaluation sample.
 
     ``spec`` is the model source: a reference model spec, or ``{"source": "huggingface",
-    "config": {…config.json…}}`` (``docs/engine-model-sources.md``). ``checkpoint_path`` is a
+    "config": {…config.json…}}`` (``docs/engine-model-sources.md``); a typed one (a job's
+    ``ModelSpec`` or ``HuggingFaceModel``) and typed ``AnalysisOptions`` are used as they are,
+    JSON forms are parsed once here. ``checkpoint_path`` is a
     safetensors checkpoint or a list of shards (or pass a built ``model``), ``data_path`` a
     safetensors sample (or ``data``). ``machine`` is how to run (device, threads, self-test,
     graph caching): the caller's configuration, never the request's. ``distributed`` is this
@@ -271,8 +273,8 @@ def analyze(
     inside the memory limit on a CPU without ``memory_budget``, a run that cannot fit raises
     :class:`TooLarge`, and the ``cost`` progress event hands the worker one measured product.
     """
-    if not is_hf_source(spec):
-        spec = parse_spec(spec)
+    if isinstance(spec, Mapping) and not is_hf_source(spec):
+        spec = parse_spec(dict(spec))
     opts = parse_options(options)
     machine = machine or MachineSettings()
     threads = torch.get_num_threads()
@@ -574,10 +576,10 @@ def selected_pairs(names: list[str], opts: AnalysisOptions) -> list[tuple[str, s
 
 
 def plan_blocks(
-    spec: ModelSpec | dict | Any,
+    spec: ModelInput,
     checkpoint_path: str | Sequence[str] | None,
     data_path: str | None,
-    options: AnalysisOptions | dict | None = None,
+    options: AnalysisOptions | Mapping[str, Any] | None = None,
     *,
     model: torch.nn.Module | None = None,
     data: Dataset | None = None,
@@ -585,8 +587,8 @@ def plan_blocks(
     """The blocks and pairs :func:`analyze` would measure with these inputs and options, with
     their sizes (what a block fan-out splits into groups). Loads the model like ``analyze``
     and raises the same errors; measures nothing."""
-    if not is_hf_source(spec):
-        spec = parse_spec(spec)
+    if isinstance(spec, Mapping) and not is_hf_source(spec):
+        spec = parse_spec(dict(spec))
     opts = parse_options(options)
     dtype = resolve_dtype(opts.precision)
     source = load_source(

@@ -17,12 +17,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from curvplan.types.huggingface import HuggingFaceModel
 from curvplan.types.spec import ModelSpec, parse_spec
 from curvplan_worker.curvature.checkpoint import check_state, load_checkpoint
 from curvplan_worker.curvature.data import Dataset, load_dataset, validate_dataset
 from curvplan_worker.curvature.objective import CausalLMObjective, Objective, objective_for
 
 HF_SOURCE = "huggingface"
+
+ModelInput = ModelSpec | HuggingFaceModel | Mapping[str, Any]
+"""What the engine builds a model from: the contract's typed model source (a job's, used as
+it is, never parsed again) or its JSON form (a spec file, a script), parsed here once."""
 
 NOT_IN_THEORY_FAMILY = (
     "the paper's bounds (Petrov et al. 2025) are derived for the reference Transformer family "
@@ -89,7 +94,7 @@ def _hf_config(model: dict) -> dict:
 
 
 def load_source(
-    model: Any,
+    model: ModelInput,
     checkpoint: str | Path | Sequence[str | Path] | None,
     data_path: str | Path | None,
     *,

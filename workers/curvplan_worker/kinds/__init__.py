@@ -1,8 +1,12 @@
-"""Job kinds: ``kind name → run(request: dict, ctx: JobContext) -> dict``.
+"""Job kinds: ``kind name → run(request: XJobCreate, ctx: JobContext) -> dict``.
 
 A kind module exposes ``run``. It is imported lazily, in the child process that runs
 the attempt (and preloaded in the forkserver), never in the worker parent, so a kind
 may import torch without the parent paying for it.
+
+``run`` receives the kind's validated create model (``curvplan.types.jobs``), parsed once
+from the stored request's JSON by :func:`load_request` in the attempt child: a kind reads
+typed fields and never re-validates its request.
 
 A kind reports progress with ``ctx.report_progress(fraction, stage, message)``; that
 call raises :class:`curvplan_worker.errors.JobCancelled` once the job's cancellation was
@@ -25,23 +29,28 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from curvplan.types.jobs import QUEUE_OF_KIND
+from pydantic import BaseModel, ValidationError
+
+from curvplan.types.jobs import CREATE_TYPE_OF_KIND, parse_stored_request
+from curvplan_worker.errors import JobError
 from curvplan_worker.job_context import FanOut, JobContext
 
 
 @dataclass(frozen=True)
 class KindSpec:
-    """Where a kind's code lives and which queue its jobs go to."""
+    """Where a kind's code lives, which queue its jobs go to and the model of its request."""
 
     name: str
     queue: str
     module: str
+    request_type: type[BaseModel]
 
 
-#: Derived from the contract's registry: kind ``x`` runs ``curvplan_worker.kinds.x.run``.
+#: Derived from the contract's registry: kind ``x`` runs ``curvplan_worker.kinds.x.run`` on
+#: its ``XJobCreate``.
 KINDS: dict[str, KindSpec] = {
-    name: KindSpec(name=name, queue=queue, module=f"{__name__}.{name}")
-    for name, queue in QUEUE_OF_KIND.items()
+    name: KindSpec(name=name, queue=t.queue, module=f"{__name__}.{name}", request_type=t)
+    for name, t in CREATE_TYPE_OF_KIND.items()
 }
 
 
@@ -49,7 +58,8 @@ class UnknownKindError(LookupError):
     """The job names a kind this worker does not know."""
 
 
-RunFunction = Callable[[dict[str, Any], JobContext], "dict[str, Any] | FanOut"]
+RunFunction = Callable[[Any, JobContext], "dict[str, Any] | FanOut"]
+"""A kind's ``run``: its create model (typed per kind) and the context → result or fan-out."""
 
 
 def kind_spec(name: str) -> KindSpec:
@@ -59,6 +69,21 @@ def kind_spec(name: str) -> KindSpec:
     except KeyError:
         raise UnknownKindError(
             f"unknown job kind {name!r}; this worker runs {sorted(KINDS)}"
+        ) from None
+
+
+def load_request(name: str, stored: str | bytes) -> BaseModel:
+    """The stored request of a job of kind ``name`` (its JSON) as the kind's create model,
+    parsed once; a request that does not validate (a row edited by hand, a kind's rules
+    tightened since it was queued) is a JobError naming the first failing field."""
+    try:
+        return parse_stored_request(kind_spec(name).request_type, stored)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = ".".join(str(part) for part in first["loc"]) or "request"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise JobError(
+            "invalid-request", f"Invalid {name} request", f"{field}: {first['msg']}{more}"[:300]
         ) from None
 
 

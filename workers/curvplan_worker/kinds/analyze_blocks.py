@@ -13,41 +13,29 @@ import curvplan_worker.curvature.analyze as curvature_analysis
 from curvplan.types.jobs import AnalyzeBlocksJobCreate
 from curvplan_core.config import get_settings
 from curvplan_worker.analyze.artifacts import attempt_access
-from curvplan_worker.analyze.pipeline import (
-    resolve_checkpoint,
-    run_engine,
-    without_machine_settings,
-    worker_machine,
-)
+from curvplan_worker.analyze.pipeline import resolve_checkpoint, run_engine, worker_machine
 from curvplan_worker.errors import JobError
 from curvplan_worker.job_context import JobContext
 
 
-def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+def run(body: AnalyzeBlocksJobCreate, ctx: JobContext) -> dict[str, Any]:
     """Measure this group's blocks and pairs; returns ``{measurements, estimated_cost}``."""
-    request = without_machine_settings(request)
-    try:
-        body = AnalyzeBlocksJobCreate.model_validate(request)
-    except Exception as exc:
-        raise JobError(
-            "invalid-request", "Invalid analyze_blocks request", str(exc)[:300]
-        ) from None
     if not body.blocks and not body.pairs:
         raise JobError("invalid-request", "Nothing to measure", "blocks: give blocks or pairs")
     ctx.report_progress(0.0, "loading", "resolving artifacts")
     settings = get_settings()
     # Open until the engine has read the files: the cache keeps the resolved blobs pinned.
     with attempt_access(ctx) as (access, project_id):
-        checkpoint = resolve_checkpoint(access, project_id, request["checkpoint"], "checkpoint")
+        checkpoint = resolve_checkpoint(access, project_id, body.checkpoint, "checkpoint")
         dataset = access.resolve(project_id, str(body.dataset), "dataset", "dataset")
         share = curvature_analysis.BlockShare(
             blocks=tuple(body.blocks), pairs=tuple((r, c) for r, c in body.pairs)
         )
         result = run_engine(
-            request["model"],
+            body.model,
             [str(c.path) for c in checkpoint],
             str(dataset.path),
-            dict(request.get("options") or {}),
+            body.options,
             worker_machine(settings),
             ctx,
             devices=body.resources.devices,

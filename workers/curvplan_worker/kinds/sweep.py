@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from curvplan.types.jobs import SweepJobCreate
+from curvplan.types.jobs import SweepJobCreate, SweepPointJobCreate
 from curvplan.types.planner import (
     BatchSizeSection,
     BCrit,
@@ -63,15 +63,7 @@ TARGET_BAND = 0.2
 (start − target) loss gap above the target."""
 
 
-def _validated(request: dict[str, Any]) -> SweepJobCreate:
-    try:
-        return SweepJobCreate.model_validate(request)
-    except Exception as exc:
-        raise JobError("invalid-request", "Invalid sweep request", str(exc)[:300]) from None
-
-
-def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
-    body = _validated(request)
+def run(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any] | FanOut:
     if ctx.children is None:
         return _fan_out(body, ctx)
     return _fan_in(body, ctx)
@@ -103,29 +95,34 @@ def _inputs(body: SweepJobCreate, ctx: JobContext) -> tuple[int, list[int | None
 
 def plan_points(
     body: SweepJobCreate, n_train: int, steps: Sequence[int | None] | None = None
-) -> list[ChildJob]:
+) -> list[ChildJob[SweepPointJobCreate]]:
     """The sweep's runs as child jobs (one per batch size, × lr multipliers for the grid rule;
     one per subset size for a data sweep; one per checkpoint and batch size for a branch
     sweep, ``steps`` being the checkpoints' training steps)."""
     sweep, opt = body.sweep, body.optimizer
-    common = body.model_dump(
-        mode="json", include={"model", "checkpoint", "train_data", "eval_data", "optimizer"}
-    )
-    children: list[ChildJob] = []
+    children: list[ChildJob[SweepPointJobCreate]] = []
 
-    def child(name: str, point: PointSettings) -> ChildJob:
-        return ChildJob(
+    def child(name: str, point: PointSettings) -> ChildJob[SweepPointJobCreate]:
+        request = SweepPointJobCreate(
             kind="sweep_point",
-            request={**common, "point": point.model_dump(mode="json", exclude_none=True)},
-            name=name,
+            model=body.model,
+            checkpoint=body.checkpoint,
+            train_data=body.train_data,
+            eval_data=body.eval_data,
+            optimizer=body.optimizer,
+            point=point,
         )
+        return ChildJob(request=request, name=name)
 
     if sweep.type == "branch":
         return plan_branches(
             body,
             n_train,
             list(steps) if steps is not None else [None] * len(body.checkpoints),
-            lambda name, request: ChildJob(kind="sweep_point", request=request, name=name),
+            lambda name, request: ChildJob(
+                request=SweepPointJobCreate.model_validate({"kind": "sweep_point", **request}),
+                name=name,
+            ),
         )
     if sweep.type == "batch":
         sizes = sorted(set(sweep.batch_sizes or DEFAULT_BATCH_SIZES))
@@ -255,9 +252,9 @@ def _fan_out(body: SweepJobCreate, ctx: JobContext) -> FanOut:
     n_train, steps = _inputs(body, ctx)
     children = plan_points(body, n_train, steps)
     distinct = (
-        len({c.request["point"]["data_size"] for c in children})
+        len({c.request.point.data_size for c in children})
         if body.sweep.type == "data"
-        else len({c.request["point"]["batch_size"] for c in children})
+        else len({c.request.point.batch_size for c in children})
     )
     if distinct < MIN_POINTS[body.sweep.type]:
         raise JobError(

@@ -25,12 +25,8 @@ from curvplan_worker.sweep.train import train_point
 SMALL_MODEL_PARAMETERS = 1_000_000
 
 
-def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+def run(body: SweepPointJobCreate, ctx: JobContext) -> dict[str, Any]:
     """Train one point; returns ``{"point": PointResult}``."""
-    try:
-        body = SweepPointJobCreate.model_validate(request)
-    except Exception as exc:
-        raise JobError("invalid-request", "Invalid sweep point", str(exc)[:300]) from None
     ctx.report_progress(0.0, "loading", "resolving artifacts")
     # Open until the attempt ends: the cache keeps the resolved blobs pinned while they are read.
     with attempt_access(ctx) as (access, project_id):
