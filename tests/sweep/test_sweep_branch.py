@@ -76,7 +76,7 @@ def _children(body: dict[str, Any], *, fail: set[tuple[int, int]] = frozenset())
     planned = plan_points(SweepJobCreate.model_validate(body), 512, STEPS)
     out = []
     for c in planned:
-        point = PointSettings.model_validate(c.request["point"])
+        point = c.request.point
         step = point.checkpoint_step
         failed = (step, point.batch_size) in fail
         out.append(
@@ -85,7 +85,7 @@ def _children(body: dict[str, Any], *, fail: set[tuple[int, int]] = frozenset())
                 "kind": "sweep_point",
                 "name": c.name,
                 "status": "failed" if failed else "succeeded",
-                "request": c.request,
+                "request": c.stored()["request"],
                 "result": None
                 if failed
                 else {"point": _result(point, step).model_dump(mode="json")},
@@ -105,7 +105,7 @@ def _fan_in(body: dict[str, Any], children: list[dict]) -> SweepJobResult:
         is_cancelled=lambda: False,
         children=children,
     )
-    return SweepJobResult.model_validate(run(body, ctx))
+    return SweepJobResult.model_validate(run(SweepJobCreate.model_validate(body), ctx))
 
 
 def _expected_cbs(step: int) -> int:
@@ -118,15 +118,15 @@ def test_the_plan_trains_every_checkpoint_at_every_batch_over_the_same_tokens() 
     children = plan_points(SweepJobCreate.model_validate(_body()), 512, STEPS)
     assert len(children) == len(CHECKPOINTS) * len(SIZES)
     for c in children:
-        point = PointSettings.model_validate(c.request["point"])
+        point = c.request.point
         b = point.batch_size
         assert point.type == "branch" and point.schedule == "constant"
         assert point.max_steps * b == 1024  # ⌈1000 / 4 / 64⌉·64·4 examples, every batch
         assert point.eval_every * b == 256  # the evaluations fall on the same tokens
         assert point.lr == pytest.approx(0.01 * math.sqrt(b / 16))  # the sqrt rule
         # the warm-up covers the same examples at every batch: 8 steps of batch 4
-        assert c.request["optimizer"]["warmup_steps"] == max(1, math.ceil(8 * 4 / b))
-        assert c.request["checkpoint"] == CHECKPOINTS[STEPS.index(point.checkpoint_step)]
+        assert c.request.optimizer.warmup_steps == max(1, math.ceil(8 * 4 / b))
+        assert str(c.request.checkpoint) == CHECKPOINTS[STEPS.index(point.checkpoint_step)]
         assert c.name == f"step {point.checkpoint_step}, B={b}"
     with pytest.raises(JobError, match=r"sweep\.window_tokens"):
         plan_points(SweepJobCreate.model_validate(_body(max_steps=100)), 512, STEPS)
