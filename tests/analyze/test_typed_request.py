@@ -26,7 +26,7 @@ from sqlalchemy import Engine, text
 from curvplan.types.jobs import CLIENT_JOB_CREATE_ADAPTER, AnalyzeJobCreate, PlanJobCreate
 from curvplan.types.spec import ModelSpec
 from curvplan_core.db import make_engine
-from curvplan_core.jobs import store
+from curvplan_core.jobs import lifecycle
 from curvplan_worker.child import request_json
 from curvplan_worker.kinds import load_request
 
@@ -145,7 +145,8 @@ def _stored(engine: Engine, job_id: str) -> Any:
 
 def _run_queue(engine: Engine, url: str, data_dir: Path) -> list[str]:
     """Claim and run every runnable job with one in-process worker slot; the kinds run."""
-    from curvplan_worker.worker import WorkerOptions, WorkerSlot
+    from curvplan_worker.claim_loop import WorkerSlot
+    from curvplan_worker.options import WorkerOptions
 
     options = WorkerOptions(
         database_url=url,
@@ -160,11 +161,11 @@ def _run_queue(engine: Engine, url: str, data_dir: Path) -> list[str]:
     kinds = []
     while True:
         with engine.begin() as conn:
-            claimed = store.claim(conn, slot.worker_id, ["gpu", "cpu"], 60.0)
+            claimed = lifecycle.claim(conn, slot.worker_id, ["gpu", "cpu"], 60.0)
         if claimed is None:
             return kinds
         kinds.append(claimed.kind)
-        slot._run_attempt(claimed)
+        slot.supervisor.run(claimed)
 
 
 def test_each_attempt_of_an_analysis_parses_its_model_spec_once(
