@@ -20,18 +20,18 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, text
 
-from curvplan.types.jobs import QUEUE_OF_KIND
 from curvplan_core.credentials.service_keys import revoke_worker_keys
 from curvplan_core.jobs.errors import error_dict
 from curvplan_core.jobs.fanout import (
     children_counts,
     children_of,
+    insert_children,
     lock_children,
+    refresh_parent_eta,
     settle_orphaned_waits,
     settle_parents,
     waiting_progress,
 )
-from curvplan_core.jobs.links import link_artifacts
 
 ACTIVE = "('running', 'cancelling')"
 FENCE = f"id = :job_id AND worker_id = :worker_id AND attempt = :attempt AND status IN {ACTIVE}"
@@ -315,12 +315,14 @@ def heartbeat(
         text(
             "UPDATE job SET lease_expires_at = now() + make_interval(secs => :lease),"
             " progress = coalesce(CAST(:progress AS jsonb), progress), updated_at = now()"
-            f" WHERE {FENCE} RETURNING status, cancel_requested"
+            f" WHERE {FENCE} RETURNING status, cancel_requested, parent_id"
         ),
         {**fence.params(), "lease": float(lease_seconds), "progress": _json(progress)},
     ).one_or_none()
     if row is None:
         return None
+    if progress is not None and row.parent_id is not None:
+        refresh_parent_eta(conn, row.parent_id)  # a waiting parent's ETA is its children's
     return Heartbeat(status=row.status, cancel_requested=row.cancel_requested)
 
 
@@ -589,36 +591,14 @@ def fan_out(
             if row.status == "cancelling"
             else error_dict("internal-error", "Empty fan-out", "the job fanned out no children"),
         )
-    child_ids = [uuid.uuid4() for _ in children]
-    conn.execute(
-        text(
-            "INSERT INTO job (id, project_id, parent_id, kind, queue, name, tags, status,"
-            " request, priority, max_attempts, created_at, updated_at)"
-            " VALUES (:id, :project_id, :parent_id, :kind, :queue, :name, CAST(:tags AS jsonb),"
-            " 'queued', CAST(:request AS jsonb), :priority, :max_attempts,"
-            " clock_timestamp(), clock_timestamp())"
-        ),
-        [
-            {
-                "id": child_id,
-                "project_id": row.project_id,
-                "parent_id": fence.job_id,
-                "kind": child["kind"],
-                "queue": QUEUE_OF_KIND[child["kind"]],
-                "name": child.get("name"),
-                "tags": _json(row.tags or {}),
-                "request": _json(child["request"]),
-                "priority": row.priority,
-                "max_attempts": int(child.get("max_attempts") or row.max_attempts),
-            }
-            for child_id, child in zip(child_ids, children, strict=True)
-        ],
-    )
-    # The children's artifacts are linked in the same transaction (kept from deletion).
-    link_artifacts(
+    insert_children(
         conn,
-        row.project_id,
-        [(i, c["kind"], c["request"]) for i, c in zip(child_ids, children, strict=True)],
+        fence.job_id,
+        children,
+        project_id=row.project_id,
+        tags=row.tags,
+        priority=row.priority,
+        max_attempts=row.max_attempts,
     )
     stages = (progress or row.progress or {}).get("stages")
     waiting = waiting_progress({"queued": len(children)}, stages)

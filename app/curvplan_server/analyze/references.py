@@ -95,7 +95,7 @@ def check_model_size(body: dict[str, Any], max_parameters: int | None) -> None:
         )
 
 
-def _headers(
+def stored_headers(
     session: Session, project_id: uuid.UUID, ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
     """Stored tensor summaries (name → dtype, shape) of blob artifacts; file:// ones have none
@@ -118,7 +118,7 @@ def check_artifact_contents(session: Session, project_id: uuid.UUID, body: dict[
     checkpoints = _checkpoint_fields(body)
     dataset_id = uuid.UUID(body["dataset"])
     ids = [dataset_id] + [artifact_id for shards in checkpoints for _, artifact_id in shards]
-    headers = _headers(session, project_id, ids)
+    headers = stored_headers(session, project_id, ids)
     errors = []
     for shards in checkpoints:
         owner: dict[str, Loc] = {}

@@ -198,6 +198,23 @@ def create_job(
     return Created(original_response(existing), replayed=True)
 
 
+def fan_out_at_submission(
+    session: Session, project_id: uuid.UUID, created: Created, fan_out: Any
+) -> Created:
+    """Insert the children of a just-created job and leave it waiting for them (same
+    transaction; ``curvplan_core.jobs.fanout.start_waiting``); the job as it now is."""
+    job_id = uuid.UUID(created.job["id"])
+    fanout.start_waiting(
+        session.connection(), job_id, fan_out.children, fan_in_seconds=fan_out.fan_in_seconds
+    )
+    row = session.execute(
+        select(*_OUT_WITH_REQUEST).where(JOB.c.id == job_id, JOB.c.project_id == project_id)
+    ).one()
+    out = job_to_json(row)
+    out["children"] = list_children(session, job_id)
+    return Created(out, replayed=False)
+
+
 def original_response(row: Row[Any] | Any) -> dict[str, Any]:
     """The job exactly as the first ``POST /v1/jobs`` answered it, rebuilt from the row.
 

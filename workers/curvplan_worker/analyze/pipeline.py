@@ -1,9 +1,10 @@
 """The analyze job, stage by stage (docs/formulas.md): artifacts → engine → outputs → planner.
 
-Block fan-out (docs/numerics.md#block-fan-out): an analysis with two or more blocks first plans
-(``planning blocks``), hands its block spectra and off-diagonal pairs to ``analyze_blocks``
-child jobs (``waiting for children``, children done / total), and its fan-in attempt runs the
-stages below with their records (``block spectra n/n`` then comes in one step).
+Block fan-out (docs/numerics.md#block-fan-out): the API decides it at submission, by cost
+(``curvplan_core.analysis_plan``), and creates the ``analyze_blocks`` children with the parent
+waiting (``waiting for children``, children done / total), so the parent never loads anything
+before its one attempt, the fan-in, which runs the stages below with the children's records
+(``block spectra n/n`` then comes in one step).
 
 Progress stages, in order: ``loading``, ``block spectra i/n``, ``off-diagonal``, ``dense
 hessian``, ``per-sample losses`` (the engine measures per-sample losses, perturbed losses and
@@ -36,12 +37,11 @@ from curvplan.types.jobs import AnalyzeJobCreate
 from curvplan.types.options import MACHINE_SETTINGS, MachineSettings
 from curvplan_core.config import get_settings
 from curvplan_core.planner import Measurements, Targets, make_plan
-from curvplan_worker.analyze import fanout
 from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
 from curvplan_worker.analyze.eta import EtaTracker
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.errors import JobCancelled, JobError
-from curvplan_worker.kinds import ChildJob, FanOut, JobContext
+from curvplan_worker.kinds import JobContext
 
 log = logging.getLogger("curvplan.worker.analyze")
 
@@ -130,12 +130,11 @@ def _validated(request: dict[str, Any]) -> AnalyzeJobCreate:
         raise JobError("invalid-request", "Invalid analyze request", str(exc)[:300]) from None
 
 
-def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
+def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Run one attempt of an analyze job; returns ``{measurements, recommendation, …}``.
 
-    With two or more blocks and ``options.fan_out`` (the default) the first attempt returns
-    a :class:`FanOut` of ``analyze_blocks`` children instead, and the fan-in attempt
-    (``ctx.children`` set) runs every other stage with their records
+    A job the API fanned out at submission runs once, as its fan-in (``ctx.children`` set):
+    every stage but the block spectra and pairs, with the children's records
     (docs/numerics.md#block-fan-out).
     """
     request = without_machine_settings(request)
@@ -154,14 +153,8 @@ def run(request: dict[str, Any], ctx: JobContext) -> dict[str, Any] | FanOut:
         ]
         checkpoint_paths = [str(c.path) for c in checkpoint]
         measured, fan_out_record = None, None
-        if ctx.children is not None:
+        if ctx.children is not None:  # the fan-in: the API created the children at submission
             measured, fan_out_record = _fanned_in(ctx.children)
-        elif body.options.fan_out:
-            planned = _fan_out(
-                request, body, checkpoint_paths, str(dataset.path), options, engine, settings, ctx
-            )
-            if planned is not None:
-                return planned
         result = run_engine(
             request["model"],
             checkpoint_paths,
@@ -446,55 +439,6 @@ def _mismatch_detail(exc: Any, field: str) -> str:
             text += f" (expected {issue.expected}, found {issue.found})"
         parts.append(text)
     return f"{field}: " + "; ".join(parts)
-
-
-def _fan_out(
-    request: dict[str, Any],
-    body: AnalyzeJobCreate,
-    checkpoint_paths: list[str],
-    data_path: str,
-    options: dict[str, Any],
-    engine: Any,
-    settings: Any,
-    ctx: JobContext,
-) -> FanOut | None:
-    """The block fan-out of this analysis, or None when it has fewer than two blocks (or
-    groups): one ``analyze_blocks`` child per cost-balanced group (:mod:`.fanout`)."""
-    from curvplan_worker.curvature import analyze as curvature_analysis
-
-    ctx.report_progress(0.01, "planning blocks", "block sizes → cost-balanced groups")
-    with engine_errors():
-        plan = curvature_analysis.plan_blocks(
-            request["model"], checkpoint_paths, data_path, options
-        )
-    if len(plan.blocks) < fanout.MIN_GROUPS:
-        return None
-    live = fanout.live_workers(engine, AnalyzeJobCreate.queue, settings.worker_stale_seconds)
-    n_groups = fanout.group_count(body.options.fan_out_groups, live, len(plan.blocks))
-    if n_groups < fanout.MIN_GROUPS:
-        return None
-    groups = fanout.lpt_groups(fanout.work_items(plan.blocks, plan.pairs, body.options), n_groups)
-    common: dict[str, Any] = {
-        key: request[key]
-        for key in ("model", "checkpoint", "dataset", "resources")
-        if key in request
-    }
-    children = [
-        ChildJob(
-            kind=fanout.CHILD_KIND,
-            request={
-                **common,
-                "options": options,
-                "blocks": group.blocks,
-                "pairs": [list(p) for p in group.pairs],
-                "estimated_cost": group.cost,
-            },
-            name=fanout.child_name(i + 1, len(groups), group),
-        )
-        for i, group in enumerate(groups)
-    ]
-    message = f"{len(plan.blocks)} blocks, {len(plan.pairs)} pairs over {len(children)} jobs"
-    return FanOut(children=children, message=message)
 
 
 def _fanned_in(children: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
