@@ -161,7 +161,11 @@ def test_a_short_analysis_runs_in_one_process_unless_fan_out_forces_it() -> None
         SPEC, AnalysisOptions(fan_out=True), SHAPES, SAMPLE, _limits(live_workers=0)
     )
     assert forced.fans_out and len(forced.groups) == 2
-    assert sorted(b for g in forced.groups for b in g.blocks) == ["embed", "head", "layers.0.ffn_in"]
+    assert sorted(b for g in forced.groups for b in g.blocks) == [
+        "embed",
+        "head",
+        "layers.0.ffn_in",
+    ]
     assert all(g.cost > 0 for g in forced.groups)
 
 
@@ -187,7 +191,11 @@ def test_a_long_analysis_fans_out_only_with_two_live_workers() -> None:
 
 def test_over_time_limit_names_the_estimate_and_the_options() -> None:
     plan = analysis_plan.plan_analysis(
-        SPEC, AnalysisOptions(trace_probes=5000), SHAPES, SAMPLE, _limits(time_limits={"analyze": 1})
+        SPEC,
+        AnalysisOptions(trace_probes=5000),
+        SHAPES,
+        SAMPLE,
+        _limits(time_limits={"analyze": 1}),
     )
     [refusal] = plan.refusals
     assert refusal.type == "over-time-limit" and refusal.field == ("options",)

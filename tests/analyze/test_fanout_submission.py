@@ -113,9 +113,7 @@ def test_a_forced_fan_out_creates_the_children_at_submission_with_the_parent_wai
     }
     got = client.get(f"/v1/jobs/{parent['id']}", headers=auth_headers).json()
     assert [c["id"] for c in got["children"]] == [c["id"] for c in children]
-    requests = [
-        client.get(f"/v1/jobs/{c['id']}", headers=auth_headers).json() for c in children
-    ]
+    requests = [client.get(f"/v1/jobs/{c['id']}", headers=auth_headers).json() for c in children]
     # Every block of the model exactly once, the pair once, each child costed in seconds.
     blocks = [b for child in requests for b in child["request"]["blocks"]]
     pairs = [tuple(p) for child in requests for p in child["request"]["pairs"]]
