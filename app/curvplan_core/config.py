@@ -185,13 +185,35 @@ class Settings(BaseSettings):
         "unbounded on CPU.",
     )
 
-    @field_validator("worker_memory_budget", mode="before")
+    worker_basis_budget: int = Field(
+        default=2 * 1024**3,
+        ge=1,
+        description="Bytes one block's Lanczos basis may hold, e.g. 2GiB: at most "
+        "min(32, budget / (n · 4 bytes)) vectors (docs/numerics.md#bounded-basis).",
+    )
+    worker_memory_limit: int | None = Field(
+        default=None,
+        description="Host memory one job of a worker may use, e.g. 24GiB (a worker without it "
+        "uses its cgroup's limit, else MemAvailable; docs/operations.md#memory-limit). Set on "
+        "the API too, it refuses at submission (too-large) an analysis that cannot fit it.",
+    )
+    fan_out_min_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="An analysis whose block spectra are estimated to take longer than this "
+        "(and with two or more gpu worker slots live) fans out into analyze_blocks jobs at "
+        "submission; a shorter one runs in one process (options.fan_out forces either).",
+    )
+
+    @field_validator(
+        "worker_memory_budget", "worker_basis_budget", "worker_memory_limit", mode="before"
+    )
     @classmethod
-    def _byte_size(cls, value: Any) -> int | None:
+    def _byte_size(cls, value: Any, info: Any) -> int | None:
         try:
             return parse_byte_size(value)
         except ValueError as exc:
-            raise ValueError(f"CURVPLAN_WORKER_MEMORY_BUDGET: {exc}") from None
+            raise ValueError(f"CURVPLAN_{info.field_name.upper()}: {exc}") from None
 
     # Workers on other hosts (docs/operations.md, "Workers on other hosts").
     worker_api_url: str | None = Field(
@@ -299,6 +321,7 @@ class Settings(BaseSettings):
             self_test=self.worker_self_test,
             cache_graph=self.worker_cache_graph,
             memory_budget=self.worker_memory_budget,
+            basis_budget=self.worker_basis_budget,
         )
 
     @property

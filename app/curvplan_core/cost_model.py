@@ -88,6 +88,7 @@ class CostOptions:
     dense: str = "auto"
     dense_limit: int = 3000
     top_d: int = 0
+    top_k: int = 0
     per_sample: bool = True
     n_directions: int = 8
     hessian_subsample: int = 8
@@ -160,10 +161,78 @@ class CostEstimate:
         }
 
 
+MAX_BASIS_VECTORS = 32
+MIN_BASIS_VECTORS = 6
+DEFAULT_BASIS_BUDGET = 2 * 1024**3
+"""The bounded thick-restart basis of the engine's spectra (``curvature/spectra.py``, which
+a worker test checks these against): at most 32 vectors, at least 6, 2 GiB by default."""
+
+HOST_SAFETY = 0.8
+"""The share of a worker's memory limit a job plans to fill (the rest: allocator slack, the
+interpreter, what the plan does not model)."""
+
+
+def basis_itemsize(precision: str) -> int:
+    """Bytes of one basis element: float32, float64 only in strict (float64) precision."""
+    return 8 if precision == "float64" else 4
+
+
+def basis_vectors(n: int, budget: int | None = None, itemsize: int = 4, wanted: int = 2) -> int:
+    """Vectors of the bounded Lanczos basis of an operator of size ``n`` with ``wanted`` Ritz
+    vectors: min(32, ⌊budget / (n · itemsize)⌋), at least max(6, wanted + 4), at most n + 1
+    (the whole Krylov space): thick-restart Lanczos (Wu & Simon 2000, SIAM J. Matrix Anal.
+    Appl. 22(2), §3) in a basis bounded by memory (docs/numerics.md#bounded-basis)."""
+    budget = DEFAULT_BASIS_BUDGET if budget is None else int(budget)
+    fit = budget // max(1, n * itemsize)
+    floor = max(MIN_BASIS_VECTORS, wanted + 4)
+    return int(min(n + 1, max(floor, min(MAX_BASIS_VECTORS, fit))))
+
+
+def basis_bytes(n: int, vectors: int, itemsize: int = 4) -> int:
+    """Bytes of a basis of ``vectors`` vectors of size ``n``, plus the two float64 working
+    vectors of a certification (a Ritz vector and its product)."""
+    return int(vectors * n * itemsize + 2 * n * 8)
+
+
+def lanczos_basis_bytes(
+    n: int, budget: int | None = None, itemsize: int = 4, wanted: int = 2
+) -> int:
+    """Bytes of the bounded thick-restart Lanczos basis of an operator of ``n`` parameters
+    (:func:`basis_vectors` vectors and the working vectors, :func:`basis_bytes`), whatever
+    ``max_iter`` is (docs/numerics.md#bounded-basis)."""
+    return basis_bytes(n, basis_vectors(n, budget, itemsize, wanted), itemsize)
+
+
+def largest_basis_bytes(
+    sizes: Mapping[str, int], options: Any, n_params: int, budget: int | None = None
+) -> int:
+    """The largest bounded Lanczos basis one block holds (float32, float64 in strict
+    precision; ``budget`` the worker's basis budget), or the top eigenspace's (``top_d``:
+    over every parameter, float64, the default budget): the least basis memory a run needs,
+    since the lockstep spectra start no more blocks than their basis room holds."""
+    opts = CostOptions.from_options(options)
+    itemsize = basis_itemsize(opts.precision)
+    wanted = max(1, opts.top_k) + 1  # the top-k (at least λ_max) and λ_min
+    largest = max(
+        (lanczos_basis_bytes(n, budget, itemsize, wanted) for n in sizes.values()), default=0
+    )
+    if opts.per_sample and opts.top_d > 0:
+        largest = max(largest, lanczos_basis_bytes(n_params, None, 8, opts.top_d))
+    return largest
+
+
+def step_cap(n: int, opts: CostOptions) -> int:
+    """The most Lanczos steps one run on ``n`` parameters makes: ``max_iter``, and at most n
+    when the basis holds the whole Krylov space (no restart; it is exhausted after n steps).
+    A restarted basis (fewer than n + 1 vectors) can take ``max_iter`` steps whatever n is."""
+    whole_space = basis_vectors(n, None, basis_itemsize(opts.precision)) > n
+    return max(1, min(opts.max_iter, n) if whole_space else opts.max_iter)
+
+
 def expected_lanczos_steps(n: int, opts: CostOptions) -> float:
     """Prior products of one Lanczos run on a block of ``n`` parameters for both ends (at most
-    min(max_iter, n): the Krylov space is exhausted after n steps); see :data:`STEPS_BASE`."""
-    cap = max(1, min(opts.max_iter, n))
+    :func:`step_cap`); see :data:`STEPS_BASE`."""
+    cap = step_cap(n, opts)
     if opts.precision == "float32" and opts.tolerance < FP32_CERTIFIABLE:
         return float(cap)
     digits = math.log10(1.0 / max(opts.tolerance, 1e-16))
@@ -174,7 +243,7 @@ def block_products(n: int, opts: CostOptions, steps: float | None = None) -> tup
     """(expected, worst) products of one block: its Lanczos run, the trace probes, and with
     ``ggn`` the GGN and functional Lanczos runs."""
     expected = expected_lanczos_steps(n, opts) if steps is None else steps
-    worst = float(max(1, min(opts.max_iter, n)))
+    worst = float(step_cap(n, opts))
     runs = 3 if opts.ggn else 1
     trace = min(opts.trace_probes, n)  # Hutch++ traces a block of n ≤ probes exactly, n products
     return runs * expected + trace, runs * worst + trace
@@ -230,7 +299,7 @@ def estimate(
         f"{p[0]}|{p[1]}": 2.0 * expected_lanczos_steps(min(int(p[2]), int(p[3])), opts)
         for p in pairs
     }
-    pair_worst = sum(2.0 * max(1, min(opts.max_iter, int(p[2]), int(p[3]))) for p in pairs)
+    pair_worst = sum(2.0 * step_cap(min(int(p[2]), int(p[3])), opts) for p in pairs)
     add("off_diagonal", sum(pair_expected.values()), pair_worst, pair_expected or None)
     if opts.dense == "on" or (opts.dense == "auto" and n_params <= opts.dense_limit):
         add("dense", float(n_params), float(n_params))
@@ -258,6 +327,15 @@ def estimate(
             f"({opts.max_iter}); 1e-3 certifies in float32"
         )
     return CostEstimate(out, ms, source, setup, notes)
+
+
+def describe(estimate: CostEstimate) -> str:
+    """``N products × M ms per product, <source>; <stage> S s, …`` (what an error names)."""
+    stages = ", ".join(f"{s.stage} {s.seconds:.0f} s" for s in estimate.stages)
+    return (
+        f"{estimate.products:.0f} products × {estimate.ms_per_product:.1f} ms per product, "
+        f"{estimate.ms_source}; {stages}"
+    )
 
 
 def format_duration(seconds: float | None) -> str:

@@ -248,8 +248,8 @@ class AnalyzeBlocksJobCreate(_JobCreateBase):
     estimated_cost: float | None = Field(
         default=None,
         ge=0,
-        description="The group's estimated cost (Σ block size × expected products) the "
-        "parent balanced the groups by.",
+        description="The group's estimated seconds (the cost model's products of its blocks "
+        "and pairs × the prior milliseconds per product) the parent balanced the groups by.",
     )
 
 

@@ -250,11 +250,14 @@ class AnalysisOptions(BaseModel):
         description="jackknife groups held in memory (each one D fp64 numbers)",
     )
     # block fan-out (docs/numerics.md#block-fan-out)
-    fan_out: bool = Field(
-        default=True,
+    fan_out: bool | None = Field(
+        default=None,
         description="split the block spectra and off-diagonal pairs of an analysis with two or "
         "more blocks into analyze_blocks child jobs that several workers measure in parallel "
-        "(the numbers equal a single-process run's); false: one process measures everything",
+        "(the numbers equal a single-process run's), decided at submission: null (the "
+        "default) when the estimated spectra take longer than the service's "
+        "CURVPLAN_FAN_OUT_MIN_SECONDS and two or more gpu worker slots are live; true: "
+        "always; false: one process measures everything",
     )
     fan_out_groups: int | None = Field(
         default=None,

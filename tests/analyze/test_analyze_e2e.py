@@ -473,7 +473,8 @@ def test_block_fan_out_over_two_workers_equals_the_single_process_run(
 ) -> None:
     """An analysis fanned out over two workers assembles, block by block and pair by pair,
     the numbers of the same request run in one process (``fan_out: false``), to the rounding
-    of the batched products."""
+    of the batched products. The fan-out is made at submission: the parent waits from the
+    start and runs one attempt, its fan-in (it never loads the model to plan the blocks)."""
     second = service.new_worker("fan-out-worker.log")
     try:
         ckpt = upload(client, files["checkpoint"], "checkpoint")
@@ -483,9 +484,13 @@ def test_block_fan_out_over_two_workers_equals_the_single_process_run(
             "per_sample": False,
             "bounds": False,
             "off_diagonal": [["layers.0.q", "layers.0.k"], ["layers.0.v", "head"]],
+            "fan_out": True,  # a small analysis would run in one process by cost
             "fan_out_groups": 2,  # not the live count: a killed worker may still look live
         }
         fanned = submit(client, checkpoint=ckpt, dataset=data, options=options)
+        # decided at submission: the children exist and the parent waits, before any worker
+        assert fanned["status"] == "running" and fanned["attempt"] == 0, fanned
+        assert [c["kind"] for c in fanned["children"]] == ["analyze_blocks"] * 2
         single = submit(
             client, checkpoint=ckpt, dataset=data, options={**options, "fan_out": False}
         )
@@ -525,6 +530,20 @@ def test_block_fan_out_over_two_workers_equals_the_single_process_run(
     assert child.status_code == 200, child.text
     assert child.json()["parent_id"] == fanned["id"]
     assert child.json()["result"]["measurements"]["blocks"], child.json()
+    # The parent never loaded anything before its fan-in: one attempt (the fan-in), which
+    # loads once and plans no blocks; G children + 1 model loads, not G + 2.
+    engine = _engine(service)
+    try:
+        with engine.connect() as conn:
+            attempts = conn.execute(
+                text("SELECT outcome FROM job_attempt WHERE job_id = :id ORDER BY attempt"),
+                {"id": fanned["id"]},
+            ).all()
+    finally:
+        engine.dispose()
+    assert [a.outcome for a in attempts] == ["succeeded"] and fanned_done["attempt"] == 1
+    assert "planning blocks" not in history and history.count("loading") == 1, history
+    assert fanned_done["max_attempts"] == single_done["max_attempts"]
 
 
 def test_no_temp_files_and_no_orphan_blobs(client: httpx.Client, service: Service) -> None:

@@ -1,5 +1,6 @@
-"""Block fan-out groups: the cost estimate, the group count, and the LPT split checked against
-the optimal split found by brute force (Graham's 4/3 − 1/(3m) guarantee)."""
+"""Block fan-out groups: the group count, and the LPT split checked against the optimal split
+found by brute force (Graham's 4/3 − 1/(3m) guarantee). The groups' costs are the cost model's
+seconds (tests/analyze/test_analysis_plan.py)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,7 @@ import random
 
 import pytest
 
-from curvplan.types.options import AnalysisOptions
-from curvplan_worker.analyze.fanout import (
-    WorkItem,
-    block_cost,
-    block_products,
-    group_count,
-    lpt_groups,
-    pair_cost,
-    work_items,
-)
+from curvplan_core.fanout_groups import WorkItem, group_count, lpt_groups
 
 
 def _optimal_makespan(costs: list[float], m: int) -> float:
@@ -58,20 +50,6 @@ def test_lpt_is_deterministic_and_drops_empty_groups():
     items = [WorkItem("a", 1.0), WorkItem("b", 1.0)]
     assert [g.blocks for g in lpt_groups(items, 5)] == [["a"], ["b"]]
     assert [g.blocks for g in lpt_groups(items[::-1], 5)] == [["a"], ["b"]]
-
-
-def test_cost_is_size_times_expected_products():
-    opts = AnalysisOptions(max_iter=50, trace_probes=30)
-    assert block_products(1000, opts) == 2 * 50 + 30
-    assert block_products(10, opts) == 2 * 10 + 30  # Lanczos stops at the dimension
-    assert block_cost(1000, opts) == 1000 * (2 * 50 + 30)
-    ggn = AnalysisOptions(max_iter=50, trace_probes=30, ggn=True)
-    assert block_products(1000, ggn) == 2 * 50 + 30 + 4 * 50
-    assert pair_cost(1000, 4, opts) == (1000 + 4) * 4
-    items = work_items({"a": 1000, "b": 10}, [("a", "b", 1000, 10)], opts)
-    assert [(i.key, i.pair) for i in items] == [("a", None), ("b", None), ("a|b", ("a", "b"))]
-    groups = lpt_groups(items, 2)
-    assert sorted(p for g in groups for p in g.pairs) == [("a", "b")]
 
 
 def test_group_count_uses_the_request_else_live_workers_capped_by_blocks():

@@ -1,7 +1,8 @@
 """Worker limits on real analyses over HTTP (real ``curvplan serve`` and ``curvplan worker``
 processes, real PostgreSQL, the real engine): a failed block group fails its analysis at once and
 cancels the other group; cancel stops a running analysis within seconds; the cost estimate and
-the ETA; an analysis that cannot fit the worker's memory or time fails at once, naming why.
+the ETA; an analysis that cannot fit the workers' memory or time is refused before it is queued,
+naming why.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ SLOW: dict[str, Any] = {
     "gradient_noise": False,
     "bounds": False,
 }
-# A block of 262k parameters: its full Lanczos basis at max_iter 10000 is about 20 GiB.
+# A block of 262k parameters (ffn_in): thousands of products of milliseconds each.
 WIDE_SPEC: dict[str, Any] = {**SPEC, "d_model": 256, "d_ff": 1024}
 MEMORY_LIMIT = "4GiB"
 TIME_LIMIT = 60.0  # analyze jobs; the fan-out's analyze_blocks children get an hour
@@ -101,6 +102,7 @@ def client(service: Service) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="module")
 def artifacts(client: httpx.Client, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     import torch
+    from safetensors.torch import save_file
 
     from curvplan_worker.curvature.checkpoint import save_checkpoint
     from curvplan_worker.curvature.data import Dataset, save_dataset
@@ -111,8 +113,14 @@ def artifacts(client: httpx.Client, tmp_path_factory: pytest.TempPathFactory) ->
     save_checkpoint(build_model(WIDE_SPEC, seed=1), out / "wide.safetensors")
     tokens = torch.randint(0, 16, (16, 9), generator=torch.Generator().manual_seed(0))
     save_dataset(Dataset(tokens[:, :-1], tokens[:, 1:]), out / "data.safetensors")
+    save_file({"input_ids": tokens.contiguous()}, str(out / "hf_data.safetensors"))
     ids = {}
-    for stem, kind in (("slow", "checkpoint"), ("wide", "checkpoint"), ("data", "dataset")):
+    for stem, kind in (
+        ("slow", "checkpoint"),
+        ("wide", "checkpoint"),
+        ("data", "dataset"),
+        ("hf_data", "dataset"),
+    ):
         with (out / f"{stem}.safetensors").open("rb") as fh:
             response = client.post(
                 "/v1/artifacts",
@@ -202,41 +210,73 @@ def test_the_cost_estimate_is_recorded_stage_by_stage(
     }
 
 
-def test_an_analysis_that_cannot_fit_the_workers_memory_fails_at_once_naming_the_options(
+def _refused(response: httpx.Response, error_type: str) -> dict[str, Any]:
+    assert response.status_code == 422, response.text
+    errors = {e["type"]: e for e in response.json()["errors"]}
+    assert error_type in errors, errors
+    assert errors[error_type]["field"] == "body.options"
+    return errors[error_type]
+
+
+def test_an_analysis_that_cannot_fit_the_workers_memory_is_refused_before_it_is_queued(
     client: httpx.Client, service: Service, artifacts: dict[str, str]
 ) -> None:
-    options = {**SLOW, "max_iter": 10000, "trace_probes": 0, "blocks": ["layers.0.ffn_in"]}
-    started = time.monotonic()
-    job = submit(client, artifacts, model=WIDE_SPEC, checkpoint=artifacts["wide"], options=options)
-    done = wait_terminal(client, job["id"], timeout=120)
-    assert done["status"] == "failed", service.logs()
-    error = done["error"]
-    assert error["type"] == "too-large", error
-    assert "Lanczos basis" in error["detail"] and "GiB" in error["detail"]
-    assert "4.00 GiB (CURVPLAN_WORKER_MEMORY_LIMIT)" in error["detail"]
-    for option in ("eval_batch_size", "blocks", "max_iter", "tokens"):
-        assert option in error["detail"], error["detail"]
-    assert time.monotonic() - started < 60  # at its first step, not after the spectra
+    """The API knows the workers' limit (CURVPLAN_WORKER_MEMORY_LIMIT, set for both): a model
+    whose parameters and bounded Lanczos basis alone exceed it is a 422, nothing queued. (The
+    worker's own check at its first step stays for what only a measured product shows.)"""
+    # a Hugging Face config names its 1.3 B parameters without a checkpoint: 19 GiB of
+    # weights, gradient and product vectors alone
+    big = {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "n_embd": 2048,
+        "n_layer": 24,
+        "n_head": 16,
+        "n_positions": 64,
+    }
+    count = len(rows(service, "SELECT id FROM job"))
+    error = _refused(
+        client.post(
+            "/v1/jobs",
+            json={
+                "kind": "analyze",
+                "model": {"source": "huggingface", "config": big},
+                "checkpoint": artifacts["slow"],
+                "dataset": artifacts["hf_data"],
+            },
+        ),
+        "too-large",
+    )
+    assert "Lanczos basis" in error["message"] and "GiB" in error["message"]
+    assert "4.00 GiB (CURVPLAN_WORKER_MEMORY_LIMIT)" in error["message"]
+    assert len(rows(service, "SELECT id FROM job")) == count  # nothing queued
 
 
-def test_an_analysis_estimated_past_its_time_limit_fails_at_once_naming_the_estimate(
+def test_an_analysis_estimated_past_its_time_limit_is_refused_naming_the_estimate(
     client: httpx.Client, service: Service, artifacts: dict[str, str]
 ) -> None:
     # Every block of the wide model traced with 10k products: tens of thousands of products of
-    # milliseconds each, far past the 60 s limit.
+    # milliseconds each (at the prior), far past the 60 s limit.
     options = {**SLOW, "trace_probes": 10000, "fan_out": False}
-    started = time.monotonic()
-    job = submit(client, artifacts, model=WIDE_SPEC, checkpoint=artifacts["wide"], options=options)
-    done = wait_terminal(client, job["id"], timeout=120)
-    took = time.monotonic() - started
-    assert done["status"] == "failed", service.logs()
-    error = done["error"]
-    assert error["type"] == "over-time-limit", error
-    assert "products ×" in error["detail"] and "ms per product" in error["detail"]
-    assert f"{TIME_LIMIT:g} s limit" in error["detail"]
+    count = len(rows(service, "SELECT id FROM job"))
+    error = _refused(
+        client.post(
+            "/v1/jobs",
+            json={
+                "kind": "analyze",
+                "model": WIDE_SPEC,
+                "checkpoint": artifacts["wide"],
+                "dataset": artifacts["data"],
+                "options": options,
+            },
+        ),
+        "over-time-limit",
+    )
+    assert "products ×" in error["message"] and "ms per product" in error["message"]
+    assert f"{TIME_LIMIT:g} s limit" in error["message"]
     for option in ("max_iter", "tolerance", "blocks", "trace_probes"):
-        assert option in error["detail"], error["detail"]
-    assert took < TIME_LIMIT  # failed at once, not killed at the limit
+        assert option in error["message"], error["message"]
+    assert len(rows(service, "SELECT id FROM job")) == count  # nothing queued
 
 
 def test_a_failed_block_group_fails_its_analysis_at_once_and_cancels_the_other_group(
@@ -250,12 +290,17 @@ def test_a_failed_block_group_fails_its_analysis_at_once_and_cancels_the_other_g
     while len(rows(service, "SELECT id FROM worker WHERE status = 'running'")) < 2:
         assert time.monotonic() < deadline, second.tail()
         time.sleep(0.1)
-    # Registered, then paused: the first worker takes the parent and the slow group.
+    # Registered, then paused: the first worker takes the slow group (the first child).
     assert second.proc is not None
     second.proc.send_signal(signal.SIGSTOP)
     try:
         # The wide model's ffn_in block traced with 5000 products: minutes of work.
-        options = {**SLOW, "blocks": ["layers.0.ffn_in", "head"], "fan_out_groups": 2}
+        options = {
+            **SLOW,
+            "blocks": ["layers.0.ffn_in", "head"],
+            "fan_out": True,
+            "fan_out_groups": 2,
+        }
         parent = submit(
             client, artifacts, model=WIDE_SPEC, checkpoint=artifacts["wide"], options=options
         )
@@ -297,11 +342,11 @@ def test_a_failed_block_group_fails_its_analysis_at_once_and_cancels_the_other_g
         assert time.monotonic() - failed_at < 10  # cancelled, not run through its 5k products
         outcomes = rows(service, "SELECT outcome FROM job_attempt WHERE job_id = :id", id=slow.id)
         assert [r.outcome for r in outcomes] == ["cancelled"]
-        # The parent never ran its fan-in attempt.
+        # The parent never ran an attempt: fanned out at submission, failed before its fan-in.
         attempts = rows(
             service, "SELECT outcome FROM job_attempt WHERE job_id = :id", id=parent["id"]
         )
-        assert [r.outcome for r in attempts] == ["fanned-out"]
+        assert attempts == [] and done["attempt"] == 0
     finally:
         second.stop()
 

@@ -222,3 +222,42 @@ def test_children_are_linked_to_their_artifacts_in_the_fan_out_transaction(db, p
         (point_child.id, "eval_data", evaluation),
     }
     assert plan_child.kind == "plan"
+
+
+def test_a_parent_fanned_out_at_submission_waits_with_its_childrens_eta(db, project_id) -> None:
+    """``start_waiting`` (the API's fan-out at submission): the never-claimed parent waits
+    with its children inserted; its ETA is the slowest unfinished child's plus its fan-in's,
+    refreshed on every child's progress; its fan-in is its first attempt (no extra one)."""
+    from curvplan_core.jobs import fanout
+
+    (parent,) = insert_jobs(db, project_id, [plan_request()])
+    children = [
+        {
+            "kind": "plan",
+            "request": {"kind": "plan", **plan_request()},
+            "name": f"group {i}",
+            "eta_seconds": eta,
+        }
+        for i, eta in enumerate((30.0, 50.0))
+    ]
+    with db.begin() as conn:
+        lifecycle.start_waiting(conn, parent, children, fan_in_seconds=7.0)
+    row = job_row(db, parent)
+    assert row.status == "running" and row.attempt == 0 and row.lease_expires_at is None
+    assert row.progress["stage"] == "waiting for children"
+    assert row.progress["eta_seconds"] == 57.0
+    first, second = _children(db, parent)
+    assert [c.progress["eta_seconds"] for c in (first, second)] == [30.0, 50.0]
+    # the slow child runs and reports a shorter ETA: the parent's follows
+    fence = _claim(db, second.id)
+    with db.begin() as conn:
+        store.heartbeat(conn, fence, 30.0, {"fraction": 0.5, "stage": "x", "eta_seconds": 10.0})
+    assert job_row(db, parent).progress["eta_seconds"] == 37.0  # now the other child's 30
+    with db.begin() as conn:
+        store.finish(conn, fence, "succeeded", result={"ok": 1})
+    assert job_row(db, parent).progress["eta_seconds"] == 37.0
+    _finish_child(db, first.id)
+    queued = job_row(db, parent)
+    assert queued.status == "queued" and queued.progress["eta_seconds"] == 7.0
+    assert queued.max_attempts == row.max_attempts  # the fan-in is its first attempt
+    assert attempt_rows(db, parent) == []

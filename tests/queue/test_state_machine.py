@@ -146,6 +146,18 @@ def drive_wait_for_children(db: Engine, project_id: uuid.UUID) -> Seen:
     return "running", row.status
 
 
+def drive_fan_out_at_submission(db: Engine, project_id: uuid.UUID) -> Seen:
+    job_id = _queued(db, project_id)
+    before = _status(db, job_id)
+    child = {"kind": "plan", "request": {"kind": "plan", **plan_request()}, "name": "c"}
+    with db.begin() as conn:
+        (child_id,) = lifecycle.start_waiting(conn, job_id, [child], fan_in_seconds=3.0)
+    row = job_row(db, job_id)
+    assert (row.lease_expires_at, row.worker_id, row.attempt) == (None, None, 0)
+    assert job_row(db, child_id).status == "queued"
+    return before, row.status
+
+
 def drive_queue_fan_in(db: Engine, project_id: uuid.UUID) -> Seen:
     parent, (child,) = _waiting_parent(db, project_id)
     fence = _claim_child(db, child)
@@ -197,6 +209,7 @@ DRIVERS: dict[str, Callable[[Engine, uuid.UUID], Seen]] = {
     "requeue_for_retry": drive_requeue_for_retry,
     "release": drive_release,
     "wait_for_children": drive_wait_for_children,
+    "fan_out_at_submission": drive_fan_out_at_submission,
     "queue_fan_in": drive_queue_fan_in,
     "cancel": drive_cancel,
     "request_cancel": drive_request_cancel,

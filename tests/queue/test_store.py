@@ -452,7 +452,7 @@ def test_a_claim_falls_back_when_every_head_is_locked(db, project_id):
 
 def test_live_workers_counts_fresh_slots_of_the_queue(db):
     """The default number of fan-out groups: running gpu worker slots with a fresh heartbeat."""
-    from curvplan_worker.analyze.fanout import live_workers
+    from curvplan_core.fanout_groups import live_workers
 
     with db.begin() as conn:
         store.register_worker(conn, "g1", "host", 1, ["gpu", "cpu"])
@@ -464,5 +464,6 @@ def test_live_workers_counts_fresh_slots_of_the_queue(db):
             text("UPDATE worker SET last_heartbeat_at = now() - interval '1 minute' WHERE id='old'")
         )
         store.stop_worker(conn, "gone")
-    assert live_workers(db, "gpu", stale_seconds=30) == 2
-    assert live_workers(db, "cpu", stale_seconds=30) == 2
+    with db.connect() as conn:
+        assert live_workers(conn, "gpu", stale_seconds=30) == 2
+        assert live_workers(conn, "cpu", stale_seconds=30) == 2

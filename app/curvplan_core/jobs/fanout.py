@@ -5,18 +5,21 @@ This module reads a parent's children; the status changes of the life below are
 
 The life of a parent job (any kind may do this; the sweep kind is the first user):
 
-1. **Fan-out attempt.** The kind returns a fan-out (children to create) instead of a
-   result. In the fenced transaction that ends that attempt the worker inserts the
-   children (``parent_id`` = the parent, status ``queued``) and leaves the parent
-   ``running`` *without a lease* and without a worker, at stage ``waiting for children``;
-   the attempt's outcome is ``fanned-out``. The reaper only looks at expired leases, so it
-   never touches a waiting parent.
+1. **Fan-out.** Either at submission (an ``analyze`` the API's cost model fans out,
+   :func:`start_waiting`: the parent never runs an attempt before its fan-in) or by a
+   fan-out attempt (the kind returns children instead of a result; the sweep kind): in one
+   transaction the children are inserted (:func:`insert_children`: ``parent_id`` = the
+   parent, status ``queued``) and the parent is left ``running`` *without a lease* and
+   without a worker, at stage ``waiting for children``; a fan-out attempt's outcome is
+   ``fanned-out``. The reaper only looks at expired leases, so it never touches a waiting
+   parent. While it waits, its ``eta_seconds`` is the slowest unfinished child's plus its
+   fan-in's own estimate (:func:`refresh_parent_eta`, on every child's progress).
 2. **Children run** as ordinary jobs, on any worker. Every transaction that moves a child
    to a terminal status (finish, crash, reaper, release, cancel) calls
    ``lifecycle.settle_parents`` before it commits: it locks the parent row, counts the children
    and records ``points done / total`` in the parent's progress. The transaction that
-   records the *last* child's end queues the parent again (``run_after`` now, one more
-   attempt allowed, since the fan-out attempt was not a failure).
+   records the *last* child's end queues the parent again (``run_after`` now; one more
+   attempt allowed when a fan-out attempt ran, since it was not a failure).
 3. **Fan-in attempt.** A worker claims the parent like any job (leased, fenced, retried on
    a crash); the kind sees its children's outcomes and computes the result. A failing
    fan-in never touches a child; a crash during it re-queues the parent with its children
@@ -33,16 +36,22 @@ the parent becomes ``cancelled`` when its last child has ended.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, text
 
-from curvplan.types.jobs import TERMINAL_STATUSES
+from curvplan.types.jobs import QUEUE_OF_KIND, TERMINAL_STATUSES
+from curvplan_core.jobs.links import link_artifacts
 
 WAITING_STAGE = "waiting for children"
 FAN_IN_STAGE = "fan-in queued"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, allow_nan=False)
 
 
 def children_counts(conn: Connection, parent_id: uuid.UUID) -> dict[str, int]:
@@ -55,9 +64,13 @@ def children_counts(conn: Connection, parent_id: uuid.UUID) -> dict[str, int]:
 
 
 def waiting_progress(
-    counts: dict[str, int], stages: list[dict[str, str]] | None, stage: str = WAITING_STAGE
+    counts: dict[str, int],
+    stages: list[dict[str, str]] | None,
+    stage: str = WAITING_STAGE,
+    fan_in_seconds: float | None = None,
 ) -> dict[str, Any]:
-    """The parent's progress while it waits: points done / total, and the stage history."""
+    """The parent's progress while it waits: points done / total, the stage history, and the
+    fan-in's own estimate (``fan_in_seconds``, kept for :func:`refresh_parent_eta`)."""
     total = sum(counts.values())
     done = sum(n for status, n in counts.items() if status in TERMINAL_STATUSES)
     failed = counts.get("failed", 0)
@@ -71,7 +84,7 @@ def waiting_progress(
     history = list(stages or [])
     if not history or history[-1].get("stage") != stage:
         history.append({"stage": stage, "started_at": datetime.now(UTC).isoformat()})
-    return {
+    out: dict[str, Any] = {
         "fraction": done / total if total else 0.0,
         "stage": stage,
         "message": message,
@@ -80,6 +93,84 @@ def waiting_progress(
         "points_total": total,
         "points_failed": failed,
     }
+    if fan_in_seconds is not None:
+        out["fan_in_seconds"] = fan_in_seconds
+    return out
+
+
+def waiting_from(
+    counts: dict[str, int], previous: dict[str, Any] | None, stage: str = WAITING_STAGE
+) -> dict[str, Any]:
+    previous = previous or {}
+    return waiting_progress(counts, previous.get("stages"), stage, previous.get("fan_in_seconds"))
+
+
+def insert_children(
+    conn: Connection,
+    parent_id: uuid.UUID,
+    children: list[dict[str, Any]],
+    *,
+    project_id: uuid.UUID,
+    tags: dict[str, Any] | None,
+    priority: int,
+    max_attempts: int,
+) -> list[uuid.UUID]:
+    """Insert the children of ``parent_id`` (``{"kind", "request", "name"[, "max_attempts",
+    "eta_seconds"]}``, requests valid create bodies): ``queued``, same project, tags and
+    priority as the parent; their artifacts linked (kept from deletion) in the same
+    transaction. A child's ``eta_seconds`` is its prior estimate, its progress until it runs."""
+    child_ids = [uuid.uuid4() for _ in children]
+    conn.execute(
+        text(
+            "INSERT INTO job (id, project_id, parent_id, kind, queue, name, tags, status,"
+            " request, priority, max_attempts, progress, created_at, updated_at)"
+            " VALUES (:id, :project_id, :parent_id, :kind, :queue, :name, CAST(:tags AS jsonb),"
+            " 'queued', CAST(:request AS jsonb), :priority, :max_attempts,"
+            " CAST(:progress AS jsonb), clock_timestamp(), clock_timestamp())"
+        ),
+        [
+            {
+                "id": child_id,
+                "project_id": project_id,
+                "parent_id": parent_id,
+                "kind": child["kind"],
+                "queue": QUEUE_OF_KIND[child["kind"]],
+                "name": child.get("name"),
+                "tags": _json(tags or {}),
+                "request": _json(child["request"]),
+                "priority": priority,
+                "max_attempts": int(child.get("max_attempts") or max_attempts),
+                "progress": None
+                if child.get("eta_seconds") is None
+                else _json(
+                    {"fraction": 0.0, "stage": "queued", "eta_seconds": child["eta_seconds"]}
+                ),
+            }
+            for child_id, child in zip(child_ids, children, strict=True)
+        ],
+    )
+    link_artifacts(
+        conn,
+        project_id,
+        [(i, c["kind"], c["request"]) for i, c in zip(child_ids, children, strict=True)],
+    )
+    return child_ids
+
+
+_ETA_SQL = (
+    "UPDATE job p SET progress = jsonb_set(p.progress, '{eta_seconds}', to_jsonb("
+    " coalesce((p.progress ->> 'fan_in_seconds')::float8, 0)"
+    " + coalesce((SELECT max((c.progress ->> 'eta_seconds')::float8) FROM job c"
+    "   WHERE c.parent_id = p.id AND c.status IN ('queued', 'running', 'cancelling')), 0)))"
+    " WHERE p.id = :p AND p.status = 'running' AND p.lease_expires_at IS NULL"
+    " AND p.progress IS NOT NULL"
+)
+
+
+def refresh_parent_eta(conn: Connection, parent_id: uuid.UUID) -> None:
+    """A waiting parent's ``eta_seconds``: the largest ETA of its unfinished children (they
+    run in parallel; a queued child's is its prior estimate) plus its fan-in's estimate."""
+    conn.execute(text(_ETA_SQL), {"p": parent_id})
 
 
 def lock_children(conn: Connection, parent_id: uuid.UUID) -> int:

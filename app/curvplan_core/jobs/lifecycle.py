@@ -34,7 +34,10 @@ from curvplan_core.jobs.errors import error_dict
 from curvplan_core.jobs.fanout import (
     FAN_IN_STAGE,
     children_counts,
+    insert_children,
     lock_children,
+    refresh_parent_eta,
+    waiting_from,
     waiting_progress,
 )
 from curvplan_core.jobs.links import link_artifacts
@@ -71,6 +74,7 @@ class Transition:
 TRANSITIONS: tuple[Transition, ...] = (
     Transition("queue_job", (NEW,), "queued", ("queue_job", "wait_for_children")),
     Transition("claim", ("queued",), "running", ("claim",)),
+    Transition("fan_out_at_submission", ("queued",), "running", ("start_waiting",)),
     Transition("mark_succeeded", ("running",), "succeeded", ("mark_succeeded",)),
     Transition(
         "fail",
@@ -686,36 +690,14 @@ def wait_for_children(
             if row.status == "cancelling"
             else error_dict("internal-error", "Empty fan-out", "the job fanned out no children"),
         )
-    child_ids = [uuid.uuid4() for _ in children]
-    conn.execute(
-        text(
-            "INSERT INTO job (id, project_id, parent_id, kind, queue, name, tags, status,"
-            " request, priority, max_attempts, created_at, updated_at)"
-            " VALUES (:id, :project_id, :parent_id, :kind, :queue, :name, CAST(:tags AS jsonb),"
-            " 'queued', CAST(:request AS jsonb), :priority, :max_attempts,"
-            " clock_timestamp(), clock_timestamp())"
-        ),
-        [
-            {
-                "id": child_id,
-                "project_id": row.project_id,
-                "parent_id": fence.job_id,
-                "kind": child["kind"],
-                "queue": QUEUE_OF_KIND[child["kind"]],
-                "name": child.get("name"),
-                "tags": json_param(row.tags or {}),
-                "request": json_param(child["request"]),
-                "priority": row.priority,
-                "max_attempts": int(child.get("max_attempts") or row.max_attempts),
-            }
-            for child_id, child in zip(child_ids, children, strict=True)
-        ],
-    )
-    # The children's artifacts are linked in the same transaction (kept from deletion).
-    link_artifacts(
+    insert_children(
         conn,
-        row.project_id,
-        [(i, c["kind"], c["request"]) for i, c in zip(child_ids, children, strict=True)],
+        fence.job_id,
+        children,
+        project_id=row.project_id,
+        tags=row.tags,
+        priority=row.priority,
+        max_attempts=row.max_attempts,
     )
     stages = (progress or row.progress or {}).get("stages")
     waiting = waiting_progress({"queued": len(children)}, stages)
@@ -729,6 +711,44 @@ def wait_for_children(
     _end_attempt(conn, fence, "fanned-out")
     _clear_current_job(conn, fence)
     return "running"
+
+
+def start_waiting(
+    conn: Connection,
+    parent_id: uuid.UUID,
+    children: list[dict[str, Any]],
+    *,
+    fan_in_seconds: float,
+) -> list[uuid.UUID]:
+    """Fan a just-submitted (``queued``, never claimed) job out at submission: insert its
+    children and leave it ``running`` without a lease, waiting for them; nothing is loaded or
+    run for it until its fan-in. Its ETA is its children's (:func:`refresh_parent_eta`)."""
+    row = conn.execute(
+        text(
+            "SELECT project_id, tags, priority, max_attempts FROM job"
+            " WHERE id = :p AND status = 'queued' AND attempt = 0 FOR UPDATE"
+        ),
+        {"p": parent_id},
+    ).one()
+    child_ids = insert_children(
+        conn,
+        parent_id,
+        children,
+        project_id=row.project_id,
+        tags=row.tags,
+        priority=row.priority,
+        max_attempts=row.max_attempts,
+    )
+    progress = waiting_progress({"queued": len(children)}, None, fan_in_seconds=fan_in_seconds)
+    conn.execute(
+        text(
+            "UPDATE job SET status = 'running', started_at = now(), updated_at = now(),"
+            " progress = CAST(:progress AS jsonb) WHERE id = :p"
+        ),
+        {"p": parent_id, "progress": json_param(progress)},
+    )
+    refresh_parent_eta(conn, parent_id)
+    return child_ids
 
 
 FAIL_FAST_CHILD_KINDS: dict[str, tuple[str, str]] = {
@@ -822,15 +842,15 @@ def settle_parent(conn: Connection, parent_id: uuid.UUID) -> str | None:
     if total == 0:
         return None
     done = sum(n for status, n in counts.items() if status in TERMINAL_STATUSES)
-    stages = (row.progress or {}).get("stages")
     if done < total:
         conn.execute(
             text(
                 "UPDATE job SET progress = CAST(:progress AS jsonb), updated_at = now()"
                 " WHERE id = :p"
             ),
-            {"p": parent_id, "progress": json_param(waiting_progress(counts, stages))},
+            {"p": parent_id, "progress": json_param(waiting_from(counts, row.progress))},
         )
+        refresh_parent_eta(conn, parent_id)
         return str(row.status)
     if row.status == "cancelling":
         conn.execute(
@@ -838,16 +858,21 @@ def settle_parent(conn: Connection, parent_id: uuid.UUID) -> str | None:
                 "UPDATE job SET status = 'cancelled', finished_at = now(), updated_at = now(),"
                 " progress = CAST(:progress AS jsonb) WHERE id = :p"
             ),
-            {"p": parent_id, "progress": json_param(waiting_progress(counts, stages))},
+            {"p": parent_id, "progress": json_param(waiting_from(counts, row.progress))},
         )
         return "cancelled"
+    fan_in = waiting_from(counts, row.progress, FAN_IN_STAGE)
+    if fan_in.get("fan_in_seconds") is not None:
+        fan_in["eta_seconds"] = fan_in["fan_in_seconds"]
+    # one more attempt only where a fan-out attempt ran (it was not a failure); a parent
+    # fanned out at submission has run none, and its fan-in is its first attempt
     conn.execute(
         text(
             "UPDATE job SET status = 'queued', run_after = now(), worker_id = NULL,"
-            " max_attempts = max_attempts + 1, updated_at = now(),"
-            " progress = CAST(:progress AS jsonb) WHERE id = :p"
+            " max_attempts = max_attempts + CASE WHEN attempt > 0 THEN 1 ELSE 0 END,"
+            " updated_at = now(), progress = CAST(:progress AS jsonb) WHERE id = :p"
         ),
-        {"p": parent_id, "progress": json_param(waiting_progress(counts, stages, FAN_IN_STAGE))},
+        {"p": parent_id, "progress": json_param(fan_in)},
     )
     return "queued"
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, text
 
 from curvplan_core.credentials.service_keys import revoke_worker_keys
-from curvplan_core.jobs.fanout import children_of
+from curvplan_core.jobs.fanout import children_of, refresh_parent_eta
 
 ACTIVE = "('running', 'cancelling')"
 FENCE = f"id = :job_id AND worker_id = :worker_id AND attempt = :attempt AND status IN {ACTIVE}"
@@ -178,12 +178,14 @@ def heartbeat(
         text(
             "UPDATE job SET lease_expires_at = now() + make_interval(secs => :lease),"
             " progress = coalesce(CAST(:progress AS jsonb), progress), updated_at = now()"
-            f" WHERE {FENCE} RETURNING status, cancel_requested"
+            f" WHERE {FENCE} RETURNING status, cancel_requested, parent_id"
         ),
         {**fence.params(), "lease": float(lease_seconds), "progress": json_param(progress)},
     ).one_or_none()
     if row is None:
         return None
+    if progress is not None and row.parent_id is not None:
+        refresh_parent_eta(conn, row.parent_id)  # a waiting parent's ETA is its children's
     return Heartbeat(status=row.status, cancel_requested=row.cancel_requested)
 
 

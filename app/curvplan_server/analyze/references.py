@@ -100,7 +100,7 @@ def check_model_size(body: AnalyzeJobCreate, max_parameters: int | None) -> None
         )
 
 
-def _headers(
+def stored_headers(
     session: Session, project_id: uuid.UUID, ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
     """Stored tensor summaries (name → dtype, shape) of blob artifacts; file:// ones have none
@@ -125,7 +125,7 @@ def check_artifact_contents(
     checkpoints = _checkpoint_fields(body)
     dataset_id = body.dataset
     ids = [dataset_id] + [artifact_id for shards in checkpoints for _, artifact_id in shards]
-    headers = _headers(session, project_id, ids)
+    headers = stored_headers(session, project_id, ids)
     errors = []
     for shards in checkpoints:
         owner: dict[str, Loc] = {}
@@ -178,7 +178,7 @@ def check_branch_checkpoints(
     ids = list(checkpoints)
     if not ids:
         return
-    headers = _headers(session, project_id, ids)
+    headers = stored_headers(session, project_id, ids)
     errors = []
     first_at: dict[uuid.UUID, int] = {}
     reference = headers.get(ids[0])

@@ -25,6 +25,7 @@ from curvplan.types.jobs import (
     PlanJobCreate,
 )
 from curvplan.types.planner import Recommendation
+from curvplan_core.config import Settings
 from curvplan_server.auth.dependencies import ProjectDep, authenticate
 from curvplan_server.db import SessionDep
 from curvplan_server.jobs import service
@@ -39,6 +40,7 @@ from curvplan_server.jobs.limits import PlanLimits, check_plan_work
 from curvplan_server.jobs.submission import (
     SubmissionContext,
     internal_kind_message,
+    plan_fan_out,
     prepare_job_body,
 )
 from curvplan_server.problems import (
@@ -237,6 +239,7 @@ async def create_job(request: Request, session: SessionDep) -> Response:
         settings.max_model_parameters,
         settings.max_job_devices,
         PlanLimits.from_settings(settings),
+        settings,
     )
     headers = {"Location": created.job.links.self}
     if created.replayed:
@@ -254,14 +257,16 @@ def _create_and_commit(
     max_model_parameters: int | None,
     max_job_devices: int,
     plan_limits: PlanLimits,
+    settings: Settings | None = None,
 ) -> service.Created:
     # every kind's artifact ids, then the kind's own checks (model size, shards, from_job)
     context = SubmissionContext(
-        session, project_id, data_dir, max_model_parameters, max_job_devices
+        session, project_id, data_dir, max_model_parameters, max_job_devices, settings
     )
     body = prepare_job_body(context, body)
     if isinstance(body, PlanJobCreate) and body.from_job is not None:  # the analysis's measurements
         check_plan_work(body, plan_limits)
+    fan_out = plan_fan_out(context, body)  # admission by cost; the children, if it fans out
     created = service.create_job(
         session,
         project_id,
@@ -269,6 +274,8 @@ def _create_and_commit(
         default_max_attempts=default_max_attempts,
         idempotency_key=idempotency_key,
     )
+    if fan_out is not None and not created.replayed:
+        created = service.fan_out_at_submission(session, project_id, created, fan_out)
     session.commit()  # here, so the dependency has nothing left to do (no second hop)
     return created
 

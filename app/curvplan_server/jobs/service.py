@@ -179,6 +179,18 @@ def create_job(
     return Created(original_response(existing), replayed=True)
 
 
+def fan_out_at_submission(
+    session: Session, project_id: uuid.UUID, created: Created, fan_out: Any
+) -> Created:
+    """Insert the children of a just-created job and leave it waiting for them (same
+    transaction; ``curvplan_core.jobs.lifecycle.start_waiting``); the job as it now is."""
+    job_id = created.job.id
+    lifecycle.start_waiting(
+        session.connection(), job_id, fan_out.children, fan_in_seconds=fan_out.fan_in_seconds
+    )
+    return Created(get_job(session, project_id, job_id), replayed=False)
+
+
 def original_response(row: Row[Any] | Any) -> JobOut:
     """The job exactly as the first ``POST /v1/jobs`` answered it, rebuilt from the row.
 

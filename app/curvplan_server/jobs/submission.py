@@ -11,7 +11,11 @@ same treatment here, in the transaction that inserts the job:
    (``FOR KEY SHARE``) until the job, and its ``job_artifact`` rows, are committed;
 3. then the kind's own checks, the ones that need the database or the service's settings,
    registered below under the kind's name (:data:`SUBMISSION_CHECKS`). A check returns the
-   body to queue (a re-plan completes its measurements).
+   body to queue (a re-plan completes its measurements);
+4. last, a kind that fans out at submission (:data:`SUBMISSION_FAN_OUTS`: ``analyze``, by
+   its estimated cost) says which children to insert with the job (:func:`plan_fan_out`);
+   its admission errors (``too-large``, ``over-time-limit``) are 422s, before anything is
+   queued.
 """
 
 from __future__ import annotations
@@ -34,8 +38,11 @@ from curvplan.types.jobs import (
     artifact_references,
     kind_name,
 )
-from curvplan_server.analyze import references, replan
+from curvplan_core.config import Settings
+from curvplan_server.analyze import admission, references, replan
+from curvplan_server.analyze.admission import SubmissionFanOut
 from curvplan_server.artifacts.service import check_references
+from curvplan_server.jobs.service import stored_request
 from curvplan_server.problems import Problem, validation_problem
 
 
@@ -48,6 +55,7 @@ class SubmissionContext:
     data_dir: Path  # the blob store a re-plan reads from
     max_model_parameters: int | None = None  # the largest Hugging Face model (None: any)
     max_job_devices: int = 1
+    settings: Settings | None = None  # the fan-out's and the admission's limits (None: none)
 
 
 #: A kind's check: its validated create model in, the model to queue out.
@@ -76,6 +84,26 @@ SUBMISSION_CHECKS: Mapping[str, SubmissionCheck] = {
     "analyze": _check_analyze,
     "sweep": _check_sweep,
 }
+
+
+def _fan_out_analyze(ctx: SubmissionContext, body: AnalyzeJobCreate) -> SubmissionFanOut | None:
+    if ctx.settings is None:
+        return None
+    # planned on the JSON the job row stores: what the worker parses, so the same blocks
+    return admission.admit_analysis(ctx.session, ctx.project_id, stored_request(body), ctx.settings)
+
+
+#: kind → its admission and fan-out at submission (docs/operations.md#fan-out-at-submission).
+SUBMISSION_FAN_OUTS: Mapping[str, Callable[[SubmissionContext, Any], SubmissionFanOut | None]] = {
+    "analyze": _fan_out_analyze
+}
+
+
+def plan_fan_out(ctx: SubmissionContext, body: JobCreateModel) -> SubmissionFanOut | None:
+    """The children to insert with a checked body (None: it runs alone); raises a 422 for an
+    analysis that cannot be admitted."""
+    hook = SUBMISSION_FAN_OUTS.get(kind_name(type(body)))
+    return None if hook is None else hook(ctx, body)
 
 
 def internal_kind_message(kind: str) -> str:

@@ -94,12 +94,10 @@ class EtaTracker:
         if left is None or estimate.seconds <= left:
             return
         limit = self.limits.time_limit_seconds if self.limits is not None else None
-        stages = ", ".join(f"{s.stage} {s.seconds:.0f} s" for s in estimate.stages)
         raise JobError(
             "over-time-limit",
             "The analysis would run past its time limit",
-            f"estimated {estimate.seconds:.0f} s ({estimate.products:.0f} products × "
-            f"{estimate.ms_per_product:.1f} ms per product, measured; {stages}) but "
+            f"estimated {estimate.seconds:.0f} s ({cost_model.describe(estimate)}) but "
             f"{max(left, 0):.0f} s of the {limit:g} s limit are left "
             f"(CURVPLAN_JOB_TIME_LIMITS). Shorten it with {cost_model.TIME_OPTIONS}",
         )

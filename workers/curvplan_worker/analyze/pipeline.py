@@ -1,9 +1,10 @@
 """The analyze job, stage by stage (docs/formulas.md): artifacts → engine → outputs → planner.
 
-Block fan-out (docs/numerics.md#block-fan-out): an analysis with two or more blocks first plans
-(``planning blocks``), hands its block spectra and off-diagonal pairs to ``analyze_blocks``
-child jobs (``waiting for children``, children done / total), and its fan-in attempt runs the
-stages below with their records (``block spectra n/n`` then comes in one step).
+Block fan-out (docs/numerics.md#block-fan-out): the API decides it at submission, by cost
+(``curvplan_core.analysis_plan``), and creates the ``analyze_blocks`` children with the parent
+waiting (``waiting for children``, children done / total), so the parent never loads anything
+before its one attempt, the fan-in, which runs the stages below with the children's records
+(``block spectra n/n`` then comes in one step).
 
 Progress stages, in order: ``loading``, ``block spectra i/n``, ``off-diagonal``, ``dense
 hessian``, ``per-sample losses`` (the engine measures per-sample losses, perturbed losses and
@@ -35,17 +36,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from curvplan.types.huggingface import HuggingFaceModel
-from curvplan.types.jobs import AnalyzeBlocksJobCreate, AnalyzeJobCreate
+from curvplan.types.jobs import AnalyzeJobCreate
 from curvplan.types.options import AnalysisOptions, MachineSettings
 from curvplan.types.spec import CausalLMTask, ModelSpec
 from curvplan_core.config import get_settings
 from curvplan_core.planner import Measurements, Targets, make_plan
-from curvplan_worker.analyze import fanout
 from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
 from curvplan_worker.analyze.eta import EtaTracker
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.errors import JobCancelled, JobError
-from curvplan_worker.job_context import ChildJob, FanOut, JobContext
+from curvplan_worker.job_context import JobContext
 
 log = logging.getLogger("curvplan.worker.analyze")
 
@@ -120,12 +120,11 @@ def resolve_checkpoint(
     return [access.resolve(project_id, a, "checkpoint", f"{field}.{i}") for i, a in enumerate(ids)]
 
 
-def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any] | FanOut:
+def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
     """Run one attempt of an analyze job; returns ``{measurements, recommendation, …}``.
 
-    With two or more blocks and ``options.fan_out`` (the default) the first attempt returns
-    a :class:`FanOut` of ``analyze_blocks`` children instead, and the fan-in attempt
-    (``ctx.children`` set) runs every other stage with their records
+    A job the API fanned out at submission runs once, as its fan-in (``ctx.children`` set):
+    every stage but the block spectra and pairs, with the children's records
     (docs/numerics.md#block-fan-out).
     """
     options = body.options
@@ -142,12 +141,8 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any] | FanOut:
         ]
         checkpoint_paths = [str(c.path) for c in checkpoint]
         measured, fan_out_record = None, None
-        if ctx.children is not None:
+        if ctx.children is not None:  # the fan-in: the API created the children at submission
             measured, fan_out_record = _fanned_in(ctx.children)
-        elif options.fan_out:
-            planned = _fan_out(body, checkpoint_paths, str(dataset.path), engine, settings, ctx)
-            if planned is not None:
-                return planned
         result = run_engine(
             body.model,
             checkpoint_paths,
@@ -435,49 +430,6 @@ def _mismatch_detail(exc: Any, field: str) -> str:
             text += f" (expected {issue.expected}, found {issue.found})"
         parts.append(text)
     return f"{field}: " + "; ".join(parts)
-
-
-def _fan_out(
-    body: AnalyzeJobCreate,
-    checkpoint_paths: list[str],
-    data_path: str,
-    engine: Any,
-    settings: Any,
-    ctx: JobContext,
-) -> FanOut | None:
-    """The block fan-out of this analysis, or None when it has fewer than two blocks (or
-    groups): one ``analyze_blocks`` child per cost-balanced group (:mod:`.fanout`)."""
-    from curvplan_worker.curvature import analyze as curvature_analysis
-
-    ctx.report_progress(0.01, "planning blocks", "block sizes → cost-balanced groups")
-    with engine_errors():
-        plan = curvature_analysis.plan_blocks(body.model, checkpoint_paths, data_path, body.options)
-    if len(plan.blocks) < fanout.MIN_GROUPS:
-        return None
-    live = fanout.live_workers(engine, AnalyzeJobCreate.queue, settings.worker_stale_seconds)
-    n_groups = fanout.group_count(body.options.fan_out_groups, live, len(plan.blocks))
-    if n_groups < fanout.MIN_GROUPS:
-        return None
-    groups = fanout.lpt_groups(fanout.work_items(plan.blocks, plan.pairs, body.options), n_groups)
-    children = [
-        ChildJob(
-            request=AnalyzeBlocksJobCreate(
-                kind="analyze_blocks",
-                model=body.model,
-                checkpoint=body.checkpoint,
-                dataset=body.dataset,
-                options=body.options,
-                resources=body.resources,
-                blocks=group.blocks,
-                pairs=list(group.pairs),
-                estimated_cost=group.cost,
-            ),
-            name=fanout.child_name(i + 1, len(groups), group),
-        )
-        for i, group in enumerate(groups)
-    ]
-    message = f"{len(plan.blocks)} blocks, {len(plan.pairs)} pairs over {len(children)} jobs"
-    return FanOut(children=children, message=message)
 
 
 def _fanned_in(children: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:

@@ -21,6 +21,8 @@ import torch
 
 from curvplan.types.options import AnalysisOptions, MachineSettings, OptionsError, parse_options
 from curvplan.types.spec import parse_spec
+from curvplan_core import blocks as core_blocks
+from curvplan_core.blocks import UnknownBlocks
 from curvplan_worker.curvature.blocks import custom_blocks, default_blocks, select_blocks
 from curvplan_worker.curvature.cancel import Cancelled, cancel_scope
 from curvplan_worker.curvature.data import Dataset
@@ -390,7 +392,7 @@ def _analyze(
                 else {b: engine.layout(m).numel for b, m in blocks.items()}
             )
             cost_pairs = [] if measured is not None else pairs
-        basis = largest_basis_bytes(sizes, opts, n_params)
+        basis = largest_basis_bytes(sizes, opts, n_params, machine.basis_budget)
         # docs/numerics.md#memory-plan: micro-batch and caching chosen to fit the budget (per
         # rank on its own shard when data parallel); on a host with a worker memory limit and
         # no memory_budget, inside that limit (docs/operations.md#memory-limit)
@@ -565,14 +567,10 @@ def _in_order(records: list[dict], keys: list[str], what: str, key: Callable) ->
 
 def selected_pairs(names: list[str], opts: AnalysisOptions) -> list[tuple[str, str]]:
     """The off-diagonal pairs ``opts.off_diagonal`` asks for, among the selected blocks."""
-    if opts.off_diagonal is False:
-        return []
-    if opts.off_diagonal is True:
-        return [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
-    unknown = sorted({x for pair in opts.off_diagonal for x in pair} - set(names))
-    if unknown:
-        raise OptionsError([("off_diagonal", f"unknown or unselected blocks {unknown}")])
-    return [(a, b) for a, b in opts.off_diagonal]
+    try:
+        return core_blocks.selected_pairs(names, opts.off_diagonal)
+    except UnknownBlocks as exc:
+        raise OptionsError([("off_diagonal", str(exc))]) from None
 
 
 def plan_blocks(

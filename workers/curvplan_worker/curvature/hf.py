@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from curvplan.types.huggingface import SUPPORTED_ARCHITECTURES
+from curvplan_core import blocks as core_blocks
 from curvplan_worker.curvature.checkpoint import (
     CheckpointError,
     CheckpointMismatch,
@@ -463,91 +464,9 @@ def validate_hf_data(model: HFModel, tensors: Mapping[str, Tensor]) -> tuple[Ten
 # Blocks
 # ---------------------------------------------------------------------------------------------
 
-_GPT2_LAYER = re.compile(r"^(?:transformer\.)?h\.(\d+)\.(.+)\.(weight|bias)$")
-_GPT2_SUB = {
-    "ln_1": "ln1",
-    "attn.c_proj": "o",
-    "ln_2": "ln2",
-    "mlp.c_fc": "ffn_in",
-    "mlp.c_proj": "ffn_out",
-}
-_LLAMA_LAYER = re.compile(r"^(?:model\.)?layers\.(\d+)\.(.+)\.(weight|bias)$")
-_LLAMA_SUB = {
-    "input_layernorm": "ln1",
-    "self_attn.q_proj": "q",
-    "self_attn.k_proj": "k",
-    "self_attn.v_proj": "v",
-    "self_attn.o_proj": "o",
-    "post_attention_layernorm": "ln2",
-    "mlp.gate_proj": "ffn_in",
-    "mlp.up_proj": "ffn_in",
-    "mlp.down_proj": "ffn_out",
-}
-_TOP = {
-    "wte": "embed",
-    "wpe": "embed",
-    "embed_tokens": "embed",
-    "ln_f": "final_norm",
-    "norm": "final_norm",
-    "lm_head": "head",
-}
-
-
-def slice_member(name: str, dim: int, start: int, stop: int) -> str:
-    """The written form of a column (``dim`` 1) or element (``dim`` 0) slice of a tensor."""
-    return f"{name}[:, {start}:{stop}]" if dim == 1 else f"{name}[{start}:{stop}]"
-
 
 def uniform_blocks(module: nn.Module, model_type: str) -> dict[str, list[str]]:
-    """The engine's uniform block ids over a Hugging Face model's parameters.
-
-    ``embed``, ``layers.{i}.{ln1,q,k,v,o,ln2,ffn_in,ffn_out}``, ``final_norm``, ``head`` (absent
-    with tied embeddings). GPT-2's fused ``attn.c_attn`` (``Conv1D``, weight (d, 3d)) is split
-    into q, k, v column slices of the weight and element slices of the bias. A parameter no
-    rule knows keeps a block named after its module path (nothing is silently dropped).
-    """
-    blocks: dict[str, list[str]] = {}
-    named = dict(module.named_parameters())
-    for name, param in named.items():
-        if model_type == "gpt2":
-            m = _GPT2_LAYER.match(name)
-            if m and m.group(2) == "attn.c_attn":
-                layer, kind = m.group(1), m.group(3)
-                width = param.shape[-1] // 3
-                dim = 1 if kind == "weight" else 0
-                for j, sub in enumerate(("q", "k", "v")):
-                    member = slice_member(name, dim, j * width, (j + 1) * width)
-                    blocks.setdefault(f"layers.{layer}.{sub}", []).append(member)
-                continue
-            sub_map, m = _GPT2_SUB, m
-        else:
-            m = _LLAMA_LAYER.match(name)
-            sub_map = _LLAMA_SUB
-        if m:
-            layer, sub = m.group(1), m.group(2)
-            block = f"layers.{layer}.{sub_map.get(sub, sub)}"
-        else:
-            head = name.rpartition(".")[0]
-            last = head.rpartition(".")[2]
-            block = _TOP.get(last, head or name)
-        blocks.setdefault(block, []).append(name)
-    return _ordered(blocks)
-
-
-def _ordered(blocks: dict[str, list[str]]) -> dict[str, list[str]]:
-    order = ["ln1", "q", "k", "v", "o", "ln2", "ffn_in", "ffn_out"]
-
-    def key(block: str) -> tuple:
-        if block == "embed":
-            return (0, 0, 0, block)
-        m = re.match(r"^layers\.(\d+)\.(.+)$", block)
-        if m:
-            sub = m.group(2)
-            return (1, int(m.group(1)), order.index(sub) if sub in order else 99, block)
-        if block == "final_norm":
-            return (2, 0, 0, block)
-        if block == "head":
-            return (3, 0, 0, block)
-        return (4, 0, 0, block)
-
-    return {b: blocks[b] for b in sorted(blocks, key=key)}
+    """The engine's uniform block ids over a Hugging Face model's parameters
+    (``curvplan_core.blocks.uniform_blocks`` on its ``named_parameters()`` shapes)."""
+    shapes = {name: tuple(param.shape) for name, param in module.named_parameters()}
+    return core_blocks.uniform_blocks(shapes, model_type)

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HOST_SAFETY = 0.8
-"""The share of the worker's memory limit a job plans to fill (the rest: allocator slack,
-the interpreter, what the plan does not model)."""
+from curvplan_core.cost_model import HOST_SAFETY, lanczos_basis_bytes, largest_basis_bytes
+
+__all__ = ["HOST_SAFETY", "AttemptLimits", "TooLarge", "lanczos_basis_bytes", "largest_basis_bytes"]
 
 SHRINK_OPTIONS = (
     "eval_batch_size (a smaller micro-batch), blocks (fewer or smaller blocks), max_iter (a "
@@ -92,14 +92,6 @@ def process_rss_bytes() -> int:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def lanczos_basis_bytes(n: int, max_iter: int) -> int:
-    """Host bytes of the Lanczos basis of one block of ``n`` parameters: ``spectra.py`` keeps
-    (min(max_iter, n) + 1) float64 vectors of length n for full reorthogonalisation (Paige
-    1972; Parlett, "The Symmetric Eigenvalue Problem", §13.8). A bounded (restarted) basis
-    replaces this figure where the spectra use one."""
-    return (min(max_iter, n) + 1) * n * 8
-
-
 def host_budget(limits: AttemptLimits | None, basis_bytes: int) -> tuple[int | None, str]:
     """The products' budget on a host with a memory limit: limit × :data:`HOST_SAFETY` minus
     what the process holds now and the Lanczos basis (None when there is no limit)."""
@@ -146,15 +138,6 @@ def time_products(engine: Any, names: list[str], repeats: int = 3) -> tuple[floa
         times.append((time.perf_counter() - start) * 1000.0)
     engine.n_hvp -= 1 + repeats  # not the analysis's products
     return times[0], sorted(times[1:])[len(times[1:]) // 2]
-
-
-def largest_basis_bytes(sizes: dict[str, int], opts: Any, n_params: int) -> int:
-    """The largest Lanczos basis the run holds at once: its blocks run one after another, and
-    the top eigenspace (``top_d``) runs over every parameter."""
-    largest = max((lanczos_basis_bytes(n, opts.max_iter) for n in sizes.values()), default=0)
-    if opts.per_sample and opts.top_d > 0:
-        largest = max(largest, lanczos_basis_bytes(n_params, opts.max_iter))
-    return largest
 
 
 def cost_inputs(

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -45,6 +44,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jvp
 
+from curvplan_core.blocks import parse_slice
 from curvplan_worker.curvature.cancel import check_cancel
 from curvplan_worker.curvature.device import eval_mode
 from curvplan_worker.curvature.memory import MemoryPlan, OutOfDeviceMemory
@@ -53,8 +53,6 @@ from curvplan_worker.curvature.objective import Objective
 # ---------------------------------------------------------------------------------------------
 # Members and layouts
 # ---------------------------------------------------------------------------------------------
-
-_SLICE = re.compile(r"^(?P<name>[^\[\]\s]+)\[(?P<cols>:,\s*)?(?P<a>\d+):(?P<b>\d+)\]$")
 
 
 @dataclass(frozen=True)
@@ -97,12 +95,11 @@ class Member:
 
 
 def parse_member(text: str) -> Member:
-    """``name`` or ``name[:, a:b]`` / ``name[a:b]`` → :class:`Member`."""
-    m = _SLICE.match(text)
-    if m is None:
+    """``name`` or ``name[:, a:b]`` / ``name[a:b]`` → :class:`Member` (``curvplan_core.blocks``)."""
+    spec = parse_slice(text)
+    if spec is None:
         return Member(text, text)
-    rank = 2 if m.group("cols") else 1
-    return Member(text, m.group("name"), int(m.group("a")), int(m.group("b")), rank)
+    return Member(text, spec.name, spec.start, spec.stop, spec.rank)
 
 
 def block_slices(members: Sequence[str]) -> list[dict]:
