@@ -228,7 +228,6 @@ def test_a_parent_fanned_out_at_submission_waits_with_its_childrens_eta(db, proj
     """``start_waiting`` (the API's fan-out at submission): the never-claimed parent waits
     with its children inserted; its ETA is the slowest unfinished child's plus its fan-in's,
     refreshed on every child's progress; its fan-in is its first attempt (no extra one)."""
-    from curvplan_core.jobs import fanout
 
     (parent,) = insert_jobs(db, project_id, [plan_request()])
     children = [
@@ -254,7 +253,7 @@ def test_a_parent_fanned_out_at_submission_waits_with_its_childrens_eta(db, proj
         store.heartbeat(conn, fence, 30.0, {"fraction": 0.5, "stage": "x", "eta_seconds": 10.0})
     assert job_row(db, parent).progress["eta_seconds"] == 37.0  # now the other child's 30
     with db.begin() as conn:
-        store.finish(conn, fence, "succeeded", result={"ok": 1})
+        lifecycle.mark_succeeded(conn, fence, result={"ok": 1})
     assert job_row(db, parent).progress["eta_seconds"] == 37.0
     _finish_child(db, first.id)
     queued = job_row(db, parent)

@@ -6,9 +6,9 @@ This module reads a parent's children; the status changes of the life below are
 The life of a parent job (any kind may do this; the sweep kind is the first user):
 
 1. **Fan-out.** Either at submission (an ``analyze`` the API's cost model fans out,
-   :func:`start_waiting`: the parent never runs an attempt before its fan-in) or by a
+   ``lifecycle.start_waiting``: the parent never runs an attempt before its fan-in) or by a
    fan-out attempt (the kind returns children instead of a result; the sweep kind): in one
-   transaction the children are inserted (:func:`insert_children`: ``parent_id`` = the
+   transaction the children are inserted (``lifecycle.insert_children``: ``parent_id`` = the
    parent, status ``queued``) and the parent is left ``running`` *without a lease* and
    without a worker, at stage ``waiting for children``; a fan-out attempt's outcome is
    ``fanned-out``. The reaper only looks at expired leases, so it never touches a waiting
@@ -43,8 +43,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from curvplan.types.jobs import QUEUE_OF_KIND, TERMINAL_STATUSES
-from curvplan_core.jobs.links import link_artifacts
+from curvplan.types.jobs import TERMINAL_STATUSES
 
 WAITING_STAGE = "waiting for children"
 FAN_IN_STAGE = "fan-in queued"
@@ -103,58 +102,6 @@ def waiting_from(
 ) -> dict[str, Any]:
     previous = previous or {}
     return waiting_progress(counts, previous.get("stages"), stage, previous.get("fan_in_seconds"))
-
-
-def insert_children(
-    conn: Connection,
-    parent_id: uuid.UUID,
-    children: list[dict[str, Any]],
-    *,
-    project_id: uuid.UUID,
-    tags: dict[str, Any] | None,
-    priority: int,
-    max_attempts: int,
-) -> list[uuid.UUID]:
-    """Insert the children of ``parent_id`` (``{"kind", "request", "name"[, "max_attempts",
-    "eta_seconds"]}``, requests valid create bodies): ``queued``, same project, tags and
-    priority as the parent; their artifacts linked (kept from deletion) in the same
-    transaction. A child's ``eta_seconds`` is its prior estimate, its progress until it runs."""
-    child_ids = [uuid.uuid4() for _ in children]
-    conn.execute(
-        text(
-            "INSERT INTO job (id, project_id, parent_id, kind, queue, name, tags, status,"
-            " request, priority, max_attempts, progress, created_at, updated_at)"
-            " VALUES (:id, :project_id, :parent_id, :kind, :queue, :name, CAST(:tags AS jsonb),"
-            " 'queued', CAST(:request AS jsonb), :priority, :max_attempts,"
-            " CAST(:progress AS jsonb), clock_timestamp(), clock_timestamp())"
-        ),
-        [
-            {
-                "id": child_id,
-                "project_id": project_id,
-                "parent_id": parent_id,
-                "kind": child["kind"],
-                "queue": QUEUE_OF_KIND[child["kind"]],
-                "name": child.get("name"),
-                "tags": _json(tags or {}),
-                "request": _json(child["request"]),
-                "priority": priority,
-                "max_attempts": int(child.get("max_attempts") or max_attempts),
-                "progress": None
-                if child.get("eta_seconds") is None
-                else _json(
-                    {"fraction": 0.0, "stage": "queued", "eta_seconds": child["eta_seconds"]}
-                ),
-            }
-            for child_id, child in zip(child_ids, children, strict=True)
-        ],
-    )
-    link_artifacts(
-        conn,
-        project_id,
-        [(i, c["kind"], c["request"]) for i, c in zip(child_ids, children, strict=True)],
-    )
-    return child_ids
 
 
 _ETA_SQL = (

@@ -34,7 +34,6 @@ from curvplan_core.jobs.errors import error_dict
 from curvplan_core.jobs.fanout import (
     FAN_IN_STAGE,
     children_counts,
-    insert_children,
     lock_children,
     refresh_parent_eta,
     waiting_from,
@@ -72,7 +71,9 @@ class Transition:
 
 
 TRANSITIONS: tuple[Transition, ...] = (
-    Transition("queue_job", (NEW,), "queued", ("queue_job", "wait_for_children")),
+    Transition(
+        "queue_job", (NEW,), "queued", ("queue_job", "insert_children", "wait_for_children")
+    ),
     Transition("claim", ("queued",), "running", ("claim",)),
     Transition("fan_out_at_submission", ("queued",), "running", ("start_waiting",)),
     Transition("mark_succeeded", ("running",), "succeeded", ("mark_succeeded",)),
@@ -711,6 +712,58 @@ def wait_for_children(
     _end_attempt(conn, fence, "fanned-out")
     _clear_current_job(conn, fence)
     return "running"
+
+
+def insert_children(
+    conn: Connection,
+    parent_id: uuid.UUID,
+    children: list[dict[str, Any]],
+    *,
+    project_id: uuid.UUID,
+    tags: dict[str, Any] | None,
+    priority: int,
+    max_attempts: int,
+) -> list[uuid.UUID]:
+    """Insert the children of ``parent_id`` (``{"kind", "request", "name"[, "max_attempts",
+    "eta_seconds"]}``, requests valid create bodies): ``queued``, same project, tags and
+    priority as the parent; their artifacts linked (kept from deletion) in the same
+    transaction. A child's ``eta_seconds`` is its prior estimate, its progress until it runs."""
+    child_ids = [uuid.uuid4() for _ in children]
+    conn.execute(
+        text(
+            "INSERT INTO job (id, project_id, parent_id, kind, queue, name, tags, status,"
+            " request, priority, max_attempts, progress, created_at, updated_at)"
+            " VALUES (:id, :project_id, :parent_id, :kind, :queue, :name, CAST(:tags AS jsonb),"
+            " 'queued', CAST(:request AS jsonb), :priority, :max_attempts,"
+            " CAST(:progress AS jsonb), clock_timestamp(), clock_timestamp())"
+        ),
+        [
+            {
+                "id": child_id,
+                "project_id": project_id,
+                "parent_id": parent_id,
+                "kind": child["kind"],
+                "queue": QUEUE_OF_KIND[child["kind"]],
+                "name": child.get("name"),
+                "tags": json_param(tags or {}),
+                "request": json_param(child["request"]),
+                "priority": priority,
+                "max_attempts": int(child.get("max_attempts") or max_attempts),
+                "progress": None
+                if child.get("eta_seconds") is None
+                else json_param(
+                    {"fraction": 0.0, "stage": "queued", "eta_seconds": child["eta_seconds"]}
+                ),
+            }
+            for child_id, child in zip(child_ids, children, strict=True)
+        ],
+    )
+    link_artifacts(
+        conn,
+        project_id,
+        [(i, c["kind"], c["request"]) for i, c in zip(child_ids, children, strict=True)],
+    )
+    return child_ids
 
 
 def start_waiting(
