@@ -351,13 +351,43 @@ def _ints(value: str | None, opt: str) -> list[int] | None:
         ) from None
 
 
+def _sweep_model(spec: Path | None, model_dir: Path | None) -> dict[str, Any]:
+    """The sweep's ``model``: a reference spec file, or a save_pretrained directory's config."""
+    if (spec is None) == (model_dir is None):
+        raise _fail(
+            "give --spec (a model spec JSON) or --model DIR (a save_pretrained directory)",
+            EXIT_BAD_INPUT,
+        )
+    if model_dir is not None:
+        from curvplan.client.pretrained import PretrainedDirError, read_pretrained
+
+        try:
+            return read_pretrained(model_dir).model
+        except PretrainedDirError as exc:
+            raise _fail(f"--model: {exc}", EXIT_BAD_INPUT) from None
+    assert spec is not None
+    model = _read_json(spec, "--spec")
+    if not isinstance(model, dict):
+        raise _fail("--spec: the model spec must be a JSON object", EXIT_BAD_INPUT)
+    return model
+
+
 def sweep(
-    spec: Path = typer.Option(..., "--spec", help="Model spec JSON."),
+    spec: Path | None = typer.Option(None, "--spec", help="Model spec JSON."),
+    model_dir: Path | None = typer.Option(
+        None,
+        "--model",
+        help="A save_pretrained directory (as `analyze --model` takes it): its config.json is "
+        "the architecture; training starts from a seeded initialisation (or --checkpoint), not "
+        "from the directory's weights. Replaces --spec.",
+    ),
     train: Path = typer.Option(..., "--train", help="Training data (.safetensors)."),
     evaluation: Path = typer.Option(..., "--eval", help="Held-out evaluation data."),
     sweep_type: str = typer.Option("batch", "--type", help="batch | data"),
     checkpoint: Path | None = typer.Option(
-        None, "--checkpoint", help="Start checkpoint (default: a seeded initialisation)."
+        None,
+        "--checkpoint",
+        help="Start checkpoint (default: a seeded initialisation), e.g. step_25.safetensors.",
     ),
     target_loss: float | None = typer.Option(
         None, "--target-loss", help="Eval loss (nats per token) to train to / size data for."
@@ -382,8 +412,11 @@ def sweep(
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
-    """Run a batch or data sweep on the workers (one child job per training run)."""
-    model = _read_json(spec, "--spec")
+    """Run a batch or data sweep on the workers (one child job per training run).
+
+    Either --spec (a reference model) or --model DIR (a Hugging Face save_pretrained directory).
+    """
+    model = _sweep_model(spec, model_dir)
     for path, opt in ((train, "--train"), (evaluation, "--eval"), (checkpoint, "--checkpoint")):
         if path is not None and not path.is_file():
             raise _fail(f"{opt}: file not found: {path}", EXIT_BAD_INPUT)

@@ -55,10 +55,16 @@ def _check_analyze(ctx: SubmissionContext, body: dict[str, Any]) -> dict[str, An
     return body
 
 
+def _check_sweep(ctx: SubmissionContext, body: dict[str, Any]) -> dict[str, Any]:
+    references.check_model_size(body, ctx.max_model_parameters)
+    return body
+
+
 #: kind → its own submission check (kinds without one get only the checks every kind gets).
 SUBMISSION_CHECKS: Mapping[str, SubmissionCheck] = {
     "plan": _check_plan,
     "analyze": _check_analyze,
+    "sweep": _check_sweep,
 }
 
 

@@ -79,9 +79,12 @@ def _train_size(body: SweepJobCreate, ctx: JobContext) -> int:
         if body.checkpoint is not None:
             access.resolve(project_id, str(body.checkpoint), "checkpoint", "checkpoint")
         info = validate_file(str(art.path))
-    inputs = info.tensors.get("inputs")
+    # the engine's `inputs`, or a Hugging Face model's `input_ids`: one row per example
+    inputs = info.tensors.get("inputs", info.tensors.get("input_ids"))
     if inputs is None or not inputs.shape:
-        raise JobError("invalid-dataset", "Invalid training data", "train_data: no inputs tensor")
+        raise JobError(
+            "invalid-dataset", "Invalid training data", "train_data: no inputs or input_ids tensor"
+        )
     return int(inputs.shape[0])
 
 
