@@ -39,8 +39,13 @@ class ProgressDisplay:
         percent = "   -" if fraction is None else f"{round(100 * fraction):3d}%"
         detail = f"{stage}: {message}" if stage and message else stage or message
         left = time_left(p.eta_seconds if p is not None else None)
+        running = "" if m.is_terminal(job) else running_children(job)
+        if running and not left:
+            left = children_time_left(job)
         if left and not m.is_terminal(job):
             detail = f"{detail}  ({left})" if detail else left
+        if running:  # last: a narrow terminal cuts the children, not the ETA
+            detail = f"{detail} · {running}" if detail else running
         if self.tty:
             filled = 0 if fraction is None else round(BAR_WIDTH * fraction)
             bar = "#" * filled + "-" * (BAR_WIDTH - filled)
@@ -69,6 +74,36 @@ class ProgressDisplay:
             self.stream.write("\n")
             self.stream.flush()
             self._drawn = False
+
+
+def running_children(job: m.JobOut, most: int = 2) -> str:
+    """``running: layers.0-1 (block spectra), layers.2-3 (loading)``: the running children of
+    a fan-out and their stages (the first ``most``, then how many more); empty without."""
+    running = [c for c in job.children or () if c.status in ("running", "cancelling")]
+    if not running:
+        return ""
+    names = [(c.name or c.kind).split(" (")[0] for c in running]  # without the parent's notes
+    parts = [f"{n} ({c.stage})" if c.stage else n for n, c in zip(names, running, strict=True)]
+    text = ", ".join(parts[:most])
+    if len(parts) > most:
+        text += f" +{len(parts) - most} more"
+    return f"running: {text}"
+
+
+def children_time_left(job: m.JobOut) -> str:
+    """A fan-out's time left by its running children's own estimates: the longest of them
+    (they run side by side), saying how many children are still queued (not in it); empty
+    when no running child has an estimate."""
+    children = job.children or ()
+    etas = [
+        c.eta_seconds
+        for c in children
+        if c.status in ("running", "cancelling") and c.eta_seconds is not None
+    ]
+    if not etas:
+        return ""
+    queued = sum(1 for c in children if c.status == "queued")
+    return time_left(max(etas)) + (f" in the running children, {queued} queued" if queued else "")
 
 
 def time_left(seconds: float | None) -> str:

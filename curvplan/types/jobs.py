@@ -392,6 +392,14 @@ class JobChild(BaseModel):
     status: Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
     attempt: int
     error_type: str | None = Field(default=None, description="error.type of a failed child.")
+    stage: str | None = Field(
+        default=None, description="progress.stage of a running child (null once it ended)."
+    )
+    eta_seconds: float | None = Field(
+        default=None,
+        description="progress.eta_seconds of a running child: its own estimate of the seconds "
+        "it still needs (null without one, and once it ended).",
+    )
     links: dict[str, str]
 
 
