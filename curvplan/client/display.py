@@ -236,6 +236,14 @@ def recommendation_text(rec: m.Recommendation) -> str:
     return "\n\n".join(parts)
 
 
+def _answers(source: str, target_loss: float | None) -> str:
+    """``data_sweep · loss 1.4``: a budget number's source and the target loss it answers
+    (sweeps may have trained to different targets)."""
+    if source == "not_available" or target_loss is None:
+        return source
+    return f"{source} · loss {fmt(target_loss)}"
+
+
 def budget_text(budget: Any) -> str:
     """The budget as one table: data, batch, learning rate, each with its unit and source."""
     d, b, lr = budget.data, budget.batch, budget.learning_rate
@@ -246,7 +254,7 @@ def budget_text(budget: Any) -> str:
             "data (examples)",
             fmt(d.recommended_examples),
             interval(d.recommended_examples_ci),
-            d.source,
+            _answers(d.source, d.target_loss if d.source == "data_sweep" else None),
         ]
     )
     step = getattr(d, "next_step", None)
@@ -271,7 +279,7 @@ def budget_text(budget: Any) -> str:
     if d.available_samples is not None:
         enough = {True: "ENOUGH", False: "NOT ENOUGH", None: "-"}[d.available_is_enough]
         rows.append(["  you have", fmt(d.available_samples), "", enough])
-    rows.append(["batch (examples)", fmt(b.recommended), "", b.source])
+    rows.append(["batch (examples)", fmt(b.recommended), "", _answers(b.source, b.target_loss)])
     rows.append(["  critical B_crit", fmt(b.critical), interval(b.critical_ci), "examples"])
     if b.recommended_tokens is not None:
         rows.append(

@@ -198,7 +198,9 @@ class AnalyzeJobCreate(_JobCreateBase):
         default_factory=list,
         description="Succeeded sweep jobs of the project whose fits the budget uses: a batch "
         "sweep's steps to target (B_crit) and a data sweep's L(D) (the data size for the target "
-        "loss). Their target loss is used when targets.target_loss is not given.",
+        "loss). Without targets.target_loss the data sweep's target loss is used (else the "
+        "batch sweep's); budget.batch answers the batch sweep's own target "
+        "(budget.batch.target_loss), budget.data the target loss (budget.data.target_loss).",
     )
 
 

@@ -441,6 +441,14 @@ def build_batch(
                 if None not in (lo_s, hi_s, lo_b, hi_b):
                     steps_ci = (lo_s * (1 + lo_b / rec), hi_s * (1 + hi_b / rec))
         lo, hi = bcrit.measured_range or (None, None)
+        # the batch answers the loss its sweep trained to, whatever targets.target_loss says
+        swept = measurements.steps_to_target_loss
+        answers = swept if swept is not None else targets.target_loss
+        if swept is not None and targets.target_loss is not None and swept != targets.target_loss:
+            warnings.append(
+                f"targets: budget.batch answers the batch sweep's loss {swept:.4g}, budget.data "
+                f"the target loss {targets.target_loss:.4g} (they differ)"
+            )
         if lo is not None and not lo <= bcrit.value <= hi:
             warnings.append(
                 f"batch: B_crit = {bcrit.value:.4g} lies outside the swept batch sizes "
@@ -458,7 +466,7 @@ def build_batch(
                 source="batch_sweep",
                 basis="B_crit = E_min/S_min fitted to the batch sweep's steps to the target loss "
                 "(S(B) = S_min·(1 + B_crit/B), McCandlish et al. 2018, eq. 2.11)",
-                target_loss=targets.target_loss,
+                target_loss=answers,
                 expected_steps=steps,
                 expected_steps_ci=steps_ci,
                 expected_steps_formula=STEPS_FORMULA,

@@ -230,8 +230,10 @@ def _sweep_fields(
     engine: Any, project_id: uuid.UUID, sweeps: list[uuid.UUID]
 ) -> tuple[dict[str, Any], float | None]:
     """Measurements from finished sweep jobs of the project: the batch sweep's steps to target
-    and the data sweep's loss-vs-data table (the budget then leads with them), and the sweep's
-    target loss (used when targets.target_loss is not given)."""
+    and the data sweep's loss-vs-data table (the budget then leads with them), the batch
+    sweep's target as ``steps_to_target_loss`` (the loss budget.batch answers), and the target
+    loss used when targets.target_loss is not given: the data sweep's (the loss budget.data
+    answers), else the batch sweep's."""
     from sqlalchemy import text
 
     fields: dict[str, Any] = {}
@@ -257,8 +259,12 @@ def _sweep_fields(
                 fields[key] = measured[key]
         if sweep.get("tokens_per_example"):
             fields["tokens_per_example"] = sweep["tokens_per_example"]
-        if sweep.get("target_loss") is not None and (target is None or sweep["type"] == "batch"):
-            target = float(sweep["target_loss"])
+        swept = sweep.get("target_loss")
+        if swept is not None and sweep.get("type") == "batch":
+            fields["steps_to_target_loss"] = float(swept)  # budget.batch answers this loss
+        # budget.data answers the data sweep's target; the batch sweep's only without one
+        if swept is not None and (target is None or sweep.get("type") == "data"):
+            target = float(swept)
     return fields, target
 
 
