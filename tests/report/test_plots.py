@@ -22,7 +22,8 @@ from curvplan_server.reports.plots import (
 )
 
 PLOT_IDS = [
-    "delta-curve", "block-norms", "off-diagonal", "bounds", "batch-size", "loss-vs-data", "noise-trend"
+    "delta-curve", "block-norms", "off-diagonal", "bounds",
+    "batch-size", "loss-vs-data", "noise-trend",
 ]  # fmt: skip
 SVG = "{http://www.w3.org/2000/svg}"
 
