@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from curvplan.client import models as m
+from curvplan.types.jobs import attempt_text
 from curvplan.types.model_source import describe_model
 
 BAR_WIDTH = 28
@@ -197,7 +198,13 @@ def job_summary(job: m.JobOut) -> str:
     if model is not None:
         lines.append(f"model      {model}")
     lines += [
-        f"attempt    {job.attempt}/{job.max_attempts}",
+        "attempt    "
+        + attempt_text(
+            job.attempt,
+            job.max_attempts,
+            job.status,
+            None if job.children is None else [c.status for c in job.children],
+        ),
         f"created    {job.created_at.isoformat()}",
     ]
     if job.started_at:

@@ -288,6 +288,18 @@ JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = (
 )
 
 
+def attempt_text(
+    attempt: int, max_attempts: int, status: str, children_statuses: list[str] | None
+) -> str:
+    """A job's attempts for people: ``1/3``; for a fan-out whose fan-in attempt ran,
+    ``1/3 + fan-in``. The fan-in is an attempt of its own (queueing it raises max_attempts by
+    one, docs/layout.md "One job's life"), so a clean fan-out reads 1/3, not 2/4."""
+    done = bool(children_statuses) and all(s in TERMINAL_STATUSES for s in children_statuses or [])
+    if done and attempt >= 2 and status not in ("cancelled", "cancelling"):
+        return f"{attempt - 1}/{max_attempts - 1} + fan-in"
+    return f"{attempt}/{max_attempts}"
+
+
 def kind_name(create_type: type[_JobCreateBase]) -> str:
     """The ``kind`` literal a create model accepts."""
     (name,) = get_args(create_type.model_fields["kind"].annotation)

@@ -588,8 +588,7 @@ def _sweep_noise_trend(plot: Plot, rows: list[Any]) -> Plot:
         return plot
     xs = [0.5 * (float(r["eval_loss_low"]) + float(r["eval_loss_high"])) for r in points]
     series = [
-        (float(r["value"]), tuple(_num(v) for v in (r.get("ci") or (None, None))))
-        for r in points
+        (float(r["value"]), tuple(_num(v) for v in (r.get("ci") or (None, None)))) for r in points
     ]
     plot.numbers = {
         "eval_loss": xs,

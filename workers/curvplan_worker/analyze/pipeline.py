@@ -566,6 +566,18 @@ def checkpoint_step(path: str) -> int | None:
     return None
 
 
+def checkpoint_label(shards: list[Any], step: int | None) -> str:
+    """How reports and progress name an intermediate checkpoint: its file name (the uploaded
+    name; a sharded one by its first shard and the count) and its training step when its
+    metadata declares one, e.g. ``step_25.safetensors (step 25)``; the artifact id only for
+    an artifact without a name."""
+    first = shards[0]
+    name = first.name or first.id
+    if len(shards) > 1:
+        name = f"{name} (+{len(shards) - 1} shards)"
+    return f"{name} (step {step})" if step is not None else str(name)
+
+
 def _intermediate_noise(
     spec: dict[str, Any],
     intermediates: list[Any],
@@ -601,7 +613,8 @@ def _intermediate_noise(
     n = len(intermediates)
     for i, shards in enumerate(intermediates):
         field = shards[0].field.rsplit(".", 1)[0] if len(shards) > 1 else shards[0].field
-        label = ",".join(str(a.id) for a in shards)
+        step = checkpoint_step(str(shards[0].path))
+        label = checkpoint_label(shards, step)
         ctx.report_progress(
             0.85 + 0.08 * i / n,
             f"gradient noise (intermediate {i + 1}/{n})",
@@ -657,8 +670,8 @@ def _intermediate_noise(
             stats["loss"] = float(losses.sum() / counts.sum())
         stats.pop("grad_indices", None)
         stats.pop("hessian_indices", None)
-        stats["checkpoint"] = shards[0].id if len(shards) == 1 else [a.id for a in shards]
-        step = checkpoint_step(str(shards[0].path))
+        stats["checkpoint"] = label  # by file or step: what the user gave, not an artifact id
+        stats["checkpoint_artifact"] = shards[0].id if len(shards) == 1 else [a.id for a in shards]
         if step is not None:
             stats["step"] = step
         out.append(stats)
