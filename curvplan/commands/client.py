@@ -116,6 +116,26 @@ def _read_json(path: Path, option: str) -> Any:
         raise _fail(f"{option}: {path} is not valid JSON: {exc}", EXIT_BAD_INPUT) from None
 
 
+def _job_ref(client: Client, value: str, option: str, kind: str | None = None) -> str:
+    """A job id, or a job name: the newest job of that name (succeeded, of ``kind``, when a
+    kind is asked for), so that a script can name what it submitted with ``--name``."""
+    import uuid as _uuid
+
+    try:
+        return str(_uuid.UUID(value))
+    except ValueError:
+        pass
+    page = client.list_jobs(
+        name=value, kind=kind, status="succeeded" if kind else None, page_size=1
+    )
+    if not page.items:
+        what = f"succeeded {kind} job" if kind else "job"
+        raise _fail(
+            f"{option}: {value!r} is neither a job id nor the name of a {what}", EXIT_BAD_INPUT
+        )
+    return str(page.items[0].id)
+
+
 def _print_json(value: Any) -> None:
     from curvplan.client.models import dump_json
 
@@ -260,7 +280,10 @@ def analyze(
         "save_pretrained directory with --model; repeatable.",
     ),
     sweep: list[str] | None = typer.Option(
-        None, "--sweep", help="A succeeded sweep job whose fit the budget uses; repeatable."
+        None,
+        "--sweep",
+        help="A succeeded sweep job whose fit the budget uses, by id or name (the newest "
+        "succeeded sweep of that name); repeatable.",
     ),
     devices: int | None = typer.Option(
         None,
@@ -331,7 +354,7 @@ def analyze(
             options=options or None,
             targets=target_body,
             intermediate_checkpoints=list(intermediate or []),
-            sweeps=sweep or (),
+            sweeps=[_job_ref(client, v, "--sweep", kind="sweep") for v in sweep or []],
             idempotency_key=idempotency_key,
             webhook_url=webhook_url,
             on_upload=lambda path: log(f"uploading {path} …"),
@@ -626,7 +649,9 @@ def recommendations(
 
 # --------------------------------------------------------------------------- report
 def report(
-    job_id: str = typer.Argument(..., metavar="JOB"),
+    job_id: str = typer.Argument(
+        ..., metavar="JOB", help="A job id, or a job name (the newest job of that name)."
+    ),
     open_browser: bool = typer.Option(
         False, "--open", help="Open a short-lived signed link to the report in a browser."
     ),
@@ -643,6 +668,7 @@ def report(
             "say what to do: --open (browser), --out DIR (files) and/or --mlflow", EXIT_BAD_INPUT
         )
     with _client(url, api_key) as client:
+        job_id = _job_ref(client, job_id, "JOB")
         if out is not None:
             _write_report_files(client, job_id, out)
         if mlflow:

@@ -69,7 +69,7 @@ def test_example_gpt2_writes_intermediate_checkpoints_and_training_data(gpt2_dir
     assert int(ids.min()) >= 0 and int(ids.max()) < model["config"]["vocab_size"]
 
 
-def test_sweep_takes_a_model_directory(live: LiveService, gpt2_dir: Path) -> None:
+def test_sweep_takes_a_model_directory(live: LiveService, gpt2_dir: Path, tmp_path: Path) -> None:
     """``sweep --model DIR`` sends the directory's config as a Hugging Face model and the
     workers train that architecture from the given start checkpoint: every point's tokens
     per step are batch × 31 (HF next-token labels), not batch × 32 (the reference packing)."""
@@ -109,3 +109,11 @@ def test_sweep_takes_a_model_directory(live: LiveService, gpt2_dir: Path) -> Non
         assert point["reached_target"] and point["best_eval_loss"] <= target  # … and trains to it
     assert sweep["tokens_per_example"] == SEQ - 1
     assert sweep["batch"]["n_points"] == 3
+    # the report by the sweep's name draws the table the sweep measured
+    files = run_cli(["report", "hf-sweep", "--out", str(tmp_path / "report")], env)
+    assert files.code == 0, files.stderr
+    assert "batch-size.svg" in {Path(line).name for line in files.stdout.split()}
+    numbers = json.loads((tmp_path / "report" / "numbers.json").read_text())
+    assert sorted(numbers["plots"]["batch-size"]["numbers"]["batch_size"]) == [8, 16, 32]
+    unknown = run_cli(["report", "no-such-job-name", "--out", str(tmp_path / "x")], env)
+    assert unknown.code == 2 and "neither a job id nor the name" in unknown.stderr
