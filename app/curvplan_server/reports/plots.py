@@ -511,7 +511,9 @@ def _estimate(value: Any) -> tuple[float | None, tuple[float | None, float | Non
     return number, (_num(low), _num(high))
 
 
-def _draw_series(ax: Any, xs: list[float], series: list[tuple[float, Any]], **style: Any) -> int:
+def _draw_series(
+    ax: Any, xs: list[float], series: Sequence[tuple[float | None, Any]], **style: Any
+) -> int:
     """Points with their interval as error bars (an unbounded end drawn to the point); the
     number of points drawn."""
     pts = [(x, v, ci) for x, (v, ci) in zip(xs, series, strict=True) if v is not None and v > 0]
