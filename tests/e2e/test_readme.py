@@ -7,7 +7,9 @@ The fast test checks the labels, that every shell block parses and that no Pytho
 uses a name it does not define (``NameError: spec`` was one); the slow one runs every other
 block, in README order, in one working directory, against the live service (a project of
 its own), with only what a reader has after ``make run``: ``CURVPLAN_URL`` and
-``CURVPLAN_API_KEY`` exported, ``curvplan`` on the PATH.
+``CURVPLAN_API_KEY`` exported, ``curvplan`` on the PATH. It runs every default analysis and
+sweep the README shows, so it is opt-in (``CURVPLAN_README_RUN=1``): 2115 s on the shared
+2-core machine under load 15-38 (2026-12-01), far over the suite's budget.
 """
 
 from __future__ import annotations
@@ -81,8 +83,16 @@ def test_readme_blocks_are_labelled_parse_and_define_their_names() -> None:
             assert undefined.returncode == 0, (b.line, undefined.stdout)
 
 
+RUN_README = os.environ.get("CURVPLAN_README_RUN") == "1"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
+@pytest.mark.skipif(
+    not RUN_README,
+    reason="runs every README command (five default analyses, four sweeps): 35 min on the "
+    "shared 2-core machine, over the suite's budget; set CURVPLAN_README_RUN=1 to run it",
+)
 def test_every_readme_block_runs_as_written(live: LiveService, tmp_path: Path) -> None:
     key = make_api_key(live.database_url, f"readme-{uuid.uuid4().hex[:8]}")
     env = live.client_env(
