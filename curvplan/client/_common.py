@@ -476,9 +476,17 @@ def wait_call(job_id: str | uuid.UUID, wait_seconds: float) -> Call:
 
 
 def progress_key(job: Any) -> tuple[Any, ...]:
-    """What ``on_progress`` reacts to: a change of status or progress."""
+    """What ``on_progress`` reacts to: a change of status or progress, its own or (a fan-out
+    waiting for its children) a child's status, stage or ETA."""
     p = job.progress
-    return (job.status, None if p is None else (p.fraction, p.stage, p.message))
+    children = tuple(
+        (c.status, c.stage, c.eta_seconds) for c in getattr(job, "children", None) or ()
+    )
+    return (
+        job.status,
+        None if p is None else (p.fraction, p.stage, p.message, p.eta_seconds),
+        children,
+    )
 
 
 def absolute_link(link: Any, base_url: str) -> Any:

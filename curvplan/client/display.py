@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from curvplan.client import models as m
+from curvplan.types.jobs import attempt_text
 from curvplan.types.model_source import describe_model
 
 BAR_WIDTH = 28
@@ -39,8 +40,13 @@ class ProgressDisplay:
         percent = "   -" if fraction is None else f"{round(100 * fraction):3d}%"
         detail = f"{stage}: {message}" if stage and message else stage or message
         left = time_left(p.eta_seconds if p is not None else None)
+        running = "" if m.is_terminal(job) else running_children(job)
+        if running and not left:
+            left = children_time_left(job)
         if left and not m.is_terminal(job):
             detail = f"{detail}  ({left})" if detail else left
+        if running:  # last: a narrow terminal cuts the children, not the ETA
+            detail = f"{detail} · {running}" if detail else running
         if self.tty:
             filled = 0 if fraction is None else round(BAR_WIDTH * fraction)
             bar = "#" * filled + "-" * (BAR_WIDTH - filled)
@@ -69,6 +75,36 @@ class ProgressDisplay:
             self.stream.write("\n")
             self.stream.flush()
             self._drawn = False
+
+
+def running_children(job: m.JobOut, most: int = 2) -> str:
+    """``running: layers.0-1 (block spectra), layers.2-3 (loading)``: the running children of
+    a fan-out and their stages (the first ``most``, then how many more); empty without."""
+    running = [c for c in job.children or () if c.status in ("running", "cancelling")]
+    if not running:
+        return ""
+    names = [(c.name or c.kind).split(" (")[0] for c in running]  # without the parent's notes
+    parts = [f"{n} ({c.stage})" if c.stage else n for n, c in zip(names, running, strict=True)]
+    text = ", ".join(parts[:most])
+    if len(parts) > most:
+        text += f" +{len(parts) - most} more"
+    return f"running: {text}"
+
+
+def children_time_left(job: m.JobOut) -> str:
+    """A fan-out's time left by its running children's own estimates: the longest of them
+    (they run side by side), saying how many children are still queued (not in it); empty
+    when no running child has an estimate."""
+    children = job.children or ()
+    etas = [
+        c.eta_seconds
+        for c in children
+        if c.status in ("running", "cancelling") and c.eta_seconds is not None
+    ]
+    if not etas:
+        return ""
+    queued = sum(1 for c in children if c.status == "queued")
+    return time_left(max(etas)) + (f" in the running children, {queued} queued" if queued else "")
 
 
 def time_left(seconds: float | None) -> str:
@@ -162,7 +198,13 @@ def job_summary(job: m.JobOut) -> str:
     if model is not None:
         lines.append(f"model      {model}")
     lines += [
-        f"attempt    {job.attempt}/{job.max_attempts}",
+        "attempt    "
+        + attempt_text(
+            job.attempt,
+            job.max_attempts,
+            job.status,
+            None if job.children is None else [c.status for c in job.children],
+        ),
         f"created    {job.created_at.isoformat()}",
     ]
     if job.started_at:
@@ -201,6 +243,14 @@ def recommendation_text(rec: m.Recommendation) -> str:
     return "\n\n".join(parts)
 
 
+def _answers(source: str, target_loss: float | None) -> str:
+    """``data_sweep · loss 1.4``: a budget number's source and the target loss it answers
+    (sweeps may have trained to different targets)."""
+    if source == "not_available" or target_loss is None:
+        return source
+    return f"{source} · loss {fmt(target_loss)}"
+
+
 def budget_text(budget: Any) -> str:
     """The budget as one table: data, batch, learning rate, each with its unit and source."""
     d, b, lr = budget.data, budget.batch, budget.learning_rate
@@ -211,7 +261,7 @@ def budget_text(budget: Any) -> str:
             "data (examples)",
             fmt(d.recommended_examples),
             interval(d.recommended_examples_ci),
-            d.source,
+            _answers(d.source, d.target_loss if d.source == "data_sweep" else None),
         ]
     )
     step = getattr(d, "next_step", None)
@@ -236,7 +286,7 @@ def budget_text(budget: Any) -> str:
     if d.available_samples is not None:
         enough = {True: "ENOUGH", False: "NOT ENOUGH", None: "-"}[d.available_is_enough]
         rows.append(["  you have", fmt(d.available_samples), "", enough])
-    rows.append(["batch (examples)", fmt(b.recommended), "", b.source])
+    rows.append(["batch (examples)", fmt(b.recommended), "", _answers(b.source, b.target_loss)])
     stages = getattr(b, "warmup_schedule", None) or []
     if b.source == "branch_sweep":
         low, high = b.critical_bracket or (None, None)

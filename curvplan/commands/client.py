@@ -116,6 +116,26 @@ def _read_json(path: Path, option: str) -> Any:
         raise _fail(f"{option}: {path} is not valid JSON: {exc}", EXIT_BAD_INPUT) from None
 
 
+def _job_ref(client: Client, value: str, option: str, kind: str | None = None) -> str:
+    """A job id, or a job name: the newest job of that name (succeeded, of ``kind``, when a
+    kind is asked for), so that a script can name what it submitted with ``--name``."""
+    import uuid as _uuid
+
+    try:
+        return str(_uuid.UUID(value))
+    except ValueError:
+        pass
+    page = client.list_jobs(
+        name=value, kind=kind, status="succeeded" if kind else None, page_size=1
+    )
+    if not page.items:
+        what = f"succeeded {kind} job" if kind else "job"
+        raise _fail(
+            f"{option}: {value!r} is neither a job id nor the name of a {what}", EXIT_BAD_INPUT
+        )
+    return str(page.items[0].id)
+
+
 def _print_json(value: Any) -> None:
     from curvplan.client.models import dump_json
 
@@ -263,7 +283,10 @@ def analyze(
         "save_pretrained directory with --model; repeatable.",
     ),
     sweep: list[str] | None = typer.Option(
-        None, "--sweep", help="A succeeded sweep job whose fit the budget uses; repeatable."
+        None,
+        "--sweep",
+        help="A succeeded sweep job whose fit the budget uses, by id or name (the newest "
+        "succeeded sweep of that name); repeatable.",
     ),
     devices: int | None = typer.Option(
         None,
@@ -334,7 +357,7 @@ def analyze(
             options=options or None,
             targets=target_body,
             intermediate_checkpoints=list(intermediate or []),
-            sweeps=sweep or (),
+            sweeps=[_job_ref(client, v, "--sweep", kind="sweep") for v in sweep or []],
             idempotency_key=idempotency_key,
             webhook_url=webhook_url,
             on_upload=lambda path: log(f"uploading {path} …"),
@@ -354,8 +377,36 @@ def _ints(value: str | None, opt: str) -> list[int] | None:
         ) from None
 
 
+def _sweep_model(spec: Path | None, model_dir: Path | None) -> dict[str, Any]:
+    """The sweep's ``model``: a reference spec file, or a save_pretrained directory's config."""
+    if (spec is None) == (model_dir is None):
+        raise _fail(
+            "give --spec (a model spec JSON) or --model DIR (a save_pretrained directory)",
+            EXIT_BAD_INPUT,
+        )
+    if model_dir is not None:
+        from curvplan.client.pretrained import PretrainedDirError, read_pretrained
+
+        try:
+            return read_pretrained(model_dir).model
+        except PretrainedDirError as exc:
+            raise _fail(f"--model: {exc}", EXIT_BAD_INPUT) from None
+    assert spec is not None
+    model = _read_json(spec, "--spec")
+    if not isinstance(model, dict):
+        raise _fail("--spec: the model spec must be a JSON object", EXIT_BAD_INPUT)
+    return model
+
+
 def sweep(
-    spec: Path = typer.Option(..., "--spec", help="Model spec JSON."),
+    spec: Path | None = typer.Option(None, "--spec", help="Model spec JSON."),
+    model_dir: Path | None = typer.Option(
+        None,
+        "--model",
+        help="A save_pretrained directory (as `analyze --model` takes it): its config.json is "
+        "the architecture; training starts from a seeded initialisation (or --checkpoint), not "
+        "from the directory's weights. Replaces --spec.",
+    ),
     train: Path = typer.Option(..., "--train", help="Training data (.safetensors)."),
     evaluation: Path = typer.Option(..., "--eval", help="Held-out evaluation data."),
     sweep_type: str = typer.Option("batch", "--type", help="batch | data | branch"),
@@ -363,7 +414,7 @@ def sweep(
         None,
         "--checkpoint",
         help="Start checkpoint (default: a seeded initialisation). Branch sweep: repeat it, "
-        "one per checkpoint to branch from (e.g. the run's step_<n> saves).",
+        "one per checkpoint to branch from (e.g. the run's step_<n> saves, step_25.safetensors).",
     ),
     target_loss: float | None = typer.Option(
         None, "--target-loss", help="Eval loss (nats per token) to train to / size data for."
@@ -406,10 +457,11 @@ def sweep(
 ) -> None:
     """Run a batch, data or branch sweep on the workers (one child job per training run).
 
+    Either --spec (a reference model) or --model DIR (a Hugging Face save_pretrained directory).
     A branch sweep (Merrill et al. 2025) branches from every --checkpoint at each of
     --batch-sizes for --window-tokens and gives the critical batch size at each checkpoint.
     """
-    model = _read_json(spec, "--spec")
+    model = _sweep_model(spec, model_dir)
     checkpoints = list(checkpoint or [])
     for path, opt in ((train, "--train"), (evaluation, "--eval")):
         if not path.is_file():
@@ -644,7 +696,9 @@ def recommendations(
 
 # --------------------------------------------------------------------------- report
 def report(
-    job_id: str = typer.Argument(..., metavar="JOB"),
+    job_id: str = typer.Argument(
+        ..., metavar="JOB", help="A job id, or a job name (the newest job of that name)."
+    ),
     open_browser: bool = typer.Option(
         False, "--open", help="Open a short-lived signed link to the report in a browser."
     ),
@@ -661,6 +715,7 @@ def report(
             "say what to do: --open (browser), --out DIR (files) and/or --mlflow", EXIT_BAD_INPUT
         )
     with _client(url, api_key) as client:
+        job_id = _job_ref(client, job_id, "JOB")
         if out is not None:
             _write_report_files(client, job_id, out)
         if mlflow:

@@ -197,10 +197,12 @@ def example(
             f"steps: eval loss {summary['eval_loss']:.4f} (entropy rate "
             f"{summary['entropy_rate']:.4f}, uniform {summary['uniform_loss']:.4f})"
         )
+        steps_written = ", ".join(summary["intermediate_checkpoints"]) or "none"
         typer.echo(
             f"wrote {out}/config.json, model.safetensors (save_pretrained), data.safetensors "
-            f"(input_ids, attention_mask); try: curvplan curvature --model {out} "
-            f"--data {out}/data.safetensors --out {out}/result.json"
+            f"(input_ids, attention_mask), train.safetensors ({summary['n_train']} sequences, "
+            f"for sweeps), intermediate checkpoints {steps_written}; try: curvplan curvature "
+            f"--model {out} --data {out}/data.safetensors --out {out}/result.json"
         )
         return
     if arch != "reference":

@@ -208,7 +208,9 @@ class AnalyzeJobCreate(_JobCreateBase):
         description="Succeeded sweep jobs of the project whose fits the budget uses: a batch "
         "sweep's steps to target (B_crit), a data sweep's L(D) (the data size for the target "
         "loss) and a branch sweep's critical batch per checkpoint (it leads budget.batch, with "
-        "the warm-up schedule). Their target loss is used when targets.target_loss is not given.",
+        "the warm-up schedule). Without targets.target_loss the data sweep's target loss is "
+        "used (else the batch sweep's); budget.batch answers the batch sweep's own target "
+        "(budget.batch.target_loss), budget.data the target loss (budget.data.target_loss).",
     )
 
 
@@ -338,6 +340,18 @@ JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = (
     SweepPointJobCreate,
     AnalyzeBlocksJobCreate,
 )
+
+
+def attempt_text(
+    attempt: int, max_attempts: int, status: str, children_statuses: list[str] | None
+) -> str:
+    """A job's attempts for people: ``1/3``; for a fan-out whose fan-in attempt ran,
+    ``1/3 + fan-in``. The fan-in is an attempt of its own (queueing it raises max_attempts by
+    one, docs/layout.md "One job's life"), so a clean fan-out reads 1/3, not 2/4."""
+    done = bool(children_statuses) and all(s in TERMINAL_STATUSES for s in children_statuses or [])
+    if done and attempt >= 2 and status not in ("cancelled", "cancelling"):
+        return f"{attempt - 1}/{max_attempts - 1} + fan-in"
+    return f"{attempt}/{max_attempts}"
 
 
 def kind_name(create_type: type[_JobCreateBase]) -> str:
@@ -470,6 +484,14 @@ class JobChild(BaseModel):
     status: Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
     attempt: int
     error_type: str | None = Field(default=None, description="error.type of a failed child.")
+    stage: str | None = Field(
+        default=None, description="progress.stage of a running child (null once it ended)."
+    )
+    eta_seconds: float | None = Field(
+        default=None,
+        description="progress.eta_seconds of a running child: its own estimate of the seconds "
+        "it still needs (null without one, and once it ended).",
+    )
     links: dict[str, str]
 
 

@@ -335,6 +335,11 @@ class Measurements(_Strict):
         | None
     ) = None
     steps_to_target: Annotated[list[StepsPoint], Field(min_length=1)] | None = None
+    steps_to_target_loss: NonNegFloat | None = Field(
+        default=None,
+        description="The loss the steps_to_target runs trained to (a batch sweep's target, "
+        "nats per token): budget.batch answers this loss; null: targets.target_loss.",
+    )
     loss_vs_data: Annotated[list[LossPoint], Field(min_length=1)] | None = None
     blocks: Annotated[list[BlockCurvature], Field(min_length=1)] | None = None
     full_model: FullModelCurvature | None = Field(

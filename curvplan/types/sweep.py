@@ -30,6 +30,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from curvplan.types.model_source import ModelSource
 from curvplan.types.planner import (
     MAX_BRANCH_CHECKPOINTS,
     BatchWarmupStage,
@@ -40,7 +41,6 @@ from curvplan.types.planner import (
     ScalingSection,
     StepsPoint,
 )
-from curvplan.types.spec import ModelSpec
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 MAX_POINTS = 64
@@ -186,11 +186,15 @@ class SweepSettings(BaseModel):
 class _SweepBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: ModelSpec = Field(description="The model spec, as the curvature engine reads it.")
+    model: ModelSource = Field(
+        description="The model: a reference spec, or a Hugging Face causal LM's config "
+        '(`{"source": "huggingface", "config": {…config.json…}}`), as an analyze job takes it.'
+    )
     checkpoint: uuid.UUID | None = Field(
         default=None,
-        description="Artifact id of the start checkpoint (an early one); null: a seeded "
-        "initialisation (sweep.init_seed).",
+        description="Artifact id of the start checkpoint (an early one; for a Hugging Face "
+        "model its parameters under their own names); null: a seeded initialisation "
+        "(sweep.init_seed).",
     )
     train_data: uuid.UUID = Field(description="Artifact id of the training data (dataset).")
     eval_data: uuid.UUID = Field(

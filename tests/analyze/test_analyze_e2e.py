@@ -246,7 +246,11 @@ def test_analyze_over_http_matches_the_engine_and_plans(
     assert lr["gd_sharpness_threshold"] == pytest.approx(2 / full["lambda_max"])
     assert lr["block_threshold"] >= lr["gd_sharpness_threshold"]
     noise = result["intermediate_gradient_noise"]
-    assert [n["checkpoint"] for n in noise] == [intermediate]
+    assert [n["checkpoint_artifact"] for n in noise] == [intermediate]
+    # named as the user gave it (the uploaded file; no step in its metadata), not by its id
+    assert [n["checkpoint"] for n in noise] == ["intermediate.safetensors"]
+    trend = recommendation["batch_size"]["trend"]
+    assert [t["checkpoint"] for t in trend] == ["intermediate.safetensors"]
 
     # Re-plan the finished analysis with other targets (a plain plan job on the cpu queue).
     replan = client.post(

@@ -31,8 +31,9 @@ TARGETS: dict[str, Any] = {"tolerances": [0.05], "radius": 0.05, "orderings": 8,
 N_EXAMPLES = 12
 
 
-def write_analyze_files(out: Path) -> dict[str, Path]:
-    """spec.json, checkpoint.safetensors, data.safetensors and a mismatched wider checkpoint."""
+def write_analyze_files(out: Path, n_examples: int = N_EXAMPLES) -> dict[str, Path]:
+    """spec.json, checkpoint.safetensors, data.safetensors (``n_examples`` sequences) and a
+    mismatched wider checkpoint."""
     import torch
 
     from curvplan_worker.curvature.checkpoint import save_checkpoint
@@ -45,7 +46,7 @@ def write_analyze_files(out: Path) -> dict[str, Path]:
     save_checkpoint(build_model(SPEC, seed=1), out / "checkpoint.safetensors")
     save_checkpoint(build_model({**SPEC, "d_model": 12}, seed=1), out / "wider.safetensors")
     gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, 11, (N_EXAMPLES, 7), generator=gen)
+    tokens = torch.randint(0, 11, (n_examples, 7), generator=gen)
     save_dataset(Dataset(tokens[:, :-1], tokens[:, 1:]), out / "data.safetensors")
     return {p.stem: p for p in out.iterdir()}
 

@@ -197,3 +197,42 @@ def test_the_trend_skips_checkpoints_whose_denominator_is_not_significant():
     batch = plan.budget.batch
     assert batch.source == "noise_scale_trend" and batch.basis.startswith("B_simple")
     assert batch.critical == pytest.approx(0.8 * math.exp(8 - 2 * 2.5), rel=1e-6)
+
+
+def test_sweeps_with_different_targets_each_number_names_the_loss_it_answers():
+    """A batch sweep trained to 1.6 and a data sweep sized for 1.4: budget.data is the size
+    for 1.4 (the analytic L⁻¹(1.4) of the generating law, not L⁻¹(1.6)), budget.batch says
+    it answers 1.6, a warning says they differ, and the CLI's table labels both."""
+    from curvplan.client.display import budget_text
+
+    e, a, beta = 1.0, 20.0, 0.4
+    sizes = [200, 400, 800, 1600, 3200, 6400, 12800]
+    data_table = [{"n_samples": d, "loss": e + a * d**-beta} for d in sizes]
+    s_min, b_crit = 50.0, 100.0
+    steps = [{"batch_size": b, "steps": s_min * (1 + b_crit / b)} for b in (16, 32, 64, 128, 256)]
+    plan = make_plan(
+        Measurements(
+            per_sample_losses=_losses(),
+            loss_vs_data=data_table,
+            steps_to_target=steps,
+            steps_to_target_loss=1.6,
+        ),
+        Targets(**FAST, target_loss=1.4, tolerances=[0.05]),
+        seed=2,
+    )
+    budget = plan.budget
+    assert budget.data.target_loss == 1.4 and budget.batch.target_loss == 1.6
+    at = {loss: (a / (loss - e)) ** (1 / beta) for loss in (1.4, 1.6)}
+    assert budget.data.recommended_examples == pytest.approx(at[1.4], rel=0.02)
+    assert abs(budget.data.recommended_examples - at[1.6]) > 0.5 * at[1.6]
+    assert any("budget.batch answers the batch sweep's loss 1.6" in w for w in budget.warnings)
+    text = budget_text(budget)
+    assert "data_sweep · loss 1.4" in text and "batch_sweep · loss 1.6" in text
+    # the same target for both: no warning, both labelled with it
+    same = make_plan(
+        Measurements(steps_to_target=steps, steps_to_target_loss=1.4, loss_vs_data=data_table),
+        Targets(**FAST, target_loss=1.4),
+        seed=2,
+    ).budget
+    assert same.batch.target_loss == 1.4
+    assert not any(w.startswith("targets:") for w in same.warnings)

@@ -21,7 +21,10 @@ from curvplan_server.reports.plots import (
     inline_svg,
 )
 
-PLOT_IDS = ["delta-curve", "block-norms", "off-diagonal", "bounds", "batch-size", "loss-vs-data"]
+PLOT_IDS = [
+    "delta-curve", "block-norms", "off-diagonal", "bounds",
+    "batch-size", "loss-vs-data", "noise-trend",
+]  # fmt: skip
 SVG = "{http://www.w3.org/2000/svg}"
 
 

@@ -86,4 +86,5 @@ def test_analyze_report_renders_every_plot_kind(
     assert dom.console == [] and census.active == []
     for pid in ("delta-curve", "block-norms", "off-diagonal", "bounds", "batch-size"):
         assert census.svgs.get(pid, 0) > 10, (pid, census.svgs)
-    assert "loss-vs-data" not in census.svgs and len(census.empty_notes) == 1
+    assert "loss-vs-data" not in census.svgs and "noise-trend" not in census.svgs
+    assert len(census.empty_notes) == 2  # no loss_vs_data, no noise-scale trend

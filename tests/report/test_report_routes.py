@@ -154,7 +154,7 @@ def test_figures_are_drawn_once_and_served_as_svg_and_png(
     assert listing.status_code == 200
     plots = {p["id"]: p for p in listing.json()["plots"]}
     assert list(plots) == ["delta-curve", "block-norms", "off-diagonal", "bounds",
-                           "batch-size", "loss-vs-data"]  # fmt: skip
+                           "batch-size", "loss-vs-data", "noise-trend"]  # fmt: skip
     kept = _kept(db_session, undrawn_job)
     assert [name for name, _ in kept] == list(plots)
 

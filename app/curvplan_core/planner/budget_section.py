@@ -460,7 +460,8 @@ def build_batch(
             expected_steps_formula=STEPS_FORMULA,
         )
     if isinstance(bcrit, BCrit) and getattr(bcrit, "unit", "examples") == "examples":
-        return _batch_from_sweep(bcrit, tokens, targets, warnings), warnings
+        swept = measurements.steps_to_target_loss
+        return _batch_from_sweep(bcrit, tokens, targets, swept, warnings), warnings
     trend = list(getattr(measurements, "gradient_noise_trend", None) or [])
     found = _trend_at_target(trend, targets.target_loss, targets.confidence) if trend else None
     if isinstance(found, tuple):
@@ -507,9 +508,14 @@ def _ci_in_tokens(ci: tuple[float | None, float | None] | None, tokens: float | 
 
 
 def _batch_from_sweep(
-    bcrit: BCrit, tokens: float | None, targets: Targets, warnings: list[str]
+    bcrit: BCrit,
+    tokens: float | None,
+    targets: Targets,
+    swept: float | None,
+    warnings: list[str],
 ) -> BudgetBatch:
-    """Step 1: the batch sweep's B_crit, its power of two and the steps S(B) expected there."""
+    """Step 1: the batch sweep's B_crit, its power of two and the steps S(B) expected there;
+    it answers the loss its sweep trained to (``swept``), whatever targets.target_loss says."""
     rec = nearest_power_of_two(bcrit.value)
     steps = steps_ci = None
     if rec is not None:
@@ -520,6 +526,12 @@ def _batch_from_sweep(
             if None not in (lo_s, hi_s, lo_b, hi_b):
                 steps_ci = (lo_s * (1 + lo_b / rec), hi_s * (1 + hi_b / rec))
     lo, hi = bcrit.measured_range or (None, None)
+    answers = swept if swept is not None else targets.target_loss
+    if swept is not None and targets.target_loss is not None and swept != targets.target_loss:
+        warnings.append(
+            f"targets: budget.batch answers the batch sweep's loss {swept:.4g}, budget.data "
+            f"the target loss {targets.target_loss:.4g} (they differ)"
+        )
     if lo is not None and not lo <= bcrit.value <= hi:
         warnings.append(
             f"batch: B_crit = {bcrit.value:.4g} lies outside the swept batch sizes "
@@ -536,7 +548,7 @@ def _batch_from_sweep(
         source="batch_sweep",
         basis="B_crit = E_min/S_min fitted to the batch sweep's steps to the target loss "
         "(S(B) = S_min·(1 + B_crit/B), McCandlish et al. 2018, eq. 2.11)",
-        target_loss=targets.target_loss,
+        target_loss=answers,
         expected_steps=steps,
         expected_steps_ci=steps_ci,
         expected_steps_formula=STEPS_FORMULA,

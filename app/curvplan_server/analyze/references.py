@@ -30,7 +30,7 @@ from curvplan.types.huggingface import (
     parameter_count,
     parse_hf_config,
 )
-from curvplan.types.jobs import AnalyzeJobCreate
+from curvplan.types.jobs import AnalyzeJobCreate, SweepJobCreate
 from curvplan_server.artifacts.models import Artifact
 from curvplan_server.problems import validation_problem
 
@@ -76,7 +76,7 @@ def check_job_devices(body: AnalyzeJobCreate, max_devices: int) -> None:
         )
 
 
-def check_model_size(body: AnalyzeJobCreate, max_parameters: int | None) -> None:
+def check_model_size(body: AnalyzeJobCreate | SweepJobCreate, max_parameters: int | None) -> None:
     """422 naming ``body.model.config`` (a Hugging Face model) or ``body.model`` (a reference
     spec) when the model has more parameters than ``CURVPLAN_MAX_MODEL_PARAMETERS``."""
     model = body.model

@@ -228,14 +228,24 @@ def get_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> JobOu
 
 
 def list_children(session: Session, parent_id: uuid.UUID) -> list[JobChild]:
-    """The children of a job (a fan-out), oldest first: id, kind, name, status, error type."""
+    """The children of a job (a fan-out), oldest first: id, kind, name, status, error type,
+    and a running child's stage and ETA (what ``--wait`` shows of a waiting parent)."""
     rows = session.execute(
-        select(JOB.c.id, JOB.c.kind, JOB.c.name, JOB.c.status, JOB.c.attempt, JOB.c.error)
+        select(
+            JOB.c.id,
+            JOB.c.kind,
+            JOB.c.name,
+            JOB.c.status,
+            JOB.c.attempt,
+            JOB.c.error,
+            JOB.c.progress,
+        )
         .where(JOB.c.parent_id == parent_id)
         .order_by(JOB.c.created_at, JOB.c.id)
     ).all()
-    return [
-        JobChild(
+    out = []
+    for r in rows:
+        child = JobChild(
             id=r.id,
             kind=r.kind,
             name=r.name,
@@ -244,8 +254,13 @@ def list_children(session: Session, parent_id: uuid.UUID) -> list[JobChild]:
             error_type=(r.error or {}).get("type"),
             links={"self": f"/v1/jobs/{r.id}"},
         )
-        for r in rows
-    ]
+        progress = r.progress or {}
+        if r.status in ("running", "cancelling") and isinstance(progress, dict):
+            child.stage = progress.get("stage")
+            eta = progress.get("eta_seconds")
+            child.eta_seconds = eta if isinstance(eta, int | float) else None
+        out.append(child)
+    return out
 
 
 def job_status(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> str | None:

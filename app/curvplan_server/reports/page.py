@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from curvplan.types.jobs import attempt_text
 from curvplan_server.reports.plots import (
     Plot,
     build_plots,
@@ -87,6 +88,20 @@ def _empty(reason: str) -> str:
     return f'<p class="empty">{esc(reason)}</p>'
 
 
+def _attempts(job: dict[str, Any]) -> str:
+    children = job.get("children")
+    statuses = [str(c.get("status")) for c in children] if isinstance(children, list) else None
+    try:
+        return attempt_text(
+            int(job.get("attempt") or 0),
+            int(job.get("max_attempts") or 0),
+            str(job.get("status")),
+            statuses,
+        )
+    except (TypeError, ValueError):
+        return f"{job.get('attempt')}/{job.get('max_attempts')}"
+
+
 def summary_html(job: dict[str, Any]) -> str:
     tags = ", ".join(f"{k}={v}" for k, v in sorted((job.get("tags") or {}).items())) or "–"
     rows = [
@@ -95,7 +110,7 @@ def summary_html(job: dict[str, Any]) -> str:
         ("status", job.get("status")),
         ("name", job.get("name")),
         ("tags", tags),
-        ("attempt", f"{job.get('attempt')}/{job.get('max_attempts')}"),
+        ("attempt", _attempts(job)),
         ("created", job.get("created_at")),
         ("started", job.get("started_at")),
         ("finished", job.get("finished_at")),

@@ -47,7 +47,7 @@ from curvplan_core.planner import laws
 matplotlib.rcParams["svg.fonttype"] = "none"
 
 # Bump when a figure changes: cached figures drawn by another renderer are drawn again.
-RENDERER = "matplotlib-1"
+RENDERER = "matplotlib-2"  # 2: the noise-trend figure; a sweep's own tables
 SUBLAYER_ORDER = ("ln1", "q", "k", "v", "o", "ln2", "ffn_in", "ffn_out")
 _METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.DOTALL)
 LAYER_BLOCK = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -106,13 +106,19 @@ def typed_recommendation(job: dict[str, Any]) -> tuple[Recommendation | None, st
 
 
 def planner_inputs(job: dict[str, Any]) -> dict[str, Any]:
-    """The planner's measurement fields: the plan request's, or the analyze result's."""
+    """The planner's measurement fields: the plan request's, the analyze result's, or what a
+    sweep measured and fitted (its steps_to_target or loss_vs_data table)."""
     request = job.get("request") or {}
     if isinstance(request.get("measurements"), dict):
         return request["measurements"]
     result = job.get("result") or {}
     fields = (result.get("planner_inputs") or {}).get("fields")
-    return fields if isinstance(fields, dict) else {}
+    if isinstance(fields, dict):
+        return fields
+    measured = result.get("measurements")
+    if job.get("kind") == "sweep" and isinstance(measured, dict):
+        return measured
+    return {}
 
 
 def engine_measurements(job: dict[str, Any]) -> dict[str, Any]:
@@ -497,6 +503,116 @@ def loss_vs_data_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
     return _finish(plot, fig)
 
 
+def _estimate(value: Any) -> tuple[float | None, tuple[float | None, float | None]]:
+    """(value, (low, high)) of an Estimate-like value; (None, (None, None)) when not one."""
+    number = _num(getattr(value, "value", None))
+    ci = getattr(value, "ci", None)
+    low, high = (ci[0], ci[1]) if ci is not None else (None, None)
+    return number, (_num(low), _num(high))
+
+
+def _draw_series(
+    ax: Any, xs: list[float], series: Sequence[tuple[float | None, Any]], **style: Any
+) -> int:
+    """Points with their interval as error bars (an unbounded end drawn to the point); the
+    number of points drawn."""
+    pts = [(x, v, ci) for x, (v, ci) in zip(xs, series, strict=True) if v is not None and v > 0]
+    if not pts:
+        return 0
+    x, y = [p[0] for p in pts], [p[1] for p in pts]
+    low = [max(v - (ci[0] if ci[0] is not None else v), 0.0) for _, v, ci in pts]
+    high = [(ci[1] if ci[1] is not None else v) - v for _, v, ci in pts]
+    ax.errorbar(x, y, yerr=[low, high], fmt="o-", ms=5, capsize=3, lw=1.4, **style)
+    return len(pts)
+
+
+def noise_trend_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
+    """B_simple / B_noise over training: an analysis's intermediate checkpoints (by step), or
+    a batch sweep's two-batch B_simple per band of evaluation loss."""
+    plot = Plot("noise-trend", PLOT_TITLES["noise-trend"], "")
+    sweep = (job.get("result") or {}).get("sweep")
+    if job.get("kind") == "sweep" and isinstance(sweep, dict):
+        return _sweep_noise_trend(plot, sweep.get("b_simple_trend") or [])
+    section, why = _computed(rec.batch_size, "batch_size")
+    trend = section.trend if isinstance(section, BatchSizeSection) else []
+    if not trend:
+        note = section.trend_note if isinstance(section, BatchSizeSection) else None
+        how = (
+            "give measurements.gradient_noise_trend (the noise scales per checkpoint)"
+            if job.get("kind") == "plan"
+            else "analyze with intermediate checkpoints (or run a batch sweep, whose report "
+            "draws its own)"
+        )
+        plot.empty_reason = note or (
+            f"no noise-scale trend: {how}" + (f"; batch_size: {why}" if why else "")
+        )
+        return plot
+    by_step = all(p.step is not None for p in trend)
+    xs = [float(p.step) if by_step and p.step is not None else float(i + 1)
+          for i, p in enumerate(trend)]  # fmt: skip
+    simple = [_estimate(p.b_simple) for p in trend]
+    noise = [_estimate(p.b_noise) for p in trend]
+    plot.numbers = {
+        "x": xs,
+        "x_is_step": by_step,
+        "checkpoint": [p.checkpoint for p in trend],
+        "b_simple": [v for v, _ in simple],
+        "b_simple_ci": [ci for _, ci in simple],
+        "b_noise": [v for v, _ in noise],
+        "b_noise_ci": [ci for _, ci in noise],
+    }
+    fig, ax = new_figure()
+    drawn = _draw_series(ax, xs, simple, color="C0", label="B_simple = tr Σ / |G|²")
+    drawn += _draw_series(ax, xs, noise, color="C1", label="B_noise = tr(HΣ) / GᵀHG")
+    if not drawn:
+        plot.empty_reason = "no checkpoint has a defined B_simple or B_noise (|G|² not significant)"
+        return plot
+    ax.set_yscale("log")
+    ax.set_xlabel("training step (checkpoint metadata)" if by_step else "checkpoint (oldest first)")
+    ax.set_ylabel("noise scale B (examples)")
+    ax.set_title(plot.title)
+    ax.legend(fontsize=8)
+    plot.caption = (
+        "Per intermediate checkpoint, with intervals; log y axis. The budget evaluates this "
+        "trend at the target loss (budget.batch); a late checkpoint's value alone is not the "
+        "batch to train at."
+    )
+    return _finish(plot, fig)
+
+
+def _sweep_noise_trend(plot: Plot, rows: list[Any]) -> Plot:
+    points = [r for r in rows if isinstance(r, dict) and _num(r.get("value")) is not None]
+    if not points:
+        plot.empty_reason = (
+            "no two-batch B_simple was defined in any loss band of the sweep's runs (or the "
+            "sweep is a data sweep)"
+        )
+        return plot
+    xs = [0.5 * (float(r["eval_loss_low"]) + float(r["eval_loss_high"])) for r in points]
+    series = [
+        (float(r["value"]), tuple(_num(v) for v in (r.get("ci") or (None, None)))) for r in points
+    ]
+    plot.numbers = {
+        "eval_loss": xs,
+        "b_simple": [v for v, _ in series],
+        "b_simple_ci": [ci for _, ci in series],
+        "n_steps": [r.get("n_steps") for r in points],
+    }
+    fig, ax = new_figure()
+    _draw_series(ax, xs, series, color="C0", label="two-batch B_simple of the runs' gradients")
+    ax.set_yscale("log")
+    ax.invert_xaxis()  # training lowers the loss: progress runs left to right
+    ax.set_xlabel("evaluation loss at the window's start (nats per token; training →)")
+    ax.set_ylabel("noise scale B_simple (examples)")
+    ax.set_title(plot.title)
+    ax.legend(fontsize=8)
+    plot.caption = (
+        "Pooled over the sweep's runs per band of evaluation loss (McCandlish et al. 2018, "
+        "App. A), with intervals; log y axis."
+    )
+    return _finish(plot, fig)
+
+
 PLOT_BUILDERS: tuple[Callable[[dict[str, Any], Recommendation], Plot], ...] = (
     delta_curve_plot,
     block_heatmap_plot,
@@ -504,6 +620,7 @@ PLOT_BUILDERS: tuple[Callable[[dict[str, Any], Recommendation], Plot], ...] = (
     bounds_plot,
     batch_size_plot,
     loss_vs_data_plot,
+    noise_trend_plot,
 )
 PLOT_IDS = (
     "delta-curve",
@@ -512,6 +629,7 @@ PLOT_IDS = (
     "bounds",
     "batch-size",
     "loss-vs-data",
+    "noise-trend",
 )
 PLOT_TITLES = {
     "delta-curve": "Loss difference Δ_k vs number of samples k",
@@ -520,6 +638,7 @@ PLOT_TITLES = {
     "bounds": "Measured block norm vs theoretical bound",
     "batch-size": "Steps to target vs batch size (McCandlish et al. 2018)",
     "loss-vs-data": "Loss vs dataset size L(D) = E + A·D^(−β)",
+    "noise-trend": "Gradient noise scale over training (McCandlish et al. 2018)",
 }
 
 

@@ -56,6 +56,7 @@ class ResolvedArtifact:
     path: Path
     sha256: str | None
     field: str
+    name: str | None = None  # the artifact's name (the uploaded file's name), for messages
 
 
 class _UploadVanished(Exception):
@@ -153,7 +154,7 @@ class ArtifactAccess:
         with self.engine.connect() as conn:
             row = conn.execute(
                 text(
-                    "SELECT id, kind, storage, sha256, uri FROM artifact "
+                    "SELECT id, kind, storage, sha256, uri, name FROM artifact "
                     "WHERE id = :id AND project_id = :project"
                 ),
                 {"id": artifact_id, "project": project_id},
@@ -175,7 +176,7 @@ class ArtifactAccess:
             if not path.is_file():  # validated at upload; a fetched copy is checked again
                 path = self._fetch(row.sha256, f"{field}: blob {row.sha256} of artifact {row.id}")
                 _check_file(path, kind, field, f"blob {row.sha256}", artifact_id)
-            return ResolvedArtifact(str(row.id), row.kind, path, row.sha256, field)
+            return ResolvedArtifact(str(row.id), row.kind, path, row.sha256, field, row.name)
         roots = get_settings().artifact_uri_roots
         if not uri_allowed(row.uri, roots):  # none configured, or narrowed since registration
             # One answer for every path outside the roots: it must not tell which exist.
@@ -187,7 +188,7 @@ class ArtifactAccess:
             )
         path = Path(uri_path(row.uri))
         _check_file(path, kind, field, row.uri, artifact_id)
-        return ResolvedArtifact(str(row.id), row.kind, path, None, field)
+        return ResolvedArtifact(str(row.id), row.kind, path, None, field, row.name)
 
     def blob_path(self, sha256: str, what: str) -> Path:
         """A readable path of blob ``sha256``: the local store's file, else (remote) the

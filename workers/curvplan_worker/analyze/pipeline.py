@@ -212,8 +212,9 @@ def _sweep_fields(
 ) -> tuple[dict[str, Any], float | None]:
     """Measurements from finished sweep jobs of the project: the batch sweep's steps to target,
     the data sweep's loss-vs-data table and the branch sweep's critical batch per checkpoint
-    (the budget then leads with them), and the sweep's
-    target loss (used when targets.target_loss is not given)."""
+    (the budget then leads with them), the batch sweep's target as ``steps_to_target_loss``
+    (the loss budget.batch answers), and the target loss used when targets.target_loss is not
+    given: the data sweep's (the loss budget.data answers), else the batch sweep's."""
     from sqlalchemy import text
 
     fields: dict[str, Any] = {}
@@ -239,8 +240,12 @@ def _sweep_fields(
                 fields[key] = measured[key]
         if sweep.get("tokens_per_example"):
             fields["tokens_per_example"] = sweep["tokens_per_example"]
-        if sweep.get("target_loss") is not None and (target is None or sweep["type"] == "batch"):
-            target = float(sweep["target_loss"])
+        swept = sweep.get("target_loss")
+        if swept is not None and sweep.get("type") == "batch":
+            fields["steps_to_target_loss"] = float(swept)  # budget.batch answers this loss
+        # budget.data answers the data sweep's target; the batch sweep's only without one
+        if swept is not None and (target is None or sweep.get("type") == "data"):
+            target = float(swept)
     return fields, target
 
 
@@ -495,6 +500,18 @@ def checkpoint_step(path: str) -> int | None:
     return None
 
 
+def checkpoint_label(shards: list[Any], step: int | None) -> str:
+    """How reports and progress name an intermediate checkpoint: its file name (the uploaded
+    name; a sharded one by its first shard and the count) and its training step when its
+    metadata declares one, e.g. ``step_25.safetensors (step 25)``; the artifact id only for
+    an artifact without a name."""
+    first = shards[0]
+    name = first.name or first.id
+    if len(shards) > 1:
+        name = f"{name} (+{len(shards) - 1} shards)"
+    return f"{name} (step {step})" if step is not None else str(name)
+
+
 def _intermediate_noise(
     spec: ModelSpec | HuggingFaceModel,
     intermediates: list[Any],
@@ -530,7 +547,8 @@ def _intermediate_noise(
     n = len(intermediates)
     for i, shards in enumerate(intermediates):
         field = shards[0].field.rsplit(".", 1)[0] if len(shards) > 1 else shards[0].field
-        label = ",".join(str(a.id) for a in shards)
+        step = checkpoint_step(str(shards[0].path))
+        label = checkpoint_label(shards, step)
         ctx.report_progress(
             0.85 + 0.08 * i / n,
             f"gradient noise (intermediate {i + 1}/{n})",
@@ -586,8 +604,8 @@ def _intermediate_noise(
             stats["loss"] = float(losses.sum() / counts.sum())
         stats.pop("grad_indices", None)
         stats.pop("hessian_indices", None)
-        stats["checkpoint"] = shards[0].id if len(shards) == 1 else [a.id for a in shards]
-        step = checkpoint_step(str(shards[0].path))
+        stats["checkpoint"] = label  # by file or step: what the user gave, not an artifact id
+        stats["checkpoint_artifact"] = shards[0].id if len(shards) == 1 else [a.id for a in shards]
         if step is not None:
             stats["step"] = step
         out.append(stats)

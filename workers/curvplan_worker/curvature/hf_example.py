@@ -1,11 +1,14 @@
 """A tiny Hugging Face GPT-2 or Llama trained offline on the Markov-chain language
 (``curvplan example --arch gpt2|llama``).
 
-Writes a ``save_pretrained`` directory (``config.json`` + ``model.safetensors``) and the
+Writes a ``save_pretrained`` directory (``config.json`` + ``model.safetensors``), the
 held-out evaluation sample as Hugging Face tokenized data (``data.safetensors`` with
-``input_ids`` and ``attention_mask``; labels are implied: the next tokens), so that
-``curvplan curvature --model DIR --data DIR/data.safetensors`` and the service's analyze jobs
-run on a real architecture end to end. The language is the one of ``example.py``.
+``input_ids`` and ``attention_mask``; labels are implied: the next tokens), training
+sequences of the same language for sweeps (``train.safetensors``, same format) and
+``step_<n>.safetensors`` intermediate checkpoints (the model's parameters, the step in the
+metadata, for the noise-scale trend), so that ``curvplan curvature --model DIR --data
+DIR/data.safetensors``, the service's analyze jobs and its sweeps (``curvplan sweep --model
+DIR``) run on a real architecture end to end. The language is the one of ``example.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from curvplan_worker.curvature.checkpoint import save_checkpoint
 from curvplan_worker.curvature.example import entropy_rate, markov_chain, sample_sequences
 from curvplan_worker.curvature.hf import build_hf_model, pack_causal_lm
 from curvplan_worker.curvature.objective import CausalLMObjective
@@ -68,9 +72,14 @@ def write_hf_example(
     n_eval: int = 64,
     seed: int = 0,
     lr: float = 3e-3,
+    n_train: int = 4096,
+    checkpoint_steps: tuple[int, ...] = (10, 25, 50, 100, 200),
 ) -> dict:
-    """Train the tiny ``arch`` model and write ``config.json``, ``model.safetensors`` (by
-    ``save_pretrained``) and ``data.safetensors`` into ``out_dir``. Returns a summary."""
+    """Train the tiny ``arch`` model and write into ``out_dir``: ``config.json`` and
+    ``model.safetensors`` (by ``save_pretrained``), ``data.safetensors`` (the held-out
+    evaluation sample), ``train.safetensors`` (``n_train`` further sequences of the language,
+    from a generator of their own so that the trained model does not depend on ``n_train``)
+    and ``step_<n>.safetensors`` at ``checkpoint_steps``. Returns a summary."""
     if arch not in EXAMPLE_CONFIGS:
         raise ValueError(f"arch: expected one of {sorted(EXAMPLE_CONFIGS)}, got {arch!r}")
     from safetensors.torch import save_file
@@ -88,8 +97,12 @@ def write_hf_example(
     module.train()
     opt = torch.optim.Adam(module.parameters(), lr=lr)
     first = last = math.nan
+    saved = []
     try:
         for step in range(steps):
+            if step in checkpoint_steps:
+                save_checkpoint(module, out / f"step_{step}.safetensors", step=step)
+                saved.append(step)
             seq = sample_sequences(trans, pi, batch_size, SEQ - 1, gen)
             x, y = pack_causal_lm(seq)
             sums, counts = objective.example_losses(module, x, y)
@@ -125,8 +138,20 @@ def write_hf_example(
         },
         str(out / "data.safetensors"),
     )
+    train_seq = sample_sequences(
+        trans, pi, n_train, SEQ - 1, torch.Generator().manual_seed(seed + 1_000_003)
+    )
+    save_file(
+        {
+            "input_ids": train_seq.contiguous(),
+            "attention_mask": torch.ones_like(train_seq).contiguous(),
+        },
+        str(out / "train.safetensors"),
+    )
     summary = {
         "arch": arch,
+        "intermediate_checkpoints": [f"step_{n}.safetensors" for n in saved],
+        "n_train": n_train,
         "steps": steps,
         "first_train_loss": first,
         "last_train_loss": last,

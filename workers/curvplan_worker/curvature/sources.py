@@ -70,6 +70,18 @@ class ModelSource:
     precision: dict[str, Any] = field(default_factory=dict)
     bounds_reason: str | None = None  # None: the model is in the theory's family
     vocab_size: int | None = None
+    hf_model: Any = None  # the built Hugging Face model (hf.HFModel) of a huggingface source
+
+    def read_data(self, path: str | Path) -> Dataset:
+        """Another dataset of this model (e.g. a sweep's training or held-out data), read and
+        checked like ``data``; ``DataError`` naming the tensor."""
+        if self.spec is not None:
+            return load_dataset(self.spec, path)
+        from curvplan_worker.curvature import hf
+        from curvplan_worker.curvature.checkpoint import read_safetensors
+
+        inputs, targets = hf.validate_hf_data(self.hf_model, read_safetensors(path, "data"))
+        return Dataset(inputs, targets)
 
     def micro_batch(self, requested: int | None) -> int | None:
         """The evaluation micro-batch: the requested size, else (causal LMs with a large
@@ -192,6 +204,7 @@ def _load_hf(model, checkpoint, data_path, dtype, seed, built, data) -> ModelSou
         precision=source.precision_limited(dtype),
         bounds_reason=NOT_IN_THEORY_FAMILY.format(arch=source.architecture),
         vocab_size=source.vocab_size,
+        hf_model=source,
     )
 
 

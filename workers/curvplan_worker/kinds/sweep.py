@@ -87,9 +87,12 @@ def _inputs(body: SweepJobCreate, ctx: JobContext) -> tuple[int, list[int | None
         steps: list[int | None] = (
             list(declared) if declared is not None else [checkpoint_step(p) for p in branch_paths]
         )
-    inputs = info.tensors.get("inputs")
+    # the engine's `inputs`, or a Hugging Face model's `input_ids`: one row per example
+    inputs = info.tensors.get("inputs", info.tensors.get("input_ids"))
     if inputs is None or not inputs.shape:
-        raise JobError("invalid-dataset", "Invalid training data", "train_data: no inputs tensor")
+        raise JobError(
+            "invalid-dataset", "Invalid training data", "train_data: no inputs or input_ids tensor"
+        )
     return int(inputs.shape[0]), steps
 
 

@@ -1,6 +1,7 @@
 """The ``sweep_point`` kind: one training run of a sweep (torch; gpu queue, CUDA if present).
 
-Loads the start checkpoint (or a seeded initialisation), the training data and the
+Builds the model (a reference spec or a Hugging Face config, ``curvature.sources``), loads
+the start checkpoint (or keeps the seeded initialisation), the training data and the
 evaluation data, and runs :func:`curvplan_worker.sweep.train.train_point`.
 """
 
@@ -12,11 +13,12 @@ from typing import Any
 import torch
 
 from curvplan.types.jobs import SweepPointJobCreate
+from curvplan.types.spec import SpecError
 from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
-from curvplan_worker.curvature.checkpoint import load_checkpoint
-from curvplan_worker.curvature.data import DataError, load_dataset
-from curvplan_worker.curvature.model import build_model
-from curvplan_worker.curvature.objective import objective_for
+from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
+from curvplan_worker.curvature.data import DataError
+from curvplan_worker.curvature.hf import HFModelError
+from curvplan_worker.curvature.sources import load_source
 from curvplan_worker.errors import JobError
 from curvplan_worker.job_context import JobContext
 from curvplan_worker.sweep.train import train_point
@@ -43,27 +45,32 @@ def _train(
         if body.checkpoint is not None
         else None
     )
-    spec = body.model
-    model = build_model(spec, seed=body.point.seed)
-    if ckpt is not None:
-        try:
-            load_checkpoint(model, ckpt.path)
-        except ValueError as exc:
-            raise JobError(
-                "invalid-checkpoint", "Checkpoint does not fit the spec", str(exc)
-            ) from None
     try:
-        train = load_dataset(spec, train_art.path)
-        evaluation = load_dataset(spec, eval_art.path)
+        source = load_source(
+            body.model,
+            str(ckpt.path) if ckpt is not None else None,
+            str(train_art.path),
+            seed=body.point.seed,
+        )
+        train = source.data
+        evaluation = source.read_data(eval_art.path)
     except DataError as exc:
-        raise JobError("invalid-dataset", "Dataset does not fit the spec", str(exc)) from None
+        raise JobError("invalid-dataset", "Dataset does not fit the model", str(exc)) from None
+    except (CheckpointMismatch, CheckpointError) as exc:
+        raise JobError(
+            "invalid-checkpoint", "Checkpoint does not fit the model", str(exc)
+        ) from None
+    except (SpecError, HFModelError) as exc:
+        raise JobError("invalid-model-spec", "The model is invalid", str(exc)) from None
+    assert train is not None
+    model = source.module
     threads = torch.get_num_threads()
     if sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS:
         torch.set_num_threads(1)
     try:
         result = train_point(
             model,
-            objective_for(spec),
+            source.objective,
             train,
             evaluation,
             body.point,

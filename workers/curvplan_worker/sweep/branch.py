@@ -46,7 +46,14 @@ DEFAULT_BATCH_SIZES = (8, 16, 32, 64, 128)
 def tokens_per_example(body: SweepJobCreate) -> float:
     """Loss terms ("tokens") one example counts for the window: seq_len for a causal LM and a
     per-token regression, 1 for a classification (as the objective counts them)."""
-    task = body.model.task
+    task = getattr(body.model, "task", None)
+    if task is None:  # a Hugging Face model: its tokens per example are the data's, not known here
+        raise JobError(
+            "invalid-request",
+            "Invalid sweep request",
+            "model: a branch sweep needs a reference model spec (--spec) for now; a Hugging "
+            "Face model (--model DIR) runs batch and data sweeps",
+        )
     seq_len = getattr(task, "seq_len", None)
     return float(seq_len) if task.type != "classification" and seq_len else 1.0
 
