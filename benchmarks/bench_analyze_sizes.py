@@ -1,4 +1,4 @@
-"""A default analysis of four models, end to end, stage by stage (issue 22 item 5).
+"""A default analysis of four models, end to end, stage by stage (docs/numerics.md: real sizes).
 
 Each row runs the curvature engine's ``analyze`` with default options and no request
 overrides, wrapped in the worker's :class:`~curvplan_worker.analyze.eta.EtaTracker` (what the

@@ -22,7 +22,11 @@ from curvplan_core.planner.critical_batch import (
     fit_steps_to_target,
     linear_cross_check,
 )
-from curvplan_core.planner.loss_accuracy import k_loss_accuracy, loss_variance
+from curvplan_core.planner.loss_accuracy import (
+    cluster_robust_variance,
+    k_loss_accuracy,
+    loss_variance,
+)
 from curvplan_core.planner.scaling import data_for_target_interval, fit_loss_vs_data
 from curvplan_worker.curvature.noise_stream import (
     GroupedGradientSums,
@@ -154,7 +158,7 @@ def steps_table(
     return model * np.exp(rng.normal(0, 0.1, b.size))
 
 
-def critical_batch(reps: int, rng: np.random.Generator) -> None:
+def critical_batch(reps: int, rng: np.random.Generator, case: str = "") -> None:
     s_min, b_crit = 1000.0, 500.0
     ladders = {
         "5 B 8..128": 2.0 ** np.arange(3, 8),
@@ -163,7 +167,9 @@ def critical_batch(reps: int, rng: np.random.Generator) -> None:
     }
     for mode in ("additive", "multiplicative"):
         for label, b in ladders.items():
-            hits = {m: {"B_crit": 0, "S_min": 0} for m in ("variance_function", "hc3")}
+            if case not in f"{mode}, {label}":
+                continue
+            hits = {m: {"B_crit": 0, "S_min": 0} for m in ("variance_function", "gls_model")}
             failed = {m: 0 for m in hits}
             for _ in range(reps):
                 s = steps_table(rng, b, mode, s_min, b_crit)
@@ -176,12 +182,17 @@ def critical_batch(reps: int, rng: np.random.Generator) -> None:
                     count["B_crit"] += _inside(fit.b_crit_ci, b_crit)
                     count["S_min"] += _inside(fit.s_min_ci, s_min)
             for key in ("B_crit", "S_min"):
+                fitted = reps - failed["variance_function"]
                 _row(
-                    f"{key} CI, variance-function GLS, t_(n-3) ({mode}, {label})",
+                    f"{key} CI, GLS + HC3 sandwich, t_(n-3) ({mode}, {label})",
                     hits["variance_function"][key] / reps,
-                    hits["hc3"][key] / reps,
-                    f"[HC3 sandwich, t_(n-2)]; unfittable tables (misses): {failed['hc3']}",
+                    hits["gls_model"][key] / reps,
+                    f"[GLS model-based cov]; unfittable tables (misses): "
+                    f"{failed['variance_function']}; among the fitted: "
+                    f"{hits['variance_function'][key] / max(fitted, 1):.3f}",
                 )
+    if case:
+        return
     b = 2.0 ** np.arange(5, 10)
     model = s_min * (1 + 100.0 / b)
     old = checked = 0
@@ -201,12 +212,14 @@ def critical_batch(reps: int, rng: np.random.Generator) -> None:
     )
 
 
-def loss_vs_data(reps: int, rng: np.random.Generator) -> None:
+def loss_vs_data(reps: int, rng: np.random.Generator, case: str = "") -> None:
     d = np.geomspace(1e3, 1e7, 8)
     e, a, beta = 1.5, 50.0, 0.35
     target = 1.6
     truth_d = (a / (target - e)) ** (1 / beta)
     for mode in ("multiplicative", "additive"):
+        if case not in mode:
+            continue
         hits = {"E": 0, "A": 0, "beta": 0, "D(target)": 0}
         old = {"E": 0, "A": 0, "beta": 0}
         zero_ends = 0
@@ -216,12 +229,12 @@ def loss_vs_data(reps: int, rng: np.random.Generator) -> None:
                 y = clean * np.exp(rng.normal(0, 0.02, d.size))
             else:
                 y = clean + rng.normal(0, 0.02 * clean.min(), d.size)
-            for tally, robust in ((hits, True), (old, False)):
-                fit = fit_loss_vs_data(d, y, CONF, robust=robust)
+            for tally, method in ((hits, "variance_function"), (old, "hc3")):
+                fit = fit_loss_vs_data(d, y, CONF, method=method)  # type: ignore[arg-type]
                 tally["E"] += _inside(fit.E_ci, e)
                 tally["A"] += _inside(fit.A_ci, a)
                 tally["beta"] += _inside(fit.beta_ci, beta)
-                if robust:
+                if method == "variance_function":
                     ci = data_for_target_interval(fit, target, CONF)
                     if ci is not None:
                         lo, hi = ci
@@ -232,7 +245,7 @@ def loss_vs_data(reps: int, rng: np.random.Generator) -> None:
                 f"L(D) {key} CI ({mode} noise, 8 sizes)",
                 count / reps,
                 old[key] / reps if key in old else None,
-                "[constant-noise covariance]" if key in old else "[profile likelihood in log D]",
+                "[unweighted, HC3 sandwich]" if key in old else "[profile likelihood in log D]",
             )
         print(f"    D(target) intervals with a lower end ≤ 0: {zero_ends} of {reps}")
 
@@ -249,37 +262,36 @@ def _grouped_losses(
 def loss_accuracy_guarantee(reps: int, rng: np.random.Generator) -> None:
     """The guarantee itself: an evaluation set of the stated n = z²σ̂²/ε² examples (σ̂² from a
     pilot of 1000) measures the mean loss within ±ε with probability ≥ 0.95. Independent
-    draws, and windows drawn from the same documents (16 per document): the variance is the
-    cluster-robust one when ``loss_variance`` takes ``groups`` (the budget helper's change),
-    else the i.i.d. one, which the grouped case shows to be unsafe."""
-    import inspect
-
+    draws (i.i.d. variance), and windows drawn from the same documents (16 per document):
+    there the cluster-robust σ²_eff of ``cluster_robust_variance`` (whole documents drawn), and
+    the i.i.d. one beside it, which the grouped case shows to be unsafe."""
     tol = 0.02
-    takes_groups = "groups" in inspect.signature(loss_variance).parameters
     for label, between, within, per in (
         ("independent draws", 0.0, 1.0, 1),
         ("16 windows per document", 0.5, 0.8, 16),
     ):
-        hits = 0
-        sizes = []
+        hits = {"cluster-robust": 0, "i.i.d.": 0}
+        sizes: dict[str, list[int]] = {k: [] for k in hits}
         for _ in range(reps):
-            pilot = _grouped_losses(rng, 1000 // per, per, between, within)
-            groups = np.repeat(np.arange(pilot.shape[0]), per)
-            if takes_groups and per > 1:
-                var = loss_variance(pilot.reshape(-1), CONF, groups=groups)  # type: ignore[call-arg]
-            else:
-                var = loss_variance(pilot.reshape(-1), CONF)
-            n = math.ceil(k_loss_accuracy(var.variance, tol, CONF))
-            sizes.append(n)
-            docs = math.ceil(n / per)
-            sample = _grouped_losses(rng, docs, per, between, within).reshape(-1)[:n]
-            hits += abs(float(sample.mean()) - 2.0) <= tol
-        variance_used = "cluster-robust" if takes_groups and per > 1 else "i.i.d."
-        _row(
-            f"loss within ±{tol} with the stated n ({label}; {variance_used} variance)",
-            hits / reps,
-            extra=f"median n = {int(np.median(sizes))}",
-        )
+            pilot = _grouped_losses(rng, 1000 // per, per, between, within).reshape(-1)
+            groups = np.repeat(np.arange(pilot.size // per), per)
+            variances = {"i.i.d.": loss_variance(pilot, CONF).variance}
+            if per > 1:
+                variances["cluster-robust"] = cluster_robust_variance(
+                    pilot, groups, CONF
+                ).effective_variance
+            for name, variance in variances.items():
+                n = math.ceil(k_loss_accuracy(variance, tol, CONF))
+                sizes[name].append(n)
+                docs = math.ceil(n / per)
+                sample = _grouped_losses(rng, docs, per, between, within).reshape(-1)[:n]
+                hits[name] += abs(float(sample.mean()) - 2.0) <= tol
+        for name in ("cluster-robust", "i.i.d.") if per > 1 else ("i.i.d.",):
+            _row(
+                f"loss within ±{tol} with the stated n ({label}; {name} variance)",
+                hits[name] / reps,
+                extra=f"median n = {int(np.median(sizes[name]))}",
+            )
 
 
 def hutchpp(reps: int) -> None:
@@ -313,16 +325,23 @@ def main() -> None:
         ],
         help="run only these sections",
     )
+    parser.add_argument("--seed", type=int, default=2026, help="of the replicates' generator")
+    parser.add_argument(
+        "--case",
+        default="",
+        help="critical_batch / loss_vs_data: only the cases whose label holds this text "
+        "(e.g. 'additive, 7 B'), to spread one section over processes",
+    )
     args = parser.parse_args()
-    rng = np.random.default_rng(2026)
+    rng = np.random.default_rng(args.seed)
     start = time.perf_counter()
     print(f"coverage at nominal {CONF} over {args.reps} replicates (truth known)")
     sections: dict[str, Callable[[], None]] = {
         "loss_accuracy": lambda: loss_accuracy(args.reps, rng),
         "guarantee": lambda: loss_accuracy_guarantee(args.reps, rng),
         "noise": lambda: noise_ratio(args.reps, rng),
-        "critical_batch": lambda: critical_batch(args.reps, rng),
-        "loss_vs_data": lambda: loss_vs_data(args.reps, rng),
+        "critical_batch": lambda: critical_batch(args.reps, rng, args.case),
+        "loss_vs_data": lambda: loss_vs_data(args.reps, rng, args.case),
         "hutchpp": lambda: hutchpp(args.reps),
     }
     for name in args.only or list(sections):

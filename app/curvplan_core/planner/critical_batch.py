@@ -11,6 +11,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import optimize, stats
 
+from curvplan_core.planner.variance_function import power_of_mean_weights, profile_loglik
+
 FloatArray = NDArray[np.float64]
 
 
@@ -39,7 +41,8 @@ class LinearCrossCheck:
 #: proportional to S (constant on log S: seed-to-seed spread), k = 0 constant noise on S (the
 #: resolution of the evaluations that time the target).
 VARIANCE_EXPONENTS = (0.0, 0.25, 0.5, 0.75, 1.0)
-IntervalMethod = Literal["variance_function", "hc3", "constant"]
+IntervalMethod = Literal["variance_function", "gls_model", "hc3", "constant"]
+GLS_METHODS = ("variance_function", "gls_model")
 
 
 def _fit_log_steps(
@@ -85,12 +88,16 @@ def fit_steps_to_target(
     mean model of Carroll & Ruppert 1988, ch. 2–3), k on the grid ``VARIANCE_EXPONENTS`` chosen
     by the Gaussian profile likelihood −n/2·log(SSR_w/n) + ½·Σ log w_i, with the weights
     w_i = μ_i^(2(1−k)) iterated three times (generalised least squares). Intervals (method
-    "variance_function", the default): θ ± t_{n−3}·se with cov = s_w²(JᵀWJ)⁻¹, one degree of
-    freedom spent on k (the small-sample correction; with 3 points, k = 1 and t_{n−2}),
-    mapped through exp; E_min = B_crit·S_min with its log-variance from the same covariance.
-    "hc3": the previous unweighted fit with the HC3 sandwich (MacKinnon & White 1985);
-    "constant" (or ``robust=False``): unweighted with s²(JᵀJ)⁻¹ — both kept for the coverage
-    benchmark. Needs at least 2 distinct batch sizes (intervals need 3).
+    "variance_function", the default): θ ± t_{n−3}·se with the HC3 sandwich of the weighted
+    problem (√W J, √W r; MacKinnon & White 1985, ``robust_covariance``): the chosen k is often
+    wrong with 5–7 points (additive noise read as multiplicative), and the model-based
+    s_w²(JᵀWJ)⁻¹ then covered 0.91 at nominal 0.95; one degree of freedom is spent on k (with
+    3 points: k = 1, s²(JᵀJ)⁻¹ and t_{n−2}); mapped through exp; E_min = B_crit·S_min with
+    its log-variance from the same covariance. "gls_model": the same fit with the model-based
+    covariance (the previous default). "hc3": the unweighted fit with the HC3 sandwich
+    (MacKinnon & White 1985); "constant" (or ``robust=False``): unweighted with s²(JᵀJ)⁻¹ —
+    all three kept for the coverage benchmark. Needs at least 2 distinct batch sizes
+    (intervals need 3).
     """
     b = np.asarray(batch_sizes, dtype=np.float64)
     s = np.asarray(steps, dtype=np.float64)
@@ -126,19 +133,19 @@ def fit_steps_to_target(
     theta = best.x
     weights = ones
     exponent = 1.0
-    if method == "variance_function" and n > 3 and float(best.fun @ best.fun) > 1e-24:
+    if method in GLS_METHODS and n > 3 and float(best.fun @ best.fun) > 1e-24:
         chosen = None
         for k in VARIANCE_EXPONENTS:
             theta_k, w_k = theta, ones
             for _ in range(3):
                 mu = np.exp(theta_k[0] + np.log1p(np.exp(theta_k[1]) / b))
-                w_k = (mu / mu.mean()) ** (2.0 * (1.0 - k))
+                # Var(log S) ∝ μ^(2(k−1)): the power-of-the-mean weights of exponent k − 1
+                w_k = power_of_mean_weights(mu, k - 1.0)
                 theta_k = _fit_log_steps(b, log_s, w_k, theta_k, bounds).x
             r_k = np.sqrt(w_k) * (theta_k[0] + np.log1p(np.exp(theta_k[1]) / b) - log_s)
-            ssr_w = float(r_k @ r_k)
-            if ssr_w <= 0:
+            loglik = profile_loglik(r_k, w_k)
+            if loglik is None:
                 continue
-            loglik = -0.5 * n * math.log(ssr_w / n) + 0.5 * float(np.log(w_k).sum())
             if chosen is None or loglik > chosen[0]:
                 chosen = (loglik, k, theta_k, w_k)
         if chosen is not None:
@@ -159,14 +166,20 @@ def fit_steps_to_target(
         jac = jacobian(theta)
         dof = n - 2
         cov: FloatArray | None
-        if method == "variance_function":
+        if method in GLS_METHODS:
             spent = 1 if n > 3 else 0
             dof = n - 2 - spent
-            wr = np.sqrt(weights) * resid
-            try:
-                cov = np.linalg.inv((jac * weights[:, None]).T @ jac) * float(wr @ wr) / dof
-            except np.linalg.LinAlgError:
-                cov = None
+            root_w = np.sqrt(weights)
+            wr = root_w * resid
+            if spent and method == "variance_function":
+                # the weights buy efficiency, the sandwich keeps the interval valid when the
+                # chosen variance function is wrong (it often is with 5–7 points)
+                cov = robust_covariance(jac * root_w[:, None], wr)
+            else:
+                try:
+                    cov = np.linalg.inv((jac * weights[:, None]).T @ jac) * float(wr @ wr) / dof
+                except np.linalg.LinAlgError:
+                    cov = None
         else:
             cov = robust_covariance(jac, resid, robust=method == "hc3")
         if cov is not None and np.all(np.isfinite(cov)):

@@ -114,7 +114,8 @@ NOISE_RELIABILITY: Final = formula(
 )
 B_CRIT_FIT: Final = formula(
     "batch.b_crit_fit",
-    "S = S_min(1 + B_crit/B), least squares on log S, HC3 CIs; E_min = B_crit·S_min",
+    "S = S_min(1 + B_crit/B), variance-function GLS on log S, HC3-sandwich CIs; "
+    "E_min = B_crit·S_min",
 )
 B_CRIT_LINEAR: Final = formula(
     "batch.b_crit_linear",
@@ -131,7 +132,7 @@ LR_SCALING: Final = formula(
 # Data scaling
 SCALING_FIT: Final = formula(
     "scaling.fit",
-    "L(D) = E + A·D^(−β), bounded nonlinear least squares; HC3 CIs, Student-t",
+    "L(D) = E + A·D^(−β), variance-function GLS; CIs: mean of model-based and HC3 cov, Student-t",
 )
 N_FOR_TARGET: Final = formula("scaling.n_for_target", "D = (A/(target − E))^(1/β)")
 

@@ -25,9 +25,11 @@ FloatArray = NDArray[np.float64]
 #: The noise scales in the order the budget's noise-scale trend tries them: the first one
 #: defined at ≥ 2 checkpoints leads ``budget.batch``. B_noise = tr(HΣ)/GᵀHG is the scale that
 #: McCandlish et al. 2018 (§2.2, eq. 2.8) relate to B_crit; B_simple = tr Σ/|G|² (eq. 2.9)
-#: equals it only when H ∝ I and is the fallback. Which one predicts a brute-force B_crit on
-#: real text is to be decided by benchmarks/bench_predictive.py; until then this order stays.
-TREND_SCALE_ORDER: tuple[str, ...] = ("B_noise", "B_simple")
+#: equals it only when H ∝ I. On real text (benchmarks/bench_predictive.py, the one seed
+#: measured: benchmarks/results/predictive-quick-20261201-1703.md) the B_simple trend gave
+#: 0.73× the brute-force B_crit and the B_noise trend 0.18–0.25×, so B_simple leads and B_noise
+#: is the fallback (docs/budget.md); the 2-seed full run is still to confirm it.
+TREND_SCALE_ORDER: tuple[str, ...] = ("B_simple", "B_noise")
 
 #: (numerator, denominator) field names of each noise scale in the measurements.
 NOISE_SCALE_FIELDS: dict[str, tuple[str, str]] = {

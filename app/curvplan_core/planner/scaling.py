@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy import optimize, stats
 
 from curvplan_core.planner.critical_batch import robust_covariance
+from curvplan_core.planner.variance_function import power_of_mean_weights, profile_loglik
 
 FloatArray = NDArray[np.float64]
 
@@ -31,6 +33,7 @@ class ScalingFit:
     cov: FloatArray | None  # covariance of θ = (E, log A, β)
     dof: int
     data: tuple[FloatArray, FloatArray] | None = None  # (D, L) the fit was made on
+    weights: FloatArray | None = None  # the GLS weights of the chosen variance function
 
 
 def _design(d: FloatArray, beta: float) -> FloatArray:
@@ -58,30 +61,51 @@ def _profile_start(d: FloatArray, loss: FloatArray) -> tuple[float, float, float
     return best[1], best[2], best[3]
 
 
+#: Exponents k of the variance model Var(L_i) ∝ μ_i^(2k) tried by the L(D) fit: k = 0 constant
+#: noise on the loss (evaluation noise of a fixed held-out set), k = 1 noise proportional to
+#: the loss (seed-to-seed spread of runs that end at different losses).
+LOSS_VARIANCE_EXPONENTS = (0.0, 0.5, 1.0)
+LossIntervalMethod = Literal["variance_function", "hc3", "constant"]
+
+
 def fit_loss_vs_data(
-    n_samples: FloatArray, losses: FloatArray, confidence: float, *, robust: bool = True
+    n_samples: FloatArray,
+    losses: FloatArray,
+    confidence: float,
+    *,
+    robust: bool = True,
+    method: LossIntervalMethod | None = None,
 ) -> ScalingFit:
     """Fit L(D) = E + A·D^(−β) by bounded nonlinear least squares (scipy TRF).
 
-    Parameters θ = (E, log A, β) with 0 ≤ E ≤ min L and β in BETA_BOUNDS; absolute residuals.
-    Intervals: θ ± t_{n−3}·se with the HC3 sandwich covariance (MacKinnon & White 1985; see
-    critical_batch.robust_covariance), which does not assume constant noise on the loss scale
-    (multiplicative noise on L does not have it); A's interval through exp. Needs 3 points (4 for
-    intervals) and at least 3 distinct dataset sizes.
+    Parameters θ = (E, log A, β) with 0 ≤ E ≤ min L and β in BETA_BOUNDS. The noise of an
+    L(D) table is constant (evaluation noise) or grows with the loss (seed spread), so the
+    fit estimates its variance function (method "variance_function", the default): Var(L_i)
+    ∝ μ_i^(2k), k in ``LOSS_VARIANCE_EXPONENTS`` chosen by the Gaussian profile likelihood,
+    weights iterated three times (generalised least squares; Carroll & Ruppert 1988, ch. 2–3,
+    ``variance_function``; with 4 points: unweighted). Intervals: θ ± t_{n−3}·se with cov the
+    average of the model-based s_w²(JᵀWJ)⁻¹ and the HC3 sandwich of the weighted problem
+    (√W J, √W r; MacKinnon & White 1985, ``robust_covariance``). Why the average (this
+    project's choice, calibrated by benchmarks/bench_coverage.py on 8 sizes, 1000 tables): the
+    model-based covariance alone under-covers log A (0.91) when k is misread, the sandwich
+    alone over-covers (0.98–0.99, the unweighted HC3 this replaces: 0.985), the average
+    covers 0.95–0.98 with additive and multiplicative noise. A's interval through exp, β's on
+    log β. "hc3" (unweighted HC3) and "constant" (or ``robust=False``: unweighted s²(JᵀJ)⁻¹)
+    stay for the coverage benchmark. Needs 3 points (4 for intervals) and at least 3 distinct
+    dataset sizes.
     """
     d = np.asarray(n_samples, dtype=np.float64)
     y = np.asarray(losses, dtype=np.float64)
     n = d.size
     if np.unique(d).size < 3:
         raise ValueError("loss_vs_data needs at least 3 distinct n_samples")
+    if method is None:
+        method = "variance_function" if robust else "constant"
     log_d = np.log(d)
     e0, a0, b0 = _profile_start(d, y)
 
     def model(theta: FloatArray) -> FloatArray:
         return theta[0] + np.exp(theta[1] - theta[2] * log_d)
-
-    def residuals(theta: FloatArray) -> FloatArray:
-        return model(theta) - y
 
     def jacobian(theta: FloatArray) -> FloatArray:
         power = np.exp(theta[1] - theta[2] * log_d)
@@ -90,28 +114,58 @@ def fit_loss_vs_data(
     y_min = float(y.min())
     lower = np.array([0.0, -700.0, BETA_BOUNDS[0]])
     upper = np.array([max(y_min, 1e-12), 700.0, BETA_BOUNDS[1]])
-    start = np.clip(np.array([e0, math.log(a0), b0]), lower, upper)
-    res = optimize.least_squares(
-        residuals,
-        start,
-        jac=jacobian,
-        bounds=(lower, upper),
-        method="trf",
-        x_scale="jac",
-        xtol=1e-14,
-        ftol=1e-14,
-        gtol=1e-14,
-        max_nfev=5000,
-    )
-    theta = res.x
-    ss_res = float(res.fun @ res.fun)
+
+    def solve(start: FloatArray, weights: FloatArray) -> FloatArray:
+        root_w = np.sqrt(weights)
+        res = optimize.least_squares(
+            lambda th: root_w * (model(th) - y),
+            np.clip(start, lower, upper),
+            jac=lambda th: root_w[:, None] * jacobian(th),
+            bounds=(lower, upper),
+            method="trf",
+            x_scale="jac",
+            xtol=1e-14,
+            ftol=1e-14,
+            gtol=1e-14,
+            max_nfev=5000,
+        )
+        return np.asarray(res.x, dtype=np.float64)
+
+    ones = np.ones(n)
+    theta = solve(np.array([e0, math.log(a0), b0]), ones)
+    resid = model(theta) - y
+    weights = ones
+    if method == "variance_function" and n > 4 and float(resid @ resid) > 1e-24:
+        chosen: tuple[float, FloatArray, FloatArray] | None = None
+        for k in LOSS_VARIANCE_EXPONENTS:
+            theta_k, w_k = theta, ones
+            for _ in range(3):
+                mu = model(theta_k)
+                if not np.all(mu > 0):
+                    break
+                w_k = power_of_mean_weights(mu, k)
+                theta_k = solve(theta_k, w_k)
+            loglik = profile_loglik(np.sqrt(w_k) * (model(theta_k) - y), w_k)
+            if loglik is not None and (chosen is None or loglik > chosen[0]):
+                chosen = (loglik, theta_k, w_k)
+        if chosen is not None:
+            _, theta, weights = chosen
+            resid = model(theta) - y
+    ss_res = float(resid @ resid)
     ss_tot = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
     e_ci = a_ci = b_ci = None
     cov = None
     dof = n - 3
     if dof > 0:
-        cov = robust_covariance(jacobian(theta), res.fun, robust=robust)
+        root_w = np.sqrt(weights)
+        jac_w = jacobian(theta) * root_w[:, None]
+        if method == "variance_function":
+            model_cov = robust_covariance(jac_w, root_w * resid, robust=False)
+            sandwich = robust_covariance(jac_w, root_w * resid)
+            cov = None if model_cov is None or sandwich is None else 0.5 * (model_cov + sandwich)
+        else:
+            cov = robust_covariance(jacobian(theta), resid, robust=method == "hc3")
         if cov is not None and np.all(np.isfinite(cov)):
             t = float(stats.t.ppf((1 + confidence) / 2, dof))
             se = np.sqrt(np.maximum(np.diag(cov), 0.0))
@@ -135,6 +189,7 @@ def fit_loss_vs_data(
         cov=cov,
         dof=dof,
         data=(d, y),
+        weights=weights,
     )
 
 
