@@ -2,17 +2,18 @@
 attempt of the job parses it once, into that model, which flows to the engine unparsed.
 
 The API runs in-process on a database of this module alone; the worker is a real
-``WorkerSlot`` whose attempts are forked children (``fork``: they inherit the counter below).
-One analysis walks its whole fan-out: the planning attempt, each ``analyze_blocks`` child and
-the fan-in, with an intermediate checkpoint (the gradient-noise stage builds the model again).
+``WorkerSlot`` in a fresh process (``typed_walk.py``) whose attempts are forked children
+(``fork``: they inherit its counter). One analysis walks its whole fan-out, planned at
+submission: each ``analyze_blocks`` child and the fan-in, with an intermediate checkpoint (the
+gradient-noise stage builds the model again).
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import threading
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,6 @@ from sqlalchemy import Engine, text
 from curvplan.types.jobs import CLIENT_JOB_CREATE_ADAPTER, AnalyzeJobCreate, PlanJobCreate
 from curvplan.types.spec import ModelSpec
 from curvplan_core.db import make_engine
-from curvplan_core.jobs import lifecycle
 from curvplan_worker.child import request_json
 from curvplan_worker.kinds import load_request
 
@@ -52,10 +52,10 @@ OPTIONS: dict[str, Any] = {
     "noise_grad_examples": 4,
     "noise_hessian_examples": 2,
     "noise_adaptive": False,
+    "fan_out": True,
     "fan_out_groups": 2,
     "bound_options": {"mode": "exact", "max_samples": 4},
 }
-FORK = multiprocessing.get_context("fork")
 
 
 @pytest.fixture(scope="module")
@@ -143,29 +143,15 @@ def _stored(engine: Engine, job_id: str) -> Any:
         ).one()
 
 
-def _run_queue(engine: Engine, url: str, data_dir: Path) -> list[str]:
-    """Claim and run every runnable job with one in-process worker slot; the kinds run."""
-    from curvplan_worker.claim_loop import WorkerSlot
-    from curvplan_worker.options import WorkerOptions
-
-    options = WorkerOptions(
-        database_url=url,
-        queues=("gpu", "cpu"),
-        data_dir=data_dir,
-        lease_seconds=60.0,
-        heartbeat_seconds=5.0,
-        log_format="json",
-        log_level="WARNING",
-    )
-    slot = WorkerSlot(options, engine, FORK, threading.Event(), threading.Event(), "w-typed")
-    kinds = []
-    while True:
-        with engine.begin() as conn:
-            claimed = lifecycle.claim(conn, slot.worker_id, ["gpu", "cpu"], 60.0)
-        if claimed is None:
-            return kinds
-        kinds.append(claimed.kind)
-        slot.supervisor.run(claimed)
+def _run_queue(url: str, data_dir: Path, counts: Path) -> list[str]:
+    """Every runnable job, run by one worker slot in a fresh process (``typed_walk.py``)."""
+    walk = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("typed_walk.py")), url, str(data_dir),
+         str(counts)],
+        capture_output=True, text=True, timeout=240, env=os.environ.copy(),
+    )  # fmt: skip
+    assert walk.returncode == 0, walk.stderr[-3000:]
+    return list(json.loads(walk.stdout.strip().splitlines()[-1]))
 
 
 def test_each_attempt_of_an_analysis_parses_its_model_spec_once(
@@ -194,8 +180,9 @@ def test_each_attempt_of_an_analysis_parses_its_model_spec_once(
     answer = client.post("/v1/jobs", headers=headers, json=body)
     assert answer.status_code == 202, answer.text
     job_id = answer.json()["id"]
-    # The API validated the body once and checked the model's size on that model.
-    assert (spec_parses / str(os.getpid())).read_text().splitlines() == ["1"]
+    # The API validated the body once (and checked the model's size on that model); the only
+    # other parses are of the two analyze_blocks children it created at submission.
+    assert (spec_parses / str(os.getpid())).read_text().splitlines() == ["1"] * 3
 
     # What the API stored (JSONB) is the validated model's JSON: it parses back unchanged.
     row = _stored(engine, job_id)
@@ -207,10 +194,11 @@ def test_each_attempt_of_an_analysis_parses_its_model_spec_once(
     for stale in spec_parses.iterdir():  # the API's and this test's own parses
         stale.unlink()
 
-    kinds = _run_queue(engine, typed_database, tmp_path / "data")
+    kinds = _run_queue(typed_database, tmp_path / "data", spec_parses)
     row = _stored(engine, job_id)
     assert row.status == "succeeded", row.error
-    assert kinds == ["analyze", "analyze_blocks", "analyze_blocks", "analyze"]
+    # fanned out at submission: the two block groups, then the parent's one attempt (fan-in)
+    assert kinds == ["analyze_blocks", "analyze_blocks", "analyze"]
     per_attempt = {p.name: len(p.read_text().splitlines()) for p in spec_parses.iterdir()}
     assert len(per_attempt) == len(kinds), per_attempt  # one child process per attempt
     assert set(per_attempt.values()) == {1}, per_attempt
@@ -223,5 +211,5 @@ def test_each_attempt_of_an_analysis_parses_its_model_spec_once(
     assert row.request["from_job"] == job_id and row.request["measurements"]
     parsed_plan = load_request("plan", request_json(row.kind, row.request))
     assert isinstance(parsed_plan, PlanJobCreate) and parsed_plan.measurements is not None
-    assert _run_queue(engine, typed_database, tmp_path / "data") == ["plan"]
+    assert _run_queue(typed_database, tmp_path / "data", spec_parses) == ["plan"]
     assert _stored(engine, answer.json()["id"]).status == "succeeded"

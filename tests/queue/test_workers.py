@@ -217,7 +217,7 @@ def test_paused_zombie_worker_cannot_overwrite_the_job(db, project_id, start_wor
 def test_cancel_queued_job_is_never_run(db, project_id, start_worker):
     cancelled, other = insert_jobs(db, project_id, [plan_request(), plan_request()])
     with Session(db) as session:
-        assert cancel_job(session, project_id, cancelled)["status"] == "cancelled"
+        assert cancel_job(session, project_id, cancelled).status == "cancelled"
         session.commit()
     start_worker(*FAST)
     wait_for(lambda: status_of(db, other) == "succeeded", 30, "the other job")
@@ -231,7 +231,7 @@ def test_cancel_running_job_stops_its_child(db, project_id, start_worker):
     wait_for(lambda: child_pid(worker, job_id, 1), 30, "the job to start")
     pid = child_pid(worker, job_id, 1)
     with Session(db) as session:
-        assert cancel_job(session, project_id, job_id)["status"] == "cancelling"
+        assert cancel_job(session, project_id, job_id).status == "cancelling"
         session.commit()
     wait_for(lambda: status_of(db, job_id) == "cancelled", 10, "the job to be cancelled")
     assert process_gone(pid)

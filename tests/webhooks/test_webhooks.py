@@ -15,6 +15,7 @@ from receiver import Receiver
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from curvplan.types.jobs import PlanJobCreate
 from curvplan.webhooks import (
     WebhookVerificationError,
     WebhookVerifier,
@@ -48,12 +49,13 @@ def _job(engine: Any, project_id: uuid.UUID, url: str | None, parent: uuid.UUID 
     if url is not None:
         body["webhook_url"] = url
     with Session(engine) as session:
-        job = service.create_job(session, project_id, body, default_max_attempts=3).job
+        model = PlanJobCreate.model_validate(body)
+        job = service.create_job(session, project_id, model, default_max_attempts=3).job
         if parent is not None:
             session.execute(text("UPDATE job SET parent_id = :p WHERE id = :j"),
-                            {"p": parent, "j": job["id"]})  # fmt: skip
+                            {"p": parent, "j": job.id})  # fmt: skip
         session.commit()
-    return uuid.UUID(job["id"])
+    return job.id
 
 
 def _set_status(engine: Any, job_id: uuid.UUID, status: str, *, commit: bool = True) -> None:
