@@ -14,12 +14,14 @@ Then a scratch service (``bench_service.scratch_service``) gets the converged ch
 the intermediate checkpoints, the training examples and the held-out sample; it runs a batch
 sweep, a data sweep and two analyses (intermediates only; intermediates + sweeps), and the
 budget's numbers are printed beside the truth with their ratio and whether they are within
-1.5×. The ground truth is cached per mode in ``benchmarks/results/predictive-truth-<mode>.json``
-(keyed by a hash of the settings and of the corpus), so ``--reuse-truth`` re-runs the service
-half alone.
+1.5×. The ground truth is cached per mode and seed in
+``benchmarks/results/predictive-truth-<mode>.json`` (keyed by a hash of the settings and of
+the corpus, written after every seed), so a rerun measures only the seeds missing
+(``--fresh-truth`` measures all again). The seeds run in processes of their own (``--jobs``,
+default 2) while the service half runs.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_predictive.py --quick
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_predictive.py --reuse-truth
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_predictive.py
 """
 
 from __future__ import annotations
@@ -29,11 +31,14 @@ import dataclasses
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import platform
 import resource
 import sys
+import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -124,57 +129,51 @@ class Mode:
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-FULL = Mode(
-    name="full",
-    seeds=(0, 1),
-    d_model=48,
-    n_heads=4,
-    d_ff=96,
-    n_layers=2,
-    seq_len=32,
-    n_eval=384,
-    ref_steps=1500,
-    ref_lr=3e-3,
-    ref_batch=32,
-    target_fraction=0.3,
-    intermediate_fractions=(0.05, 0.1, 0.2, 0.4, 0.6),
-    batch_sizes=(8, 16, 32, 64, 128, 256),
-    batch_max_steps=4000,
-    batch_lr_start=3e-3,
-    max_lrs=4,
-    data_sizes=(500, 1000, 2000, 4000, 8000, 16000, 32000),
-    data_steps=(900,) * 7,
-    data_lrs=(1.5e-3, 3e-3, 6e-3),
-    data_batch=32,
-    lanczos_iterations=100,
-    gd_steps=60,
-    service_eval_every=10,
-    service_data_max_steps=900,
-    service_lr_grid=(0.5, 1.0, 2.0),
-)
-QUICK = dataclasses.replace(
-    FULL,
+QUICK = Mode(
     name="quick",
     seeds=(0,),
     d_model=32,
     n_heads=2,
     d_ff=64,
+    n_layers=2,
+    seq_len=32,
     n_eval=256,
     ref_steps=400,
+    ref_lr=3e-3,
+    ref_batch=32,
     target_fraction=0.4,
     intermediate_fractions=(0.05, 0.1, 0.2, 0.4, 0.6),
     batch_sizes=(8, 16, 32, 64, 128),
     batch_max_steps=1500,
+    batch_lr_start=3e-3,
     max_lrs=3,
     data_sizes=(250, 500, 1000, 2000, 4000),
     data_steps=(300,) * 5,
     data_lrs=(3e-3,),
+    data_batch=32,
     lanczos_iterations=60,
     gd_steps=30,
     service_eval_every=10,
     service_data_max_steps=300,
     service_lr_grid=(1.0,),
     analysis_options={"tolerance": 1e-4, "trace_probes": 10, "n_directions": 4},
+)
+#: The full mode: the quick mode's model and reference run (so the two are comparable and the
+#: service half costs about the same), with what the ground truth needs to be trusted: 2 seeds,
+#: 6 batch sizes with up to 4 lrs each, 6 nested subsets with a 3-value lr grid on the ends.
+#: Profiled on the quick run (per seed: batch sizes 56 %, data 23 %, λ_max + GD 13 %, reference
+#: 8 %; the service half, two analyses most of it, is ~80 % of the total), the d_model-48 model
+#: the first draft used would have cost ~4 wall-hours on the shared machine.
+FULL = dataclasses.replace(
+    QUICK,
+    name="full",
+    seeds=(0, 1),
+    batch_sizes=(8, 16, 32, 64, 128, 256),
+    max_lrs=4,
+    data_sizes=(250, 500, 1000, 2000, 4000, 8000),
+    data_steps=(300,) * 6,
+    data_lrs=(1.5e-3, 3e-3, 6e-3),
+    lanczos_iterations=80,
 )
 MODES = {"full": FULL, "quick": QUICK}
 
@@ -250,57 +249,129 @@ def target_from_reference(info: dict, fraction: float, ref_steps: int) -> float:
     return math.ceil(loss * 100) / 100
 
 
-def run_truth(mode: Mode, data, make_model, cached: dict) -> tuple[dict, dict]:
-    out = dict(cached)
-    target = out.get("target_loss")
-    models = {}
-    for seed in mode.seeds:
-        if str(seed) in out.get("seeds", {}):
-            continue
-        t0 = cpu_self()
-        print(f"[truth] seed {seed}: reference run", flush=True)
-        model, states, ref = reference_run(mode, make_model, data, seed)
-        models[seed] = (model, states)
-        if target is None:
-            target = target_from_reference(ref, mode.target_fraction, mode.ref_steps)
-            out["target_loss"] = target
-        print(f"[truth] seed {seed}: target loss {target}; batch sizes", flush=True)
-        batch = batch_truth(
-            make_model,
-            data,
-            BatchSettings(
-                mode.batch_sizes,
-                target,
-                mode.batch_lr_start,
-                mode.batch_max_steps,
-                max_lrs=mode.max_lrs,
-            ),
-            seed,
+def load_data(mode: Mode):
+    """The corpus split, its manifest and hash, the held-out sample and the tensors."""
+    split, manifest, corpus_hash, pick = corpus(mode)
+    eval_np = (split.val_x[pick], split.val_y[pick])
+    tx, ty = to_tensors(split.train_x, split.train_y)
+    vx, vy = to_tensors(*eval_np)
+    return split, manifest, corpus_hash, eval_np, (tx, ty, vx, vy)
+
+
+def seed_truth(mode: Mode, data, make_model, seed: int, target: float | None) -> dict:
+    """One seed's ground truth: its reference run (and the target from it when none is given
+    yet), the tuned steps per batch size, L(D) on nested subsets and the full-Hessian λ_max."""
+    t0 = cpu_self()
+    print(f"[truth] seed {seed}: reference run", flush=True)
+    model, _states, ref = reference_run(mode, make_model, data, seed)
+    if target is None:
+        target = target_from_reference(ref, mode.target_fraction, mode.ref_steps)
+    print(f"[truth] seed {seed}: target loss {target}; batch sizes", flush=True)
+    batch = batch_truth(
+        make_model,
+        data,
+        BatchSettings(
+            mode.batch_sizes,
+            target,
+            mode.batch_lr_start,
+            mode.batch_max_steps,
+            max_lrs=mode.max_lrs,
+        ),
+        seed,
+    )
+    print(f"[truth] seed {seed}: B_crit {batch['fit'].get('b_crit')}; data sizes", flush=True)
+    data_fit = data_truth(
+        make_model,
+        data,
+        DataSettings(mode.data_sizes, target, mode.data_batch, mode.data_steps, mode.data_lrs),
+        seed,
+    )
+    print(f"[truth] seed {seed}: data {data_fit['needed_for_target']}; λ_max", flush=True)
+    curv = curvature_truth(
+        model,
+        (data[2], data[3]),
+        iterations=mode.lanczos_iterations,
+        gd_steps=mode.gd_steps,
+        seed=seed,
+    )
+    print(f"[truth] seed {seed}: λ_max {curv['lambda_max']:.5g}", flush=True)
+    return {
+        "target_loss": target,
+        "reference": ref,
+        "batch": batch,
+        "data": data_fit,
+        "curvature": curv,
+        "cpu_s": cpu_self() - t0,
+    }
+
+
+def _seed_truth_process(mode_name: str, seed: int, target: float) -> dict:
+    """``seed_truth`` in a worker process of its own (spawned: it rebuilds the corpus, which is
+    deterministic); its CPU is the whole process's, imports included."""
+    torch.set_num_threads(1)
+    mode = MODES[mode_name]
+    *_, data = load_data(mode)
+    out = seed_truth(mode, data, make_factory(mode), seed, target)
+    out["cpu_s"] = cpu_self()
+    return out
+
+
+class TruthCache:
+    """``benchmarks/results/predictive-truth-<mode>.json``: the ground truth seed by seed, keyed
+    by the settings' hash and the corpus hash, written after every seed, so a rerun (or an
+    interrupted run) reuses every seed already measured. Other settings or another corpus:
+    nothing is reused."""
+
+    def __init__(self, mode: Mode, corpus_hash: str, *, fresh: bool) -> None:
+        self.path = RESULTS / f"predictive-truth-{mode.name}.json"
+        self.mode = mode
+        self.corpus_hash = corpus_hash
+        self.truth: dict = {"seeds": {}}
+        if not fresh and self.path.exists():
+            stored = json.loads(self.path.read_text())
+            if stored.get("mode_key") == mode.key() and stored.get("corpus_hash") == corpus_hash:
+                self.truth = stored
+                print(f"[truth] reusing {self.path.name} (seeds {list(stored['seeds'])})")
+            else:
+                print(f"[truth] {self.path.name} is for other settings or another corpus")
+        self._lock = threading.Lock()
+
+    def missing(self) -> list[int]:
+        return [s for s in self.mode.seeds if str(s) not in self.truth["seeds"]]
+
+    def add(self, seed: int, result: dict) -> None:
+        with self._lock:
+            self.truth.setdefault("target_loss", result.pop("target_loss"))
+            self.truth["seeds"][str(seed)] = result
+            self.truth.update(
+                mode_key=self.mode.key(),
+                corpus_hash=self.corpus_hash,
+                mode=dataclasses.asdict(self.mode),
+            )
+            RESULTS.mkdir(exist_ok=True)
+            tmp = self.path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(self.truth, indent=1, default=_json_default) + "\n")
+            tmp.replace(self.path)
+
+
+def start_truth(mode: Mode, cache: TruthCache, target: float, jobs: int):
+    """The missing seeds in ``jobs`` spawned processes (one seed each); every result lands in
+    the cache as it arrives. The futures are returned so the service half runs meanwhile."""
+    missing = cache.missing()
+    if not missing:
+        return None, []
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(
+        max_workers=min(jobs, len(missing)), mp_context=context, max_tasks_per_child=1
+    )
+    futures = []
+    for seed in missing:
+        future = pool.submit(_seed_truth_process, mode.name, seed, target)
+        future.add_done_callback(
+            lambda f, seed=seed: cache.add(seed, f.result()) if f.exception() is None else None
         )
-        print(f"[truth] seed {seed}: B_crit {batch['fit'].get('b_crit')}; data sizes", flush=True)
-        data_fit = data_truth(
-            make_model,
-            data,
-            DataSettings(mode.data_sizes, target, mode.data_batch, mode.data_steps, mode.data_lrs),
-            seed,
-        )
-        print(f"[truth] seed {seed}: data {data_fit['needed_for_target']}; λ_max", flush=True)
-        curv = curvature_truth(
-            model,
-            (data[2], data[3]),
-            iterations=mode.lanczos_iterations,
-            gd_steps=mode.gd_steps,
-            seed=seed,
-        )
-        print(f"[truth] seed {seed}: λ_max {curv['lambda_max']:.5g}", flush=True)
-        out.setdefault("seeds", {})[str(seed)] = {
-            "reference": ref,
-            "batch": batch,
-            "data": data_fit,
-            "curvature": curv,
-            "cpu_s": cpu_self() - t0,
-        }
-    return out, models
+        futures.append(future)
+    return pool, futures
 
 
 def summarise(truth: dict) -> dict:
@@ -339,25 +410,18 @@ def summarise(truth: dict) -> dict:
     }
 
 
-def service_half(mode: Mode, truth: dict, data_np, split, models, make_model, args) -> dict:
+def service_half(mode: Mode, truth: dict, eval_np, data, split, models, args) -> dict:
     from predictive.service import ask_service, write_files
 
     seed = min(mode.seeds)
     workdir = Path(args.workdir or f"/tmp/curvplan-predictive-{mode.name}-{mode.key()}")
-    if seed not in models:
-        print("[service] re-running the reference run for the checkpoint files", flush=True)
-        model, states, ref = reference_run(mode, make_model, data_np["tensors"], seed)
-        cached = truth["seeds"][str(seed)]["reference"]["final_loss"]
-        if abs(ref["final_loss"] - cached) > 1e-3:
-            print(f"[service] warning: checkpoint loss {ref['final_loss']} ≠ cached {cached}")
-        models[seed] = (model, states)
     model, states = models[seed]
     files = write_files(
         workdir,
         checkpoint_model=model,
         intermediates=states,
         train=(split.train_x, split.train_y),
-        evaluation=data_np["eval"],
+        evaluation=eval_np,
         spec=mode.spec(),
     )
     target = truth["target_loss"]
@@ -485,8 +549,13 @@ def markdown(mode: Mode, truth: dict, summary: dict, rows, service: dict | None,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the reduced mode (≤ 10 CPU-min)")
-    parser.add_argument("--reuse-truth", action="store_true", help="use the cached truth")
+    parser.add_argument(
+        "--fresh-truth", action="store_true", help="ignore the cached truth (default: reuse it)"
+    )
     parser.add_argument("--truth-only", action="store_true", help="skip the service half")
+    parser.add_argument(
+        "--jobs", type=int, default=2, help="seeds measured at once, in processes of their own"
+    )
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--workdir", default=None, help="where the uploaded files are written")
     parser.add_argument("--tag", default="", help="suffix of the result files")
@@ -502,31 +571,45 @@ def main() -> None:
     torch.set_num_threads(1)
     wall0 = time.monotonic()
     cpu0 = cpu_self()
-    split, manifest, corpus_hash, pick = corpus(mode)
-    eval_np = (split.val_x[pick], split.val_y[pick])
-    tx, ty = to_tensors(split.train_x, split.train_y)
-    vx, vy = to_tensors(*eval_np)
-    data = (tx, ty, vx, vy)
+    split, manifest, corpus_hash, eval_np, data = load_data(mode)
     make_model = make_factory(mode)
-    cache_path = RESULTS / f"predictive-truth-{mode.name}.json"
-    cached: dict = {}
-    if args.reuse_truth and cache_path.exists():
-        stored = json.loads(cache_path.read_text())
-        if stored.get("mode_key") == mode.key() and stored.get("corpus_hash") == corpus_hash:
-            cached = stored
-            print(f"[truth] reusing {cache_path.name} (seeds {list(stored['seeds'])})")
-        else:
-            print(f"[truth] {cache_path.name} is for other settings or another corpus: recomputed")
-    truth, models = run_truth(mode, data, make_model, cached)
-    truth.update(mode_key=mode.key(), corpus_hash=corpus_hash, mode=dataclasses.asdict(mode))
-    RESULTS.mkdir(exist_ok=True)
-    cache_path.write_text(json.dumps(truth, indent=1, default=_json_default) + "\n")
-    truth_cpu_this_run = cpu_self() - cpu0
+    cache = TruthCache(mode, corpus_hash, fresh=args.fresh_truth)
+    first = min(mode.seeds)
+    models: dict = {}
+    target = cache.truth.get("target_loss")
+    if target is None or not args.truth_only:
+        # seed 0's reference run: the target loss and the checkpoints the service gets
+        model, states, ref = reference_run(mode, make_model, data, first)
+        models[first] = (model, states)
+        if target is None:
+            target = target_from_reference(ref, mode.target_fraction, mode.ref_steps)
+    print(f"[truth] target loss {target}; seeds to measure {cache.missing()}", flush=True)
+    child_cpu = 0.0
     service = None
-    if not args.truth_only:
-        service = service_half(
-            mode, truth, {"eval": eval_np, "tensors": data}, split, models, make_model, args
-        )
+    if args.jobs > 1:
+        pool, futures = start_truth(mode, cache, target, args.jobs)
+        if not args.truth_only:
+            service = service_half(
+                mode, {"target_loss": target}, eval_np, data, split, models, args
+            )
+        if pool is not None:
+            pool.shutdown(wait=True)  # the done-callbacks (cache writes) have run after this
+        for future in futures:
+            if future.exception() is not None:
+                print(f"[truth] a seed failed: {future.exception()!r}", flush=True)
+            else:
+                child_cpu += future.result()["cpu_s"]
+    else:
+        for seed in cache.missing():
+            cache.add(seed, seed_truth(mode, data, make_model, seed, target))
+        if not args.truth_only:
+            service = service_half(
+                mode, {"target_loss": target}, eval_np, data, split, models, args
+            )
+    truth = cache.truth
+    if not truth["seeds"]:
+        raise SystemExit("no seed of the ground truth finished")
+    truth_cpu_this_run = cpu_self() - cpu0 + child_cpu
     truth_cpu = sum(s["cpu_s"] for s in truth["seeds"].values())
     service_cpu = 0.0 if service is None else service["cpu_s"]
     meta = {

@@ -19,8 +19,9 @@ from typing import Any
 
 
 class CpuMeter:
-    """CPU seconds of every descendant of this process (the API, the workers, their
-    forkservers and the job processes those reap), polled each second: Σ user + system +
+    """CPU seconds of the service's processes (the API, the workers, their forkservers and
+    the job processes those reap; not the benchmark's own multiprocessing children), polled
+    each second: Σ user + system +
     reaped children's, the largest sum seen. The forkservers are never reaped by the workers,
     so ``getrusage(RUSAGE_CHILDREN)`` alone would miss the jobs' CPU."""
 
@@ -34,12 +35,19 @@ class CpuMeter:
         import psutil
 
         total = 0.0
-        for proc in psutil.Process(os.getpid()).children(recursive=True):
+        for top in psutil.Process(os.getpid()).children():
             try:
-                t = proc.cpu_times()
+                if any("multiprocessing" in part for part in top.cmdline()):
+                    continue  # the benchmark's own truth processes, counted by themselves
+                procs = [top, *top.children(recursive=True)]
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            total += t.user + t.system + t.children_user + t.children_system
+            for proc in procs:
+                try:
+                    t = proc.cpu_times()
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    continue
+                total += t.user + t.system + t.children_user + t.children_system
         self.peak = max(self.peak, total)
         return total
 
