@@ -49,7 +49,7 @@ sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from predictive import compare  # noqa: E402
+from predictive import branch, compare  # noqa: E402
 from predictive.corpus import VOCAB, find_documents, split_by_document  # noqa: E402
 from predictive.training import held_out_loss, to_tensors, train  # noqa: E402
 from predictive.truth import (  # noqa: E402
@@ -415,15 +415,18 @@ def service_half(mode: Mode, truth: dict, eval_np, data, split, models, args) ->
 
     seed = min(mode.seeds)
     workdir = Path(args.workdir or f"/tmp/curvplan-predictive-{mode.name}-{mode.key()}")
-    model, states = models[seed]
-    files = write_files(
-        workdir,
-        checkpoint_model=model,
-        intermediates=states,
-        train=(split.train_x, split.train_y),
-        evaluation=eval_np,
-        spec=mode.spec(),
-    )
+    files = branch.existing_files(workdir, mode.spec()) if seed not in models else None
+    if files is None:
+        model, states = models[seed]
+        files = write_files(
+            workdir,
+            checkpoint_model=model,
+            intermediates=states,
+            train=(split.train_x, split.train_y),
+            evaluation=eval_np,
+            spec=mode.spec(),
+        )
+    only_branch = getattr(args, "only", None) == "branch"
     target = truth["target_loss"]
     optimizer = {
         "name": "adamw",
@@ -434,20 +437,24 @@ def service_half(mode: Mode, truth: dict, eval_np, data, split, models, args) ->
         "lr_grid": list(mode.service_lr_grid),
     }
     print(f"[service] sweeps and analyses at target loss {target}", flush=True)
-    return ask_service(
+    answers = ask_service(
         args.admin_url,
         files,
         spec=mode.spec(),
         target_loss=target,
         available_samples=len(split.train_x),
-        batch_sweep={
+        batch_sweep=None
+        if only_branch
+        else {
             "type": "batch",
             "target_loss": target,
             "batch_sizes": list(mode.batch_sizes),
             "max_steps": mode.batch_max_steps,
             "eval_every": mode.service_eval_every,
         },
-        data_sweep={
+        data_sweep=None
+        if only_branch
+        else {
             "type": "data",
             "target_loss": target,
             "data_sizes": list(mode.data_sizes),
@@ -457,7 +464,13 @@ def service_half(mode: Mode, truth: dict, eval_np, data, split, models, args) ->
         },
         optimizer=optimizer,
         analysis_options=mode.analysis_options,
+        branch_sweep=branch.branch_sweep_settings(
+            mode.batch_sizes, mode.seq_len, branch.checkpoint_steps(files["intermediates"])
+        ),
+        first_analyze=not only_branch,
     )
+    answers["only"] = "branch" if only_branch else None
+    return answers
 
 
 def markdown(mode: Mode, truth: dict, summary: dict, rows, service: dict | None, meta: dict) -> str:
@@ -536,6 +549,7 @@ def markdown(mode: Mode, truth: dict, summary: dict, rows, service: dict | None,
                 lines.append(
                     f"| {t['checkpoint']} | {t['step']} | {' | '.join(cells)} | {t['n_samples']} |"
                 )
+        lines += branch.markdown_lines(service, seeds, mode.seq_len)
         counts = {v: sum(r.verdict == v for r in rows) for v in ("yes", "MISSES", "not_available")}
         lines += [
             "",
@@ -563,11 +577,26 @@ def main() -> None:
     parser.add_argument(
         "--rerender", type=Path, default=None, help="rebuild the report of a results JSON"
     )
+    parser.add_argument(
+        "--only",
+        choices=["branch"],
+        default=None,
+        help="branch: only the branch sweep and the analysis given it, against a cached truth",
+    )
+    parser.add_argument(
+        "--truth",
+        type=Path,
+        default=None,
+        help="the truth cache --only reads (default: the mode's cache in benchmarks/results)",
+    )
     args = parser.parse_args()
     if args.rerender is not None:
         rerender(args.rerender)
         return
     mode = QUICK if args.quick else FULL
+    if args.only == "branch":
+        only_branch(mode, args)
+        return
     torch.set_num_threads(1)
     wall0 = time.monotonic()
     cpu0 = cpu_self()
@@ -638,13 +667,69 @@ def main() -> None:
     write_report(mode, truth, service, meta, manifest, stem)
 
 
+def only_branch(mode: Mode, args: argparse.Namespace) -> None:
+    """``--only branch``: the branch sweep from the intermediate checkpoints and the analysis
+    given it, against a truth cache measured before (no truth is measured here). The uploaded
+    files are an earlier run's in ``--workdir`` when they are there (seed 0's reference run is
+    deterministic), else the reference run is trained again."""
+    torch.set_num_threads(1)
+    wall0 = time.monotonic()
+    cpu0 = cpu_self()
+    path = args.truth or RESULTS / f"predictive-truth-{mode.name}.json"
+    truth = json.loads(path.read_text())
+    split, manifest, corpus_hash, eval_np, data = load_data(mode)
+    matches = truth.get("mode_key") == mode.key() and truth.get("corpus_hash") == corpus_hash
+    if not matches:
+        print(f"[truth] WARNING: {path} is for other settings or another corpus", flush=True)
+    models: dict = {}
+    workdir = Path(args.workdir or f"/tmp/curvplan-predictive-{mode.name}-{mode.key()}")
+    if branch.existing_files(workdir, mode.spec()) is None:
+        model, states, _ref = reference_run(mode, make_factory(mode), data, min(mode.seeds))
+        models[min(mode.seeds)] = (model, states)
+    else:
+        print(f"[service] uploading the files already in {workdir}", flush=True)
+    service = service_half(mode, truth, eval_np, data, split, models, args)
+    meta = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.node()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
+        "load_note": args.load_note
+        or f"load average at the end {os.getloadavg()[0]:.1f} (shared machine)",
+        "truth_file": str(path),
+        "truth_matches_settings": matches,
+        "truth_cpu_s": sum(s["cpu_s"] for s in truth["seeds"].values()),
+        "truth_cpu_s_this_run": cpu_self() - cpu0,
+        "service_cpu_s": service["cpu_s"],
+        "total_cpu_s": cpu_self() - cpu0 + service["cpu_s"],
+        "wall_s": time.monotonic() - wall0,
+        "n_parameters": sum(p.numel() for p in make_factory(mode)(0).parameters()),
+        "corpus": {
+            "documents": len(manifest["train"]) + len(manifest["validation"]),
+            "train_docs": len(manifest["train"]),
+            "val_docs": len(manifest["validation"]),
+            "train_examples": len(split.train_x),
+            "val_examples": len(split.val_x),
+            "hash": corpus_hash,
+        },
+    }
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M")
+    stem = f"predictive-branch-{stamp}{('-' + args.tag) if args.tag else ''}"
+    write_report(mode, truth, service, meta, manifest, stem)
+
+
 def comparison_rows(truth: dict, service: dict | None) -> tuple[dict, list[compare.Row]]:
     summary = summarise(truth)
     if service is None:
         return summary, []
+    if service.get("only") == "branch":
+        rows = compare.budget_rows(
+            "analyze (+ branch sweep)", service["analyze_with_sweeps"], summary
+        )
+        return summary, rows + branch.branch_rows(service, summary, truth["target_loss"])
     rows = compare.budget_rows("analyze (intermediates)", service["analyze"], summary)
     rows += compare.budget_rows("analyze (+ sweeps)", service["analyze_with_sweeps"], summary)
     rows += compare.sweep_rows(service, summary)
+    rows += branch.branch_rows(service, summary, truth["target_loss"])
     rows += compare.trend_rows(service["analyze"], summary, truth["target_loss"])
     return summary, rows
 

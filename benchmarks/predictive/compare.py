@@ -218,15 +218,7 @@ def sweep_rows(answers: dict, truth: dict) -> list[Row]:
             truth_note=truth["data_needed_note"],
         )
     )
-    rows.append(
-        Row(
-            "branched CBS (Merrill et al. 2025)",
-            None,
-            truth["b_crit"],
-            note="sweep type `branch` does not exist in this service yet",
-        )
-    )
-    return rows
+    return rows  # the branch sweep's rows: predictive.branch.branch_rows
 
 
 def render(rows: list[Row]) -> str:

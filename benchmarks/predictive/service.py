@@ -2,8 +2,9 @@
 
 A real ``curvplan serve`` and two ``curvplan worker`` processes on a scratch database
 (``bench_service.scratch_service``). Uploaded: the converged checkpoint, the intermediate
-checkpoints, the training examples and the held-out sample. Submitted: a batch sweep and a
-data sweep (``kind: sweep``, the same batch sizes / subset sizes as the ground truth), then
+checkpoints, the training examples and the held-out sample. Submitted: a batch sweep, a
+data sweep and a branch sweep from the intermediate checkpoints (``kind: sweep``, the same
+batch sizes / subset sizes as the ground truth), then
 an analyze with the intermediate checkpoints alone and one with the sweeps as well. Every
 answer is read as JSON, so fields other sessions add or rename show up as ``not_available``
 instead of breaking the benchmark.
@@ -83,10 +84,12 @@ def ask_service(
     spec: dict,
     target_loss: float,
     available_samples: int,
-    batch_sweep: dict,
-    data_sweep: dict,
+    batch_sweep: dict | None,
+    data_sweep: dict | None,
     optimizer: dict,
     analysis_options: dict,
+    branch_sweep: dict | None = None,
+    first_analyze: bool = True,
     timeout: float = 3600.0,
     workers: int = 2,
 ) -> dict:
@@ -94,7 +97,9 @@ def ask_service(
 
     The sweeps and the first analysis (intermediates only) are submitted together; the
     second analysis (intermediates + the sweeps that succeeded) after them. A failure is
-    recorded under its name and the rest still runs."""
+    recorded under its name and the rest still runs. A sweep given as None is not run; the
+    branch sweep branches from the intermediate checkpoints (``checkpoints``);
+    ``first_analyze=False`` skips the intermediates-only analysis."""
     from bench_service import scratch_service
 
     from curvplan import Client
@@ -136,18 +141,27 @@ def ask_service(
                 "optimizer": optimizer,
             }
             started = {}
-            for name, settings in (("batch_sweep", batch_sweep), ("data_sweep", data_sweep)):
+            for name, settings in (
+                ("batch_sweep", batch_sweep),
+                ("data_sweep", data_sweep),
+                ("branch_sweep", branch_sweep),
+            ):
+                if settings is None:
+                    continue
                 body = {**common, "name": f"predictive-{name}", "sweep": settings}
+                if name == "branch_sweep":
+                    body["checkpoints"] = intermediates
                 started[name] = str(api.submit_job(body).id)
-            started["analyze"] = analyze("analyze", [])
+            if first_analyze:
+                started["analyze"] = analyze("analyze", [])
             t0 = time.monotonic()
             for name, job_id in started.items():
                 out[name] = _result(api, job_id, timeout)
                 out[name]["wall_s_since_submit"] = time.monotonic() - t0
             sweeps = [
                 out[n]["id"]
-                for n in ("batch_sweep", "data_sweep")
-                if out[n]["status"] == "succeeded"
+                for n in ("batch_sweep", "data_sweep", "branch_sweep")
+                if n in out and out[n]["status"] == "succeeded"
             ]
             t0 = time.monotonic()
             out["analyze_with_sweeps"] = _result(
@@ -157,7 +171,7 @@ def ask_service(
             meter.poll()
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
-    for name in ("batch_sweep", "data_sweep", "analyze", "analyze_with_sweeps"):
+    for name in ("batch_sweep", "data_sweep", "branch_sweep", "analyze", "analyze_with_sweeps"):
         out.setdefault(name, {"status": "not_run", "error": out.get("error")})
     out["cpu_s"] = meter.peak
     out["wall_s"] = time.monotonic() - wall0

@@ -72,3 +72,36 @@ def test_the_brute_force_fits_recover_constructed_answers() -> None:
     h = torch.from_numpy((q * evals) @ q.T)
     out = lanczos_extremes(lambda v: h @ v, 60, iterations=60, tol=1e-10)
     assert out["lambda_max"] == pytest.approx(5.0, rel=1e-8)
+
+
+def test_branch_rows_compare_each_checkpoints_cbs_with_the_truth() -> None:
+    """The branched-CBS rows: one per checkpoint and one for the checkpoint nearest the
+    target, ratio against the brute-force B_crit; a sweep that did not succeed is one
+    not_available row naming why. The window gives the largest batch its steps."""
+    from predictive.branch import branch_rows, branch_sweep_settings
+
+    truth = {"b_crit": 26.0, "b_crit_note": "seed 0"}
+    answers = {
+        "branch_sweep": {
+            "status": "succeeded",
+            "result": {
+                "sweep": {
+                    "branch": {
+                        "checkpoints": [
+                            {"step": 20, "loss": 3.1, "critical_batch": 8, "status": "measured"},
+                            {"step": 160, "loss": 2.6, "critical_batch": 32, "status": "measured"},
+                        ]
+                    }
+                }
+            },
+        }
+    }
+    rows = branch_rows(answers, truth, target=2.57)
+    assert [r.service for r in rows] == [8, 32, 32]  # the last: nearest the target (step 160)
+    assert "step 160" in rows[-1].field
+    assert rows[1].ratio == pytest.approx(32 / 26.0)
+    (missing,) = branch_rows({"branch_sweep": {"status": "failed", "error": "x"}}, truth, 2.57)
+    assert missing.service is None and "failed" in missing.note
+    settings = branch_sweep_settings([8, 32, 16], tokens_per_example=64, checkpoint_steps=[20])
+    assert settings["batch_sizes"] == [8, 16, 32]
+    assert settings["window_tokens"] % (32 * 64) == 0  # whole steps of the largest batch

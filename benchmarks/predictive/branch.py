@@ -1,0 +1,252 @@
+"""The branched critical batch size (Merrill et al. 2025) beside the brute-force B_crit.
+
+The service's branch sweep (``sweep.type: branch``, docs/budget.md#branch-sweep) branches
+from every intermediate checkpoint the benchmark uploads, at the truth's batch ladder, for a
+window of ``WINDOW_STEPS_OF_LARGEST`` steps of the largest batch, with tolerance
+``TOLERANCE`` nats per token compared at the end of the window, the lr by the service's
+``sqrt`` rule (lr·√(B/B₀)). This module builds that request, reads the answer into
+comparison rows (every checkpoint's CBS, the one nearest the target loss, against the truth's
+B_crit) and the cost beside the batch sweep's. All of it pure: no training, no service.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from predictive.compare import Row, _num, dig
+
+#: ε of the CBS rule, nats per token (the service's default): B keeps up when its loss at the
+#: end of the window is at most the smallest batch's + ε.
+TOLERANCE = 0.01
+#: The window: this many optimizer steps of the largest swept batch (so the smallest batch of
+#: a 8…256 ladder takes 32× as many).
+WINDOW_STEPS_OF_LARGEST = 20
+
+
+def branch_sweep_settings(
+    batch_sizes: list[int] | tuple[int, ...],
+    tokens_per_example: int,
+    checkpoint_steps: list[int],
+) -> dict[str, Any]:
+    """The ``sweep`` of a branch-sweep job: the batch ladder, a window in which the largest
+    batch takes ``WINDOW_STEPS_OF_LARGEST`` steps, ε = ``TOLERANCE`` at the end of the window,
+    each checkpoint's training step, and a step cap the smallest batch's window fits in."""
+    ladder = sorted(batch_sizes)
+    window = WINDOW_STEPS_OF_LARGEST * ladder[-1] * tokens_per_example
+    smallest_steps = math.ceil(window / (ladder[0] * tokens_per_example))
+    return {
+        "type": "branch",
+        "batch_sizes": ladder,
+        "window_tokens": window,
+        "tolerance": TOLERANCE,
+        "compare": "end",
+        "checkpoint_steps": list(checkpoint_steps),
+        "max_steps": max(2000, 2 * smallest_steps),
+    }
+
+
+def _branch(answers: dict) -> dict | None:
+    sweep = answers.get("branch_sweep") or {}
+    if sweep.get("status") != "succeeded":
+        return None
+    return dig(sweep, "result.sweep.branch")
+
+
+def nearest_to_target(checkpoints: list[dict], target: float) -> dict | None:
+    """The checkpoint whose loss is nearest the target loss (the truth's B_crit is the batch
+    for training to that loss)."""
+    with_loss = [c for c in checkpoints if _num(c.get("loss")) is not None]
+    if not with_loss:
+        return None
+    return min(with_loss, key=lambda c: abs(c["loss"] - target))
+
+
+def _cbs_note(c: dict) -> str:
+    status = c.get("status")
+    nxt = c.get("next_batch")
+    note = f"{status}" + (f", next {nxt}" if nxt is not None else "")
+    if c.get("loss") is not None:
+        note = f"loss {c['loss']:.4g}; " + note
+    return note
+
+
+def branch_rows(answers: dict, truth: dict, target: float) -> list[Row]:
+    """Every checkpoint's CBS and the one nearest ``target`` against the truth's B_crit
+    (``truth`` as ``bench_predictive.summarise`` gives it); one ``not_available`` row with the
+    reason when the sweep did not succeed or was not run."""
+    branch = _branch(answers)
+    if branch is None:
+        sweep = answers.get("branch_sweep") or {}
+        status = sweep.get("status", "not_run")
+        reason = f"branch sweep {status}" + (f": {sweep['error']}" if sweep.get("error") else "")
+        return [
+            Row(
+                "branched CBS (Merrill et al. 2025)",
+                None,
+                truth["b_crit"],
+                note=reason,
+                truth_note=truth["b_crit_note"],
+            )
+        ]
+    checkpoints = branch.get("checkpoints") or []
+    rows = [
+        Row(
+            f"branch sweep: CBS at step {c.get('step')}",
+            _num(c.get("critical_batch")),
+            truth["b_crit"],
+            note=_cbs_note(c),
+            truth_note=truth["b_crit_note"],
+        )
+        for c in checkpoints
+    ]
+    near = nearest_to_target(checkpoints, target)
+    if near is not None:
+        rows.append(
+            Row(
+                f"branch sweep: CBS nearest the target loss {target} (step {near.get('step')})",
+                _num(near.get("critical_batch")),
+                truth["b_crit"],
+                note=_cbs_note(near),
+                truth_note=truth["b_crit_note"],
+            )
+        )
+    return rows
+
+
+def training_tokens(sweep_answer: dict) -> float | None:
+    """Tokens a batch sweep's runs trained on: Σ last step × B × tokens per example, every
+    run (censored ones included)."""
+    sweep = dig(sweep_answer, "result.sweep")
+    if not sweep or sweep_answer.get("status") != "succeeded":
+        return None
+    per_example = _num(sweep.get("tokens_per_example")) or 1.0
+    runs = [p["result"] for p in sweep.get("points") or [] if p.get("result")]
+    return float(sum(r["eval_steps"][-1] * r["batch_size"] for r in runs) * per_example)
+
+
+def truth_batch_tokens(seeds: dict, tokens_per_example: float) -> dict[str, float]:
+    """Per seed: Σ_B S(B)·B tokens of the brute-force runs at their tuned lr (what one batch
+    sweep that knew the best lr would train), censored batch sizes left out."""
+    out = {}
+    for seed, s in seeds.items():
+        points = s["batch"]["points"]
+        out[seed] = float(
+            sum(p["steps"] * p["batch_size"] for p in points if p["steps"] is not None)
+            * tokens_per_example
+        )
+    return out
+
+
+def cost(answers: dict, seeds: dict, tokens_per_example: float) -> dict[str, Any]:
+    """The branch sweep's tokens beside a batch sweep's (the service's in this run when it ran
+    one, and the truth's tuned-lr runs), with the ratios batch / branch."""
+    branch = _branch(answers) or {}
+    tokens = _num(branch.get("tokens_processed"))
+    sweep_tokens = training_tokens(answers.get("batch_sweep") or {})
+    truth_tokens = truth_batch_tokens(seeds, tokens_per_example)
+
+    def ratio(a: float | None) -> float | None:
+        return a / tokens if a is not None and tokens else None
+
+    return {
+        "branch_tokens": tokens,
+        "branch_examples": _num(branch.get("examples_processed")),
+        "branch_window_tokens": _num(branch.get("window_tokens")),
+        "batch_sweep_tokens": sweep_tokens,
+        "batch_sweep_over_branch": ratio(sweep_tokens),
+        "truth_batch_tokens": truth_tokens,
+        "truth_batch_over_branch": {k: ratio(v) for k, v in truth_tokens.items()},
+        "branch_wall_s": _num((answers.get("branch_sweep") or {}).get("wall_s_since_submit")),
+        "batch_sweep_wall_s": _num((answers.get("batch_sweep") or {}).get("wall_s_since_submit")),
+    }
+
+
+def existing_files(workdir: Any, spec: dict) -> dict[str, Any] | None:
+    """The files an earlier run of the same mode wrote to ``workdir`` (``write_files``'s
+    names, the same spec), so ``--only branch`` uploads those instead of training the
+    reference run again; None when any is missing or the spec differs."""
+    import json
+    from pathlib import Path
+
+    root = Path(workdir)
+    names = ("checkpoint", "train", "eval")
+    paths = {n: root / f"{n}.safetensors" for n in names}
+    spec_path = root / "spec.json"
+    if not spec_path.exists() or json.loads(spec_path.read_text()) != spec:
+        return None
+    steps = sorted(int(p.stem.split("_", 1)[1]) for p in root.glob("step_*.safetensors"))
+    if not steps or not all(p.exists() for p in paths.values()):
+        return None
+    return {**paths, "intermediates": [root / f"step_{s}.safetensors" for s in steps]}
+
+
+def checkpoint_steps(intermediates: list[Any]) -> list[int]:
+    """The training step of each ``step_<n>.safetensors`` file, in order."""
+    return [int(str(p).rsplit("step_", 1)[1].split(".", 1)[0]) for p in intermediates]
+
+
+def markdown_lines(service: dict, seeds: dict, tokens_per_example: float) -> list[str]:
+    """The branch sweep's section of the report: its settings, the CBS per checkpoint, the
+    warm-up schedule, the ``budget.batch`` it led and its cost beside the batch sweep's."""
+    branch = _branch(service)
+    sweep = service.get("branch_sweep") or {}
+    if branch is None:
+        return ["", f"Branch sweep: {sweep.get('status', 'not_run')} {sweep.get('error') or ''}"]
+    lines = [
+        "",
+        "## Branch sweep (Merrill et al. 2025)",
+        "",
+        f"Rule: {branch.get('rule')}. lr: {branch.get('lr_rule')}. Window "
+        f"{branch.get('window_tokens'):,.0f} tokens ({branch.get('window_examples'):,} "
+        f"examples) per branch, batches {branch.get('batch_sizes')}.",
+        "",
+        "| step | loss | CBS | status | next batch | excess over the smallest batch by B |",
+        "|---:|---:|---:|---|---:|---|",
+    ]
+    for c in branch.get("checkpoints") or []:
+        excess = ", ".join(
+            f"{cv['batch_size']}: {cv['excess']:+.4f}"
+            if cv.get("excess") is not None
+            else f"{cv['batch_size']}: —"
+            for cv in c.get("curves") or []
+        )
+        loss = "—" if c.get("loss") is None else f"{c['loss']:.4f}"
+        lines.append(
+            f"| {c.get('step')} | {loss} | {c.get('critical_batch')} | {c.get('status')} | "
+            f"{c.get('next_batch')} | {excess} |"
+        )
+    schedule = branch.get("warmup_schedule") or []
+    lines += [
+        "",
+        "Warm-up schedule (from step: batch): "
+        + (", ".join(f"{s.get('from_step')}: {s.get('batch_size')}" for s in schedule) or "—"),
+    ]
+    analysis = dig(service, "analyze_with_sweeps.result.recommendation.budget.batch")
+    if analysis:
+        keys = ("source", "recommended", "critical", "critical_bracket", "expected_steps")
+        lines += [
+            "",
+            "budget.batch of the analysis given the branch sweep: "
+            + "; ".join(f"{k} {analysis.get(k)}" for k in keys),
+        ]
+    c = cost(service, seeds, tokens_per_example)
+    truth_tokens = ", ".join(
+        f"seed {k} {v:,.0f} ({c['truth_batch_over_branch'][k]:.3g}×)"
+        for k, v in c["truth_batch_tokens"].items()
+    )
+    sweep_tokens = c["batch_sweep_tokens"]
+    lines += [
+        "",
+        f"Cost: the branch sweep trained {c['branch_tokens'] or 0:,.0f} tokens "
+        f"(wall {c['branch_wall_s'] or 0:.0f} s since submit). A batch sweep: "
+        + (
+            f"the service's in this run {sweep_tokens:,.0f} tokens "
+            f"({c['batch_sweep_over_branch']:.3g}× the branch sweep's), "
+            if sweep_tokens
+            else "not run in this run; "
+        )
+        + f"the truth's runs at their tuned lr to the target Σ S(B)·B: {truth_tokens} "
+        "(batch / branch).",
+    ]
+    return lines
