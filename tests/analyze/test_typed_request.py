@@ -21,8 +21,10 @@ from typing import Any
 
 import live_plugin
 import pytest
+from analyze_files import SPEC
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
+from typed_walk import counting_validator
 
 from curvplan.types.jobs import CLIENT_JOB_CREATE_ADAPTER, AnalyzeJobCreate, PlanJobCreate
 from curvplan.types.spec import ModelSpec
@@ -32,13 +34,6 @@ from curvplan_worker.kinds import load_request
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
-SPEC: dict[str, Any] = {
-    "d_model": 8,
-    "n_heads": 2,
-    "d_ff": 16,
-    "n_layers": 1,
-    "task": {"type": "causal_lm", "vocab_size": 11, "seq_len": 6},
-}
 OPTIONS: dict[str, Any] = {
     "precision": "float64",
     "seed": 3,
@@ -102,25 +97,7 @@ def spec_parses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     constructor) appends a line to ``<dir>/<pid>``, in this process and in forked children."""
     counts = tmp_path / "spec-parses"
     counts.mkdir()
-    real = ModelSpec.__pydantic_validator__
-
-    class Counting:
-        def _count(self) -> None:
-            with (counts / str(os.getpid())).open("a") as out:
-                out.write("1\n")
-
-        def validate_python(self, *args: Any, **kwargs: Any) -> Any:
-            self._count()
-            return real.validate_python(*args, **kwargs)
-
-        def validate_json(self, *args: Any, **kwargs: Any) -> Any:
-            self._count()
-            return real.validate_json(*args, **kwargs)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real, name)
-
-    monkeypatch.setattr(ModelSpec, "__pydantic_validator__", Counting())
+    monkeypatch.setattr(ModelSpec, "__pydantic_validator__", counting_validator(counts))
     return counts
 
 

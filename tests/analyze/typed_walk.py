@@ -21,9 +21,10 @@ from typing import Any
 from curvplan.types.spec import ModelSpec
 
 
-def count_spec_parses(counts: Path) -> None:
-    """Every validation of a ``ModelSpec`` (``model_validate``, ``model_validate_json``, the
-    constructor) appends a line to ``<counts>/<pid>``, here and in forked children."""
+def counting_validator(counts: Path) -> Any:
+    """A stand-in for ``ModelSpec.__pydantic_validator__`` that appends a line to
+    ``<counts>/<pid>`` on every validation (``model_validate``, ``model_validate_json``, the
+    constructor), in this process and in forked children, then validates as the real one."""
     real = ModelSpec.__pydantic_validator__
 
     class Counting:
@@ -42,7 +43,7 @@ def count_spec_parses(counts: Path) -> None:
         def __getattr__(self, name: str) -> Any:
             return getattr(real, name)
 
-    ModelSpec.__pydantic_validator__ = Counting()  # type: ignore[assignment]
+    return Counting()
 
 
 def run_queue(url: str, data_dir: Path) -> list[str]:
@@ -79,5 +80,5 @@ def run_queue(url: str, data_dir: Path) -> list[str]:
 
 if __name__ == "__main__":
     database_url, data, counts_dir = sys.argv[1:4]
-    count_spec_parses(Path(counts_dir))
+    ModelSpec.__pydantic_validator__ = counting_validator(Path(counts_dir))  # type: ignore[misc]
     print(json.dumps(run_queue(database_url, Path(data))))

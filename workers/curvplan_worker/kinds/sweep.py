@@ -49,9 +49,9 @@ from curvplan_worker.errors import JobError
 from curvplan_worker.job_context import ChildJob, FanOut, JobContext
 from curvplan_worker.kinds.plan import seed_for_job
 from curvplan_worker.sweep.branch import fit_branches, plan_branches
+from curvplan_worker.sweep.ladder import checked_batch_ladder
 from curvplan_worker.sweep.lr import interpolated_multiplier, lr_for_batch
 
-DEFAULT_BATCH_SIZES = (8, 16, 32, 64, 128)
 MIN_POINTS = {"batch": 3, "data": 4, "branch": 2}
 DATA_SIZE_STEPS = 6  # default data sweep: N, N/2, …, N/32
 B_SIMPLE_FORMULA = (
@@ -128,14 +128,7 @@ def plan_points(
             ),
         )
     if sweep.type == "batch":
-        sizes = sorted(set(sweep.batch_sizes or DEFAULT_BATCH_SIZES))
-        too_big = [b for b in sizes if b > n_train]
-        if too_big:
-            raise JobError(
-                "invalid-request",
-                "Invalid sweep request",
-                f"sweep.batch_sizes: {too_big} exceed the training data ({n_train} examples)",
-            )
+        sizes = checked_batch_ladder(sweep, n_train)
         multipliers = opt.lr_grid if opt.lr_rule == "grid" else [1.0]
         for b in sizes:
             for m in multipliers:

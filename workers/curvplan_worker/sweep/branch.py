@@ -38,9 +38,8 @@ from curvplan_core.planner.branched_batch import (
     warmup_schedule,
 )
 from curvplan_worker.errors import JobError
+from curvplan_worker.sweep.ladder import batch_ladder, checked_batch_ladder
 from curvplan_worker.sweep.lr import lr_for_batch
-
-DEFAULT_BATCH_SIZES = (8, 16, 32, 64, 128)
 
 
 def tokens_per_example(body: SweepJobCreate) -> float:
@@ -116,14 +115,7 @@ def plan_branches(
     """One child per (checkpoint, batch size[, lr multiplier]); ``child(name, request)``
     builds the child job from its request (the parent's fields with this branch's)."""
     sweep, opt = body.sweep, body.optimizer
-    sizes = sorted(set(sweep.batch_sizes or DEFAULT_BATCH_SIZES))
-    too_big = [b for b in sizes if b > n_train]
-    if too_big:
-        raise JobError(
-            "invalid-request",
-            "Invalid sweep request",
-            f"sweep.batch_sizes: {too_big} exceed the training data ({n_train} examples)",
-        )
+    sizes = checked_batch_ladder(sweep, n_train)
     window = branch_window(body, sizes)
     if window.steps(sizes[0]) > sweep.max_steps:
         raise JobError(
@@ -190,7 +182,7 @@ def fit_branches(
     end of the window; a failed branch counts as not within the tolerance."""
     sweep = body.sweep
     steps = _checkpoint_steps(body, children)
-    sizes = sorted(set(sweep.batch_sizes or DEFAULT_BATCH_SIZES))
+    sizes = batch_ladder(sweep)
     window = branch_window(body, sizes)
     tpe = tokens if tokens is not None else tokens_per_example(body)
     finished: dict[tuple[str, int], tuple[SweepPointOut, PointResult]] = {}
