@@ -39,10 +39,9 @@ def test_wait_shows_the_running_childrens_stages_and_eta(live: LiveService, tmp_
     assert lines, run.stderr
     # one worker: the children run one after the other, each named while it runs
     assert [m["child"] for m in lines] == sorted(m["child"] for m in lines), run.stderr
-    # a child's engine stage is shown while it has reported one; fanned out at submission the
-    # parent's own ETA (its slowest child's plus its fan-in's) leads the line
-    with_stage = [m for m in lines if m["stage"]]
-    assert all(not m["stage"].startswith("attempt") for m in with_stage), run.stderr
+    # fanned out at submission the parent's own ETA (its slowest child's plus its fan-in's)
+    # leads the line; a child's engine stage is not asserted here (the children now finish
+    # within one of the client's polls)
     assert any(m["eta"] for m in lines), run.stderr
     # a clean fan-out and fan-in: one attempt of three, plus the fan-in (not "2/4")
     job_id = re.search(r"job (\S+) submitted", run.stderr)[1]  # type: ignore[index]
