@@ -58,6 +58,7 @@ from predictive.truth import (  # noqa: E402
     batch_truth,
     curvature_truth,
     data_truth,
+    fit_s_of_b,
     nearest_power_of_two,
     steps_at,
 )
@@ -95,6 +96,7 @@ class Mode:
     batch_max_steps: int
     batch_lr_start: float
     max_lrs: int
+    batch_repeats: int
     data_sizes: tuple[int, ...]
     data_steps: tuple[int, ...]
     data_lrs: tuple[float, ...]
@@ -147,6 +149,7 @@ QUICK = Mode(
     batch_max_steps=1500,
     batch_lr_start=3e-3,
     max_lrs=3,
+    batch_repeats=1,
     data_sizes=(250, 500, 1000, 2000, 4000),
     data_steps=(300,) * 5,
     data_lrs=(3e-3,),
@@ -160,7 +163,8 @@ QUICK = Mode(
 )
 #: The full mode: the quick mode's model and reference run (so the two are comparable and the
 #: service half costs about the same), with what the ground truth needs to be trusted: 2 seeds,
-#: 6 batch sizes with up to 4 lrs each, 6 nested subsets with a 3-value lr grid on the ends.
+#: 6 batch sizes with up to 4 lrs each and 3 data orders per lr, 6 nested subsets with a
+#: 3-value lr grid on the ends.
 #: Profiled on the quick run (per seed: batch sizes 56 %, data 23 %, λ_max + GD 13 %, reference
 #: 8 %; the service half, two analyses most of it, is ~80 % of the total), the d_model-48 model
 #: the first draft used would have cost ~4 wall-hours on the shared machine.
@@ -170,6 +174,7 @@ FULL = dataclasses.replace(
     seeds=(0, 1),
     batch_sizes=(8, 16, 32, 64, 128, 256),
     max_lrs=4,
+    batch_repeats=3,
     data_sizes=(250, 500, 1000, 2000, 4000, 8000),
     data_steps=(300,) * 6,
     data_lrs=(1.5e-3, 3e-3, 6e-3),
@@ -276,6 +281,7 @@ def seed_truth(mode: Mode, data, make_model, seed: int, target: float | None) ->
             mode.batch_lr_start,
             mode.batch_max_steps,
             max_lrs=mode.max_lrs,
+            repeats=mode.batch_repeats,
         ),
         seed,
     )
@@ -374,9 +380,28 @@ def start_truth(mode: Mode, cache: TruthCache, target: float, jobs: int):
     return pool, futures
 
 
+def pooled_batch_fit(seeds: dict) -> dict | None:
+    """S = S_min(1 + B_crit/B) fitted once to the seeds' pooled table: at each batch size the
+    geometric mean of the seeds' tuned steps (a batch size some seed never reached is left
+    out). One fit of the pooled steps is steadier than a mean of per-seed fits, each of which
+    can be thrown by one noisy batch size."""
+    tables = [{p["batch_size"]: p["steps"] for p in s["batch"]["points"]} for s in seeds.values()]
+    sizes = sorted(set.intersection(*(set(t) for t in tables)))
+    pooled = [
+        (b, float(np.exp(np.mean([np.log(t[b]) for t in tables]))))
+        for b in sizes
+        if all(t[b] is not None and t[b] > 0 for t in tables)
+    ]
+    if len(pooled) < 3:
+        return None
+    fit = fit_s_of_b([b for b, _ in pooled], [v for _, v in pooled])
+    return {**fit, "steps": dict(pooled)}
+
+
 def summarise(truth: dict) -> dict:
-    """One truth per field: geometric means over seeds (the service gets seed 0's checkpoint,
-    so λ_max is seed 0's), with the per-seed values in the notes."""
+    """One truth per field: B_crit and S_min from one fit of the seeds' pooled steps
+    (:func:`pooled_batch_fit`), the rest geometric means over seeds (the service gets seed 0's
+    checkpoint, so λ_max is seed 0's), with the per-seed values in the notes."""
     seeds = truth["seeds"]
 
     def gmean(values: list[float]) -> float | None:
@@ -385,11 +410,20 @@ def summarise(truth: dict) -> dict:
 
     b = [s["batch"]["fit"].get("b_crit") for s in seeds.values()]
     s_min = [s["batch"]["fit"].get("s_min") for s in seeds.values()]
+    pooled = pooled_batch_fit(seeds) if len(seeds) > 1 else None
     d = [s["data"]["needed_for_target"]["examples"] for s in seeds.values()]
     bounds = [s["data"]["needed_for_target"]["bound"] for s in seeds.values()]
     first = seeds[min(seeds, key=int)]
-    b_crit = gmean(b) if all(v is not None for v in b) else None
     fits = [s["batch"]["fit"] for s in seeds.values()]
+    if pooled is not None and pooled.get("b_crit") is not None:
+        b_crit, s_min_truth = pooled["b_crit"], pooled["s_min"]
+        fits = [pooled]
+        how = f"pooled fit of {len(seeds)} seeds (rms rel. resid. "
+        how += f"{pooled['rms_relative_residual']:.3f}); "
+    else:
+        b_crit = gmean(b) if all(v is not None for v in b) else None
+        s_min_truth = gmean(s_min)
+        how = ""
 
     def steps(batch_size: float) -> float | None:
         values = [steps_at(f, batch_size) for f in fits]
@@ -398,9 +432,9 @@ def summarise(truth: dict) -> dict:
     fmt = ", ".join
     return {
         "b_crit": b_crit,
-        "b_crit_note": "per seed " + fmt("—" if v is None else f"{v:.3g}" for v in b),
+        "b_crit_note": how + "per seed " + fmt("—" if v is None else f"{v:.3g}" for v in b),
         "b_crit_pow2": None if b_crit is None else nearest_power_of_two(b_crit),
-        "s_min": gmean(s_min),
+        "s_min": s_min_truth,
         "steps_at": steps,
         "data_needed": gmean(d) if all(v is not None for v in d) else None,
         "data_needed_note": "per seed "

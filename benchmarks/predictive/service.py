@@ -201,7 +201,13 @@ def write_files(
     paths = []
     for step, state in sorted(intermediates.items()):
         path = directory / f"step_{step}.safetensors"
-        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+        # the step in the safetensors metadata, as a training loop would write it: the
+        # service names the checkpoint by it and the noise trend places it on the step axis
+        save_file(
+            {k: v.contiguous() for k, v in state.items()},
+            str(path),
+            metadata={"step": str(step)},
+        )
         paths.append(path)
     for name, (x, y) in (("train", train), ("eval", evaluation)):
         save_file(
