@@ -40,9 +40,10 @@ GPU_QUEUE = "gpu"
 
 @dataclass(frozen=True)
 class SubmissionFanOut:
-    """Children to insert with the job, and the fan-in's own estimated seconds."""
+    """Children to insert with the job (their create models), and the fan-in's own
+    estimated seconds."""
 
-    children: list[dict[str, Any]]
+    children: list[analysis_plan.PlannedChild]
     fan_in_seconds: float
     reason: str
 
@@ -125,5 +126,6 @@ def admit_analysis(
         )
     if not plan.fans_out:
         return None
-    children = [child.stored() for child in analysis_plan.child_requests(body, plan)]
-    return SubmissionFanOut(children, plan.fan_in_seconds, plan.reason)
+    return SubmissionFanOut(
+        analysis_plan.child_requests(body, plan), plan.fan_in_seconds, plan.reason
+    )
