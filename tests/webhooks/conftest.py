@@ -5,10 +5,10 @@ a database of this package alone, with no delivery left over from an earlier tes
 ``batch`` at a time. On the session's shared database a delivery another test left pending is
 due to the next test's sender: it takes a place in its batch (on a loaded machine, the test's
 own delivery may wait past its deadline), and if it points at a receiver that is gone, whose
-port the OS may give this test's receiver, it is counted among this test's requests (issue 20:
-``test_signed_post_retried_after_500s_and_never_sent_again`` failed when ``deliver_due`` found
-another test's delivery due). So these tests get a database of their own, and each test that
-uses it starts with no delivery in it.
+port the OS may give this test's receiver, it is counted among this test's requests
+(``test_signed_post_retried_after_500s_and_never_sent_again`` once failed on a loaded machine
+when ``deliver_due`` found another test's delivery due). So these tests get a database of
+their own, and each test that uses it starts with no delivery in it.
 """
 
 from __future__ import annotations
