@@ -123,7 +123,7 @@ def run_row(row: str, device: str, memory_limit: str | None) -> dict[str, Any]:
     """One default analysis in this process; its figures."""
     import torch
 
-    from curvplan.types.options import MachineSettings
+    from curvplan.types.options import AnalysisOptions, MachineSettings
     from curvplan_worker.analyze.eta import EtaTracker
     from curvplan_worker.curvature.analyze import analyze
     from curvplan_worker.curvature.limits import AttemptLimits
@@ -138,7 +138,8 @@ def run_row(row: str, device: str, memory_limit: str | None) -> dict[str, Any]:
             memory_limit_source=limit.source if limit else "",
             started_at=time.monotonic(),
         )
-        eta = EtaTracker(limits, {})
+        options = AnalysisOptions()  # the defaults, typed: what the tracker estimates with
+        eta = EtaTracker(limits, options)
         events: list[dict[str, Any]] = []
         t_start = time.perf_counter()
 
@@ -164,7 +165,7 @@ def run_row(row: str, device: str, memory_limit: str | None) -> dict[str, Any]:
             model,
             checkpoint,
             data,
-            {},
+            options,
             progress=progress,
             machine=MachineSettings(device=device),
             limits=limits,

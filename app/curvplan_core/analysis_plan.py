@@ -26,8 +26,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from curvplan.types.huggingface import GPT2Config, parse_hf_config
+from curvplan.types.huggingface import GPT2Config, HuggingFaceModel, parse_hf_config
+from curvplan.types.jobs import AnalyzeBlocksJobCreate, AnalyzeJobCreate
 from curvplan.types.options import AnalysisOptions
+from curvplan.types.spec import ModelSpec
 from curvplan_core import blocks as block_rules
 from curvplan_core import cost_model
 from curvplan_core.blocks import Shape
@@ -36,6 +38,7 @@ from curvplan_core.fanout_groups import (
     MIN_GROUPS,
     Group,
     WorkItem,
+    child_name,
     group_count,
     lpt_groups,
 )
@@ -119,17 +122,17 @@ def checkpoint_shapes(headers: Sequence[Mapping[str, Any] | None]) -> dict[str, 
     return shapes
 
 
-def is_hf(model: Mapping[str, Any]) -> bool:
-    return model.get("source") == "huggingface"
+Model = ModelSpec | HuggingFaceModel
+"""The validated ``model`` of an analyze request (``curvplan.types.model_source``)."""
 
 
 def parameter_shapes(
-    model: Mapping[str, Any], checkpoint_headers: Sequence[Mapping[str, Any] | None]
+    model: Model, checkpoint_headers: Sequence[Mapping[str, Any] | None]
 ) -> dict[str, Shape] | None:
     """The engine's parameters (name → shape): from a Hugging Face model's config, else from
     the reference checkpoint's headers (None when one is not known)."""
-    if is_hf(model):
-        return hf_parameter_shapes(model["config"])
+    if isinstance(model, HuggingFaceModel):
+        return hf_parameter_shapes(model.config)
     return checkpoint_shapes(checkpoint_headers)
 
 
@@ -143,17 +146,15 @@ class BlockPlan:
     pairs: list[tuple[str, str, int, int]]
 
 
-def plan_blocks(
-    model: Mapping[str, Any], shapes: Mapping[str, Shape], options: AnalysisOptions
-) -> BlockPlan:
+def plan_blocks(model: Model, shapes: Mapping[str, Shape], options: AnalysisOptions) -> BlockPlan:
     """The blocks and pairs the engine's ``analyze`` measures for this model and these
     options (``curvature.analyze.plan_blocks`` without building the model). Raises
     ``BlockError`` / ``UnknownBlocks`` where the engine would refuse the options."""
     names = list(shapes)
     if options.block_definitions:
         all_blocks = block_rules.custom_blocks(names, options.block_definitions)
-    elif is_hf(model):
-        model_type = str(model["config"].get("model_type", ""))
+    elif isinstance(model, HuggingFaceModel):
+        model_type = str(model.config.get("model_type", ""))
         all_blocks = block_rules.uniform_blocks(shapes, model_type)
     else:
         all_blocks = block_rules.ordered(block_rules.default_blocks(names))
@@ -172,12 +173,12 @@ class Sample:
     tokens: float
 
 
-def sample_size(model: Mapping[str, Any], header: Mapping[str, Any] | None) -> Sample | None:
+def sample_size(model: Model, header: Mapping[str, Any] | None) -> Sample | None:
     """Examples and tokens of a dataset from its stored header (``input_ids`` of a Hugging
     Face dataset, ``inputs`` of a reference one); None when it is not known."""
     if header is None:
         return None
-    info = header.get("input_ids" if is_hf(model) else "inputs")
+    info = header.get("input_ids" if isinstance(model, HuggingFaceModel) else "inputs")
     shape = (info or {}).get("shape") or []
     if not shape:
         return None
@@ -266,7 +267,7 @@ def _gib(n: float) -> str:
 
 
 def plan_analysis(
-    model: Mapping[str, Any],
+    model: Model,
     options: AnalysisOptions,
     shapes: Mapping[str, Shape],
     sample: Sample,
@@ -352,30 +353,45 @@ def _refusals(
     return out
 
 
-def child_requests(request: Mapping[str, Any], plan: AnalysisPlan) -> list[dict[str, Any]]:
-    """The ``analyze_blocks`` children of a fanned-out analysis: ``{kind, request, name}``,
-    each with the parent's model, checkpoint, dataset, resources and options."""
-    from curvplan_core.fanout_groups import child_name
+@dataclass(frozen=True)
+class PlannedChild:
+    """One ``analyze_blocks`` child of a fanned-out analysis: its name, its request (the
+    create model, built from the parent's validated one) and its prior ETA in seconds."""
 
-    common = {
-        key: request[key]
-        for key in ("model", "checkpoint", "dataset", "resources")
-        if key in request
-    }
+    name: str
+    request: AnalyzeBlocksJobCreate
+    eta_seconds: float
+
+    def stored(self) -> dict[str, Any]:
+        """``{kind, name, request, eta_seconds}`` as ``lifecycle.insert_children`` inserts the
+        child (the request's JSON)."""
+        return {
+            "kind": CHILD_KIND,
+            "name": self.name,
+            "request": self.request.model_dump(mode="json", exclude_none=True),
+            "eta_seconds": self.eta_seconds,
+        }
+
+
+def child_requests(body: AnalyzeJobCreate, plan: AnalysisPlan) -> list[PlannedChild]:
+    """The ``analyze_blocks`` children of a fanned-out analysis, each with the parent's model,
+    checkpoint, dataset, resources and options (the parent's typed values, not parsed again)."""
     total = len(plan.groups)
     return [
-        {
-            "kind": CHILD_KIND,
-            "name": child_name(i + 1, total, group),
-            "request": {
-                "kind": CHILD_KIND,
-                **common,
-                "options": dict(request.get("options") or {}),
-                "blocks": group.blocks,
-                "pairs": [list(p) for p in group.pairs],
-                "estimated_cost": group.cost,
-            },
-            "eta_seconds": group.cost,
-        }
+        PlannedChild(
+            name=child_name(i + 1, total, group),
+            request=AnalyzeBlocksJobCreate(
+                kind="analyze_blocks",
+                model=body.model,
+                checkpoint=body.checkpoint,
+                dataset=body.dataset,
+                options=body.options,
+                resources=body.resources,
+                blocks=list(group.blocks),
+                pairs=[(r, c) for r, c in group.pairs],
+                estimated_cost=group.cost,
+            ),
+            eta_seconds=group.cost,
+        )
         for i, group in enumerate(plan.groups)
     ]

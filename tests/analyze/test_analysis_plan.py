@@ -5,13 +5,17 @@ is the spectra's; the fan-out decision and the two admission refusals."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from curvplan.types.huggingface import HuggingFaceModel
+from curvplan.types.jobs import AnalyzeBlocksJobCreate, AnalyzeJobCreate
 from curvplan.types.options import AnalysisOptions
+from curvplan.types.spec import ModelSpec
 from curvplan_core import analysis_plan, cost_model
 from curvplan_core.artifacts.safetensors_format import validate_file
 
@@ -45,7 +49,7 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     save_checkpoint(build_model(EXAMPLE_SPEC, seed=0), out / "checkpoint.safetensors")
     tokens = torch.randint(0, 16, (4, 33), generator=torch.Generator().manual_seed(0))
     save_dataset(Dataset(tokens[:, :-1], tokens[:, 1:]), out / "data.safetensors")
-    return {"model": EXAMPLE_SPEC, "dir": out}
+    return {"model": EXAMPLE_SPEC, "typed": ModelSpec.model_validate(EXAMPLE_SPEC), "dir": out}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +65,8 @@ def gpt2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     save_hf_weights(build_hf_model(config, seed=0), out / "checkpoint.safetensors")
     ids = torch.randint(0, 16, (4, 32), generator=torch.Generator().manual_seed(0))
     save_file({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, out / "data.safetensors")
-    return {"model": {"source": "huggingface", "config": config}, "dir": out}
+    model = {"source": "huggingface", "config": config}
+    return {"model": model, "typed": HuggingFaceModel.model_validate(model), "dir": out}
 
 
 def _both(problem: dict[str, Any], options: dict[str, Any]) -> tuple[Any, Any]:
@@ -69,9 +74,9 @@ def _both(problem: dict[str, Any], options: dict[str, Any]) -> tuple[Any, Any]:
 
     ckpt, data = problem["dir"] / "checkpoint.safetensors", problem["dir"] / "data.safetensors"
     engine = plan_blocks(problem["model"], str(ckpt), str(data), options)
-    shapes = analysis_plan.parameter_shapes(problem["model"], [_header(ckpt)])
+    shapes = analysis_plan.parameter_shapes(problem["typed"], [_header(ckpt)])
     assert shapes is not None
-    free = analysis_plan.plan_blocks(problem["model"], shapes, AnalysisOptions(**options))
+    free = analysis_plan.plan_blocks(problem["typed"], shapes, AnalysisOptions(**options))
     return engine, free
 
 
@@ -146,7 +151,15 @@ def test_restarts_lift_the_step_cap_above_the_block_size() -> None:
 # --------------------------------------------------------------------------- the decision
 SHAPES = {"embed.weight": (16, 32), "layers.0.ffn_in.weight": (64, 32), "head.weight": (16, 32)}
 SAMPLE = analysis_plan.Sample(n_examples=64, tokens=64 * 32.0)
-SPEC = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "task": {"type": "causal_lm"}}
+SPEC = ModelSpec.model_validate(
+    {
+        "d_model": 32,
+        "n_heads": 2,
+        "d_ff": 64,
+        "n_layers": 1,
+        "task": {"type": "causal_lm", "vocab_size": 16, "seq_len": 32},
+    }
+)
 
 
 def _limits(**kw: Any) -> analysis_plan.Limits:
@@ -216,3 +229,33 @@ def test_too_large_names_the_memory_and_the_options() -> None:
         {"embed": 512, "layers.0.ffn_in": 2048, "head": 512}, AnalysisOptions(), n
     )
     assert "Lanczos basis" in refusal.message and "blocks" in refusal.message
+
+
+def test_the_children_carry_the_parents_validated_request_unparsed() -> None:
+    body = AnalyzeJobCreate(
+        kind="analyze",
+        model=SPEC,
+        checkpoint=[uuid.uuid4(), uuid.uuid4()],
+        dataset=uuid.uuid4(),
+        options=AnalysisOptions(fan_out=True, off_diagonal=[["embed", "head"]], seed=5),
+        resources={"devices": 2},
+    )
+    plan = analysis_plan.plan_analysis(
+        body.model, body.options, SHAPES, SAMPLE, _limits(live_workers=0)
+    )
+    children = analysis_plan.child_requests(body, plan)
+    assert len(children) == len(plan.groups) == 2
+    for child, group in zip(children, plan.groups, strict=True):
+        request = child.request
+        # the parent's model and options objects themselves: nothing parsed again
+        assert request.model is body.model and request.options is body.options
+        assert request.checkpoint == body.checkpoint and request.dataset == body.dataset
+        assert request.resources.devices == 2
+        assert request.blocks == group.blocks and request.estimated_cost == group.cost
+        stored = child.stored()
+        assert stored["kind"] == "analyze_blocks" and stored["eta_seconds"] == group.cost
+        assert stored["name"].startswith(f"blocks {children.index(child) + 1}/2")
+        # what the row stores parses back into the same create model
+        assert AnalyzeBlocksJobCreate.model_validate(stored["request"]) == request
+    assert sorted(b for c in children for b in c.request.blocks) == sorted(plan.blocks.blocks)
+    assert [p for c in children for p in c.request.pairs] == [("embed", "head")]

@@ -20,6 +20,8 @@ from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobError
 
 OPTS = {"tolerance": 1e-3, "max_iter": 300, "trace_probes": 15, "precision": "float32"}
+#: The options of the ETA tests' analyses: their spectra alone.
+SPECTRA_ONLY = AnalysisOptions(**OPTS, per_sample=False, gradient_noise=False, dense="off")
 
 
 def test_block_products_follow_the_engines_counts() -> None:
@@ -80,7 +82,7 @@ def _inputs(**extra) -> dict:
         "n_params": 20_000,
         "n_examples": 8,
         "tokens": 64,
-        "options": {**OPTS, "per_sample": False, "gradient_noise": False, "dense": "off"},
+        "options": SPECTRA_ONLY.model_dump(mode="json"),  # the engine's record of them
         "stages": None,
         **extra,
     }
@@ -90,7 +92,7 @@ def test_the_eta_counts_down_as_lockstep_certifies_blocks() -> None:
     """Lockstep spectra (docs/numerics.md#lockstep): every block runs in the ``blocks`` stage
     at once and a ``blocks`` event naming a block says it is certified."""
     clock = [100.0]
-    eta = EtaTracker(None, AnalysisOptions(), clock=lambda: clock[0])
+    eta = EtaTracker(None, SPECTRA_ONLY, clock=lambda: clock[0])
     assert eta.update(_event("load", 0)) is None  # no estimate yet
     first = eta.update(_event("cost", 0, cost=_inputs()))
     assert first == pytest.approx(2 * 65 * 0.010)  # two blocks of 65 products, 10 ms each
@@ -115,7 +117,7 @@ def test_the_eta_counts_down_as_lockstep_certifies_blocks() -> None:
 def test_a_certified_pair_counts_in_the_lockstep_spectra() -> None:
     """Pairs (``row|col``) run inside the blocks stage: a certified pair is no KeyError, and
     the off-diagonal stage is not counted again after the blocks."""
-    eta = EtaTracker(None, AnalysisOptions(), clock=lambda: 0.0)
+    eta = EtaTracker(None, SPECTRA_ONLY, clock=lambda: 0.0)
     first = eta.update(_event("cost", 0, cost=_inputs(pairs=[["a", "b", 10_000, 10_000]])))
     assert first is not None and first > 2 * 65 * 0.010  # the pair's products are counted
     eta.update(_event("blocks", 0))
@@ -125,16 +127,26 @@ def test_a_certified_pair_counts_in_the_lockstep_spectra() -> None:
 
 def test_an_estimate_past_the_time_left_fails_at_once_naming_it() -> None:
     limits = AttemptLimits(time_limit_seconds=1.0, started_at=time.monotonic())
-    eta = EtaTracker(limits, AnalysisOptions())
+    eta = EtaTracker(limits, SPECTRA_ONLY)
     with pytest.raises(JobError) as caught:
         eta.update(_event("cost", 0, cost=_inputs(ms_per_product=1000.0)))
     assert caught.value.type == "over-time-limit"
     assert "130 products × 1000.0 ms per product" in caught.value.detail
     assert "max_iter" in caught.value.detail and "tolerance" in caught.value.detail
     # Within the limit it passes.
-    EtaTracker(AttemptLimits(time_limit_seconds=3600.0), AnalysisOptions()).update(
+    EtaTracker(AttemptLimits(time_limit_seconds=3600.0), SPECTRA_ONLY).update(
         _event("cost", 0, cost=_inputs())
     )
+
+
+def test_the_estimate_reads_the_typed_options_not_the_events_record() -> None:
+    """The worker's admission at the first step estimates with the validated request's
+    options (the tracker's), whatever the engine's event carries as its record."""
+    typed = SPECTRA_ONLY.model_copy(update={"trace_probes": 0})
+    eta = EtaTracker(None, typed, clock=lambda: 0.0)
+    first = eta.update(_event("cost", 0, cost=_inputs()))  # the record says 15 probes
+    assert first == pytest.approx(2 * 50 * 0.010)  # 50 Lanczos steps per block, no probes
+    assert eta.update(_event("cost", 0, cost=_inputs(options=None))) == pytest.approx(first)
 
 
 def _job(eta: float | None, status: str = "running") -> m.JobOut:

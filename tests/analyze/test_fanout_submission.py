@@ -181,3 +181,20 @@ def test_an_analysis_that_cannot_fit_the_workers_memory_is_refused_before_it_is_
     assert "4.00 GiB (CURVPLAN_WORKER_MEMORY_LIMIT)" in message
     assert "blocks" in message and "precision" in message
     assert json.dumps(response.json())  # problem+json, no 500
+
+
+def test_the_admission_plans_block_definitions_in_the_stored_rows_key_order(db_session) -> None:
+    """The typed options keep the client's key order; the worker reads the stored row's (jsonb:
+    shorter keys first). The admission plans with the row's order, so it names the blocks the
+    worker's engine will find, in the same order."""
+    from curvplan.types.options import AnalysisOptions
+    from curvplan_server.analyze.admission import _stored_order
+
+    definitions = {"mlp_and_head": ["head.*"], "embed": ["embed.*"], "q": ["layers.0.q*"]}
+    options = AnalysisOptions(block_definitions=definitions, seed=4)
+    stored = _stored_order(db_session, options)
+    assert list(options.block_definitions or {}) == ["mlp_and_head", "embed", "q"]
+    assert list(stored.block_definitions or {}) == ["q", "embed", "mlp_and_head"]
+    assert stored.block_definitions == definitions and stored.seed == 4
+    one = AnalysisOptions(block_definitions={"only": ["head.*"]})
+    assert _stored_order(db_session, one) is one  # nothing to reorder: no round trip

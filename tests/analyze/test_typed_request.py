@@ -157,9 +157,9 @@ def test_each_attempt_of_an_analysis_parses_its_model_spec_once(
     answer = client.post("/v1/jobs", headers=headers, json=body)
     assert answer.status_code == 202, answer.text
     job_id = answer.json()["id"]
-    # The API validated the body once (and checked the model's size on that model); the only
-    # other parses are of the two analyze_blocks children it created at submission.
-    assert (spec_parses / str(os.getpid())).read_text().splitlines() == ["1"] * 3
+    # The API validated the body once and used that model throughout: the size check, the
+    # admission and the two analyze_blocks children it created at submission.
+    assert (spec_parses / str(os.getpid())).read_text().splitlines() == ["1"]
 
     # What the API stored (JSONB) is the validated model's JSON: it parses back unchanged.
     row = _stored(engine, job_id)
@@ -178,6 +178,7 @@ def test_each_attempt_of_an_analysis_parses_its_model_spec_once(
     assert kinds == ["analyze_blocks", "analyze_blocks", "analyze"]
     per_attempt = {p.name: len(p.read_text().splitlines()) for p in spec_parses.iterdir()}
     assert len(per_attempt) == len(kinds), per_attempt  # one child process per attempt
+    # once each, the fan-in included: it reads its children's requests with its own model
     assert set(per_attempt.values()) == {1}, per_attempt
 
     # A re-plan is stored with from_job and the measurements the API copied: it still parses.

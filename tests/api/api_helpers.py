@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 
@@ -20,3 +21,33 @@ def assert_problem(response: Any, status: int) -> dict[str, Any]:
 def error_fields(problem: dict[str, Any]) -> set[str]:
     """The dotted field names a 422 problem reports."""
     return {e["field"] for e in problem.get("errors") or []}
+
+
+class JobReads:
+    """Tells when the API next reads a job: a long-poll reads the status it then waits to see
+    change, so a writer that waits for that read changes it while the request waits, however
+    late the loaded machine starts the request (a change before the read is no change to it:
+    the request would wait its whole ``wait``)."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        from curvplan_server.jobs import router
+
+        self._real = router._read_job
+        self._lock = threading.Lock()
+        self._armed: list[threading.Event] = []
+        monkeypatch.setattr(router, "_read_job", self._read)
+
+    def _read(self, *args: Any) -> Any:
+        job = self._real(*args)
+        with self._lock:
+            for event in self._armed:
+                event.set()
+            self._armed.clear()
+        return job
+
+    def next_read(self) -> threading.Event:
+        """An event set once the API's next read of a job has returned."""
+        event = threading.Event()
+        with self._lock:
+            self._armed.append(event)
+        return event

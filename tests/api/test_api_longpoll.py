@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from api_helpers import assert_problem, error_fields
+from api_helpers import JobReads, assert_problem, error_fields
 from sqlalchemy import text
 
 
@@ -48,8 +48,14 @@ def live(
         application.state.engine.dispose()
 
 
-def _set_status_later(engine: Any, job_id: str, status: str, delay: float) -> threading.Thread:
+def _set_status_later(
+    engine: Any, job_id: str, status: str, delay: float, after: threading.Event | None = None
+) -> threading.Thread:
+    """Set the status ``delay`` seconds after ``after`` (the long-poll's first read) is set."""
+
     def run() -> None:
+        if after is not None:
+            assert after.wait(30), "the long-poll never read the job"
         time.sleep(delay)
         with engine.begin() as conn:
             conn.execute(
@@ -68,16 +74,20 @@ def _timed_get(client: Any, url: str, headers: dict[str, str], **params: Any) ->
     return response, time.monotonic() - t0
 
 
-def test_long_poll_returns_on_change_and_on_terminal(live, plan_body: dict[str, Any]) -> None:
+def test_long_poll_returns_on_change_and_on_terminal(
+    live, plan_body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     client, engine, headers = live
+    reads = JobReads(monkeypatch)
     job = client.post("/v1/jobs", json=plan_body, headers=headers).json()
     url = f"/v1/jobs/{job['id']}"
 
     response, elapsed = _timed_get(client, url, headers, wait=0)
     assert response.json()["status"] == "queued" and elapsed < 5
 
-    # the status changes 0.4 s into a 30 s wait: the answer comes right after the change
-    writer = _set_status_later(engine, job["id"], "running", 0.4)
+    # the status changes 0.4 s into a 30 s wait (after the poll read it as queued, which a
+    # loaded machine may do late): the answer comes right after the change
+    writer = _set_status_later(engine, job["id"], "running", 0.4, after=reads.next_read())
     response, elapsed = _timed_get(client, url, headers, wait=30)
     writer.join()
     assert response.json()["status"] == "running"

@@ -8,11 +8,13 @@ import time
 import uuid
 from typing import Any
 
+import pytest
+from api_helpers import JobReads
 from sqlalchemy import text
 
 
 def test_a_status_change_wakes_the_long_poll_without_polling(
-    settings: Any, database_url: str, plan_body: dict[str, Any]
+    settings: Any, database_url: str, plan_body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from fastapi.testclient import TestClient
 
@@ -44,8 +46,12 @@ def test_a_status_change_wakes_the_long_poll_without_polling(
                 assert time.monotonic() < deadline, "the LISTEN connection never came up"
                 time.sleep(0.05)
             job = client.post("/v1/jobs", json=plan_body, headers=headers).json()
+            read = JobReads(monkeypatch).next_read()
 
             def change_later() -> None:
+                # after the long-poll read the job as queued (late on a loaded machine): a
+                # change before that read is none to it, and it would wait its whole 30 s
+                assert read.wait(30), "the long-poll never read the job"
                 time.sleep(0.5)
                 with engine.begin() as conn:
                     conn.execute(

@@ -2,12 +2,13 @@
 every schemathesis check: never a 5xx, always the schema, valid data accepted, invalid refused.
 
 Bounded examples per operation and mode and a fixed seed (derandomized), against the
-in-process app on the real test database and no worker, so generated jobs stay queued.
+in-process app on the real test database and no worker, so generated jobs stay queued until
+the fuzzing's project is deleted at the end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,16 +75,24 @@ def fuzz_app(settings_: Any, engine: Any, api_key_committed: str) -> Any:
 
 
 @pytest.fixture
-def api_key_committed(engine: Any) -> str:
+def api_key_committed(engine: Any) -> Iterator[str]:
+    """A committed key of a fresh project; the project, and every job and artifact the fuzzing
+    committed in it, is deleted afterwards (the database is the session's: a worker another
+    test starts on it would claim the queued jobs left behind)."""
     import uuid
+
+    from sqlalchemy import text
 
     from curvplan_core.credentials.keys import create_key
     from curvplan_core.db import make_sessionmaker
 
+    project = f"fuzz-{uuid.uuid4().hex[:8]}"
     with make_sessionmaker(engine)() as session:
-        key = create_key(session, f"fuzz-{uuid.uuid4().hex[:8]}")
+        key = create_key(session, project)
         session.commit()
-    return key
+    yield key
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM project WHERE name = :n"), {"n": project})
 
 
 def _fuzz(operation: Any, mode: GenerationMode, headers: dict[str, str]) -> Callable[[], None]:

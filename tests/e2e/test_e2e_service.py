@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import live_plugin
 import pytest
 from live_plugin import free_port
 from sqlalchemy import text
@@ -121,6 +122,17 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: floa
 
 
 # --------------------------------------------------------------------------- serve + worker
+@pytest.fixture(scope="module")
+def database_url(pg_admin_url: str) -> Iterator[str]:
+    """A migrated database of this module alone (overrides the session's shared one).
+
+    Its worker claims every queued cpu job of its database, oldest first: on the shared one it
+    also ran what other tests left queued (the API fuzzing left a plan job) before this test's
+    own, within the same 120 s, and its reaper and collection acted on their rows."""
+    with live_plugin.private_database(pg_admin_url, "curvplan_e2e") as url:
+        yield url
+
+
 @pytest.fixture
 def e2e_key(database_url: str) -> Iterator[str]:
     from curvplan_core.credentials.keys import create_key

@@ -36,19 +36,32 @@ def assert_problem(response: Any, status: int) -> dict[str, Any]:
     return response.json()
 
 
-def _waiting_on_a_lock(engine: Any) -> int:
+def _blocked_by(engine: Any, holder_pid: int) -> int:
+    """Sessions of this database waiting for a lock that ``holder_pid`` holds."""
     with engine.connect() as conn:
         return conn.execute(
             text(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock'"
-            )
+                "AND :holder = ANY(pg_blocking_pids(pid))"
+            ),
+            {"holder": holder_pid},
         ).scalar_one()
 
 
-def wait_until_blocked(engine: Any, thread: threading.Thread, timeout: float = 10.0) -> None:
+def backend_pid(holder: Any) -> int:
+    """The server process of a connection (or a session's) in its current transaction."""
+    return int(holder.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+
+def wait_until_blocked(
+    engine: Any, thread: threading.Thread, holder: Any, timeout: float = 10.0
+) -> None:
+    """Until some session waits for a lock that ``holder`` (the test's connection or session
+    that took it) holds: the thread's request. Not any lock wait of the database: the session
+    database is shared, and a wait another test left behind would end this one too early."""
+    pid = backend_pid(holder)
     deadline = time.monotonic() + timeout
-    while _waiting_on_a_lock(engine) == 0:
+    while _blocked_by(engine, pid) == 0:
         assert thread.is_alive(), "the request finished without waiting for the lock"
         assert time.monotonic() < deadline, "the request never waited for the lock"
         time.sleep(0.02)

@@ -47,9 +47,7 @@ def test_collect_deletes_only_unreferenced_blobs_past_the_grace(
     assert report.bytes_freed == len(checkpoint_bytes(41))
 
 
-def test_collector_waits_for_a_writer_and_keeps_what_it_committed(
-    store: Any, engine: Any, live_headers: dict[str, str]
-) -> None:
+def test_collector_waits_for_a_writer_and_keeps_what_it_committed(store: Any, engine: Any) -> None:
     """A writer holds the blob's lock between placing the file and committing its row: the
     collector must wait, re-check, and keep the file."""
     from curvplan_core.storage.blobs import collect_blobs, lock_blob
@@ -57,15 +55,19 @@ def test_collector_waits_for_a_writer_and_keeps_what_it_committed(
     data = checkpoint_bytes(43)
     sha = orphan_blob(store, data)
     report: dict[str, Any] = {}
+    project_id = uuid.uuid4()  # its own project, not "the newest" of the shared database
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO project (id, name) VALUES (:id, :name)"),
+            {"id": project_id, "name": f"gc-writer-{project_id.hex[:8]}"},
+        )
     with engine.connect() as writer:
-        project = writer.execute(text("SELECT id FROM project ORDER BY created_at DESC LIMIT 1"))
-        project_id = project.scalar_one()
         lock_blob(writer, sha)
         collector = threading.Thread(
             target=lambda: report.update(r=collect_blobs(engine, store, grace_seconds=0))
         )
         collector.start()
-        wait_until_blocked(engine, collector)
+        wait_until_blocked(engine, collector, writer)
         writer.execute(
             text(
                 "INSERT INTO artifact (id, project_id, kind, storage, sha256, size_bytes) "
@@ -95,7 +97,7 @@ def test_collector_spares_a_blob_placed_again_after_its_scan(store: Any, engine:
             target=lambda: report.update(r=collect_blobs(engine, store, grace_seconds=600))
         )
         collector.start()
-        wait_until_blocked(engine, collector)  # scanned, waiting for the lock
+        wait_until_blocked(engine, collector, uploader)  # scanned, waiting for the lock
         temp = store.tmp_dir / f"upload-{uuid.uuid4().hex}"
         temp.write_bytes(data)
         place_blob(uploader, store, temp, sha)
@@ -122,7 +124,7 @@ def test_upload_waits_for_a_collector_and_then_stores_its_own_copy(
             target=lambda: answer.update(r=upload(live_client, live_headers, data))
         )
         uploader.start()
-        wait_until_blocked(engine, uploader)
+        wait_until_blocked(engine, uploader, collector)
         store.delete(sha)  # the collector's decision, taken under the lock
         collector.commit()
     uploader.join(10)
@@ -169,9 +171,19 @@ def test_uploads_deletes_and_collections_interleaved_never_lose_a_blob(
     threads.append(threading.Thread(target=collector))
     for t in threads:
         t.start()
-    time.sleep(3.0)
-    stop.set()
-    for t in threads:
-        t.join(30)
+    # At least 3 s of interleaving, and at least 6 uploads and 3 collections however slow
+    # the machine: a fixed 3 s need not hold them on a loaded one, and the test is about the
+    # blobs, not the speed.
+    began = time.monotonic()
+    try:
+        while not failures and (
+            time.monotonic() - began < 3.0 or rounds["uploads"] < 6 or rounds["collections"] < 3
+        ):
+            assert time.monotonic() - began < 120, rounds
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
     assert failures == [], failures
     assert rounds["uploads"] >= 6 and rounds["collections"] >= 3, rounds

@@ -159,7 +159,7 @@ def test_delete_racing_a_job_submission_waits_for_it_and_refuses(
             )
         )
         deleter.start()
-        wait_until_blocked(engine, deleter)
+        wait_until_blocked(engine, deleter, submit)
         job = create_job(submit, project_id, body, default_max_attempts=1).job
         submit.commit()
     deleter.join(10)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from sweep_helpers import TINY_SPEC, counting_data
 
-from curvplan.types.jobs import SweepJobCreate
+from curvplan.types.jobs import SweepJobCreate, SweepPointJobCreate
 from curvplan.types.sweep import OptimizerSpec, PointResult, PointSettings
 from curvplan_worker.errors import JobError
 from curvplan_worker.job_context import JobContext
@@ -48,13 +48,34 @@ def _ctx(children: list[dict[str, Any]]) -> JobContext:
     )
 
 
+def _point_request(point: PointResult | None) -> dict[str, Any]:
+    """A sweep_point's stored request (the fan-in reads only its result here)."""
+    settings = PointSettings(
+        type="data" if point is not None and point.data_size else "batch",
+        batch_size=point.batch_size if point is not None else 8,
+        lr=point.lr if point is not None else 1e-3,
+        lr_multiplier=point.lr_multiplier if point is not None else 1.0,
+        data_size=point.data_size if point is not None else None,
+        max_steps=1000,
+        eval_every=10,
+    )
+    request = SweepPointJobCreate(
+        kind="sweep_point",
+        model=TINY_SPEC,
+        train_data=uuid.uuid4(),
+        eval_data=uuid.uuid4(),
+        point=settings,
+    )
+    return request.model_dump(mode="json", exclude_none=True)
+
+
 def _child(name: str, point: PointResult | None, status: str = "succeeded") -> dict[str, Any]:
     return {
         "id": str(uuid.uuid4()),
         "kind": "sweep_point",
         "name": name,
         "status": status,
-        "request": {},
+        "request": _point_request(point),
         "result": None if point is None else {"point": point.model_dump(mode="json")},
         "error": None if point is not None else {"type": "diverged", "title": "x", "detail": "x"},
         "attempt": 1,

@@ -240,8 +240,8 @@ def test_signed_post_retried_after_500s_and_never_sent_again(
     assert delivery.status == "succeeded" and delivery.delivered_at is not None
     assert [a.status_code for a in delivery.attempts] == [500, 503, 200]
     assert [a.number for a in delivery.attempts] == [1, 2, 3]
-    for _ in range(3):  # nothing is sent twice after a success (the sender may still send
-        deliver_due(engine, FAST)  # other tests' deliveries: the database is shared)
+    for _ in range(3):  # nothing is sent twice after a success
+        deliver_due(engine, FAST)
     with Session(engine) as session:
         (again,) = list_deliveries(session, project_id, job).items
     assert again.status == "succeeded" and len(again.attempts) == 3

@@ -107,54 +107,16 @@ def fit_steps_to_target(
     if method is None:
         method = "variance_function" if robust else "constant"
     log_s = np.log(s)
-
-    def jacobian(theta: FloatArray) -> FloatArray:
-        ratio = np.exp(theta[1]) / b
-        return np.column_stack([np.ones(n), ratio / (1.0 + ratio)])
-
-    # θ bounds: S_min below the largest observed S; B_crit within 10⁴× the measured range.
-    log_b_lo = math.log(b.min()) - math.log(1e4)
-    log_b_hi = math.log(b.max()) + math.log(1e4)
-    lower = np.array([log_s.min() - 50.0, log_b_lo])
-    upper = np.array([log_s.max(), log_b_hi])
-    bounds = (lower, upper)
-    # Start from the linear form S = S_min + S_min·B_crit·(1/B) (least squares in S).
-    slope, intercept = np.polyfit(1.0 / b, s, 1)
-    s0 = intercept if intercept > 0 else float(s.min())
-    bc0 = slope / s0 if slope > 0 else float(np.median(b))
-    ones = np.ones(n)
-    best = None
-    for start_bc in (bc0, float(np.median(b)), float(b.min()), float(b.max())):
-        start = np.array([math.log(s0), math.log(max(start_bc, 1e-300))])
-        res = _fit_log_steps(b, log_s, ones, start, bounds)
-        if best is None or res.cost < best.cost:
-            best = res
-    assert best is not None
+    bounds = _theta_bounds(b, log_s)
+    best = _unweighted_fit(b, s, log_s, bounds)
     theta = best.x
-    weights = ones
+    weights = np.ones(n)
     exponent = 1.0
     if method in GLS_METHODS and n > 3 and float(best.fun @ best.fun) > 1e-24:
-        chosen = None
-        for k in VARIANCE_EXPONENTS:
-            theta_k, w_k = theta, ones
-            for _ in range(3):
-                mu = np.exp(theta_k[0] + np.log1p(np.exp(theta_k[1]) / b))
-                # Var(log S) ∝ μ^(2(k−1)): the power-of-the-mean weights of exponent k − 1
-                w_k = power_of_mean_weights(mu, k - 1.0)
-                theta_k = _fit_log_steps(b, log_s, w_k, theta_k, bounds).x
-            r_k = np.sqrt(w_k) * (theta_k[0] + np.log1p(np.exp(theta_k[1]) / b) - log_s)
-            loglik = profile_loglik(r_k, w_k)
-            if loglik is None:
-                continue
-            if chosen is None or loglik > chosen[0]:
-                chosen = (loglik, k, theta_k, w_k)
+        chosen = _variance_function_fit(b, log_s, theta, bounds)
         if chosen is not None:
-            _, exponent, theta, weights = chosen
-    if theta[1] - log_b_lo < 1e-6 or log_b_hi - theta[1] < 1e-6:
-        raise ValueError(
-            "the steps do not follow S = S_min(1 + B_crit/B): the fitted B_crit runs to the "
-            "edge of 10⁴× the measured batch range (steps flat or rising with batch size?)"
-        )
+            exponent, theta, weights = chosen
+    _check_inside(theta, bounds)
     s_min, b_crit = math.exp(theta[0]), math.exp(theta[1])
     resid = theta[0] + np.log1p(b_crit / b) - log_s
     ss_res = float(resid @ resid)
@@ -163,33 +125,121 @@ def fit_steps_to_target(
     s_ci = b_ci = e_ci = None
     sigma = math.sqrt(ss_res / (n - 2)) if n > 2 else 0.0
     if n > 2:
-        jac = jacobian(theta)
-        dof = n - 2
-        cov: FloatArray | None
-        if method in GLS_METHODS:
-            spent = 1 if n > 3 else 0
-            dof = n - 2 - spent
-            root_w = np.sqrt(weights)
-            wr = root_w * resid
-            if spent and method == "variance_function":
-                # the weights buy efficiency, the sandwich keeps the interval valid when the
-                # chosen variance function is wrong (it often is with 5–7 points)
-                cov = robust_covariance(jac * root_w[:, None], wr)
-            else:
-                try:
-                    cov = np.linalg.inv((jac * weights[:, None]).T @ jac) * float(wr @ wr) / dof
-                except np.linalg.LinAlgError:
-                    cov = None
-        else:
-            cov = robust_covariance(jac, resid, robust=method == "hc3")
-        if cov is not None and np.all(np.isfinite(cov)):
-            t = float(stats.t.ppf((1 + confidence) / 2, dof))
-            se0, se1 = math.sqrt(max(cov[0, 0], 0)), math.sqrt(max(cov[1, 1], 0))
-            se_e = math.sqrt(max(cov[0, 0] + cov[1, 1] + 2 * cov[0, 1], 0))
-            s_ci = _log_interval(theta[0], t * se0)
-            b_ci = _log_interval(theta[1], t * se1)
-            e_ci = _log_interval(theta[0] + theta[1], t * se_e)
+        s_ci, b_ci, e_ci = _intervals(b, theta, resid, weights, confidence, method)
     return CriticalBatchFit(s_min, b_crit, s_ci, b_ci, s_min * b_crit, e_ci, r2, n, sigma, exponent)
+
+
+Bounds = tuple[FloatArray, FloatArray]
+Interval = tuple[float, float]
+
+
+def _theta_bounds(b: FloatArray, log_s: FloatArray) -> Bounds:
+    """θ bounds: S_min below the largest observed S; B_crit within 10⁴× the measured range."""
+    log_b_lo = math.log(b.min()) - math.log(1e4)
+    log_b_hi = math.log(b.max()) + math.log(1e4)
+    lower = np.array([log_s.min() - 50.0, log_b_lo])
+    upper = np.array([log_s.max(), log_b_hi])
+    return (lower, upper)
+
+
+def _unweighted_fit(b: FloatArray, s: FloatArray, log_s: FloatArray, bounds: Bounds) -> Any:
+    """The unweighted fit on log S, the best of four starts: B_crit from the linear form
+    S = S_min + S_min·B_crit·(1/B) (least squares in S), the median, smallest and largest B."""
+    slope, intercept = np.polyfit(1.0 / b, s, 1)
+    s0 = intercept if intercept > 0 else float(s.min())
+    bc0 = slope / s0 if slope > 0 else float(np.median(b))
+    ones = np.ones(b.size)
+    best = None
+    for start_bc in (bc0, float(np.median(b)), float(b.min()), float(b.max())):
+        start = np.array([math.log(s0), math.log(max(start_bc, 1e-300))])
+        res = _fit_log_steps(b, log_s, ones, start, bounds)
+        if best is None or res.cost < best.cost:
+            best = res
+    assert best is not None
+    return best
+
+
+def _variance_function_fit(
+    b: FloatArray, log_s: FloatArray, theta: FloatArray, bounds: Bounds
+) -> tuple[float, FloatArray, FloatArray] | None:
+    """The power-of-the-mean variance function (Carroll & Ruppert 1988, ch. 2–3): for each k
+    of ``VARIANCE_EXPONENTS``, three rounds of generalised least squares from ``theta``; the
+    k of the largest Gaussian profile likelihood, its θ and weights (None: none defined)."""
+    ones = np.ones(b.size)
+    chosen = None
+    for k in VARIANCE_EXPONENTS:
+        theta_k, w_k = theta, ones
+        for _ in range(3):
+            mu = np.exp(theta_k[0] + np.log1p(np.exp(theta_k[1]) / b))
+            # Var(log S) ∝ μ^(2(k−1)): the power-of-the-mean weights of exponent k − 1
+            w_k = power_of_mean_weights(mu, k - 1.0)
+            theta_k = _fit_log_steps(b, log_s, w_k, theta_k, bounds).x
+        r_k = np.sqrt(w_k) * (theta_k[0] + np.log1p(np.exp(theta_k[1]) / b) - log_s)
+        loglik = profile_loglik(r_k, w_k)
+        if loglik is None:
+            continue
+        if chosen is None or loglik > chosen[0]:
+            chosen = (loglik, k, theta_k, w_k)
+    if chosen is None:
+        return None
+    _, exponent, theta_chosen, weights = chosen
+    return exponent, theta_chosen, weights
+
+
+def _check_inside(theta: FloatArray, bounds: Bounds) -> None:
+    """Refuse a B_crit that ran to the edge of its bounds (the law does not hold)."""
+    log_b_lo, log_b_hi = float(bounds[0][1]), float(bounds[1][1])
+    if theta[1] - log_b_lo < 1e-6 or log_b_hi - theta[1] < 1e-6:
+        raise ValueError(
+            "the steps do not follow S = S_min(1 + B_crit/B): the fitted B_crit runs to the "
+            "edge of 10⁴× the measured batch range (steps flat or rising with batch size?)"
+        )
+
+
+def _intervals(
+    b: FloatArray,
+    theta: FloatArray,
+    resid: FloatArray,
+    weights: FloatArray,
+    confidence: float,
+    method: IntervalMethod,
+) -> tuple[Interval | None, Interval | None, Interval | None]:
+    """The S_min, B_crit and E_min intervals of :func:`fit_steps_to_target` (its docstring
+    says which covariance each ``method`` uses); None where the covariance is not finite."""
+    n = b.size
+
+    def jacobian(theta: FloatArray) -> FloatArray:
+        ratio = np.exp(theta[1]) / b
+        return np.column_stack([np.ones(n), ratio / (1.0 + ratio)])
+
+    jac = jacobian(theta)
+    dof = n - 2
+    cov: FloatArray | None
+    if method in GLS_METHODS:
+        spent = 1 if n > 3 else 0
+        dof = n - 2 - spent
+        root_w = np.sqrt(weights)
+        wr = root_w * resid
+        if spent and method == "variance_function":
+            # the weights buy efficiency, the sandwich keeps the interval valid when the
+            # chosen variance function is wrong (it often is with 5–7 points)
+            cov = robust_covariance(jac * root_w[:, None], wr)
+        else:
+            try:
+                cov = np.linalg.inv((jac * weights[:, None]).T @ jac) * float(wr @ wr) / dof
+            except np.linalg.LinAlgError:
+                cov = None
+    else:
+        cov = robust_covariance(jac, resid, robust=method == "hc3")
+    if cov is None or not np.all(np.isfinite(cov)):
+        return None, None, None
+    t = float(stats.t.ppf((1 + confidence) / 2, dof))
+    se0, se1 = math.sqrt(max(cov[0, 0], 0)), math.sqrt(max(cov[1, 1], 0))
+    se_e = math.sqrt(max(cov[0, 0] + cov[1, 1] + 2 * cov[0, 1], 0))
+    s_ci = _log_interval(theta[0], t * se0)
+    b_ci = _log_interval(theta[1], t * se1)
+    e_ci = _log_interval(theta[0] + theta[1], t * se_e)
+    return s_ci, b_ci, e_ci
 
 
 def robust_covariance(

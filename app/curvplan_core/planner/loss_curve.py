@@ -246,55 +246,15 @@ def fit_power_law(
         raise FitError(f"only {int(mask.sum())} k-bins inside the fit window {list(window)}")
     if np.any(mean <= 0):
         raise FitError("the loss differences are zero (all per-sample losses are equal)")
-    var = data.var(axis=0, ddof=1) if n_orderings > 1 else np.zeros_like(mean)
-    var_log = var / (n_orderings * mean * mean)
-    floor = (
-        max(float(np.median(var_log[var_log > 0])) * 1e-3, 1e-300) if np.any(var_log > 0) else 1.0
-    )
-    weights = 1.0 / np.maximum(var_log, floor)
+    weights = _log_mean_weights(data, mean, n_orderings)
     x = np.log(grid.k_rep[mask] + k_offset)
-    y = np.log(mean)
-    if fixed_alpha is None:
-        a, b, r2 = _wls_lines(x, y, weights)
-        C, alpha, r2_value = float(np.exp(a)), float(-b), float(r2)
-    else:
-        log_c = y + fixed_alpha * x
-        a = np.sum(weights * log_c) / np.sum(weights)
-        C, alpha = float(np.exp(a)), float(fixed_alpha)
-        pred = a - fixed_alpha * x
-        ym = np.sum(weights * y) / np.sum(weights)
-        ss_tot = float(np.sum(weights * (y - ym) ** 2))
-        r2_value = 1.0 - float(np.sum(weights * (y - pred) ** 2)) / ss_tot if ss_tot > 0 else 1.0
-
+    C, alpha, r2_value = _point_fit(x, np.log(mean), weights, fixed_alpha)
     c_boot = np.empty(0)
     alpha_boot = np.empty(0)
     if bootstrap > 0 and n_orderings > 1:
-        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
-        counts = rng.multinomial(n_orderings, np.full(n_orderings, 1.0 / n_orderings), bootstrap)
-        boot_mean = (counts @ data) / n_orderings
-        ok = np.all(boot_mean > 0, axis=1)
-        yb = np.log(np.where(boot_mean > 0, boot_mean, 1.0))
-        if fixed_alpha is None:
-            ab, bb, _ = _wls_lines(
-                np.broadcast_to(x, yb.shape), yb, np.broadcast_to(weights, yb.shape)
-            )
-            alpha_all = -bb
-        else:
-            ab = (yb + fixed_alpha * x) @ weights / weights.sum()
-            alpha_all = np.full(bootstrap, float(fixed_alpha))
-        c_all = np.exp(ab)
-        if data_scale is not None:
-            if data_scale.shape != (bootstrap,):
-                raise ValueError("data_scale needs one factor per bootstrap replicate")
-            c_all = c_all * data_scale
-        if data_shift is not None:
-            if data_shift.shape != (bootstrap, 2):
-                raise ValueError("data_shift needs one (log C, α) shift per bootstrap replicate")
-            c_all = c_all * np.exp(data_shift[:, 0])
-            if fixed_alpha is None:
-                alpha_all = alpha_all + data_shift[:, 1]
-        ok = ok & np.isfinite(c_all) & np.isfinite(alpha_all)
-        c_boot, alpha_boot = c_all[ok], alpha_all[ok]
+        c_boot, alpha_boot = _bootstrap_fit(
+            data, x, weights, bootstrap, seed, stream, fixed_alpha, data_scale, data_shift
+        )
     return PowerLawEstimate(
         C=C,
         alpha=alpha,
@@ -307,6 +267,75 @@ def fit_power_law(
         includes_data_sampling=(data_scale is not None or data_shift is not None)
         and c_boot.size > 0,
     )
+
+
+def _log_mean_weights(data: FloatArray, mean: FloatArray, n_orderings: int) -> FloatArray:
+    """1/Var(log mean) of each bin by the delta method, R·mean²/Var_orderings, the variance
+    floored at 10⁻³ of its median (a bin without spread would take all the weight)."""
+    var = data.var(axis=0, ddof=1) if n_orderings > 1 else np.zeros_like(mean)
+    var_log = var / (n_orderings * mean * mean)
+    floor = (
+        max(float(np.median(var_log[var_log > 0])) * 1e-3, 1e-300) if np.any(var_log > 0) else 1.0
+    )
+    return 1.0 / np.maximum(var_log, floor)
+
+
+def _point_fit(
+    x: FloatArray, y: FloatArray, weights: FloatArray, fixed_alpha: float | None
+) -> tuple[float, float, float]:
+    """(C, α, weighted R²) of y = log C − α·x: both by weighted least squares, or log C alone
+    with α held at ``fixed_alpha``."""
+    if fixed_alpha is None:
+        a, b, r2 = _wls_lines(x, y, weights)
+        return float(np.exp(a)), float(-b), float(r2)
+    log_c = y + fixed_alpha * x
+    a = np.sum(weights * log_c) / np.sum(weights)
+    pred = a - fixed_alpha * x
+    ym = np.sum(weights * y) / np.sum(weights)
+    ss_tot = float(np.sum(weights * (y - ym) ** 2))
+    r2_value = 1.0 - float(np.sum(weights * (y - pred) ** 2)) / ss_tot if ss_tot > 0 else 1.0
+    return float(np.exp(a)), float(fixed_alpha), r2_value
+
+
+def _bootstrap_fit(
+    data: FloatArray,
+    x: FloatArray,
+    weights: FloatArray,
+    bootstrap: int,
+    seed: int,
+    stream: int,
+    fixed_alpha: float | None,
+    data_scale: FloatArray | None,
+    data_shift: FloatArray | None,
+) -> tuple[FloatArray, FloatArray]:
+    """Replicates of (C, α): the orderings resampled with replacement (multinomial counts, one
+    matrix product for all replicates), refitted with the same weights, then the data-level
+    ``data_scale`` / ``data_shift`` applied; non-finite replicates dropped."""
+    n_orderings = data.shape[0]
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
+    counts = rng.multinomial(n_orderings, np.full(n_orderings, 1.0 / n_orderings), bootstrap)
+    boot_mean = (counts @ data) / n_orderings
+    ok = np.all(boot_mean > 0, axis=1)
+    yb = np.log(np.where(boot_mean > 0, boot_mean, 1.0))
+    if fixed_alpha is None:
+        ab, bb, _ = _wls_lines(np.broadcast_to(x, yb.shape), yb, np.broadcast_to(weights, yb.shape))
+        alpha_all = -bb
+    else:
+        ab = (yb + fixed_alpha * x) @ weights / weights.sum()
+        alpha_all = np.full(bootstrap, float(fixed_alpha))
+    c_all = np.exp(ab)
+    if data_scale is not None:
+        if data_scale.shape != (bootstrap,):
+            raise ValueError("data_scale needs one factor per bootstrap replicate")
+        c_all = c_all * data_scale
+    if data_shift is not None:
+        if data_shift.shape != (bootstrap, 2):
+            raise ValueError("data_shift needs one (log C, α) shift per bootstrap replicate")
+        c_all = c_all * np.exp(data_shift[:, 0])
+        if fixed_alpha is None:
+            alpha_all = alpha_all + data_shift[:, 1]
+    ok = ok & np.isfinite(c_all) & np.isfinite(alpha_all)
+    return c_all[ok], alpha_all[ok]
 
 
 def default_window(n_samples: int) -> tuple[int, int]:

@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import text
 
 from curvplan.types.artifact_inputs import checkpoint_ids
-from curvplan.types.jobs import AnalyzeBlocksJobCreate
+from curvplan.types.jobs import AnalyzeJobCreate
 from curvplan.types.options import AnalysisOptions
 from curvplan_core import analysis_plan
 from curvplan_core.blocks import BlockError, UnknownBlocks
@@ -40,9 +40,10 @@ GPU_QUEUE = "gpu"
 
 @dataclass(frozen=True)
 class SubmissionFanOut:
-    """Children to insert with the job, and the fan-in's own estimated seconds."""
+    """Children to insert with the job (their create models), and the fan-in's own
+    estimated seconds."""
 
-    children: list[dict[str, Any]]
+    children: list[analysis_plan.PlannedChild]
     fan_in_seconds: float
     reason: str
 
@@ -52,16 +53,16 @@ def _error(loc: tuple[str, ...], message: str, type_: str) -> dict[str, Any]:
     return {"field": ".".join(full), "loc": full, "message": message, "type": type_}
 
 
-def _stored_order(session: Any, options: dict[str, Any]) -> dict[str, Any]:
+def _stored_order(session: Any, options: AnalysisOptions) -> AnalysisOptions:
     """``options`` with ``block_definitions`` in the key order PostgreSQL's jsonb keeps, which
     is the order the worker reads the stored request in (and so the engine's block order)."""
-    definitions = options.get("block_definitions")
-    if not isinstance(definitions, dict) or len(definitions) < 2:
+    definitions = options.block_definitions
+    if definitions is None or len(definitions) < 2:
         return options
     stored = session.execute(
         text("SELECT CAST(:v AS jsonb)"), {"v": json.dumps(definitions)}
     ).scalar_one()
-    return {**options, "block_definitions": stored}
+    return options.model_copy(update={"block_definitions": stored})
 
 
 def limits_from(settings: Settings, live: int) -> analysis_plan.Limits:
@@ -78,14 +79,15 @@ def limits_from(settings: Settings, live: int) -> analysis_plan.Limits:
 
 
 def admit_analysis(
-    session: Any, project_id: uuid.UUID, body: dict[str, Any], settings: Settings
+    session: Any, project_id: uuid.UUID, body: AnalyzeJobCreate, settings: Settings
 ) -> SubmissionFanOut | None:
     """Refuse (422) an analysis that cannot fit or cannot finish in time; its fan-out, if it
-    fans out (else None: one process)."""
-    model = body["model"]
-    options = AnalysisOptions.model_validate(_stored_order(session, body.get("options") or {}))
-    checkpoint = [uuid.UUID(str(i)) for i in checkpoint_ids(body["checkpoint"])]
-    dataset = uuid.UUID(str(body["dataset"]))
+    fans out (else None: one process). ``body`` is the validated create model the router
+    parsed: its model and options are read as they are, never parsed again."""
+    model = body.model
+    options = _stored_order(session, body.options)
+    checkpoint = checkpoint_ids(body.checkpoint)
+    dataset = body.dataset
     headers = stored_headers(session, project_id, [dataset, *checkpoint])
     shapes = analysis_plan.parameter_shapes(model, [headers.get(i) for i in checkpoint])
     sample = analysis_plan.sample_size(model, headers.get(dataset))
@@ -124,8 +126,6 @@ def admit_analysis(
         )
     if not plan.fans_out:
         return None
-    children = []
-    for child in analysis_plan.child_requests(body, plan):
-        request = AnalyzeBlocksJobCreate.model_validate(child["request"])
-        children.append({**child, "request": request.model_dump(mode="json", exclude_none=True)})
-    return SubmissionFanOut(children, plan.fan_in_seconds, plan.reason)
+    return SubmissionFanOut(
+        analysis_plan.child_requests(body, plan), plan.fan_in_seconds, plan.reason
+    )

@@ -183,10 +183,13 @@ def fan_out_at_submission(
     session: Session, project_id: uuid.UUID, created: Created, fan_out: Any
 ) -> Created:
     """Insert the children of a just-created job and leave it waiting for them (same
-    transaction; ``curvplan_core.jobs.lifecycle.start_waiting``); the job as it now is."""
+    transaction; ``curvplan_core.jobs.lifecycle.start_waiting``); the job as it now is.
+    ``fan_out.children`` are the planned children (``curvplan_core.analysis_plan``): their
+    create models are stored as JSON here, at the row."""
     job_id = created.job.id
+    children = [child.stored() for child in fan_out.children]
     lifecycle.start_waiting(
-        session.connection(), job_id, fan_out.children, fan_in_seconds=fan_out.fan_in_seconds
+        session.connection(), job_id, children, fan_in_seconds=fan_out.fan_in_seconds
     )
     return Created(get_job(session, project_id, job_id), replayed=False)
 

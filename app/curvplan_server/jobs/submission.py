@@ -42,7 +42,6 @@ from curvplan_core.config import Settings
 from curvplan_server.analyze import admission, references, replan
 from curvplan_server.analyze.admission import SubmissionFanOut
 from curvplan_server.artifacts.service import check_references
-from curvplan_server.jobs.service import stored_request
 from curvplan_server.problems import Problem, validation_problem
 
 
@@ -90,8 +89,8 @@ SUBMISSION_CHECKS: Mapping[str, SubmissionCheck] = {
 def _fan_out_analyze(ctx: SubmissionContext, body: AnalyzeJobCreate) -> SubmissionFanOut | None:
     if ctx.settings is None:
         return None
-    # planned on the JSON the job row stores: what the worker parses, so the same blocks
-    return admission.admit_analysis(ctx.session, ctx.project_id, stored_request(body), ctx.settings)
+    # planned on the validated model (block_definitions in the stored row's key order)
+    return admission.admit_analysis(ctx.session, ctx.project_id, body, ctx.settings)
 
 
 #: kind → its admission and fan-out at submission (docs/operations.md#fan-out-at-submission).

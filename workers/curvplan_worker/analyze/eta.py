@@ -75,6 +75,8 @@ class EtaTracker:
         return eta
 
     def _start(self, inputs: dict[str, Any]) -> None:
+        """Estimate from the engine's measured figures and admit (or refuse) the attempt. The
+        options are the tracker's: the validated request's, which the engine ran with."""
         self.inputs = inputs
         self.estimate = cost_model.estimate(
             blocks=inputs.get("blocks") or {},
@@ -82,7 +84,7 @@ class EtaTracker:
             n_params=int(inputs["n_params"]),
             n_examples=int(inputs["n_examples"]),
             tokens=float(inputs.get("tokens") or inputs["n_examples"]),
-            options=inputs.get("options") or self.options,
+            options=self.options,  # the create model's, typed (the event's copy is a record)
             ms_per_product=inputs.get("ms_per_product"),
             first_product_ms=inputs.get("first_product_ms"),
             stages=inputs.get("stages"),

@@ -36,8 +36,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from curvplan.types.huggingface import HuggingFaceModel
-from curvplan.types.jobs import AnalyzeJobCreate
+from curvplan.types.jobs import AnalyzeBlocksJobCreate, AnalyzeJobCreate
 from curvplan.types.options import AnalysisOptions, MachineSettings
+from curvplan.types.results import AnalyzeBlocksResult
 from curvplan.types.spec import CausalLMTask, ModelSpec
 from curvplan_core.config import get_settings
 from curvplan_core.planner import Measurements, Targets, make_plan
@@ -45,7 +46,7 @@ from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
 from curvplan_worker.analyze.eta import EtaTracker
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.errors import JobCancelled, JobError
-from curvplan_worker.job_context import JobContext
+from curvplan_worker.job_context import ChildOutcome, JobContext
 
 log = logging.getLogger("curvplan.worker.analyze")
 
@@ -142,7 +143,8 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
         checkpoint_paths = [str(c.path) for c in checkpoint]
         measured, fan_out_record = None, None
         if ctx.children is not None:  # the fan-in: the API created the children at submission
-            measured, fan_out_record = _fanned_in(ctx.children)
+            children = ctx.children_as(AnalyzeBlocksJobCreate, AnalyzeBlocksResult, body.model)
+            measured, fan_out_record = _fanned_in(children)
         result = run_engine(
             body.model,
             checkpoint_paths,
@@ -437,22 +439,22 @@ def _mismatch_detail(exc: Any, field: str) -> str:
     return f"{field}: " + "; ".join(parts)
 
 
-def _fanned_in(children: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+def _fanned_in(
+    children: list[ChildOutcome[AnalyzeBlocksJobCreate, AnalyzeBlocksResult]],
+) -> tuple[Any, dict[str, Any]]:
     """The children's block and pair records (for the engine's fan-in run) and the fan-out's
     record; a child that did not succeed fails the job naming its blocks and pairs."""
     from curvplan_worker.curvature.analyze import MeasuredBlocks
 
-    failed = [c for c in children if c["status"] != "succeeded" or not c.get("result")]
+    failed = [c for c in children if not c.succeeded]
     if failed:
         parts = []
         for child in failed:
-            request = child.get("request") or {}
-            error = child.get("error") or {}
-            names = ["|".join(p) for p in request.get("pairs") or []]
+            names = ["|".join(p) for p in child.request.pairs]
+            error = f": {child.error.type}" if child.error is not None else ""
             parts.append(
-                f"{child.get('name') or child['id']} ({child['id']}) {child['status']}"
-                f"{': ' + str(error.get('type')) if error.get('type') else ''}"
-                f" — blocks {request.get('blocks') or []}" + (f", pairs {names}" if names else "")
+                f"{child.name or child.id} ({child.id}) {child.status}{error}"
+                f" — blocks {child.request.blocks}" + (f", pairs {names}" if names else "")
             )
         raise JobError(
             "block-group-failed",
@@ -463,19 +465,20 @@ def _fanned_in(children: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
     pairs: list[dict[str, Any]] = []
     record = []
     for child in children:
-        measurements = child["result"].get("measurements") or {}
-        blocks += measurements.get("blocks") or []
-        pairs += measurements.get("off_diagonal") or []
-        request = child.get("request") or {}
+        assert child.result is not None  # succeeded
+        measurements = child.result.measurements
+        # the engine's own record format: each block as the child's engine wrote it
+        blocks += [b.model_dump(mode="json", exclude_unset=True) for b in measurements.blocks or []]
+        pairs += measurements.off_diagonal or []
         record.append(
             {
-                "job_id": child["id"],
-                "name": child.get("name"),
-                "blocks": request.get("blocks") or [],
-                "pairs": request.get("pairs") or [],
-                "estimated_cost": request.get("estimated_cost"),
-                "elapsed_s": measurements.get("elapsed_s"),
-                "attempt": child.get("attempt"),
+                "job_id": child.id,
+                "name": child.name,
+                "blocks": child.request.blocks,
+                "pairs": [list(p) for p in child.request.pairs],
+                "estimated_cost": child.request.estimated_cost,
+                "elapsed_s": measurements.elapsed_s,
+                "attempt": child.attempt,
             }
         )
     return MeasuredBlocks(blocks=blocks, off_diagonal=pairs), {"children": record}

@@ -19,7 +19,9 @@ The context and the fan-out types live in :mod:`curvplan_worker.job_context`.
 Fan-out: instead of a result dict a kind may return a ``FanOut`` (child jobs to
 create). The job then waits for its children (``curvplan_core.jobs.fanout``) and is run
 again once they have all ended, this time with ``ctx.children`` holding their outcomes:
-that second run (the fan-in) returns the job's result.
+that second run (the fan-in) reads them typed, with ``ctx.children_as(request type, result
+type, model)`` (each child's create model and ``curvplan.types.results`` model, parsed once),
+and returns the job's result.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from curvplan.types.planner import (
     StepsPoint,
     Targets,
 )
+from curvplan.types.results import SweepPointJobResult
 from curvplan.types.sweep import (
     BatchSweepFit,
     DataSweepFit,
@@ -264,32 +265,26 @@ def _fan_out(body: SweepJobCreate, ctx: JobContext) -> FanOut:
 
 
 # --------------------------------------------------------------------------- fan-in
-def _point_of(child: dict[str, Any]) -> PointResult | None:
-    if child["status"] != "succeeded" or not child.get("result"):
-        return None
-    return PointResult.model_validate(child["result"]["point"])
-
-
 def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
     ctx.report_progress(0.0, "fitting", f"{len(ctx.children or [])} points")
-    children = ctx.children or []
+    children = ctx.children_as(SweepPointJobCreate, SweepPointJobResult, body.model)
     sweep = body.sweep
     outs: list[SweepPointOut] = []
     results: list[tuple[SweepPointOut, PointResult]] = []
     failed = []
     for child in children:
-        result = _point_of(child)
+        result = child.result.point if child.succeeded and child.result is not None else None
         point_out = SweepPointOut(
-            job_id=child["id"],
-            name=child["name"],
-            status=child["status"],
+            job_id=child.id,
+            name=child.name,
+            status=child.status,
             used_in_fit=False,
-            error_type=(child.get("error") or {}).get("type"),
+            error_type=child.error.type if child.error is not None else None,
             result=result,
         )
         if result is None:
-            point_out.excluded_reason = f"the point's job {child['status']}"
-            failed.append(child["name"] or child["id"])
+            point_out.excluded_reason = f"the point's job {child.status}"
+            failed.append(child.name or child.id)
         outs.append(point_out)
         if result is not None:
             results.append((point_out, result))

@@ -20,8 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from curvplan.types.jobs import SweepJobCreate
+from curvplan.types.jobs import SweepJobCreate, SweepPointJobCreate
 from curvplan.types.planner import BranchedBatchPoint, BranchedCriticalBatch
+from curvplan.types.results import SweepPointJobResult
 from curvplan.types.sweep import (
     BranchCheckpoint,
     BranchCurve,
@@ -38,8 +39,12 @@ from curvplan_core.planner.branched_batch import (
     warmup_schedule,
 )
 from curvplan_worker.errors import JobError
+from curvplan_worker.job_context import ChildOutcome
 from curvplan_worker.sweep.ladder import batch_ladder, checked_batch_ladder
 from curvplan_worker.sweep.lr import lr_for_batch
+
+SweepChild = ChildOutcome[SweepPointJobCreate, SweepPointJobResult]
+"""A sweep point's outcome as the sweep's fan-in reads it (``JobContext.children_as``)."""
 
 
 def tokens_per_example(body: SweepJobCreate) -> float:
@@ -159,19 +164,19 @@ def _compared_loss(result: PointResult) -> float:
     return result.eval_losses[-1]
 
 
-def _checkpoint_steps(body: SweepJobCreate, children: list[dict[str, Any]]) -> list[int | None]:
+def _checkpoint_steps(body: SweepJobCreate, children: Sequence[SweepChild]) -> list[int | None]:
     """Each checkpoint's step, as the fan-out wrote it into its branches' points."""
     found: dict[str, int] = {}
     for child in children:
-        step = child["request"]["point"].get("checkpoint_step")
+        step = child.request.point.checkpoint_step
         if step is not None:
-            found[str(child["request"]["checkpoint"])] = int(step)
+            found[str(child.request.checkpoint)] = step
     return [found.get(str(c)) for c in body.checkpoints]
 
 
 def fit_branches(
     body: SweepJobCreate,
-    children: list[dict[str, Any]],
+    children: Sequence[SweepChild],
     outs: dict[str, SweepPointOut],
     tokens: float | None,
 ) -> tuple[BranchResult, BranchedCriticalBatch]:
@@ -188,9 +193,9 @@ def fit_branches(
     finished: dict[tuple[str, int], tuple[SweepPointOut, PointResult]] = {}
     failed: dict[str, set[int]] = {}
     for child in children:
-        out = outs[child["id"]]
-        checkpoint = str(child["request"]["checkpoint"])
-        b = int(child["request"]["point"]["batch_size"])
+        out = outs[child.id]
+        checkpoint = str(child.request.checkpoint)
+        b = child.request.point.batch_size
         result = out.result
         if result is None:
             failed.setdefault(checkpoint, set()).add(b)
