@@ -241,7 +241,7 @@ def test_the_efficiency_fit_recovers_b_crit_on_curved_losses_with_dense_evaluati
     dense = efficiency_fit(_model_branches(b_c, _hyperbolic, 256), tolerance=0.01)
     assert dense.estimate.value == pytest.approx(b_c, rel=2e-3)
     # four evaluations (the sweep's default): the monotone cubic through them bends with the
-    # curve, within 7 % here (straight chords read e_B late and put B_c up to 56 % high)
+    # curve, within 7 % here (straight chords read e_B late and put B_c up to 42 % high)
     coarse = efficiency_fit(_model_branches(b_c, _hyperbolic, 4), tolerance=0.01).estimate
     assert coarse.value == pytest.approx(b_c, rel=0.07)
 

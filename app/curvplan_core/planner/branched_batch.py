@@ -251,7 +251,7 @@ def reference_examples(reference: BranchLosses, loss: float) -> tuple[float, Ref
     window: the curve through its evaluations (its loss at 0 examples the checkpoint's) is the
     monotone cubic interpolant (:func:`pchip_slopes`), which follows a bending loss curve
     where straight chords read the passage late (on L = a + b/(1 + e/c) with four evaluations
-    the chords put B_c up to 40 % high, the cubic within a few per cent).
+    the chords put B_c up to 42 % high, the cubic within a few per cent).
 
     ``not_reached`` (0 examples) when ``loss`` is at or above the checkpoint's loss;
     ``kept_up`` (the window) when the reference is not below it before the window's end."""
