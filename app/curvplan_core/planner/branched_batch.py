@@ -46,8 +46,10 @@ CBS_FORMULA = formulas.BUDGET_BRANCHED_CBS
 EFFICIENCY_FORMULA = formulas.BUDGET_BRANCHED_EFFICIENCY
 CROSSING_FORMULA = formulas.BUDGET_BRANCHED_CROSSING
 
-#: Which branch-sweep number is budget.batch's `critical` (docs/budget.md#branch-sweep),
-#: decided by the predictive benchmark against a brute-force B_crit.
+#: Which branch-sweep number is budget.batch's `critical`, decided by the predictive benchmark
+#: against a brute-force B_crit (docs/budget.md#what-leads-budgetbatch,
+#: benchmarks/results/predictive-branch-20261203-0640.md; one seed): at the latest checkpoint
+#: the ε-crossing read 28.9 against 26.3, the ladder 16, the efficiency fit 65.
 BRANCH_LEAD: BranchEstimateMethod = "eps_crossing"
 
 #: The efficiency fit searches B_c over [B₀/SEARCH_SPAN, B_max·SEARCH_SPAN] (log-spaced grid,
@@ -389,9 +391,10 @@ def efficiency_fit(branches: Sequence[BranchLosses], tolerance: float) -> Effici
 def eps_crossing(verdict: BranchVerdict, tolerance: float) -> BranchedBatchEstimate:
     """The batch where the excess over the smallest batch crosses ε, linear in log B between
     the ladder CBS B_k (excess x_k ≤ ε) and the next swept batch B_k+1 (x_k+1 > ε):
-    log B_ε = log B_k + (ε − x_k)/(x_k+1 − x_k)·log(B_k+1/B_k). Status and bracket are the
-    ladder's (Merrill et al. 2025's rule); a bound (at_least, at_most) or a failed next
-    branch keeps the ladder value."""
+    log B_ε = log B_k + (ε − x_k)/(x_k+1 − x_k)·log(B_k+1/B_k), x the excess the rule compared
+    (at the end of the window; the largest over it for ``compare="window"``). Status and
+    bracket are the ladder's (Merrill et al. 2025's rule); a bound (at_least, at_most) or a
+    failed next branch keeps the ladder value."""
     b_k, nxt = verdict.critical_batch, verdict.next_batch
     low = None if verdict.status == "at_most" else float(b_k)
     high = None if nxt is None else float(nxt)
