@@ -71,10 +71,59 @@ def _cbs_note(c: dict) -> str:
     return note
 
 
+#: The numbers a branch sweep gives per checkpoint: the ladder CBS (Merrill et al. 2025),
+#: the token-efficiency fit and the ε-crossing in log B (docs/budget.md#branch-sweep).
+ESTIMATES = (
+    ("CBS", None),
+    ("efficiency B_c", "efficiency"),
+    ("ε-crossing", "crossing"),
+)
+
+
+def _estimate_note(c: dict, key: str) -> str:
+    e = c.get(key) or {}
+    ends = f"[{_fmt(e.get('low'))}, {_fmt(e.get('high'))}]"
+    note = f"{e.get('status')}, bracket {ends}"
+    if e.get("rms_residual") is not None:
+        note += f", rms resid. {e['rms_residual']:.3f}"
+    return note
+
+
+def _fmt(x: Any) -> str:
+    return "—" if x is None else f"{x:.3g}"
+
+
+def _estimate_rows(c: dict, truth: dict, where: str) -> list[Row]:
+    rows = [
+        Row(
+            f"branch sweep: CBS {where}",
+            _num(c.get("critical_batch")),
+            truth["b_crit"],
+            note=_cbs_note(c),
+            truth_note=truth["b_crit_note"],
+        )
+    ]
+    for label, key in ESTIMATES[1:]:
+        assert key is not None
+        if c.get(key) is None:
+            continue
+        rows.append(
+            Row(
+                f"branch sweep: {label} {where}",
+                _num(c[key].get("value")),
+                truth["b_crit"],
+                note=_estimate_note(c, key),
+                truth_note=truth["b_crit_note"],
+            )
+        )
+    return rows
+
+
 def branch_rows(answers: dict, truth: dict, target: float) -> list[Row]:
-    """Every checkpoint's CBS and the one nearest ``target`` against the truth's B_crit
-    (``truth`` as ``bench_predictive.summarise`` gives it); one ``not_available`` row with the
-    reason when the sweep did not succeed or was not run."""
+    """Every checkpoint's CBS, efficiency fit and ε-crossing, and those of the checkpoint
+    nearest ``target``, against the truth's B_crit (``truth`` as
+    ``bench_predictive.summarise`` gives it); one ``not_available`` row with the reason when
+    the sweep did not succeed or was not run."""
     branch = _branch(answers)
     if branch is None:
         sweep = answers.get("branch_sweep") or {}
@@ -90,28 +139,57 @@ def branch_rows(answers: dict, truth: dict, target: float) -> list[Row]:
             )
         ]
     checkpoints = branch.get("checkpoints") or []
-    rows = [
-        Row(
-            f"branch sweep: CBS at step {c.get('step')}",
-            _num(c.get("critical_batch")),
-            truth["b_crit"],
-            note=_cbs_note(c),
-            truth_note=truth["b_crit_note"],
-        )
-        for c in checkpoints
-    ]
+    rows = [r for c in checkpoints for r in _estimate_rows(c, truth, f"at step {c.get('step')}")]
     near = nearest_to_target(checkpoints, target)
     if near is not None:
-        rows.append(
-            Row(
-                f"branch sweep: CBS nearest the target loss {target} (step {near.get('step')})",
-                _num(near.get("critical_batch")),
-                truth["b_crit"],
-                note=_cbs_note(near),
-                truth_note=truth["b_crit_note"],
-            )
-        )
+        where = f"nearest the target loss {target} (step {near.get('step')})"
+        rows += _estimate_rows(near, truth, where)
     return rows
+
+
+def window_rows(branch: dict, tokens_per_example: float) -> list[dict[str, Any]]:
+    """Every checkpoint's three numbers on the windows its curves contain: the branches train
+    at a constant lr after the same warm-up on the same examples, so the curves cut at an
+    evaluation are what a shorter window would have given (the planner's functions on them)."""
+    from curvplan_core.planner.branched_batch import (
+        BranchLosses,
+        critical_batch_from_branches,
+        efficiency_fit,
+        eps_crossing,
+    )
+
+    tolerance = float(branch.get("tolerance") or TOLERANCE)
+    out = []
+    for c in branch.get("checkpoints") or []:
+        curves = [cv for cv in c.get("curves") or [] if cv.get("losses")]
+        if len(curves) < 2:
+            continue
+        n_evals = min(len(cv["tokens"]) for cv in curves)
+        for k in range(1, n_evals):
+            cut = [
+                BranchLosses(
+                    cv["batch_size"],
+                    [t / tokens_per_example for t in cv["tokens"][: k + 1]],
+                    cv["losses"][: k + 1],
+                )
+                for cv in curves
+            ]
+            verdict = critical_batch_from_branches(cut, tolerance)
+            fit = efficiency_fit(cut, tolerance).estimate
+            out.append(
+                {
+                    "step": c.get("step"),
+                    "window_tokens": curves[0]["tokens"][k],
+                    "cbs": verdict.critical_batch,
+                    "cbs_status": verdict.status,
+                    "efficiency": fit.value,
+                    "efficiency_status": fit.status,
+                    "efficiency_low": fit.low,
+                    "efficiency_high": fit.high,
+                    "crossing": eps_crossing(verdict, tolerance).value,
+                }
+            )
+    return out
 
 
 def training_tokens(sweep_answer: dict) -> float | None:
@@ -201,8 +279,9 @@ def markdown_lines(service: dict, seeds: dict, tokens_per_example: float) -> lis
         f"{branch.get('window_tokens'):,.0f} tokens ({branch.get('window_examples'):,} "
         f"examples) per branch, batches {branch.get('batch_sizes')}.",
         "",
-        "| step | loss | CBS | status | next batch | excess over the smallest batch by B |",
-        "|---:|---:|---:|---|---:|---|",
+        "| step | loss | CBS | status | next batch | excess over the smallest batch by B | "
+        "efficiency B_c [±ε bracket] | e_B/E by B | ε-crossing |",
+        "|---:|---:|---:|---|---:|---|---|---|---:|",
     ]
     for c in branch.get("checkpoints") or []:
         excess = ", ".join(
@@ -211,11 +290,42 @@ def markdown_lines(service: dict, seeds: dict, tokens_per_example: float) -> lis
             else f"{cv['batch_size']}: —"
             for cv in c.get("curves") or []
         )
+        window = _num(branch.get("window_examples"))
+        reach = ", ".join(
+            f"{cv['batch_size']}: {cv['reference_examples'] / window:.3f}"
+            + ("" if cv.get("reference_reach") == "inside" else f" ({cv.get('reference_reach')})")
+            for cv in c.get("curves") or []
+            if cv.get("reference_examples") is not None and window
+        )
+        eff = c.get("efficiency") or {}
+        efficiency = (
+            f"{eff['value']:.1f} {eff['status']} [{_fmt(eff.get('low'))}, {_fmt(eff.get('high'))}]"
+            if eff
+            else "—"
+        )
+        crossing = f"{c['crossing']['value']:.1f}" if c.get("crossing") else "—"
         loss = "—" if c.get("loss") is None else f"{c['loss']:.4f}"
         lines.append(
             f"| {c.get('step')} | {loss} | {c.get('critical_batch')} | {c.get('status')} | "
-            f"{c.get('next_batch')} | {excess} |"
+            f"{c.get('next_batch')} | {excess} | {efficiency} | {reach or '—'} | {crossing} |"
         )
+    windows = window_rows(branch, tokens_per_example)
+    if windows:
+        lines += [
+            "",
+            "The same numbers on shorter windows (the curves cut at each evaluation: constant "
+            "lr after the same warm-up on the same examples, so a cut curve is a shorter "
+            "window's):",
+            "",
+            "| step | window tokens | CBS | efficiency B_c [±ε bracket] | ε-crossing |",
+            "|---:|---:|---:|---|---:|",
+        ]
+        for w in windows:
+            lines.append(
+                f"| {w['step']} | {w['window_tokens']:,.0f} | {w['cbs']} ({w['cbs_status']}) | "
+                f"{w['efficiency']:.1f} {w['efficiency_status']} [{_fmt(w['efficiency_low'])}, "
+                f"{_fmt(w['efficiency_high'])}] | {w['crossing']:.1f} |"
+            )
     schedule = branch.get("warmup_schedule") or []
     lines += [
         "",
@@ -224,7 +334,14 @@ def markdown_lines(service: dict, seeds: dict, tokens_per_example: float) -> lis
     ]
     analysis = dig(service, "analyze_with_sweeps.result.recommendation.budget.batch")
     if analysis:
-        keys = ("source", "recommended", "critical", "critical_bracket", "expected_steps")
+        keys = (
+            "source",
+            "critical_method",
+            "recommended",
+            "critical",
+            "critical_bracket",
+            "expected_steps",
+        )
         lines += [
             "",
             "budget.batch of the analysis given the branch sweep: "

@@ -14,6 +14,7 @@ from typing import Any, TextIO
 from curvplan.client import models as m
 from curvplan.types.jobs import attempt_text
 from curvplan.types.model_source import describe_model
+from curvplan.types.planner import BranchedBatchEstimate
 
 BAR_WIDTH = 28
 
@@ -292,12 +293,15 @@ def budget_text(budget: Any) -> str:
         low, high = b.critical_bracket or (None, None)
         rows.append(
             [
-                "  critical batch CBS",
+                f"  critical batch ({b.critical_method or 'ladder'})",
                 fmt(b.critical),
-                f"[{fmt(low)}, {fmt(high)})",
-                "examples; swept bracket",
+                f"[{fmt(low)}, {fmt(high)})" if b.critical_bracket else "",
+                "examples; swept bracket" if b.critical_bracket else "examples",
             ]
         )
+        for e in b.branch_estimates:
+            if e.method != b.critical_method:
+                rows.append([f"    {e.method}", _estimate(e), "", f"examples ({e.status})"])
         schedule = ", ".join(
             f"{'?' if s.from_step is None else s.from_step}: {s.batch_size}" for s in stages
         )
@@ -533,10 +537,20 @@ def sweep_text(job: m.JobOut) -> str | None:
                 fmt(c.loss),
                 _int(c.critical_batch),
                 bracket,
+                _estimate(c.efficiency),
+                _estimate(c.crossing),
                 *[fmt(excess.get(b)) if b in excess else "failed" for b in sizes],
             ]
         )
-    headers = ["step", "loss", "CBS", "bracket", *[f"excess B={b}" for b in sizes]]
+    headers = [
+        "step",
+        "loss",
+        "CBS",
+        "bracket",
+        "efficiency B_c",
+        "ε-crossing",
+        *[f"excess B={b}" for b in sizes],
+    ]
     stages = ", ".join(
         f"from step {'?' if s.from_step is None else s.from_step}: {s.batch_size}"
         for s in branch.warmup_schedule
@@ -564,6 +578,14 @@ def sweep_text(job: m.JobOut) -> str | None:
     for label, text in texts:
         lines.append("  " + "\n    ".join(textwrap.wrap(f"{label}: {text}", width)))
     return "\n".join(lines)
+
+
+def _estimate(e: BranchedBatchEstimate | None) -> str:
+    """A continuous branch estimate: its value, or its bound (≥ / ≤) when only that is known."""
+    if e is None:
+        return "-"
+    mark = {"at_least": "≥ ", "at_most": "≤ "}.get(e.status, "")
+    return f"{mark}{fmt(e.value)}"
 
 
 def _bracket(status: str | None, cbs: int, next_batch: int | None) -> str:

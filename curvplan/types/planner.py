@@ -257,6 +257,46 @@ BranchStatus = Literal["measured", "at_least", "at_most"]
 MAX_BRANCH_CHECKPOINTS = 16
 
 
+BranchEstimateMethod = Literal["ladder", "efficiency_fit", "eps_crossing"]
+ReferenceReach = Literal["inside", "kept_up", "not_reached"]
+
+
+class BranchedBatchEstimate(_Strict):
+    """One critical-batch number at a checkpoint from the branches' curves, with its bound
+    status and bracket (docs/budget.md#branch-sweep): the ladder CBS (Merrill et al. 2025),
+    the token-efficiency fit (McCandlish et al. 2018, eq. 2.11) or the ε-crossing in log B."""
+
+    method: BranchEstimateMethod = Field(
+        description="ladder: the largest swept batch within ε; efficiency_fit: B_c of "
+        "E/e_B = (B_c + B)/(B_c + B₀) fitted over the swept batches; eps_crossing: the batch "
+        "where the excess over the smallest batch crosses ε, interpolated in log B."
+    )
+    value: PosFloat = Field(
+        description="Examples. measured: the estimate; at_least: its lower bound; at_most: "
+        "its upper bound."
+    )
+    status: BranchStatus = Field(
+        description="measured: inside the swept range; at_least / at_most: only a bound."
+    )
+    low: PosFloat | None = Field(
+        default=None,
+        description="Lower end of the bracket, examples (null: unbounded below). ladder and "
+        "eps_crossing: the swept batch below; efficiency_fit: the fit with every larger "
+        "batch's final loss ε higher. Not a confidence interval.",
+    )
+    high: PosFloat | None = Field(
+        default=None,
+        description="Upper end of the bracket, examples (null: unbounded above). "
+        "efficiency_fit: the fit with every larger batch's final loss ε lower.",
+    )
+    formula: Annotated[str, Field(min_length=1, max_length=500)]
+    rms_residual: NonNegFloat | None = Field(
+        default=None,
+        description="efficiency_fit: rms of the fit's residuals in e_B/E (0: the curves follow "
+        "the model exactly).",
+    )
+
+
 class BranchedBatchPoint(_Strict):
     """The critical batch size measured by branched training at one checkpoint (Merrill et
     al. 2025): the largest swept batch whose loss over the branch window stayed within the
@@ -282,6 +322,14 @@ class BranchedBatchPoint(_Strict):
     )
     next_batch: PosInt | None = Field(
         default=None, description="The next swept batch above critical_batch (null: none)."
+    )
+    efficiency: BranchedBatchEstimate | None = Field(
+        default=None,
+        description="The token-efficiency fit at this checkpoint (method efficiency_fit).",
+    )
+    crossing: BranchedBatchEstimate | None = Field(
+        default=None,
+        description="The ε-crossing interpolated in log B at this checkpoint (eps_crossing).",
     )
 
 
@@ -988,9 +1036,12 @@ class BatchWarmupStage(_Out):
         description="Training step the stage starts at (the checkpoint's step; null: the "
         "checkpoint declared none)."
     )
-    batch_size: int = Field(description="The CBS measured at that checkpoint, examples.")
+    batch_size: int = Field(
+        description="The batch of the leading estimate at that checkpoint (the ladder CBS, or "
+        "the power of two nearest the leading continuous estimate), examples."
+    )
     batch_size_tokens: float | None = None
-    status: BranchStatus = Field(description="The CBS's status at that checkpoint.")
+    status: BranchStatus = Field(description="The leading estimate's status there.")
     loss: float | None = Field(default=None, description="Evaluation loss at the checkpoint.")
 
 
@@ -998,7 +1049,8 @@ class BudgetBatch(_Out):
     """Which batch size to train at; every batch size in examples, and in tokens."""
 
     recommended: int | None = Field(
-        description="Power of two nearest the critical batch, examples."
+        description="Power of two nearest the critical batch (branch sweep led by the ladder: "
+        "the ladder CBS itself), examples."
     )
     recommended_tokens: float | None = None
     critical: float | None = Field(
@@ -1022,8 +1074,19 @@ class BudgetBatch(_Out):
     )
     warmup_schedule: list[BatchWarmupStage] = Field(
         default_factory=list,
-        description="Branch sweep: the batch-size warm-up over training, the CBS measured at "
-        "each checkpoint's step (Merrill et al. 2025); `recommended` is its last stage.",
+        description="Branch sweep: the batch-size warm-up over training, the batch of the "
+        "leading estimate at each checkpoint's step (Merrill et al. 2025); `recommended` is "
+        "its last stage.",
+    )
+    critical_method: BranchEstimateMethod | None = Field(
+        default=None,
+        description="Branch sweep: which of its estimates at the latest checkpoint is "
+        "`critical` (the one the predictive benchmark found nearest the brute-force B_crit).",
+    )
+    branch_estimates: list[BranchedBatchEstimate] = Field(
+        default_factory=list,
+        description="Branch sweep: every estimate at the latest checkpoint (ladder CBS, "
+        "efficiency fit, ε-crossing), the leading one among them.",
     )
     target_loss: float | None = Field(default=None, description="Loss the batch is for (nats).")
     expected_steps: float | None = Field(

@@ -35,9 +35,11 @@ from curvplan.types.planner import (
     MAX_BRANCH_CHECKPOINTS,
     BatchWarmupStage,
     BCrit,
+    BranchedBatchEstimate,
     BranchStatus,
     LossPoint,
     NotComputed,
+    ReferenceReach,
     ScalingSection,
     StepsPoint,
 )
@@ -349,6 +351,17 @@ class BranchCurve(BaseModel):
         "excess over them; nats per token; 0 for the smallest batch)."
     )
     within_tolerance: bool
+    reference_examples: float | None = Field(
+        default=None,
+        description="e_B: examples the smallest batch needed to reach this branch's loss at "
+        "the end of the window (its curve interpolated linearly; clipped to [0, window]).",
+    )
+    reference_reach: ReferenceReach | None = Field(
+        default=None,
+        description="inside: the smallest batch reached it within the window; kept_up: not "
+        "before the window's end (e_B ≥ window); not_reached: the branch ended at or above "
+        "the checkpoint's loss (e_B = 0).",
+    )
 
 
 class BranchCheckpoint(BaseModel):
@@ -365,6 +378,14 @@ class BranchCheckpoint(BaseModel):
     status: BranchStatus | None = None
     next_batch: int | None = Field(
         default=None, description="The next swept batch above the CBS (its bracket's end)."
+    )
+    efficiency: BranchedBatchEstimate | None = Field(
+        default=None,
+        description="B_c of the token-efficiency fit E/e_B = (B_c + B)/(B_c + B₀) (McCandlish "
+        "et al. 2018, eq. 2.11), beside the ladder CBS.",
+    )
+    crossing: BranchedBatchEstimate | None = Field(
+        default=None, description="The ε-crossing interpolated in log B, beside the ladder CBS."
     )
     curves: list[BranchCurve] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
@@ -385,8 +406,10 @@ class BranchResult(BaseModel):
     checkpoints: list[BranchCheckpoint]
     warmup_schedule: list[BatchWarmupStage] = Field(
         default_factory=list,
-        description="From which step on to use which batch: the CBS at each checkpoint's step, "
-        "in step order, consecutive equal batches merged.",
+        description="From which step on to use which batch: at each checkpoint's step the "
+        "batch of the leading estimate (the ladder CBS, or the power of two nearest the "
+        "ε-crossing or the efficiency fit: BRANCH_LEAD), in step order, consecutive equal "
+        "batches merged.",
     )
     schedule_note: str | None = None
     examples_processed: int = Field(description="Examples all branches trained on (the cost).")

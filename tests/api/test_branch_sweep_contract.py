@@ -81,3 +81,22 @@ def test_budget_batch_names_the_branch_source_and_carries_the_schedule(
     assert _ref(measured) == "BranchedCriticalBatch"
     point = schemas["BranchedBatchPoint"]["properties"]
     assert point["status"]["enum"] == ["measured", "at_least", "at_most"]
+
+
+def test_the_continuous_branch_estimates_are_typed_beside_the_ladder(
+    schemas: dict[str, Any],
+) -> None:
+    estimate = schemas["BranchedBatchEstimate"]
+    assert {"method", "value", "status", "formula"} <= set(estimate["required"])
+    assert estimate["properties"]["method"]["enum"] == ["ladder", "efficiency_fit", "eps_crossing"]
+    assert estimate["properties"]["value"]["exclusiveMinimum"] == 0
+    for name in ("BranchCheckpoint", "BranchedBatchPoint"):
+        props = schemas[name]["properties"]
+        assert _ref(props["efficiency"]) == _ref(props["crossing"]) == "BranchedBatchEstimate"
+    curve = schemas["BranchCurve"]["properties"]
+    reach = next(o for o in curve["reference_reach"]["anyOf"] if "enum" in o)
+    assert reach["enum"] == ["inside", "kept_up", "not_reached"]
+    batch = schemas["BudgetBatch"]["properties"]
+    method = next(o for o in batch["critical_method"]["anyOf"] if "enum" in o)
+    assert method["enum"] == ["ladder", "efficiency_fit", "eps_crossing"]
+    assert _ref(batch["branch_estimates"]) == "BranchedBatchEstimate"

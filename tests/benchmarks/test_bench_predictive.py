@@ -105,3 +105,51 @@ def test_branch_rows_compare_each_checkpoints_cbs_with_the_truth() -> None:
     settings = branch_sweep_settings([8, 32, 16], tokens_per_example=64, checkpoint_steps=[20])
     assert settings["batch_sizes"] == [8, 16, 32]
     assert settings["window_tokens"] % (32 * 64) == 0  # whole steps of the largest batch
+
+
+def test_branch_rows_put_the_efficiency_fit_and_the_crossing_beside_the_truth() -> None:
+    """With the continuous estimates in the answer, every checkpoint gets three rows (ladder,
+    efficiency fit, ε-crossing) with their ratios to the truth; the window table recomputes
+    them on the curves cut at each evaluation (the full cut equals the service's numbers)."""
+    from predictive.branch import branch_rows, window_rows
+
+    from curvplan_core.planner.branched_batch import BranchLosses, efficiency_fit
+
+    truth = {"b_crit": 26.0, "b_crit_note": "seed 0"}
+    marks = [0.0, 64.0, 128.0, 192.0, 256.0]
+
+    def loss(b: int, x: float) -> float:  # the reference at effective examples, B_c = 20
+        return 2.0 + 1.0 / (1 + x * (20 + 8) / (20 + b) / 100)
+
+    curves = [
+        {"batch_size": b, "tokens": [m * 4 for m in marks], "losses": [loss(b, m) for m in marks]}
+        for b in (8, 16, 32, 64)
+    ]
+    fit = efficiency_fit(
+        [BranchLosses(c["batch_size"], marks, c["losses"]) for c in curves], 0.01
+    ).estimate
+    checkpoint = {
+        "step": 160,
+        "loss": 2.6,
+        "critical_batch": 16,
+        "status": "measured",
+        "next_batch": 32,
+        "curves": curves,
+        "efficiency": fit.model_dump(),
+        "crossing": {"value": 21.0, "status": "measured", "low": 16.0, "high": 32.0},
+    }
+    answers = {
+        "branch_sweep": {
+            "status": "succeeded",
+            "result": {"sweep": {"branch": {"tolerance": 0.01, "checkpoints": [checkpoint]}}},
+        }
+    }
+    rows = branch_rows(answers, truth, target=2.57)
+    assert [r.service for r in rows] == [16, fit.value, 21.0] * 2
+    assert "efficiency B_c at step 160" in rows[1].field and "ε-crossing" in rows[2].field
+    assert rows[1].ratio == pytest.approx(fit.value / 26.0)
+    assert fit.value == pytest.approx(20.0, rel=0.07)  # the construction's B_c
+    windows = window_rows(answers["branch_sweep"]["result"]["sweep"]["branch"], 4.0)
+    assert [w["window_tokens"] for w in windows] == [256.0, 512.0, 768.0, 1024.0]
+    assert windows[-1]["efficiency"] == pytest.approx(fit.value)
+    assert all(w["cbs"] in (8, 16, 32, 64) for w in windows)

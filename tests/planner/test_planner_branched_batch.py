@@ -7,11 +7,24 @@ import math
 
 import pytest
 
-from curvplan.types.planner import BranchedBatchPoint, Measurements, Targets
+from curvplan.types.planner import (
+    BranchedBatchEstimate,
+    BranchedBatchPoint,
+    BranchedCriticalBatch,
+    Measurements,
+    Targets,
+)
 from curvplan_core.planner import make_plan
 from curvplan_core.planner.branched_batch import (
+    CROSSING_FORMULA,
+    EFFICIENCY_FORMULA,
     BranchLosses,
+    branch_budget_batch,
     critical_batch_from_branches,
+    efficiency_fit,
+    eps_crossing,
+    nearest_power_of_two,
+    reference_examples,
     warmup_schedule,
 )
 
@@ -180,3 +193,200 @@ def test_a_cbs_at_the_edge_of_the_sweep_warns_with_its_bracket() -> None:
     assert batch.critical_bracket == (None, 16)
     assert any("below 16" in w for w in rec.budget.warnings)
     assert batch.expected_steps is None and "batch sweep" in batch.reason
+
+
+# ------------------------------------------------------------- continuous estimates
+# The token-efficiency model (McCandlish et al. 2018, eq. 2.11): at equal progress a batch B
+# needs (B_c + B)/(B_c + B₀) times the examples of B₀, so B's curve is the reference's at
+# effective examples x·(B_c + B₀)/(B_c + B). The fit must give B_c back.
+
+EFF_SWEPT = [8, 16, 32, 64, 128, 256]
+EFF_WINDOW = 4096.0
+
+
+def _hyperbolic(e: float) -> float:
+    """L(e) = a + b/(1 + e/c): the reference's loss after e examples (a convex decrease)."""
+    return 2.0 + 1.5 / (1 + e / 900.0)
+
+
+def _linear(e: float) -> float:
+    return 3.0 - 2e-4 * e
+
+
+def _model_branches(b_c: float, reference, n_evals: int) -> list[BranchLosses]:
+    marks = [EFF_WINDOW * i / n_evals for i in range(n_evals + 1)]
+    return [
+        BranchLosses(b, marks, [reference(x * (b_c + 8) / (b_c + b)) for x in marks])
+        for b in EFF_SWEPT
+    ]
+
+
+@pytest.mark.parametrize("b_c", [5.0, 40.0, 300.0])
+def test_the_efficiency_fit_recovers_b_crit_exactly_where_interpolation_is_exact(b_c) -> None:
+    fit = efficiency_fit(_model_branches(b_c, _linear, 4), tolerance=0.01)
+    assert fit.estimate.status == "measured" and fit.estimate.method == "efficiency_fit"
+    assert fit.estimate.value == pytest.approx(b_c, rel=1e-6)
+    assert fit.estimate.rms_residual == pytest.approx(0.0, abs=1e-6)
+    assert fit.estimate.formula.startswith("budget.branched_efficiency: ")
+    for p in fit.points:  # e_B = E·(B_c + B₀)/(B_c + B), the model's own ratio
+        assert p.reach == "inside"
+        assert p.examples == pytest.approx(EFF_WINDOW * (b_c + 8) / (b_c + p.batch_size))
+        assert fit.per_batch[p.batch_size] == pytest.approx(b_c, rel=1e-6)
+    # the ±ε bracket: every larger batch ε worse reads B_c lower, ε better higher
+    assert fit.estimate.low < b_c < fit.estimate.high
+
+
+@pytest.mark.parametrize("b_c", [5.0, 40.0, 300.0])
+def test_the_efficiency_fit_recovers_b_crit_on_curved_losses_with_dense_evaluations(b_c) -> None:
+    dense = efficiency_fit(_model_branches(b_c, _hyperbolic, 256), tolerance=0.01)
+    assert dense.estimate.value == pytest.approx(b_c, rel=2e-3)
+    # four evaluations (the sweep's default): the monotone cubic through them bends with the
+    # curve, within 7 % here (straight chords read e_B late and put B_c up to 42 % high)
+    coarse = efficiency_fit(_model_branches(b_c, _hyperbolic, 4), tolerance=0.01).estimate
+    assert coarse.value == pytest.approx(b_c, rel=0.07)
+
+
+def test_reference_examples_are_the_first_passage_clipped_to_the_window() -> None:
+    ref = BranchLosses(8, [0.0, 100.0, 200.0, 300.0], [2.0, 1.8, 1.9, 1.5])
+    first, reach = reference_examples(ref, 1.9)  # the first passage, not the later one
+    assert reach == "inside" and 0 < first < 100
+    later, reach = reference_examples(ref, 1.6)
+    assert reach == "inside" and 200 < later < 300
+    straight = BranchLosses(8, [0.0, 100.0, 200.0], [2.0, 1.8, 1.6])  # the cubic of a line
+    assert reference_examples(straight, 1.75) == pytest.approx((125.0, "inside"))
+    assert reference_examples(ref, 2.0) == (0.0, "not_reached")  # at the checkpoint's loss
+    assert reference_examples(ref, 2.3) == (0.0, "not_reached")
+    assert reference_examples(ref, 1.5) == (300.0, "kept_up")  # only at the window's end
+    assert reference_examples(ref, 1.2) == (300.0, "kept_up")
+    with pytest.raises(ValueError, match="0 examples"):
+        reference_examples(BranchLosses(8, [50.0, 100.0], [2.0, 1.8]), 1.9)
+
+
+def test_every_batch_keeping_up_is_a_lower_bound_and_none_moving_an_upper_bound() -> None:
+    equal = efficiency_fit([_flat(b, 0.0) for b in SWEPT], tolerance=0.01)
+    assert {p.reach for p in equal.points} == {"kept_up"}
+    assert equal.estimate.status == "at_least"
+    assert equal.estimate.high is None and equal.estimate.value == equal.estimate.low
+    assert equal.estimate.low is not None and equal.estimate.low > 0
+    assert all(v is None for v in equal.per_batch.values())  # no slowdown: B_c unbounded
+    stuck = (
+        [_flat(8, 0.0)]
+        + [  # every larger batch ends above the checkpoint's loss
+            BranchLosses(b, MARKS, [2.0, 2.1, 2.1, 2.05, 2.02]) for b in SWEPT[1:]
+        ]
+    )
+    bound = efficiency_fit(stuck, tolerance=0.01)
+    assert {p.reach for p in bound.points} == {"not_reached"}
+    assert bound.estimate.status == "at_most"
+    assert bound.estimate.low is None and bound.estimate.value == bound.estimate.high == 8.0
+    with pytest.raises(ValueError, match="tolerance"):
+        efficiency_fit(stuck, tolerance=0.0)
+    with pytest.raises(ValueError, match="two batch sizes"):
+        efficiency_fit(stuck[:1], tolerance=0.01)
+
+
+def test_noisy_curves_give_a_bounded_estimate_and_never_crash() -> None:
+    import random
+
+    rng = random.Random(7)
+    clean = _model_branches(40.0, _hyperbolic, 4)
+    statuses = set()
+    for _ in range(200):
+        noisy = [
+            BranchLosses(
+                br.batch_size,
+                br.examples,
+                [br.losses[0]] + [v + rng.gauss(0, 0.05) for v in br.losses[1:]],
+            )
+            for br in clean
+        ]
+        e = efficiency_fit(noisy, tolerance=0.01).estimate
+        statuses.add(e.status)
+        assert e.value > 0 and math.isfinite(e.value)
+        assert e.low is None or e.low <= e.value
+        assert e.high is None or e.value <= e.high
+        assert e.rms_residual is not None and e.rms_residual >= 0
+    assert "measured" in statuses
+
+
+def test_the_eps_crossing_interpolates_the_excess_in_log_b_inside_the_ladder_bracket() -> None:
+    branches = [_flat(8, 0.0), _flat(16, 0.004), _flat(32, 0.022), _flat(64, 0.5)]
+    verdict = critical_batch_from_branches(branches, 0.01)
+    crossing = eps_crossing(verdict, 0.01)
+    fraction = (0.01 - 0.004) / (0.022 - 0.004)  # 1/3 of the way from 16 to 32 in log B
+    assert crossing.value == pytest.approx(16 * 2**fraction, rel=1e-12)
+    assert (crossing.status, crossing.low, crossing.high) == ("measured", 16.0, 32.0)
+    assert crossing.formula.startswith("budget.branched_crossing: ")
+    at_most = critical_batch_from_branches([_flat(8, 0.0), _flat(16, 0.5)], 0.01)
+    assert (eps_crossing(at_most, 0.01).value, eps_crossing(at_most, 0.01).low) == (8.0, None)
+    at_least = critical_batch_from_branches([_flat(8, 0.0), _flat(16, 0.0)], 0.01)
+    assert eps_crossing(at_least, 0.01).value == 16.0
+    assert eps_crossing(at_least, 0.01).status == "at_least"
+
+
+def test_nearest_power_of_two_rounds_in_log_ties_down() -> None:
+    assert [nearest_power_of_two(v) for v in (1.0, 16.9, 22.6, 22.7, 28.9, 45.0)] == [
+        1,
+        16,
+        16,
+        32,
+        32,
+        32,
+    ]
+    with pytest.raises(ValueError):
+        nearest_power_of_two(0.0)
+
+
+def _estimated(step: int, cbs: int, efficiency: float, crossing: float) -> BranchedBatchPoint:
+    def est(method: str, value: float, formula: str) -> BranchedBatchEstimate:
+        return BranchedBatchEstimate(
+            method=method, value=value, status="measured", low=cbs, high=cbs * 2.0, formula=formula
+        )
+
+    return BranchedBatchPoint(
+        step=step,
+        critical_batch=cbs,
+        status="measured",
+        next_batch=cbs * 2,
+        efficiency=est("efficiency_fit", efficiency, EFFICIENCY_FORMULA),
+        crossing=est("eps_crossing", crossing, CROSSING_FORMULA),
+    )
+
+
+@pytest.mark.parametrize(
+    ("lead", "critical", "recommended", "bracket"),
+    [
+        ("ladder", 16.0, 16, (16, 32)),
+        ("eps_crossing", 28.9, 32, (16, 32)),
+        ("efficiency_fit", 53.0, 64, None),
+    ],
+)
+def test_the_leading_estimate_is_critical_and_its_power_of_two_recommended(
+    lead, critical, recommended, bracket
+) -> None:
+    measured = BranchedCriticalBatch.model_validate(
+        _branched([_estimated(40, 8, 20.0, 11.0), _estimated(240, 16, 53.0, 28.9)])
+        | {"checkpoints": [_estimated(40, 8, 20.0, 11.0), _estimated(240, 16, 53.0, 28.9)]}
+    )
+    batch, warnings = branch_budget_batch(
+        measured, target_loss=None, tokens_per_example=2.0, lead=lead
+    )
+    assert batch.critical_method == lead and batch.critical == critical
+    assert batch.recommended == recommended and batch.critical_bracket == bracket
+    assert batch.critical_tokens == critical * 2.0 and batch.recommended_tokens == recommended * 2
+    assert [e.method for e in batch.branch_estimates] == [
+        "ladder",
+        "efficiency_fit",
+        "eps_crossing",
+    ]
+    assert batch.warmup_schedule[-1].batch_size == recommended  # the schedule follows the lead
+    assert not any("carries no" in w for w in warnings)
+
+
+def test_a_checkpoint_without_the_leading_estimate_falls_back_to_the_ladder_saying_so() -> None:
+    measured = BranchedCriticalBatch.model_validate(_branched([_point(50, 16)]))
+    batch, warnings = branch_budget_batch(
+        measured, target_loss=None, tokens_per_example=None, lead="eps_crossing"
+    )
+    assert (batch.critical_method, batch.critical, batch.recommended) == ("ladder", 16.0, 16)
+    assert any("carries no eps_crossing estimate" in w for w in warnings)

@@ -15,6 +15,7 @@ from sweep_helpers import TINY_SPEC
 from curvplan.types.jobs import SweepJobCreate
 from curvplan.types.results import SweepJobResult
 from curvplan.types.sweep import PointResult, PointSettings
+from curvplan_core.planner.branched_batch import BRANCH_LEAD
 from curvplan_worker.errors import JobError
 from curvplan_worker.kinds import JobContext
 from curvplan_worker.kinds.sweep import plan_points, run
@@ -114,6 +115,23 @@ def _expected_cbs(step: int) -> int:
     return max(b for b in SIZES if _loss(step, b, end) - _loss(step, SIZES[0], end) <= EPS)
 
 
+def _expected_crossing(step: int) -> float:
+    """The closed form of the ε-crossing: log-linear in B between the CBS and the next batch
+    (the CBS itself when it is at an end of the sweep)."""
+    end = 4 * 256
+    cbs = _expected_cbs(step)
+    if cbs in (SIZES[0], SIZES[-1]):
+        return float(cbs)
+    nxt = SIZES[SIZES.index(cbs) + 1]
+    x_k, x_n = (_loss(step, b, end) - _loss(step, SIZES[0], end) for b in (cbs, nxt))
+    return cbs * (nxt / cbs) ** ((EPS - x_k) / (x_n - x_k))
+
+
+def _lead_batch(step: int) -> int:
+    """The batch the leading estimate (the ε-crossing, BRANCH_LEAD) gives: nearest power of 2."""
+    return 2 ** round(math.log2(_expected_crossing(step)))
+
+
 def test_the_plan_trains_every_checkpoint_at_every_batch_over_the_same_tokens() -> None:
     children = plan_points(SweepJobCreate.model_validate(_body()), 512, STEPS)
     assert len(children) == len(CHECKPOINTS) * len(SIZES)
@@ -142,9 +160,25 @@ def test_the_fan_in_gives_each_checkpoints_closed_form_cbs_and_the_warmup_schedu
     expected = {step: _expected_cbs(step) for step in STEPS}
     assert len(set(expected.values())) == 3  # the construction moves the CBS with the step
     assert [(c.step, c.critical_batch) for c in branch.checkpoints] == list(expected.items())
-    assert [(s.from_step, s.batch_size) for s in branch.warmup_schedule] == list(expected.items())
+    assert BRANCH_LEAD == "eps_crossing"  # the schedule follows the leading estimate
+    lead = {step: _lead_batch(step) for step in STEPS}
+    assert lead != expected  # the crossing moves the step-100 stage off the ladder's 8
+    assert [(s.from_step, s.batch_size) for s in branch.warmup_schedule] == list(lead.items())
     for c in branch.checkpoints:
         assert c.loss == pytest.approx(1.5) and c.reference_batch == 4
+        assert c.crossing is not None and c.efficiency is not None
+        assert c.crossing.value == pytest.approx(_expected_crossing(c.step), rel=1e-12)
+        # L_B(x) = L_B₀(x·(B_c + B₀)/(B_c + B)) by construction: the efficiency fit recovers
+        # B_crit (the monotone cubic through 4 evaluations of the curve: within 5 %)
+        assert c.efficiency.status == "measured"
+        assert c.efficiency.value == pytest.approx(B_CRIT_AT[c.step], rel=0.05)
+        assert c.efficiency.low < B_CRIT_AT[c.step]
+        assert c.efficiency.high is None or B_CRIT_AT[c.step] < c.efficiency.high
+        for curve in c.curves[1:]:
+            b_c, b = B_CRIT_AT[c.step], curve.batch_size
+            assert curve.reference_reach == "inside"
+            exact = 1024 * (b_c + 4) / (b_c + b)
+            assert curve.reference_examples == pytest.approx(exact, rel=0.02)
         for curve in c.curves:  # one curve per batch, all on the same token marks
             assert curve.tokens == [0.0, 1536.0, 3072.0, 4608.0, 6144.0]
             ref = next(k for k in c.curves if k.batch_size == 4)
@@ -157,7 +191,13 @@ def test_the_fan_in_gives_each_checkpoints_closed_form_cbs_and_the_warmup_schedu
     measured = result.measurements["branched_critical_batch"]
     assert [p["critical_batch"] for p in measured["checkpoints"]] == list(expected.values())
     batch = result.recommendation.budget.batch  # the sweep's own budget leads with it
-    assert batch.source == "branch_sweep" and batch.recommended == expected[400]
+    assert batch.source == "branch_sweep" and batch.recommended == lead[400]
+    assert batch.critical_method == "eps_crossing"
+    assert [e.method for e in batch.branch_estimates] == [
+        "ladder",
+        "efficiency_fit",
+        "eps_crossing",
+    ]
 
 
 def test_the_grid_keeps_the_lowest_window_end_and_failed_branches_do_not_keep_up() -> None:
@@ -234,8 +274,9 @@ def test_the_cli_and_the_report_page_show_the_branch_table_and_the_schedule() ->
     typed = JobOut.model_validate(job)
     assert type(typed.result) is SweepJobResult  # a sweep's result is typed by its kind
     text = sweep_text(typed)
-    cbs = [c.critical_batch for c in result.sweep.branch.checkpoints]
+    cbs = [_lead_batch(c.step) for c in result.sweep.branch.checkpoints]
     assert text is not None and "BRANCH SWEEP" in text
+    assert "efficiency B_c" in text and "ε-crossing" in text
     for step, b in zip(STEPS, cbs, strict=True):
         assert f"from step {step}: {b}" in text
     assert "[8, 16)" in text or "[16, 32)" in text  # a measured bracket
@@ -244,4 +285,5 @@ def test_the_cli_and_the_report_page_show_the_branch_table_and_the_schedule() ->
     assert f"10: {cbs[0]}, 100: {cbs[1]}, 400: {cbs[2]}" in budget
     page = render_report(job, plots=[])
     assert 'id="branch-sweep"' in page and "Batch-size warm-up schedule" in page
+    assert "efficiency B_c" in page and "branch estimate: eps_crossing (leads)" in page
     assert "warm-up: from step 400" in page

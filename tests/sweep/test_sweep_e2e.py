@@ -14,6 +14,8 @@ from live import Service, start_service, wait_terminal
 from sqlalchemy import create_engine, text
 from sweep_helpers import TINY_SPEC, api_key, counting_data
 
+from curvplan_core.planner.branched_batch import nearest_power_of_two
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
@@ -208,6 +210,18 @@ def test_a_branch_sweep_gives_each_checkpoints_cbs_and_leads_an_analysis_batch(
         end = {b: c["losses"][-1] for b, c in curves.items()}
         within = [b for b in (4, 8, 16) if end[b] - end[4] <= 0.05]
         assert checkpoint["critical_batch"] == max(within)  # the rule, on the real curves
+        crossing = checkpoint["crossing"]  # inside the ladder's bracket, its status
+        assert crossing["status"] == checkpoint["status"]
+        if checkpoint["status"] == "measured":
+            assert checkpoint["critical_batch"] <= crossing["value"] < checkpoint["next_batch"]
+        else:
+            assert crossing["value"] == checkpoint["critical_batch"]
+        assert checkpoint["efficiency"]["value"] > 0
+        assert {c.get("reference_reach") for b, c in curves.items() if b > 4} <= {
+            "inside",
+            "kept_up",
+            "not_reached",
+        }
     assert branch["examples_processed"] == 2 * 3 * 128
     stages = branch["warmup_schedule"]
     assert stages and stages[0]["from_step"] == 0
@@ -234,5 +248,8 @@ def test_a_branch_sweep_gives_each_checkpoints_cbs_and_leads_an_analysis_batch(
     assert analysed["status"] == "succeeded", (analysed["error"], service.logs())
     batch = analysed["result"]["recommendation"]["budget"]["batch"]
     assert batch["source"] == "branch_sweep"
-    assert batch["recommended"] == branch["checkpoints"][-1]["critical_batch"]
+    latest = branch["checkpoints"][-1]  # the ε-crossing leads (BRANCH_LEAD)
+    assert batch["critical_method"] == "eps_crossing"
+    assert batch["critical"] == pytest.approx(latest["crossing"]["value"])
+    assert batch["recommended"] == nearest_power_of_two(latest["crossing"]["value"])
     assert batch["warmup_schedule"] == stages

@@ -6,6 +6,11 @@ checkpoint of a training run, branches train at batch sizes B for the same token
 the critical batch size (CBS) there is the largest B whose loss keeps up with the small
 batch's. Over the checkpoints the CBS grows, which is what a batch-size warm-up follows.
 
+The ladder CBS can only be a swept batch (a power of two), so beside it two continuous
+numbers come from the same curves: the token-efficiency fit (:func:`efficiency_fit`,
+McCandlish et al. 2018, eq. 2.11) and the ε-crossing in log B (:func:`eps_crossing`).
+``BRANCH_LEAD`` says which of them leads budget.batch, as the predictive benchmark decided.
+
 Pure functions of loss curves (no numpy, no torch): the sweep's fan-in calls
 :func:`critical_batch_from_branches` on its branches' evaluation losses, the budget calls
 :func:`warmup_schedule` on the per-checkpoint CBS (docs/budget.md#branch-sweep).
@@ -14,6 +19,7 @@ Pure functions of loss curves (no numpy, no torch): the sweep's fan-in calls
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -21,10 +27,13 @@ from typing import Literal
 from curvplan.types.planner import (
     BatchWarmupStage,
     BCrit,
+    BranchedBatchEstimate,
     BranchedBatchPoint,
     BranchedCriticalBatch,
+    BranchEstimateMethod,
     BranchStatus,
     BudgetBatch,
+    ReferenceReach,
 )
 from curvplan_core.planner import formulas
 
@@ -34,6 +43,19 @@ Compare = Literal["end", "window"]
 TIE_SLACK = 1e-9
 
 CBS_FORMULA = formulas.BUDGET_BRANCHED_CBS
+EFFICIENCY_FORMULA = formulas.BUDGET_BRANCHED_EFFICIENCY
+CROSSING_FORMULA = formulas.BUDGET_BRANCHED_CROSSING
+
+#: Which branch-sweep number is budget.batch's `critical`, decided by the predictive benchmark
+#: against a brute-force B_crit (docs/budget.md#what-leads-budgetbatch,
+#: benchmarks/results/predictive-branch-20261203-0640.md; one seed): at the latest checkpoint
+#: the ε-crossing read 28.9 against 26.3, the ladder 16, the efficiency fit 65.
+BRANCH_LEAD: BranchEstimateMethod = "eps_crossing"
+
+#: The efficiency fit searches B_c over [B₀/SEARCH_SPAN, B_max·SEARCH_SPAN] (log-spaced grid,
+#: then golden section); a minimum at either end is a bound (at_most / at_least), not a value.
+SEARCH_SPAN = 100.0
+_GRID = 400
 
 
 def cbs_rule(tolerance: float, compare: Compare) -> str:
@@ -166,6 +188,245 @@ def critical_batch_from_branches(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class EquivalentExamples:
+    """e_B: the examples the reference (smallest) batch needed to reach batch B's loss at the
+    end of the window, clipped to [0, window], and how it was reached."""
+
+    batch_size: int
+    loss: float
+    examples: float
+    reach: ReferenceReach
+
+
+@dataclass(slots=True)
+class EfficiencyFit:
+    """B_c of E/e_B = (B_c + B)/(B_c + B₀) at one checkpoint (see :func:`efficiency_fit`)."""
+
+    estimate: BranchedBatchEstimate
+    points: list[EquivalentExamples]
+    per_batch: dict[int, float | None]
+
+
+def pchip_slopes(xs: Sequence[float], ys: Sequence[float]) -> list[float]:
+    """Derivatives of the monotone piecewise-cubic Hermite interpolant (Fritsch & Carlson 1980,
+    "Monotone Piecewise Cubic Interpolation", SIAM J. Numer. Anal. 17(2); the weighted harmonic
+    mean of Fritsch & Butland 1984 inside, the three-point end formula limited as in Moler's
+    pchip): 0 at a local extremum, so each piece is monotone between its two points and
+    never overshoots them."""
+    n = len(xs)
+    h = [xs[i + 1] - xs[i] for i in range(n - 1)]
+    d = [(ys[i + 1] - ys[i]) / h[i] for i in range(n - 1)]
+    if n == 2:
+        return [d[0], d[0]]
+    m = [0.0] * n
+    for k in range(1, n - 1):
+        if d[k - 1] * d[k] > 0:
+            w1, w2 = 2 * h[k] + h[k - 1], h[k] + 2 * h[k - 1]
+            m[k] = (w1 + w2) / (w1 / d[k - 1] + w2 / d[k])
+
+    def end(h0: float, h1: float, d0: float, d1: float) -> float:
+        v = ((2 * h0 + h1) * d0 - h0 * d1) / (h0 + h1)
+        if v * d0 <= 0:
+            return 0.0
+        if d0 * d1 <= 0 and abs(v) > 3 * abs(d0):
+            return 3 * d0
+        return v
+
+    m[0], m[-1] = end(h[0], h[1], d[0], d[1]), end(h[-1], h[-2], d[-1], d[-2])
+    return m
+
+
+def _hermite(x0: float, x1: float, y0: float, y1: float, m0: float, m1: float, x: float) -> float:
+    h = x1 - x0
+    t = (x - x0) / h
+    return (
+        (2 * t**3 - 3 * t**2 + 1) * y0
+        + (t**3 - 2 * t**2 + t) * h * m0
+        + (-2 * t**3 + 3 * t**2) * y1
+        + (t**3 - t**2) * h * m1
+    )
+
+
+def reference_examples(reference: BranchLosses, loss: float) -> tuple[float, ReferenceReach]:
+    """First passage of the reference's loss-vs-examples curve to ``loss``, clipped to the
+    window: the curve through its evaluations (its loss at 0 examples the checkpoint's) is the
+    monotone cubic interpolant (:func:`pchip_slopes`), which follows a bending loss curve
+    where straight chords read the passage late (on L = a + b/(1 + e/c) with four evaluations
+    the chords put B_c up to 42 % high, the cubic within a few per cent).
+
+    ``not_reached`` (0 examples) when ``loss`` is at or above the checkpoint's loss;
+    ``kept_up`` (the window) when the reference is not below it before the window's end."""
+    xs = [float(x) for x in reference.examples]
+    ls = [float(v) for v in reference.losses]
+    if len(xs) < 2 or xs[0] != 0:
+        raise ValueError("the reference branch needs its loss at the checkpoint (0 examples)")
+    window = xs[-1]
+    if loss >= ls[0]:
+        return 0.0, "not_reached"
+    slopes = pchip_slopes(xs, ls)
+    for k in range(len(xs) - 1):
+        if ls[k + 1] <= loss < ls[k]:  # each piece is monotone: bisect it
+            a, b = xs[k], xs[k + 1]
+            for _ in range(100):
+                mid = (a + b) / 2
+                value = _hermite(xs[k], xs[k + 1], ls[k], ls[k + 1], slopes[k], slopes[k + 1], mid)
+                a, b = (mid, b) if value > loss else (a, mid)
+            e = (a + b) / 2
+            if e >= window * (1 - TIE_SLACK):
+                break
+            return e, "inside"
+    return window, "kept_up"
+
+
+def _model(b_c: float, b0: int, b: int) -> float:
+    """e_B/E = (B_c + B₀)/(B_c + B); B_c = inf gives 1 (every batch keeps up)."""
+    return 1.0 if math.isinf(b_c) else (b_c + b0) / (b_c + b)
+
+
+def _least_squares(ratios: Sequence[tuple[int, float]], b0: int, b_max: int) -> float:
+    """argmin over B_c ∈ {0} ∪ [B₀/SPAN, B_max·SPAN] ∪ {inf} of Σ (e_B/E − model)²."""
+
+    def sse(b_c: float) -> float:
+        return sum((r - _model(b_c, b0, b)) ** 2 for b, r in ratios)
+
+    lo, hi = math.log(b0 / SEARCH_SPAN), math.log(b_max * SEARCH_SPAN)
+    grid = [lo + (hi - lo) * i / _GRID for i in range(_GRID + 1)]
+    values = [sse(math.exp(t)) for t in grid]
+    i = min(range(len(grid)), key=values.__getitem__)
+    if i == 0 and sse(0.0) <= values[0]:
+        return 0.0
+    if i == len(grid) - 1 and sse(math.inf) <= values[-1]:
+        return math.inf
+    a, c = grid[max(i - 1, 0)], grid[min(i + 1, _GRID)]
+    golden = (math.sqrt(5) - 1) / 2
+    for _ in range(80):  # golden section on log B_c inside the grid's bracket
+        x1, x2 = c - golden * (c - a), a + golden * (c - a)
+        if sse(math.exp(x1)) <= sse(math.exp(x2)):
+            c = x2
+        else:
+            a = x1
+    return math.exp((a + c) / 2)
+
+
+def efficiency_fit(branches: Sequence[BranchLosses], tolerance: float) -> EfficiencyFit:
+    """B_c from the token efficiency of the branches (McCandlish et al. 2018, eq. 2.11:
+    E = E_min(1 + B/B_crit), the examples a batch B needs for a given progress).
+
+    For every larger batch B, e_B = the examples the smallest batch B₀ needed to reach the
+    loss B reached after the whole window E (:func:`reference_examples`, the monotone cubic
+    through the reference's evaluations); at equal progress
+    eq. 2.11 gives E/e_B = (B_c + B)/(B_c + B₀). B_c is the least-squares fit of
+    e_B/E = (B_c + B₀)/(B_c + B) over the swept B (residuals in e_B/E: the measured quantity,
+    bounded in [0, 1]). A branch the reference did not catch within the window (``kept_up``,
+    e_B ≥ E) enters at e_B = E and one that ended at or above the checkpoint's loss
+    (``not_reached``, e_B ≤ 0) at 0: each at the bound nearest the model. The bracket is the
+    same fit with every larger batch's final loss moved by +ε (low) and −ε (high), ε
+    ``tolerance``: how far the loss resolution moves it, not a confidence interval. status:
+    ``measured`` for a finite B_c > 0; ``at_least`` when the fit runs to B_c → inf (every batch
+    kept up: value = the bracket's low end, or the largest swept batch); ``at_most`` when it
+    runs to B_c → 0 (value = the high end, or the smallest swept batch).
+    """
+    if not tolerance > 0:
+        raise ValueError(f"tolerance must be > 0, got {tolerance}")
+    ordered = sorted(branches, key=lambda br: br.batch_size)
+    if len(ordered) < 2 or len({br.batch_size for br in ordered}) != len(ordered):
+        raise ValueError("an efficiency fit needs branches at two batch sizes at least, one each")
+    reference, larger = ordered[0], ordered[1:]
+    b0, b_max = reference.batch_size, larger[-1].batch_size
+    window = float(reference.examples[-1])
+    if not window > 0:
+        raise ValueError("the reference branch has no evaluation after the checkpoint")
+    finals = {br.batch_size: _loss_at(br, window) for br in larger}
+
+    def fit(shift: float) -> tuple[float, list[EquivalentExamples]]:
+        points = []
+        for b, final in finals.items():
+            e, reach = reference_examples(reference, final + shift)
+            points.append(EquivalentExamples(b, final + shift, e, reach))
+        return _least_squares(
+            [(p.batch_size, p.examples / window) for p in points], b0, b_max
+        ), points
+
+    b_c, points = fit(0.0)
+    low, _ = fit(tolerance)
+    high, _ = fit(-tolerance)
+    low, high = min(low, b_c), max(high, b_c)
+    residuals = [p.examples / window - _model(b_c, b0, p.batch_size) for p in points]
+    status: BranchStatus
+    lo_end = low if 0 < low < math.inf else None
+    hi_end = high if 0 < high < math.inf else None
+    if math.isinf(b_c):
+        status, lo_end, hi_end = "at_least", lo_end or float(b_max), None
+        value = lo_end
+    elif b_c == 0:
+        status, lo_end, hi_end = "at_most", None, hi_end or float(b0)
+        value = hi_end
+    else:
+        status, value = "measured", b_c
+    per_batch: dict[int, float | None] = {}
+    for p in points:  # the one-point solution B_c = (B − r·B₀)/(r − 1), r = E/e_B
+        if p.reach == "kept_up":
+            per_batch[p.batch_size] = None
+        elif p.reach == "not_reached":
+            per_batch[p.batch_size] = 0.0
+        else:
+            r = window / p.examples
+            per_batch[p.batch_size] = max(0.0, (p.batch_size - r * b0) / (r - 1))
+    return EfficiencyFit(
+        estimate=BranchedBatchEstimate(
+            method="efficiency_fit",
+            value=value,
+            status=status,
+            low=None if lo_end is None else float(lo_end),
+            high=None if hi_end is None else float(hi_end),
+            formula=EFFICIENCY_FORMULA,
+            rms_residual=math.sqrt(sum(r * r for r in residuals) / len(residuals)),
+        ),
+        points=points,
+        per_batch=per_batch,
+    )
+
+
+def eps_crossing(verdict: BranchVerdict, tolerance: float) -> BranchedBatchEstimate:
+    """The batch where the excess over the smallest batch crosses ε, linear in log B between
+    the ladder CBS B_k (excess x_k ≤ ε) and the next swept batch B_k+1 (x_k+1 > ε):
+    log B_ε = log B_k + (ε − x_k)/(x_k+1 − x_k)·log(B_k+1/B_k), x the excess the rule compared
+    (at the end of the window; the largest over it for ``compare="window"``). Status and
+    bracket are the ladder's (Merrill et al. 2025's rule); a bound (at_least, at_most) or a
+    failed next branch keeps the ladder value."""
+    b_k, nxt = verdict.critical_batch, verdict.next_batch
+    low = None if verdict.status == "at_most" else float(b_k)
+    high = None if nxt is None else float(nxt)
+    value = float(b_k)
+    x_k = verdict.excess.get(b_k)
+    x_n = None if nxt is None else verdict.excess.get(nxt)
+    if verdict.status == "measured" and x_k is not None and x_n is not None and x_n > x_k:
+        assert nxt is not None
+        frac = min(1.0, max(0.0, (tolerance - x_k) / (x_n - x_k)))
+        value = math.exp(math.log(b_k) + frac * math.log(nxt / b_k))
+    return BranchedBatchEstimate(
+        method="eps_crossing",
+        value=value,
+        status=verdict.status,
+        low=low,
+        high=high,
+        formula=CROSSING_FORMULA,
+    )
+
+
+def ladder_estimate(point: BranchedBatchPoint) -> BranchedBatchEstimate:
+    """The ladder CBS (Merrill et al. 2025) as an estimate beside the others."""
+    return BranchedBatchEstimate(
+        method="ladder",
+        value=float(point.critical_batch),
+        status=point.status,
+        low=None if point.status == "at_most" else float(point.critical_batch),
+        high=None if point.next_batch is None else float(point.next_batch),
+        formula=CBS_FORMULA,
+    )
+
+
 def _in_step_order(points: Sequence[BranchedBatchPoint]) -> list[BranchedBatchPoint]:
     """Checkpoints by step; those without one after the others, in their given order."""
     ordered = sorted(
@@ -175,10 +436,40 @@ def _in_step_order(points: Sequence[BranchedBatchPoint]) -> list[BranchedBatchPo
     return [p for _, p in ordered]
 
 
+def nearest_power_of_two(value: float) -> int:
+    """2^round(log₂ value), ties down (a batch size from a continuous estimate)."""
+    if not value > 0:
+        raise ValueError(f"a batch size must be > 0, got {value}")
+    exponent = math.log2(value)
+    low = math.floor(exponent)
+    return int(2 ** (low if exponent - low <= 0.5 else low + 1))
+
+
+def leading_estimate(
+    point: BranchedBatchPoint, lead: BranchEstimateMethod = BRANCH_LEAD
+) -> BranchedBatchEstimate:
+    """The estimate ``lead`` at a checkpoint; the ladder CBS when that one is missing (a
+    checkpoint measured before the continuous estimates existed, or without a fit)."""
+    found = {"efficiency_fit": point.efficiency, "eps_crossing": point.crossing}.get(lead)
+    return found if found is not None else ladder_estimate(point)
+
+
+def lead_batch(point: BranchedBatchPoint, lead: BranchEstimateMethod = BRANCH_LEAD) -> int:
+    """The batch to train at from a checkpoint: the ladder CBS itself when it leads, else the
+    power of two nearest the leading continuous estimate."""
+    estimate = leading_estimate(point, lead)
+    if estimate.method == "ladder":
+        return point.critical_batch
+    return nearest_power_of_two(estimate.value)
+
+
 def warmup_schedule(
-    points: Sequence[BranchedBatchPoint], tokens_per_example: float | None = None
+    points: Sequence[BranchedBatchPoint],
+    tokens_per_example: float | None = None,
+    lead: BranchEstimateMethod = BRANCH_LEAD,
 ) -> tuple[list[BatchWarmupStage], str]:
-    """The batch-size warm-up over training: from each checkpoint's step on, its CBS.
+    """The batch-size warm-up over training: from each checkpoint's step on, its CBS (the
+    batch of ``lead``'s estimate, :func:`lead_batch`).
 
     Stages in step order (checkpoints without a step keep their given order, after the
     others), consecutive equal batches merged into the earlier stage. The CBS is near 0 at
@@ -188,16 +479,17 @@ def warmup_schedule(
     """
     stages: list[BatchWarmupStage] = []
     for p in _in_step_order(points):
-        if stages and stages[-1].batch_size == p.critical_batch:
+        batch = lead_batch(p, lead)
+        if stages and stages[-1].batch_size == batch:
             continue
         stages.append(
             BatchWarmupStage(
                 from_step=p.step,
-                batch_size=p.critical_batch,
+                batch_size=batch,
                 batch_size_tokens=None
                 if tokens_per_example is None
-                else p.critical_batch * tokens_per_example,
-                status=p.status,
+                else batch * tokens_per_example,
+                status=leading_estimate(p, lead).status,
                 loss=p.loss,
             )
         )
@@ -234,65 +526,99 @@ def branch_budget_batch(
     tokens_per_example: float | None,
     batch_sweep: BCrit | None = None,
     expected_steps_formula: str | None = None,
+    lead: BranchEstimateMethod = BRANCH_LEAD,
 ) -> tuple[BudgetBatch, list[str]]:
-    """budget.batch from a branch sweep: the CBS at the latest checkpoint leads (the batch for
-    the rest of training), the warm-up schedule beside it (docs/budget.md#branch-sweep).
+    """budget.batch from a branch sweep: the estimate ``lead`` (``BRANCH_LEAD``, decided by
+    the predictive benchmark) at the latest checkpoint is `critical` (the batch for the rest of
+    training), the warm-up schedule beside it (docs/budget.md#branch-sweep). `recommended`
+    is the ladder CBS when the ladder leads, else the power of two nearest the leading
+    estimate; every estimate of that checkpoint is listed in `branch_estimates`.
 
     A batch sweep given as well keeps its B_crit out of the lead but gives the expected steps
     at the recommended batch, S = S_min·(1 + B_crit/B) (McCandlish et al. 2018, eq. 2.11)."""
-    stages, note = warmup_schedule(measurements.checkpoints, tokens_per_example)
+    stages, note = warmup_schedule(measurements.checkpoints, tokens_per_example, lead)
     latest = _in_step_order(measurements.checkpoints)[-1]
-    rec = latest.critical_batch
-    bracket: tuple[int | None, int | None]
-    bracket = (None, latest.next_batch) if latest.status == "at_most" else (rec, latest.next_batch)
+    estimate = leading_estimate(latest, lead)
+    estimates = [ladder_estimate(latest)] + [
+        e for e in (latest.efficiency, latest.crossing) if e is not None
+    ]
+    rec = lead_batch(latest, lead)
+    bracket: tuple[int | None, int | None] | None
+    if estimate.method == "efficiency_fit":
+        bracket = None  # its bracket is not between swept batches: see branch_estimates
+    elif latest.status == "at_most":
+        bracket = (None, latest.next_batch)
+    else:
+        bracket = (latest.critical_batch, latest.next_batch)
     warnings: list[str] = []
     where = f"step {latest.step}" if latest.step is not None else "the latest checkpoint"
+    if estimate.method != lead:
+        warnings.append(
+            f"batch: the checkpoint at {where} carries no {lead} estimate: the ladder CBS leads"
+        )
     if latest.status == "at_least":
         warnings.append(
-            f"batch: at {where} even the largest swept batch {rec} stayed within ε: the CBS is "
-            "at least that; a branch sweep with larger batches brackets it"
+            f"batch: at {where} even the largest swept batch {latest.critical_batch} stayed "
+            "within ε: the CBS is at least that; a branch sweep with larger batches brackets it"
         )
     elif latest.status == "at_most":
         warnings.append(
-            f"batch: at {where} no batch above the smallest ({rec}) stayed within ε: the CBS is "
-            f"below {latest.next_batch}; a branch sweep with smaller batches brackets it"
+            f"batch: at {where} no batch above the smallest ({latest.critical_batch}) stayed "
+            f"within ε: the CBS is below {latest.next_batch}; a branch sweep with smaller "
+            "batches brackets it"
+        )
+    if estimate.method == "efficiency_fit" and estimate.status != "measured":
+        warnings.append(
+            f"batch: at {where} the efficiency fit gives only a bound ({estimate.status} "
+            f"{estimate.value:.4g})"
         )
     steps = None
     if batch_sweep is not None and batch_sweep.unit == "examples":
         steps = batch_sweep.s_min * (1 + batch_sweep.value / rec)
-        ratio = rec / batch_sweep.value
+        ratio = estimate.value / batch_sweep.value
         if not 0.5 <= ratio <= 2:
             warnings.append(
-                f"batch: the branched CBS {rec} and the batch sweep's B_crit "
-                f"{batch_sweep.value:.4g} differ by {max(ratio, 1 / ratio):.2g}× (they measure "
-                "different things: keeping up over a window from a checkpoint, and the steps "
-                "to the target from the sweep's start)"
+                f"batch: the branched critical batch {estimate.value:.4g} and the batch sweep's "
+                f"B_crit {batch_sweep.value:.4g} differ by {max(ratio, 1 / ratio):.2g}× (they "
+                "measure different things: keeping up over a window from a checkpoint, and the "
+                "steps to the target from the sweep's start)"
             )
-    tok = None if tokens_per_example is None else rec * tokens_per_example
+    rec_tok = None if tokens_per_example is None else rec * tokens_per_example
+    crit_tok = None if tokens_per_example is None else estimate.value * tokens_per_example
     window = (
         f"{measurements.window_tokens:,.0f} tokens"
         if measurements.window_tokens is not None
         else "a fixed token window"
     )
+    how = {
+        "ladder": "the ladder CBS leads and is the recommended batch",
+        "eps_crossing": "the ε-crossing interpolated in log B between the ladder CBS and the "
+        "next swept batch leads (budget.branched_crossing); recommended is the power of two "
+        "nearest it",
+        "efficiency_fit": "the token-efficiency fit E/e_B = (B_c + B)/(B_c + B₀) leads "
+        "(budget.branched_efficiency); recommended is the power of two nearest it",
+    }[estimate.method]
     basis = (
         f"branched training from {len(measurements.checkpoints)} checkpoint(s) at batches "
         f"{', '.join(map(str, measurements.batch_sizes))}, each for {window}: "
-        f"{cbs_rule(measurements.tolerance, measurements.compare)}; the CBS at {where} leads, "
-        f"the warm-up schedule gives the earlier steps ({note})"
+        f"{cbs_rule(measurements.tolerance, measurements.compare)}; at {where} {how}; the "
+        f"warm-up schedule gives the earlier steps ({note})"
     )
     return (
         BudgetBatch(
             recommended=rec,
-            recommended_tokens=tok,
-            critical=float(rec),
+            recommended_tokens=rec_tok,
+            critical=estimate.value,
             critical_ci=None,
-            critical_tokens=tok,
+            critical_tokens=crit_tok,
             tokens_per_example=tokens_per_example,
             source="branch_sweep",
             basis=basis,
-            critical_formula=CBS_FORMULA,
+            critical_formula=estimate.formula,
             critical_bracket=bracket,
             warmup_schedule=stages,
+            critical_method=estimate.method,
+            branch_estimates=estimates,
             target_loss=target_loss,
             expected_steps=steps,
             expected_steps_formula=expected_steps_formula if steps is not None else None,

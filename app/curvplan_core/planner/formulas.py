@@ -167,3 +167,11 @@ BUDGET_BRANCHED_CBS: Final = formula(
     "budget.branched_cbs",
     "CBS(t) = max{B : L_B(t+Δ) ≤ L_B₀(t+Δ) + ε}, branches from checkpoint t (Merrill et al. 2025)",
 )
+BUDGET_BRANCHED_EFFICIENCY: Final = formula(
+    "budget.branched_efficiency",
+    "E/e_B = (B_c+B)/(B_c+B₀), e_B = B₀'s examples to B's end loss; LS fit (McCandlish eq. 2.11)",
+)
+BUDGET_BRANCHED_CROSSING: Final = formula(
+    "budget.branched_crossing",
+    "B_ε = B_k·(B_k+1/B_k)^((ε − x_k)/(x_k+1 − x_k)), x: end-of-window excess over B₀",
+)

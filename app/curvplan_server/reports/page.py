@@ -225,6 +225,17 @@ def budget_html(rec: dict[str, Any] | None) -> str:
                 batch.get("critical_formula"),
             )
         )
+        for e in batch.get("branch_estimates") or []:
+            lead = " (leads)" if e.get("method") == batch.get("critical_method") else ""
+            rows.append(
+                (
+                    f"branch estimate: {e.get('method')}{lead}",
+                    _estimate_text(e),
+                    f"[{_text(e.get('low'))}, {_text(e.get('high'))}]",
+                    "examples",
+                    e.get("formula"),
+                )
+            )
         for stage in batch.get("warmup_schedule") or []:
             rows.append(
                 (
@@ -276,6 +287,14 @@ def budget_html(rec: dict[str, Any] | None) -> str:
     return f'<section id="budget">{table}<ul class="budget-notes">{items}</ul></section>'
 
 
+def _estimate_text(e: Any) -> str:
+    """A continuous branch estimate: its value, or its bound (≥ / ≤) when only that is known."""
+    if not isinstance(e, dict):
+        return "—"
+    mark = {"at_least": "≥ ", "at_most": "≤ "}.get(str(e.get("status")), "")
+    return f"{mark}{_text(e.get('value'))}"
+
+
 def branch_html(job: dict[str, Any]) -> str:
     """A branch sweep's table: per checkpoint the CBS, its bracket and each batch's excess
     loss over the smallest batch's; then the rule, the window and the warm-up schedule."""
@@ -301,11 +320,22 @@ def branch_html(job: dict[str, Any]) -> str:
                 c.get("critical_batch"),
                 c.get("status"),
                 c.get("next_batch"),
+                _estimate_text(c.get("efficiency")),
+                _estimate_text(c.get("crossing")),
                 *cells,
                 "; ".join(c.get("notes") or []),
             )
         )
-    headers = ("step", "loss", "CBS", "status", "next batch", *[f"excess B={b}" for b in sizes])
+    headers = (
+        "step",
+        "loss",
+        "CBS",
+        "status",
+        "next batch",
+        "efficiency B_c",
+        "ε-crossing",
+        *[f"excess B={b}" for b in sizes],
+    )
     table = _table((*headers, "notes"), rows, {0, 1, 2, 4})
     stages = [
         (s.get("from_step"), s.get("batch_size"), s.get("status"))

@@ -34,8 +34,11 @@ from curvplan.types.sweep import (
 from curvplan_core.planner.branched_batch import (
     CBS_FORMULA,
     BranchLosses,
+    EfficiencyFit,
     cbs_rule,
     critical_batch_from_branches,
+    efficiency_fit,
+    eps_crossing,
     warmup_schedule,
 )
 from curvplan_worker.errors import JobError
@@ -237,6 +240,15 @@ def fit_branches(
         for out, _ in branches.values():
             out.used_in_fit = True
             out.excluded_reason = None
+        crossing = eps_crossing(verdict, sweep.tolerance)
+        try:  # failed branches are left out of the fit (they have no loss to place)
+            fit: EfficiencyFit | None = efficiency_fit(curves, sweep.tolerance)
+        except ValueError as exc:
+            fit = None
+            entry.notes.append(f"no efficiency fit at this checkpoint: {exc}")
+        reach = {p.batch_size: p for p in fit.points} if fit is not None else {}
+        entry.efficiency = fit.estimate if fit is not None else None
+        entry.crossing = crossing
         entry.critical_batch = verdict.critical_batch
         entry.critical_batch_tokens = verdict.critical_batch * tpe
         entry.status = verdict.status
@@ -257,6 +269,8 @@ def fit_branches(
                 losses=r.eval_losses,
                 excess=verdict.excess[b],
                 within_tolerance=verdict.within[b],
+                reference_examples=reach[b].examples if b in reach else None,
+                reference_reach=reach[b].reach if b in reach else None,
             )
             for b, (out, r) in sorted(branches.items())
         ]
@@ -268,6 +282,8 @@ def fit_branches(
                 critical_batch=verdict.critical_batch,
                 status=verdict.status,
                 next_batch=verdict.next_batch,
+                efficiency=fit.estimate if fit is not None else None,
+                crossing=crossing,
             )
         )
     if not points:
