@@ -206,6 +206,10 @@ def run_row(row: str, device: str, memory_limit: str | None) -> dict[str, Any]:
         "micro_batch": result.get("eval_batch_size"),
         "threads": torch.get_num_threads(),
         "converged_blocks": sum(1 for b in result.get("blocks") or [] if b.get("converged")),
+        "block_products": {b["name"]: (b.get("n_products"), b.get("restarts"), b.get("basis_vectors")) for b in result.get("blocks") or []},
+        "lockstep": (result.get("memory_plan") or {}).get("lockstep"),
+        "estimate_stages": record.get("stages"),
+        "measured": measured,
     }
 
 

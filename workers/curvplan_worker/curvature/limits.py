@@ -140,6 +140,80 @@ def time_products(engine: Any, names: list[str], repeats: int = 3) -> tuple[floa
     return times[0], sorted(times[1:])[len(times[1:]) // 2]
 
 
+def _synchronize(engine: Any) -> None:
+    import torch
+
+    if getattr(engine, "device", None) is not None and engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+
+
+def time_spectra(
+    engine: Any,
+    items: list[tuple[str, list[str], list[str]]],
+    *,
+    batched: bool,
+    vectors_per_product: int,
+    concurrent: int | None,
+    repeats: int = 3,
+) -> dict[str, Any]:
+    """The spectra's products priced as they will run (``cost_model.SpectraTiming``), after
+    :func:`time_products` has built the cached graph.
+
+    ``items``: ``(key, rows, cols)`` of every block (rows = cols) and pair, in the lockstep's
+    order. Each item's ms is ONE warm product on that item alone (a pair: the mean of H_rc v
+    and H_cr u), what the loop path and the trace pay for it: one product per item, i.e.
+    1 / (products per item) of the spectra's own work. With ``batched`` (the plan's choice,
+    ``memory.plan_lockstep``), also the batched second backward of the first
+    min(vectors_per_product, concurrent, items) items' vectors (the first round's vectors in
+    flight) and of one vector: each timed once to warm up, then the median of ``repeats``.
+    The vectors come from their own generator; the products are not counted as the analysis's.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    counted = engine.n_hvp
+
+    def vector(names: list[str]):
+        return torch.randn(engine.layout(names).numel, generator=gen, dtype=torch.float64)
+
+    def timed(fn) -> float:
+        _synchronize(engine)
+        start = time.perf_counter()
+        fn()
+        _synchronize(engine)
+        return (time.perf_counter() - start) * 1000.0
+
+    item_ms: dict[str, float] = {}
+    for key, rows, cols in items:
+        if list(rows) == list(cols):
+            v = vector(cols)
+            item_ms[key] = timed(lambda r=rows, v=v: engine.hvp(r, r, v))
+        else:
+            v, u = vector(cols), vector(rows)
+            there = timed(lambda r=rows, c=cols, v=v: engine.hvp(r, c, v))
+            back = timed(lambda r=rows, c=cols, u=u: engine.hvp(c, r, u))
+            item_ms[key] = (there + back) / 2.0
+    out: dict[str, Any] = {
+        "item_ms": item_ms,
+        "batched": bool(batched),
+        "vectors_per_product": int(vectors_per_product),
+        "concurrent": concurrent,
+    }
+    if batched and items:
+        width = max(1, min(vectors_per_product, concurrent or len(items), len(items)))
+        requests = [(rows, cols, vector(cols)) for _, rows, cols in items[:width]]
+
+        def median(requests) -> float:
+            times = [timed(lambda: engine.multi_hvp(requests)) for _ in range(1 + repeats)]
+            return sorted(times[1:])[len(times[1:]) // 2]
+
+        out["round_vectors"] = width
+        out["round_ms"] = median(requests)
+        out["one_vector_ms"] = median(requests[:1]) if width > 1 else out["round_ms"]
+    engine.n_hvp = counted  # not the analysis's products
+    return out
+
+
 def cost_inputs(
     engine: Any,
     sizes: dict[str, int],
@@ -151,11 +225,16 @@ def cost_inputs(
     tokens: float,
     stages: list[str] | None,
     memory: dict[str, float],
+    spectra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What the worker's cost model needs, measured here: one product's milliseconds (on the
-    first block to measure, else every parameter), the blocks and pairs, the sample size."""
+    first block to measure, else every parameter), the blocks and pairs, the sample size, and
+    with ``spectra`` (:func:`time_spectra`'s keyword arguments: ``items``, ``batched``,
+    ``vectors_per_product``, ``concurrent``) the spectra's products as they will run."""
     first_ms, ms = time_products(engine, probe_block or list(engine.names))
+    timing = time_spectra(engine, **spectra) if spectra is not None else None
     return {
+        "spectra": timing,
         "ms_per_product": ms,
         "first_product_ms": first_ms,
         "blocks": dict(sizes),
