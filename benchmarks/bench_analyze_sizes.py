@@ -18,8 +18,9 @@ Rows (``--rows``, comma-separated):
   19.5 M parameters), random init, 8 × 128 random tokens, same goal.
 
 It prints, per row: the wall time of every engine stage, products, measured and realised
-milliseconds per product, peak RSS (and the engine's own peak), and the ETA's error (the first
-``eta_seconds`` against the time the run actually took after it).
+milliseconds per product, how the spectra were priced (each block's own warm product; the
+batched lockstep round where the plan batches), peak RSS (and the engine's own peak), and the
+ETA's error (the first ``eta_seconds`` against the time the run actually took after it).
 
     nice -n 10 python benchmarks/bench_analyze_sizes.py --rows example,tiny-gpt2
     nice -n 10 python benchmarks/bench_analyze_sizes.py --rows llama --json out.json
@@ -206,7 +207,10 @@ def run_row(row: str, device: str, memory_limit: str | None) -> dict[str, Any]:
         "micro_batch": result.get("eval_batch_size"),
         "threads": torch.get_num_threads(),
         "converged_blocks": sum(1 for b in result.get("blocks") or [] if b.get("converged")),
-        "block_products": {b["name"]: (b.get("n_products"), b.get("restarts"), b.get("basis_vectors")) for b in result.get("blocks") or []},
+        "block_products": {
+            b["name"]: (b.get("n_products"), b.get("restarts"), b.get("basis_vectors"))
+            for b in result.get("blocks") or []
+        },
         "lockstep": (result.get("memory_plan") or {}).get("lockstep"),
         "estimate_stages": record.get("stages"),
         "measured": measured,
@@ -246,6 +250,23 @@ def _print_row(r: dict[str, Any]) -> None:
         f" ({r['engine_peak_memory_source']}); limit {_gib(r['memory_limit_bytes'])} "
         f"({r['memory_limit_source']})"
     )
+    spectra = (r.get("measured") or {}).get("spectra") or {}
+    stages = {s["stage"]: s for s in r.get("estimate_stages") or []}
+    if spectra:
+        items = spectra.get("item_ms") or {}
+        lo, hi = (min(items.values()), max(items.values())) if items else (0.0, 0.0)
+        est = sum(stages[s]["seconds"] for s in ("blocks", "off_diagonal") if s in stages)
+        how = (
+            f"batched, {spectra.get('round_vectors')} vectors in "
+            f"{spectra.get('round_ms', 0):.1f} ms, 1 in {spectra.get('one_vector_ms', 0):.1f} ms"
+            if spectra.get("batched")
+            else "one product per vector"
+        )
+        print(
+            f"  spectra priced as they run ({how}): {len(items)} items timed alone, "
+            f"{lo:.2f}-{hi:.2f} ms a product; estimated {est:.1f} s, took "
+            f"{r['stage_seconds'].get('blocks', 0):.1f} s"
+        )
     if err is None:
         print("  ETA: none reported")
     else:
@@ -257,8 +278,20 @@ def _print_row(r: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated: {ROWS}")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=(
+            "Every row runs, the large ones too: --rows distilgpt2 and --rows llama build the "
+            "model from its config (random init, seed 0) on 8 x 128 random tokens; each takes "
+            "minutes to hours on a 2-core CPU (see benchmarks/results/analyze-sizes-cpu.txt "
+            "for the estimates), so run them on a quiet machine, e.g. "
+            "OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_analyze_sizes.py "
+            "--rows llama --memory-limit 24GiB --json out.json"
+        ),
+    )
+    parser.add_argument(
+        "--rows", default=",".join(ROWS), help=f"comma-separated, any of {ROWS} (default: all)"
+    )
     parser.add_argument("--device", default="cpu", help="cpu | cuda")
     parser.add_argument("--memory-limit", default=None, help="e.g. 24GiB (default: the worker's)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
