@@ -286,9 +286,12 @@ class SpectraTiming:
     trace and GGN runs. With ``batched`` (the lockstep's batched second backward), ``round_ms``
     is one batched product of ``round_vectors`` vectors in flight and ``one_vector_ms`` one of
     a single vector; at most ``vectors_per_product`` vectors go in one backward and at most
-    ``concurrent`` items run at once (None: all)."""
+    ``concurrent`` items run at once (None: all). ``step_ms``: the Lanczos iteration's own
+    milliseconds per product of each item (orthogonalisation, restarts, the coroutine), added
+    to each Lanczos product whichever path runs it."""
 
     item_ms: dict[str, float] = field(default_factory=dict)
+    step_ms: dict[str, float] = field(default_factory=dict)
     batched: bool = False
     vectors_per_product: int = 1
     concurrent: int | None = None
@@ -301,7 +304,8 @@ class SpectraTiming:
         if value is None or isinstance(value, SpectraTiming):
             return value
         known = {k: value[k] for k in asdict(cls()) if k in value}
-        known["item_ms"] = {str(k): float(v) for k, v in (known.get("item_ms") or {}).items()}
+        for key in ("item_ms", "step_ms"):
+            known[key] = {str(k): float(v) for k, v in (known.get(key) or {}).items()}
         return cls(**known)
 
     def round_cost(self) -> tuple[float, float]:
@@ -493,7 +497,8 @@ def _spectra_seconds(
     """Seconds of each block (its Lanczos ``lanczos`` products of ``block_total``, the rest its
     trace and GGN runs) and each pair (``pairs``, all Lanczos) at ``timing``: the loop path
     prices every product at its item's milliseconds, the batched path the Lanczos products by
-    :func:`lockstep_item_seconds` and the rest at the item's milliseconds. (None, None)
+    :func:`lockstep_item_seconds` and the rest at the item's milliseconds; each Lanczos
+    product adds its item's ``step_ms`` (the iteration's own cost). (None, None)
     without a timing: every product at ``ms``."""
     if timing is None:
         return None, None
@@ -501,14 +506,20 @@ def _spectra_seconds(
     def item_ms(key: str) -> float:
         return float(timing.item_ms.get(key, ms))
 
+    def step(key: str, products: float) -> float:  # the iteration's own cost
+        return products * float(timing.step_ms.get(key, 0.0)) / 1000.0
+
     if timing.batched:
         lock = lockstep_item_seconds({**lanczos, **pairs}, timing)
         blocks = {
-            k: lock[k] + (block_total[k] - lanczos[k]) * item_ms(k) / 1000.0 for k in block_total
+            k: lock[k] + step(k, lanczos[k]) + (block_total[k] - lanczos[k]) * item_ms(k) / 1000.0
+            for k in block_total
         }
-        return blocks or None, {k: lock[k] for k in pairs} or None
-    blocks = {k: block_total[k] * item_ms(k) / 1000.0 for k in block_total}
-    return blocks or None, {k: p * item_ms(k) / 1000.0 for k, p in pairs.items()} or None
+        return blocks or None, {k: lock[k] + step(k, pairs[k]) for k in pairs} or None
+    blocks = {k: block_total[k] * item_ms(k) / 1000.0 + step(k, lanczos[k]) for k in block_total}
+    return blocks or None, {
+        k: p * item_ms(k) / 1000.0 + step(k, p) for k, p in pairs.items()
+    } or None
 
 
 def describe(estimate: CostEstimate) -> str:

@@ -205,6 +205,24 @@ def test_the_loop_spectra_price_each_block_at_its_own_product() -> None:
     full = est.stage("full_model")  # 0.5 · 50 steps at the measured product
     assert full is not None and full.seconds == pytest.approx(25 * 0.050)
     assert est.seconds == pytest.approx(65 * 0.032 + 100 * 0.007 + 25 * 0.050)
+    # The iteration's own cost adds to each Lanczos product (50 of a's 65; 100 of the pair's),
+    # not to the trace probes.
+    stepped = cost_model.estimate(
+        blocks={"a": 10_000},
+        pairs=[("a", "b", 10_000, 10_000)],
+        n_params=20_000,
+        n_examples=64,
+        tokens=64,
+        options=NO_LATER,
+        ms_per_product=50.0,
+        spectra={**timing, "step_ms": {"a": 2.0, "a|b": 1.0}},
+    )
+    assert stepped.stage("blocks").seconds == pytest.approx(  # type: ignore[union-attr]
+        (65 * 30 + 50 * 2) / 1000
+    )
+    assert stepped.stage("off_diagonal").seconds == pytest.approx(  # type: ignore[union-attr]
+        100 * (7 + 1) / 1000
+    )
     # A block the timing does not name falls back to the measured product.
     partial = cost_model.estimate(
         blocks={"a": 10_000, "c": 10_000},

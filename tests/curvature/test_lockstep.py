@@ -449,6 +449,7 @@ def test_time_spectra_times_each_item_and_the_rounds_as_planned_without_counting
 
     class Engine:
         device = torch.device("cpu")
+        dtype = torch.float32
 
         def __init__(self):
             self.n_hvp, self.calls, self.batches = 7, [], []
@@ -477,11 +478,18 @@ def test_time_spectra_times_each_item_and_the_rounds_as_planned_without_counting
         (("b1", "b2"), ("a",), 3),
     ]
     assert eng.batches == [] and eng.n_hvp == 7
+    # the iteration's own cost, per product: a pair makes two products a Lanczos step
+    steps = out["step_ms"]
+    assert set(steps) == {"a", "b", "a|b"} and min(steps.values()) > 0
+    assert steps["a|b"] == pytest.approx(steps["b"] / 2)  # the same operator size, 6
     eng = Engine()
     out = time_spectra(eng, items, batched=True, vectors_per_product=2, concurrent=None)
     assert out["round_vectors"] == 2 and out["batched"]
     assert eng.batches == [2] * 4 + [1] * 4  # one warm-up, then the median of three
     assert eng.n_hvp == 7
     eng = Engine()
-    time_spectra(eng, items, batched=True, vectors_per_product=32, concurrent=1)
+    out = time_spectra(
+        eng, items, batched=True, vectors_per_product=32, concurrent=1, step_overhead=False
+    )
     assert eng.batches == [1] * 4  # one item in flight: the round is the one-vector product
+    assert "step_ms" not in out

@@ -474,7 +474,9 @@ def _analyze(
             stages=stages,
             memory=memory,
             spectra=(
-                _spectra_timing(blocks, spectra_blocks, spectra_pairs, lockstep_plan)
+                _spectra_timing(
+                    blocks, spectra_blocks, spectra_pairs, lockstep_plan, machine.basis_budget
+                )
                 if lockstep_plan is not None
                 else None
             ),
@@ -659,7 +661,9 @@ def _lockstep_plan(engine, all_blocks, blocks, pairs, opts, machine) -> Lockstep
     return plan
 
 
-def _spectra_timing(all_blocks, blocks, pairs, plan: LockstepPlan) -> dict[str, Any]:
+def _spectra_timing(
+    all_blocks, blocks, pairs, plan: LockstepPlan, basis_budget: int | None
+) -> dict[str, Any]:
     """``limits.time_spectra``'s arguments: the lockstep's items in its order, and its plan."""
     items = [(name, list(all_blocks[name]), list(all_blocks[name])) for name in blocks]
     items += [(f"{r}|{c}", list(all_blocks[r]), list(all_blocks[c])) for r, c in pairs]
@@ -668,6 +672,7 @@ def _spectra_timing(all_blocks, blocks, pairs, plan: LockstepPlan) -> dict[str, 
         "batched": plan.batched,
         "vectors_per_product": plan.vectors_per_product,
         "concurrent": None if plan.concurrent >= plan.n_tasks else plan.concurrent,
+        "basis_budget": basis_budget,
     }
 
 

@@ -147,6 +147,43 @@ def _synchronize(engine: Any) -> None:
         torch.cuda.synchronize(engine.device)
 
 
+def lanczos_step_ms(
+    n: int, *, device: Any, dtype: Any, basis_budget: int | None, steps: int = 60
+) -> float:
+    """Milliseconds of the Lanczos iteration itself per vector it yields, on an operator of
+    size ``n`` whose product is free (a diagonal): the two orthogonalisations against the
+    bounded basis, the restarts and the explicit certifications, and the coroutine's own
+    Python cost (about 2 ms a step on the 2-core machine for small blocks, which is what the
+    example's cheapest blocks pay besides their 0.5–2 ms products). ``steps`` (at tolerance 0,
+    so it does not stop early) covers a restart of the 32-vector basis."""
+    import torch
+
+    from curvplan_worker.curvature.spectra import lanczos_steps
+
+    diagonal = torch.linspace(-1.0, 2.0, n, dtype=dtype, device=device)
+    coroutine = lanczos_steps(
+        n,
+        generator=torch.Generator().manual_seed(2),
+        tol=0.0,
+        max_iter=steps,
+        basis_budget=basis_budget,
+        device=device,
+        dtype=dtype,
+    )
+    yielded = 0
+    start = time.perf_counter()
+    try:
+        vector = next(coroutine)
+        while True:
+            yielded += 1
+            vector = coroutine.send(diagonal * vector)
+    except StopIteration:
+        pass
+    if getattr(device, "type", str(device)) == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) * 1000.0 / max(yielded, 1)
+
+
 def time_spectra(
     engine: Any,
     items: list[tuple[str, list[str], list[str]]],
@@ -155,6 +192,8 @@ def time_spectra(
     vectors_per_product: int,
     concurrent: int | None,
     repeats: int = 3,
+    basis_budget: int | None = None,
+    step_overhead: bool = True,
 ) -> dict[str, Any]:
     """The spectra's products priced as they will run (``cost_model.SpectraTiming``), after
     :func:`time_products` has built the cached graph.
@@ -167,6 +206,9 @@ def time_spectra(
     min(vectors_per_product, concurrent, items) items' vectors (the first round's vectors in
     flight) and of one vector: each timed once to warm up, then the median of ``repeats``.
     The vectors come from their own generator; the products are not counted as the analysis's.
+    With ``step_overhead``, the Lanczos iteration's own cost per product (:func:`lanczos_step_ms`
+    on the smallest and the largest operator, linear in n between; a pair's per product is
+    half its operator's, two products a step) as ``step_ms``.
     """
     import torch
 
@@ -211,6 +253,23 @@ def time_spectra(
         out["round_ms"] = median(requests)
         out["one_vector_ms"] = median(requests[:1]) if width > 1 else out["round_ms"]
     engine.n_hvp = counted  # not the analysis's products
+    if step_overhead and items:
+        from curvplan_worker.curvature.spectra import basis_dtype
+
+        sizes = {key: engine.layout(cols).numel for key, _, cols in items}
+        small, large = min(sizes.values()), max(sizes.values())
+        kwargs = {
+            "device": engine.device,
+            "dtype": basis_dtype(engine.dtype),
+            "basis_budget": basis_budget,
+        }
+        at_small = lanczos_step_ms(small, **kwargs)
+        at_large = lanczos_step_ms(large, **kwargs) if large > small else at_small
+        slope = (at_large - at_small) / (large - small) if large > small else 0.0
+        out["step_ms"] = {
+            key: (at_small + slope * (n - small)) / (1.0 if rows == cols else 2.0)
+            for (key, rows, cols), n in zip(items, sizes.values(), strict=True)
+        }
     return out
 
 
