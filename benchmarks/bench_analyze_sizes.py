@@ -213,6 +213,9 @@ def run_row(row: str, device: str, memory_limit: str | None) -> dict[str, Any]:
         },
         "lockstep": (result.get("memory_plan") or {}).get("lockstep"),
         "estimate_stages": record.get("stages"),
+        "per_sample_hessian_products": (
+            ((result.get("per_sample") or {}).get("hessian_norms") or {}).get("n_products")
+        ),
         "measured": measured,
     }
 

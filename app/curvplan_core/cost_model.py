@@ -376,6 +376,7 @@ def estimate(
     first_product_ms: float | None = None,
     stages: Sequence[str] | None = None,
     spectra: SpectraTiming | Mapping[str, Any] | None = None,
+    example: Mapping[str, Any] | None = None,
 ) -> CostEstimate:
     """The cost of an analysis, stage by stage.
 
@@ -385,7 +386,9 @@ def estimate(
     ``stages``: only these stages (a fan-out child runs the spectra alone, its fan-in the
     rest); ``ms_per_product``: measured (else :func:`prior_ms_per_product`); ``spectra``: how
     the spectra's products cost (:class:`SpectraTiming`; without it every product costs
-    ``ms_per_product``).
+    ``ms_per_product``); ``example``: a product over every parameter on one example
+    (``first_ms``, building its graph, then ``warm_ms``) and the Lanczos iteration's own
+    ``step_ms`` there, which price the per-sample Hessian norms (:func:`per_sample_seconds`).
     """
     opts = CostOptions.from_options(options)
     source = "measured" if ms_per_product is not None else "prior (FLOPs)"
@@ -399,12 +402,14 @@ def estimate(
         worst: float,
         items: dict[str, float] | None = None,
         item_seconds: dict[str, float] | None = None,
+        seconds: float | None = None,
     ):
         if stages is not None and stage not in stages:
             return
         if products <= 0 and worst <= 0:
             return
-        seconds = sum(item_seconds.values()) if item_seconds else products * ms / 1000.0
+        if seconds is None:
+            seconds = sum(item_seconds.values()) if item_seconds else products * ms / 1000.0
         out.append(StageCost(stage, products, worst, seconds, items, item_seconds))
 
     per_block = {name: block_products(size, opts) for name, size in blocks.items()}
@@ -439,16 +444,22 @@ def estimate(
     if opts.per_sample and opts.top_d > 0:
         steps = expected_lanczos_steps(n_params, opts) + opts.top_d
         add("top_eigenspace", steps, float(min(opts.max_iter, n_params)))
-    example = 1.0 / n + PER_EXAMPLE_OVERHEAD  # one per-example product, in products
+    one = 1.0 / n + PER_EXAMPLE_OVERHEAD  # one per-example product, in products
     if opts.per_sample:
         forwards = (1 + opts.n_directions + (1 if opts.top_d else 0)) * FORWARD_SHARE
         subsample = min(opts.hessian_subsample, n)
-        hessian = subsample * min(opts.per_sample_max_iter, PER_SAMPLE_STEPS) * example
-        worst = subsample * opts.per_sample_max_iter * example
-        add("per_sample", forwards + hessian, forwards + worst)
+        hessian = subsample * min(opts.per_sample_max_iter, PER_SAMPLE_STEPS) * one
+        worst = subsample * opts.per_sample_max_iter * one
+        timed = per_sample_seconds(subsample, opts, example)
+        add(
+            "per_sample",
+            forwards + hessian,
+            forwards + worst,
+            seconds=None if timed is None else forwards * ms / 1000.0 + timed,
+        )
     if opts.gradient_noise and n >= 3:
         used = min((opts.noise_grad_examples or n) + (opts.noise_hessian_examples or 0), n)
-        work = used * NOISE_PRODUCTS_PER_EXAMPLE * example
+        work = used * NOISE_PRODUCTS_PER_EXAMPLE * one
         add("gradient_noise", work, work)
     setup = 0.0
     if first_product_ms is not None and ms_per_product is not None:
@@ -520,6 +531,22 @@ def _spectra_seconds(
     return blocks or None, {
         k: p * item_ms(k) / 1000.0 + step(k, p) for k, p in pairs.items()
     } or None
+
+
+def per_sample_seconds(
+    subsample: int, opts: CostOptions, example: Mapping[str, Any] | None
+) -> float | None:
+    """Seconds of the per-sample Hessian norms from a timed one-example product: each of the
+    ``subsample`` examples runs its own Lanczos of s = min(per_sample_max_iter,
+    :data:`PER_SAMPLE_STEPS`) products on its own engine, the first building the example's
+    graph: subsample · (first + (s − 1) · warm + s · step) ms. None without the timing."""
+    if not example or example.get("warm_ms") is None:
+        return None
+    steps = float(min(opts.per_sample_max_iter, PER_SAMPLE_STEPS))
+    first = float(example.get("first_ms") or example["warm_ms"])
+    warm = float(example["warm_ms"])
+    step = float(example.get("step_ms") or 0.0)
+    return subsample * (first + (steps - 1.0) * warm + steps * step) / 1000.0
 
 
 def describe(estimate: CostEstimate) -> str:

@@ -332,3 +332,32 @@ def test_depth_weights_rank_blocks_from_the_input_and_keep_the_total() -> None:
     scale = 50 / 40
     assert got == pytest.approx({"a": scale, "b": scale * 2 / 3, "c": scale / 3, "a|c": scale})
     assert sum(products[k] * w for k, w in got.items()) == pytest.approx(sum(products.values()))
+
+
+def test_the_per_sample_norms_are_priced_from_one_timed_example() -> None:
+    """8 examples × (the first product 20 ms + 39 warm ones at 5 ms + 40 Lanczos steps at
+    2 ms) = 8 · 295 ms, plus the 9 forwards at a third of the measured product."""
+    options = {**OPTS, "dense": "off", "gradient_noise": False, "hessian_subsample": 8}
+    est = cost_model.estimate(
+        blocks={},
+        pairs=[],
+        n_params=2_000_000,
+        n_examples=64,
+        tokens=64,
+        options=options,
+        ms_per_product=30.0,
+        example={"first_ms": 20.0, "warm_ms": 5.0, "step_ms": 2.0},
+    )
+    per_sample = est.stage("per_sample")
+    assert per_sample is not None
+    assert per_sample.seconds == pytest.approx(8 * (20 + 39 * 5 + 40 * 2) / 1000 + 9 / 3 * 0.030)
+    untimed = cost_model.estimate(
+        blocks={},
+        pairs=[],
+        n_params=2_000_000,
+        n_examples=64,
+        tokens=64,
+        options=options,
+        ms_per_product=30.0,
+    ).stage("per_sample")
+    assert untimed is not None and untimed.seconds == pytest.approx(untimed.products * 0.030)

@@ -98,6 +98,7 @@ class EtaTracker:
             first_product_ms=inputs.get("first_product_ms"),
             stages=inputs.get("stages"),
             spectra=inputs.get("spectra"),
+            example=inputs.get("example"),
         )
         self._admit(self.estimate)
 
@@ -182,7 +183,14 @@ class EtaTracker:
         if self.inputs is not None:
             out["measured"] = {
                 k: self.inputs.get(k)
-                for k in ("ms_per_product", "first_product_ms", "memory", "micro_batch", "spectra")
+                for k in (
+                    "ms_per_product",
+                    "first_product_ms",
+                    "memory",
+                    "micro_batch",
+                    "spectra",
+                    "example",
+                )
                 if k in self.inputs
             }
         out["stage_seconds"] = {k: round(v, 3) for k, v in self.stage_seconds.items()}

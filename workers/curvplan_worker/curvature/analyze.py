@@ -43,6 +43,7 @@ from curvplan_worker.curvature.limits import (
     cost_inputs,
     host_budget,
     largest_basis_bytes,
+    time_one_example,
 )
 from curvplan_worker.curvature.lockstep import Lockstep, Task
 from curvplan_worker.curvature.memory import (
@@ -478,6 +479,11 @@ def _analyze(
                     blocks, spectra_blocks, spectra_pairs, lockstep_plan, machine.basis_budget
                 )
                 if lockstep_plan is not None
+                else None
+            ),
+            example=(
+                time_one_example(model, objective, data.inputs, data.targets)
+                if opts.per_sample and opts.hessian_subsample > 0 and only is None
                 else None
             ),
         )

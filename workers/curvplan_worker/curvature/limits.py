@@ -273,6 +273,47 @@ def time_spectra(
     return out
 
 
+def _extend_step_ms(engine: Any, items: list, timing: dict[str, Any], n: int) -> float | None:
+    """The Lanczos iteration's own ms per product at ``n`` parameters: the line through the
+    blocks' (``time_spectra``'s ``step_ms``, smallest and largest block), never below the
+    smallest's."""
+    steps = timing.get("step_ms") or {}
+    sizes = {key: engine.layout(cols).numel for key, rows, cols in items if rows == cols}
+    points = sorted((sizes[k], steps[k]) for k in sizes if k in steps)
+    if not points:
+        return None
+    (n0, t0), (n1, t1) = points[0], points[-1]
+    slope = (t1 - t0) / (n1 - n0) if n1 > n0 else 0.0
+    return max(t0, t0 + slope * (n - n0))
+
+
+def time_one_example(model: Any, objective: Any, inputs: Any, targets: Any) -> dict[str, float]:
+    """Milliseconds of a Hessian-vector product over every parameter on the first example
+    alone, what the per-sample Hessian norms make (``per_sample.per_sample_hessian_norms``:
+    one engine per example, its first product builds the example's graph): ``first_ms`` the
+    first product, ``warm_ms`` the median of three more."""
+    import torch
+
+    from curvplan_worker.curvature.operator import CurvatureEngine
+
+    x, y = inputs[:1], targets[:1]
+    times = []
+    with CurvatureEngine(model, objective, [(x, y)]) as engine:
+        names = list(engine.names)
+        v = torch.randn(
+            engine.layout(names).numel,
+            generator=torch.Generator().manual_seed(3),
+            dtype=torch.float64,
+        )
+        for _ in range(4):
+            _synchronize(engine)
+            start = time.perf_counter()
+            engine.hvp(names, names, v)
+            _synchronize(engine)
+            times.append((time.perf_counter() - start) * 1000.0)
+    return {"first_ms": times[0], "warm_ms": sorted(times[1:])[1]}
+
+
 def cost_inputs(
     engine: Any,
     sizes: dict[str, int],
@@ -285,15 +326,25 @@ def cost_inputs(
     stages: list[str] | None,
     memory: dict[str, float],
     spectra: dict[str, Any] | None = None,
+    example: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """What the worker's cost model needs, measured here: one product's milliseconds (on the
     first block to measure, else every parameter), the blocks and pairs, the sample size, and
     with ``spectra`` (:func:`time_spectra`'s keyword arguments: ``items``, ``batched``,
-    ``vectors_per_product``, ``concurrent``) the spectra's products as they will run."""
+    ``vectors_per_product``, ``concurrent``) the spectra's products as they will run; with
+    ``example`` (:func:`time_one_example`) a one-example product, which prices the per-sample
+    Hessian norms with the Lanczos iteration's own cost at every parameter (``step_ms`` of the
+    spectra's timing, extended linearly in n)."""
     first_ms, ms = time_products(engine, probe_block or list(engine.names))
     timing = time_spectra(engine, **spectra) if spectra is not None else None
+    if example is not None and timing is not None and spectra is not None:
+        example = {
+            **example,
+            "step_ms": _extend_step_ms(engine, spectra["items"], timing, n_params),
+        }
     return {
         "spectra": timing,
+        "example": example,
         "ms_per_product": ms,
         "first_product_ms": first_ms,
         "blocks": dict(sizes),
