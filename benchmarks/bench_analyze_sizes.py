@@ -120,8 +120,15 @@ def _memory_limit(text: str | None) -> Any:
 
 
 # --------------------------------------------------------------------------- one row
-def run_row(row: str, device: str, memory_limit: str | None) -> dict[str, Any]:
-    """One default analysis in this process; its figures."""
+class _EstimateOnly(Exception):
+    """Raised at the first spectra event with ``--estimate-only``: the estimate is made."""
+
+
+def run_row(
+    row: str, device: str, memory_limit: str | None, estimate_only: bool = False
+) -> dict[str, Any]:
+    """One default analysis in this process; its figures (with ``estimate_only``: up to the
+    cost model's estimate, then stop)."""
     import torch
 
     from curvplan.types.options import MachineSettings
@@ -145,6 +152,8 @@ def run_row(row: str, device: str, memory_limit: str | None) -> dict[str, Any]:
 
         def progress(event: Any) -> None:
             seconds = eta.update(event)
+            if estimate_only and eta.estimate is not None and event.stage != "cost":
+                raise _EstimateOnly
             if not events or events[-1]["stage"] != event.stage:
                 events.append(
                     {
@@ -161,15 +170,31 @@ def run_row(row: str, device: str, memory_limit: str | None) -> dict[str, Any]:
                     flush=True,
                 )
 
-        result = analyze(
-            model,
-            checkpoint,
-            data,
-            {},
-            progress=progress,
-            machine=MachineSettings(device=device),
-            limits=limits,
-        )
+        try:
+            result = analyze(
+                model,
+                checkpoint,
+                data,
+                {},
+                progress=progress,
+                machine=MachineSettings(device=device),
+                limits=limits,
+            )
+        except _EstimateOnly:
+            record = eta.record() or {}
+            return {
+                "row": row,
+                "estimate_only": True,
+                "seconds_to_estimate": round(time.perf_counter() - t_start, 2),
+                "estimated_seconds": record.get("seconds"),
+                "estimated_products": record.get("products"),
+                "first_eta_seconds": eta.first_eta,
+                "estimate_stages": record.get("stages"),
+                "measured": record.get("measured", {}),
+                "stage_seconds": record.get("stage_seconds", {}),
+                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "threads": torch.get_num_threads(),
+            }
         wall = time.perf_counter() - t_start
     record = eta.record() or {}
     products = max((e["products"] or 0 for e in events), default=0)
@@ -280,6 +305,17 @@ def _print_row(r: dict[str, Any]) -> None:
         )
 
 
+def _print_estimate(r: dict[str, Any]) -> None:
+    stages = ", ".join(f"{s['stage']} {s['seconds']:.0f} s" for s in r.get("estimate_stages") or [])
+    seconds = r.get("estimated_seconds") or 0.0
+    print(
+        f"\n{r['row']}: estimate only, made after {r['seconds_to_estimate']:.1f} s "
+        f"({r['threads']} threads): {r.get('estimated_products') or 0:.0f} products, "
+        f"{seconds:.0f} s ({seconds / 60:.1f} min): {stages}; first ETA "
+        f"{r.get('first_eta_seconds')} s; peak RSS so far {_gib(r['peak_rss_bytes'])}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
@@ -298,10 +334,17 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu | cuda")
     parser.add_argument("--memory-limit", default=None, help="e.g. 24GiB (default: the worker's)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument(
+        "--estimate-only",
+        action="store_true",
+        help="run each row up to the cost model's estimate (load, gradient, the timed "
+        "products), print it and stop before the spectra: what a full row would take",
+    )
     parser.add_argument("--one-row", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one_row:  # the child process of one row: its figures as JSON on the last line
-        print(json.dumps(run_row(args.one_row, args.device, args.memory_limit)))
+        row = run_row(args.one_row, args.device, args.memory_limit, args.estimate_only)
+        print(json.dumps(row))
         return
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = sorted(set(rows) - set(ROWS))
@@ -313,6 +356,8 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--one-row", row, "--device", args.device]
         if args.memory_limit:
             cmd += ["--memory-limit", args.memory_limit]
+        if args.estimate_only:
+            cmd += ["--estimate-only"]
         t0 = time.perf_counter()
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if done.returncode != 0:
@@ -323,7 +368,10 @@ def main() -> None:
             continue
         r = json.loads(done.stdout.strip().splitlines()[-1])
         r["load_average_after"] = os.getloadavg()
-        _print_row(r)
+        if r.get("estimate_only"):
+            _print_estimate(r)
+        else:
+            _print_row(r)
         print(f"  load average after: {r['load_average_after']}", flush=True)
         results.append(r)
     if args.json is not None:
