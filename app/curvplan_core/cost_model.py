@@ -483,10 +483,10 @@ def depth_weights(
     A block product's second backward walks the graph between the loss and the block, so the
     i-th of B blocks gets (B − i) / B (the first, the embedding, 1; the last 1 / B); a pair the
     larger of its two blocks'. The weights are scaled so that Σ products · weight = Σ
-    products: the total is the flat prior's, only its split moves. Measured on the example and
-    the tiny GPT-2 (benchmarks/results/analyze-sizes-cpu.txt), this predicts a block's warm
-    product within a median factor 1.4 and 1.3 (at worst 3.4 and 2.6), where one flat figure
-    for every block is off by a median 1.8 and 1.4 (at worst 20 and 23)."""
+    products: the total is the flat prior's, only its split moves. Against the warm products
+    measured on the example and the tiny GPT-2 (benchmarks/results/fanout-cpu.txt, 2026-12-03)
+    this predicts a block's product within a median factor 1.16-1.26 (at worst 2.7-7.6),
+    where one figure for every block is off by a median 1.7-2.1 (at worst 19-38)."""
     names = [k for k in products if "|" not in k]
     b = max(len(names), 1)
     raw = {name: (b - i) / b for i, name in enumerate(names)}

@@ -443,8 +443,9 @@ def test_the_plan_batches_small_vectors_on_a_cpu_and_always_on_cuda(lm_case):
 
 def test_time_spectra_times_each_item_and_the_rounds_as_planned_without_counting_them():
     """``limits.time_spectra`` (the cost model's input): a product per block (rows = cols) and
-    both directions of a pair in each of three passes, and the batched backward of the first min(vectors per product,
-    concurrent, items) vectors, then of one; none counts as the analysis's products."""
+    both directions of a pair in each of three passes, and the batched backward of the first
+    min(vectors per product, concurrent, items) vectors, then of one; none counts as the
+    analysis's products."""
     from curvplan_worker.curvature.limits import time_spectra
 
     class Engine:
