@@ -349,10 +349,9 @@ def cost_inputs(
     first_ms, ms = time_products(engine, probe_block or list(engine.names))
     timing = time_spectra(engine, **spectra) if spectra is not None else None
     if example is not None and timing is not None and spectra is not None:
-        example = {
-            **example,
-            "step_ms": _extend_step_ms(engine, spectra["items"], timing, n_params),
-        }
+        step = _extend_step_ms(engine, spectra["items"], timing, n_params)
+        if step is not None:
+            example = {**example, "step_ms": step}
     return {
         "spectra": timing,
         "example": example,
