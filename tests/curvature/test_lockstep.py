@@ -454,6 +454,7 @@ def test_time_spectra_times_each_item_and_the_rounds_as_planned_without_counting
 
         def __init__(self):
             self.n_hvp, self.calls, self.batches = 7, [], []
+            self.reducer = None
 
         def layout(self, names):
             return type("L", (), {"numel": 3 * len(names)})()
@@ -495,3 +496,9 @@ def test_time_spectra_times_each_item_and_the_rounds_as_planned_without_counting
     )
     assert eng.batches == [1] * 4  # one item in flight: the round is the one-vector product
     assert "step_ms" not in out
+    # data parallel: every rank votes after each pass, so all stop after the same one
+    eng = Engine()
+    votes = []
+    eng.reducer = lambda t: votes.append(float(t[0])) or 2 * t  # two ranks, the same vote
+    time_spectra(eng, items, batched=False, vectors_per_product=1, concurrent=None)
+    assert votes == [0.0, 0.0, 0.0]

@@ -144,6 +144,20 @@ PASS_SECONDS = 20.0
 """Timing passes over the spectra's items stop once they have taken this long."""
 
 
+def _elapsed_everywhere(engine: Any, seconds: float) -> float:
+    """This rank's ``seconds``, or more than :data:`PASS_SECONDS` when any data-parallel rank
+    is past it (an all-reduce sum of the votes, ``engine.reducer``): every rank must stop its
+    timing passes after the same pass, since every product is a collective
+    (docs/numerics.md#data-parallel)."""
+    reducer = getattr(engine, "reducer", None)
+    if reducer is None:
+        return seconds
+    import torch
+
+    votes = torch.tensor([seconds > PASS_SECONDS], dtype=torch.float64, device=engine.device)
+    return PASS_SECONDS + 1.0 if float(reducer(votes)[0]) > 0 else seconds
+
+
 def _synchronize(engine: Any) -> None:
     import torch
 
@@ -243,7 +257,7 @@ def time_spectra(
                 there = timed(lambda r=rows, c=cols, v=v: engine.hvp(r, c, v))
                 back = timed(lambda r=rows, c=cols, u=u: engine.hvp(c, r, u))
                 seen[key].append((there + back) / 2.0)
-        if time.perf_counter() - started > PASS_SECONDS:
+        if _elapsed_everywhere(engine, time.perf_counter() - started) > PASS_SECONDS:
             break  # products this long average the bursts out themselves
     item_ms = {key: sorted(t)[(len(t) - 1) // 2] for key, t in seen.items()}
     out: dict[str, Any] = {
