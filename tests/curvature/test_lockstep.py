@@ -498,7 +498,12 @@ def test_time_spectra_times_each_item_and_the_rounds_as_planned_without_counting
     assert "step_ms" not in out
     # data parallel: every rank votes after each pass, so all stop after the same one
     eng = Engine()
-    votes = []
-    eng.reducer = lambda t: votes.append(float(t[0])) or 2 * t  # two ranks, the same vote
+    votes: list[float] = []
+
+    def reducer(t):  # two ranks with the same vote: the sum is twice it
+        votes.append(float(t[0]))
+        return 2 * t
+
+    eng.reducer = reducer
     time_spectra(eng, items, batched=False, vectors_per_product=1, concurrent=None)
     assert votes == [0.0, 0.0, 0.0]
