@@ -18,8 +18,9 @@ Rows (``--rows``, comma-separated):
   19.5 M parameters), random init, 8 × 128 random tokens, same goal.
 
 It prints, per row: the wall time of every engine stage, products, measured and realised
-milliseconds per product, peak RSS (and the engine's own peak), and the ETA's error (the first
-``eta_seconds`` against the time the run actually took after it).
+milliseconds per product, how the spectra were priced (each block's own warm product; the
+batched lockstep round where the plan batches), peak RSS (and the engine's own peak), and the
+ETA's error (the first ``eta_seconds`` against the time the run actually took after it).
 
     nice -n 10 python benchmarks/bench_analyze_sizes.py --rows example,tiny-gpt2
     nice -n 10 python benchmarks/bench_analyze_sizes.py --rows llama --json out.json
@@ -119,8 +120,15 @@ def _memory_limit(text: str | None) -> Any:
 
 
 # --------------------------------------------------------------------------- one row
-def run_row(row: str, device: str, memory_limit: str | None) -> dict[str, Any]:
-    """One default analysis in this process; its figures."""
+class _EstimateOnly(Exception):
+    """Raised at the first spectra event with ``--estimate-only``: the estimate is made."""
+
+
+def run_row(
+    row: str, device: str, memory_limit: str | None, estimate_only: bool = False
+) -> dict[str, Any]:
+    """One default analysis in this process; its figures (with ``estimate_only``: up to the
+    cost model's estimate, then stop)."""
     import torch
 
     from curvplan.types.options import AnalysisOptions, MachineSettings
@@ -145,6 +153,8 @@ def run_row(row: str, device: str, memory_limit: str | None) -> dict[str, Any]:
 
         def progress(event: Any) -> None:
             seconds = eta.update(event)
+            if estimate_only and eta.estimate is not None and event.stage != "cost":
+                raise _EstimateOnly
             if not events or events[-1]["stage"] != event.stage:
                 events.append(
                     {
@@ -161,15 +171,31 @@ def run_row(row: str, device: str, memory_limit: str | None) -> dict[str, Any]:
                     flush=True,
                 )
 
-        result = analyze(
-            model,
-            checkpoint,
-            data,
-            options,
-            progress=progress,
-            machine=MachineSettings(device=device),
-            limits=limits,
-        )
+        try:
+            result = analyze(
+                model,
+                checkpoint,
+                data,
+                options,
+                progress=progress,
+                machine=MachineSettings(device=device),
+                limits=limits,
+            )
+        except _EstimateOnly:
+            record = eta.record() or {}
+            return {
+                "row": row,
+                "estimate_only": True,
+                "seconds_to_estimate": round(time.perf_counter() - t_start, 2),
+                "estimated_seconds": record.get("seconds"),
+                "estimated_products": record.get("products"),
+                "first_eta_seconds": eta.first_eta,
+                "estimate_stages": record.get("stages"),
+                "measured": record.get("measured", {}),
+                "stage_seconds": record.get("stage_seconds", {}),
+                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "threads": torch.get_num_threads(),
+            }
         wall = time.perf_counter() - t_start
     record = eta.record() or {}
     products = max((e["products"] or 0 for e in events), default=0)
@@ -207,6 +233,16 @@ def run_row(row: str, device: str, memory_limit: str | None) -> dict[str, Any]:
         "micro_batch": result.get("eval_batch_size"),
         "threads": torch.get_num_threads(),
         "converged_blocks": sum(1 for b in result.get("blocks") or [] if b.get("converged")),
+        "block_products": {
+            b["name"]: (b.get("n_products"), b.get("restarts"), b.get("basis_vectors"))
+            for b in result.get("blocks") or []
+        },
+        "lockstep": (result.get("memory_plan") or {}).get("lockstep"),
+        "estimate_stages": record.get("stages"),
+        "per_sample_hessian_products": (
+            ((result.get("per_sample") or {}).get("hessian_norms") or {}).get("n_products")
+        ),
+        "measured": measured,
     }
 
 
@@ -243,6 +279,23 @@ def _print_row(r: dict[str, Any]) -> None:
         f" ({r['engine_peak_memory_source']}); limit {_gib(r['memory_limit_bytes'])} "
         f"({r['memory_limit_source']})"
     )
+    spectra = (r.get("measured") or {}).get("spectra") or {}
+    stages = {s["stage"]: s for s in r.get("estimate_stages") or []}
+    if spectra:
+        items = spectra.get("item_ms") or {}
+        lo, hi = (min(items.values()), max(items.values())) if items else (0.0, 0.0)
+        est = sum(stages[s]["seconds"] for s in ("blocks", "off_diagonal") if s in stages)
+        how = (
+            f"batched, {spectra.get('round_vectors')} vectors in "
+            f"{spectra.get('round_ms', 0):.1f} ms, 1 in {spectra.get('one_vector_ms', 0):.1f} ms"
+            if spectra.get("batched")
+            else "one product per vector"
+        )
+        print(
+            f"  spectra priced as they run ({how}): {len(items)} items timed alone, "
+            f"{lo:.2f}-{hi:.2f} ms a product; estimated {est:.1f} s, took "
+            f"{r['stage_seconds'].get('blocks', 0):.1f} s"
+        )
     if err is None:
         print("  ETA: none reported")
     else:
@@ -253,16 +306,46 @@ def _print_row(r: dict[str, Any]) -> None:
         )
 
 
+def _print_estimate(r: dict[str, Any]) -> None:
+    stages = ", ".join(f"{s['stage']} {s['seconds']:.0f} s" for s in r.get("estimate_stages") or [])
+    seconds = r.get("estimated_seconds") or 0.0
+    print(
+        f"\n{r['row']}: estimate only, made after {r['seconds_to_estimate']:.1f} s "
+        f"({r['threads']} threads): {r.get('estimated_products') or 0:.0f} products, "
+        f"{seconds:.0f} s ({seconds / 60:.1f} min): {stages}; first ETA "
+        f"{r.get('first_eta_seconds')} s; peak RSS so far {_gib(r['peak_rss_bytes'])}"
+    )
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated: {ROWS}")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=(
+            "Every row runs, the large ones too: --rows distilgpt2 and --rows llama build the "
+            "model from its config (random init, seed 0) on 8 x 128 random tokens; each takes "
+            "minutes to hours on a 2-core CPU (see benchmarks/results/analyze-sizes-cpu.txt "
+            "for the estimates), so run them on a quiet machine, e.g. "
+            "OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_analyze_sizes.py "
+            "--rows llama --memory-limit 24GiB --json out.json"
+        ),
+    )
+    parser.add_argument(
+        "--rows", default=",".join(ROWS), help=f"comma-separated, any of {ROWS} (default: all)"
+    )
     parser.add_argument("--device", default="cpu", help="cpu | cuda")
     parser.add_argument("--memory-limit", default=None, help="e.g. 24GiB (default: the worker's)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument(
+        "--estimate-only",
+        action="store_true",
+        help="run each row up to the cost model's estimate (load, gradient, the timed "
+        "products), print it and stop before the spectra: what a full row would take",
+    )
     parser.add_argument("--one-row", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one_row:  # the child process of one row: its figures as JSON on the last line
-        print(json.dumps(run_row(args.one_row, args.device, args.memory_limit)))
+        row = run_row(args.one_row, args.device, args.memory_limit, args.estimate_only)
+        print(json.dumps(row))
         return
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = sorted(set(rows) - set(ROWS))
@@ -274,6 +357,8 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--one-row", row, "--device", args.device]
         if args.memory_limit:
             cmd += ["--memory-limit", args.memory_limit]
+        if args.estimate_only:
+            cmd += ["--estimate-only"]
         t0 = time.perf_counter()
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if done.returncode != 0:
@@ -284,7 +369,10 @@ def main() -> None:
             continue
         r = json.loads(done.stdout.strip().splitlines()[-1])
         r["load_average_after"] = os.getloadavg()
-        _print_row(r)
+        if r.get("estimate_only"):
+            _print_estimate(r)
+        else:
+            _print_row(r)
         print(f"  load average after: {r['load_average_after']}", flush=True)
         results.append(r)
     if args.json is not None:

@@ -240,13 +240,19 @@ def _stage_seconds(estimate: cost_model.CostEstimate, names: Sequence[str]) -> f
 
 
 def _items(estimate: cost_model.CostEstimate, plan: BlockPlan) -> list[WorkItem]:
-    """Every block and pair as an item costed in seconds by the cost model."""
+    """Every block and pair as an item costed in seconds by the cost model: its expected
+    products at the prior ms per product × its depth weight (``cost_model.depth_weights``:
+    a block product costs more the nearer the block is to the input)."""
     ms = estimate.ms_per_product / 1000.0
     blocks = (estimate.stage("blocks") or cost_model.StageCost("blocks", 0, 0, 0)).items or {}
     pairs = (estimate.stage("off_diagonal") or cost_model.StageCost("p", 0, 0, 0)).items or {}
-    items = [WorkItem(name, blocks.get(name, 0.0) * ms) for name in plan.blocks]
+    products = {name: blocks.get(name, 0.0) for name in plan.blocks}
+    products.update({f"{r}|{c}": pairs.get(f"{r}|{c}", 0.0) for r, c, *_ in plan.pairs})
+    weight = cost_model.depth_weights(products, plan.pairs)
+    items = [WorkItem(name, products[name] * ms * weight[name]) for name in plan.blocks]
     items += [
-        WorkItem(f"{r}|{c}", pairs.get(f"{r}|{c}", 0.0) * ms, (r, c)) for r, c, *_ in plan.pairs
+        WorkItem(f"{r}|{c}", products[f"{r}|{c}"] * ms * weight[f"{r}|{c}"], (r, c))
+        for r, c, *_ in plan.pairs
     ]
     return items
 

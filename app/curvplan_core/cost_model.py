@@ -12,6 +12,9 @@ second backward through every micro-batch's graph). Each stage's work is counted
   Hutch++ products (n for a block of n ≤ trace_probes, traced exactly), plus two more
   Lanczos runs with ``ggn`` (GGN and functional parts);
 * off-diagonal σ_max: Lanczos on H_rcᵀH_rc, two products per step, rank ≤ min(n_r, n_c);
+* full model: λ_max of the whole Hessian, one Lanczos run over every parameter for the top end
+  alone (:data:`TOP_END_SHARE` of a block's steps), skipped when its float64 basis exceeds
+  :data:`FULL_MODEL_BASIS_BYTES`;
 * dense: one product per parameter (the Hessian's columns);
 * top eigenspace: one Lanczos run over all parameters;
 * per-sample and gradient-noise statistics: per-example passes, each counted as its 1/N
@@ -22,6 +25,13 @@ Seconds are products × milliseconds per product: measured by the worker before 
 else the prior :func:`prior_ms_per_product` from the FLOPs of one product (about 12 · P · T
 for P parameters and T tokens: forward 2PT, first backward 4PT, second backward through the
 first backward's graph about 6PT) at :data:`PRIOR_FLOPS_PER_SECOND`.
+
+The spectra are priced as they run (:class:`SpectraTiming`, measured by the worker before
+them): a block's product costs what a warm product on *that* block costs (a block product's
+second backward walks only the part of the graph between the loss and the block, so the
+embedding's product costs several times a late layer's), and in batched lockstep each round
+is one second backward of the vectors in flight, priced fixed + per vector
+(:func:`lockstep_item_seconds`).
 """
 
 from __future__ import annotations
@@ -62,6 +72,15 @@ log10(1/tol). Lanczos converges geometrically at the extremes (Kaniel–Paige–
 Saad 1980, "On the rates of convergence of the Lanczos and the block-Lanczos methods", SIAM
 J. Numer. Anal. 17(5)), so steps grow with the digits asked for; the constants are this
 engine's typical counts on Transformer blocks, refined at run time by the blocks measured."""
+
+TOP_END_SHARE = 0.5
+"""Prior share of a both-ends Lanczos run's steps that the top end alone needs (λ_max converges
+first). A guess: on the example and the tiny GPT-2 at tolerance 1e-3 the whole-model run made
+12 products where this prior says 25 (benchmarks/results/analyze-sizes-cpu.txt)."""
+
+FULL_MODEL_BASIS_BYTES = 4 * 2**30
+"""The whole-model Lanczos basis the engine allows (``curvature/full_model.py``,
+``FULL_BASIS_BYTES``, which a worker test checks this against): float64, n × (iterations + 1)."""
 
 FP32_CERTIFIABLE = 1e-5
 """Below this relative tolerance float32 products cannot certify the small end: such blocks
@@ -113,11 +132,18 @@ class StageCost:
     worst_products: float
     seconds: float
     items: dict[str, float] | None = None
+    item_seconds: dict[str, float] | None = None
+
+    @property
+    def ms_per_product(self) -> float | None:
+        """The stage's mean milliseconds per product (None without products)."""
+        return 1000.0 * self.seconds / self.products if self.products > 0 else None
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        if self.items is None:
-            out.pop("items")
+        for key in ("items", "item_seconds"):
+            if out[key] is None:
+                out.pop(key)
         return out
 
 
@@ -142,7 +168,8 @@ class CostEstimate:
     @property
     def worst_seconds(self) -> float:
         return self.setup_seconds + sum(
-            s.worst_products * self.ms_per_product / 1000.0 for s in self.stages
+            s.worst_products * (s.ms_per_product or self.ms_per_product) / 1000.0
+            for s in self.stages
         )
 
     def stage(self, name: str) -> StageCost | None:
@@ -249,6 +276,88 @@ def block_products(n: int, opts: CostOptions, steps: float | None = None) -> tup
     return runs * expected + trace, runs * worst + trace
 
 
+@dataclass(frozen=True)
+class SpectraTiming:
+    """How the spectra's products cost, measured by the worker before them
+    (``curvplan_worker.curvature.limits.time_spectra``).
+
+    ``item_ms``: a warm product on each block (``name``) or pair (``row|col``, the mean of its
+    two directions) alone, what one product of that item costs in the loop path and in its
+    trace and GGN runs. With ``batched`` (the lockstep's batched second backward), ``round_ms``
+    is one batched product of ``round_vectors`` vectors in flight and ``one_vector_ms`` one of
+    a single vector; at most ``vectors_per_product`` vectors go in one backward and at most
+    ``concurrent`` items run at once (None: all). ``step_ms``: the Lanczos iteration's own
+    milliseconds per product of each item (orthogonalisation, restarts, the coroutine), added
+    to each Lanczos product whichever path runs it."""
+
+    item_ms: dict[str, float] = field(default_factory=dict)
+    step_ms: dict[str, float] = field(default_factory=dict)
+    batched: bool = False
+    vectors_per_product: int = 1
+    concurrent: int | None = None
+    round_ms: float | None = None
+    round_vectors: int = 1
+    one_vector_ms: float | None = None
+
+    @classmethod
+    def from_any(cls, value: SpectraTiming | Mapping[str, Any] | None) -> SpectraTiming | None:
+        if value is None or isinstance(value, SpectraTiming):
+            return value
+        known = {k: value[k] for k in asdict(cls()) if k in value}
+        for key in ("item_ms", "step_ms"):
+            known[key] = {str(k): float(v) for k, v in (known.get(key) or {}).items()}
+        return cls(**known)
+
+    def round_cost(self) -> tuple[float, float]:
+        """(fixed, per vector) milliseconds of one batched second backward: the line through
+        the one-vector and the ``round_vectors``-vector products (proportional without the
+        one-vector figure)."""
+        v = max(int(self.round_vectors), 1)
+        full = float(self.round_ms or 0.0)
+        if v > 1 and self.one_vector_ms is not None:
+            per_vector = max(full - float(self.one_vector_ms), 0.0) / (v - 1)
+            return max(float(self.one_vector_ms) - per_vector, 0.0), per_vector
+        if v == 1 and self.one_vector_ms is not None:
+            return float(self.one_vector_ms), 0.0
+        return 0.0, full / v
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def lockstep_item_seconds(rounds: Mapping[str, float], timing: SpectraTiming) -> dict[str, float]:
+    """Seconds of each item of the batched lockstep spectra (``curvature/lockstep.py``), from
+    the products each item makes (one per round while it runs).
+
+    Items start in order while fewer than ``concurrent`` run; every round makes one product of
+    each running item in ⌈m / vectors_per_product⌉ batched backwards for m running, costing
+    ⌈m / c⌉ · fixed + m · per_vector (:meth:`SpectraTiming.round_cost`), shared equally among
+    the m; a finished item drops out and the next starts. The sum over items is the stage's
+    seconds: R rounds of m items each cost R · (⌈m / c⌉ · fixed + m · per_vector)."""
+    fixed, per_vector = timing.round_cost()
+    cap = max(int(timing.vectors_per_product), 1)
+    queue = [(k, float(r)) for k, r in rounds.items()]
+    limit = len(queue) if timing.concurrent is None else max(int(timing.concurrent), 1)
+    seconds = {k: 0.0 for k, _ in queue}
+    running: dict[str, float] = {}
+    while queue or running:
+        while queue and len(running) < limit:
+            key, left = queue.pop(0)
+            if left > 0:
+                running[key] = left
+        if not running:
+            break
+        m = len(running)
+        share = (math.ceil(m / cap) * fixed + m * per_vector) / m / 1000.0
+        step = min(running.values())  # rounds until the next item finishes
+        for key in list(running):
+            seconds[key] += step * share
+            running[key] -= step
+            if running[key] <= 1e-9:
+                del running[key]
+    return seconds
+
+
 def prior_ms_per_product(n_params: int, tokens: float) -> float:
     """Milliseconds of one product before any is measured: FLOPs / throughput (module doc)."""
     flops = PRODUCT_FLOPS_PER_PARAM_TOKEN * max(n_params, 1) * max(tokens, 1.0)
@@ -266,6 +375,8 @@ def estimate(
     ms_per_product: float | None = None,
     first_product_ms: float | None = None,
     stages: Sequence[str] | None = None,
+    spectra: SpectraTiming | Mapping[str, Any] | None = None,
+    example: Mapping[str, Any] | None = None,
 ) -> CostEstimate:
     """The cost of an analysis, stage by stage.
 
@@ -273,7 +384,11 @@ def estimate(
     n_col)`` off-diagonal pairs; ``tokens``: loss terms in the evaluation sample (examples ×
     sequence length for a language model); ``options``: analysis options (object or dict);
     ``stages``: only these stages (a fan-out child runs the spectra alone, its fan-in the
-    rest); ``ms_per_product``: measured (else :func:`prior_ms_per_product`).
+    rest); ``ms_per_product``: measured (else :func:`prior_ms_per_product`); ``spectra``: how
+    the spectra's products cost (:class:`SpectraTiming`; without it every product costs
+    ``ms_per_product``); ``example``: a product over every parameter on one example
+    (``first_ms``, building its graph, then ``warm_ms``) and the Lanczos iteration's own
+    ``step_ms`` there, which price the per-sample Hessian norms (:func:`per_sample_seconds`).
     """
     opts = CostOptions.from_options(options)
     source = "measured" if ms_per_product is not None else "prior (FLOPs)"
@@ -281,41 +396,70 @@ def estimate(
     n = max(n_examples, 1)
     out: list[StageCost] = []
 
-    def add(stage: str, products: float, worst: float, items: dict[str, float] | None = None):
+    def add(
+        stage: str,
+        products: float,
+        worst: float,
+        items: dict[str, float] | None = None,
+        item_seconds: dict[str, float] | None = None,
+        seconds: float | None = None,
+    ):
         if stages is not None and stage not in stages:
             return
         if products <= 0 and worst <= 0:
             return
-        out.append(StageCost(stage, products, worst, products * ms / 1000.0, items))
+        if seconds is None:
+            seconds = sum(item_seconds.values()) if item_seconds else products * ms / 1000.0
+        out.append(StageCost(stage, products, worst, seconds, items, item_seconds))
 
     per_block = {name: block_products(size, opts) for name, size in blocks.items()}
+    pair_expected = {
+        f"{p[0]}|{p[1]}": 2.0 * expected_lanczos_steps(min(int(p[2]), int(p[3])), opts)
+        for p in pairs
+    }
+    block_seconds, pair_seconds = _spectra_seconds(
+        {name: expected_lanczos_steps(size, opts) for name, size in blocks.items()},
+        {name: e for name, (e, _) in per_block.items()},
+        pair_expected,
+        SpectraTiming.from_any(spectra),
+        ms,
+    )
     add(
         "blocks",
         sum(e for e, _ in per_block.values()),
         sum(w for _, w in per_block.values()),
         {name: e for name, (e, _) in per_block.items()},
+        block_seconds,
     )
-    pair_expected = {
-        f"{p[0]}|{p[1]}": 2.0 * expected_lanczos_steps(min(int(p[2]), int(p[3])), opts)
-        for p in pairs
-    }
     pair_worst = sum(2.0 * step_cap(min(int(p[2]), int(p[3])), opts) for p in pairs)
-    add("off_diagonal", sum(pair_expected.values()), pair_worst, pair_expected or None)
+    add(
+        "off_diagonal", sum(pair_expected.values()), pair_worst, pair_expected or None, pair_seconds
+    )
+    whole = min(n_params, opts.max_iter)
+    if 8 * n_params * (whole + 1) <= FULL_MODEL_BASIS_BYTES:
+        top = min(float(whole), TOP_END_SHARE * expected_lanczos_steps(n_params, opts))
+        add("full_model", top, float(whole))
     if opts.dense == "on" or (opts.dense == "auto" and n_params <= opts.dense_limit):
         add("dense", float(n_params), float(n_params))
     if opts.per_sample and opts.top_d > 0:
         steps = expected_lanczos_steps(n_params, opts) + opts.top_d
         add("top_eigenspace", steps, float(min(opts.max_iter, n_params)))
-    example = 1.0 / n + PER_EXAMPLE_OVERHEAD  # one per-example product, in products
+    one = 1.0 / n + PER_EXAMPLE_OVERHEAD  # one per-example product, in products
     if opts.per_sample:
         forwards = (1 + opts.n_directions + (1 if opts.top_d else 0)) * FORWARD_SHARE
         subsample = min(opts.hessian_subsample, n)
-        hessian = subsample * min(opts.per_sample_max_iter, PER_SAMPLE_STEPS) * example
-        worst = subsample * opts.per_sample_max_iter * example
-        add("per_sample", forwards + hessian, forwards + worst)
+        hessian = subsample * min(opts.per_sample_max_iter, PER_SAMPLE_STEPS) * one
+        worst = subsample * opts.per_sample_max_iter * one
+        timed = per_sample_seconds(subsample, opts, example)
+        add(
+            "per_sample",
+            forwards + hessian,
+            forwards + worst,
+            seconds=None if timed is None else forwards * ms / 1000.0 + timed,
+        )
     if opts.gradient_noise and n >= 3:
         used = min((opts.noise_grad_examples or n) + (opts.noise_hessian_examples or 0), n)
-        work = used * NOISE_PRODUCTS_PER_EXAMPLE * example
+        work = used * NOISE_PRODUCTS_PER_EXAMPLE * one
         add("gradient_noise", work, work)
     setup = 0.0
     if first_product_ms is not None and ms_per_product is not None:
@@ -327,6 +471,82 @@ def estimate(
             f"({opts.max_iter}); 1e-3 certifies in float32"
         )
     return CostEstimate(out, ms, source, setup, notes)
+
+
+def depth_weights(
+    products: Mapping[str, float], pairs: Sequence[Sequence[Any]]
+) -> dict[str, float]:
+    """Prior relative cost of one product of each block and pair, before any is measured (the
+    fan-out's split at submission, ``analysis_plan``): ``products`` maps the blocks, in the
+    model's forward order, and the pairs (``row|col``) to their expected products.
+
+    A block product's second backward walks the graph between the loss and the block, so the
+    i-th of B blocks gets (B − i) / B (the first, the embedding, 1; the last 1 / B); a pair the
+    larger of its two blocks'. The weights are scaled so that Σ products · weight = Σ
+    products: the total is the flat prior's, only its split moves. Against the warm products
+    measured on the example and the tiny GPT-2 (benchmarks/results/fanout-cpu.txt, 2026-12-03)
+    this predicts a block's product within a median factor 1.16-1.26 (at worst 2.7-7.6),
+    where one figure for every block is off by a median 1.7-2.1 (at worst 19-38)."""
+    names = [k for k in products if "|" not in k]
+    b = max(len(names), 1)
+    raw = {name: (b - i) / b for i, name in enumerate(names)}
+    for p in pairs:
+        raw[f"{p[0]}|{p[1]}"] = max(raw.get(str(p[0]), 1.0), raw.get(str(p[1]), 1.0))
+    weighted = sum(products.get(k, 0.0) * w for k, w in raw.items())
+    total = sum(products.get(k, 0.0) for k in raw)
+    scale = total / weighted if weighted > 0 else 1.0
+    return {k: w * scale for k, w in raw.items()}
+
+
+def _spectra_seconds(
+    lanczos: Mapping[str, float],
+    block_total: Mapping[str, float],
+    pairs: Mapping[str, float],
+    timing: SpectraTiming | None,
+    ms: float,
+) -> tuple[dict[str, float] | None, dict[str, float] | None]:
+    """Seconds of each block (its Lanczos ``lanczos`` products of ``block_total``, the rest its
+    trace and GGN runs) and each pair (``pairs``, all Lanczos) at ``timing``: the loop path
+    prices every product at its item's milliseconds, the batched path the Lanczos products by
+    :func:`lockstep_item_seconds` and the rest at the item's milliseconds; each Lanczos
+    product adds its item's ``step_ms`` (the iteration's own cost). (None, None)
+    without a timing: every product at ``ms``."""
+    if timing is None:
+        return None, None
+
+    def item_ms(key: str) -> float:
+        return float(timing.item_ms.get(key, ms))
+
+    def step(key: str, products: float) -> float:  # the iteration's own cost
+        return products * float(timing.step_ms.get(key, 0.0)) / 1000.0
+
+    if timing.batched:
+        lock = lockstep_item_seconds({**lanczos, **pairs}, timing)
+        blocks = {
+            k: lock[k] + step(k, lanczos[k]) + (block_total[k] - lanczos[k]) * item_ms(k) / 1000.0
+            for k in block_total
+        }
+        return blocks or None, {k: lock[k] + step(k, pairs[k]) for k in pairs} or None
+    blocks = {k: block_total[k] * item_ms(k) / 1000.0 + step(k, lanczos[k]) for k in block_total}
+    return blocks or None, {
+        k: p * item_ms(k) / 1000.0 + step(k, p) for k, p in pairs.items()
+    } or None
+
+
+def per_sample_seconds(
+    subsample: int, opts: CostOptions, example: Mapping[str, Any] | None
+) -> float | None:
+    """Seconds of the per-sample Hessian norms from a timed one-example product: each of the
+    ``subsample`` examples runs its own Lanczos of s = min(per_sample_max_iter,
+    :data:`PER_SAMPLE_STEPS`) products on its own engine, the first building the example's
+    graph: subsample · (first + (s − 1) · warm + s · step) ms. None without the timing."""
+    if not example or example.get("warm_ms") is None:
+        return None
+    steps = float(min(opts.per_sample_max_iter, PER_SAMPLE_STEPS))
+    first = float(example.get("first_ms") or example["warm_ms"])
+    warm = float(example["warm_ms"])
+    step = float(example.get("step_ms") or 0.0)
+    return subsample * (first + (steps - 1.0) * warm + steps * step) / 1000.0
 
 
 def describe(estimate: CostEstimate) -> str:

@@ -77,6 +77,11 @@ class StageCost(_Open):
     items: dict[str, float] | None = Field(
         default=None, description="Expected products of each block or pair of the stage."
     )
+    item_seconds: dict[str, float] | None = Field(
+        default=None,
+        description="Expected seconds of each block or pair, at its own timed products "
+        "(docs/operations.md#cost-model-and-eta).",
+    )
 
 
 class CostEstimate(_Open):
@@ -156,8 +161,10 @@ class EngineMeasurements(_Open):
     cost_inputs: dict[str, Any] | None = Field(
         default=None,
         description="What the cost model was given before the spectra: one measured product "
-        "(ms_per_product, first_product_ms), the blocks and pairs, the sample's size and the "
-        "memory the smallest plan needs (docs/operations.md#cost-model-and-eta).",
+        "(ms_per_product, first_product_ms), the spectra's products as they will run "
+        "(spectra: each block's and pair's own, the Lanczos iteration's cost, the batched "
+        "round), a one-example product (example), the blocks and pairs, the sample's size "
+        "and the memory the smallest plan needs (docs/operations.md#cost-model-and-eta).",
     )
     cost_estimate: CostEstimate | None = Field(
         default=None,

@@ -128,6 +128,12 @@ def test_the_bounded_basis_is_the_spectras() -> None:
     assert cost_model.basis_vectors(38_600_000, 2 * 1024**3, 4) == 13
 
 
+def test_the_whole_model_basis_limit_is_the_engines() -> None:
+    from curvplan_worker.curvature import full_model
+
+    assert cost_model.FULL_MODEL_BASIS_BYTES == full_model.FULL_BASIS_BYTES
+
+
 def test_the_memory_plan_counts_the_bounded_basis_whatever_max_iter() -> None:
     from curvplan_worker.curvature.limits import largest_basis_bytes
 

@@ -52,13 +52,14 @@ def test_the_estimate_is_products_times_milliseconds_stage_by_stage() -> None:
         ms_per_product=4.0,
         first_product_ms=10.0,
     )
-    assert [s.stage for s in est.stages] == ["blocks", "off_diagonal"]
-    blocks, pairs = est.stages
+    assert [s.stage for s in est.stages] == ["blocks", "off_diagonal", "full_model"]
+    blocks, pairs, full = est.stages
     assert blocks.items == {"a": 65.0, "b": 65.0}
     assert blocks.seconds == pytest.approx(130 * 4.0 / 1000)
     assert pairs.products == 2 * 50.0 and pairs.worst_products == 2 * 300.0
+    assert full.products == 0.5 * 50 and full.worst_products == 300  # λ_max alone
     assert est.setup_seconds == pytest.approx(0.006)
-    assert est.seconds == pytest.approx(0.006 + (130 + 100) * 0.004)
+    assert est.seconds == pytest.approx(0.006 + (130 + 100 + 25) * 0.004)
     assert est.worst_seconds > est.seconds
     assert est.ms_source == "measured"
     # Without a measurement: the FLOPs prior, 12·P·T at 2e10 FLOP/s.
@@ -79,7 +80,7 @@ def _inputs(**extra) -> dict:
         "first_product_ms": 10.0,
         "blocks": {"a": 10_000, "b": 10_000},
         "pairs": [],
-        "n_params": 20_000,
+        "n_params": 2_000_000,  # no whole-model λ_max: its float64 basis would pass 4 GiB
         "n_examples": 8,
         "tokens": 64,
         "options": SPECTRA_ONLY.model_dump(mode="json"),  # the engine's record of them
@@ -186,3 +187,189 @@ def test_the_wait_line_prints_the_eta(seconds, words) -> None:
     assert "block spectra 2/9" in line
     assert (words in line) if words else "left" not in line
     assert display.time_left(math.nan) == ""
+
+
+# ------------------------------------------------------------------ the spectra as they run
+NO_LATER = {**OPTS, "dense": "off", "per_sample": False, "gradient_noise": False}
+
+
+def test_the_loop_spectra_price_each_block_at_its_own_product() -> None:
+    """One product per vector (the CPU loop path): block i's 50 Lanczos steps and 15 trace
+    probes at its own measured ms, a pair's 2 · 50 products at the mean of its two
+    directions; the one measured product (ms_per_product) prices only the other stages."""
+    timing = {"item_ms": {"a": 30.0, "b": 2.0, "a|b": 7.0}, "batched": False}
+    est = cost_model.estimate(
+        blocks={"a": 10_000, "b": 10_000},
+        pairs=[("a", "b", 10_000, 10_000)],
+        n_params=20_000,
+        n_examples=64,
+        tokens=64 * 32,
+        options=NO_LATER,
+        ms_per_product=50.0,
+        spectra=timing,
+    )
+    blocks, pairs = est.stage("blocks"), est.stage("off_diagonal")
+    assert blocks is not None and pairs is not None
+    assert blocks.item_seconds == pytest.approx({"a": 65 * 0.030, "b": 65 * 0.002})
+    assert blocks.seconds == pytest.approx(65 * 0.032)
+    assert blocks.ms_per_product == pytest.approx(16.0)  # (30 + 2) / 2: the blocks' mean
+    assert pairs.seconds == pytest.approx(100 * 0.007)
+    full = est.stage("full_model")  # 0.5 · 50 steps at the measured product
+    assert full is not None and full.seconds == pytest.approx(25 * 0.050)
+    assert est.seconds == pytest.approx(65 * 0.032 + 100 * 0.007 + 25 * 0.050)
+    # The iteration's own cost adds to each Lanczos product (50 of a's 65; 100 of the pair's),
+    # not to the trace probes.
+    stepped = cost_model.estimate(
+        blocks={"a": 10_000},
+        pairs=[("a", "b", 10_000, 10_000)],
+        n_params=20_000,
+        n_examples=64,
+        tokens=64,
+        options=NO_LATER,
+        ms_per_product=50.0,
+        spectra={**timing, "step_ms": {"a": 2.0, "a|b": 1.0}},
+    )
+    assert stepped.stage("blocks").seconds == pytest.approx(  # type: ignore[union-attr]
+        (65 * 30 + 50 * 2) / 1000
+    )
+    assert stepped.stage("off_diagonal").seconds == pytest.approx(  # type: ignore[union-attr]
+        100 * (7 + 1) / 1000
+    )
+    # A block the timing does not name falls back to the measured product.
+    partial = cost_model.estimate(
+        blocks={"a": 10_000, "c": 10_000},
+        pairs=[],
+        n_params=20_000,
+        n_examples=64,
+        tokens=64,
+        options=NO_LATER,
+        ms_per_product=50.0,
+        spectra=timing,
+    )
+    assert partial.stage("blocks").item_seconds == pytest.approx(  # type: ignore[union-attr]
+        {"a": 65 * 0.030, "c": 65 * 0.050}
+    )
+
+
+def test_batched_rounds_cost_fixed_plus_per_vector_while_items_drop_out() -> None:
+    """Closed form: the round cost is the line through the 1-vector (12 ms) and the 4-vector
+    (30 ms) products: 6 ms fixed + 6 ms a vector. Items of 10, 20 and 40 rounds, 2 vectors
+    a backward: 10 rounds of 3 running (2 backwards: 2·6 + 3·6 = 30 ms), 10 of 2 (one
+    backward: 6 + 2·6 = 18 ms), 20 of 1 (6 + 6 = 12 ms), each round's cost shared by the
+    items running."""
+    timing = cost_model.SpectraTiming(
+        batched=True, vectors_per_product=2, round_ms=30.0, round_vectors=4, one_vector_ms=12.0
+    )
+    assert timing.round_cost() == pytest.approx((6.0, 6.0))
+    got = cost_model.lockstep_item_seconds({"x": 10, "y": 20, "z": 40}, timing)
+    x = 10 * 30 / 3
+    y = x + 10 * 18 / 2
+    z = y + 20 * 12
+    assert got == pytest.approx({"x": x / 1000, "y": y / 1000, "z": z / 1000})
+    assert sum(got.values()) == pytest.approx((10 * 30 + 10 * 18 + 20 * 12) / 1000)
+    # At most 2 running: z starts when x is done (round 10), so rounds 10..20 run y and z
+    # (18 ms, 9 each), then z alone for its last 30 rounds (12 ms).
+    two = cost_model.lockstep_item_seconds(
+        {"x": 10, "y": 20, "z": 40},
+        cost_model.SpectraTiming(**{**timing.as_dict(), "concurrent": 2}),
+    )
+    assert two == pytest.approx(
+        {"x": 10 * 18 / 2 / 1000, "y": 20 * 18 / 2 / 1000, "z": (10 * 9 + 30 * 12) / 1000}
+    )
+
+
+def test_the_batched_estimate_prices_lanczos_in_rounds_and_traces_alone() -> None:
+    """Two blocks of 50 Lanczos steps in lockstep (one backward of both vectors, 4 ms fixed +
+    1 ms a vector: 50 rounds × 6 ms, 3 ms each a round), then each block's 15 trace probes
+    one at a time at its own product."""
+    timing = {
+        "item_ms": {"a": 10.0, "b": 20.0},
+        "batched": True,
+        "vectors_per_product": 32,
+        "round_ms": 6.0,
+        "round_vectors": 2,
+        "one_vector_ms": 5.0,
+    }
+    est = cost_model.estimate(
+        blocks={"a": 10_000, "b": 10_000},
+        pairs=[],
+        n_params=20_000,
+        n_examples=64,
+        tokens=64,
+        options=NO_LATER,
+        ms_per_product=8.0,
+        spectra=timing,
+        stages=["blocks"],
+    )
+    blocks = est.stage("blocks")
+    assert blocks is not None
+    assert blocks.item_seconds == pytest.approx(
+        {"a": (50 * 3 + 15 * 10) / 1000, "b": (50 * 3 + 15 * 20) / 1000}
+    )
+    assert est.seconds == pytest.approx((50 * 6 + 15 * 30) / 1000)
+
+
+def test_the_first_eta_and_its_countdown_use_the_spectra_pricing() -> None:
+    """The first ETA is the spectra as timed (not the one product × every product); while
+    they run, the pace seen against that prior scales what is left and the later stages."""
+    clock = [0.0]
+    eta = EtaTracker(None, AnalysisOptions(), clock=lambda: clock[0])
+    timing = {"item_ms": {"a": 30.0, "b": 2.0}, "batched": False}
+    options = {**OPTS, "per_sample": False, "dense": "off"}  # gradient noise after the spectra
+    inputs = _inputs(spectra=timing, options=options, n_params=20_000)
+    first = eta.update(_event("cost", 0, cost=inputs))
+    est = eta.estimate
+    assert est is not None
+    noise = est.stage("gradient_noise")
+    full = est.stage("full_model")
+    assert noise is not None and full is not None
+    spectra = 65 * (0.030 + 0.002)  # 2.08 s, where 130 products × 10 ms would say 1.3 s
+    assert first == pytest.approx(spectra + full.seconds + noise.seconds, abs=0.05)
+    eta.update(_event("blocks", 0))
+    # 65 products in 2.08 s: twice the prior's 16 ms mean, so 65 products are left at 32 ms
+    # and the later stages take twice their estimate.
+    clock[0] += 65 * 0.032
+    left = eta.update(_event("blocks", 65))
+    assert left == pytest.approx(65 * 0.032 + 2 * (full.seconds + noise.seconds), abs=0.05)
+    record = eta.record()
+    assert record is not None and record["measured"]["spectra"] == timing
+
+
+def test_depth_weights_rank_blocks_from_the_input_and_keep_the_total() -> None:
+    """Three blocks in forward order: raw weights 3/3, 2/3, 1/3; the pair (a, c) the larger,
+    1. Scaled so that Σ products · weight = Σ products."""
+    products = {"a": 10.0, "b": 10.0, "c": 10.0, "a|c": 20.0}
+    got = cost_model.depth_weights(products, [("a", "c", 5, 5)])
+    # Σ products·raw = 10 + 10·2/3 + 10/3 + 20 = 40 against Σ products = 50
+    scale = 50 / 40
+    assert got == pytest.approx({"a": scale, "b": scale * 2 / 3, "c": scale / 3, "a|c": scale})
+    assert sum(products[k] * w for k, w in got.items()) == pytest.approx(sum(products.values()))
+
+
+def test_the_per_sample_norms_are_priced_from_one_timed_example() -> None:
+    """8 examples × (the first product 20 ms + 39 warm ones at 5 ms + 40 Lanczos steps at
+    2 ms) = 8 · 295 ms, plus the 9 forwards at a third of the measured product."""
+    options = {**OPTS, "dense": "off", "gradient_noise": False, "hessian_subsample": 8}
+    est = cost_model.estimate(
+        blocks={},
+        pairs=[],
+        n_params=2_000_000,
+        n_examples=64,
+        tokens=64,
+        options=options,
+        ms_per_product=30.0,
+        example={"first_ms": 20.0, "warm_ms": 5.0, "step_ms": 2.0},
+    )
+    per_sample = est.stage("per_sample")
+    assert per_sample is not None
+    assert per_sample.seconds == pytest.approx(8 * (20 + 39 * 5 + 40 * 2) / 1000 + 9 / 3 * 0.030)
+    untimed = cost_model.estimate(
+        blocks={},
+        pairs=[],
+        n_params=2_000_000,
+        n_examples=64,
+        tokens=64,
+        options=options,
+        ms_per_product=30.0,
+    ).stage("per_sample")
+    assert untimed is not None and untimed.seconds == pytest.approx(untimed.products * 0.030)

@@ -197,9 +197,19 @@ def test_the_cost_estimate_is_recorded_stage_by_stage(
     measured = done["result"]["measurements"]
     estimate = measured["cost_estimate"]
     assert estimate["ms_source"] == "measured" and estimate["ms_per_product"] > 0
-    assert [s["stage"] for s in estimate["stages"]] == ["blocks"]
+    assert [s["stage"] for s in estimate["stages"]] == ["blocks", "full_model"]
     blocks = estimate["stages"][0]
     assert set(blocks["items"]) == {"layers.0.q", "head"}
+    # each block priced at its own warm product, timed before the spectra, and each of its
+    # Lanczos products (all but the 20 trace probes) also at the iteration's own cost
+    timing = measured["cost_inputs"]["spectra"]
+    assert set(timing["item_ms"]) == set(timing["step_ms"]) == {"layers.0.q", "head"}
+    assert blocks["item_seconds"] == pytest.approx(
+        {
+            k: (p * timing["item_ms"][k] + (p - 20) * timing["step_ms"][k]) / 1000
+            for k, p in blocks["items"].items()
+        }
+    )
     # Prior products of a block: its Lanczos run (at most max_iter) plus the 20 trace probes.
     assert 20 < blocks["products"] <= 2 * (80 + 20) == blocks["worst_products"]
     actual = sum(b["n_products"] for b in measured["blocks"])

@@ -394,6 +394,12 @@ def test_analyze_runs_its_blocks_and_pairs_in_lockstep_and_matches_the_dense_ora
     assert lockstep["backwards"] < lockstep["products"]
     assert lockstep["plan"]["concurrent"] == 4 and lockstep["plan"]["fits"]
     assert set(result["memory_plan"]["stages"]) == {"per_sample", "gradient_noise"}
+    # the cost model timed the spectra as they ran: each item alone, then the batched round
+    # of the 4 vectors in flight (docs/operations.md#cost-model-and-eta)
+    timing = result["cost_inputs"]["spectra"]
+    assert set(timing["item_ms"]) == {*options["blocks"], "layers.0.q|head"}
+    assert timing["batched"] and timing["round_vectors"] == 4
+    assert timing["round_ms"] > 0 and timing["one_vector_ms"] > 0
     hessian = oracle_hessian(model, objective_for(TINY_CLASSIFIER_SPEC), x, y)
     offsets, start = {}, 0
     for name, p in model.named_parameters():
@@ -433,3 +439,71 @@ def test_the_plan_batches_small_vectors_on_a_cpu_and_always_on_cuda(lm_case):
         and "one product per block" in (big.batched_reason)
     )
     assert plan_lockstep(plan, [1, 1, 1], n_big, 8, None, device_type="cuda").batched
+
+
+def test_time_spectra_times_each_item_and_the_rounds_as_planned_without_counting_them():
+    """``limits.time_spectra`` (the cost model's input): a product per block (rows = cols) and
+    both directions of a pair in each of three passes, and the batched backward of the first
+    min(vectors per product, concurrent, items) vectors, then of one; none counts as the
+    analysis's products."""
+    from curvplan_worker.curvature.limits import time_spectra
+
+    class Engine:
+        device = torch.device("cpu")
+        dtype = torch.float32
+
+        def __init__(self):
+            self.n_hvp, self.calls, self.batches = 7, [], []
+            self.reducer = None
+
+        def layout(self, names):
+            return type("L", (), {"numel": 3 * len(names)})()
+
+        def hvp(self, rows, cols, v):
+            self.calls.append((tuple(rows), tuple(cols), v.numel()))
+            self.n_hvp += 1
+            return v
+
+        def multi_hvp(self, requests):
+            self.batches.append(len(requests))
+            self.n_hvp += len(requests)
+            return [v for _, _, v in requests]
+
+    items = [("a", ["a"], ["a"]), ("b", ["b1", "b2"], ["b1", "b2"]), ("a|b", ["a"], ["b1", "b2"])]
+    eng = Engine()
+    out = time_spectra(eng, items, batched=False, vectors_per_product=1, concurrent=None)
+    assert set(out["item_ms"]) == {"a", "b", "a|b"} and not out["batched"]
+    one_pass = [
+        (("a",), ("a",), 3),
+        (("b1", "b2"), ("b1", "b2"), 6),
+        (("a",), ("b1", "b2"), 6),
+        (("b1", "b2"), ("a",), 3),
+    ]
+    assert eng.calls == one_pass * 3  # three passes over every item, the median of each
+    assert eng.batches == [] and eng.n_hvp == 7
+    # the iteration's own cost, per product: a pair makes two products a Lanczos step
+    steps = out["step_ms"]
+    assert set(steps) == {"a", "b", "a|b"} and min(steps.values()) > 0
+    assert steps["a|b"] == pytest.approx(steps["b"] / 2)  # the same operator size, 6
+    eng = Engine()
+    out = time_spectra(eng, items, batched=True, vectors_per_product=2, concurrent=None)
+    assert out["round_vectors"] == 2 and out["batched"]
+    assert eng.batches == [2] * 4 + [1] * 4  # one warm-up, then the median of three
+    assert eng.n_hvp == 7
+    eng = Engine()
+    out = time_spectra(
+        eng, items, batched=True, vectors_per_product=32, concurrent=1, step_overhead=False
+    )
+    assert eng.batches == [1] * 4  # one item in flight: the round is the one-vector product
+    assert "step_ms" not in out
+    # data parallel: every rank votes after each pass, so all stop after the same one
+    eng = Engine()
+    votes: list[float] = []
+
+    def reducer(t):  # two ranks with the same vote: the sum is twice it
+        votes.append(float(t[0]))
+        return 2 * t
+
+    eng.reducer = reducer
+    time_spectra(eng, items, batched=False, vectors_per_product=1, concurrent=None)
+    assert votes == [0.0, 0.0, 0.0]

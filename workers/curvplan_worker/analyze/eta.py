@@ -6,7 +6,10 @@ stage estimate with the torch-free cost model (``curvplan_core.cost_model``), fa
 at once with ``over-time-limit`` when the estimate exceeds the time the worker allows, and then
 gives every progress report an ``eta_seconds``: the stages not yet run at the measured speed,
 plus what is left of the current one, refined as the spectra go (the prior products the stage
-has not yet made, and the milliseconds per product actually seen).
+has not yet made, and the milliseconds per product actually seen). The spectra are priced as
+they run (``cost_model.SpectraTiming``: each block's own warm product, and the batched
+lockstep rounds where the plan batches); while they run, the pace they show against that
+prior scales the later stages too.
 
 The spectra run in lockstep (``curvature/lockstep.py``): every block and off-diagonal pair
 advances in the ``blocks`` stage at once, and a ``blocks`` event naming a ``block`` (a block
@@ -27,7 +30,15 @@ from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobError
 
 #: Engine stages in the order ``analyze`` runs them (``curvature.analyze.ProgressEvent``).
-ORDER = ("blocks", "off_diagonal", "dense", "top_eigenspace", "per_sample", "gradient_noise")
+ORDER = (
+    "blocks",
+    "off_diagonal",
+    "full_model",
+    "dense",
+    "top_eigenspace",
+    "per_sample",
+    "gradient_noise",
+)
 
 
 class EtaTracker:
@@ -88,6 +99,8 @@ class EtaTracker:
             ms_per_product=inputs.get("ms_per_product"),
             first_product_ms=inputs.get("first_product_ms"),
             stages=inputs.get("stages"),
+            spectra=inputs.get("spectra"),
+            example=inputs.get("example"),
         )
         self._admit(self.estimate)
 
@@ -105,14 +118,26 @@ class EtaTracker:
         )
 
     # ----------------------------------------------------------------------- the ETA
-    def _ms(self, stage: str, now: float, products: int | None) -> float:
-        """Milliseconds per product: what this stage shows so far, else the measured one."""
+    def _prior_ms(self, stage: str) -> float:
+        """The estimate's milliseconds per product of ``stage`` (the lockstep spectra: the
+        blocks' and pairs' together), else the one measured product's."""
         assert self.estimate is not None
+        names = ("blocks", "off_diagonal") if stage in ("blocks", "off_diagonal") else (stage,)
+        costs = [c for n in names if (c := self.estimate.stage(n)) is not None]
+        products = sum(c.products for c in costs)
+        if products > 0:
+            return 1000.0 * sum(c.seconds for c in costs) / products
+        return self.estimate.ms_per_product
+
+    def _ms(self, stage: str, now: float, products: int | None) -> tuple[float, float]:
+        """(milliseconds per product this stage shows so far, else its prior; the prior)."""
+        assert self.estimate is not None
+        prior = self._prior_ms(stage)
         done = (products or 0) - self.stage_products_at_start
         elapsed = now - self.stage_started
         if stage in ("blocks", "off_diagonal", "dense") and done >= 5 and elapsed > 0:
-            return 1000.0 * elapsed / done
-        return self.estimate.ms_per_product
+            return 1000.0 * elapsed / done, prior
+        return prior, prior
 
     def _spectra_items(self) -> dict[str, float]:
         """Prior products of every block and pair the lockstep spectra run."""
@@ -137,8 +162,8 @@ class EtaTracker:
         current = event.stage
         if current in ("bounds", "done"):
             return 0.0
-        ms = self._ms(current, now, products)
-        scale = ms / self.estimate.ms_per_product if self.estimate.ms_per_product else 1.0
+        ms, prior = self._ms(current, now, products)
+        scale = ms / prior if prior > 0 else 1.0  # the stage's pace against its prior
         later = ORDER[ORDER.index(current) + 1 :] if current in ORDER else ORDER
         if current == "blocks":  # the pairs run inside the blocks stage (lockstep)
             later = tuple(s for s in later if s != "off_diagonal")
@@ -160,7 +185,14 @@ class EtaTracker:
         if self.inputs is not None:
             out["measured"] = {
                 k: self.inputs.get(k)
-                for k in ("ms_per_product", "first_product_ms", "memory", "micro_batch")
+                for k in (
+                    "ms_per_product",
+                    "first_product_ms",
+                    "memory",
+                    "micro_batch",
+                    "spectra",
+                    "example",
+                )
                 if k in self.inputs
             }
         out["stage_seconds"] = {k: round(v, 3) for k, v in self.stage_seconds.items()}

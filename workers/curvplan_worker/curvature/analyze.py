@@ -43,9 +43,11 @@ from curvplan_worker.curvature.limits import (
     cost_inputs,
     host_budget,
     largest_basis_bytes,
+    time_one_example,
 )
 from curvplan_worker.curvature.lockstep import Lockstep, Task
 from curvplan_worker.curvature.memory import (
+    LockstepPlan,
     OutOfDeviceMemory,
     agree_lockstep,
     default_budget,
@@ -445,8 +447,20 @@ def _analyze(
         memory = check_fits(limits, engine.per_example_bytes or 0.0, basis) or {}
         stages = ["blocks", "off_diagonal"] if only is not None else None
         if measured is not None:
-            stages = ["dense", "top_eigenspace", "per_sample", "gradient_noise"]
+            stages = ["full_model", "dense", "top_eigenspace", "per_sample", "gradient_noise"]
         probe = blocks[next(iter(sizes))] if sizes else None
+        # the spectra's lockstep plan, made once: the cost model times its products as run
+        spectra_blocks = (
+            {}
+            if measured is not None
+            else {name: blocks[name] for name in (only.blocks if only is not None else blocks)}
+        )
+        spectra_pairs = [] if measured is not None else list(cost_pairs)
+        lockstep_plan = (
+            _lockstep_plan(engine, blocks, spectra_blocks, spectra_pairs, opts, machine)
+            if spectra_blocks or spectra_pairs
+            else None
+        )
         result["cost_inputs"] = cost_inputs(
             engine,
             sizes,
@@ -460,6 +474,18 @@ def _analyze(
             tokens=float(engine.total_count),
             stages=stages,
             memory=memory,
+            spectra=(
+                _spectra_timing(
+                    blocks, spectra_blocks, spectra_pairs, lockstep_plan, machine.basis_budget
+                )
+                if lockstep_plan is not None
+                else None
+            ),
+            example=(
+                time_one_example(model, objective, data.inputs, data.targets)
+                if opts.per_sample and opts.hessian_subsample > 0 and only is None
+                else None
+            ),
         )
         report(
             0.05, "cost", "one product measured: estimating the stages", cost=result["cost_inputs"]
@@ -468,7 +494,7 @@ def _analyze(
             wanted = {name: blocks[name] for name in _known(only.blocks, blocks, "blocks")}
             _known([x for p in only.pairs for x in p], blocks, "off_diagonal")
             result["blocks"], result["off_diagonal"], result["memory_plan"]["lockstep"] = _spectra(
-                engine, blocks, wanted, list(only.pairs), opts, report, machine
+                engine, blocks, wanted, list(only.pairs), opts, report, machine, lockstep_plan
             )
             engine.release_graph()
             result["memory_plan"].update(
@@ -494,7 +520,7 @@ def _analyze(
             )
         else:
             result["blocks"], result["off_diagonal"], result["memory_plan"]["lockstep"] = _spectra(
-                engine, blocks, blocks, pairs, opts, report, machine
+                engine, blocks, blocks, pairs, opts, report, machine, lockstep_plan
             )
         report(0.71, "full_model", "λ_max of the whole-model Hessian (one Lanczos)")
         result["full_model"] = full_model_lambda_max(
@@ -604,49 +630,30 @@ def plan_blocks(
     return BlockPlan(blocks=sizes, pairs=pairs)
 
 
-def _spectra(
-    engine, all_blocks, blocks, pairs, opts, report, machine
-) -> tuple[list[dict], list[dict], dict[str, Any]]:
-    """Block spectra and off-diagonal σ_max, all advancing in lockstep (``lockstep.py``:
-    one batched second backward per round, chunked to the memory plan), then each block's
-    trace and GGN parts from its own generator. Returns (block records, pair records, the
-    lockstep record: the plan and what the run did)."""
+def _task_bytes(engine, all_blocks, blocks, pairs, opts, machine) -> list[int]:
+    """The bounded basis bytes of every lockstep task: the blocks, then the pairs."""
     itemsize = torch.empty((), dtype=basis_dtype(engine.dtype)).element_size()
-    generators = {name: derived_generator(opts.seed, block_key(name)) for name in blocks}
-    sizes = {name: engine.layout(members).numel for name, members in all_blocks.items()}
-    tasks: list[Task] = []
     wanted = max(1, opts.top_k) + 1  # the top-k (at least λ_max) and λ_min
-    for name, members in blocks.items():
-        n = sizes[name]
-        steps = block_steps(
-            engine,
-            members,
-            generator=generators[name],
-            tol=opts.tolerance,
-            max_iter=opts.max_iter,
-            top_k=opts.top_k,
-            floor=opts.residual_floor,
-            basis_budget=machine.basis_budget,
+    out = []
+    for name in blocks:
+        n = engine.layout(all_blocks[name]).numel
+        out.append(
+            basis_bytes(n, basis_vectors(n, machine.basis_budget, itemsize, wanted), itemsize)
         )
-        vectors = basis_vectors(n, machine.basis_budget, itemsize, wanted)
-        tasks.append(Task(block_key(name), steps, basis_bytes(n, vectors, itemsize)))
-    for row, col in pairs:
-        n = sizes[col]
-        steps = pair_steps(
-            engine,
-            all_blocks[row],
-            all_blocks[col],
-            generator=derived_generator(opts.seed, pair_key(row, col)),
-            tol=opts.tolerance,
-            max_iter=opts.max_iter,
-            basis_budget=machine.basis_budget,
-        )
-        vectors = basis_vectors(n, machine.basis_budget, itemsize, 1)
-        tasks.append(Task(pair_key(row, col), steps, basis_bytes(n, vectors, itemsize)))
+    for _, col in pairs:
+        n = engine.layout(all_blocks[col]).numel
+        out.append(basis_bytes(n, basis_vectors(n, machine.basis_budget, itemsize, 1), itemsize))
+    return out
+
+
+def _lockstep_plan(engine, all_blocks, blocks, pairs, opts, machine) -> LockstepPlan:
+    """The lockstep's concurrency, vectors per product and batching (``memory.plan_lockstep``;
+    agreed over the ranks of a data-parallel group: a collective every rank calls)."""
+    itemsize = torch.empty((), dtype=basis_dtype(engine.dtype)).element_size()
+    task_bytes = _task_bytes(engine, all_blocks, blocks, pairs, opts, machine)
     used = [*blocks, *(x for pair in pairs for x in pair)]
     bases = engine.layout([m for name in dict.fromkeys(used) for m in all_blocks[name]]).bases
     n_union = sum(engine.params[b].numel() for b in bases)
-    task_bytes = [t.basis_bytes for t in tasks]
     plan = plan_lockstep(
         engine.memory_plan,
         task_bytes,
@@ -657,6 +664,61 @@ def _spectra(
     )
     if engine.reducer is not None:  # every rank makes the same batched products
         plan = agree_lockstep(plan, task_bytes, engine.reducer, engine.device)
+    return plan
+
+
+def _spectra_timing(
+    all_blocks, blocks, pairs, plan: LockstepPlan, basis_budget: int | None
+) -> dict[str, Any]:
+    """``limits.time_spectra``'s arguments: the lockstep's items in its order, and its plan."""
+    items = [(name, list(all_blocks[name]), list(all_blocks[name])) for name in blocks]
+    items += [(f"{r}|{c}", list(all_blocks[r]), list(all_blocks[c])) for r, c in pairs]
+    return {
+        "items": items,
+        "batched": plan.batched,
+        "vectors_per_product": plan.vectors_per_product,
+        "concurrent": None if plan.concurrent >= plan.n_tasks else plan.concurrent,
+        "basis_budget": basis_budget,
+    }
+
+
+def _spectra(
+    engine, all_blocks, blocks, pairs, opts, report, machine, plan=None
+) -> tuple[list[dict], list[dict], dict[str, Any]]:
+    """Block spectra and off-diagonal σ_max, all advancing in lockstep (``lockstep.py``:
+    one batched second backward per round, chunked to the memory plan), then each block's
+    trace and GGN parts from its own generator. Returns (block records, pair records, the
+    lockstep record: the plan and what the run did). ``plan``: the lockstep plan when the
+    cost model already made it (:func:`_lockstep_plan`)."""
+    generators = {name: derived_generator(opts.seed, block_key(name)) for name in blocks}
+    sizes = {name: engine.layout(members).numel for name, members in all_blocks.items()}
+    tasks: list[Task] = []
+    task_bytes = _task_bytes(engine, all_blocks, blocks, pairs, opts, machine)
+    for (name, members), bytes_ in zip(blocks.items(), task_bytes, strict=False):
+        steps = block_steps(
+            engine,
+            members,
+            generator=generators[name],
+            tol=opts.tolerance,
+            max_iter=opts.max_iter,
+            top_k=opts.top_k,
+            floor=opts.residual_floor,
+            basis_budget=machine.basis_budget,
+        )
+        tasks.append(Task(block_key(name), steps, bytes_))
+    for (row, col), bytes_ in zip(pairs, task_bytes[len(blocks) :], strict=True):
+        steps = pair_steps(
+            engine,
+            all_blocks[row],
+            all_blocks[col],
+            generator=derived_generator(opts.seed, pair_key(row, col)),
+            tol=opts.tolerance,
+            max_iter=opts.max_iter,
+            basis_budget=machine.basis_budget,
+        )
+        tasks.append(Task(pair_key(row, col), steps, bytes_))
+    if plan is None:
+        plan = _lockstep_plan(engine, all_blocks, blocks, pairs, opts, machine)
     n_blocks, n_tasks = len(blocks), len(tasks)
     if tasks:
         report(
