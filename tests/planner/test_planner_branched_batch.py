@@ -155,13 +155,10 @@ def _branched(points: list[BranchedBatchPoint]) -> dict:
     }
 
 
-def test_the_branch_sweep_leads_budget_batch_and_a_batch_sweep_gives_its_steps() -> None:
-    steps = [{"batch_size": b, "steps": 40.0 * (1 + 20.0 / b)} for b in (4, 8, 16, 32, 64)]
+def test_a_branch_sweep_alone_leads_budget_batch() -> None:
     branched = _branched([_point(50, 16), _point(10, 8, "at_most"), _point(200, 32)])
     rec = make_plan(
-        Measurements.model_validate(
-            {"branched_critical_batch": branched, "steps_to_target": steps, "tokens_per_example": 6}
-        ),
+        Measurements.model_validate({"branched_critical_batch": branched, "tokens_per_example": 6}),
         Targets(target_loss=1.0),
     )
     batch = rec.budget.batch
@@ -175,11 +172,36 @@ def test_the_branch_sweep_leads_budget_batch_and_a_batch_sweep_gives_its_steps()
     ]
     assert batch.critical_formula.startswith("budget.branched_cbs: ")
     assert "Merrill et al. 2025" in batch.basis and "ε = 0.01" in batch.basis
-    b_crit = rec.batch_size.b_crit  # the batch sweep's fit stays in its section …
-    assert batch.expected_steps == pytest.approx(b_crit.s_min * (1 + b_crit.value / 32))
+    assert batch.expected_steps is None  # S_min needs a batch sweep
+
+
+def test_a_batch_sweep_leads_over_a_branch_sweep_whose_schedule_rides_along() -> None:
+    """The order the predictive benchmark decided (BATCH_SOURCE_ORDER): the batch sweep's
+    B_crit predicted the brute-force B_crit, the branch sweep's CBS did not."""
+    steps = [{"batch_size": b, "steps": 40.0 * (1 + 20.0 / b)} for b in (4, 8, 16, 32, 64)]
+    branched = _branched([_point(50, 16), _point(10, 8, "at_most"), _point(200, 32)])
+    rec = make_plan(
+        Measurements.model_validate(
+            {"branched_critical_batch": branched, "steps_to_target": steps, "tokens_per_example": 6}
+        ),
+        Targets(target_loss=1.0),
+    )
+    batch = rec.budget.batch
+    assert batch.source == "batch_sweep"
+    b_crit = rec.batch_size.b_crit
+    assert batch.critical == pytest.approx(b_crit.value) == pytest.approx(20.0, rel=1e-6)
+    assert batch.recommended == 16  # the power of two nearest B_crit 20
+    assert batch.expected_steps is not None
+    assert [(s.from_step, s.batch_size) for s in batch.warmup_schedule] == [
+        (10, 8),
+        (50, 16),
+        (200, 32),
+    ]
+    assert any("does not lead" in w and "branch sweep" in w for w in rec.budget.warnings)
     without = make_plan(Measurements(steps_to_target=steps), Targets(target_loss=1.0))
-    assert without.budget.batch.source == "batch_sweep"  # … and leads without a branch sweep
+    assert without.budget.batch.source == "batch_sweep"
     assert without.budget.batch.warmup_schedule == []
+    assert without.budget.batch.critical == pytest.approx(batch.critical)
 
 
 def test_a_cbs_at_the_edge_of_the_sweep_warns_with_its_bracket() -> None:

@@ -442,30 +442,75 @@ def _trend_at_target(
     return math.exp(center), ci, which
 
 
+#: Which source leads budget.batch, in order (docs/budget.md#which-source-leads). Decided by
+#: the predictive benchmark against a brute-force B_crit on real text (2 seeds, pooled fit
+#: 21.5; ``benchmarks/results/predictive-full-20261203-0659-full-r25b.md``): the batch sweep's
+#: B_crit 28.7 (1.33×) and the noise-scale trend 21.9 (1.02×) predict it; the branch sweep's
+#: CBS (ε = 0.01, 163,840-token window) said 8 (0.37×) at every checkpoint, its ε-crossing 8 and
+#: its efficiency fit 34–87 (1.6–4.1×). The branch sweep leads only when nothing else is given,
+#: and its warm-up schedule and estimates are always reported beside the lead.
+BATCH_SOURCE_ORDER: tuple[str, ...] = ("batch_sweep", "noise_scale_trend", "branch_sweep")
+
+
 def build_batch(
     measurements: Measurements, targets: Targets, batch: BatchSizeSection | object
 ) -> tuple[BudgetBatch, list[str]]:
-    """budget.batch: a branch sweep's critical batch leads, else the batch sweep's B_crit,
-    else the noise-scale trend at the target loss, else nothing (docs/budget.md)."""
+    """budget.batch from the first available source of ``BATCH_SOURCE_ORDER``: the batch
+    sweep's B_crit, else the noise-scale trend at the target loss, else a branch sweep's
+    critical batch, else nothing (docs/budget.md). A branch sweep that does not lead still
+    gives its warm-up schedule and its estimates."""
     warnings: list[str] = []
     tokens = _tokens_per_example(measurements)
     bcrit = batch.b_crit if isinstance(batch, BatchSizeSection) else None
     branched = getattr(measurements, "branched_critical_batch", None)
-    if branched is not None:  # a direct measurement leads (docs/budget.md#branch-sweep)
-        return branch_budget_batch(
+    from_branch: tuple[BudgetBatch, list[str]] | None = None
+    if branched is not None:
+        from_branch = branch_budget_batch(
             branched,
             target_loss=targets.target_loss,
             tokens_per_example=tokens,
             batch_sweep=bcrit if isinstance(bcrit, BCrit) else None,
             expected_steps_formula=STEPS_FORMULA,
         )
+    answer = _batch_without_branch(measurements, targets, bcrit, tokens, warnings)
+    if from_branch is None:
+        return answer, warnings
+    branch_answer, branch_warnings = from_branch
+    if answer.source == "not_available":
+        return branch_answer, branch_warnings
+    crit = branch_answer.critical
+    warnings.append(
+        f"batch: the branch sweep's critical batch {'—' if crit is None else f'{crit:.4g}'} "
+        f"({branch_answer.critical_method}) does not lead; the {answer.source.replace('_', ' ')} "
+        "does, as the predictive benchmark decided (docs/budget.md#which-source-leads); the "
+        "branch sweep's warm-up schedule and estimates are in budget.batch"
+    )
+    return (
+        answer.model_copy(
+            update={
+                "warmup_schedule": branch_answer.warmup_schedule,
+                "branch_estimates": branch_answer.branch_estimates,
+            }
+        ),
+        warnings,
+    )
+
+
+def _batch_without_branch(
+    measurements: Measurements,
+    targets: Targets,
+    bcrit: object,
+    tokens: float | None,
+    warnings: list[str],
+) -> BudgetBatch:
+    """budget.batch from the batch sweep, else the noise-scale trend, else not_available."""
     if isinstance(bcrit, BCrit) and getattr(bcrit, "unit", "examples") == "examples":
         swept = measurements.steps_to_target_loss
-        return _batch_from_sweep(bcrit, tokens, targets, swept, warnings), warnings
+        return _batch_from_sweep(bcrit, tokens, targets, swept, warnings)
     trend = list(getattr(measurements, "gradient_noise_trend", None) or [])
     found = _trend_at_target(trend, targets.target_loss, targets.confidence) if trend else None
     if isinstance(found, tuple):
-        return _batch_from_trend(found, trend, tokens, targets, warnings), warnings
+        return _batch_from_trend(found, trend, tokens, targets, warnings)
     if trend or measurements.gradient_noise is not None:
         reason = (
             found
@@ -483,17 +528,14 @@ def build_batch(
         )
     if isinstance(bcrit, BCrit):
         reason = "B_crit is in tokens and tokens_per_example is unknown; " + reason
-    return (
-        BudgetBatch(
-            recommended=None,
-            critical=None,
-            tokens_per_example=tokens,
-            source="not_available",
-            basis="not available",
-            target_loss=targets.target_loss,
-            reason=reason,
-        ),
-        warnings,
+    return BudgetBatch(
+        recommended=None,
+        critical=None,
+        tokens_per_example=tokens,
+        source="not_available",
+        basis="not available",
+        target_loss=targets.target_loss,
+        reason=reason,
     )
 
 
