@@ -99,10 +99,10 @@ def fit_steps_to_target(
     k-choice repeated (``steps_interval.profile_intervals``; seeded by ``seed``; 0 tables: the
     F(1, n − 3) threshold). Their ends may be open (B_crit's upper end inf) when the data
     cannot bound B_crit; a fit whose B_crit runs to the edge of the search range is then
-    returned with ``unbounded`` set instead of refused. Method "variance_function" (the
-    previous default): θ ± t_{n−3}·se with the HC3 sandwich of the weighted
-    problem (√W J, √W r; MacKinnon & White 1985, ``robust_covariance``): the chosen k is often
-    wrong with 5–7 points (additive noise read as multiplicative), and the model-based
+    returned with ``unbounded`` set instead of refused (with 3 or more batch sizes). Method
+    "variance_function" (the previous default): θ ± t_{n−3}·se with the HC3 sandwich of the
+    weighted problem (√W J, √W r; MacKinnon & White 1985, ``robust_covariance``): the chosen k
+    is often wrong with 5–7 points (additive noise read as multiplicative), and the model-based
     s_w²(JᵀWJ)⁻¹ then covered 0.91 at nominal 0.95; one degree of freedom is spent on k (with
     3 points: k = 1, s²(JᵀJ)⁻¹ and t_{n−2}); mapped through exp; E_min = B_crit·S_min with
     its log-variance from the same covariance. "gls_model": the same fit with the model-based
@@ -163,7 +163,7 @@ def fit_steps_to_target(
         if chosen is not None:
             _, exponent, theta, weights = chosen
     unbounded = theta[1] - log_b_lo < 1e-6 or log_b_hi - theta[1] < 1e-6
-    if unbounded and method != "profile":
+    if unbounded and (method != "profile" or n < 3):  # with 2 sizes there is no interval
         raise ValueError(
             "the steps do not follow S = S_min(1 + B_crit/B): the fitted B_crit runs to the "
             "edge of 10⁴× the measured batch range (steps flat or rising with batch size?)"
@@ -225,13 +225,14 @@ def unbounded_reason(fit: CriticalBatchFit, confidence: float) -> str:
     is the honest answer, open at one end."""
     lo, hi = fit.b_crit_ci or (0.0, math.inf)
     low_text = f"{lo:.4g}" if lo > 0 else "0"
-    high_text = f"{hi:.4g}" if math.isfinite(hi) else "∞"
-    shape = "fall as 1/B (perfect linear scaling)" if math.isinf(hi) else "are flat"
+    if math.isinf(hi):
+        shape, span, wanted = "fall as 1/B (perfect linear scaling)", f"[{low_text}, ∞)", "larger"
+    else:
+        shape, span, wanted = "are flat or rise", f"[{low_text}, {hi:.4g}]", "smaller"
     return (
         f"the steps {shape} over the measured batch sizes, so B_crit is not bounded by them: "
         f"the fitted B_crit runs to the edge of 10⁴× the measured range; its {confidence:.0%} "
-        f"profile interval is [{low_text}, {high_text}]. Measure larger (or smaller) batch "
-        "sizes to bound it"
+        f"profile interval is {span}. Measure {wanted} batch sizes to bound it"
     )
 
 
