@@ -360,7 +360,7 @@ def profile_intervals(
     coarse = _projections(profiles, limits, c)
     # the region can be narrower than the grid step when the noise is small: project again on
     # a fine grid over the c-window found, with the same weights; open ends from the full grid
-    window = [x for ends in coarse for x in ends[2]]
+    window = [float(theta[1])] + [x for ends in coarse for x in ends[2]]
     step = float(np.diff(c).max())
     fine_c = np.linspace(max(min(window) - step, c[0]), min(max(window) + step, c[-1]), 2000)
     fine_g = np.log1p(np.exp(fine_c)[:, None] / b[None, :])
@@ -370,9 +370,12 @@ def profile_intervals(
         fine.append(VarianceProfile(prof.weights, a_f, ssr_f, prof.log_det))
     refined = _projections(fine, limits, fine_c)
     ends = []
-    for (lo_c, hi_c, _), (lo_f, hi_f, _) in zip(coarse, refined, strict=True):
+    point = (math.exp(float(theta[1])), math.exp(float(theta[0])), math.exp(float(sum(theta))))
+    for (lo_c, hi_c, _), (lo_f, hi_f, _), estimate in zip(coarse, refined, point, strict=True):
         lo = lo_c if lo_c == 0.0 else min(lo_f, lo_c)
-        ends.append([lo, hi_c if math.isinf(hi_c) else max(hi_f, hi_c)])
+        hi = hi_c if math.isinf(hi_c) else max(hi_f, hi_c)
+        # a cut below what the grids resolve (q ≈ 0) leaves no grid point inside: the estimate
+        ends.append([lo, hi] if lo <= hi else [estimate, estimate])
     return ProfileIntervals(
         b_crit=(ends[0][0], ends[0][1]),
         s_min=(ends[1][0], ends[1][1]),
