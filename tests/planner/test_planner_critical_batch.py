@@ -98,10 +98,10 @@ def test_single_batch_size_is_not_computed() -> None:
 
 
 def test_b_crit_and_s_min_intervals_cover_with_additive_noise_on_six_batch_sizes() -> None:
-    """Generated ground truth (S_min 1000, B_crit 500, batch 4..1024, noise 5 % of the smallest
-    S added to S, the evaluation resolution): the HC3 sandwich covered 0.88 here; the
-    variance-function fit covers ≈ 0.94 (benchmarks/bench_coverage.py, 1000 replicates). With
-    80 replicates the bound 0.85 is 3.5 binomial SDs below that, 0.995 above."""
+    """Generated ground truth (S_min 1000, B_crit 500, batch 4..4096, noise 5 % of the smallest
+    S added to S, the evaluation resolution): the unweighted HC3 sandwich covered 0.88 here;
+    the profile-likelihood interval covers ≈ 0.96 (benchmarks/bench_coverage.py, 1000
+    replicates). With 80 replicates the bound 0.85 is 4 binomial SDs below that."""
     rng = np.random.default_rng(19)
     b = 2.0 ** np.arange(2, 13, 2)
     model = 1000.0 * (1 + 500.0 / b)
@@ -119,9 +119,10 @@ def test_b_crit_and_s_min_intervals_cover_with_additive_noise_on_six_batch_sizes
 def test_b_crit_interval_holds_the_truth_when_the_variance_function_is_misread() -> None:
     """Known parameters (S_min 1000, B_crit 500), 7 batch sizes 4..256, additive noise (5 % of
     the smallest S on S): on this table the likelihood reads the noise as mostly multiplicative
-    (k = 0.75), and the model-based GLS interval (390–498, the previous method) misses B_crit.
-    The sandwich interval must hold the truth, with finite ends and a lower end above 0
-    (bench_coverage.py: 0.914 → 0.93 coverage over 1000 such tables)."""
+    (k = 0.75), and the model-based GLS interval (390–498) misses B_crit. The default
+    interval (profile likelihood maximised over k, bootstrap cut) must hold the truth, with
+    finite ends and a lower end above 0 (bench_coverage.py: model-based 0.914, HC3 sandwich
+    0.933, profile 0.955 coverage over 1000 such tables)."""
     b = 2.0 ** np.arange(2, 9)
     model = 1000.0 * (1 + 500.0 / b)
     s = np.abs(model + np.random.default_rng(6).normal(0, 0.05 * model.min(), b.size))

@@ -28,6 +28,7 @@ from curvplan_core.planner.critical_batch import (
     fit_steps_to_target,
     linear_cross_check,
     nearest_power_of_two,
+    unbounded_reason,
 )
 from curvplan_core.planner.gradient_noise import (
     Ratio,
@@ -37,6 +38,7 @@ from curvplan_core.planner.gradient_noise import (
     two_batch_estimates,
 )
 from curvplan_core.planner.noise_reliability import log_ratio_interval
+from curvplan_core.planner.steps_interval import PROFILE_BOOTSTRAP
 from curvplan_core.planner.warning_log import WarningLog
 
 P_DEFINED_WARN = 0.9
@@ -213,9 +215,13 @@ def _b_crit(
         unit = "examples"
     s = np.array([p.steps for p in table], dtype=np.float64)
     try:
-        fit = fit_steps_to_target(b, s, targets.confidence)
+        fit = fit_steps_to_target(
+            b, s, targets.confidence, bootstrap=min(targets.bootstrap, PROFILE_BOOTSTRAP), seed=seed
+        )
     except ValueError as exc:
         return NotComputed(reason=str(exc))
+    if fit.unbounded:
+        return NotComputed(reason=unbounded_reason(fit, targets.confidence))
     cross = linear_cross_check(b, s)
     cross_out: dict[str, float | str] | None = None
     if cross is not None:

@@ -11,6 +11,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import optimize, stats
 
+from curvplan_core.planner.steps_interval import PROFILE_BOOTSTRAP, profile_intervals
 from curvplan_core.planner.variance_function import power_of_mean_weights, profile_loglik
 
 FloatArray = NDArray[np.float64]
@@ -28,6 +29,9 @@ class CriticalBatchFit:
     n_points: int
     sigma: float = 0.0  # residual SD on log S (dof n − 2)
     variance_exponent: float = 1.0  # k of Var S ∝ μ^(2k) chosen by the fit
+    # the fitted B_crit ran to the edge of the search range (10⁴× beyond the measured sizes):
+    # the point estimate means nothing, the (open-ended) profile intervals still hold
+    unbounded: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,8 +45,8 @@ class LinearCrossCheck:
 #: proportional to S (constant on log S: seed-to-seed spread), k = 0 constant noise on S (the
 #: resolution of the evaluations that time the target).
 VARIANCE_EXPONENTS = (0.0, 0.25, 0.5, 0.75, 1.0)
-IntervalMethod = Literal["variance_function", "gls_model", "hc3", "constant"]
-GLS_METHODS = ("variance_function", "gls_model")
+IntervalMethod = Literal["profile", "variance_function", "gls_model", "hc3", "constant"]
+GLS_METHODS = ("profile", "variance_function", "gls_model")
 
 
 def _fit_log_steps(
@@ -77,6 +81,8 @@ def fit_steps_to_target(
     *,
     robust: bool = True,
     method: IntervalMethod | None = None,
+    bootstrap: int = PROFILE_BOOTSTRAP,
+    seed: int = 0,
 ) -> CriticalBatchFit:
     """Fit S = S_min(1 + B_crit/B) (McCandlish et al. 2018 §2.3, eq. 2.11;
     docs/formulas.md#batch-size) on log S over θ = (log S_min, log B_crit), which keeps both
@@ -88,9 +94,15 @@ def fit_steps_to_target(
     mean model of Carroll & Ruppert 1988, ch. 2–3), k on the grid ``VARIANCE_EXPONENTS`` chosen
     by the Gaussian profile likelihood −n/2·log(SSR_w/n) + ½·Σ log w_i, with the weights
     w_i = μ_i^(2(1−k)) iterated three times (generalised least squares). Intervals (method
-    "variance_function", the default): θ ± t_{n−3}·se with the HC3 sandwich of the weighted
-    problem (√W J, √W r; MacKinnon & White 1985, ``robust_covariance``): the chosen k is often
-    wrong with 5–7 points (additive noise read as multiplicative), and the model-based
+    "profile", the default): profile likelihood in log B_crit, log S_min, log E_min, maximised
+    over k too, its threshold from ``bootstrap`` tables of resampled residuals refitted with the
+    k-choice repeated (``steps_interval.profile_intervals``; seeded by ``seed``; 0 tables: the
+    F(1, n − 3) threshold). Their ends may be open (B_crit's upper end inf) when the data
+    cannot bound B_crit; a fit whose B_crit runs to the edge of the search range is then
+    returned with ``unbounded`` set instead of refused (with 3 or more batch sizes). Method
+    "variance_function" (the previous default): θ ± t_{n−3}·se with the HC3 sandwich of the
+    weighted problem (√W J, √W r; MacKinnon & White 1985, ``robust_covariance``): the chosen k
+    is often wrong with 5–7 points (additive noise read as multiplicative), and the model-based
     s_w²(JᵀWJ)⁻¹ then covered 0.91 at nominal 0.95; one degree of freedom is spent on k (with
     3 points: k = 1, s²(JᵀJ)⁻¹ and t_{n−2}); mapped through exp; E_min = B_crit·S_min with
     its log-variance from the same covariance. "gls_model": the same fit with the model-based
@@ -105,7 +117,7 @@ def fit_steps_to_target(
     if n < 2:
         raise ValueError("at least two batch sizes are needed")
     if method is None:
-        method = "variance_function" if robust else "constant"
+        method = "profile" if robust else "constant"
     log_s = np.log(s)
     bounds = _theta_bounds(b, log_s)
     best = _unweighted_fit(b, s, log_s, bounds)
@@ -116,7 +128,9 @@ def fit_steps_to_target(
         chosen = _variance_function_fit(b, log_s, theta, bounds)
         if chosen is not None:
             exponent, theta, weights = chosen
-    _check_inside(theta, bounds)
+    unbounded = _at_edge(theta, bounds)
+    if unbounded and (method != "profile" or n < 3):  # with 2 sizes there is no interval
+        _check_inside(theta, bounds)
     s_min, b_crit = math.exp(theta[0]), math.exp(theta[1])
     resid = theta[0] + np.log1p(b_crit / b) - log_s
     ss_res = float(resid @ resid)
@@ -124,9 +138,40 @@ def fit_steps_to_target(
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
     s_ci = b_ci = e_ci = None
     sigma = math.sqrt(ss_res / (n - 2)) if n > 2 else 0.0
-    if n > 2:
+    if n > 2 and method == "profile":
+        prof = profile_intervals(
+            b,
+            log_s,
+            weights,
+            theta,
+            confidence,
+            exponents=VARIANCE_EXPONENTS if n > 3 else (),
+            bootstrap=bootstrap,
+            seed=seed,
+        )
+        s_ci, b_ci, e_ci = prof.s_min, prof.b_crit, prof.e_min
+    elif n > 2:
         s_ci, b_ci, e_ci = _intervals(b, theta, resid, weights, confidence, method)
-    return CriticalBatchFit(s_min, b_crit, s_ci, b_ci, s_min * b_crit, e_ci, r2, n, sigma, exponent)
+    return CriticalBatchFit(
+        s_min, b_crit, s_ci, b_ci, s_min * b_crit, e_ci, r2, n, sigma, exponent, unbounded
+    )
+
+
+def unbounded_reason(fit: CriticalBatchFit, confidence: float) -> str:
+    """What the planner says instead of a B_crit when the fit ran to the edge of its range:
+    the steps fit perfect linear scaling S = E_min/B (or flat steps), and the profile interval
+    is the honest answer, open at one end."""
+    lo, hi = fit.b_crit_ci or (0.0, math.inf)
+    low_text = f"{lo:.4g}" if lo > 0 else "0"
+    if math.isinf(hi):
+        shape, span, wanted = "fall as 1/B (perfect linear scaling)", f"[{low_text}, ∞)", "larger"
+    else:
+        shape, span, wanted = "are flat or rise", f"[{low_text}, {hi:.4g}]", "smaller"
+    return (
+        f"the steps {shape} over the measured batch sizes, so B_crit is not bounded by them: "
+        f"the fitted B_crit runs to the edge of 10⁴× the measured range; its {confidence:.0%} "
+        f"profile interval is {span}. Measure {wanted} batch sizes to bound it"
+    )
 
 
 Bounds = tuple[FloatArray, FloatArray]
@@ -186,10 +231,15 @@ def _variance_function_fit(
     return exponent, theta_chosen, weights
 
 
+def _at_edge(theta: FloatArray, bounds: Bounds) -> bool:
+    """Whether the fitted B_crit ran to the edge of its bounds (10⁴× the measured range)."""
+    log_b_lo, log_b_hi = float(bounds[0][1]), float(bounds[1][1])
+    return bool(theta[1] - log_b_lo < 1e-6 or log_b_hi - theta[1] < 1e-6)
+
+
 def _check_inside(theta: FloatArray, bounds: Bounds) -> None:
     """Refuse a B_crit that ran to the edge of its bounds (the law does not hold)."""
-    log_b_lo, log_b_hi = float(bounds[0][1]), float(bounds[1][1])
-    if theta[1] - log_b_lo < 1e-6 or log_b_hi - theta[1] < 1e-6:
+    if _at_edge(theta, bounds):
         raise ValueError(
             "the steps do not follow S = S_min(1 + B_crit/B): the fitted B_crit runs to the "
             "edge of 10⁴× the measured batch range (steps flat or rising with batch size?)"

@@ -114,8 +114,7 @@ NOISE_RELIABILITY: Final = formula(
 )
 B_CRIT_FIT: Final = formula(
     "batch.b_crit_fit",
-    "S = S_min(1 + B_crit/B), variance-function GLS on log S, HC3-sandwich CIs; "
-    "E_min = B_crit·S_min",
+    "S = S_min(1 + B_crit/B), variance-function GLS on log S, profile CIs; E_min = B_crit·S_min",
 )
 B_CRIT_LINEAR: Final = formula(
     "batch.b_crit_linear",
