@@ -207,8 +207,9 @@ class AnalyzeJobCreate(_JobCreateBase):
         default_factory=list,
         description="Succeeded sweep jobs of the project whose fits the budget uses: a batch "
         "sweep's steps to target (B_crit), a data sweep's L(D) (the data size for the target "
-        "loss) and a branch sweep's critical batch per checkpoint (it leads budget.batch, with "
-        "the warm-up schedule). Without targets.target_loss the data sweep's target loss is "
+        "loss) and a branch sweep's critical batch per checkpoint (its warm-up schedule; it "
+        "leads budget.batch only without a batch sweep and a noise-scale trend). Without "
+        "targets.target_loss the data sweep's target loss is "
         "used (else the batch sweep's); budget.batch answers the batch sweep's own target "
         "(budget.batch.target_loss), budget.data the target loss (budget.data.target_loss).",
     )

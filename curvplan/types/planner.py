@@ -411,7 +411,8 @@ class Measurements(_Strict):
     branched_critical_batch: BranchedCriticalBatch | None = Field(
         default=None,
         description="A branch sweep's critical batch per checkpoint (Merrill et al. 2025): "
-        "when given it leads budget.batch, with the batch-size warm-up schedule.",
+        "its batch-size warm-up schedule is in budget.batch; it leads budget.batch only when "
+        "no batch sweep and no noise-scale trend is given (docs/budget.md).",
     )
 
     @field_validator("per_sample_groups")

@@ -9,7 +9,9 @@ batch's. Over the checkpoints the CBS grows, which is what a batch-size warm-up 
 The ladder CBS can only be a swept batch (a power of two), so beside it two continuous
 numbers come from the same curves: the token-efficiency fit (:func:`efficiency_fit`,
 McCandlish et al. 2018, eq. 2.11) and the ε-crossing in log B (:func:`eps_crossing`).
-``BRANCH_LEAD`` says which of them leads budget.batch, as the predictive benchmark decided.
+``BRANCH_LEAD`` says which of them is the branch sweep's critical batch in budget.batch (which
+the branch sweep leads only when no batch sweep or noise-scale trend is given:
+``budget_section.BATCH_SOURCE_ORDER``).
 
 Pure functions of loss curves (no numpy, no torch): the sweep's fan-in calls
 :func:`critical_batch_from_branches` on its branches' evaluation losses, the budget calls
