@@ -313,9 +313,10 @@ def test_the_first_eta_and_its_countdown_use_the_spectra_pricing() -> None:
     """The first ETA is the spectra as timed (not the one product × every product); while
     they run, the pace seen against that prior scales what is left and the later stages."""
     clock = [0.0]
-    eta = EtaTracker(None, AnalysisOptions(), clock=lambda: clock[0])
-    timing = {"item_ms": {"a": 30.0, "b": 2.0}, "batched": False}
     options = {**OPTS, "per_sample": False, "dense": "off"}  # gradient noise after the spectra
+    # the tracker estimates with the request's typed options (not the event's copy)
+    eta = EtaTracker(None, AnalysisOptions(**options), clock=lambda: clock[0])
+    timing = {"item_ms": {"a": 30.0, "b": 2.0}, "batched": False}
     inputs = _inputs(spectra=timing, options=options, n_params=20_000)
     first = eta.update(_event("cost", 0, cost=inputs))
     est = eta.estimate

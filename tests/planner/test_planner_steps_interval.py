@@ -129,3 +129,33 @@ def test_intervals_are_well_formed_on_varied_tables() -> None:
             assert ci is not None
             assert 0.0 <= ci[0] <= ci[1]
             assert ci[0] <= value * (1 + 1e-6) and value * (1 - 1e-6) <= ci[1], (ci, value)
+
+
+def test_plans_with_open_interval_ends_are_storable_as_json() -> None:
+    """An end the data do not bound is open (None), never a saturated float: a 3-size sweep
+    whose S_min interval reached e^709 once made expected_steps_ci inf, and the worker could
+    not store the sweep's result (JSON has no inf). Every plan must pass json.dumps with
+    allow_nan=False, as the worker's check does."""
+    import json
+
+    from curvplan.types.planner import Measurements, Targets
+    from curvplan_core.planner.plan import make_plan
+
+    rng = np.random.default_rng(7)
+    tables = [[(8, 33903.45276277323), (16, 18960.696163269324), (32, 10479.780744384056)]]
+    for _ in range(30):
+        sizes = [2**k for k in range(3, 3 + int(rng.integers(3, 6)))]
+        b_crit, noise = 10 ** rng.uniform(-1, 5), rng.choice([0.02, 0.15, 0.4])
+        tables.append([(b, 100 * (1 + b_crit / b) * math.exp(rng.normal(0, noise))) for b in sizes])
+    for table in tables:
+        rec = make_plan(
+            Measurements(steps_to_target=[{"batch_size": b, "steps": s} for b, s in table]),
+            Targets(target_loss=1.0),
+        )
+        json.dumps(rec.model_dump(mode="json"), allow_nan=False)
+    first = make_plan(
+        Measurements(steps_to_target=[{"batch_size": b, "steps": s} for b, s in tables[0]]),
+        Targets(target_loss=1.0),
+    )
+    s_min_ci = first.batch_size.b_crit.s_min_ci
+    assert s_min_ci is not None and s_min_ci[1] is None  # open, not a saturated float

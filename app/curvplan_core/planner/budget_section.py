@@ -539,6 +539,11 @@ def _batch_without_branch(
     )
 
 
+def _finite_or_none(x: float) -> float | None:
+    """An interval end, or None (open) where the arithmetic left the floats."""
+    return x if math.isfinite(x) else None
+
+
 def _in_tokens(x: float | None, tokens: float | None) -> float | None:
     return None if x is None or tokens is None else x * tokens
 
@@ -566,7 +571,8 @@ def _batch_from_sweep(
             lo_s, hi_s = bcrit.s_min_ci
             lo_b, hi_b = bcrit.ci
             if None not in (lo_s, hi_s, lo_b, hi_b):
-                steps_ci = (lo_s * (1 + lo_b / rec), hi_s * (1 + hi_b / rec))
+                ends = (lo_s * (1 + lo_b / rec), hi_s * (1 + hi_b / rec))
+                steps_ci = (_finite_or_none(ends[0]), _finite_or_none(ends[1]))
     lo, hi = bcrit.measured_range or (None, None)
     answers = swept if swept is not None else targets.target_loss
     if swept is not None and targets.target_loss is not None and swept != targets.target_loss:

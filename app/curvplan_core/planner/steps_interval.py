@@ -418,5 +418,12 @@ def _projections(
 
 
 def _exp(value: float) -> float:
-    """exp saturating at 0 and inf instead of under- or overflowing."""
-    return math.exp(min(max(value, -745.0), 709.0))
+    """exp saturating at 0 and inf instead of under- or overflowing: an end beyond e^±700
+    (a region the data do not bound) is reported open, never as a huge finite number that
+    the planner's arithmetic would overflow (an S_min end of 8e307 made expected_steps_ci
+    inf, which JSON cannot store)."""
+    if value > 700.0:
+        return math.inf
+    if value < -700.0:
+        return 0.0
+    return math.exp(value)

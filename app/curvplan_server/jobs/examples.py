@@ -78,6 +78,8 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
             "critical_formula": None,
             "critical_bracket": None,
             "warmup_schedule": [],
+            "critical_method": None,
+            "branch_estimates": [],
             "target_loss": None,
             "expected_steps": None,
             "expected_steps_ci": None,
