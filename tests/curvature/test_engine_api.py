@@ -127,7 +127,7 @@ def test_cancel_during_block_spectra_restores_the_model_mode():
         # (batched) product it is waiting on, not at a stage boundary
         return bool(stages) and stages[-1] == "blocks"
 
-    with pytest.raises(Cancelled, match="lanczos|Hessian product"):
+    with pytest.raises(Cancelled, match=r"lanczos|Hessian product"):
         analyze(
             SPEC,
             None,
