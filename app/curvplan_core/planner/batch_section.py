@@ -51,14 +51,15 @@ CROSS_CHECK_NOTE = (
 )
 
 
-def _finite(value: float | None) -> float | None:
+def finite_or_none(value: float | None) -> float | None:
+    """The value, or None where it is missing or not finite (an open interval end)."""
     return value if value is not None and math.isfinite(value) else None
 
 
 def _ci(interval: tuple[float, float] | None) -> tuple[float | None, float | None] | None:
     if interval is None:
         return None
-    return _finite(interval[0]), _finite(interval[1])
+    return finite_or_none(interval[0]), finite_or_none(interval[1])
 
 
 def _stat_out(stat: Stat, formula: str) -> Estimate:

@@ -19,6 +19,7 @@ What leads, in order:
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 from scipy import stats
@@ -45,6 +46,7 @@ from curvplan.types.planner import (
     Targets,
 )
 from curvplan_core.planner import formulas
+from curvplan_core.planner.batch_section import finite_or_none
 from curvplan_core.planner.branched_batch import branch_budget_batch
 from curvplan_core.planner.critical_batch import nearest_power_of_two
 from curvplan_core.planner.gradient_noise import NOISE_SCALE_FIELDS, TREND_SCALE_ORDER
@@ -442,6 +444,8 @@ def _trend_at_target(
     return math.exp(center), ci, which
 
 
+BatchSource = Literal["batch_sweep", "noise_scale_trend", "branch_sweep"]
+
 #: Which source leads budget.batch, in order (docs/budget.md#which-source-leads). Decided by
 #: the predictive benchmark against a brute-force B_crit on real text (2 seeds, pooled fit
 #: 21.5; ``benchmarks/results/predictive-full-20261203-0659-full-r25b.md``): the batch sweep's
@@ -449,68 +453,78 @@ def _trend_at_target(
 #: CBS (ε = 0.01, 163,840-token window) said 8 (0.37×) at every checkpoint, its ε-crossing 8 and
 #: its efficiency fit 34–87 (1.6–4.1×). The branch sweep leads only when nothing else is given,
 #: and its warm-up schedule and estimates are always reported beside the lead.
-BATCH_SOURCE_ORDER: tuple[str, ...] = ("batch_sweep", "noise_scale_trend", "branch_sweep")
+BATCH_SOURCE_ORDER: tuple[BatchSource, ...] = ("batch_sweep", "noise_scale_trend", "branch_sweep")
 
 
 def build_batch(
     measurements: Measurements, targets: Targets, batch: BatchSizeSection | object
 ) -> tuple[BudgetBatch, list[str]]:
-    """budget.batch from the first available source of ``BATCH_SOURCE_ORDER``: the batch
-    sweep's B_crit, else the noise-scale trend at the target loss, else a branch sweep's
-    critical batch, else nothing (docs/budget.md). A branch sweep that does not lead still
-    gives its warm-up schedule and its estimates."""
+    """budget.batch from the first available source of ``BATCH_SOURCE_ORDER`` (today: the
+    batch sweep's B_crit, else the noise-scale trend at the target loss, else a branch sweep's
+    critical batch), else not_available (docs/budget.md). A branch sweep that does not lead
+    still gives its warm-up schedule and its estimates."""
     warnings: list[str] = []
     tokens = _tokens_per_example(measurements)
     bcrit = batch.b_crit if isinstance(batch, BatchSizeSection) else None
     branched = getattr(measurements, "branched_critical_batch", None)
-    from_branch: tuple[BudgetBatch, list[str]] | None = None
-    if branched is not None:
-        from_branch = branch_budget_batch(
+    from_branch = (
+        None
+        if branched is None
+        else branch_budget_batch(
             branched,
             target_loss=targets.target_loss,
             tokens_per_example=tokens,
             batch_sweep=bcrit if isinstance(bcrit, BCrit) else None,
             expected_steps_formula=STEPS_FORMULA,
         )
-    answer = _batch_without_branch(measurements, targets, bcrit, tokens, warnings)
-    if from_branch is None:
-        return answer, warnings
-    branch_answer, branch_warnings = from_branch
-    if answer.source == "not_available":
-        return branch_answer, branch_warnings
-    crit = branch_answer.critical
-    warnings.append(
-        f"batch: the branch sweep's critical batch {'—' if crit is None else f'{crit:.4g}'} "
-        f"({branch_answer.critical_method}) does not lead; the {answer.source.replace('_', ' ')} "
-        "does, as the predictive benchmark decided (docs/budget.md#which-source-leads); the "
-        "branch sweep's warm-up schedule and estimates are in budget.batch"
     )
-    return (
-        answer.model_copy(
-            update={
-                "warmup_schedule": branch_answer.warmup_schedule,
-                "branch_estimates": branch_answer.branch_estimates,
-            }
-        ),
-        warnings,
-    )
+    trend = list(getattr(measurements, "gradient_noise_trend", None) or [])
+    found = _trend_at_target(trend, targets.target_loss, targets.confidence) if trend else None
+
+    def from_source(source: BatchSource) -> BudgetBatch | None:
+        if source == "batch_sweep":
+            if isinstance(bcrit, BCrit) and getattr(bcrit, "unit", "examples") == "examples":
+                swept = measurements.steps_to_target_loss
+                return _batch_from_sweep(bcrit, tokens, targets, swept, warnings)
+            return None
+        if source == "noise_scale_trend":
+            if isinstance(found, tuple):
+                return _batch_from_trend(found, trend, tokens, targets, warnings)
+            return None
+        return None if from_branch is None else from_branch[0]
+
+    for source in BATCH_SOURCE_ORDER:
+        answer = from_source(source)
+        if answer is None:
+            continue
+        if source == "branch_sweep" or from_branch is None:
+            return answer, warnings + (from_branch[1] if source == "branch_sweep" else [])
+        branch_answer = from_branch[0]
+        crit = branch_answer.critical
+        warnings.append(
+            f"batch: the branch sweep's critical batch {'—' if crit is None else f'{crit:.4g}'} "
+            f"({branch_answer.critical_method}) does not lead; the "
+            f"{source.replace('_', ' ')} does, as the predictive benchmark decided "
+            "(docs/budget.md#which-source-leads); the branch sweep's warm-up schedule and "
+            "estimates are in budget.batch"
+        )
+        update = {
+            "warmup_schedule": branch_answer.warmup_schedule,
+            "branch_estimates": branch_answer.branch_estimates,
+        }
+        return answer.model_copy(update=update), warnings
+    return _no_batch(measurements, targets, bcrit, tokens, trend, found), warnings
 
 
-def _batch_without_branch(
+def _no_batch(
     measurements: Measurements,
     targets: Targets,
     bcrit: object,
     tokens: float | None,
-    warnings: list[str],
+    trend: list,
+    found: object,
 ) -> BudgetBatch:
-    """budget.batch from the batch sweep, else the noise-scale trend, else not_available."""
-    if isinstance(bcrit, BCrit) and getattr(bcrit, "unit", "examples") == "examples":
-        swept = measurements.steps_to_target_loss
-        return _batch_from_sweep(bcrit, tokens, targets, swept, warnings)
-    trend = list(getattr(measurements, "gradient_noise_trend", None) or [])
-    found = _trend_at_target(trend, targets.target_loss, targets.confidence) if trend else None
-    if isinstance(found, tuple):
-        return _batch_from_trend(found, trend, tokens, targets, warnings)
+    """budget.batch when no source is available: not_available with the reason."""
     if trend or measurements.gradient_noise is not None:
         reason = (
             found
@@ -537,11 +551,6 @@ def _batch_without_branch(
         target_loss=targets.target_loss,
         reason=reason,
     )
-
-
-def _finite_or_none(x: float) -> float | None:
-    """An interval end, or None (open) where the arithmetic left the floats."""
-    return x if math.isfinite(x) else None
 
 
 def _in_tokens(x: float | None, tokens: float | None) -> float | None:
@@ -572,7 +581,7 @@ def _batch_from_sweep(
             lo_b, hi_b = bcrit.ci
             if None not in (lo_s, hi_s, lo_b, hi_b):
                 ends = (lo_s * (1 + lo_b / rec), hi_s * (1 + hi_b / rec))
-                steps_ci = (_finite_or_none(ends[0]), _finite_or_none(ends[1]))
+                steps_ci = (finite_or_none(ends[0]), finite_or_none(ends[1]))
     lo, hi = bcrit.measured_range or (None, None)
     answers = swept if swept is not None else targets.target_loss
     if swept is not None and targets.target_loss is not None and swept != targets.target_loss:
