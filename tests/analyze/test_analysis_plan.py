@@ -112,20 +112,37 @@ def test_hf_parameter_shapes_from_the_config_are_the_modules(arch: str) -> None:
     assert sum(torch.Size(s).numel() for s in got.values()) == parameter_count(config)
 
 
-def test_the_bounded_basis_is_the_spectras() -> None:
+def test_the_spectra_size_their_basis_by_the_cost_models_rule() -> None:
+    """One rule for the plan and the engine: the Lanczos a block runs holds exactly the
+    vectors the memory plan priced."""
     from curvplan_worker.curvature import spectra
 
-    for n in (1, 5, 31, 32, 33, 1000, 262_144, 38_600_000):
-        for budget in (None, 2**20, 2**31):
-            for itemsize in (4, 8):
-                for wanted in (2, 3, 12):
-                    want = spectra.basis_vectors(n, budget, itemsize, wanted)
-                    assert cost_model.basis_vectors(n, budget, itemsize, wanted) == want
-                    assert cost_model.basis_bytes(n, want, itemsize) == spectra.basis_bytes(
-                        n, want, itemsize
-                    )
+    for n in (5, 64, 2_112, 40_000):
+        want = cost_model.basis_vectors(n, None, 4, 2)
+        spec = spectra.lanczos_spectrum(
+            lambda v: v * 2.0,
+            n,
+            generator=torch.Generator().manual_seed(0),
+            tol=1e-3,
+            max_iter=3,
+            dtype=torch.float32,
+        )
+        assert spec.basis_vectors == want
     # GPT-2 small's embed block (38.6 M) in a 2 GiB budget: about 12 float32 vectors
     assert cost_model.basis_vectors(38_600_000, 2 * 1024**3, 4) == 13
+
+
+def test_a_small_operator_keeps_up_to_16_mib_of_basis_a_large_one_32_vectors() -> None:
+    mib = 1024**2
+    for n in (64, 528, 2_112, 16_640, 65_536, 131_072, 1_000_000):
+        vectors = cost_model.basis_vectors(n, None, 4, 2)
+        if n * 4 * 33 <= 16 * mib:  # more than 32 fit in 16 MiB: the small-operator rule
+            assert vectors == min(n + 1, 512, 16 * mib // (n * 4))
+        else:
+            assert vectors == 32
+    # the small-operator allowance never exceeds the caller's budget
+    assert cost_model.basis_vectors(2_112, 2_112 * 4 * 10, 4, 2) == 10
+    assert cost_model.basis_vectors(2_112, 2_112 * 4 * 100, 4, 2) == 100
 
 
 def test_the_whole_model_basis_limit_is_the_engines() -> None:
@@ -150,8 +167,10 @@ def test_the_memory_plan_counts_the_bounded_basis_whatever_max_iter() -> None:
 def test_restarts_lift_the_step_cap_above_the_block_size() -> None:
     opts = cost_model.CostOptions(max_iter=300)
     assert cost_model.step_cap(10, opts) == 10  # the whole Krylov space fits: n steps at most
-    assert cost_model.step_cap(100, opts) == 300  # a restarted basis can take max_iter steps
-    assert cost_model.block_products(100, opts)[1] == 300
+    assert cost_model.step_cap(100, opts) == 100  # so does a small operator's (16 MiB)
+    big = 1_000_000  # 32 vectors: a restarted basis can take max_iter steps
+    assert cost_model.step_cap(big, opts) == 300
+    assert cost_model.block_products(big, opts)[1] == 300
 
 
 # --------------------------------------------------------------------------- the decision

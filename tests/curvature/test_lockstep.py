@@ -44,6 +44,29 @@ def test_basis_size_is_the_budget_rule():
     assert basis_vectors(10, 2 * gib, 4) == 11  # a small operator: the whole Krylov space
 
 
+def test_a_certified_end_is_not_multiplied_again_while_the_other_converges():
+    """λ_max (isolated) certifies early; λ_min sits in a cluster and takes many checks. The
+    check products are counted by their Rayleigh quotient: the top's certificate is made once
+    (twice at most, should its Ritz value move), not at every later pass."""
+    n = 400
+    values = np.concatenate([np.linspace(0.0, 1e-2, n - 1), [1.0]])  # a cluster at the bottom
+    matrix = torch.diag(torch.from_numpy(values))
+    quotients: list[float] = []
+
+    def matvec(v):
+        quotients.append(float(v @ matrix @ v / (v @ v)))
+        return matrix @ v
+
+    tol = 1e-6
+    spec = lanczos_spectrum(matvec, n, generator=_gen(3), tol=tol, basis=8, max_iter=4000)
+    assert spec.converged
+    assert spec.lambda_max == pytest.approx(1.0, rel=tol)
+    assert abs(spec.lambda_min) <= 2 * tol * 1e-3  # the floor: tol · 10⁻³ · ‖H‖
+    top_checks = sum(abs(q - 1.0) <= 1e-6 for q in quotients)
+    bottom_checks = spec.n_products - spec.iterations - top_checks
+    assert 1 <= top_checks <= 2 < bottom_checks
+
+
 @pytest.mark.parametrize("kind", ["diagonal", "rotated"])
 def test_thick_restart_with_a_tiny_basis_finds_both_ends_of_a_known_spectrum(kind):
     n = 300

@@ -7,7 +7,8 @@ products). By the Bauer–Fike theorem for symmetric matrices a residual r certi
 within r of θ (Parlett, "The Symmetric Eigenvalue Problem", Thm 4.5.1 / §13.2 for Lanczos).
 
 The basis is bounded (docs/numerics.md#bounded-basis): at most :func:`basis_vectors` vectors
-(32, fewer where ``basis_budget`` bytes cannot hold 32 of the operator's size), in float32 on the
+(32, fewer where ``basis_budget`` bytes cannot hold 32 of the operator's size, more for a small
+operator: up to 16 MiB of them), in float32 on the
 product's device, float64 only in strict precision (float64 products). When it is full the
 iteration restarts from the wanted Ritz vectors and the residual vector: thick-restart Lanczos
 (Wu & Simon 2000, "Thick-restart Lanczos method for large symmetric eigenvalue problems", SIAM
@@ -31,39 +32,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from curvplan_core.cost_model import basis_bytes as basis_bytes
+from curvplan_core.cost_model import basis_vectors
 from curvplan_worker.curvature.cancel import check_cancel
 
 MatVec = Callable[[Tensor], Tensor]
 
-MAX_BASIS_VECTORS = 32
-"""The most Lanczos vectors one operator keeps (the thick restart's basis)."""
-
-MIN_BASIS_VECTORS = 6
-"""The fewest: the kept Ritz vectors of both ends, the residual vector and room to extend."""
-
-DEFAULT_BASIS_BUDGET = 2 * 1024**3
-"""Bytes one operator's basis may take when the caller sets none (2 GiB: 12 vectors of float32
-for a 38.6 M-parameter block, 32 up to 16.7 M)."""
-
 DEFAULT_MAX_ITER = 500
 """Lanczos steps when the caller sets no ``max_iter``."""
-
-
-def basis_vectors(n: int, budget: int | None = None, itemsize: int = 4, wanted: int = 2) -> int:
-    """Vectors of the bounded basis for an operator of size ``n`` with ``wanted`` Ritz
-    vectors (both ends and the top-k): min(32, ⌊budget / (n · itemsize)⌋), at least
-    max(6, wanted + 4), at most n + 1 (the whole Krylov space). ``budget`` None is
-    :data:`DEFAULT_BASIS_BUDGET`."""
-    budget = DEFAULT_BASIS_BUDGET if budget is None else int(budget)
-    fit = budget // max(1, n * itemsize)
-    floor = max(MIN_BASIS_VECTORS, wanted + 4)
-    return int(min(n + 1, max(floor, min(MAX_BASIS_VECTORS, fit))))
-
-
-def basis_bytes(n: int, vectors: int, itemsize: int = 4) -> int:
-    """Bytes of a basis of ``vectors`` vectors of size ``n`` (plus the two working vectors of
-    a certification, a Ritz vector and its product, held in float64)."""
-    return int(vectors * n * itemsize + 2 * n * 8)
 
 
 @dataclass
@@ -269,6 +245,7 @@ def lanczos_steps(
     next_check, next_periodic = 0, 20
     previous_failure: float | None = None
     stagnant = 0
+    certified: dict[str, EigenEnd] = {}  # ends an explicit check has certified
     result: Spectrum | None = None
     while True:
         check_cancel("lanczos")
@@ -300,7 +277,7 @@ def lanczos_steps(
         periodic = index >= next_periodic
         if (estimates_ok and index >= next_check) or periodic or invariant or exhausted:
             result = yield from _certify_steps(
-                q_basis[: j + 1], theta, s, ends, top_k, tol, floor, want_vectors
+                q_basis[: j + 1], theta, s, ends, top_k, tol, floor, want_vectors, certified
             )
             n_products += result.n_products
             result.iterations = steps
@@ -435,12 +412,24 @@ def _certify_steps(
     tol: float,
     floor: float,
     want_vectors: bool,
+    certified: dict[str, EigenEnd] | None = None,
 ) -> Generator[Tensor, Tensor, Spectrum]:
-    """Explicit residuals of the wanted Ritz pairs: one yielded product each."""
+    """Explicit residuals of the wanted Ritz pairs: one yielded product each.
+
+    ``certified`` holds the ends ("max", "min") an earlier pass certified; an end whose Ritz
+    value still lies within that certificate's tolerance of the certified value is the same
+    eigenpair and is not multiplied again (its certificate stands); newly certified ends are
+    added to it."""
     norm_est = max(abs(theta[0]), abs(theta[-1]), 1e-300)
     checked: dict[int, EigenEnd] = {}
     products = 0
+    m = len(theta)
     for i in _wanted(theta, ends, top_k):
+        end = "max" if i == m - 1 else "min" if i == 0 else None
+        held = certified.get(end) if certified is not None and end and m > 1 else None
+        if held is not None and abs(theta[i] - held.value) <= tol * held.scale:
+            checked[i] = held
+            continue
         coefficients = torch.from_numpy(np.ascontiguousarray(s[:, i])).to(basis.device, basis.dtype)
         y = coefficients @ basis
         y = y / math.sqrt(_dot(y, y))
@@ -453,7 +442,8 @@ def _certify_steps(
         ok = res <= tol * scale
         vector = y.to("cpu", torch.float64) if want_vectors else None
         checked[i] = EigenEnd(lam, res, ok, vector, scale)
-    m = len(theta)
+        if ok and end and certified is not None and m > 1:
+            certified[end] = checked[i]
     top = [checked[m - 1 - i] for i in range(min(top_k, m))]
     hi = checked.get(m - 1)
     lo = checked.get(0)
