@@ -217,3 +217,23 @@ def test_cli_example_writes_a_learnable_checkpoint(tmp_path):
         assert (tmp_path / name).is_file()
     summary = json.loads((tmp_path / "example.json").read_text())
     assert summary["eval_loss"] < summary["uniform_loss"] - 0.3  # it learned the chain
+
+
+def test_blas_threads_are_pinned_around_the_small_eigenproblems_and_restored() -> None:
+    """numpy's BLAS runs the Lanczos projection's eigh on one thread (it must not oversubscribe
+    torch's cores, docs/numerics.md#threads), and gets its own count back afterwards, on every
+    call, not only the first (the controller is made once a process)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from curvplan_worker.curvature.device import pinned_blas_threads
+
+    def blas_threads() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    assert blas_threads(), "numpy has a BLAS threadpoolctl can see"
+    with threadpool_limits(limits=2, user_api="blas"):
+        outer = blas_threads()
+        for _ in range(3):
+            with pinned_blas_threads(1):
+                assert set(blas_threads()) == {1}
+            assert blas_threads() == outer

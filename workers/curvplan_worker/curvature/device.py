@@ -42,16 +42,30 @@ def configure_cuda_for_curvature() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
+_BLAS_CONTROLLER: list = []
+"""The process's threadpoolctl controller, made once: finding the loaded BLAS libraries reads
+``/proc/self/maps`` and took about 1 ms a call, more than the small eigenproblem it guarded."""
+
+
+def _blas_controller():
+    if not _BLAS_CONTROLLER:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS_CONTROLLER.append(ThreadpoolController())
+    return _BLAS_CONTROLLER[0]
+
+
 @contextlib.contextmanager
 def pinned_blas_threads(n_threads: int = 1) -> Iterator[None]:
-    """Pin BLAS threads around scipy calls (docs/numerics.md#threads): threadpoolctl when installed,
-    else torch's intra-op thread count is pinned and restored."""
+    """Pin BLAS threads around scipy calls (docs/numerics.md#threads): threadpoolctl when installed
+    (its controller is made once a process, so the BLAS libraries loaded then, numpy's among
+    them, are the ones pinned), else torch's intra-op thread count is pinned and restored."""
     try:
-        from threadpoolctl import threadpool_limits
+        controller = _blas_controller()
     except ImportError:
-        threadpool_limits = None
-    if threadpool_limits is not None:
-        with threadpool_limits(limits=n_threads):
+        controller = None
+    if controller is not None:
+        with controller.limit(limits=n_threads):
             yield
         return
     before = torch.get_num_threads()
