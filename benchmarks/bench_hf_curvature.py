@@ -170,6 +170,7 @@ def ours(module, x, y, blocks, tol, max_iter) -> dict:
     values, secs, prods = {}, {}, {}
     converged = 0
     t_start = time.perf_counter()
+    cpu_start = time.process_time()
     with CurvatureEngine(module, CausalLMObjective(), [(x, y)]) as eng:
         for name, members in blocks.items():
             t0 = time.perf_counter()
@@ -180,12 +181,30 @@ def ours(module, x, y, blocks, tol, max_iter) -> dict:
             converged += int(s.converged)
     return {
         "seconds": time.perf_counter() - t_start,
+        "cpu_seconds": time.process_time() - cpu_start,
         "values": values,
         "block_seconds": secs,
         "block_products": prods,
         "products": sum(prods.values()),
         "converged": f"{converged}/{len(blocks)} blocks",
     }
+
+
+def equal_accuracy_peer(module, x, y, blocks, tol, ours_result, reference) -> dict:
+    """hessian-eigenthings at equal accuracy (``bench_lockstep.peer_ladder``): per block and
+    end, the fewest ladder steps within our error of the reference, or within ``tol``."""
+    from bench_lockstep import peer_ladder
+
+    targets = {}
+    for name, (rmax, rmin) in reference.items():
+        scale = max(abs(rmax), abs(rmin))
+        got = ours_result["values"][name]
+        errs = [
+            abs(g - r) / max(abs(r), 1e-3 * scale, 1e-300)
+            for g, r in zip(got, (rmax, rmin), strict=True)
+        ]
+        targets[name] = [[rmax, rmin], [max(e, tol) for e in errs]]
+    return peer_ladder(module, x, y, blocks, targets, tol, 320)
 
 
 def worst_error(values: dict, reference: dict) -> float:
@@ -208,8 +227,17 @@ def main() -> None:
     ap.add_argument("--tol64", type=float, default=1e-6)
     ap.add_argument("--reference-tol", type=float, default=1e-8)
     ap.add_argument("--max-iter", type=int, default=300)
-    ap.add_argument("--peer-steps32", type=int, default=40, help="peer Lanczos steps")
+    ap.add_argument("--peer-steps32", type=int, default=40, help="peer Lanczos steps (fixed)")
     ap.add_argument("--peer-steps64", type=int, default=80)
+    ap.add_argument(
+        "--peer-protocol",
+        choices=["equal-accuracy", "fixed"],
+        default="equal-accuracy",
+        help="equal-accuracy: bench_lockstep.peer_ladder (per block and end, the fewest ladder "
+        "steps reaching our error or the tolerance; and one step count for all); fixed: "
+        "--peer-steps32/64 steps for every end",
+    )
+    ap.add_argument("--skip-float64", action="store_true", help="only the float32 part")
     ap.add_argument("--max-blocks", type=int, default=0, help="first N head-to-head blocks")
     ap.add_argument("--blocks", default="", help="comma-separated fnmatch patterns of blocks")
     args = ap.parse_args()
@@ -242,10 +270,10 @@ def main() -> None:
     t0 = time.perf_counter()
     reference = ours(module64, x64, y64, blocks, args.reference_tol, 1000)["values"]
     print(f"# float64 reference at tol {args.reference_tol:g}: {time.perf_counter() - t0:.0f} s")
-    for dtype, tol, steps in (
-        (torch.float32, args.tol32, args.peer_steps32),
-        (torch.float64, args.tol64, args.peer_steps64),
-    ):
+    parts = [(torch.float32, args.tol32, args.peer_steps32)]
+    if not args.skip_float64:
+        parts.append((torch.float64, args.tol64, args.peer_steps64))
+    for dtype, tol, steps in parts:
         module = model.module.to(dtype)
         r = ratios(module, x, y, args.repeats)
         name = str(dtype).replace("torch.", "")
@@ -270,9 +298,14 @@ def main() -> None:
         try:
             import hessian_eigenthings  # noqa: F401
 
-            results["eigenthings"] = peer_eigenthings(
-                module, x, y, blocks, tol, steps, lambda: None
-            )
+            if args.peer_protocol == "fixed":
+                results["eigenthings"] = peer_eigenthings(
+                    module, x, y, blocks, tol, steps, lambda: None
+                )
+            else:
+                results["eigenthings"] = equal_accuracy_peer(
+                    module, x, y, blocks, tol, results["ours"], reference
+                )
         except ImportError:
             pass
         for method, res in results.items():
@@ -282,10 +315,27 @@ def main() -> None:
                 f"worst rel. error {err:.1e}  converged {res['converged']}"
             )
         if "eigenthings" in results:
+            peer = results["eigenthings"]
             print(
                 f"speed-up over hessian-eigenthings: "
-                f"{results['eigenthings']['seconds'] / results['ours']['seconds']:.2f}×"
+                f"{peer['seconds'] / results['ours']['seconds']:.2f}×"
             )
+            if "global_cpu_seconds" in peer:
+                ours_cpu = results["ours"]["cpu_seconds"]
+                bound = "" if peer["all_reached"] else " (an end not reached at 320: lower bound)"
+                print(
+                    f"CPU seconds: ours {ours_cpu:.1f}; peer tuned per block by an oracle "
+                    f"{peer['cpu_seconds']:.1f} ({peer['cpu_seconds'] / ours_cpu:.2f}×); peer "
+                    f"with one step count ({peer['global_steps']}) for every block "
+                    f"{peer['global_cpu_seconds']:.1f} "
+                    f"({peer['global_cpu_seconds'] / ours_cpu:.2f}×){bound}"
+                )
+                print(
+                    "peer steps (LA, SA) per block: "
+                    + ", ".join(
+                        f"{b} {e[0]['steps']}/{e[1]['steps']}" for b, e in peer["ends"].items()
+                    )
+                )
         print(f"{'block':<18}{'n':>9}{'lambda_max':>13}{'lambda_min':>13}  s (ours / peer)")
         for bname in blocks:
             lmax, lmin = results["ours"]["values"][bname]

@@ -18,7 +18,8 @@ in a fresh subprocess (so its peak resident memory is its own):
   value is within our error of the float64 reference (or within ``--tol``, whichever is
   looser): an oracle's tuning, the peer's best case; and the same peer with ONE step count for
   every block (the fewest reaching every end), as a user must run it. ``--peer-protocol fixed``
-  runs ``min(--peer-max-iter, n − 1)`` steps per end instead. It runs in the peer venv (``benchmarks/setup_peers.sh``, or any venv with hessian-eigenthings and the
+  runs ``min(--peer-max-iter, n − 1)`` steps per end instead. It runs in the peer venv
+  (``benchmarks/setup_peers.sh``, or any venv with hessian-eigenthings, transformers and the
   pinned torch: ``--peer-python``); without it the column is skipped.
 
 All methods measure λ_max and λ_min of the same blocks (the default blocks; GPT-2's q/k/v
@@ -542,11 +543,11 @@ def _print(model_name: str, reference: dict, rows: dict) -> None:
     seq = ok.get("sequential")
     unb = ok.get("unbounded")
     if seq and unb:
-        print("bounded basis (32) vs unbounded, per block: products, restarts_for_min")
+        print("planned basis vs unbounded, per block: products, restarts_for_min")
         for name in seq["values"]:
             s, u = seq["detail"][name], unb["detail"][name]
             print(
-                f"  {name:<28} n={sizes.get(name, 0):>6} bounded {s['products']:>4} "
+                f"  {name:<28} n={sizes.get(name, 0):>6} planned {s['products']:>4} "
                 f"(restarts {s['restarts']}, for λ_min {s['restarts_for_min']})  "
                 f"unbounded {u['products']:>4}"
             )

@@ -29,11 +29,18 @@ fi
 "$venv/bin/pip" install -c "$constraints" \
     hessian-eigenthings==1.0.0a5 curvlinops-for-pytorch==3.0.1 \
     numpy scipy threadpoolctl safetensors pydantic typer "transformers>=5.0,<6"
+# backpack (curvlinops) pulls PyPI's torchvision, which fails to load beside the pinned torch
+# ("operator torchvision::nms does not exist") and then breaks transformers' model imports
+# (the GPT-2 rows); neither peer needs it at run time
+if ! "$venv/bin/python" -c "import torchvision" 2>/dev/null; then
+    "$venv/bin/pip" uninstall -y torchvision
+fi
 # the engine itself (its installed package names) without re-resolving its dependencies
 "$venv/bin/pip" install --no-deps -e "$root"
 
 "$venv/bin/python" - <<'PY'
 import torch, hessian_eigenthings, curvlinops  # noqa: F401
+from transformers import GPT2LMHeadModel  # noqa: F401  (the GPT-2 rows)
 from importlib.metadata import version
 assert torch.__version__.startswith("2.13.0"), f"torch was changed to {torch.__version__}"
 print("torch", torch.__version__, "| hessian-eigenthings", version("hessian-eigenthings"),
