@@ -189,7 +189,8 @@ class Settings(BaseSettings):
         default=2 * 1024**3,
         ge=1,
         description="Bytes one block's Lanczos basis may hold, e.g. 2GiB: at most "
-        "min(32, budget / (n · 4 bytes)) vectors (docs/numerics.md#bounded-basis).",
+        "min(32, budget / (n · 4 bytes)) vectors, or up to min(16 MiB, budget) of them (at "
+        "most 320) for a small block (docs/numerics.md#bounded-basis).",
     )
     worker_memory_limit: int | None = Field(
         default=None,

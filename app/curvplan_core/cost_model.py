@@ -195,12 +195,13 @@ DEFAULT_BASIS_BUDGET = 2 * 1024**3
 these): at most 32 vectors, at least 6, 2 GiB by default."""
 
 SMALL_BASIS_BYTES = 16 * 1024**2
-SMALL_BASIS_MAX_VECTORS = 512
-"""A small operator's basis may take up to 16 MiB (at most 512 vectors, the default
-``max_iter`` + 1 and more) before the 32-vector bound applies: below that size memory is not
-what limits the analysis, and every thick restart costs products. Measured on the example's
-dense block Hessians (float32 products, tolerance 1e-3): 2,053 products with 32 vectors, 890
-with the whole Krylov space (docs/numerics.md#bounded-basis)."""
+SMALL_BASIS_MAX_VECTORS = 320
+"""A small operator's basis may take up to 16 MiB (at most 320 vectors: the default
+``max_iter`` of 300 then never restarts) before the 32-vector bound applies: below that size
+memory is not what limits the analysis, and every thick restart costs products. Measured on the
+example's dense block Hessians (float32 products, tolerance 1e-3): 2,053 products with 32
+vectors, 890 with the whole Krylov space (docs/numerics.md#bounded-basis). Past 320 a restart's
+projection is a dense ≤ 320 × 320 eigenproblem a step (≈ 10 ms), the reason for the cap."""
 
 HOST_SAFETY = 0.8
 """The share of a worker's memory limit a job plans to fill (the rest: allocator slack, the
@@ -217,7 +218,7 @@ def basis_vectors(n: int, budget: int | None = None, itemsize: int = 4, wanted: 
     vectors: min(32, ⌊budget / (n · itemsize)⌋), at least max(6, wanted + 4), at most n + 1
     (the whole Krylov space): thick-restart Lanczos (Wu & Simon 2000, SIAM J. Matrix Anal.
     Appl. 22(2), §3) in a basis bounded by memory (docs/numerics.md#bounded-basis). A small
-    operator may have more: as many as min(16 MiB, budget) holds, up to 512
+    operator may have more: as many as min(16 MiB, budget) holds, up to 320
     (:data:`SMALL_BASIS_BYTES`)."""
     budget = DEFAULT_BASIS_BUDGET if budget is None else int(budget)
     per_vector = max(1, n * itemsize)

@@ -137,7 +137,7 @@ def test_a_small_operator_keeps_up_to_16_mib_of_basis_a_large_one_32_vectors() -
     for n in (64, 528, 2_112, 16_640, 65_536, 131_072, 1_000_000):
         vectors = cost_model.basis_vectors(n, None, 4, 2)
         if n * 4 * 33 <= 16 * mib:  # more than 32 fit in 16 MiB: the small-operator rule
-            assert vectors == min(n + 1, 512, 16 * mib // (n * 4))
+            assert vectors == min(n + 1, 320, 16 * mib // (n * 4))
         else:
             assert vectors == 32
     # the small-operator allowance never exceeds the caller's budget

@@ -67,6 +67,52 @@ def test_a_certified_end_is_not_multiplied_again_while_the_other_converges():
     assert 1 <= top_checks <= 2 < bottom_checks
 
 
+def test_rounding_noise_on_one_end_stops_early_although_the_other_end_is_certified():
+    """Products with float32-like noise (2·10⁻⁶ ‖H‖) cannot certify λ_min ≈ 0 to 10⁻⁶ ‖H‖
+    (tol 1e-3 × floor 1e-3): the run stops as ``precision_limited`` once the failing end's
+    residual stalls at the noise, long before ``max_iter``, also when λ_max's certificate,
+    made once, is far above the noise."""
+    n = 200
+    q, _ = torch.linalg.qr(torch.randn(n, n, generator=_gen(4), dtype=torch.float64))
+    matrix = q @ torch.diag(torch.linspace(0.0, 1.0, n, dtype=torch.float64)) @ q.T
+    noise = torch.Generator().manual_seed(5)
+
+    def matvec(v):
+        hv = matrix @ v
+        e = torch.randn(n, generator=noise, dtype=torch.float64)
+        return (hv + 2e-6 * v.norm() * e / e.norm()).float()
+
+    spec = lanczos_spectrum(matvec, n, generator=_gen(6), tol=1e-3, basis=30, max_iter=300)
+    assert not spec.converged and spec.precision_limited
+    assert spec.iterations < 200
+    assert spec.lambda_max == pytest.approx(1.0, rel=1e-3)
+
+
+def test_top_k_vectors_stay_orthonormal_when_the_top_eigenvalues_are_close():
+    """A top-k set with vectors comes from one Rayleigh–Ritz: no end is carried over from an
+    earlier check (its vector would overlap the current second Ritz vector)."""
+    n = 300
+    values = torch.cat([torch.linspace(-1.0, 0.5, n - 3), torch.tensor([0.9, 1.0 - 3e-5, 1.0])])
+    q, _ = torch.linalg.qr(torch.randn(n, n, generator=_gen(7), dtype=torch.float64))
+    matrix = q @ torch.diag(values.double()) @ q.T
+    spec = lanczos_spectrum(
+        lambda v: matrix @ v,
+        n,
+        generator=_gen(8),
+        tol=1e-3,
+        top_k=3,
+        ends=("max",),
+        want_vectors=True,
+        basis=12,
+        max_iter=3000,
+    )
+    assert spec.converged
+    vectors = torch.stack([e.vector for e in spec.top])
+    gram = vectors @ vectors.T
+    assert torch.allclose(gram, torch.eye(3, dtype=gram.dtype), atol=1e-6)
+    assert [e.value for e in spec.top] == sorted((e.value for e in spec.top), reverse=True)
+
+
 @pytest.mark.parametrize("kind", ["diagonal", "rotated"])
 def test_thick_restart_with_a_tiny_basis_finds_both_ends_of_a_known_spectrum(kind):
     n = 300

@@ -48,10 +48,14 @@ _BLAS_CONTROLLER: list = []
 
 
 def _blas_controller():
+    """The cached controller, or None (cached too) without threadpoolctl ≥ 3."""
     if not _BLAS_CONTROLLER:
-        from threadpoolctl import ThreadpoolController
-
-        _BLAS_CONTROLLER.append(ThreadpoolController())
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            _BLAS_CONTROLLER.append(None)
+        else:
+            _BLAS_CONTROLLER.append(ThreadpoolController())
     return _BLAS_CONTROLLER[0]
 
 
@@ -60,10 +64,7 @@ def pinned_blas_threads(n_threads: int = 1) -> Iterator[None]:
     """Pin BLAS threads around scipy calls (docs/numerics.md#threads): threadpoolctl when installed
     (its controller is made once a process, so the BLAS libraries loaded then, numpy's among
     them, are the ones pinned), else torch's intra-op thread count is pinned and restored."""
-    try:
-        controller = _blas_controller()
-    except ImportError:
-        controller = None
+    controller = _blas_controller()
     if controller is not None:
         with controller.limit(limits=n_threads):
             yield

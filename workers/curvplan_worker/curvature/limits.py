@@ -173,7 +173,10 @@ def lanczos_step_ms(
     bounded basis, the restarts and the explicit certifications, and the coroutine's own
     Python cost (about 2 ms a step on the 2-core machine for small blocks, which is what the
     example's cheapest blocks pay besides their 0.5–2 ms products). ``steps`` (at tolerance 0,
-    so it does not stop early) covers a restart of the 32-vector basis."""
+    so it does not stop early) covers a restart of a 32-vector basis; a small operator's larger
+    basis (up to 320 vectors, ``cost_model.SMALL_BASIS_BYTES``) does not restart in 60 steps
+    and its later steps reorthogonalise against more vectors, so a long run of a small block is
+    priced somewhat low (its projection's Ritz pairs cost O(steps) a step: ``spectra._ritz``)."""
     import torch
 
     from curvplan_worker.curvature.spectra import lanczos_steps
