@@ -24,6 +24,14 @@ OPTS = {"tolerance": 1e-3, "max_iter": 300, "trace_probes": 15, "precision": "fl
 SPECTRA_ONLY = AnalysisOptions(**OPTS, per_sample=False, gradient_noise=False, dense="off")
 
 
+@pytest.fixture(autouse=True)
+def _a_prior_of_50_steps_at_1e_3(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The arithmetic below is written for a prior of 20 + 10·3 = 50 Lanczos steps a block at
+    tolerance 1e-3; it is pinned here so that a recalibration of the prior (a measured
+    constant, ``cost_model.STEPS_BASE``) does not rewrite the tests of the mechanics."""
+    monkeypatch.setattr(cost_model, "STEPS_BASE", 20.0)
+
+
 def test_block_products_follow_the_engines_counts() -> None:
     opts = cost_model.CostOptions.from_options(OPTS)
     # 20 + 10·log10(1e3) = 50 Lanczos steps, plus the trace probes.
