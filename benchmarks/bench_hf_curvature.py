@@ -193,17 +193,9 @@ def ours(module, x, y, blocks, tol, max_iter) -> dict:
 def equal_accuracy_peer(module, x, y, blocks, tol, ours_result, reference) -> dict:
     """hessian-eigenthings at equal accuracy (``bench_lockstep.peer_ladder``): per block and
     end, the fewest ladder steps within our error of the reference, or within ``tol``."""
-    from bench_lockstep import peer_ladder
+    from bench_lockstep import peer_ladder, peer_targets
 
-    targets = {}
-    for name, (rmax, rmin) in reference.items():
-        scale = max(abs(rmax), abs(rmin))
-        got = ours_result["values"][name]
-        errs = [
-            abs(g - r) / max(abs(r), 1e-3 * scale, 1e-300)
-            for g, r in zip(got, (rmax, rmin), strict=True)
-        ]
-        targets[name] = [[rmax, rmin], [max(e, tol) for e in errs]]
+    targets = peer_targets(ours_result["values"], {"values": reference}, tol)
     return peer_ladder(module, x, y, blocks, targets, tol, 320)
 
 

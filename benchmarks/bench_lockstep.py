@@ -268,13 +268,14 @@ def peer_ladder(module, x, y, blocks, targets: dict, tol: float, cap: int) -> di
     reported, not counted). An end the cap does not reach counts the cap's run, and the row
     says so: its ratio is then a lower bound."""
     import hessian_eigenthings as he
+    import torch
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_curvature import _FlatLM
 
     flat = _FlatLM(module).eval()
     loader = [(x, y.reshape(-1))]
-    loss_fn = he.supervised_loss(torch_cross_entropy())
+    loss_fn = he.supervised_loss(torch.nn.functional.cross_entropy)
     per_end: dict[str, list[dict]] = {}
     ops = {}
     for name, members in blocks.items():
@@ -342,12 +343,6 @@ def peer_ladder(module, x, y, blocks, targets: dict, tol: float, cap: int) -> di
     }
 
 
-def torch_cross_entropy():
-    import torch
-
-    return torch.nn.functional.cross_entropy
-
-
 def _run_child(
     python: str,
     model: dict,
@@ -407,15 +402,18 @@ def _errors(values: dict, reference: dict) -> float:
     return worst
 
 
-def _write_targets(ours: dict, reference: dict, tol: float, directory: Path) -> str:
-    """The peer's per-end targets at equal accuracy: our error on that end or ``tol``."""
-    errors = _end_errors(ours["values"], reference)
-    targets = {
+def peer_targets(values: dict, reference: dict, tol: float) -> dict:
+    """The peer's per-end targets at equal accuracy (:func:`peer_ladder`): per block, the
+    reference values and our error on each end or ``tol``, whichever is larger."""
+    return {
         name: [list(reference["values"][name]), [max(e, tol) for e in errs]]
-        for name, errs in errors.items()
+        for name, errs in _end_errors(values, reference).items()
     }
+
+
+def _write_targets(ours: dict, reference: dict, tol: float, directory: Path) -> str:
     path = directory / "peer-targets.json"
-    path.write_text(json.dumps(targets))
+    path.write_text(json.dumps(peer_targets(ours["values"], reference, tol)))
     return str(path)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -42,21 +43,16 @@ def configure_cuda_for_curvature() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
-_BLAS_CONTROLLER: list = []
-"""The process's threadpoolctl controller, made once: finding the loaded BLAS libraries reads
-``/proc/self/maps`` and took about 1 ms a call, more than the small eigenproblem it guarded."""
-
-
+@functools.cache
 def _blas_controller():
-    """The cached controller, or None (cached too) without threadpoolctl ≥ 3."""
-    if not _BLAS_CONTROLLER:
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:
-            _BLAS_CONTROLLER.append(None)
-        else:
-            _BLAS_CONTROLLER.append(ThreadpoolController())
-    return _BLAS_CONTROLLER[0]
+    """The process's threadpoolctl controller, made once (None without threadpoolctl ≥ 3):
+    finding the loaded BLAS libraries reads ``/proc/self/maps`` and took about 1 ms a call,
+    more than the small eigenproblem it guarded."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    return ThreadpoolController()
 
 
 @contextlib.contextmanager

@@ -79,11 +79,6 @@ class Spectrum:
     basis_vectors: int = 0
 
     @property
-    def worst_absolute_residual(self) -> float:
-        parts = [self.residual_max, self.residual_min, *(e.residual for e in self.top)]
-        return max((p for p in parts if p == p), default=float("nan"))
-
-    @property
     def worst_failing_residual(self) -> float:
         """The largest residual among the pairs above their tolerance (0 when none is): what
         the stagnation test compares with the rounding level (a certified pair's residual,
@@ -314,7 +309,8 @@ def lanczos_steps(
         if beta == 0.0:
             break
         if j + 1 == m:  # the basis is full: thick restart from the kept Ritz vectors
-            theta, s = _ritz(t[: j + 1, : j + 1])  # every pair: the kept ones are rotated in
+            if np.isnan(theta).any():  # the step computed the wanted pairs only
+                theta, s = _ritz(t[: j + 1, : j + 1])  # every pair: the kept ones rotate in
             done_top = need_top > 0 and all(
                 estimate_ok(len(theta) - 1 - i) for i in range(min(need_top, len(theta)))
             )
@@ -469,9 +465,8 @@ def _certify_steps(
     value still lies within that certificate's residual, or :data:`REUSE_WINDOW` of its
     tolerance, of the certified value is the same eigenpair and is not multiplied again (its
     certificate stands, and the value reported is within 1.1 tolerances of the latest Ritz
-    value); newly certified ends are
-    added to it. Not with ``want_vectors`` or ``top_k`` > 1: the vectors of a set must be
-    orthogonal, i.e. come from one Rayleigh–Ritz."""
+    value); newly certified ends are added to it. Not with ``want_vectors`` or ``top_k`` > 1:
+    the vectors of a set must be orthogonal, i.e. come from one Rayleigh–Ritz."""
     norm_est = max(abs(theta[0]), abs(theta[-1]), 1e-300)
     checked: dict[int, EigenEnd] = {}
     products = 0
