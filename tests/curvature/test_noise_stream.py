@@ -61,12 +61,29 @@ def test_singleton_groups_equal_the_gram_matrix_form() -> None:
         assert got == pytest.approx(want, rel=1e-10, abs=1e-12), key
 
 
+def test_few_examples_hold_only_their_own_group_sums() -> None:
+    """Memory follows the groups that open, not ``max_groups``: 5 examples under a 64-group
+    bound hold 8 rows of D (the doubling from 4), and their estimates are the Gram matrix's."""
+    gen = torch.Generator().manual_seed(5)
+    g = torch.randn(5, 13, generator=gen, dtype=torch.float64) + 0.3
+    acc = _accumulate(g, max_groups=64)
+    assert acc.sums.shape == (8, 13) == (GroupedGradientSums.rows_for(5, 64), 13)
+    assert acc.n_groups == 5
+    t, n_b, q_b = acc.active()
+    torch.testing.assert_close(t, g, rtol=0, atol=0)  # one example per group, exactly
+    ref = noise_estimates_from_gram(g @ g.T)
+    est = stream_estimates(acc.gram(), n_b, q_b)
+    assert est.trace_sigma == pytest.approx(ref.trace_sigma, rel=1e-12)
+    assert est.grad_sq_norm == pytest.approx(ref.grad_sq_norm, rel=1e-12, abs=1e-14)
+
+
 def test_grouping_keeps_point_estimates_and_bounds_memory() -> None:
     gen = torch.Generator().manual_seed(4)
     n, dim = 203, 11
     g = torch.randn(n, dim, generator=gen, dtype=torch.float64) + 0.5
     acc = _accumulate(g, max_groups=16)
     assert acc.sums.shape == (16, dim)  # O(max_groups · D), independent of n
+    assert GroupedGradientSums.rows_for(n, 16) == 16
     assert acc.n == n and 8 <= acc.n_groups <= 16
     t, n_b, q_b = acc.active()
     assert float(n_b.sum()) == n

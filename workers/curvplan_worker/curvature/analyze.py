@@ -431,7 +431,7 @@ def _analyze(
             n_params,
             sample_batch=micro_batch or 64,
             noise_batch=micro_batch or 32,
-            noise_groups=opts.noise_max_groups,
+            noise_groups=_noise_group_rows(opts, len(data)),
             basis_budget=machine.basis_budget,
         )
         result["cache_graph"] = plan.cache_graph
@@ -881,6 +881,17 @@ def _per_sample(model, objective, data, opts, top_vectors, engine, micro_batch) 
             max_iter=opts.per_sample_max_iter,
         )
     return out
+
+
+def _noise_group_rows(opts: AnalysisOptions, n_examples: int) -> int:
+    """Rows of running gradient sums the gradient-noise stage allocates: its gradient
+    examples' groups (``noise_grad_examples``, default min(n/2, 64) as
+    ``gradient_noise_from_sample`` draws them), at most ``noise_max_groups``."""
+    from curvplan_worker.curvature.gradient_noise import DEFAULT_MAX_GRAD_EXAMPLES
+    from curvplan_worker.curvature.noise_stream import GroupedGradientSums
+
+    n_grad = opts.noise_grad_examples or min(n_examples // 2, DEFAULT_MAX_GRAD_EXAMPLES)
+    return GroupedGradientSums.rows_for(n_grad, opts.noise_max_groups)
 
 
 def _gradient_noise(model, objective, data, opts, micro_batch) -> dict | None:

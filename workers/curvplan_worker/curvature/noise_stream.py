@@ -23,7 +23,10 @@ and the delete-a-group jackknife recomputes every statistic (and log B_simple, l
 one group left out, from W, M, n_b and Q_b alone. With one example per group (n ≤ max_groups)
 these are exactly the Gram-matrix estimators and the leave-one-out jackknife of
 ``gradient_noise.noise_estimates_from_gram``. When a new example arrives and all groups are full,
-adjacent groups are merged pairwise (group size doubles), so memory stays max_groups × D.
+adjacent groups are merged pairwise (group size doubles), so memory stays max_groups × D. The
+sums are allocated as groups open (their rows double, up to max_groups), so n < max_groups
+examples hold n × D, not max_groups × D (a 4-example sample of a 19.5 M-parameter model held
+10 GB of zeros before, and a distilgpt2-sized one would not have fitted in 24 GiB).
 
 The jackknife of the LOG-RATIO (rather than combining the numerator's and denominator's errors as
 independent) uses that both come from the same gradients (Efron & Tibshirani 1993, ch. 11).
@@ -56,7 +59,7 @@ class GroupedGradientSums:
             raise ValueError(f"max_groups: must be an even number ≥ 4, got {max_groups}")
         self.dim = int(dim)
         self.max_groups = int(max_groups)
-        self.sums = torch.zeros(max_groups, self.dim, dtype=torch.float64)
+        self.sums = torch.zeros(0, self.dim, dtype=torch.float64)  # rows grow as groups open
         self.counts = torch.zeros(max_groups, dtype=torch.float64)
         self.sq = torch.zeros(max_groups, dtype=torch.float64)
         self.loss_terms = 0.0
@@ -87,10 +90,28 @@ class GroupedGradientSums:
             if self.counts[self.n_groups - 1] < self.group_size:
                 return self.n_groups - 1
         self.n_groups += 1
+        if self.n_groups > self.sums.shape[0]:
+            self._grow()
         return self.n_groups - 1
 
+    @staticmethod
+    def rows_for(n_examples: int, max_groups: int = 64) -> int:
+        """Rows of group sums that ``n_examples`` examples allocate (what the memory plan
+        counts): the doubling from 4 up to the first that holds them, at most ``max_groups``."""
+        rows = 0
+        while rows < min(max(int(n_examples), 1), max_groups):
+            rows = min(max_groups, max(4, 2 * rows))
+        return rows
+
+    def _grow(self) -> None:
+        """Room for more group sums: the rows double (at least 4, at most ``max_groups``)."""
+        rows = min(self.max_groups, max(4, 2 * self.sums.shape[0]))
+        grown = torch.zeros(rows, self.dim, dtype=torch.float64)
+        grown[: self.sums.shape[0]] = self.sums
+        self.sums = grown
+
     def _merge_pairs(self) -> None:
-        half = self.max_groups // 2
+        half = self.max_groups // 2  # only when every group is open: sums has max_groups rows
         for src in (self.sums, self.counts, self.sq):
             merged = src[0::2] + src[1::2]
             src.zero_()
