@@ -17,9 +17,10 @@ second backward through every micro-batch's graph). Each stage's work is counted
   :data:`FULL_MODEL_BASIS_BYTES`;
 * dense: one product per parameter (the Hessian's columns);
 * top eigenspace: one Lanczos run over all parameters;
-* per-sample and gradient-noise statistics: per-example passes, each counted as its 1/N
-  share of a product plus :data:`PER_EXAMPLE_OVERHEAD` (a forward pass over the sample is
-  about a third of a product).
+* per-sample and gradient-noise statistics: passes over part of the sample, each counted as
+  its share of a product (1/N an example) plus :data:`PER_EXAMPLE_OVERHEAD` (a forward pass
+  over the sample is about a third of a product); the gradient noise's are its Hessian
+  quadratic forms (:func:`noise_cost`).
 
 Seconds are products × milliseconds per product: measured by the worker before the spectra,
 else the prior :func:`prior_ms_per_product` from the FLOPs of one product (about 12 · P · T
@@ -57,26 +58,38 @@ fixed cost of a forward and two backward passes on one example. Calibrated on th
 example`` model on CPU (benchmarks/results/defaults-cpu.txt), where per-example work is mostly
 fixed cost; on large models it overestimates, and the ETA corrects it as the stage runs."""
 
-PER_SAMPLE_STEPS = 40
-"""Prior Lanczos steps of one example's Hessian norm (at most ``per_sample_max_iter``)."""
+PER_SAMPLE_STEPS = 25
+"""Prior Lanczos steps of one example's Hessian norm (at most ``per_sample_max_iter``): the mean
+of the 24 per-example runs of the default analyses of the example (25.3), the tiny GPT-2 (23.4)
+and the 4-layer Llama (26.1) in benchmarks/results/analyze-sizes-*.json (2026-12-03)."""
 
-NOISE_PRODUCTS_PER_EXAMPLE = 5.0
-"""Per-example products the gradient-noise statistics spend per example they use (per-example
-gradients, their jackknife groups and the Hessian quadratic forms gᵀHg); calibrated like
-:data:`PER_EXAMPLE_OVERHEAD`."""
+NOISE_HESSIAN_GROUPS = 4
+"""The Hessian batch's groups in the gradient-noise statistics (``gradient_noise``'s
+``n_hessian_groups``): each group's form is one Hessian-vector product per gradient group."""
 
-STEPS_BASE = 10.0
+NOISE_MAX_EXAMPLES = 64
+"""The gradient-noise split's default size of each half (``gradient_noise``'s
+``DEFAULT_MAX_GRAD_EXAMPLES`` and ``DEFAULT_MAX_HESSIAN_EXAMPLES``)."""
+
+STEPS_BASE = 3.0
 STEPS_PER_DIGIT = 10.0
 """Prior Lanczos steps for both ends of a block to a relative tolerance: BASE + PER_DIGIT ·
 log10(1/tol). Lanczos converges geometrically at the extremes (Kaniel–Paige–Saad bound,
 Saad 1980, "On the rates of convergence of the Lanczos and the block-Lanczos methods", SIAM
 J. Numer. Anal. 17(5)), so steps grow with the digits asked for; the constants are this
 engine's typical counts on Transformer blocks, refined at run time by the blocks measured.
-Calibrated (a fit to three models, not a law) at tolerance 1e-3 with the small-operator basis
-and certificates made once: mean Lanczos products a block 47 on the example, 40 on the tiny
-GPT-2, 36 on the 4-layer Llama (27.5 without its head, whose λ_min ran to max_iter); the
-prior's 40 is −15 %, 0 % and +12 % of their totals. The example at 1e-4 took 23 % more than
-at 1e-3 (about 10 a digit)."""
+
+Calibrated (a fit to three models, not a law) at tolerance 1e-3 to the count that prices the
+time: each block's Lanczos products weighted by what one product on that block costs
+(``SpectraTiming.item_ms``). The blocks near the input cost the most a product (their second
+backward walks the whole graph) and certify in fewer products (20–45) than the cheap blocks
+near the output (the head: 206 on the example, 309 on the Llama), so the plain mean count (47
+example, 36 tiny GPT-2, 35.5 Llama) overprices the time, by +57 % on the tiny GPT-2's first ETA
+(benchmarks/results/analyze-sizes-cpu-r26-run1.json). The cost-weighted means are 34.6 / 35.0
+(example, two runs), 30.3 / 30.0 (tiny GPT-2) and 33.5 (Llama): the prior's 33. It
+undercounts the products of a model with a slow head (the example's 1,208 products are
+priced as about 900) but not their seconds. The example at 1e-4 took 23 % more than at 1e-3
+(about 10 a digit)."""
 
 TOP_END_SHARE = 0.5
 """Prior share of a both-ends Lanczos run's steps that the top end alone needs (λ_max converges
@@ -120,6 +133,7 @@ class CostOptions:
     gradient_noise: bool = True
     noise_grad_examples: int | None = None
     noise_hessian_examples: int | None = None
+    noise_max_groups: int = 64
 
     @classmethod
     def from_options(cls, options: Any) -> CostOptions:
@@ -476,9 +490,8 @@ def estimate(
             seconds=None if timed is None else forwards * ms / 1000.0 + timed,
         )
     if opts.gradient_noise and n >= 3:
-        used = min((opts.noise_grad_examples or n) + (opts.noise_hessian_examples or 0), n)
-        work = used * NOISE_PRODUCTS_PER_EXAMPLE * one
-        add("gradient_noise", work, work)
+        work, timed = noise_cost(n, opts, ms, example)
+        add("gradient_noise", work, work, seconds=timed)
     setup = 0.0
     if first_product_ms is not None and ms_per_product is not None:
         setup = max(0.0, first_product_ms - ms_per_product) / 1000.0
@@ -549,6 +562,55 @@ def _spectra_seconds(
     return blocks or None, {
         k: p * item_ms(k) / 1000.0 + step(k, p) for k, p in pairs.items()
     } or None
+
+
+def noise_split(n_examples: int, opts: CostOptions) -> tuple[int, int, int, int]:
+    """(gradient examples, Hessian examples, gradient groups k, Hessian groups) of the
+    gradient-noise statistics on N examples (the fixed split of ``gradient_noise_from_sample``;
+    :func:`noise_cost`): the Hessian forms make one product per gradient group and Hessian
+    group, k times the groups."""
+    n = max(int(n_examples), 3)
+    grads = int(opts.noise_grad_examples or min(n // 2, NOISE_MAX_EXAMPLES))
+    grads = max(2, min(grads, n - 1))
+    hessian = int(opts.noise_hessian_examples or min(n - grads, NOISE_MAX_EXAMPLES))
+    hessian = max(1, min(hessian, n - grads))
+    size, cap = 1, max(int(opts.noise_max_groups), 4)
+    while math.ceil(grads / size) > cap:  # full groups merge pairwise: their size doubles
+        size *= 2
+    return grads, hessian, math.ceil(grads / size), min(NOISE_HESSIAN_GROUPS, hessian)
+
+
+def noise_cost(
+    n_examples: int, opts: CostOptions, ms: float, example: Mapping[str, Any] | None
+) -> tuple[float, float | None]:
+    """(products, seconds) of the gradient-noise statistics (``curvature/gradient_noise.py``,
+    McCandlish et al. 2018 §2.2). The sample splits into g = ``noise_grad_examples`` (default
+    min(N/2, 64)) gradient examples and h = ``noise_hessian_examples`` (default min(N − g, 64))
+    Hessian examples; the g per-example gradients go into k ≤ ``noise_max_groups`` groups
+    (``noise_stream``: full groups merge pairwise), and each of the
+    :data:`NOISE_HESSIAN_GROUPS` groups of the Hessian batch (m = h / 4 examples) takes one
+    Hessian-vector product per gradient group, on its own graph (:func:`noise_split`). Profiled
+    on the example and the tiny GPT-2 (2026-12-03), those products are ≥ 97 % of the stage.
+
+    Products: 4k HVPs on m examples, each m / N of a product plus :data:`PER_EXAMPLE_OVERHEAD`,
+    and the g per-example gradients, each 1 / N plus the same overhead. Seconds, with the
+    one-example timing (``example``: ``warm_ms``, ``first_ms``): an HVP on m examples costs the
+    line through the one-example product (m = 1) and the whole sample's (m = N, ``ms``), each
+    group's first product builds its graph (``first_ms`` − ``warm_ms``), and a per-example
+    gradient costs about a one-example product (vmapped: 0.49 s against 0.32 s on the 19.5 M
+    Llama). None without the timing: products × ``ms``."""
+    n = max(int(n_examples), 3)
+    grads, hessian, k, groups = noise_split(n, opts)
+    m = hessian / groups
+    products = groups * k * (m / n + PER_EXAMPLE_OVERHEAD) + grads * (1 / n + PER_EXAMPLE_OVERHEAD)
+    if not example or example.get("warm_ms") is None:
+        return products, None
+    warm = float(example["warm_ms"])
+    first = float(example.get("first_ms") or warm)
+    per_example = max(ms - warm, 0.0) / (n - 1)  # the line through (1, warm) and (N, ms)
+    hvp = warm + (m - 1.0) * per_example
+    seconds = groups * (k * hvp + max(first - warm, 0.0)) + grads * warm
+    return products, seconds / 1000.0
 
 
 def per_sample_seconds(

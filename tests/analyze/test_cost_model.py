@@ -27,9 +27,11 @@ SPECTRA_ONLY = AnalysisOptions(**OPTS, per_sample=False, gradient_noise=False, d
 @pytest.fixture(autouse=True)
 def _a_prior_of_50_steps_at_1e_3(monkeypatch: pytest.MonkeyPatch) -> None:
     """The arithmetic below is written for a prior of 20 + 10·3 = 50 Lanczos steps a block at
-    tolerance 1e-3; it is pinned here so that a recalibration of the prior (a measured
-    constant, ``cost_model.STEPS_BASE``) does not rewrite the tests of the mechanics."""
+    tolerance 1e-3 and 40 a per-example Hessian norm; they are pinned here so that a
+    recalibration of the priors (measured constants, ``cost_model.STEPS_BASE`` and
+    ``PER_SAMPLE_STEPS``) does not rewrite the tests of the mechanics."""
     monkeypatch.setattr(cost_model, "STEPS_BASE", 20.0)
+    monkeypatch.setattr(cost_model, "PER_SAMPLE_STEPS", 40)
 
 
 def test_block_products_follow_the_engines_counts() -> None:

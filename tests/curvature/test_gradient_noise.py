@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from curvplan_core import cost_model
 from curvplan_worker.analyze.planner_inputs import planner_gradient_noise, planner_measurements
 from curvplan_worker.curvature import gradient_noise as gn
 from curvplan_worker.curvature.model import build_model
@@ -285,6 +286,38 @@ def test_sample_split_is_disjoint_seeded_and_validated() -> None:
         gn.gradient_noise_from_sample(model, objective, x, y, n_grad=10)
     with pytest.raises(ValueError, match="hessian_inputs"):
         gn.gradient_noise_statistics(model, objective, x, y, x)
+
+
+@pytest.mark.parametrize(
+    ("n", "options"),
+    [
+        (5, {}),
+        (10, {"noise_grad_examples": 6}),
+        (40, {"noise_max_groups": 4}),
+        (300, {}),
+        (300, {"noise_grad_examples": 20, "noise_hessian_examples": 7}),
+    ],
+)
+def test_the_cost_model_counts_the_products_the_statistics_make(n, options) -> None:
+    """``cost_model.noise_split`` (what prices the stage before it runs) against the engine's
+    own split and its count of Hessian-vector products: one per gradient group and Hessian
+    group."""
+    pop = Population()
+    x, y = pop.draw(n, _gen(2))
+    opts = cost_model.CostOptions.from_options(options)
+    out = gn.gradient_noise_from_sample(
+        pop.model(),
+        RegressionObjective(),
+        x,
+        y,
+        n_grad=options.get("noise_grad_examples"),
+        n_hessian=options.get("noise_hessian_examples"),
+        max_groups=opts.noise_max_groups,
+        batch_size=64,
+    )
+    grads, hessian, k, groups = cost_model.noise_split(n, opts)
+    assert (len(out["grad_indices"]), len(out["hessian_indices"])) == (grads, hessian)
+    assert out["n_hvp_products"] == k * groups
 
 
 def test_without_a_hessian_batch_only_the_simple_pair_is_estimated() -> None:
