@@ -68,6 +68,11 @@ def test_few_examples_hold_only_their_own_group_sums() -> None:
     g = torch.randn(5, 13, generator=gen, dtype=torch.float64) + 0.3
     acc = _accumulate(g, max_groups=64)
     assert acc.sums.shape == (8, 13) == (GroupedGradientSums.rows_for(5, 64), 13)
+    told = GroupedGradientSums(13, max_groups=64, expected=5)
+    assert told.sums.shape == (8, 13)  # allocated at once: adding the 5 never grows it
+    told.add(g)
+    assert told.sums.shape == (8, 13)
+    torch.testing.assert_close(told.gram(), acc.gram(), rtol=0, atol=0)
     assert acc.n_groups == 5
     t, n_b, q_b = acc.active()
     torch.testing.assert_close(t, g, rtol=0, atol=0)  # one example per group, exactly

@@ -501,7 +501,7 @@ def stream_gradient_sums(
     if method not in ("vmap", "loop", "auto"):
         raise ValueError(f"method: must be 'vmap', 'loop' or 'auto', got {method!r}")
     base = select_parameters(model, param_names)
-    acc = GroupedGradientSums(numel(base), max_groups=max_groups)
+    acc = GroupedGradientSums(numel(base), max_groups=max_groups, expected=n)
     look = max(2, min(min_examples, n))
     used = method
     stop = "fixed" if not adaptive else "budget"

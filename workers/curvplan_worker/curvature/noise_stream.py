@@ -54,12 +54,16 @@ __all__ = [
 class GroupedGradientSums:
     """Running per-group gradient sums (O(max_groups · D) fp64 memory, independent of n)."""
 
-    def __init__(self, dim: int, max_groups: int = 64) -> None:
+    def __init__(self, dim: int, max_groups: int = 64, expected: int | None = None) -> None:
+        """``expected``: the examples the caller will add at most, when it knows: their rows
+        are allocated at once (:meth:`rows_for`), so the sums never grow (a growth holds the
+        old rows and the new ones together)."""
         if max_groups < 4 or max_groups % 2:
             raise ValueError(f"max_groups: must be an even number ≥ 4, got {max_groups}")
         self.dim = int(dim)
         self.max_groups = int(max_groups)
-        self.sums = torch.zeros(0, self.dim, dtype=torch.float64)  # rows grow as groups open
+        rows = 0 if expected is None else self.rows_for(expected, self.max_groups)
+        self.sums = torch.zeros(rows, self.dim, dtype=torch.float64)  # grows as groups open
         self.counts = torch.zeros(max_groups, dtype=torch.float64)
         self.sq = torch.zeros(max_groups, dtype=torch.float64)
         self.loss_terms = 0.0
