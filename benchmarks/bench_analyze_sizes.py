@@ -125,13 +125,17 @@ class _EstimateOnly(Exception):
 
 
 def run_row(
-    row: str, device: str, memory_limit: str | None, estimate_only: bool = False
+    row: str,
+    device: str,
+    memory_limit: str | None,
+    estimate_only: bool = False,
+    overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One default analysis in this process; its figures (with ``estimate_only``: up to the
     cost model's estimate, then stop)."""
     import torch
 
-    from curvplan.types.options import AnalysisOptions, MachineSettings
+    from curvplan.types.options import MachineSettings, parse_options
     from curvplan_worker.analyze.eta import EtaTracker
     from curvplan_worker.curvature.analyze import analyze
     from curvplan_worker.curvature.limits import AttemptLimits
@@ -146,7 +150,8 @@ def run_row(
             memory_limit_source=limit.source if limit else "",
             started_at=time.monotonic(),
         )
-        options = AnalysisOptions()  # the defaults, typed: what the tracker estimates with
+        # the defaults (or the --option overrides), typed: what the tracker estimates with
+        options = parse_options(overrides or {})
         eta = EtaTracker(limits, options)
         events: list[dict[str, Any]] = []
         t_start = time.perf_counter()
@@ -208,6 +213,7 @@ def run_row(
     spectra_p = stage_products.get("blocks", 0)
     return {
         "row": row,
+        "options": overrides or {},
         "device": result.get("device"),
         "n_parameters": result.get("n_parameters"),
         "n_examples": result.get("n_examples"),
@@ -238,6 +244,8 @@ def run_row(
             for b in result.get("blocks") or []
         },
         "lockstep": (result.get("memory_plan") or {}).get("lockstep"),
+        "later_stage_memory": (result.get("memory_plan") or {}).get("stages"),
+        "noise_hvp_products": (result.get("gradient_noise") or {}).get("n_hvp_products"),
         "estimate_stages": record.get("stages"),
         "per_sample_hessian_products": (
             ((result.get("per_sample") or {}).get("hessian_norms") or {}).get("n_products")
@@ -259,6 +267,8 @@ def _print_row(r: dict[str, Any]) -> None:
         f"{r['blocks']} blocks ({r['converged_blocks']} with λ_max and λ_min certified), "
         f"{r['device']}, {r['threads']} threads, micro-batch {r['micro_batch']}"
     )
+    if r.get("options"):
+        print(f"  options {r['options']} (not the default analysis the goal is for)")
     print(f"  inputs written in {r['prepare_seconds']:.1f} s (not counted)")
     for stage, seconds in r["stage_seconds"].items():
         products = r["stage_products"].get(stage)
@@ -317,6 +327,20 @@ def _print_estimate(r: dict[str, Any]) -> None:
     )
 
 
+def _overrides(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` analysis options (VALUE parsed as JSON, else a string)."""
+    out: dict[str, Any] = {}
+    for raw in pairs:
+        key, sep, value = raw.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--option {raw!r}: expected KEY=VALUE")
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
@@ -341,10 +365,20 @@ def main() -> None:
         help="run each row up to the cost model's estimate (load, gradient, the timed "
         "products), print it and stop before the spectra: what a full row would take",
     )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an analysis option instead of its default (VALUE as JSON), repeatable; e.g. "
+        "--option 'blocks=[\"final_norm\"]' runs every stage after the spectra at full size "
+        "on one small block (such a row is not the default analysis its goal is for)",
+    )
     parser.add_argument("--one-row", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    overrides = _overrides(args.option)
     if args.one_row:  # the child process of one row: its figures as JSON on the last line
-        row = run_row(args.one_row, args.device, args.memory_limit, args.estimate_only)
+        row = run_row(args.one_row, args.device, args.memory_limit, args.estimate_only, overrides)
         print(json.dumps(row))
         return
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
@@ -359,6 +393,7 @@ def main() -> None:
             cmd += ["--memory-limit", args.memory_limit]
         if args.estimate_only:
             cmd += ["--estimate-only"]
+        cmd += [f"--option={o}" for o in args.option]
         t0 = time.perf_counter()
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if done.returncode != 0:
