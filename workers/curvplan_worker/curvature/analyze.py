@@ -429,8 +429,10 @@ def _analyze(
         result["memory_plan"]["stages"] = later_stage_memory(
             plan,
             n_params,
-            sample_batch=micro_batch or 64,
-            noise_batch=micro_batch or 32,
+            # a vmapped batch holds at most the examples there are (8 rows, not 64, of an
+            # 8-example sample: 5 GB, not 42, on an 82 M-parameter model)
+            sample_batch=min(micro_batch or 64, len(data)),
+            noise_batch=min(micro_batch or 32, _noise_gradient_examples(opts, len(data))),
             noise_groups=_noise_group_rows(opts, len(data)),
             basis_budget=machine.basis_budget,
         )
@@ -883,14 +885,20 @@ def _per_sample(model, objective, data, opts, top_vectors, engine, micro_batch) 
     return out
 
 
+def _noise_gradient_examples(opts: AnalysisOptions, n_examples: int) -> int:
+    """The gradient-noise stage's gradient examples: ``noise_grad_examples``, default
+    min(n/2, 64) as ``gradient_noise_from_sample`` draws them."""
+    from curvplan_worker.curvature.gradient_noise import DEFAULT_MAX_GRAD_EXAMPLES
+
+    return opts.noise_grad_examples or min(n_examples // 2, DEFAULT_MAX_GRAD_EXAMPLES)
+
+
 def _noise_group_rows(opts: AnalysisOptions, n_examples: int) -> int:
     """Rows of running gradient sums the gradient-noise stage allocates: its gradient
-    examples' groups (``noise_grad_examples``, default min(n/2, 64) as
-    ``gradient_noise_from_sample`` draws them), at most ``noise_max_groups``."""
-    from curvplan_worker.curvature.gradient_noise import DEFAULT_MAX_GRAD_EXAMPLES
+    examples' groups, at most ``noise_max_groups``."""
     from curvplan_worker.curvature.noise_stream import GroupedGradientSums
 
-    n_grad = opts.noise_grad_examples or min(n_examples // 2, DEFAULT_MAX_GRAD_EXAMPLES)
+    n_grad = _noise_gradient_examples(opts, n_examples)
     return GroupedGradientSums.rows_for(n_grad, opts.noise_max_groups)
 
 
