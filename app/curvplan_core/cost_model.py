@@ -64,12 +64,13 @@ of the 24 per-example runs of the default analyses of the example (25.3), the ti
 and the 4-layer Llama (26.1) in benchmarks/results/analyze-sizes-*.json (2026-12-03)."""
 
 NOISE_HESSIAN_GROUPS = 4
-"""The Hessian batch's groups in the gradient-noise statistics (``gradient_noise``'s
-``n_hessian_groups``): each group's form is one Hessian-vector product per gradient group."""
+"""The Hessian batch's groups in the gradient-noise statistics (the default
+``n_hessian_groups`` of ``curvature/gradient_noise.py``, which imports it): each group's form
+is one Hessian-vector product per gradient group."""
 
 NOISE_MAX_EXAMPLES = 64
-"""The gradient-noise split's default size of each half (``gradient_noise``'s
-``DEFAULT_MAX_GRAD_EXAMPLES`` and ``DEFAULT_MAX_HESSIAN_EXAMPLES``)."""
+"""The gradient-noise split's default size of each half (``curvature/gradient_noise.py``'s
+``DEFAULT_MAX_GRAD_EXAMPLES`` and ``DEFAULT_MAX_HESSIAN_EXAMPLES`` are this)."""
 
 STEPS_BASE = 3.0
 STEPS_PER_DIGIT = 10.0
@@ -599,8 +600,8 @@ def noise_cost(
     group's first product builds its graph (``first_ms`` − ``warm_ms``), and a per-example
     gradient costs about a one-example product (vmapped: 0.49 s against 0.32 s on the 19.5 M
     Llama). None without the timing: products × ``ms``."""
+    grads, hessian, k, groups = noise_split(n_examples, opts)
     n = max(int(n_examples), 3)
-    grads, hessian, k, groups = noise_split(n, opts)
     m = hessian / groups
     products = groups * k * (m / n + PER_EXAMPLE_OVERHEAD) + grads * (1 / n + PER_EXAMPLE_OVERHEAD)
     if not example or example.get("warm_ms") is None:

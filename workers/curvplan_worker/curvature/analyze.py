@@ -23,6 +23,7 @@ from curvplan.types.options import AnalysisOptions, MachineSettings, OptionsErro
 from curvplan.types.spec import parse_spec
 from curvplan_core import blocks as core_blocks
 from curvplan_core.blocks import UnknownBlocks
+from curvplan_core.cost_model import CostOptions, noise_split
 from curvplan_worker.curvature.blocks import custom_blocks, default_blocks, select_blocks
 from curvplan_worker.curvature.cancel import Cancelled, cancel_scope
 from curvplan_worker.curvature.data import Dataset
@@ -57,6 +58,7 @@ from curvplan_worker.curvature.memory import (
     reset_peak,
 )
 from curvplan_worker.curvature.memory_fit import fit_to_memory
+from curvplan_worker.curvature.noise_stream import GroupedGradientSums
 from curvplan_worker.curvature.operator import CurvatureEngine, block_slices
 from curvplan_worker.curvature.sources import ModelInput, is_hf_source, load_source
 from curvplan_worker.curvature.spectra import (
@@ -426,14 +428,16 @@ def _analyze(
                 }
             )
         result["memory_plan"] = plan.as_dict()
+        # the noise stage's gradient examples, as the cost model and the engine split them
+        n_grad = noise_split(len(data), CostOptions.from_options(opts))[0]
         result["memory_plan"]["stages"] = later_stage_memory(
             plan,
             n_params,
             # a vmapped batch holds at most the examples there are (8 rows, not 64, of an
             # 8-example sample: 5 GB, not 42, on an 82 M-parameter model)
             sample_batch=min(micro_batch or 64, len(data)),
-            noise_batch=min(micro_batch or 32, _noise_gradient_examples(opts, len(data))),
-            noise_groups=_noise_group_rows(opts, len(data)),
+            noise_batch=min(micro_batch or 32, n_grad),
+            noise_groups=GroupedGradientSums.rows_for(n_grad, opts.noise_max_groups),
             basis_budget=machine.basis_budget,
         )
         result["cache_graph"] = plan.cache_graph
@@ -883,23 +887,6 @@ def _per_sample(model, objective, data, opts, top_vectors, engine, micro_batch) 
             max_iter=opts.per_sample_max_iter,
         )
     return out
-
-
-def _noise_gradient_examples(opts: AnalysisOptions, n_examples: int) -> int:
-    """The gradient-noise stage's gradient examples: ``noise_grad_examples``, default
-    min(n/2, 64) as ``gradient_noise_from_sample`` draws them."""
-    from curvplan_worker.curvature.gradient_noise import DEFAULT_MAX_GRAD_EXAMPLES
-
-    return opts.noise_grad_examples or min(n_examples // 2, DEFAULT_MAX_GRAD_EXAMPLES)
-
-
-def _noise_group_rows(opts: AnalysisOptions, n_examples: int) -> int:
-    """Rows of running gradient sums the gradient-noise stage allocates: its gradient
-    examples' groups, at most ``noise_max_groups``."""
-    from curvplan_worker.curvature.noise_stream import GroupedGradientSums
-
-    n_grad = _noise_gradient_examples(opts, n_examples)
-    return GroupedGradientSums.rows_for(n_grad, opts.noise_max_groups)
 
 
 def _gradient_noise(model, objective, data, opts, micro_batch) -> dict | None:

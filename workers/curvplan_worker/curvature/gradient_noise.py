@@ -37,6 +37,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from curvplan_core.cost_model import NOISE_HESSIAN_GROUPS, NOISE_MAX_EXAMPLES
 from curvplan_worker.curvature.cancel import check_cancel
 from curvplan_worker.curvature.device import eval_mode
 from curvplan_worker.curvature.noise_stream import (
@@ -77,8 +78,10 @@ __all__ = [
 
 GradientMethod = Literal["vmap", "loop", "auto"]
 
-DEFAULT_MAX_GRAD_EXAMPLES = 64
-DEFAULT_MAX_HESSIAN_EXAMPLES = 64
+# the split's defaults are the cost model's, which prices this stage before it runs
+# (``cost_model.noise_split``): one rule for both
+DEFAULT_MAX_GRAD_EXAMPLES = NOISE_MAX_EXAMPLES
+DEFAULT_MAX_HESSIAN_EXAMPLES = NOISE_MAX_EXAMPLES
 DEFAULT_MAX_GROUPS = 64
 DEFAULT_NOISE_BUDGET = 1024
 
@@ -531,7 +534,7 @@ def gradient_noise_statistics(
     *,
     param_names: Sequence[str] | None = None,
     batch_size: int = 32,
-    n_hessian_groups: int = 4,
+    n_hessian_groups: int = NOISE_HESSIAN_GROUPS,
     b_small: int | None = None,
     b_big: int | None = None,
     method: GradientMethod = "auto",

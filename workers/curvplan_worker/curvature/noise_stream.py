@@ -108,8 +108,8 @@ class GroupedGradientSums:
         return rows
 
     def _grow(self) -> None:
-        """Room for more group sums: the rows double (at least 4, at most ``max_groups``)."""
-        rows = min(self.max_groups, max(4, 2 * self.sums.shape[0]))
+        """Room for the groups open: the next of :meth:`rows_for`'s doublings."""
+        rows = self.rows_for(self.n_groups, self.max_groups)
         grown = torch.zeros(rows, self.dim, dtype=torch.float64)
         grown[: self.sums.shape[0]] = self.sums
         self.sums = grown
