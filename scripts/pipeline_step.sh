@@ -10,19 +10,34 @@ set -euo pipefail
 args=()
 if [[ -n "${CURVPLAN_STEP_MEASUREMENTS:-}" ]]; then
   args+=(plan "$CURVPLAN_STEP_MEASUREMENTS")
+elif [[ -n "${CURVPLAN_STEP_MODEL:-}" ]]; then
+  if [[ -n "${CURVPLAN_STEP_SPEC:-}${CURVPLAN_STEP_CHECKPOINT:-}" || -z "${CURVPLAN_STEP_DATA:-}" ]]; then
+    echo "::error::'model' (a Hugging Face directory) takes 'data', not 'spec' or 'checkpoint'" >&2
+    exit 2
+  fi
+  args+=(analyze --model "$CURVPLAN_STEP_MODEL" --data "$CURVPLAN_STEP_DATA")
 else
   for var in CURVPLAN_STEP_SPEC CURVPLAN_STEP_CHECKPOINT CURVPLAN_STEP_DATA; do
     if [[ -z "${!var:-}" ]]; then
-      echo "::error::give 'measurements', or 'spec', 'checkpoint' and 'data'" >&2
+      echo "::error::give 'measurements', 'model' and 'data', or 'spec', 'checkpoint' and 'data'" >&2
       exit 2
     fi
   done
   args+=(analyze --spec "$CURVPLAN_STEP_SPEC" --checkpoint "$CURVPLAN_STEP_CHECKPOINT"
          --data "$CURVPLAN_STEP_DATA")
+fi
+if [[ "${args[0]}" == analyze ]]; then
   [[ -n "${CURVPLAN_STEP_TARGETS:-}" ]] && args+=(--targets "$CURVPLAN_STEP_TARGETS")
+  # One item per line: options KEY=VALUE, intermediate checkpoints, sweep jobs (id or name).
   while IFS= read -r option; do
     [[ -n "$option" ]] && args+=(--option "$option")
   done <<< "${CURVPLAN_STEP_OPTIONS:-}"
+  while IFS= read -r path; do
+    [[ -n "$path" ]] && args+=(--intermediate "$path")
+  done <<< "${CURVPLAN_STEP_INTERMEDIATE:-}"
+  while IFS= read -r sweep; do
+    [[ -n "$sweep" ]] && args+=(--sweep "$sweep")
+  done <<< "${CURVPLAN_STEP_SWEEP:-}"
 fi
 [[ -n "${CURVPLAN_STEP_NAME:-}" ]] && args+=(--name "$CURVPLAN_STEP_NAME")
 [[ -n "${CURVPLAN_STEP_TIMEOUT:-}" ]] && args+=(--timeout "$CURVPLAN_STEP_TIMEOUT")

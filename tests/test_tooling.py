@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import tomllib
 from pathlib import Path
@@ -79,5 +80,28 @@ def test_layering_contracts_and_mypy_settings_are_declared() -> None:
 
 def test_pre_commit_runs_the_same_checks() -> None:
     config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
-    ids = {hook["id"] for repo in config["repos"] for hook in repo["hooks"]}
-    assert {"ruff-check", "ruff-format", "lint-imports", "mypy", "unasync", "openapi"} <= ids
+    hooks = {hook["id"]: hook for repo in config["repos"] for hook in repo["hooks"]}
+    assert {"ruff-check", "ruff-format", "lint-imports", "mypy", "unasync", "openapi"} <= set(hooks)
+    assert hooks["mypy"]["stages"] == ["pre-push"]  # the slow check before a push
+    assert set(config["default_install_hook_types"]) == {"pre-commit", "pre-push", "commit-msg"}
+    assert hooks["commit-subject"]["stages"] == ["commit-msg"]
+
+
+def test_commit_message_check(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "check_commit_msg", ROOT / "scripts/check_commit_msg.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    main, problems = module.main, module.problems
+
+    assert problems("Fix the reaper's fence\n\nWhy: a lost lease wrote twice.\n") == []
+    assert problems("# git's comment\n" + "x" * 72) == []
+    (long,) = problems("x" * 73)
+    assert "73 characters" in long
+    assert problems("subject\nbody without a blank line") != []
+    assert problems("# only comments\n") == ["the message is empty"]
+    message = tmp_path / "COMMIT_EDITMSG"
+    message.write_text("y" * 80)
+    assert main(["check_commit_msg.py", str(message)]) == 1

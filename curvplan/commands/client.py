@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from curvplan.commands import command_group
+
 if TYPE_CHECKING:
     from curvplan.client import Client
     from curvplan.client.models import JobOut
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_JOB_FAILED, EXIT_BAD_INPUT, EXIT_SERVICE, EXIT_TIMEOUT = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
 
-jobs_app = typer.Typer(help="List, show, wait for and cancel jobs.", no_args_is_help=True)
+jobs_app = command_group(help="List, show, wait for and cancel jobs.", no_args_is_help=True)
 
 URL_OPTION = typer.Option(
     None, "--url", envvar="CURVPLAN_URL", help="Service URL [default: http://127.0.0.1:8000]."
@@ -114,6 +116,9 @@ def _read_json(path: Path, option: str) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise _fail(f"{option}: {path} is not valid JSON: {exc}", EXIT_BAD_INPUT) from None
+
+
+JOB_REF_HELP = "A job id, or a job name (the newest job of that name)."
 
 
 def _job_ref(client: Client, value: str, option: str, kind: str | None = None) -> str:
@@ -450,8 +455,12 @@ def sweep(
     tag: list[str] | None = TAG_OPTION,
     wait: bool = typer.Option(False, "--wait", help="Wait for the result, with progress."),
     timeout: float | None = typer.Option(None, "--timeout", min=0),
+    idempotency_key: str | None = typer.Option(None, "--idempotency-key"),
     as_json: bool = JSON_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    mlflow: bool = MLFLOW_OPTION,
+    outputs: Path | None = OUTPUTS_OPTION,
+    webhook_url: str | None = WEBHOOK_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
@@ -530,9 +539,11 @@ def sweep(
         tags = _pairs(tag, "--tag")
         if tags:
             body["tags"] = tags
-        job = client.submit_job(body)
+        if webhook_url is not None:
+            body["webhook_url"] = webhook_url
+        job = client.submit_job(body, idempotency_key=idempotency_key)
         log(f"sweep job {job.id}: use it with `curvplan analyze … --sweep {job.id}`")
-        _finish(client, job, wait, timeout, as_json, quiet)
+        _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs)
 
 
 def plan(
@@ -611,7 +622,7 @@ def jobs_list(
 
 @jobs_app.command("show")
 def jobs_show(
-    job_id: str = typer.Argument(..., metavar="JOB"),
+    job_id: str = typer.Argument(..., metavar="JOB", help=JOB_REF_HELP),
     as_json: bool = JSON_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
@@ -620,7 +631,7 @@ def jobs_show(
     from curvplan.client import display
 
     with _client(url, api_key) as client:
-        job = client.get_job(job_id)
+        job = client.get_job(_job_ref(client, job_id, "JOB"))
         if as_json:
             _print_json(job)
             return
@@ -632,7 +643,7 @@ def jobs_show(
 
 @jobs_app.command("wait")
 def jobs_wait(
-    job_id: str = typer.Argument(..., metavar="JOB"),
+    job_id: str = typer.Argument(..., metavar="JOB", help=JOB_REF_HELP),
     timeout: float | None = typer.Option(None, "--timeout", min=0),
     as_json: bool = JSON_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q"),
@@ -643,12 +654,13 @@ def jobs_wait(
 ) -> None:
     """Wait for a job (progress on stderr); exit 0 if it succeeded, 1 if not."""
     with _client(url, api_key) as client:
-        _finish(client, client.get_job(job_id), True, timeout, as_json, quiet, mlflow, outputs)
+        job = client.get_job(_job_ref(client, job_id, "JOB"))
+        _finish(client, job, True, timeout, as_json, quiet, mlflow, outputs)
 
 
 @jobs_app.command("cancel")
 def jobs_cancel(
-    job_id: str = typer.Argument(..., metavar="JOB"),
+    job_id: str = typer.Argument(..., metavar="JOB", help=JOB_REF_HELP),
     wait: bool = typer.Option(False, "--wait", help="Wait until the job has stopped."),
     as_json: bool = JSON_OPTION,
     url: str | None = URL_OPTION,
@@ -656,7 +668,7 @@ def jobs_cancel(
 ) -> None:
     """Cancel a queued or running job (a finished job cannot be cancelled: exit 2)."""
     with _client(url, api_key) as client:
-        job = client.cancel_job(job_id)
+        job = client.cancel_job(_job_ref(client, job_id, "JOB"))
         if wait:
             job = client.wait(job.id)
         if as_json:
@@ -696,9 +708,7 @@ def recommendations(
 
 # --------------------------------------------------------------------------- report
 def report(
-    job_id: str = typer.Argument(
-        ..., metavar="JOB", help="A job id, or a job name (the newest job of that name)."
-    ),
+    job_id: str = typer.Argument(..., metavar="JOB", help=JOB_REF_HELP),
     open_browser: bool = typer.Option(
         False, "--open", help="Open a short-lived signed link to the report in a browser."
     ),
@@ -706,25 +716,28 @@ def report(
         None, "--out", help="Write the page, plots (SVG, PNG) and numbers.json here."
     ),
     mlflow: bool = MLFLOW_OPTION,
+    as_json: bool = JSON_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
-    """A job's report: in a browser (--open), as files (--out), logged to MLflow (--mlflow)."""
-    if not open_browser and out is None and not mlflow:
-        raise _fail(
-            "say what to do: --open (browser), --out DIR (files) and/or --mlflow", EXIT_BAD_INPUT
-        )
+    """A job's report: a short-lived signed link to its page (printed; --open starts a
+    browser on it), the page and plots as files (--out), logged to MLflow (--mlflow)."""
     with _client(url, api_key) as client:
         job_id = _job_ref(client, job_id, "JOB")
         if out is not None:
             _write_report_files(client, job_id, out)
         if mlflow:
-            _log_to_mlflow(client, job_id, False)
+            _log_to_mlflow(client, job_id, as_json)
+        if (out is not None or mlflow) and not open_browser:
+            return  # the files or the MLflow run were asked for, not the link
+        link = client.report_link(job_id)
+        if as_json:
+            _print_json(link)
+        else:
+            typer.echo(f"{link.url}\n(valid until {link.expires_at.isoformat()})")
         if open_browser:
             import webbrowser
 
-            link = client.report_link(job_id)
-            typer.echo(f"{link.url}\n(valid until {link.expires_at.isoformat()})")
             if not webbrowser.open(link.url):
                 typer.echo("no browser could be started; open the link above", err=True)
 
@@ -743,7 +756,7 @@ def _write_report_files(client: Client, job_id: str, out: Path) -> None:
 
 
 # --------------------------------------------------------------------------- webhooks
-webhooks_app = typer.Typer(
+webhooks_app = command_group(
     help="The project's webhook signing secret and a job's deliveries.", no_args_is_help=True
 )
 

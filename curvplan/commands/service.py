@@ -15,8 +15,10 @@ from pathlib import Path
 
 import typer
 
-db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
-keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
+from curvplan.commands import command_group
+
+db_app = command_group(help="Database schema (Alembic migrations).", no_args_is_help=True)
+keys_app = command_group(help="API keys.", no_args_is_help=True)
 
 
 def _settings():

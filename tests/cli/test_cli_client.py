@@ -148,6 +148,12 @@ def test_plan_in_a_terminal_and_report_open(
     page = httpx.get(url, timeout=30)  # no key: the signed link is enough
     assert page.status_code == 200 and 'id="delta-curve"' in page.text
 
+    printed = in_process(["report", name, "--json"], live)  # by name; no browser: the link
+    assert printed.exit_code == 0, printed.output
+    link = json.loads(printed.stdout)
+    assert link["url"].startswith(live.url) and "token=" in link["url"]
+    assert httpx.get(link["url"], timeout=30).status_code == 200
+
 
 def test_cancelled_job_exits_1(live: LiveService, tmp_path: Path) -> None:
     body = small_plan(f"cli-cancel-{uuid.uuid4().hex[:8]}")
@@ -190,7 +196,7 @@ def test_error_paths_and_listing_in_process(live: LiveService, tmp_path: Path) -
     result = in_process(["jobs", "show", str(uuid.uuid4())], live)
     assert result.exit_code == 2 and "404" in result.output and "job not found" in result.output
     result = in_process(["jobs", "show", "not-a-uuid"], live)
-    assert result.exit_code == 2 and "job_id must be a UUID" in result.output
+    assert result.exit_code == 2 and "neither a job id nor the name of a job" in result.output
     result = in_process(["jobs", "list", "--tag", "no-equals-sign"], live)
     assert result.exit_code == 2 and "KEY=VALUE" in result.output
     result = in_process(["jobs", "list"], live, CURVPLAN_API_KEY="wrong")
@@ -198,7 +204,7 @@ def test_error_paths_and_listing_in_process(live: LiveService, tmp_path: Path) -
     result = in_process(["jobs", "list"], live, CURVPLAN_URL=f"http://127.0.0.1:{free_port()}")
     assert result.exit_code == 3 and "could not reach" in result.output
     result = in_process(["report", str(uuid.uuid4())], live)
-    assert result.exit_code == 2 and "--open" in result.output
+    assert result.exit_code == 2 and "404" in result.output
     result = in_process(
         ["analyze", "--spec", str(shapeless), "--checkpoint", str(tmp_path / "c.safetensors"),
          "--data", str(tmp_path / "d.safetensors")],
@@ -214,11 +220,12 @@ def test_error_paths_and_listing_in_process(live: LiveService, tmp_path: Path) -
     assert listed.exit_code == 0 and [j["id"] for j in json.loads(listed.stdout)] == [str(job.id)]
     table = in_process(["jobs", "list", "--name", name], live)
     assert str(job.id) in table.output and "team=nlp" in table.output
-    shown = in_process(["jobs", "show", str(job.id)], live)
-    assert f"job        {job.id}" in shown.output and "status     succeeded" in shown.output
+    for ref in (str(job.id), name):  # by id, or by name like `report`
+        shown = in_process(["jobs", "show", ref], live)
+        assert f"job        {job.id}" in shown.output and "status     succeeded" in shown.output
     again = in_process(["jobs", "cancel", str(job.id)], live)
     assert again.exit_code == 2 and "only queued or running jobs can be cancelled" in again.output
-    waited = in_process(["jobs", "wait", str(job.id), "--json"], live)
+    waited = in_process(["jobs", "wait", name, "--json"], live)
     assert waited.exit_code == 0 and json.loads(waited.stdout)["status"] == "succeeded"
     latest = in_process(["recommendations", name, "--json"], live)
     assert latest.exit_code == 0 and json.loads(latest.stdout)["job_id"] == str(job.id)
@@ -234,6 +241,13 @@ def test_help_lists_the_client_commands() -> None:
     run = run_cli(["--help"], env)
     for command in ("analyze", "plan", "jobs", "recommendations", "report"):
         assert command in run.stdout, run.stdout + run.stderr
+    version = run_cli(["--version"], env)
+    assert version.stdout.strip() == f"curvplan {curvplan.__version__}"
+    # Brackets in help text are text, not markup: the extra to install and the defaults stay.
+    analyze_help = run_cli(["analyze", "--help"], env).stdout
+    assert "curvplan[mlflow]" in analyze_help, analyze_help
+    sweep_help = run_cli(["sweep", "--help"], env).stdout
+    assert "[default: 2000]" in sweep_help and "--idempotency-key" in sweep_help
 
 
 def test_wait_timeout_exits_4(live: LiveService, tmp_path: Path) -> None:
@@ -313,15 +327,18 @@ def test_sweep_command_submits_what_it_was_given(
     assert invalid.exit_code == 2 and "body.sweep" in invalid.output
 
     name = f"cli-sweep-{uuid.uuid4().hex[:8]}"
+    with curvplan.Client(live.url, live.api_key) as api:
+        api.create_webhook_secret()  # a webhook URL needs the project's signing secret
     with live.worker.paused():  # stays queued: only the submitted request is under test
-        run = in_process(
-            ["sweep", *files, "--batch-sizes", "16,4,8", "--target-loss", "0.3",
-             "--lr", "0.01", "--lr-rule", "linear", "--max-steps", "50", "--name", name,
-             "--tag", "team=nlp", "--json"],
-            live,
-        )  # fmt: skip
+        args = ["sweep", *files, "--batch-sizes", "16,4,8", "--target-loss", "0.3",
+                "--lr", "0.01", "--lr-rule", "linear", "--max-steps", "50", "--name", name,
+                "--tag", "team=nlp", "--idempotency-key", name,
+                "--webhook-url", "http://127.0.0.1:9/hook", "--json"]  # fmt: skip
+        run = in_process(args, live)
         assert run.exit_code == 0, run.output
         job_id = json.loads(run.stdout)["id"]
+        replay = in_process(args, live)  # the same key: the same job, not a second sweep
+        assert replay.exit_code == 0 and json.loads(replay.stdout)["id"] == job_id
         with curvplan.Client(live.url, live.api_key) as api:
             job = api.get_job(job_id)
             request = job.request
@@ -335,3 +352,4 @@ def test_sweep_command_submits_what_it_was_given(
     assert sorted(request["sweep"]["batch_sizes"]) == [4, 8, 16]
     assert request["sweep"]["max_steps"] == 50
     assert request["optimizer"]["lr"] == 0.01 and request["optimizer"]["lr_rule"] == "linear"
+    assert request["webhook_url"] == "http://127.0.0.1:9/hook"

@@ -126,6 +126,36 @@ def test_action_outputs_come_from_the_step_script() -> None:
     assert used == {k for k in step["env"] if k.startswith("CURVPLAN_STEP_")}
 
 
+def test_action_inputs_become_the_cli_flags(tmp_path: Path) -> None:
+    """Each input reaches the CLI as its flag (a stand-in CLI records its argument list):
+    `model` replaces spec/checkpoint, and `intermediate`/`sweep` give one flag a line."""
+    record = tmp_path / "argv.json"
+    fake = tmp_path / "fake-curvplan"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                    f"json.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")  # fmt: skip
+    fake.chmod(0o755)
+    base = {"PATH": os.environ["PATH"], "GITHUB_OUTPUT": str(tmp_path / "out"),
+            "CURVPLAN_STEP_CLI": str(fake)}  # fmt: skip
+    step = {"CURVPLAN_STEP_MODEL": "run/checkpoint-300", "CURVPLAN_STEP_DATA": "data.safetensors",
+            "CURVPLAN_STEP_INTERMEDIATE": "run/checkpoint-100\n\nrun/checkpoint-200\n",
+            "CURVPLAN_STEP_SWEEP": "batch-sweep\n",
+            "CURVPLAN_STEP_OPTIONS": "max_iter=5"}  # fmt: skip
+    run = subprocess.run(["bash", str(ROOT / "scripts/pipeline_step.sh")], env={**base, **step},
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    argv = json.loads(record.read_text())
+    assert argv[:5] == ["analyze", "--model", "run/checkpoint-300", "--data", "data.safetensors"]
+    flags = list(zip(argv[5::2], argv[6::2], strict=False))
+    assert ("--intermediate", "run/checkpoint-100") in flags
+    assert ("--intermediate", "run/checkpoint-200") in flags
+    assert ("--sweep", "batch-sweep") in flags and ("--option", "max_iter=5") in flags
+    assert "--spec" not in argv and argv.count("--intermediate") == 2
+    both = subprocess.run(["bash", str(ROOT / "scripts/pipeline_step.sh")],
+                          env={**base, **step, "CURVPLAN_STEP_SPEC": "spec.json"},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert both.returncode == 2 and "'model'" in both.stderr
+
+
 @pytest.mark.e2e
 def test_action_script_against_a_real_server(
     live: object, client_only: dict[str, str], tmp_path: Path
