@@ -147,6 +147,11 @@ def _print_json(value: Any) -> None:
     typer.echo(json.dumps(dump_json(value), indent=2, ensure_ascii=False))
 
 
+def _print_job_json(job: JobOut, envelope: dict[str, Any] | None) -> None:
+    """The job as JSON, or ``{**envelope, "job": job}`` (e.g. ``plan --from-*``'s runs)."""
+    _print_json(job if envelope is None else {**envelope, "job": job.model_dump(mode="json")})
+
+
 WEBHOOK_OPTION = typer.Option(
     None,
     "--webhook-url",
@@ -204,15 +209,17 @@ def _finish(
     quiet: bool,
     mlflow: bool = False,
     outputs: Path | None = None,
+    envelope: dict[str, Any] | None = None,
 ) -> None:
-    """Wait (with progress on stderr) if asked, print the outcome, exit by the job's status."""
+    """Wait (with progress on stderr) if asked, print the outcome, exit by the job's status.
+    ``envelope``: with --json, print ``{**envelope, "job": job}`` instead of the job."""
     from curvplan.client import display
 
     if (mlflow or outputs is not None) and not wait:
         raise _fail("--mlflow and --outputs need a finished job: add --wait", EXIT_BAD_INPUT)
     if not wait:
         if as_json:
-            _print_json(job)
+            _print_job_json(job, envelope)
         else:
             typer.echo(f"submitted job {job.id} ({job.status})")
             typer.echo(f"follow it with: curvplan jobs wait {job.id}")
@@ -233,14 +240,16 @@ def _finish(
         _write_outputs(client, job, outputs)
     if mlflow:
         _log_to_mlflow(client, str(job.id), quiet or as_json)
-    _report_outcome(client, job, as_json)
+    _report_outcome(client, job, as_json, envelope)
 
 
-def _report_outcome(client: Client, job: JobOut, as_json: bool) -> None:
+def _report_outcome(
+    client: Client, job: JobOut, as_json: bool, envelope: dict[str, Any] | None = None
+) -> None:
     from curvplan.client import display
 
     if as_json:
-        _print_json(job)
+        _print_job_json(job, envelope)
     elif job.status == "succeeded":
         branch = display.sweep_text(job)
         if branch is not None:
@@ -547,8 +556,62 @@ def sweep(
 
 
 def plan(
-    measurements: Path = typer.Argument(
-        ..., help="JSON file ('-' for stdin) with `measurements` and optionally `targets`."
+    measurements: Path | None = typer.Argument(
+        None,
+        help="JSON file ('-' for stdin) with `measurements` and optionally `targets`. "
+        "Optional with --from-mlflow / --from-runs (the runs' tables are added to it).",
+    ),
+    from_mlflow: str | None = typer.Option(
+        None,
+        "--from-mlflow",
+        metavar="EXPERIMENT",
+        help="Build steps_to_target and loss_vs_data from the runs of this MLflow experiment "
+        "(name or id): each run's params and eval-loss history. Needs curvplan[mlflow].",
+    ),
+    run_id: list[str] | None = typer.Option(
+        None, "--run-id", help="With --from-mlflow: only this run; repeatable."
+    ),
+    tracking_uri: str | None = typer.Option(
+        None,
+        "--tracking-uri",
+        help="With --from-mlflow: the tracking server [default: $MLFLOW_TRACKING_URI].",
+    ),
+    from_runs: Path | None = typer.Option(
+        None,
+        "--from-runs",
+        help="The same from a CSV or JSON-lines export, one row per evaluation: "
+        "run, batch_size, examples|tokens, step, loss (other columns are params).",
+    ),
+    target_loss: float | None = typer.Option(
+        None,
+        "--target-loss",
+        help="With --from-*: the eval loss the steps are counted to (also targets.target_loss) "
+        "[default: the measurements file's targets.target_loss].",
+    ),
+    loss_metric: str | None = typer.Option(
+        None,
+        "--loss-metric",
+        help="With --from-*: the eval-loss metric or column [default: the first of eval_loss, "
+        "eval/loss, val_loss, … (a file: loss first)].",
+    ),
+    param: list[str] | None = typer.Option(
+        None,
+        "--param",
+        help="With --from-*: ROLE=NAME, the run parameter holding a role; repeatable. Roles: "
+        "batch_size, per_device_batch_size, devices, gradient_accumulation_steps, examples, "
+        "tokens, tokens_per_example, lr (docs/integrations.md lists the defaults).",
+    ),
+    devices: int | None = typer.Option(
+        None,
+        "--devices",
+        min=1,
+        help="With --from-*: devices per run, for a per-device batch size "
+        "[default: the run's world_size / n_gpu param].",
+    ),
+    tokens_per_example: float | None = typer.Option(
+        None,
+        "--tokens-per-example",
+        help="With --from-*: converts dataset sizes given in tokens to examples.",
     ),
     name: str | None = typer.Option(None, "--name"),
     tag: list[str] | None = TAG_OPTION,
@@ -563,17 +626,45 @@ def plan(
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
-    """Plan a data budget from measurements you already have (docs/openapi.json)."""
-    doc = _read_json(measurements, "MEASUREMENTS")
-    if not isinstance(doc, dict) or "measurements" not in doc:
+    """Plan a data budget from measurements you already have (docs/openapi.json), or from
+    your own training runs (--from-mlflow, --from-runs; docs/integrations.md)."""
+    from curvplan.commands import import_runs as imp
+    from curvplan.runs import ParamNames, RunsInputError
+
+    try:
+        source = imp.RunSource(
+            from_mlflow,
+            from_runs,
+            list(run_id or []),
+            tracking_uri,
+            loss_metric,
+            ParamNames(_pairs(param, "--param"), devices, tokens_per_example),
+        )
+    except RunsInputError as exc:
+        raise _fail(f"--param: {exc}", EXIT_BAD_INPUT) from None
+    problem = imp.check_source(source)
+    if problem is not None:
+        raise _fail(problem, EXIT_BAD_INPUT)
+    if measurements is None and not source.given:
         raise _fail(
-            f"{measurements} must be a JSON object with a `measurements` object "
-            "(and optionally `targets`, `name`, `tags`)",
+            "give a MEASUREMENTS file, --from-mlflow EXPERIMENT or --from-runs FILE",
             EXIT_BAD_INPUT,
         )
-    unknown = sorted(set(doc) - {"measurements", "targets", "name", "tags"})
-    if unknown:
-        raise _fail(f"{measurements}: unknown top-level keys {unknown}", EXIT_BAD_INPUT)
+    doc: dict[str, Any] = {"measurements": {}}
+    if measurements is not None:
+        doc = _read_json(measurements, "MEASUREMENTS")
+        if not isinstance(doc, dict) or "measurements" not in doc:
+            raise _fail(
+                f"{measurements} must be a JSON object with a `measurements` object "
+                "(and optionally `targets`, `name`, `tags`)",
+                EXIT_BAD_INPUT,
+            )
+        unknown = sorted(set(doc) - {"measurements", "targets", "name", "tags"})
+        if unknown:
+            raise _fail(f"{measurements}: unknown top-level keys {unknown}", EXIT_BAD_INPUT)
+    runs_report: dict[str, Any] | None = None
+    if source.given:
+        runs_report = _import_runs(imp, source, doc, target_loss, as_json)
     tags = {**(doc.get("tags") or {}), **_pairs(tag, "--tag")}
     with _client(url, api_key) as client:
         job = client.submit_plan(
@@ -584,7 +675,40 @@ def plan(
             idempotency_key=idempotency_key,
             webhook_url=webhook_url,
         )
-        _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs)
+        envelope = None if runs_report is None else {"runs": runs_report}
+        _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs, envelope)
+
+
+def _import_runs(
+    imp: Any, source: Any, doc: dict[str, Any], target_loss: float | None, as_json: bool
+) -> dict[str, Any]:
+    """Build the tables from the runs into ``doc``; say which runs were used (stdout, or
+    stderr with --json) and fail, submitting nothing, when none is usable."""
+    from curvplan.integrations.mlflow import MlflowNotInstalledError
+    from curvplan.runs import RunsInputError
+
+    option = "--from-mlflow" if source.mlflow_experiment is not None else "--from-runs"
+    targets = doc.get("targets")
+    if target_loss is None and isinstance(targets, dict):
+        target_loss = targets.get("target_loss")
+    try:
+        result = imp.import_runs(source, target_loss)
+    except MlflowNotInstalledError as exc:
+        raise _fail(f"{option}: {exc}", EXIT_BAD_INPUT) from None
+    except RunsInputError as exc:
+        raise _fail(f"{option}: {exc}", EXIT_BAD_INPUT) from None
+    except Exception as exc:  # MLflow's own errors (unreachable server, …)
+        raise _fail(f"{option}: reading the runs failed: {exc}", EXIT_SERVICE) from None
+    if not result.usable:
+        imp.echo_report(result, source, err=True)
+        raise _fail(f"{option}: no usable run (see above): nothing submitted", EXIT_BAD_INPUT)
+    try:
+        imp.merge_into(doc, result, target_loss)
+    except RunsInputError as exc:
+        raise _fail(f"{option}: {exc}", EXIT_BAD_INPUT) from None
+    imp.echo_report(result, source, err=as_json)
+    report: dict[str, Any] = result.report()
+    return report
 
 
 # --------------------------------------------------------------------------- jobs

@@ -202,6 +202,23 @@ def _noise_form(value: object) -> str:
 class StepsPoint(_Strict):
     batch_size: PosInt
     steps: PosFloat
+    steps_uncertainty: NonNegFloat | None = Field(
+        default=None,
+        description="How far before `steps` the target may have been reached: the steps "
+        "between the last evaluation above the target and the first at or below it (the "
+        "logging interval; the crossing lies in (steps − steps_uncertainty, steps]). Optional; "
+        "a row where it exceeds 20 % of the steps is warned about "
+        "(`steps_to_target_coarse`): log the evaluation loss more often.",
+    )
+
+    @model_validator(mode="after")
+    def _uncertainty_within_steps(self) -> StepsPoint:
+        if self.steps_uncertainty is not None and self.steps_uncertainty > self.steps:
+            raise ValueError(
+                f"steps_uncertainty {self.steps_uncertainty} exceeds steps {self.steps}: the "
+                "crossing lies in (steps − steps_uncertainty, steps], after step 0"
+            )
+        return self
 
 
 class LossPoint(_Strict):
@@ -600,6 +617,7 @@ WarningCode = Literal[
     "noise_scale_trend",
     "batch_unit_mismatch",
     "correlated_losses",
+    "steps_to_target_coarse",
 ]
 
 

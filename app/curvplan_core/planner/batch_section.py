@@ -19,6 +19,7 @@ from curvplan.types.planner import (
     NoiseTrendOut,
     NoiseTrendPoint,
     NotComputed,
+    StepsPoint,
     Targets,
     TwoBatchNoiseSeries,
 )
@@ -44,6 +45,9 @@ from curvplan_core.planner.warning_log import WarningLog
 P_DEFINED_WARN = 0.9
 MEDIAN_RATIO_WARN = 0.8
 TREND_FACTOR = 2.0
+#: A steps-to-target row whose crossing is known only to within this share of its steps (the
+#: logging interval, ``steps_uncertainty``) is warned about: the S(B) fit cannot resolve it.
+STEPS_UNCERTAINTY_WARN = 0.2
 CROSS_CHECK_NOTE = (
     "informational: the linear form has the noisy S on both sides and disagrees with the "
     "nonlinear fit by chance (about 1 in 7 exact-model tables with 10 % noise differ by "
@@ -215,6 +219,7 @@ def _b_crit(
         b = b / measurements.tokens_per_example  # B_crit in examples, like the noise scales
         unit = "examples"
     s = np.array([p.steps for p in table], dtype=np.float64)
+    _warn_coarse_steps(table, log)
     try:
         fit = fit_steps_to_target(
             b, s, targets.confidence, bootstrap=min(targets.bootstrap, PROFILE_BOOTSTRAP), seed=seed
@@ -270,6 +275,28 @@ def _b_crit(
         input_unit=input_unit,
         unit=unit,
     )
+
+
+def _warn_coarse_steps(table: list[StepsPoint], log: WarningLog) -> None:
+    """Warn when a row's crossing is known only to within more than STEPS_UNCERTAINTY_WARN
+    of its steps (the evaluations that time the target are too far apart)."""
+    coarse = [
+        p
+        for p in table
+        if p.steps_uncertainty is not None
+        and p.steps_uncertainty > STEPS_UNCERTAINTY_WARN * p.steps
+    ]
+    if coarse:
+        rows = ", ".join(
+            f"B={p.batch_size}: {p.steps:g} steps ± {p.steps_uncertainty:g}" for p in coarse
+        )
+        log.add(
+            "steps_to_target_coarse",
+            "batch_size",
+            f"the target's crossing is known only to within more than "
+            f"{STEPS_UNCERTAINTY_WARN:.0%} of the steps at {rows}: the evaluations that time "
+            "it are too far apart for the S(B) fit to resolve; log the evaluation loss more often",
+        )
 
 
 def build_batch_section(

@@ -1,0 +1,326 @@
+"""The plan's measurement tables from training runs: steps to a target loss per batch size
+(``measurements.steps_to_target``) and the final loss per training-set size
+(``measurements.loss_vs_data``), with which run gave which row and why the others were left out.
+
+Torch-free and dependency-free (the client package has no numpy).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from curvplan.runs.records import ParamNames, ResolvedRun, RunRecord, resolve_run
+
+STEPS_TABLE = "steps_to_target"
+DATA_TABLE = "loss_vs_data"
+#: The fewest rows the planner fits (S(B) has 2 parameters, L(D) 3): a smaller table is not sent.
+MIN_BATCH_SIZES = 2
+MIN_DATA_SIZES = 3
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """The first logged step at or below the target and the steps since the evaluation
+    before it (the crossing lies in (steps − uncertainty, steps])."""
+
+    steps: float
+    uncertainty: float
+
+
+def clean_history(history: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``(step, loss)`` pairs sorted by step, non-finite losses and negative steps dropped;
+    a step logged twice keeps its last value."""
+    by_step: dict[float, float] = {}
+    for step, loss in history:
+        if math.isfinite(step) and step >= 0 and math.isfinite(loss):
+            by_step[float(step)] = float(loss)
+    return sorted(by_step.items())
+
+
+def first_crossing(history: Sequence[tuple[float, float]], target: float) -> Crossing | str:
+    """Steps to the target loss (McCandlish et al. 2018, "An Empirical Model of Large-Batch
+    Training", §2.3: S is the number of optimizer steps a run takes to reach a given loss; its
+    eq. 2.11 S = S_min(1 + B_crit/B) is fitted to these by the planner): the first logged step
+    whose loss is at or below ``target``, with the logging interval before it as its
+    uncertainty. ``history`` sorted by step (``clean_history``). A string says why there is
+    none."""
+    if not history:
+        return "no evaluation loss logged"
+    previous = 0.0
+    for step, loss in history:
+        if loss <= target:
+            if step <= 0:
+                return (
+                    f"its first evaluation (step {step:g}) is already at or below the target "
+                    f"loss {target:g}: the target is too high to time"
+                )
+            return Crossing(step, step - previous)
+        previous = step
+    best_step, best = min(history, key=lambda p: p[1])
+    return (
+        f"its eval loss never reaches the target {target:g} (lowest {best:.6g} at step "
+        f"{best_step:g}, last logged step {history[-1][0]:g})"
+    )
+
+
+@dataclass
+class RunOutcome:
+    """One run's part in the tables: ``used`` (table → its row's numbers) and ``reasons``
+    (table → why it is not in it)."""
+
+    resolved: ResolvedRun
+    history: list[tuple[float, float]]
+    used: dict[str, dict[str, float]] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        r = self.resolved
+        out: dict[str, Any] = {"run": r.record.run, "name": r.record.name}
+        if r.record.status is not None:
+            out["status"] = r.record.status
+        out |= {
+            "batch_size": r.batch_size,
+            "data_examples": r.data_examples,
+            "data_tokens": r.data_tokens,
+            "lr": r.lr,
+            "evaluations": len(self.history),
+        }
+        if self.used:
+            out["used_in"] = self.used
+        if self.reasons:
+            out["reasons"] = self.reasons
+        return out
+
+
+@dataclass
+class ImportResult:
+    """The tables built from runs (None: not sent, ``table_notes`` says why) and each run's
+    outcome."""
+
+    target_loss: float | None
+    runs: list[RunOutcome]
+    steps_to_target: list[dict[str, float]] | None = None
+    steps_data_examples: float | None = None  # the training-set size of the steps table's runs
+    loss_vs_data: list[dict[str, float]] | None = None
+    table_notes: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    tokens_per_example: float | None = None  # given by the caller: sent with the tables
+
+    @property
+    def used(self) -> list[RunOutcome]:
+        return [o for o in self.runs if o.used]
+
+    @property
+    def skipped(self) -> list[RunOutcome]:
+        return [o for o in self.runs if not o.used]
+
+    @property
+    def usable(self) -> bool:
+        return self.steps_to_target is not None or self.loss_vs_data is not None
+
+    def measurements(self) -> dict[str, Any]:
+        """The plan's ``measurements`` from these runs (only the tables that were built)."""
+        out: dict[str, Any] = {}
+        if self.steps_to_target is not None:
+            out[STEPS_TABLE] = self.steps_to_target
+            out["steps_to_target_loss"] = self.target_loss
+        if self.loss_vs_data is not None:
+            out[DATA_TABLE] = self.loss_vs_data
+        if out and self.tokens_per_example is not None:
+            out["tokens_per_example"] = self.tokens_per_example
+        return out
+
+    def report(self) -> dict[str, Any]:
+        """Which runs were used, which skipped and why (the CLI's ``--json`` ``runs``)."""
+        tables = {}
+        for table, rows in ((STEPS_TABLE, self.steps_to_target), (DATA_TABLE, self.loss_vs_data)):
+            entry: dict[str, Any] = {"sent": rows is not None, "rows": len(rows or [])}
+            if table in self.table_notes:
+                entry["note"] = self.table_notes[table]
+            tables[table] = entry
+        if self.steps_to_target is not None:
+            tables[STEPS_TABLE]["data_examples"] = self.steps_data_examples
+        return {
+            "target_loss": self.target_loss,
+            "tables": tables,
+            "used": [o.as_json() for o in self.used],
+            "skipped": [o.as_json() for o in self.skipped],
+            "notes": self.notes,
+        }
+
+
+def _fmt(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:g}"
+
+
+def _steps_table(outcomes: list[RunOutcome], target: float | None, result: ImportResult) -> None:
+    if target is None:
+        for o in outcomes:
+            o.reasons[STEPS_TABLE] = "no target loss given (--target-loss or targets.target_loss)"
+        result.table_notes[STEPS_TABLE] = "no target loss given"
+        return
+    crossings: dict[int, Crossing] = {}
+    for o in outcomes:
+        if o.resolved.batch_size is None:
+            o.reasons[STEPS_TABLE] = o.resolved.batch_note or "no batch size"
+            continue
+        crossing = first_crossing(o.history, target)
+        if not o.history and o.resolved.record.history_note:
+            o.reasons[STEPS_TABLE] = o.resolved.record.history_note
+        elif isinstance(crossing, str):
+            o.reasons[STEPS_TABLE] = crossing
+        else:
+            crossings[id(o)] = crossing
+    # one table per training-set size: the size with the most batch sizes (ties: the largest)
+    groups: dict[float | None, list[RunOutcome]] = defaultdict(list)
+    for o in outcomes:
+        if id(o) in crossings:
+            groups[o.resolved.data_examples].append(o)
+    if not groups:
+        result.table_notes[STEPS_TABLE] = f"no run with a batch size reached the target {target:g}"
+        return
+
+    def breadth(key: float | None) -> tuple[int, float]:
+        return len({o.resolved.batch_size for o in groups[key]}), -1.0 if key is None else key
+
+    chosen = max(groups, key=breadth)
+    wide = [k for k in groups if breadth(k)[0] >= MIN_BATCH_SIZES]
+    if len(wide) > 1:
+        result.notes.append(
+            f"runs at {len(wide)} training-set sizes reached the target at {MIN_BATCH_SIZES} or "
+            f"more batch sizes each: steps_to_target holds those at {_fmt(chosen)} examples only "
+            "(a table per size, for the batch-size scaling law, is not imported yet)"
+        )
+    for key, group in groups.items():
+        if key != chosen:
+            for o in group:
+                o.reasons[STEPS_TABLE] = (
+                    f"trained on {_fmt(key)} examples; steps_to_target holds the runs on "
+                    f"{_fmt(chosen)} examples (the size with the most batch sizes)"
+                )
+    # per batch size: repeats at one learning rate averaged; the learning rate that reached
+    # the target in the fewest steps kept (McCandlish et al. 2018 tune it per batch size)
+    cells: dict[int, dict[float | None, list[RunOutcome]]] = defaultdict(lambda: defaultdict(list))
+    for o in groups[chosen]:
+        assert o.resolved.batch_size is not None
+        cells[o.resolved.batch_size][o.resolved.lr].append(o)
+    rows: list[tuple[int, float, float, list[RunOutcome]]] = []
+    for batch, by_lr in cells.items():
+        means = {
+            lr: (
+                sum(crossings[id(o)].steps for o in runs) / len(runs),
+                sum(crossings[id(o)].uncertainty for o in runs) / len(runs),
+            )
+            for lr, runs in by_lr.items()
+        }
+        best_lr = min(means, key=lambda lr: means[lr][0])
+        steps, uncertainty = means[best_lr]
+        for lr, runs in by_lr.items():
+            if lr != best_lr:
+                for o in runs:
+                    o.reasons[STEPS_TABLE] = (
+                        f"at batch size {batch} learning rate {_fmt(best_lr)} reached the target "
+                        f"in fewer steps ({steps:g} vs {means[lr][0]:g} at lr {_fmt(lr)})"
+                    )
+        rows.append((batch, steps, uncertainty, by_lr[best_lr]))
+    rows.sort()
+    if len(rows) < MIN_BATCH_SIZES:
+        note = (
+            f"only {len(rows)} batch size reached the target {target:g}; the S(B) fit needs "
+            f"{MIN_BATCH_SIZES}: not sent"
+        )
+        result.table_notes[STEPS_TABLE] = note
+        for *_, runs in rows:
+            for o in runs:
+                o.reasons[STEPS_TABLE] = note
+        return
+    result.steps_to_target = []
+    for batch, steps, uncertainty, runs in rows:
+        result.steps_to_target.append(
+            {"batch_size": batch, "steps": steps, "steps_uncertainty": uncertainty}
+        )
+        for o in runs:
+            c = crossings[id(o)]
+            o.used[STEPS_TABLE] = {"steps": c.steps, "steps_uncertainty": c.uncertainty}
+    result.steps_data_examples = chosen
+
+
+def _stopped_at_target(history: list[tuple[float, float]], target: float | None) -> bool:
+    """Whether the run's only evaluation at or below ``target`` is its last: it was trained to
+    the target and stopped there."""
+    if target is None or not history or history[-1][1] > target:
+        return False
+    return len(history) == 1 or history[-2][1] > target
+
+
+def _data_table(outcomes: list[RunOutcome], result: ImportResult) -> None:
+    best: dict[float, RunOutcome] = {}
+    for o in outcomes:
+        r = o.resolved
+        if r.data_examples is None:
+            o.reasons[DATA_TABLE] = r.data_note or "no training-set size"
+        elif not o.history:
+            o.reasons[DATA_TABLE] = r.record.history_note or "no evaluation loss logged"
+        elif not r.record.finished:
+            o.reasons[DATA_TABLE] = (
+                f"status {r.record.status}: its last loss is not the end of a finished run"
+            )
+        elif _stopped_at_target(o.history, result.target_loss):
+            o.reasons[DATA_TABLE] = (
+                f"it stopped at its first evaluation at or below the target loss "
+                f"{result.target_loss:g} (a batch sweep's run): its last loss is not the end "
+                "of its schedule"
+            )
+        else:
+            incumbent = best.get(r.data_examples)
+            if incumbent is None or o.history[-1][1] < incumbent.history[-1][1]:
+                best[r.data_examples] = o
+    for o in outcomes:
+        d = o.resolved.data_examples
+        if d is not None and DATA_TABLE not in o.reasons and best[d] is not o:
+            winner = best[d]
+            o.reasons[DATA_TABLE] = (
+                f"run {winner.resolved.label} on the same {d:g} examples ended lower "
+                f"({winner.history[-1][1]:.6g} vs {o.history[-1][1]:.6g})"
+            )
+    if len(best) < MIN_DATA_SIZES:
+        note = (
+            f"{len(best)} training-set size(s) with a finished run; L(D) = E + A·D^(−β) needs "
+            f"{MIN_DATA_SIZES}: not sent"
+        )
+        result.table_notes[DATA_TABLE] = note
+        for o in best.values():
+            o.reasons[DATA_TABLE] = note
+        return
+    result.loss_vs_data = []
+    for d in sorted(best):
+        o = best[d]
+        step, loss = o.history[-1]
+        result.loss_vs_data.append({"n_samples": d, "loss": loss})
+        o.used[DATA_TABLE] = {"final_loss": loss, "final_step": step}
+
+
+def build_tables(
+    records: Sequence[RunRecord], target_loss: float | None, names: ParamNames | None = None
+) -> ImportResult:
+    """The steps-to-target table and the L(D) table from ``records``.
+
+    steps_to_target: per batch size, the first logged step at or below ``target_loss``
+    (``first_crossing``) with the logging interval as ``steps_uncertainty``; runs repeated at
+    one learning rate are averaged, and of several learning rates the one with the fewest
+    steps is kept. When the runs span several training-set sizes, the table holds the size
+    with the most batch sizes. loss_vs_data: per training-set size (in examples), the last
+    logged loss (the loss at the end of the decayed schedule) of finished runs that did not
+    stop at the target, the lowest when several runs share a size. Each table is sent only
+    when the planner can fit it (2 batch sizes, 3 dataset sizes)."""
+    names = names or ParamNames()
+    outcomes = [RunOutcome(resolve_run(r, names), clean_history(r.history)) for r in records]
+    result = ImportResult(target_loss=target_loss, runs=outcomes)
+    result.tokens_per_example = names.tokens_per_example
+    _steps_table(outcomes, target_loss, result)
+    _data_table(outcomes, result)
+    return result
