@@ -1,4 +1,5 @@
-"""Fixtures of the integration tests: the shared live service and a real MLflow server."""
+"""Fixtures of the integration tests: the shared live service and a real MLflow server; the
+client tests' input builders (tests/client) and the CLI helpers (tests/cli) on the path."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ import psycopg
 import pytest
 from psycopg import sql
 from sqlalchemy.engine import make_url
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(TESTS / "client"), str(TESTS / "cli")]
 
 MLFLOW_START_SECONDS = 240  # a loaded 2-core machine; about 20 s when idle
 
