@@ -14,6 +14,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,13 +151,18 @@ def expected_steps(runs: list[Logged]) -> list[dict[str, float]]:
     return sorted(rows, key=lambda r: r["batch_size"])
 
 
-def test_one_command_from_mlflow_runs_to_a_budget(live: LiveService, mlflow_server: str) -> None:
+def test_one_command_from_mlflow_runs_to_a_budget(
+    live: LiveService, mlflow_server: str, tmp_path: Path
+) -> None:
     tracker = MlflowClient(mlflow_server)
     runs = training_runs()
     experiment = f"pilots-{uuid.uuid4().hex[:6]}"
     ids = log_runs(tracker, experiment, runs + bad_runs())
     name = f"from-mlflow-{uuid.uuid4().hex[:6]}"
-    args = ["plan", "--from-mlflow", experiment, "--tracking-uri", mlflow_server,
+    # a measurements file gives the rest of the plan (here: a cheaper bootstrap)
+    base = tmp_path / "plan.json"
+    base.write_text(json.dumps({"measurements": {}, "targets": {"bootstrap": 100}}))
+    args = ["plan", str(base), "--from-mlflow", experiment, "--tracking-uri", mlflow_server,
             "--target-loss", str(TARGET), "--wait", "--json", "--name", name]  # fmt: skip
     out = run_cli(args, live.client_env(), timeout=240)
     assert out.code == 0, out.stderr
@@ -168,7 +174,7 @@ def test_one_command_from_mlflow_runs_to_a_budget(live: LiveService, mlflow_serv
     assert sent["steps_to_target_loss"] == TARGET
     finals = {int(r.name[5:]): r.history[-1][1] for r in runs if r.name.startswith("data-")}
     assert sent["loss_vs_data"] == [{"n_samples": d, "loss": finals[d]} for d in DATA_SIZES]
-    assert job["request"]["targets"]["target_loss"] == TARGET
+    assert job["request"]["targets"] == {"bootstrap": 100, "target_loss": TARGET}
 
     used = {e["run"] for e in report["used"]}
     assert used == {ids[r.name] for r in runs}
