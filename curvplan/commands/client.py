@@ -26,6 +26,7 @@ from curvplan.commands import command_group
 if TYPE_CHECKING:
     from curvplan.client import Client
     from curvplan.client.models import JobOut
+    from curvplan.commands.import_runs import RunSource
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_BAD_INPUT, EXIT_SERVICE, EXIT_TIMEOUT = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
@@ -664,7 +665,7 @@ def plan(
             raise _fail(f"{measurements}: unknown top-level keys {unknown}", EXIT_BAD_INPUT)
     runs_report: dict[str, Any] | None = None
     if source.given:
-        runs_report = _import_runs(imp, source, doc, target_loss, as_json)
+        runs_report = _import_runs(source, doc, target_loss, as_json)
     tags = {**(doc.get("tags") or {}), **_pairs(tag, "--tag")}
     with _client(url, api_key) as client:
         job = client.submit_plan(
@@ -680,10 +681,11 @@ def plan(
 
 
 def _import_runs(
-    imp: Any, source: Any, doc: dict[str, Any], target_loss: float | None, as_json: bool
+    source: RunSource, doc: dict[str, Any], target_loss: float | None, as_json: bool
 ) -> dict[str, Any]:
     """Build the tables from the runs into ``doc``; say which runs were used (stdout, or
     stderr with --json) and fail, submitting nothing, when none is usable."""
+    from curvplan.commands import import_runs as imp
     from curvplan.integrations.mlflow import MlflowNotInstalledError
     from curvplan.runs import RunsInputError
 
@@ -707,8 +709,7 @@ def _import_runs(
     except RunsInputError as exc:
         raise _fail(f"{option}: {exc}", EXIT_BAD_INPUT) from None
     imp.echo_report(result, source, err=as_json)
-    report: dict[str, Any] = result.report()
-    return report
+    return result.report()
 
 
 # --------------------------------------------------------------------------- jobs
