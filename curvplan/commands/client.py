@@ -644,6 +644,16 @@ def plan(
     except RunsInputError as exc:
         raise _fail(f"--param: {exc}", EXIT_BAD_INPUT) from None
     problem = imp.check_source(source)
+    import_only = {
+        "--target-loss": target_loss is not None,
+        "--loss-metric": loss_metric is not None,
+        "--param": bool(param),
+        "--devices": devices is not None,
+        "--tokens-per-example": tokens_per_example is not None,
+    }
+    if problem is None and not source.given and any(import_only.values()):
+        used = [opt for opt, given in import_only.items() if given]
+        problem = f"{', '.join(used)}: only with --from-mlflow or --from-runs"
     if problem is not None:
         raise _fail(problem, EXIT_BAD_INPUT)
     if measurements is None and not source.given:

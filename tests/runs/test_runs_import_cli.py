@@ -57,6 +57,7 @@ def test_from_runs_csv_to_a_budget(live: LiveService, export: Path, tmp_path: Pa
         (["plan"], "give a MEASUREMENTS file, --from-mlflow EXPERIMENT or --from-runs FILE"),
         (["plan", "--from-runs", "{export}", "--from-mlflow", "x"], "not both"),
         (["plan", "--from-runs", "{export}", "--run-id", "abc"], "--run-id need --from-mlflow"),
+        (["plan", "{clash}", "--devices", "2"], "--devices: only with --from-mlflow or"),
         (["plan", "--from-runs", "{export}", "--param", "bs=batch"], "unknown parameter role"),
         (["plan", "--from-runs", "{export}", "--loss-metric", "val"], "no loss column"),
         (["plan", "--from-runs", "{tmp}/missing.csv"], "cannot read"),
