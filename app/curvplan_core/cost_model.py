@@ -630,6 +630,19 @@ def per_sample_seconds(
     return subsample * (first + (steps - 1.0) * warm + steps * step) / 1000.0
 
 
+TRAINING_FLOPS_PER_PARAM_TOKEN = 6.0
+"""FLOPs of one training step per parameter and token: forward 2PT and backward 4PT (Kaplan et
+al. 2020, §2.1, C ≈ 6N per token)."""
+
+
+def training_seconds(n_params: int, tokens_per_example: float, examples: float) -> float:
+    """Seconds to train on ``examples`` examples before anything is measured: 6 · P · T FLOPs
+    per example (Kaplan et al. 2020, §2.1) at :data:`PRIOR_FLOPS_PER_SECOND` (the prior of
+    :func:`prior_ms_per_product`; evaluations not included)."""
+    flops = TRAINING_FLOPS_PER_PARAM_TOKEN * max(n_params, 1) * max(tokens_per_example, 1.0)
+    return flops * max(examples, 0.0) / PRIOR_FLOPS_PER_SECOND
+
+
 def describe(estimate: CostEstimate) -> str:
     """``N products × M ms per product, <source>; <stage> S s, …`` (what an error names)."""
     stages = ", ".join(f"{s.stage} {s.seconds:.0f} s" for s in estimate.stages)

@@ -262,7 +262,10 @@ def budget_text(budget: Any) -> str:
             "data (examples)",
             fmt(d.recommended_examples),
             interval(d.recommended_examples_ci),
-            _answers(d.source, d.target_loss if d.source == "data_sweep" else None),
+            _answers(
+                d.source,
+                d.target_loss if d.source in ("data_sweep", "extrapolated") else None,
+            ),
         ]
     )
     step = getattr(d, "next_step", None)

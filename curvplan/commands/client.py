@@ -437,7 +437,28 @@ def sweep(
     batch_sizes: str | None = typer.Option(None, "--batch-sizes", help="e.g. 8,16,32,64"),
     data_sizes: str | None = typer.Option(None, "--data-sizes", help="e.g. 256,512,1024"),
     batch_size: int = typer.Option(32, "--batch-size", help="Data sweep: batch (examples)."),
-    max_steps: int = typer.Option(2000, "--max-steps"),
+    max_steps: int | None = typer.Option(
+        None,
+        "--max-steps",
+        help="Step cap of a run (default: 2000; data sweep: 50000, the epoch rule's cap).",
+    ),
+    epochs: float | None = typer.Option(
+        None, "--epochs", help="Data sweep: passes over each subset (default 10)."
+    ),
+    min_steps: int | None = typer.Option(
+        None, "--min-steps", help="Data sweep: the fewest steps of a run (default 200)."
+    ),
+    max_rounds: int | None = typer.Option(
+        None,
+        "--max-rounds",
+        help="Data sweep: the most rounds (default 3); a later round halves below or doubles "
+        "above the measured sizes until they bracket the target.",
+    ),
+    max_runs: int | None = typer.Option(
+        None,
+        "--max-runs",
+        help="Data sweep: the most training runs over all rounds, lr grid included (default 36).",
+    ),
     eval_every: int = typer.Option(5, "--eval-every"),
     optimizer: str = typer.Option("adamw", "--optimizer", help="adamw | sgd"),
     lr: float = typer.Option(3e-3, "--lr", help="Learning rate at --base-batch-size."),
@@ -497,11 +518,18 @@ def sweep(
         )
     settings: dict[str, object] = {
         "type": sweep_type,
-        "max_steps": max_steps,
         "eval_every": eval_every,
         "batch_size": batch_size,
         "init_seed": seed,
     }
+    optional = {
+        "max_steps": max_steps,
+        "epochs": epochs,
+        "min_steps": min_steps,
+        "max_rounds": max_rounds,
+        "max_runs": max_runs,
+    }
+    settings |= {key: value for key, value in optional.items() if value is not None}
     if target_loss is not None:
         settings["target_loss"] = target_loss
     if batch_sizes is not None:

@@ -424,6 +424,11 @@ class Measurements(_Strict):
         Annotated[list[NoiseTrendPoint], Field(min_length=1, max_length=MAX_TREND_POINTS)] | None
     ) = None
     tokens_per_example: PosFloat | None = None
+    model_parameters: PosInt | None = Field(
+        default=None,
+        description="Parameters of the model: prices a data sweep's training time in "
+        "budget.data.next_step (an analysis fills it in).",
+    )
     steps_to_target_unit: Literal["examples", "tokens"] = "examples"
     branched_critical_batch: BranchedCriticalBatch | None = Field(
         default=None,
@@ -971,15 +976,28 @@ class DataSweepNextStep(_Out):
         description="Nested subset sizes the command trains on (null: the service's default, "
         "geometric from the training-data size down to 1/32 of it), examples.",
     )
-    training_runs: int = Field(description="Training runs (one child job each).")
+    training_runs: int = Field(
+        description="Training runs of the command's first round (one child job each): every "
+        "size at every lr-grid multiplier."
+    )
+    lr_grid_runs: int = Field(default=1, description="Runs per size (the lr grid's multipliers).")
     batch_size: int = Field(description="Examples per step of every run.")
-    max_steps_per_run: int = Field(description="Step cap of a run (sweep.max_steps).")
+    max_steps_per_run: int = Field(description="Steps of the longest run (the epoch rule).")
+    steps_rule: str | None = Field(default=None, description="Steps per size, in words.")
     max_examples_processed: int = Field(
-        description="Upper bound on examples processed: training_runs × max_steps × batch_size "
-        "(runs stop earlier on early stopping)."
+        description="Examples the first round processes: the sum over its runs of steps × "
+        "batch_size."
     )
     max_tokens_processed: float | None = Field(
         default=None, description="max_examples_processed × tokens per example."
+    )
+    estimated_seconds: float | None = Field(
+        default=None,
+        description="Training time of the first round on one worker, from the cost model's "
+        "FLOPs prior (6·P·T per example; evaluations not included); null: model size unknown.",
+    )
+    later_rounds: str | None = Field(
+        default=None, description="What later rounds may add (the sweep's round and run caps)."
     )
     estimated_cost: str = Field(description="The cost, in words.")
 
@@ -998,9 +1016,12 @@ class BudgetData(_Out):
         default=None, description="recommended_examples × tokens per example."
     )
     unit: Literal["examples"] = "examples"
-    source: Literal["data_sweep", "not_available", "loss_accuracy"] = Field(
-        description="data_sweep: the fitted L(D) of a data sweep (or loss_vs_data pilot runs); "
-        "not_available: no predictive number (next_step says how to get one). "
+    source: Literal["data_sweep", "extrapolated", "not_available", "loss_accuracy"] = Field(
+        description="data_sweep: the fitted L(D) of a data sweep (or loss_vs_data pilot runs), "
+        "at a size within 1.5× of the measured sizes; extrapolated: the fitted size lies more "
+        "than 1.5× outside them (a warning, its interval open on that side, next_step the "
+        "next round's sizes); not_available: no predictive number (next_step says how to get "
+        "one). "
         "'loss_accuracy' is never produced any more (only in recommendations stored before)."
     )
     criterion: str = Field(description="Which number leads and why.")
@@ -1042,8 +1063,13 @@ class BudgetData(_Out):
         "available_samples not given, or between the point and an unbounded upper end).",
     )
     available_note: str | None = None
+    measured_sizes: tuple[float, float] | None = Field(
+        default=None, description="The smallest and largest size the L(D) fit measured."
+    )
     next_step: DataSweepNextStep | None = Field(
-        default=None, description="How to get a data-sweep number (source not_available)."
+        default=None,
+        description="How to get a data-sweep number (source not_available), or the next "
+        "round's sizes (source extrapolated).",
     )
     reason: str | None = Field(default=None, description="Why nothing is recommended.")
 

@@ -25,8 +25,9 @@ results also give them in tokens.
 
 from __future__ import annotations
 
+import math
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -46,6 +47,21 @@ from curvplan.types.planner import (
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 MAX_POINTS = 64
+
+DATA_MAX_STEPS = 50_000
+"""A data sweep's default step cap per run (``sweep.max_steps`` when the request gives none):
+far above what the epoch rule asks of the default sizes, so that it is a safety bound and not
+a horizon that flattens L(D) (docs/budget.md#data-sweep)."""
+MAX_SWEEP_RUNS = 240
+"""The most training runs (child jobs) a data sweep may queue over all its rounds."""
+
+
+def data_steps(data_size: int, batch_size: int, epochs: float, min_steps: int, cap: int) -> int:
+    """Steps of a data-sweep run on ``data_size`` examples: ``epochs`` passes over its subset,
+    at least ``min_steps``, at most ``cap`` (``sweep.max_steps``):
+    ``min(cap, max(min_steps, ceil(epochs · D / batch_size)))``. The run's decayed schedule
+    spans exactly these steps, so every size trains to the end of its own decay."""
+    return int(min(cap, max(min_steps, math.ceil(epochs * data_size / batch_size))))
 
 
 class OptimizerSpec(BaseModel):
@@ -100,8 +116,35 @@ class SweepSettings(BaseModel):
     )
     data_sizes: Annotated[list[Annotated[int, Field(ge=2)]], Field(max_length=12)] | None = Field(
         default=None,
-        description="Data sweep: nested subset sizes D_i in examples (default: geometric, "
-        "factor 2, from the training-data size down to 1/32 of it).",
+        description="Data sweep: the first round's nested subset sizes D_i in examples "
+        "(default: geometric, factor 2, from the training-data size down to 1/32 of it).",
+    )
+    epochs: Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)] = Field(
+        default=10.0,
+        description="Data sweep: passes over its subset each size trains for (steps = "
+        "min(max_steps, max(min_steps, ceil(epochs·D/batch_size)))): steps grow with the size, "
+        "and every run's decayed schedule spans its own steps.",
+    )
+    min_steps: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        default=200,
+        description="Data sweep: the fewest steps of a run (small subsets; max_steps wins).",
+    )
+    max_rounds: Annotated[int, Field(ge=1, le=6)] = Field(
+        default=3,
+        description="Data sweep: the most rounds. After a round, while the fitted size for "
+        "target_loss lies more than 1.5× outside the measured sizes (or every measured loss "
+        "is on one side of the target), the next round halves below the smallest size or "
+        "doubles above the largest (docs/budget.md#data-sweep).",
+    )
+    max_runs: Annotated[int, Field(ge=1, le=MAX_SWEEP_RUNS)] = Field(
+        default=36,
+        description="Data sweep: the most training runs (child jobs, every lr-grid multiplier "
+        "counted) over all rounds; a round that does not fit is trimmed, or not queued.",
+    )
+    round_sizes: Annotated[int, Field(ge=1, le=6)] = Field(
+        default=3,
+        description="Data sweep: the most new sizes a later round adds (halvings or doublings, "
+        "as many as reach the fitted size).",
     )
     batch_size: Annotated[int, Field(ge=2)] = Field(
         default=32, description="Data sweep: the batch size of every run (examples)."
@@ -109,7 +152,9 @@ class SweepSettings(BaseModel):
     max_steps: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
         default=2000,
         description="Step cap of a run; a run that hits it is censored. Branch sweep: the most "
-        "steps the smallest batch may need for the window (more: the sweep is refused).",
+        "steps the smallest batch may need for the window (more: the sweep is refused). Data "
+        f"sweep: default {DATA_MAX_STEPS:,}, the cap of the epoch rule (a size it cuts is "
+        "named in the result).",
     )
     eval_every: Annotated[int, Field(ge=1, le=10_000)] = Field(
         default=5, description="Evaluate (and check the target / early stopping) every n steps."
@@ -122,7 +167,7 @@ class SweepSettings(BaseModel):
     schedule: Literal["cosine", "wsd"] = Field(
         default="wsd",
         description="Data sweep: the decayed learning-rate schedule of every run over its "
-        "max_steps: cosine to 0, or warmup-stable-decay with a 1−sqrt cooldown over the last "
+        "own steps: cosine to 0, or warmup-stable-decay with a 1−sqrt cooldown over the last "
         "cooldown_fraction of the steps (Hägele et al. 2024).",
     )
     cooldown_fraction: Annotated[float, Field(gt=0, le=1)] = Field(
@@ -162,6 +207,13 @@ class SweepSettings(BaseModel):
         "`checkpoints` (default: the `step` the checkpoint file declares in its metadata, as "
         "`curvplan example` and save_checkpoint write it).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_step_cap(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("type") == "data" and "max_steps" not in data:
+            return {**data, "max_steps": DATA_MAX_STEPS}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> SweepSettings:
@@ -233,6 +285,9 @@ class PointSettings(BaseModel):
         default=None,
         description="Branch sweep: the training step of the checkpoint the branch starts from "
         "(for the warm-up schedule; the run does not use it).",
+    )
+    round: Annotated[int, Field(ge=1, le=6)] = Field(
+        default=1, description="Data sweep: the round that queued this run."
     )
 
 
@@ -333,6 +388,42 @@ class DataSweepFit(BaseModel):
         default_factory=dict,
         description="The learning-rate multiplier of the run used for each subset size.",
     )
+    steps_rule: str | None = Field(
+        default=None, description="How many steps each size trained, in words (the rule)."
+    )
+    steps_per_size: dict[str, int] = Field(
+        default_factory=dict, description="The steps each subset size trained for."
+    )
+    capped_sizes: list[int] = Field(
+        default_factory=list,
+        description="Sizes whose epoch rule asked for more than sweep.max_steps: trained to the "
+        "cap (fewer epochs), their L(D) may sit above the converged value.",
+    )
+    rounds: list[DataSweepRound] = Field(
+        default_factory=list, description="The rounds run, in order."
+    )
+    bracketed: bool | None = Field(
+        default=None,
+        description="The fitted size for the target lies within 1.5× of the measured sizes "
+        "(null: no target or no finite size).",
+    )
+    next_round_sizes: list[int] | None = Field(
+        default=None,
+        description="Sizes a next round would train (the sweep stopped before them: the "
+        "round or run cap, or the training data's size); null: none needed.",
+    )
+
+
+class DataSweepRound(BaseModel):
+    """One round of a data sweep: its new sizes and why it was queued."""
+
+    round: int
+    data_sizes: list[int]
+    runs: int = Field(description="Training runs of the round (sizes × lr-grid multipliers).")
+    reason: str
+
+
+DataSweepFit.model_rebuild()
 
 
 class BranchCurve(BaseModel):

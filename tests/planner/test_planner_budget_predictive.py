@@ -43,7 +43,7 @@ def _loss_vs_data(noise: float, seed: int = 0) -> list[dict[str, float]]:
 
 
 def test_a_synthetic_loss_vs_data_gives_the_closed_form_data_number_for_the_target():
-    target = 1.6  # D = (A/(target − E))^(1/β) = (10/0.1)² = 10,000
+    target = 1.65  # D = (A/(target − E))^(1/β) = (10/0.15)² ≈ 4,444: inside the sizes
     truth = (A_TRUE / (target - E_TRUE)) ** (1 / BETA_TRUE)
     m = Measurements(loss_vs_data=_loss_vs_data(noise=2e-4))
     plan = make_plan(m, Targets(target_loss=target, available_samples=50_000), seed=0)
@@ -55,7 +55,7 @@ def test_a_synthetic_loss_vs_data_gives_the_closed_form_data_number_for_the_targ
     assert lo <= truth <= hi
     assert data.irreducible_loss == pytest.approx(E_TRUE, abs=0.02)
     assert data.available_is_enough is True and data.next_step is None
-    short = make_plan(m, Targets(target_loss=target, available_samples=2_000), seed=0)
+    short = make_plan(m, Targets(target_loss=target, available_samples=1_000), seed=0)
     assert short.budget.data.available_is_enough is False
     assert any("not enough data" in w for w in short.budget.warnings)
 
@@ -119,8 +119,7 @@ def test_without_a_data_sweep_the_data_number_is_not_available_with_the_real_com
     assert argv[argv.index("--target-loss") + 1] == "1"
     sizes = [int(x) for x in argv[argv.index("--data-sizes") + 1].split(",")]
     assert sizes == step.data_sizes and max(sizes) == 100_000 and len(sizes) == 6
-    assert step.training_runs == 6
-    assert step.max_examples_processed == 6 * step.max_steps_per_run * step.batch_size
+    assert step.training_runs == 18  # 6 sizes × the 3 lr-grid multipliers
     assert step.max_tokens_processed == step.max_examples_processed * 64.0
     # the evaluation-set size is beside it, named for what it is
     ev = data.evaluation_set_size
@@ -136,7 +135,7 @@ def test_without_a_data_sweep_the_data_number_is_not_available_with_the_real_com
 def test_next_step_without_a_known_dataset_size_leaves_the_sizes_to_the_service():
     step = data_sweep_next_step(None, None, None)
     assert "--data-sizes" not in step.command and "--target-loss" not in step.command
-    assert step.data_sizes is None and step.training_runs == 6
+    assert step.data_sizes is None and step.training_runs == 18
 
 
 # ------------------------------------------------------------------ correlated samples

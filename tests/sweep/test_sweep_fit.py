@@ -151,8 +151,9 @@ def test_data_fit_recovers_the_law_and_sizes_the_dataset_for_the_target():
                 update={"data_size": d, "best_eval_loss": worse}
             )
             children.append(_child(f"D={d}, lr×{m:g}", point))
-    target = 1.5
+    target = 1.6  # D* = (30/0.4)² = 5,625: within 1.5× of the largest size, no next round
     out = run(_stored("data", target_loss=target), _ctx(children))
+    assert out["sweep"]["data"]["bracketed"] is True
     assert out["sweep"]["data"]["lr_multipliers"] == {str(d): 1.0 for d in sizes}
     assert "Hägele" in out["sweep"]["data"]["schedule"]
     assert sum(p["used_in_fit"] for p in out["sweep"]["points"]) == len(sizes)

@@ -24,6 +24,12 @@ The life of a parent job (any kind may do this; the sweep kind is the first user
    a crash); the kind sees its children's outcomes and computes the result. A failing
    fan-in never touches a child; a crash during it re-queues the parent with its children
    intact, so the fan-in cannot be lost.
+4. **Rounds.** A fan-in may fan out again (the sweep kind's data sweep, when its measured
+   sizes do not bracket the target): in the one transaction that ends that attempt the next
+   round's children are inserted beside the earlier ones and the parent waits again (step 1
+   to 3); its next fan-in sees every round's children. The decision is a function of the
+   children's stored results, so a fan-in that crashes before its transaction commits makes
+   the same decision when it runs again, and a round is never queued twice.
 
 Locking: a child's terminal update locks the child row first and the parent row second;
 cancelling a parent locks the children (in id order) before the parent. Under READ

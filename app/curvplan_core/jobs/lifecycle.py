@@ -672,6 +672,9 @@ def wait_for_children(
     loses its lease and worker (stage ``waiting for children``), and the attempt ends with
     outcome ``fanned-out``. A job whose cancellation was requested meanwhile ends
     ``cancelled`` and creates nothing. Returns the job's status, or None if fenced out.
+
+    A fan-in attempt may fan out again (a data sweep's next round): the new children join the
+    earlier ones, the parent waits for them the same way, and its next fan-in sees them all.
     """
     row = conn.execute(
         text(
@@ -701,7 +704,8 @@ def wait_for_children(
         max_attempts=row.max_attempts,
     )
     stages = (progress or row.progress or {}).get("stages")
-    waiting = waiting_progress({"queued": len(children)}, stages)
+    # a later round (a fan-in that fans out again) counts the earlier rounds' children too
+    waiting = waiting_progress(children_counts(conn, fence.job_id), stages)
     conn.execute(
         text(
             "UPDATE job SET lease_expires_at = NULL, worker_id = NULL, updated_at = now(),"

@@ -37,6 +37,7 @@ from curvplan.types.planner import (
     DataSweepNextStep,
     EvaluationSetSize,
     LandscapeStabilisation,
+    LossPoint,
     Measurements,
     NoiseTrendPoint,
     NotComputed,
@@ -45,10 +46,13 @@ from curvplan.types.planner import (
     ScalingSection,
     Targets,
 )
+from curvplan.types.sweep import OptimizerSpec, SweepSettings, data_steps
+from curvplan_core import cost_model
 from curvplan_core.planner import formulas
 from curvplan_core.planner.batch_section import finite_or_none
 from curvplan_core.planner.branched_batch import branch_budget_batch
 from curvplan_core.planner.critical_batch import nearest_power_of_two
+from curvplan_core.planner.data_rounds import EXTRAPOLATION_LIMIT, extrapolation_side, next_round
 from curvplan_core.planner.gradient_noise import NOISE_SCALE_FIELDS, TREND_SCALE_ORDER
 
 TARGET_LOSS_RULE = (
@@ -96,11 +100,13 @@ def _fmt(x: float) -> str:
 
 
 # The next step without a data sweep: `curvplan sweep --type data` with the CLI's defaults
-# (curvplan/commands/client.py `sweep`; SweepSettings in curvplan/types/sweep.py).
+# (curvplan/commands/client.py `sweep`; SweepSettings and OptimizerSpec in
+# curvplan/types/sweep.py, whose defaults these are).
 SWEEP_BATCH_SIZE = 32
-SWEEP_MAX_STEPS = 2000
 SWEEP_DEFAULT_RUNS = 6  # the service's default sizes: training-data size down to 1/32 of it
 SWEEP_SIZE_FACTOR = 2
+_SWEEP = SweepSettings(type="data")
+_OPTIMIZER = OptimizerSpec()
 
 
 def sweep_data_sizes(available: int | None, batch_size: int = SWEEP_BATCH_SIZE) -> list[int] | None:
@@ -113,13 +119,32 @@ def sweep_data_sizes(available: int | None, batch_size: int = SWEEP_BATCH_SIZE) 
     return sizes if len(sizes) >= 3 else None
 
 
+def sweep_steps_rule(settings: SweepSettings) -> str:
+    """The data sweep's steps per size, in words (its result states the same rule)."""
+    return (
+        f"steps = min({settings.max_steps:,}, max({settings.min_steps:,}, "
+        f"ceil({settings.epochs:g} epochs × D / batch {settings.batch_size}))): each size "
+        "trains its own decayed schedule to the end"
+    )
+
+
 def data_sweep_next_step(
-    target_loss: float | None, available: int | None, tokens: float | None
+    target_loss: float | None,
+    available: int | None,
+    tokens: float | None,
+    *,
+    sizes: list[int] | None = None,
+    model_parameters: int | None = None,
+    next_round: str | None = None,
 ) -> DataSweepNextStep:
-    """The `curvplan sweep --type data …` command that gets a data-sweep L(D), and its cost
-    (an upper bound: runs × max_steps × batch_size examples; early stopping ends runs sooner)."""
-    sizes = sweep_data_sizes(available)
-    runs = len(sizes) if sizes is not None else SWEEP_DEFAULT_RUNS
+    """The `curvplan sweep --type data …` command that gets a data-sweep L(D) (or, with
+    ``sizes``, its next round), and what its first round costs: every size at every lr-grid
+    multiplier, each run the steps of the epoch rule (:func:`curvplan.types.sweep.data_steps`),
+    and the training time from the cost model's FLOPs prior (``cost_model.training_seconds``)."""
+    if sizes is None:
+        sizes = sweep_data_sizes(available)
+    grid = len(_OPTIMIZER.lr_grid)
+    settings = _SWEEP
     parts = [
         "curvplan sweep --type data --spec model.json --train train.safetensors "
         "--eval eval.safetensors"
@@ -128,22 +153,55 @@ def data_sweep_next_step(
         parts.append(f"--target-loss {target_loss:.6g}")
     if sizes is not None:
         parts.append("--data-sizes " + ",".join(str(d) for d in sizes))
-    parts.append(f"--batch-size {SWEEP_BATCH_SIZE} --max-steps {SWEEP_MAX_STEPS} --wait")
-    examples = runs * SWEEP_MAX_STEPS * SWEEP_BATCH_SIZE
-    cost = (
-        f"{runs} training runs (one child job each) of at most {SWEEP_MAX_STEPS:,} steps × "
-        f"{SWEEP_BATCH_SIZE} examples: at most {examples:,} examples processed"
-        + ("" if tokens is None else f" ({examples * tokens:,.0f} tokens)")
-        + "; then `curvplan analyze … --sweep <sweep job id>` puts its L(D) in budget.data"
+    parts.append(f"--batch-size {SWEEP_BATCH_SIZE} --wait")
+    if sizes is not None:
+        steps = [
+            data_steps(d, SWEEP_BATCH_SIZE, settings.epochs, settings.min_steps, settings.max_steps)
+            for d in sizes
+        ]
+        runs = len(sizes) * grid
+    else:  # the service picks the sizes from the training data's size: bound by the cap
+        steps = [settings.max_steps] * SWEEP_DEFAULT_RUNS
+        runs = SWEEP_DEFAULT_RUNS * grid
+    examples = grid * sum(steps) * SWEEP_BATCH_SIZE
+    seconds = (
+        None
+        if model_parameters is None
+        else cost_model.training_seconds(model_parameters, tokens or 1.0, examples)
     )
+    bound = "" if sizes is not None else "at most "
+    later = (
+        f"if the first round does not bracket the target, later rounds halve below or double "
+        f"above it: at most {settings.max_rounds} rounds and {settings.max_runs} runs in all "
+        "(--max-rounds, --max-runs)"
+    )
+    cost = (
+        f"{runs} training runs (one child job each: {runs // grid} sizes × {grid} lr-grid "
+        f"multipliers) of {sweep_steps_rule(settings)}; {bound}{examples:,} examples processed"
+        + ("" if tokens is None else f" ({examples * tokens:,.0f} tokens)")
+        + (
+            f", {cost_model.format_duration(seconds)} of training on one worker "
+            "(cost-model FLOPs prior; evaluations not included)"
+            if seconds is not None
+            else "; time unknown (model size not given)"
+        )
+        + f"; {later}; then `curvplan analyze … --sweep <sweep job id>` puts its L(D) in "
+        "budget.data"
+    )
+    if next_round is not None:
+        cost = f"next round ({next_round}): {cost}"
     return DataSweepNextStep(
         command=" ".join(parts),
         data_sizes=sizes,
         training_runs=runs,
+        lr_grid_runs=grid,
         batch_size=SWEEP_BATCH_SIZE,
-        max_steps_per_run=SWEEP_MAX_STEPS,
+        max_steps_per_run=max(steps),
+        steps_rule=sweep_steps_rule(settings),
         max_examples_processed=examples,
         max_tokens_processed=None if tokens is None else examples * tokens,
+        estimated_seconds=seconds,
+        later_rounds=later,
         estimated_cost=cost,
     )
 
@@ -226,11 +284,38 @@ def build_data(
             "irreducible_loss": sweep.E,
             "irreducible_loss_ci": sweep.E_ci,
         }
+    params = getattr(measurements, "model_parameters", None)
+    points = measurements.loss_vs_data or []
+    sizes = [p.n_samples for p in points]
+    if sizes:
+        sweep_fields["measured_sizes"] = (min(sizes), max(sizes))
     if sweep is not None and status == "reachable" and isinstance(sweep.n_for_target_loss, float):
         data = _data_from_sweep(sweep, tokens, conf, {**sweep_fields, **common})
+        side = extrapolation_side(sweep.n_for_target_loss, sizes) if sizes else None
+        if side is not None:
+            _mark_extrapolated(data, side, sizes, points, available, tokens, params, warnings)
         _assess_available(data, warnings)
         return data, warnings
-    next_step = data_sweep_next_step(targets.target_loss, available, tokens)
+    further = (
+        next_round(
+            sizes,
+            [p.loss for p in points],
+            targets.target_loss,
+            None,
+            min_size=SWEEP_BATCH_SIZE,
+            max_size=available,
+        )
+        if sizes
+        else None
+    )
+    next_step = data_sweep_next_step(
+        targets.target_loss,
+        available,
+        tokens,
+        sizes=further.sizes if further is not None and further.sizes else None,
+        model_parameters=params,
+        next_round=further.reason if further is not None and further.sizes else None,
+    )
     reason, guarantee = _why_no_data_size(sweep, status, scaling, conf, warnings)
     return (
         BudgetData(
@@ -303,6 +388,69 @@ def _data_from_sweep(
         "schedule and data distribution as the sweep, inside the swept sizes (beyond them "
         "it extrapolates the power law).",
         **fields,
+    )
+
+
+def _mark_extrapolated(
+    data: BudgetData,
+    side: str,
+    sizes: list[float],
+    points: list[LossPoint],
+    available: int | None,
+    tokens: float | None,
+    params: int | None,
+    warnings: list[str],
+) -> None:
+    """The fitted size lies more than 1.5× outside the measured sizes: shown as
+    ``extrapolated``, its interval open on that side, a warning, and the next round's sizes in
+    next_step (docs/budget.md#data-sweep)."""
+    n = data.recommended_examples
+    assert n is not None
+    lo, hi = min(sizes), max(sizes)
+    ci = data.recommended_examples_ci
+    low, high = ci if ci is not None else (None, None)
+    data.recommended_examples_ci = (None, high) if side == "below" else (low, None)
+    data.source = "extrapolated"
+    edge = f"{EXTRAPOLATION_LIMIT:g}× " + (
+        f"below the smallest measured size {lo:,.0f}"
+        if side == "below"
+        else f"above the largest measured size {hi:,.0f}"
+    )
+    further = next_round(
+        sizes,
+        [p.loss for p in points],
+        data.target_loss,
+        float(n),
+        min_size=SWEEP_BATCH_SIZE,
+        max_size=available,
+    )
+    round_sizes = further.sizes if further is not None and further.sizes else None
+    data.criterion = (
+        f"extrapolated: the fitted L(D) reaches the target at {n:,} examples, more than {edge}; "
+        "a power law is not evidence that far outside its data"
+    )
+    data.guarantee = (
+        f"None yet: {n:,} examples is the fit's extrapolation, not a measured answer; the "
+        "interval is open on the extrapolated side. Run the next round (next_step) to bracket "
+        "the target."
+    )
+    if round_sizes is None and further is not None:
+        data.reason = further.reason
+    data.next_step = data_sweep_next_step(
+        data.target_loss,
+        available,
+        tokens,
+        sizes=round_sizes,
+        model_parameters=params,
+        next_round=None if further is None else further.reason,
+    )
+    warnings.append(
+        f"data: the size for the target ({n:,} examples) is extrapolated, more than {edge}; "
+        + (
+            f"the next round trains {', '.join(f'{d:,}' for d in round_sizes)}"
+            if round_sizes is not None
+            else (further.reason if further is not None else "no next round can be trained")
+        )
     )
 
 

@@ -164,6 +164,9 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
         fields, notes = planner_fields(result, noise)
         sweep_fields, sweep_target = _sweep_fields(engine, project_id, body.sweeps)
         fields.update(sweep_fields)
+        n_params = (result.get("cost_inputs") or {}).get("n_params")
+        if n_params:  # prices a data sweep's training time in budget.data.next_step
+            fields["model_parameters"] = int(n_params)
         fields.setdefault("tokens_per_example", _tokens_per_example(body.model))
         if fields["tokens_per_example"] is None:
             fields.pop("tokens_per_example")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,8 @@ from curvplan.types.planner import (
     LossPoint,
     Measurements,
     NotComputed,
+    Recommendation,
+    ScalingSection,
     StepsPoint,
     Targets,
 )
@@ -34,20 +36,24 @@ from curvplan.types.results import SweepPointJobResult
 from curvplan.types.sweep import (
     BatchSweepFit,
     DataSweepFit,
+    DataSweepRound,
     NoiseScaleAtLoss,
     PointResult,
     PointSettings,
     SweepPointOut,
     SweepResult,
     SweepSettings,
+    data_steps,
 )
 from curvplan_core.artifacts.safetensors_format import validate_file
 from curvplan_core.planner import make_plan
+from curvplan_core.planner.budget_section import sweep_steps_rule
+from curvplan_core.planner.data_rounds import NextRound, extrapolation_side, next_round
 from curvplan_core.planner.gradient_noise import ratio_of_means_bootstrap, two_batch_estimates
 from curvplan_worker.analyze.artifacts import attempt_access
 from curvplan_worker.analyze.pipeline import checkpoint_step
 from curvplan_worker.errors import JobError
-from curvplan_worker.job_context import ChildJob, FanOut, JobContext
+from curvplan_worker.job_context import ChildJob, ChildOutcome, FanOut, JobContext
 from curvplan_worker.kinds.plan import seed_for_job
 from curvplan_worker.sweep.branch import fit_branches, plan_branches
 from curvplan_worker.sweep.ladder import checked_batch_ladder
@@ -155,9 +161,28 @@ def plan_points(
             "Invalid sweep request",
             f"sweep.data_sizes: {too_big} exceed the training data ({n_train} examples)",
         )
-    # every subset at every grid multiplier: the fan-in cannot fan out again, so the runs the
-    # end-tuned rule needs for the middle subsets are not known before the ends have finished
+    runs = len(sizes) * len(opt.lr_grid)
+    if runs > sweep.max_runs:
+        raise JobError(
+            "invalid-request",
+            "Invalid sweep request",
+            f"sweep.max_runs: the first round alone is {runs} runs ({len(sizes)} sizes × "
+            f"{len(opt.lr_grid)} lr-grid multipliers); raise max_runs or give fewer sizes",
+        )
+    return data_round_points(body, sizes, 1)
+
+
+def data_round_points(
+    body: SweepJobCreate, sizes: Sequence[int], round_number: int
+) -> list[ChildJob[SweepPointJobCreate]]:
+    """One round of a data sweep: every size at every lr-grid multiplier, each run the steps
+    of the epoch rule (:func:`curvplan.types.sweep.data_steps`) with its decayed schedule over
+    exactly those steps. Every subset runs at every multiplier: the runs the end-tuned lr rule
+    needs for the middle subsets are not known before the ends have finished."""
+    sweep, opt = body.sweep, body.optimizer
+    children = []
     for d in sizes:
+        steps = data_steps(d, sweep.batch_size, sweep.epochs, sweep.min_steps, sweep.max_steps)
         for m in opt.lr_grid:
             point = PointSettings(
                 type="data",
@@ -166,15 +191,25 @@ def plan_points(
                 lr_multiplier=m,
                 data_size=d,
                 target_loss=sweep.target_loss,
-                max_steps=sweep.max_steps,
-                eval_every=sweep.eval_every,
+                max_steps=steps,
+                eval_every=min(sweep.eval_every, steps),
                 patience=sweep.patience,
                 seed=sweep.init_seed,
                 schedule=sweep.schedule,
                 cooldown_fraction=sweep.cooldown_fraction,
+                round=round_number,
             )
             suffix = f", lr×{m:g}" if len(opt.lr_grid) > 1 else ""
-            children.append(child(f"D={d}{suffix}", point))
+            request = SweepPointJobCreate(
+                kind="sweep_point",
+                model=body.model,
+                checkpoint=body.checkpoint,
+                train_data=body.train_data,
+                eval_data=body.eval_data,
+                optimizer=body.optimizer,
+                point=point,
+            )
+            children.append(ChildJob(request=request, name=f"D={d}{suffix}"))
     return children
 
 
@@ -188,9 +223,9 @@ def data_schedule_text(settings: SweepSettings) -> str:
             f"{settings.cooldown_fraction:.0%} of the steps (Hägele et al. 2024)"
         )
     return (
-        f"every subset trained for {settings.max_steps} steps at batch {settings.batch_size}: "
-        f"linear warm-up, then {decay}; L(D) is the best held-out loss, evaluated every "
-        f"{settings.eval_every} steps"
+        f"every subset trained at batch {settings.batch_size} for its own steps "
+        f"({sweep_steps_rule(settings)}): linear warm-up, then {decay} over those steps; L(D) "
+        f"is the best held-out loss, evaluated every {settings.eval_every} steps"
     )
 
 
@@ -265,7 +300,7 @@ def _fan_out(body: SweepJobCreate, ctx: JobContext) -> FanOut:
 
 
 # --------------------------------------------------------------------------- fan-in
-def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
+def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any] | FanOut:
     ctx.report_progress(0.0, "fitting", f"{len(ctx.children or [])} points")
     children = ctx.children_as(SweepPointJobCreate, SweepPointJobResult, body.model)
     sweep = body.sweep
@@ -349,7 +384,15 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
             seed,
         )
     else:
-        good, multipliers = select_data_runs(results)
+        rounds = sorted({c.request.point.round for c in children})
+        sizes_cache: list[int] = []
+
+        def n_train() -> int:  # read once, and only when a round above is asked for
+            if not sizes_cache:
+                sizes_cache.append(_inputs(body, ctx)[0])
+            return sizes_cache[0]
+
+        good, multipliers, recommendation, further = _data_decision(body, results, n_train, seed)
         if len(good) < MIN_POINTS["data"]:
             raise JobError(
                 "too-few-points",
@@ -357,14 +400,13 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
                 f"{len(good)} of {len(children)} points finished (failed: {failed}); the "
                 f"L(D) fit with intervals needs {MIN_POINTS['data']}",
             )
+        queued = _next_round(body, children, rounds, further)
+        if queued is not None:
+            ctx.report_progress(1.0, "next round", queued.message)
+            return queued
         loss_vs_data = [
             LossPoint(n_samples=float(r.data_size or 0), loss=r.best_eval_loss) for _, r in good
         ]
-        recommendation = make_plan(
-            Measurements(loss_vs_data=loss_vs_data, tokens_per_example=tokens),
-            Targets(target_loss=sweep.target_loss),
-            seed=seed,
-        )
         answer.data = DataSweepFit(
             fit=recommendation.scaling,
             loss_vs_data=loss_vs_data,
@@ -372,7 +414,32 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
             schedule=data_schedule_text(sweep),
             lr_rule=DATA_LR_RULE.format(grid=body.optimizer.lr_grid),
             lr_multipliers={str(d): m for d, m in multipliers.items()},
+            steps_rule=sweep_steps_rule(sweep),
+            steps_per_size={
+                str(c.request.point.data_size): c.request.point.max_steps for c in children
+            },
+            capped_sizes=_capped_sizes(sweep, children),
+            rounds=_rounds(body, children, results, rounds, n_train, seed),
+            bracketed=_bracketed(recommendation, loss_vs_data),
+            next_round_sizes=None if further is None or not further.sizes else further.sizes,
         )
+        if answer.data.capped_sizes:
+            answer.notes.append(
+                f"sizes {answer.data.capped_sizes} asked the epoch rule for more than "
+                f"sweep.max_steps ({sweep.max_steps:,}) steps and trained to the cap: their "
+                "L(D) may sit above the converged value; raise max_steps"
+            )
+        if further is not None:
+            answer.notes.append(
+                f"the target is not bracketed: {further.reason}; "
+                + (
+                    f"a next round would train {further.sizes} but the sweep's caps stop it "
+                    f"(max_rounds {sweep.max_rounds}, max_runs {sweep.max_runs}; "
+                    f"{len(children)} runs in {len(rounds)} round(s))"
+                    if further.sizes
+                    else "no next round can be trained"
+                )
+            )
         answer.points_used = len(good)
         measurements["loss_vs_data"] = [p.model_dump() for p in loss_vs_data]
     if failed:
@@ -386,6 +453,136 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any]:
         "measurements": measurements,
         "recommendation": recommendation.model_dump(mode="json"),
     }
+
+
+DataChildren = Sequence[ChildOutcome[SweepPointJobCreate, SweepPointJobResult]]
+
+
+def _data_decision(
+    body: SweepJobCreate,
+    results: list[tuple[SweepPointOut, PointResult]],
+    n_train: Callable[[], int],
+    seed: int,
+) -> tuple[
+    list[tuple[SweepPointOut, PointResult]], dict[int, float], Recommendation, NextRound | None
+]:
+    """The data sweep's fit over ``results`` (one run per size by ``DATA_LR_RULE``) and the
+    next round it asks for (``curvplan_core.planner.data_rounds.next_round``; None: the
+    target is bracketed, or there is no target). A function of the stored results alone, so
+    that a fan-in run again after a crash decides the same."""
+    sweep = body.sweep
+    good, multipliers = select_data_runs(results)
+    loss_vs_data = [
+        LossPoint(n_samples=float(r.data_size or 0), loss=r.best_eval_loss) for _, r in good
+    ]
+    tokens = next(
+        (r.batch_size_tokens / r.batch_size for _, r in results if r.batch_size_tokens), None
+    )
+    recommendation = make_plan(
+        Measurements(loss_vs_data=loss_vs_data or None, tokens_per_example=tokens),
+        Targets(target_loss=sweep.target_loss),
+        seed=seed,
+    )
+    if len(good) < MIN_POINTS["data"] or sweep.target_loss is None:
+        return good, multipliers, recommendation, None
+    scaling = recommendation.scaling
+    d_star = (
+        scaling.n_for_target_loss
+        if isinstance(scaling, ScalingSection) and isinstance(scaling.n_for_target_loss, float)
+        else None
+    )
+    sizes, losses = [p.n_samples for p in loss_vs_data], [p.loss for p in loss_vs_data]
+    further = next_round(
+        sizes,
+        losses,
+        sweep.target_loss,
+        d_star,
+        min_size=max(2, sweep.batch_size),
+        per_round=sweep.round_sizes,
+    )
+    if further is not None and further.side == "above":  # no larger subset than the data
+        further = next_round(
+            sizes,
+            losses,
+            sweep.target_loss,
+            d_star,
+            min_size=max(2, sweep.batch_size),
+            max_size=n_train(),
+            per_round=sweep.round_sizes,
+        )
+    return good, multipliers, recommendation, further
+
+
+def _next_round(
+    body: SweepJobCreate, children: DataChildren, rounds: list[int], further: NextRound | None
+) -> FanOut | None:
+    """The next round's points, when one is needed and the caps allow it: at most
+    ``max_rounds`` rounds and ``max_runs`` runs in all (a round is trimmed to the sizes
+    nearest the measured ones that fit)."""
+    sweep = body.sweep
+    if further is None or not further.sizes or len(rounds) >= sweep.max_rounds:
+        return None
+    room = (sweep.max_runs - len(children)) // len(body.optimizer.lr_grid)
+    if room <= 0:
+        return None
+    sizes = further.sizes[:room] if further.side == "above" else further.sizes[-room:]
+    points = data_round_points(body, sizes, max(rounds) + 1)
+    return FanOut(
+        children=points,
+        message=f"round {max(rounds) + 1}: {len(points)} training runs at sizes {sizes} "
+        f"({further.reason})",
+    )
+
+
+def _rounds(
+    body: SweepJobCreate,
+    children: DataChildren,
+    results: list[tuple[SweepPointOut, PointResult]],
+    rounds: list[int],
+    n_train: Callable[[], int],
+    seed: int,
+) -> list[DataSweepRound]:
+    """The rounds run, each with why it was queued (recomputed from the rounds before it)."""
+    out = []
+    by_id = {c.id: c.request.point.round for c in children}
+    for k in rounds:
+        of_round = [c for c in children if c.request.point.round == k]
+        reason = "the first round: sweep.data_sizes (default: halvings of the training data)"
+        if k > 1:
+            before = [(o.model_copy(), r) for o, r in results if by_id.get(o.job_id, 1) < k]
+            further = _data_decision(body, before, n_train, seed)[3]
+            reason = further.reason if further is not None else "(no longer needed)"
+        out.append(
+            DataSweepRound(
+                round=k,
+                data_sizes=sorted({int(c.request.point.data_size or 0) for c in of_round}),
+                runs=len(of_round),
+                reason=reason,
+            )
+        )
+    return out
+
+
+def _capped_sizes(sweep: SweepSettings, children: DataChildren) -> list[int]:
+    """Sizes whose epoch rule asked for more steps than ``sweep.max_steps``."""
+    return sorted(
+        {
+            d
+            for c in children
+            if (d := c.request.point.data_size) is not None
+            and data_steps(d, sweep.batch_size, sweep.epochs, sweep.min_steps, 10**12)
+            > sweep.max_steps
+        }
+    )
+
+
+def _bracketed(recommendation: Recommendation, loss_vs_data: list[LossPoint]) -> bool | None:
+    """The fitted size for the target within 1.5× of the measured sizes (None: no size)."""
+    scaling = recommendation.scaling
+    if not isinstance(scaling, ScalingSection) or not isinstance(scaling.n_for_target_loss, float):
+        return None
+    sizes = [p.n_samples for p in loss_vs_data]
+    return extrapolation_side(scaling.n_for_target_loss, sizes) is None
 
 
 def _best_per_batch(
