@@ -253,3 +253,41 @@ def test_a_branch_sweep_gives_each_checkpoints_cbs_and_leads_an_analysis_batch(
     assert batch["critical"] == pytest.approx(latest["crossing"]["value"])
     assert batch["recommended"] == nearest_power_of_two(latest["crossing"]["value"])
     assert batch["warmup_schedule"] == stages
+
+
+def test_a_data_sweep_runs_a_second_round_on_real_workers(
+    client: httpx.Client, service: Service, data_ids: dict[str, str]
+) -> None:
+    """A target above every measured loss: the fitted size lies below the smallest subset,
+    so the parent queues a round of halvings (down to the batch size) and ends after it."""
+    body = {
+        "kind": "sweep",
+        "name": "tiny-data-sweep",
+        "model": TINY_SPEC,
+        **data_ids,
+        "optimizer": {"lr": 0.03, "base_batch_size": 4, "warmup_steps": 2, "lr_grid": [1.0]},
+        "sweep": {
+            "type": "data",
+            "target_loss": 50.0,
+            "data_sizes": [8, 16, 32, 64],
+            "batch_size": 4,
+            "epochs": 2,
+            "min_steps": 10,
+            "eval_every": 5,
+        },
+    }
+    response = client.post("/v1/jobs", json=body)
+    assert response.status_code == 202, response.text
+    done = wait_terminal(client, response.json()["id"], timeout=240)
+    assert done["status"] == "succeeded", (done["error"], service.logs())
+    data = done["result"]["sweep"]["data"]
+    assert [r["data_sizes"] for r in data["rounds"]] == [[8, 16, 32, 64], [4]]
+    assert len(done["children"]) == 5
+    # steps = max(10, ceil(2 · D / 4)): each run trained exactly its own schedule
+    assert data["steps_per_size"] == {"4": 10, "8": 10, "16": 10, "32": 16, "64": 32}
+    for point in done["result"]["sweep"]["points"]:
+        d = point["result"]["data_size"]
+        assert point["result"]["eval_steps"][-1] == max(10, -(-2 * d // 4))
+    # no smaller subset can be trained: the sweep says so instead of extrapolating silently
+    assert data["next_round_sizes"] is None
+    assert any("no next round" in note for note in done["result"]["sweep"]["notes"])
