@@ -43,22 +43,31 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
             "available_samples": None,
             "available_is_enough": None,
             "available_note": None,
+            "measured_sizes": None,
             "next_step": {
-                "command": "curvplan sweep --type data --spec model.json "
-                "--train train.safetensors --eval "
-                "eval.safetensors --batch-size 32 --max-steps "
-                "2000 --wait",
+                "command": "curvplan sweep --type data --spec model.json --train train.safetensors"
+                " --eval eval.safetensors --batch-size 32 --wait",
                 "data_sizes": None,
-                "training_runs": 6,
+                "training_runs": 18,
+                "lr_grid_runs": 3,
                 "batch_size": 32,
-                "max_steps_per_run": 2000,
-                "max_examples_processed": 384000,
+                "max_steps_per_run": 50000,
+                "steps_rule": "steps = min(50,000, max(200, ceil(10 epochs × D / batch 32))): each "
+                "size trains its own decayed schedule to the end",
+                "max_examples_processed": 28800000,
                 "max_tokens_processed": None,
-                "estimated_cost": "6 training runs (one child job each) of "
-                "at most 2,000 steps × 32 examples: at "
-                "most 384,000 examples processed; then "
-                "`curvplan analyze … --sweep <sweep job "
-                "id>` puts its L(D) in budget.data",
+                "estimated_seconds": None,
+                "later_rounds": "if the first round does not bracket the target, later rounds "
+                "halve below or double above it: at most 3 rounds and 36 runs in all (--max-"
+                "rounds, --max-runs)",
+                "estimated_cost": "18 training runs (one child job each: 6 sizes × 3 lr-grid "
+                "multipliers) of steps = min(50,000, max(200, ceil(10 epochs × D / batch 32))): "
+                "each size trains its own decayed schedule to the end; at most "
+                "28,800,000 examples processed; time unknown (model size not given); if"
+                " the first round does not bracket the target, later rounds halve below"
+                " or double above it: at most 3 rounds and 36 runs in all (--max-"
+                "rounds, --max-runs); then `curvplan analyze … --sweep <sweep job id>` "
+                "puts its L(D) in budget.data",
             },
             "reason": "no data sweep (measurements.loss_vs_data not given): only "
             "training on subsets of the data predicts how much data "
