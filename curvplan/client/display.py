@@ -520,9 +520,12 @@ def stage_timeline(job: m.JobOut) -> str:
 
 def sweep_text(job: m.JobOut) -> str | None:
     """A branch sweep's table: the CBS at each checkpoint, its bracket, and the warm-up
-    schedule (None for other jobs)."""
+    schedule; a data sweep's: each size's round, steps and L(D) (None for other jobs)."""
     result = job.result
     sweep = getattr(result, "sweep", None)
+    data = getattr(sweep, "data", None)
+    if data is not None:
+        return _data_sweep_text(data)
     branch = getattr(sweep, "branch", None)
     if branch is None:
         return None
@@ -578,6 +581,33 @@ def sweep_text(job: m.JobOut) -> str | None:
         ("schedule", branch.schedule_note or ""),
     ]
     texts += [("note", f"step {c.step}: {n}") for c in branch.checkpoints for n in c.notes]
+    for label, text in texts:
+        lines.append("  " + "\n    ".join(textwrap.wrap(f"{label}: {text}", width)))
+    return "\n".join(lines)
+
+
+def _data_sweep_text(data: Any) -> str:
+    """A data sweep's rounds: size, round, steps (the epoch rule), lr multiplier and L(D)."""
+    width = max(60, shutil.get_terminal_size((100, 20)).columns - 6)
+    round_of = {d: r.round for r in data.rounds for d in r.data_sizes}
+    rows = [
+        [
+            _int(int(p.n_samples)),
+            str(round_of.get(int(p.n_samples), "-")),
+            _int(data.steps_per_size.get(str(int(p.n_samples)))),
+            fmt(data.lr_multipliers.get(str(int(p.n_samples)))),
+            fmt(p.loss),
+        ]
+        for p in data.loss_vs_data
+    ]
+    lines = [
+        "DATA SWEEP (L(D) = E + A·D^(−β) over nested subsets)",
+        table(["size D", "round", "steps", "lr ×", "L(D)"], rows),
+    ]
+    texts = [("steps", data.steps_rule or ""), ("schedule", data.schedule or "")]
+    texts += [(f"round {r.round}", f"{r.data_sizes}: {r.reason}") for r in data.rounds]
+    if data.bracketed is False or data.next_round_sizes:
+        texts.append(("NOT BRACKETED", f"next round's sizes: {data.next_round_sizes or 'none'}"))
     for label, text in texts:
         lines.append("  " + "\n    ".join(textwrap.wrap(f"{label}: {text}", width)))
     return "\n".join(lines)

@@ -110,6 +110,14 @@ def test_a_fan_in_that_does_not_bracket_the_target_queues_the_next_round() -> No
     assert data["bracketed"] is True and [r["round"] for r in data["rounds"]] == [1, 2]
     assert data["fit"]["n_for_target_loss"] == pytest.approx(D_STAR, rel=0.02)
     assert "epochs" in data["steps_rule"] and data["steps_per_size"]["1024"] == 320
+    # the CLI's table: each size with its round and steps
+    from curvplan.client.display import _data_sweep_text
+    from curvplan.types.sweep import SweepResult
+
+    text = _data_sweep_text(SweepResult.model_validate(done["sweep"]).data)
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("1,024"))
+    assert row.split()[:3] == ["1,024", "2", "320"]
+    assert "round 2: [1024, 2048]" in text and "NOT BRACKETED" not in text
 
 
 def test_the_round_and_run_caps_stop_the_sweep_and_name_the_next_round() -> None:
