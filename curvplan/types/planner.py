@@ -976,6 +976,12 @@ class DataSweepNextStep(_Out):
         description="Nested subset sizes the command trains on (null: the service's default, "
         "geometric from the training-data size down to 1/32 of it), examples.",
     )
+    next_round_sizes: list[int] | None = Field(
+        default=None,
+        description="After a data sweep that does not bracket the target: the sizes the next "
+        "round adds (halvings below or doublings above the measured ones); data_sizes adds "
+        "the measured sizes nearest them, so that the command's sweep fits on its own.",
+    )
     training_runs: int = Field(
         description="Training runs of the command's first round (one child job each): every "
         "size at every lr-grid multiplier."

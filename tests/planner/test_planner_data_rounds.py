@@ -74,18 +74,31 @@ def test_a_size_beyond_one_and_a_half_times_the_measured_sizes_is_flagged(
     # the next round brackets the truth: halvings of 4,096 down to one at or below D*, or
     # doublings of 32,768 up to one at or above it
     if below:
-        assert step.data_sizes == [2048]
-        assert min(step.data_sizes) <= d_star < 4096
+        assert step.next_round_sizes == [2048]
+        assert min(step.next_round_sizes) <= d_star < 4096
+        # the command's sweep fits on its own: the new size and the measured ones nearest it
+        assert step.data_sizes == [2048, 4096, 8192, 16384]
     else:
-        assert step.data_sizes == [65536]
-        assert max(step.data_sizes) >= d_star > 32768
+        assert step.next_round_sizes == [65536]
+        assert max(step.next_round_sizes) >= d_star > 32768
+        assert step.data_sizes == [8192, 16384, 32768, 65536]
     assert "--data-sizes " + ",".join(map(str, step.data_sizes)) in step.command
+    assert step.training_runs == 4 * 3
 
 
 def test_the_next_round_goes_as_far_as_the_true_size_within_its_cap() -> None:
     sizes = [4096, 8192, 16384, 32768]
     far = make_plan(_measured(sizes), Targets(target_loss=_target_for(300.0)), seed=0)
-    assert far.budget.data.next_step.data_sizes == [512, 1024, 2048]  # 3 per round
+    assert far.budget.data.next_step.next_round_sizes == [512, 1024, 2048]  # 3 per round
+    assert far.budget.data.next_step.data_sizes == [512, 1024, 2048, 4096, 8192]
+    # no more training data above: nothing to run, and the reason says so
+    short = make_plan(
+        _measured(sizes),
+        Targets(target_loss=_target_for(200_000.0), available_samples=32768),
+        seed=0,
+    ).budget.data
+    assert short.source == "extrapolated" and short.next_step is None
+    assert "more data is needed" in short.reason
     capped = next_round(sizes, [1.0] * 4, 0.5, 300.0, per_round=2)
     assert capped is not None and capped.sizes == [1024, 2048]
     # above, the training data's size caps the doublings (the whole set is the last size)

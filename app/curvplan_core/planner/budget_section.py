@@ -52,7 +52,12 @@ from curvplan_core.planner import formulas
 from curvplan_core.planner.batch_section import finite_or_none
 from curvplan_core.planner.branched_batch import branch_budget_batch
 from curvplan_core.planner.critical_batch import nearest_power_of_two
-from curvplan_core.planner.data_rounds import EXTRAPOLATION_LIMIT, extrapolation_side, next_round
+from curvplan_core.planner.data_rounds import (
+    EXTRAPOLATION_LIMIT,
+    NextRound,
+    extrapolation_side,
+    next_round,
+)
 from curvplan_core.planner.gradient_noise import NOISE_SCALE_FIELDS, TREND_SCALE_ORDER
 
 TARGET_LOSS_RULE = (
@@ -136,6 +141,7 @@ def data_sweep_next_step(
     sizes: list[int] | None = None,
     model_parameters: int | None = None,
     next_round: str | None = None,
+    new_sizes: list[int] | None = None,
 ) -> DataSweepNextStep:
     """The `curvplan sweep --type data …` command that gets a data-sweep L(D) (or, with
     ``sizes``, its next round), and what its first round costs: every size at every lr-grid
@@ -193,6 +199,7 @@ def data_sweep_next_step(
     return DataSweepNextStep(
         command=" ".join(parts),
         data_sizes=sizes,
+        next_round_sizes=new_sizes,
         training_runs=runs,
         lr_grid_runs=grid,
         batch_size=SWEEP_BATCH_SIZE,
@@ -203,6 +210,50 @@ def data_sweep_next_step(
         estimated_seconds=seconds,
         later_rounds=later,
         estimated_cost=cost,
+    )
+
+
+ROUND_COMMAND_SIZES = 4
+"""A next round's command trains at least this many sizes (the sweep's fit needs 4): the new
+sizes and the measured ones nearest them."""
+
+
+def round_command_sizes(new: list[int], measured: list[float], side: str) -> list[int]:
+    """The ``--data-sizes`` of a next round's command: its new sizes plus the measured sizes
+    nearest them (at least two, and at least ROUND_COMMAND_SIZES in all), so that the sweep
+    the command starts brackets the target on its own."""
+    ordered = sorted({int(d) for d in measured})
+    keep = max(2, ROUND_COMMAND_SIZES - len(new))
+    near = ordered[:keep] if side == "below" else ordered[-keep:]
+    return sorted(set(new) | set(near))
+
+
+def _next_round_step(
+    further: NextRound | None,
+    sizes: list[float],
+    target_loss: float | None,
+    available: int | None,
+    tokens: float | None,
+    params: int | None,
+) -> DataSweepNextStep:
+    """next_step: the next round's command when the measured sizes call for one, else the
+    first-round command."""
+    if further is None or not further.sizes:
+        return data_sweep_next_step(
+            target_loss,
+            available,
+            tokens,
+            model_parameters=params,
+            next_round=None if further is None else further.reason,
+        )
+    return data_sweep_next_step(
+        target_loss,
+        available,
+        tokens,
+        sizes=round_command_sizes(further.sizes, sizes, further.side),
+        model_parameters=params,
+        next_round=further.reason,
+        new_sizes=further.sizes,
     )
 
 
@@ -308,14 +359,9 @@ def build_data(
         if sizes
         else None
     )
-    next_step = data_sweep_next_step(
-        targets.target_loss,
-        available,
-        tokens,
-        sizes=further.sizes if further is not None and further.sizes else None,
-        model_parameters=params,
-        next_round=further.reason if further is not None and further.sizes else None,
-    )
+    if further is not None and not further.sizes:
+        further = None  # nothing to train toward it: the first-round command instead
+    next_step = _next_round_step(further, sizes, targets.target_loss, available, tokens, params)
     reason, guarantee = _why_no_data_size(sweep, status, scaling, conf, warnings)
     return (
         BudgetData(
@@ -425,6 +471,8 @@ def _mark_extrapolated(
         max_size=available,
     )
     round_sizes = further.sizes if further is not None and further.sizes else None
+    if further is not None and round_sizes is None:
+        data.reason = further.reason
     data.criterion = (
         f"extrapolated: the fitted L(D) reaches the target at {n:,} examples, more than {edge}; "
         "a power law is not evidence that far outside its data"
@@ -434,15 +482,10 @@ def _mark_extrapolated(
         "interval is open on the extrapolated side. Run the next round (next_step) to bracket "
         "the target."
     )
-    if round_sizes is None and further is not None:
-        data.reason = further.reason
-    data.next_step = data_sweep_next_step(
-        data.target_loss,
-        available,
-        tokens,
-        sizes=round_sizes,
-        model_parameters=params,
-        next_round=None if further is None else further.reason,
+    data.next_step = (
+        None  # nothing trainable toward it: `reason` says why (more data, or no smaller subset)
+        if round_sizes is None
+        else _next_round_step(further, sizes, data.target_loss, available, tokens, params)
     )
     warnings.append(
         f"data: the size for the target ({n:,} examples) is extrapolated, more than {edge}; "

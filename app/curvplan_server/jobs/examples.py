@@ -48,6 +48,7 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
                 "command": "curvplan sweep --type data --spec model.json --train train.safetensors"
                 " --eval eval.safetensors --batch-size 32 --wait",
                 "data_sizes": None,
+                "next_round_sizes": None,
                 "training_runs": 18,
                 "lr_grid_runs": 3,
                 "batch_size": 32,
