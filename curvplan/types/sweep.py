@@ -8,11 +8,13 @@ results when they have all ended (see ``docs/budget.md``):
   cap; fit S/S_min − 1 = (E/E_min − 1)⁻¹ (McCandlish et al. 2018, eq. 2.11) for S_min, E_min
   and B_crit; measure B_simple with the two-batch estimator (McCandlish et al. 2018, App. A)
   from the training gradients of the same runs.
-* **data sweep** — train on nested subsets of geometric sizes D_i, each for the full horizon
-  ``max_steps`` with a decayed schedule (cosine, or warmup-stable-decay with a cooldown:
-  Hägele et al. 2024) at the learning rate chosen by a grid on the smallest and largest
-  subsets; the best held-out loss of each run is L(D_i); fit L(D) = E + A·D^(−β) and size the
-  dataset for ``target_loss``.
+* **data sweep** — train on nested subsets of geometric sizes D_i, each for its own steps
+  (``data_steps``: ``epochs`` passes with a floor and a cap) with a decayed schedule over
+  exactly those steps (cosine, or warmup-stable-decay with a cooldown: Hägele et al. 2024) at
+  the learning rate chosen by a grid on the smallest and largest subsets; the best held-out
+  loss of each run is L(D_i); fit L(D) = E + A·D^(−β) and size the dataset for
+  ``target_loss``. While the fitted size lies more than 1.5× outside the measured sizes, the
+  fan-in queues another round below or above them (``max_rounds``, ``max_runs``).
 * **branch sweep** — branched training (Merrill et al. 2025, "Critical Batch Size Revisited",
   arXiv 2505.23971): from each given checkpoint, one branch per batch size B trains the same
   token window (constant learning rate by ``optimizer.lr_rule``); the critical batch size at

@@ -5,7 +5,9 @@ header, and return the points as child jobs. Fan-in attempt (``ctx.children`` se
 the finished points with the planner. A failed point leaves the fit to the others when
 enough remain (3 for a batch sweep, 4 subset sizes for a data sweep); the result names the
 failed ones. A data sweep trains every subset at every multiplier of ``optimizer.lr_grid``
-with a decayed schedule and keeps one run per subset by ``DATA_LR_RULE``. A branch sweep
+with a decayed schedule over its own steps (``data_steps``) and keeps one run per subset by
+``DATA_LR_RULE``; its fan-in may return another round of points instead of a result, while
+the target is not bracketed (``curvplan_core.planner.data_rounds``). A branch sweep
 trains one point per checkpoint and batch size over the same token window and takes the CBS
 of each checkpoint (``curvplan_worker.sweep.branch``; a failed branch counts as not keeping
 up, a failed reference branch leaves its checkpoint without a CBS).

@@ -1,5 +1,6 @@
 """One training run of a sweep: train to a target evaluation loss (batch sweep) or for a fixed
-horizon with a decayed schedule (data sweep), measuring two-batch gradient norms on the way.
+number of steps with a decayed schedule over them (data sweep: its size's own steps,
+``curvplan.types.sweep.data_steps``), measuring two-batch gradient norms on the way.
 
 Pure functions of tensors (no database, no job): the ``sweep_point`` kind calls
 :func:`train_point` on loaded artifacts, and validation studies call it in-process.
