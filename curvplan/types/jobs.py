@@ -290,6 +290,21 @@ class SweepJobCreate(_JobCreateBase, _SweepBase):
         "Other sweeps start from `checkpoint`.",
     )
 
+    @field_validator("sweep")
+    @classmethod
+    def _first_round_within_max_runs(cls, value: SweepSettings, info: ValidationInfo) -> Any:
+        optimizer = info.data.get("optimizer")
+        if value.type != "data" or value.data_sizes is None or optimizer is None:
+            return value
+        runs = len(set(value.data_sizes)) * len(optimizer.lr_grid)
+        if runs > value.max_runs:
+            raise ValueError(
+                f"max_runs: the first round alone is {runs} training runs "
+                f"({len(set(value.data_sizes))} data_sizes × {len(optimizer.lr_grid)} "
+                f"optimizer.lr_grid multipliers), more than max_runs = {value.max_runs}"
+            )
+        return value
+
     @field_validator("checkpoints")
     @classmethod
     def _checkpoints_for_branch(

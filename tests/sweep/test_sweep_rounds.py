@@ -150,3 +150,14 @@ def test_each_size_trains_by_the_epoch_rule_and_a_capped_size_is_named() -> None
     assert isinstance(out, dict)  # D* = 1,400 lies inside 64 … 64,000: one round
     assert out["sweep"]["data"]["capped_sizes"] == [64000]
     assert any("trained to the cap" in note for note in out["sweep"]["notes"])
+
+
+def test_a_first_round_over_max_runs_is_refused_naming_the_field() -> None:
+    from pydantic import ValidationError
+
+    body = _body(data_sizes=[64, 128, 256, 512, 1024, 2048, 4096, 8192], max_runs=20)
+    with pytest.raises(ValidationError) as info:
+        SweepJobCreate.model_validate(body)  # 8 sizes × 3 multipliers = 24 > 20
+    (error,) = info.value.errors()
+    assert error["loc"] == ("sweep",) and "max_runs" in error["msg"] and "24" in error["msg"]
+    SweepJobCreate.model_validate({**body, "sweep": {**body["sweep"], "max_runs": 24}})
