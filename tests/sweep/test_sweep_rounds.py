@@ -14,7 +14,7 @@ import pytest
 from sweep_helpers import TINY_SPEC
 
 from curvplan.types.jobs import SweepJobCreate, SweepPointJobCreate
-from curvplan.types.sweep import PointResult, PointSettings
+from curvplan.types.sweep import PointResult
 from curvplan_worker.job_context import FanOut, JobContext
 from curvplan_worker.kinds import load_request
 from curvplan_worker.kinds.sweep import data_round_points, plan_points, run
@@ -99,7 +99,7 @@ def test_a_fan_in_that_does_not_bracket_the_target_queues_the_next_round() -> No
     assert isinstance(out, FanOut)
     points = [cast(SweepPointJobCreate, c.request).point for c in out.children]
     assert {p.round for p in points} == {2}
-    assert sorted({p.data_size for p in points}) == [1024, 2048]  # halvings to ≤ D* = 1,400
+    assert sorted({p.data_size or 0 for p in points}) == [1024, 2048]  # halvings to ≤ D* = 1,400
     assert len(points) == 2 * 3  # every lr-grid multiplier
     assert "below the smallest measured size 4,096" in out.message
     # with round 2 trained, the sweep ends bracketed, sized near the truth
@@ -141,7 +141,7 @@ def test_each_size_trains_by_the_epoch_rule_and_a_capped_size_is_named() -> None
         _body(data_sizes=[64, 640, 6400, 64000], epochs=4, min_steps=50, max_steps=5000)
     )
     steps = {
-        cast(PointSettings, c.request.point).data_size: c.request.point.max_steps
+        c.request.point.data_size: c.request.point.max_steps
         for c in plan_points(body, n_train=64000)
     }
     # ceil(4 · D / 32), at least 50, at most 5,000: steps grow with the size
