@@ -285,6 +285,26 @@ class Settings(BaseSettings):
         default=10.0, gt=0, description="First retry delay; doubles per attempt (max 1 h)."
     )
     webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+    webhook_project_concurrency: int = Field(
+        default=4,
+        ge=1,
+        description="Most webhook deliveries of one project in flight at once (all workers "
+        "together); the rest of the senders' slots stay free for other projects.",
+    )
+    webhook_breaker_failures: int = Field(
+        default=3,
+        ge=1,
+        description="Consecutive failed deliveries (no answer, 5xx, 408, 429) to one endpoint "
+        "of a project that back it off as a whole (circuit breaker); it reopens for one probe "
+        "after webhook_backoff_seconds, doubling per further failure (max 1 h).",
+    )
+    webhook_secret_overlap_seconds: float = Field(
+        default=86400.0,
+        ge=0,
+        le=30 * 86400,
+        description="After a secret rotation the old secret keeps signing beside the new one "
+        "this long (a second webhook-signature entry), so receivers can switch over.",
+    )
     public_url: str | None = Field(
         default=None,
         description="The service's public base URL (e.g. https://curvplan.example.com): every "

@@ -6,8 +6,14 @@ from curvplan_core.credentials.models import ApiKey, Project, ServiceCredential
 from curvplan_core.db import Base
 from curvplan_core.jobs.models import Job, JobArtifact, JobAttempt
 from curvplan_server.artifacts.models import Artifact
+from curvplan_server.ratelimit.models import RateLimitBucket
 from curvplan_server.reports.models import JobPlot
-from curvplan_server.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookSecret
+from curvplan_server.webhooks.models import (
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookSecret,
+)
 from curvplan_server.workers.models import Worker
 
 __all__ = [
@@ -19,9 +25,11 @@ __all__ = [
     "JobAttempt",
     "JobPlot",
     "Project",
+    "RateLimitBucket",
     "ServiceCredential",
     "WebhookAttempt",
     "WebhookDelivery",
+    "WebhookEndpoint",
     "WebhookSecret",
     "Worker",
 ]

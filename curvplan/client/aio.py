@@ -361,9 +361,13 @@ class AsyncClient:
         return await self._send(call)
 
     # ------------------------------------------------------------------ webhooks
-    async def create_webhook_secret(self) -> m.WebhookSecretOut:
-        """A new signing secret for the project's webhooks (replaces the old one)."""
-        call = c.Call("POST", "/v1/webhooks/secret", idempotent=False)
+    async def create_webhook_secret(
+        self, overlap_seconds: float | None = None
+    ) -> m.WebhookSecretOut:
+        """A new signing secret for the project's webhooks; the old one keeps signing beside
+        it for ``overlap_seconds`` (default: the service's; 0: it stops at once)."""
+        params = [] if overlap_seconds is None else [("overlap_seconds", str(overlap_seconds))]
+        call = c.Call("POST", "/v1/webhooks/secret", params=params, idempotent=False)
         return m.WebhookSecretOut.model_validate(await self._send(call))
 
     async def list_webhook_deliveries(self, job_id: str | uuid.UUID) -> m.WebhookDeliveryList:

@@ -350,9 +350,11 @@ class Client:
         return self._send(call)
 
     # ------------------------------------------------------------------ webhooks
-    def create_webhook_secret(self) -> m.WebhookSecretOut:
-        """A new signing secret for the project's webhooks (replaces the old one)."""
-        call = c.Call("POST", "/v1/webhooks/secret", idempotent=False)
+    def create_webhook_secret(self, overlap_seconds: float | None = None) -> m.WebhookSecretOut:
+        """A new signing secret for the project's webhooks; the old one keeps signing beside
+        it for ``overlap_seconds`` (default: the service's; 0: it stops at once)."""
+        params = [] if overlap_seconds is None else [("overlap_seconds", str(overlap_seconds))]
+        call = c.Call("POST", "/v1/webhooks/secret", params=params, idempotent=False)
         return m.WebhookSecretOut.model_validate(self._send(call))
 
     def list_webhook_deliveries(self, job_id: str | uuid.UUID) -> m.WebhookDeliveryList:

@@ -926,13 +926,20 @@ webhooks_app = command_group(
 
 @webhooks_app.command("secret")
 def webhooks_secret(
+    overlap: float | None = typer.Option(
+        None,
+        "--overlap",
+        min=0,
+        help="Seconds the old secret keeps signing beside the new one (default: the "
+        "service's, 24 h; 0: it stops at once).",
+    ),
     as_json: bool = JSON_OPTION,
     url: str | None = URL_OPTION,
     api_key: str | None = KEY_OPTION,
 ) -> None:
-    """Create (or replace) the project's webhook signing secret and print it (shown once)."""
+    """Create (or rotate) the project's webhook signing secret and print it (shown once)."""
     with _client(url, api_key) as client:
-        made = client.create_webhook_secret()
+        made = client.create_webhook_secret(overlap)
         if as_json:
             _print_json(made)
         else:

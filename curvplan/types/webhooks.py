@@ -1,9 +1,12 @@
 """Webhook events and deliveries (``webhook_url`` of a job; docs/integrations.md).
 
 On every terminal status of a job that names a ``webhook_url`` (fan-out children excepted)
-the service POSTs a :class:`WebhookEvent` as JSON, signed in the ``Curvplan-Signature``
-header: ``t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>`` (the scheme of
-Stripe's webhooks). Receivers check it with :func:`curvplan.webhooks.verify`.
+the service POSTs a :class:`WebhookEvent` as JSON, signed as Standard Webhooks specifies
+(https://www.standardwebhooks.com, the scheme of OpenAI's and Svix's webhooks): headers
+``webhook-id`` (the event id), ``webhook-timestamp`` (unix seconds) and ``webhook-signature``
+(``v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>." + body)>``, space-separated while a
+rotated-out secret still signs). Receivers check it with :func:`curvplan.webhooks.verify` or
+any Standard Webhooks library.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-SIGNATURE_HEADER = "Curvplan-Signature"
-EVENT_ID_HEADER = "Curvplan-Event-Id"
+ID_HEADER = "webhook-id"
+TIMESTAMP_HEADER = "webhook-timestamp"
+SIGNATURE_HEADER = "webhook-signature"
 EVENT_TYPES = ("job.succeeded", "job.failed", "job.cancelled")
 
 
@@ -35,11 +39,17 @@ class WebhookLinks(BaseModel):
 class WebhookEvent(BaseModel):
     """The JSON body of a webhook POST."""
 
-    id: str = Field(description="Event id (also the Curvplan-Event-Id header): dedupe on it.")
+    id: str = Field(description="Event id (also the webhook-id header): dedupe on it.")
     type: Literal["job.succeeded", "job.failed", "job.cancelled"]
     created_at: datetime = Field(description="When the job reached the status.")
     job: WebhookJob
     links: WebhookLinks
+    budget: dict[str, float] | None = Field(
+        None,
+        description="A succeeded job's budget and main numbers under their stable names "
+        "(``curvplan.headline``, docs/integrations.md), e.g. ``budget.tokens``; null when "
+        "the job has no recommendation.",
+    )
 
 
 class WebhookAttemptOut(BaseModel):
@@ -71,3 +81,8 @@ class WebhookSecretOut(BaseModel):
 
     secret: str
     created_at: datetime
+    previous_expires_at: datetime | None = Field(
+        None,
+        description="Until then the rotated-out secret signs too (a second signature in "
+        "webhook-signature), so receivers can switch over; null: it stopped at once.",
+    )

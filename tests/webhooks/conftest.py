@@ -25,7 +25,7 @@ from sqlalchemy import text
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))  # plan_bodies
 
-from receiver import Receiver, start_receiver
+from receiver import Receiver, SilentReceiver, start_receiver, start_silent_receiver
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def _no_leftover_deliveries(request: pytest.FixtureRequest) -> None:
     if "engine" not in request.fixturenames and "client" not in request.fixturenames:
         return
     with request.getfixturevalue("engine").begin() as conn:
-        conn.execute(text("TRUNCATE webhook_delivery CASCADE"))
+        conn.execute(text("TRUNCATE webhook_delivery, webhook_endpoint CASCADE"))
 
 
 @pytest.fixture
@@ -71,3 +71,8 @@ def settings(database_url: str) -> Any:
         webhook_allowed_hosts=["127.0.0.1"],
         webhook_allowed_networks=["127.0.0.0/8"],
     )
+
+
+@pytest.fixture
+def silent_receiver() -> Iterator[SilentReceiver]:
+    yield from start_silent_receiver()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -65,3 +66,61 @@ def start_receiver() -> Iterator[Receiver]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@dataclass
+class SilentReceiver:
+    """A TCP listener on 127.0.0.1 that accepts every connection and never answers (a
+    webhook URL that never answers): counts the connections and the most open at once."""
+
+    server: socket.socket
+    accepted: int = 0
+    most_open: int = 0
+    open: set[socket.socket] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.getsockname()[1]}/never"
+
+    def _serve(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except OSError:  # closed, or the accept timeout: look at ``stop`` again
+                continue
+            with self.lock:
+                self.accepted += 1
+                self.open.add(conn)
+                self.most_open = max(self.most_open, len(self.open))
+            threading.Thread(target=self._hold, args=(conn, stop), daemon=True).start()
+
+    def _hold(self, conn: socket.socket, stop: threading.Event) -> None:
+        """Read (and drop) what the sender writes until it hangs up; never answer."""
+        conn.settimeout(0.2)
+        with conn:
+            while not stop.is_set():
+                try:
+                    if not conn.recv(65536):
+                        break
+                except TimeoutError:
+                    continue
+                except OSError:
+                    break
+            with self.lock:
+                self.open.discard(conn)
+
+
+def start_silent_receiver() -> Iterator[SilentReceiver]:
+    server = socket.create_server(("127.0.0.1", 0), backlog=256)
+    server.settimeout(0.2)
+    silent = SilentReceiver(server)
+    stop = threading.Event()
+    thread = threading.Thread(target=silent._serve, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield silent
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        server.close()

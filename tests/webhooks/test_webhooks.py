@@ -15,17 +15,18 @@ from receiver import Receiver
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from curvplan.headline import headline_dict
 from curvplan.types.jobs import PlanJobCreate
 from curvplan.webhooks import (
     WebhookVerificationError,
     WebhookVerifier,
-    signature_header,
+    signature_headers,
     verify,
 )
 from curvplan_core.credentials.keys import create_key, lookup_key
 from curvplan_core.webhooks.guard import AddressPolicy, WebhookRefused, host_allowed
 from curvplan_server.jobs import service
-from curvplan_server.webhooks.service import list_deliveries, rotate_secret
+from curvplan_server.webhooks.service import list_deliveries, new_secret, rotate_secret
 from curvplan_worker.webhooks import SenderOptions, deliver_due
 
 LOOPBACK = AddressPolicy.from_lists(["127.0.0.1", "localhost"], ["127.0.0.0/8"])
@@ -97,38 +98,75 @@ def _drain(engine: Any, options: SenderOptions, *jobs: uuid.UUID, until: float =
 
 # --------------------------------------------------------------------------- verification
 def test_verify_accepts_the_signed_event_and_rejects_tampering_and_replays() -> None:
-    secret = "whsec_test"
+    secret = new_secret()
+    event_id = str(uuid.uuid4())
     event = {
-        "id": str(uuid.uuid4()),
+        "id": event_id,
         "type": "job.succeeded",
         "created_at": "2026-11-30T20:00:00+00:00",
         "job": {"id": str(uuid.uuid4()), "kind": "plan", "name": "x", "status": "succeeded"},
         "links": {"job": "/j", "recommendation": "/r", "report": "/p"},
     }
     body = json.dumps(event).encode()
-    header = signature_header(secret, body, timestamp=1_000_000)
-    assert verify(body, header, secret, now=1_000_010).id == event["id"]
+    headers = signature_headers([secret], event_id, body, timestamp=1_000_000)
+    assert set(headers) == {"webhook-id", "webhook-timestamp", "webhook-signature"}
+    assert headers["webhook-signature"].startswith("v1,")
+    assert verify(body, headers, secret, now=1_000_010).id == event_id
 
     tampered = body.replace(b"succeeded", b"failed\x20\x20\x20")
+    other_id = {**headers, "webhook-id": str(uuid.uuid4())}
+    later = {**headers, "webhook-timestamp": "1000001"}
     bad_cases = [
-        (tampered, header, secret, 1_000_010, "does not match"),
-        (body, header.replace("t=1000000", "t=1000001"), secret, 1_000_010, "does not match"),
-        (body, header, "whsec_other", 1_000_010, "does not match"),
-        (body, header, secret, 1_000_000 + 301, "old"),  # a captured request, replayed later
-        (body, "v1=abc", secret, 1_000_010, "malformed"),
-        (body, None, secret, 1_000_010, "no Curvplan-Signature"),
+        (tampered, headers, secret, 1_000_010, "does not match"),
+        (body, later, secret, 1_000_010, "does not match"),
+        (body, other_id, secret, 1_000_010, "does not match"),
+        (body, headers, new_secret(), 1_000_010, "does not match"),
+        (body, headers, secret, 1_000_000 + 301, "old"),  # a captured request, replayed later
+        (body, {**headers, "webhook-signature": "abc"}, secret, 1_000_010, "malformed"),
+        (body, {"webhook-id": event_id}, secret, 1_000_010, "no webhook-timestamp"),
     ]
     for data, head, key, now, match in bad_cases:
         with pytest.raises(WebhookVerificationError, match=match):
             verify(data, head, key, now=now)
 
     verifier = WebhookVerifier(secret)
-    assert verifier.verify(body, header, now=1_000_010).job.kind == "plan"
+    assert verifier.verify(body, headers, now=1_000_010).job.kind == "plan"
     with pytest.raises(WebhookVerificationError, match="already received"):
-        verifier.verify(body, header, now=1_000_020)  # replayed within the tolerance
-    # a rotation window: two v1 entries, one valid, is accepted
-    both = f"{header},v1={'0' * 64}"
-    assert verify(body, both, secret, now=1_000_010).id == event["id"]
+        verifier.verify(body, headers, now=1_000_020)  # replayed within the tolerance
+    # a rotation window: two space-separated v1 entries, either secret verifies
+    old = new_secret()
+    both = signature_headers([secret, old], event_id, body, timestamp=1_000_000)
+    assert len(both["webhook-signature"].split(" ")) == 2
+    for key in (secret, old):
+        assert verify(body, both, key, now=1_000_010).id == event_id
+
+
+def test_signatures_are_standard_webhooks_as_the_reference_library_reads_them() -> None:
+    """The ``standardwebhooks`` package (the spec's reference implementation) accepts what
+    curvplan signs, with either secret during a rotation and with none other; and curvplan's
+    verifier accepts what the package signs (an independent oracle both ways)."""
+    from standardwebhooks import Webhook
+    from standardwebhooks import WebhookVerificationError as LibraryError
+
+    new, old, stranger = new_secret(), new_secret(), new_secret()
+    event_id = str(uuid.uuid4())
+    body = json.dumps({"id": event_id, "type": "job.failed", "created_at": "2026-12-03T00:00:00Z",
+                       "job": {"id": "j", "kind": "plan", "status": "failed"},
+                       "links": {"job": "/j", "recommendation": "/r", "report": "/p"}}).encode()  # fmt: skip
+    headers = signature_headers([new, old], event_id, body)
+    for key in (new, old):
+        assert Webhook(key).verify(body, headers)["id"] == event_id
+    with pytest.raises(LibraryError):
+        Webhook(stranger).verify(body, headers)
+    with pytest.raises(LibraryError):
+        Webhook(new).verify(body + b" ", headers)
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    theirs = Webhook(new).sign(event_id, now, body.decode())
+    ours = {"webhook-id": event_id, "webhook-timestamp": str(int(now.timestamp())),
+            "webhook-signature": theirs}  # fmt: skip
+    assert verify(body, ours, new).id == event_id
 
 
 # --------------------------------------------------------------------------- address policy
@@ -232,8 +270,8 @@ def test_signed_post_retried_after_500s_and_never_sent_again(
     assert len(got) == 3 and {r.path for r in got} == {"/hook?src=curvplan"}
     assert len({r.body for r in got}) == 1  # the same event each time, freshly signed
     for r in got:
-        event = verify(r.body, r.headers["Curvplan-Signature"], secret)
-        assert event.id == r.headers["Curvplan-Event-Id"] and event.job.id == str(job)
+        event = verify(r.body, r.headers, secret)
+        assert event.id == r.headers["webhook-id"] and event.job.id == str(job)
         assert event.type == "job.failed" and event.job.status == "failed"
     with Session(engine) as session:
         (delivery,) = list_deliveries(session, project_id, job).items
@@ -249,6 +287,40 @@ def test_signed_post_retried_after_500s_and_never_sent_again(
     assert len(receiver.requests) == 3
     with Session(engine) as session:
         assert len(list_deliveries(session, project_id, job).items[0].attempts) == 3
+
+
+def test_a_rotated_secret_keeps_signing_for_the_overlap_only(
+    engine: Any, receiver: Receiver
+) -> None:
+    """After a rotation with an overlap every event carries two signatures (old and new
+    secret, space-separated); a rotation without one (or after it ends) signs with the new
+    secret alone."""
+    from standardwebhooks import Webhook
+    from standardwebhooks import WebhookVerificationError as LibraryError
+
+    project_id, first = _project(engine)
+    with Session(engine) as session:
+        rotated = rotate_secret(session, project_id, overlap_seconds=3600)
+    assert rotated.previous_expires_at is not None
+    job = _job(engine, project_id, receiver.url + "/overlap")
+    _set_status(engine, job, "succeeded")
+    _drain(engine, FAST, job)
+    (got,) = receiver.wait_for(1)
+    assert len(got.headers["webhook-signature"].split(" ")) == 2
+    for key in (first, rotated.secret):
+        assert Webhook(key).verify(got.body, got.headers)["job"]["id"] == str(job)
+
+    with Session(engine) as session:
+        third = rotate_secret(session, project_id, overlap_seconds=0)
+    assert third.previous_expires_at is None
+    job = _job(engine, project_id, receiver.url + "/after")
+    _set_status(engine, job, "succeeded")
+    _drain(engine, FAST, job)
+    got = receiver.wait_for(2)[1]
+    assert len(got.headers["webhook-signature"].split(" ")) == 1
+    assert Webhook(third.secret).verify(got.body, got.headers)["job"]["id"] == str(job)
+    with pytest.raises(LibraryError):
+        Webhook(rotated.secret).verify(got.body, got.headers)
 
 
 def test_redirects_are_not_followed_and_4xx_not_retried(engine: Any, receiver: Receiver) -> None:
@@ -472,11 +544,14 @@ def test_a_worker_announces_a_finished_job(live: Any, receiver: Receiver) -> Non
                               webhook_url=receiver.url + "/done")  # fmt: skip
         assert api.wait(job.id, timeout=90).status == "succeeded"
         (got,) = receiver.wait_for(1)
-        event = WebhookVerifier(secret).verify(got.body, got.headers["Curvplan-Signature"])
+        event = WebhookVerifier(secret).verify(got.body, got.headers)
         assert event.job.id == str(job.id) and event.type == "job.succeeded"
         assert (
             event.links.recommendation == f"http://public.example/v1/jobs/{job.id}/recommendation"
         )
+        # the budget summary rides along: the headline numbers of the job's recommendation
+        expected = headline_dict(api.get_recommendation(job.id))
+        assert event.budget == expected and any(k.startswith("budget.") for k in expected)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             (delivery,) = api.list_webhook_deliveries(job.id).items

@@ -62,6 +62,8 @@ class WorkerOptions:
     webhook_max_attempts: int = 8
     webhook_backoff_seconds: float = 10.0
     webhook_timeout_seconds: float = 10.0
+    webhook_project_concurrency: int = 4
+    webhook_breaker_failures: int = 3
     webhook_poll_seconds: float = 1.0
     public_url: str | None = None
     #: A worker on another host (``CURVPLAN_URL``): each slot creates its own ``worker``
@@ -139,6 +141,8 @@ class WorkerOptions:
             webhook_max_attempts=settings.webhook_max_attempts,
             webhook_backoff_seconds=settings.webhook_backoff_seconds,
             webhook_timeout_seconds=settings.webhook_timeout_seconds,
+            webhook_project_concurrency=settings.webhook_project_concurrency,
+            webhook_breaker_failures=settings.webhook_breaker_failures,
             public_url=settings.public_url,
             devices=settings.worker_devices,
             api_url=settings.worker_api_url,

@@ -108,6 +108,8 @@ def webhook_sender_options(options: WorkerOptions) -> webhooks.SenderOptions:
         backoff_seconds=options.webhook_backoff_seconds,
         timeout_seconds=options.webhook_timeout_seconds,
         public_url=options.public_url,
+        project_share=options.webhook_project_concurrency,
+        breaker_failures=options.webhook_breaker_failures,
     )
 
 

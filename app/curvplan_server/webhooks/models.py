@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import (
     CheckConstraint,
+    Computed,
     DateTime,
     Float,
     ForeignKey,
@@ -28,8 +29,13 @@ from sqlalchemy.orm import Mapped, mapped_column
 from curvplan_core.db import Base
 
 
+# A delivery's endpoint: its URL's ``scheme://host:port`` (lower case), the unit backed off.
+ENDPOINT_EXPRESSION = "lower(substring(url from '^[^/?#]*//[^/?#]*'))"
+
+
 class WebhookSecret(Base):
-    """The project's signing secret (HMAC key); a new one replaces the old."""
+    """The project's signing secret (HMAC key); a new one replaces the old, which keeps
+    signing beside it until ``previous_expires_at`` (an overlap for the receivers)."""
 
     __tablename__ = "webhook_secret"
 
@@ -38,6 +44,8 @@ class WebhookSecret(Base):
     )
     secret: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    previous_secret: Mapped[str | None] = mapped_column(Text)
+    previous_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class WebhookDelivery(Base):
@@ -57,6 +65,7 @@ class WebhookDelivery(Base):
     job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"), index=True)
     project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("project.id", ondelete="CASCADE"))
     url: Mapped[str] = mapped_column(Text)
+    endpoint: Mapped[str | None] = mapped_column(Text, Computed(ENDPOINT_EXPRESSION, persisted=True))
     event_type: Mapped[str] = mapped_column(Text)
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
     status: Mapped[str] = mapped_column(Text, server_default="pending")
@@ -82,3 +91,18 @@ class WebhookAttempt(Base):
     status_code: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
     duration_ms: Mapped[float] = mapped_column(Float)
+
+
+class WebhookEndpoint(Base):
+    """A failing endpoint of a project (the row goes at its next success): consecutive
+    retryable failures, and once they reach the breaker's threshold ``open_until``: no delivery
+    to it is attempted before then, and one probe at a time after it."""
+
+    __tablename__ = "webhook_endpoint"
+
+    project_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("project.id", ondelete="CASCADE"), primary_key=True
+    )
+    endpoint: Mapped[str] = mapped_column(Text, primary_key=True)
+    failures: Mapped[int] = mapped_column(Integer, server_default="0")
+    open_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

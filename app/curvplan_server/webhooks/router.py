@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
 from curvplan.types.webhooks import WebhookDeliveryList, WebhookSecretOut
@@ -24,10 +24,27 @@ router = APIRouter(tags=["webhooks"])
     summary="Create (or replace) the project's webhook signing secret",
     responses={**PROBLEM_RESPONSES},
 )
-async def rotate_webhook_secret(session: SessionDep, auth: ProjectDep) -> WebhookSecretOut:
-    """The secret signs every event (header ``Curvplan-Signature``); it is shown only here.
-    A new secret replaces the old at once: events still pending are signed with the new one."""
-    return await run_in_threadpool(service.rotate_secret, session, auth.project_id)
+async def rotate_webhook_secret(
+    request: Request,
+    session: SessionDep,
+    auth: ProjectDep,
+    overlap_seconds: float | None = Query(
+        None,
+        ge=0,
+        le=30 * 86400,
+        description="How long the old secret keeps signing beside the new one (a second "
+        "webhook-signature entry); default: the service's webhook_secret_overlap_seconds; "
+        "0: the old one stops at once.",
+    ),
+) -> WebhookSecretOut:
+    """The secret signs every event (Standard Webhooks: header ``webhook-signature``); it is
+    shown only here. Every event sent after this is signed with the new secret, and for the
+    overlap with the old one beside it."""
+    if overlap_seconds is None:
+        overlap_seconds = request.app.state.settings.webhook_secret_overlap_seconds
+    return await run_in_threadpool(
+        service.rotate_secret, session, auth.project_id, overlap_seconds
+    )
 
 
 @router.get(

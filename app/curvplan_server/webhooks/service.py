@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import secrets
 import uuid
+from datetime import timedelta
 
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -63,17 +65,34 @@ def check_job_webhook(
         )
 
 
-def rotate_secret(session: Session, project_id: uuid.UUID) -> WebhookSecretOut:
-    """A new signing secret for the project (replaces the old one at once)."""
-    value = "whsec_" + secrets.token_urlsafe(32)
+def new_secret() -> str:
+    """``whsec_`` + base64 of 32 random bytes (a Standard Webhooks secret)."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def rotate_secret(
+    session: Session, project_id: uuid.UUID, overlap_seconds: float = 0.0
+) -> WebhookSecretOut:
+    """A new signing secret for the project; the old one keeps signing beside it for
+    ``overlap_seconds`` (0: it stops at once)."""
+    value = new_secret()
+    table = WebhookSecret.__table__
     insert_secret = insert(WebhookSecret).values(project_id=project_id, secret=value)
+    overlap_until = func.now() + timedelta(seconds=overlap_seconds)
     stmt = insert_secret.on_conflict_do_update(
         index_elements=["project_id"],
-        set_={"secret": value, "created_at": insert_secret.excluded.created_at},
-    ).returning(WebhookSecret.__table__.c.created_at)
-    created_at = session.execute(stmt).scalar_one()
+        set_={
+            "secret": value,
+            "created_at": insert_secret.excluded.created_at,
+            "previous_secret": table.c.secret if overlap_seconds > 0 else None,
+            "previous_expires_at": overlap_until if overlap_seconds > 0 else None,
+        },
+    ).returning(table.c.created_at, table.c.previous_expires_at)
+    row = session.execute(stmt).one()
     session.commit()
-    return WebhookSecretOut(secret=value, created_at=created_at)
+    return WebhookSecretOut(
+        secret=value, created_at=row.created_at, previous_expires_at=row.previous_expires_at
+    )
 
 
 def list_deliveries(

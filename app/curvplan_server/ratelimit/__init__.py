@@ -1,0 +1,1 @@
+"""Rate limits of submissions and failed authentication (docs/operations.md#rate-limits)."""
