@@ -35,6 +35,7 @@ from curvplan_server.problems import install_problem_handlers
 from curvplan_server.public_url import AllowedHostsMiddleware, PublicLocationMiddleware
 from curvplan_server.recommendations.router import router as recommendations_router
 from curvplan_server.reports.router import router as reports_router
+from curvplan_server.request_id import install_request_id
 from curvplan_server.storage.housekeeping import temp_sweeper
 from curvplan_server.storage.router import router as storage_router
 from curvplan_server.webhooks.router import router as webhooks_router
@@ -120,6 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(PublicLocationMiddleware, public_url=settings.public_url)
     else:  # outermost: a request naming another host is refused before anything runs
         app.add_middleware(AllowedHostsMiddleware, allowed_hosts=list(settings.allowed_hosts))
+    install_request_id(app)  # outside everything: every answer, 500s included, has the id
     _install_openapi(app)
     return app
 

@@ -114,7 +114,8 @@ def test_an_answer_closes_the_breaker(engine: Any, receiver: Receiver) -> None:
     with engine.begin() as conn:
         conn.execute(
             text("INSERT INTO webhook_endpoint (project_id, endpoint, failures, open_until) "
-                 "VALUES (:p, :e, 7, now() - interval '1 second')"), {"p": project_id, "e": endpoint},
+                 "VALUES (:p, :e, 7, now() - interval '1 second')"),
+            {"p": project_id, "e": endpoint},
         )  # fmt: skip
     jobs = [_job(engine, project_id, f"{receiver.url}/{i}") for i in range(3)]
     for job in jobs:

@@ -208,9 +208,7 @@ def _claim(engine: Engine, batch: int, options: SenderOptions) -> list[Any]:
     out at the maximum."""
     with engine.begin() as conn:
         conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:name))"), {"name": CLAIM_LOCK})
-        conn.execute(
-            text(_GIVE_UP_SPENT), {"max": options.max_attempts, "lease": LEASE_SECONDS}
-        )
+        conn.execute(text(_GIVE_UP_SPENT), {"max": options.max_attempts, "lease": LEASE_SECONDS})
         return list(
             conn.execute(
                 text(_CLAIM),
@@ -320,7 +318,9 @@ def _update_breaker(conn: Any, row: Any, outcome: Outcome, options: SenderOption
         )
     elif outcome.status_code is not None:
         conn.execute(
-            text("DELETE FROM webhook_endpoint WHERE project_id = :project AND endpoint = :endpoint"),
+            text(
+                "DELETE FROM webhook_endpoint WHERE project_id = :project AND endpoint = :endpoint"
+            ),
             key,
         )
 

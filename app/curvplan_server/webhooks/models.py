@@ -28,7 +28,6 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from curvplan_core.db import Base
 
-
 # A delivery's endpoint: its URL's ``scheme://host:port`` (lower case), the unit backed off.
 ENDPOINT_EXPRESSION = "lower(substring(url from '^[^/?#]*//[^/?#]*'))"
 
@@ -65,7 +64,9 @@ class WebhookDelivery(Base):
     job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"), index=True)
     project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("project.id", ondelete="CASCADE"))
     url: Mapped[str] = mapped_column(Text)
-    endpoint: Mapped[str | None] = mapped_column(Text, Computed(ENDPOINT_EXPRESSION, persisted=True))
+    endpoint: Mapped[str | None] = mapped_column(
+        Text, Computed(ENDPOINT_EXPRESSION, persisted=True)
+    )
     event_type: Mapped[str] = mapped_column(Text)
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
     status: Mapped[str] = mapped_column(Text, server_default="pending")

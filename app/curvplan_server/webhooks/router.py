@@ -42,9 +42,7 @@ async def rotate_webhook_secret(
     overlap with the old one beside it."""
     if overlap_seconds is None:
         overlap_seconds = request.app.state.settings.webhook_secret_overlap_seconds
-    return await run_in_threadpool(
-        service.rotate_secret, session, auth.project_id, overlap_seconds
-    )
+    return await run_in_threadpool(service.rotate_secret, session, auth.project_id, overlap_seconds)
 
 
 @router.get(
