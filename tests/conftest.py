@@ -31,6 +31,10 @@ DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # The service answers only hosts on CURVPLAN_ALLOWED_HOSTS when CURVPLAN_PUBLIC_URL is unset;
 # test clients name "testserver", "test", …: any host, except in tests/api/test_trusted_hosts.py.
 os.environ.setdefault("CURVPLAN_ALLOWED_HOSTS", '["*"]')
+# Rate limits are kept in the database and shared by every app of a session: one test's failed
+# authentications would count against the next one's address. Off, except where a test turns
+# them on (tests/api/test_rate_limits.py).
+os.environ.setdefault("CURVPLAN_RATE_LIMITS", "false")
 
 with warnings.catch_warnings():
     # starlette nags (once, at import) that its TestClient should use httpx2; importing it

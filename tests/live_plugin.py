@@ -68,6 +68,7 @@ def service_env(database_url: str, data_dir: Path, **extra: str) -> dict[str, st
         CURVPLAN_WEBHOOK_ALLOWED_NETWORKS='["127.0.0.0/8"]',
         CURVPLAN_WEBHOOK_BACKOFF_SECONDS="0.2",
         CURVPLAN_PUBLIC_URL="http://public.example",
+        CURVPLAN_RATE_LIMITS="false",  # shared per database: see tests/conftest.py
         PYTHONUNBUFFERED="1",
     )
     env.update(extra)

@@ -269,6 +269,32 @@ class Settings(BaseSettings):
         default=900.0, gt=0, le=7 * 24 * 3600, description="Lifetime of a signed report link."
     )
 
+    # Rate limits (docs/operations.md#rate-limits): kept in PostgreSQL, shared by every API
+    # process; defaults a team's pipelines do not reach and a runaway loop does at once.
+    rate_limits: bool = Field(
+        default=True, description="Enforce the rate limits below (429 + Retry-After)."
+    )
+    rate_limit_window_seconds: float = Field(
+        default=60.0, gt=0, le=86400, description="The window of every rate limit below."
+    )
+    rate_limit_submissions_per_key: int = Field(
+        default=300,
+        ge=1,
+        description="Job submissions (POST /v1/jobs) one API key may make per window (a burst "
+        "of that many, then one every window/limit seconds).",
+    )
+    rate_limit_submissions_per_project: int = Field(
+        default=600,
+        ge=1,
+        description="Job submissions one project may make per window, all its keys together.",
+    )
+    rate_limit_failed_auth_per_address: int = Field(
+        default=30,
+        ge=1,
+        description="Requests with an invalid or revoked key one client address may make per "
+        "window; past it, keys not already known to the process are not looked up (429).",
+    )
+
     # Webhooks (docs/integrations.md): callbacks only to hosts the operator lists.
     webhook_allowed_hosts: list[str] = Field(
         default_factory=list,

@@ -33,6 +33,7 @@ from curvplan_server.metrics import QueueCollector
 from curvplan_server.middleware import BodySizeLimitMiddleware, MetricsMiddleware
 from curvplan_server.problems import install_problem_handlers
 from curvplan_server.public_url import AllowedHostsMiddleware, PublicLocationMiddleware
+from curvplan_server.ratelimit.limiter import RateLimiter
 from curvplan_server.recommendations.router import router as recommendations_router
 from curvplan_server.reports.router import router as reports_router
 from curvplan_server.request_id import install_request_id
@@ -91,6 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessionmaker = make_sessionmaker(engine)
     app.state.db_executor = db_executor
     app.state.key_cache = KeyCache(settings.auth_cache_seconds)
+    app.state.rate_limiter = RateLimiter(settings.rate_limits)
     registry = CollectorRegistry(auto_describe=True)
     registry.register(QueueCollector(engine, settings.worker_stale_seconds))
     app.state.metrics_registry = registry

@@ -47,6 +47,11 @@ class RetryPolicy:
     ordinary calls;
     ``wait`` instead rides out an unreachable or unavailable server for up to
     ``outage_seconds`` in a row (a restart, a deploy) before it gives up.
+
+    A 429 (a rate limit: the request was not handled, so resending is safe for any call) is
+    retried after the server's ``Retry-After`` in full, not capped by ``backoff_max``, when
+    that is at most ``rate_limit_wait_max`` seconds; a longer wait raises
+    :class:`~curvplan.client.errors.RateLimitedError` at once rather than sleep for it.
     """
 
     max_retries: int = 6
@@ -55,6 +60,7 @@ class RetryPolicy:
     multiplier: float = 2.0
     jitter: float = 0.1
     outage_seconds: float = 120.0
+    rate_limit_wait_max: float = 60.0
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Seconds to sleep before retry number ``attempt + 1``."""
@@ -132,6 +138,26 @@ def should_retry_status(status: int, call: Call) -> bool:
     """503 means the request was not handled: always worth retrying. A gateway's 502/504
     (a restart behind a proxy) may hide a handled request: only for idempotent calls."""
     return status == 503 or (status in (502, 504) and call.idempotent)
+
+
+def retry_delay(policy: RetryPolicy, attempt: int, response: httpx.Response,
+                call: Call) -> float | None:  # fmt: skip
+    """Seconds to wait before sending ``call`` again after ``response``, or None: do not.
+
+    A 429 waits the server's ``Retry-After`` (else the backoff), when it is at most
+    ``policy.rate_limit_wait_max``; 503 (and 502/504 on idempotent calls) the backoff, at
+    least the ``Retry-After``, capped by ``policy.backoff_max``."""
+    if attempt >= policy.max_retries:
+        return None
+    status = response.status_code
+    if status == 429:
+        wait = retry_after_seconds(response)
+        if wait is None:
+            return policy.delay(attempt)
+        return wait if wait <= policy.rate_limit_wait_max else None
+    if should_retry_status(status, call):
+        return policy.delay(attempt, retry_after_seconds(response))
+    return None
 
 
 def connection_error(call: Call, base_url: str, exc: Exception) -> ConnectionFailedError:

@@ -79,8 +79,9 @@ class AsyncClient:
                     attempt += 1
                     continue
                 raise c.connection_error(call, self.base_url, exc) from exc
-            if c.should_retry_status(response.status_code, call) and attempt < policy.max_retries:
-                await asyncio.sleep(policy.delay(attempt, c.retry_after_seconds(response)))
+            delay = c.retry_delay(policy, attempt, response, call)
+            if delay is not None:
+                await asyncio.sleep(delay)
                 attempt += 1
                 continue
             return c.decode(response, call)

@@ -80,8 +80,9 @@ class Client:
                     attempt += 1
                     continue
                 raise c.connection_error(call, self.base_url, exc) from exc
-            if c.should_retry_status(response.status_code, call) and attempt < policy.max_retries:
-                time.sleep(policy.delay(attempt, c.retry_after_seconds(response)))
+            delay = c.retry_delay(policy, attempt, response, call)
+            if delay is not None:
+                time.sleep(delay)
                 attempt += 1
                 continue
             return c.decode(response, call)

@@ -239,3 +239,35 @@ def test_wait_deadline_during_an_outage_is_a_timeout() -> None:
         client.wait(job_id, timeout=0.3)
     assert info.value.job is not None and info.value.job.status == "running"
     assert isinstance(info.value.__cause__, ConnectionFailedError)
+
+
+def test_429_waits_the_full_retry_after_past_backoff_max(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rate limit's Retry-After is honoured in full (FAST caps backoff at 0.01 s), and a 429
+    is resent even for a submission (not idempotent: the server did not handle it)."""
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    calls: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if len(calls) == 1:
+            return httpx.Response(429, headers={"Retry-After": "7"}, json={"status": 429})
+        return httpx.Response(202, json={"id": str(uuid.uuid4())})
+
+    with _client(handler) as client:
+        client._send(curvplan.client._common.Call("POST", "/v1/jobs", idempotent=False))
+    assert len(calls) == 2 and slept == [7.0]
+
+
+def test_429_with_a_wait_past_the_bound_raises_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from curvplan.client import RateLimitedError
+
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(429, headers={"Retry-After": "3600"}, json={"status": 429})
+
+    with _client(handler) as client, pytest.raises(RateLimitedError):
+        client.list_jobs()
+    assert slept == []

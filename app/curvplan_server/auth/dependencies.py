@@ -20,6 +20,7 @@ from curvplan_core.credentials.service_keys import (
 )
 from curvplan_server.db import SessionDep
 from curvplan_server.problems import Problem
+from curvplan_server.ratelimit.policies import failed_authentication, refuse_if_locked_out
 
 DEFAULT_PROJECT = "default"
 T = TypeVar("T")
@@ -87,9 +88,11 @@ async def authenticate(request: Request, session: Session) -> AuthContext:
     digest = hash_key(key)
     ctx = cache.get(digest)
     if ctx is None:
+        refuse_if_locked_out(request)
         ctx = await run_in_threadpool(query_and_release, lookup_key, session, key)
         if ctx is None:
-            raise _unauthorized("invalid or revoked API key", "invalid_token")
+            refused = _unauthorized("invalid or revoked API key", "invalid_token")
+            raise await failed_authentication(request, refused)
         cache.put(digest, ctx)
     return ctx
 
@@ -140,9 +143,11 @@ def require_scope(scope: str) -> Callable[..., Any]:
             )
         if not key.startswith(OPERATOR_KEY_PREFIX):
             raise _problem(403, f"a project key cannot use this route; it needs {need}", "scope")
+        refuse_if_locked_out(request)
         ctx = await run_in_threadpool(query_and_release, lookup_service_key, session, key)
         if ctx is None:
-            raise _problem(401, "invalid or revoked operator key", "invalid_token")
+            refused = _problem(401, "invalid or revoked operator key", "invalid_token")
+            raise await failed_authentication(request, refused)
         if scope not in ctx.scopes:
             raise _problem(403, f"this operator key lacks the scope {scope}", "insufficient_scope")
         return ctx

@@ -49,6 +49,7 @@ from curvplan_server.problems import (
     problem_responses,
     validation_problem,
 )
+from curvplan_server.ratelimit.policies import count_submission
 from curvplan_server.webhooks.service import check_job_webhook
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -183,7 +184,17 @@ IDEMPOTENCY_KEY_PARAMETER = {
             "the job's URL is in Location",
             "content": {"application/json": {"example": JOB_EXAMPLE}},
         },
-        **problem_responses(400, 401, 404, 409, 413, 415, 422, 500),
+        **problem_responses(
+            400,
+            401,
+            404,
+            409,
+            413,
+            415,
+            422,
+            500,
+            _429="Too many submissions from this key or project: wait Retry-After seconds",
+        ),
     },
     openapi_extra={
         "parameters": [IDEMPOTENCY_KEY_PARAMETER],
@@ -206,6 +217,7 @@ async def create_job(request: Request, session: SessionDep) -> Response:
     one worker-thread hop.
     """
     auth = await authenticate(request, session)
+    limits = await count_submission(request, auth)
     _check_content_type(request)
     idempotency_key = request.headers.get("idempotency-key")
     if idempotency_key is not None and not (
@@ -241,7 +253,7 @@ async def create_job(request: Request, session: SessionDep) -> Response:
         PlanLimits.from_settings(settings),
         settings,
     )
-    headers = {"Location": created.job.links.self}
+    headers = {"Location": created.job.links.self, **(limits.headers() if limits else {})}
     if created.replayed:
         headers["Idempotent-Replayed"] = "true"
     return _job_response(created.job, 202, **headers)
