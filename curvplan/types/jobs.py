@@ -111,7 +111,7 @@ class _JobCreateBase(BaseModel):
     webhook_url: Annotated[AnyHttpUrl, UrlConstraints(max_length=2000)] | None = Field(
         default=None,
         description="POSTed a signed JSON event when the job succeeds, fails or is cancelled "
-        "(header Curvplan-Signature; docs/integrations.md). The host must be on the "
+        "(Standard Webhooks signature headers; docs/integrations.md). The host must be on the "
         "operator's allow-list.",
     )
 
