@@ -107,6 +107,38 @@ def test_a_burst_to_a_silent_receiver_delays_no_other_project(
     assert expected - 5 < cooldown <= expected
 
 
+def test_with_every_slot_held_by_failing_projects_another_waits_one_time_limit(
+    engine: Any, receiver: Receiver, silent_receiver: SilentReceiver
+) -> None:
+    """Three projects' bursts to the silent receiver fill all 10 slots (4 + 4 + 2): a fourth
+    project's delivery takes the first slot that frees, within one attempt's time limit (plus
+    the sender's poll), ahead of the bursts' remaining deliveries."""
+    options = SenderOptions(policy=LOOPBACK, max_attempts=8, backoff_seconds=30.0,
+                            timeout_seconds=1.5, batch=10)  # fmt: skip
+    for _ in range(3):
+        noisy, _ = _project(engine)
+        _burst(engine, noisy, silent_receiver.url, BURST // 3)
+    stop = threading.Event()
+    sender = threading.Thread(target=sender_loop, args=(engine, options, stop, 0.1), daemon=True)
+    sender.start()
+    try:
+        deadline = time.monotonic() + 10
+        while silent_receiver.accepted < options.batch and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert silent_receiver.accepted == options.batch  # every slot held
+        quiet, _ = _project(engine)
+        quiet_job = _job(engine, quiet, receiver.url + "/quiet")
+        _set_status(engine, quiet_job, "succeeded")
+        started = time.monotonic()
+        receiver.wait_for(1, timeout=30)
+        waited = time.monotonic() - started
+    finally:
+        stop.set()
+        sender.join(timeout=30)
+    # Before: 60 deliveries ahead of it, 10 at a time, 1.5 s each: ~9 s.
+    assert waited <= options.timeout_seconds + 1.0, f"another project waited {waited:.1f} s"
+
+
 def test_an_answer_closes_the_breaker(engine: Any, receiver: Receiver) -> None:
     """A probe that succeeds closes the endpoint: its deliveries flow again at once."""
     project_id, _ = _project(engine)
