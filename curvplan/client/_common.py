@@ -197,7 +197,9 @@ def raise_for_problem(response: httpx.Response) -> None:
         except ValueError:
             body = None
     text = response.text.strip()[:500] if body is None else None
-    raise error_from_problem(response.status_code, body, text or None)
+    error = error_from_problem(response.status_code, body, text or None)
+    error.request_id = response.headers.get("x-request-id")
+    raise error
 
 
 def decode(response: httpx.Response, call: Call) -> Any:

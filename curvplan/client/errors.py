@@ -35,6 +35,8 @@ class CurvplanError(Exception):
         self.instance = instance
         self.errors = errors
         self.extra = extra or {}
+        # The answer's X-Request-ID: the key to the service's log lines of the request.
+        self.request_id: str | None = None
         super().__init__(self._message())
 
     def _message(self) -> str:

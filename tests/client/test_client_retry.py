@@ -271,3 +271,13 @@ def test_429_with_a_wait_past_the_bound_raises_at_once(monkeypatch: pytest.Monke
     with _client(handler) as client, pytest.raises(RateLimitedError):
         client.list_jobs()
     assert slept == []
+
+
+def test_an_error_carries_the_answers_request_id() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = {"title": "Not Found", "status": 404, "detail": "no such job"}
+        return httpx.Response(404, json=body, headers={"X-Request-ID": "abc123"})
+
+    with _client(handler) as client, pytest.raises(CurvplanError) as info:
+        client.get_job(uuid.uuid4())
+    assert info.value.request_id == "abc123" and info.value.status == 404
