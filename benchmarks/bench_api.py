@@ -205,6 +205,8 @@ def main() -> int:
             **os.environ,
             "DATABASE_URL": url,
             "CURVPLAN_LOG_LEVEL": "WARNING",
+            # The submission path's capacity, not its rate limits (bench_ratelimit.py for those).
+            "CURVPLAN_RATE_LIMITS": "false",
             "CURVPLAN_DB_POOL_SIZE": str(max(4, args.concurrency // args.workers)),
         }
         server = subprocess.Popen(
