@@ -221,6 +221,35 @@ class StepsPoint(_Strict):
         return self
 
 
+#: At most this many batch sweeps (token counts) in one plan (each costs one steps fit).
+MAX_BATCH_SWEEPS = 100
+#: At most this many batch sizes in one sweep's steps-to-target table.
+MAX_SWEEP_BATCH_SIZES = 1000
+
+
+def _check_unique_batch_sizes(value: list[StepsPoint], field: str) -> list[StepsPoint]:
+    sizes = [p.batch_size for p in value]
+    if len(set(sizes)) != len(sizes):
+        raise ValueError(f"{field} lists a batch_size twice; give one row each")
+    return value
+
+
+class BatchSweep(_Strict):
+    """One batch sweep of pilot runs that each trained on ``tokens`` tokens: its steps to the
+    target loss per batch size (batch sizes in the unit of measurements.steps_to_target_unit).
+    Its B_crit comes from S = S_min(1 + B_crit/B) (docs/budget.md#batch)."""
+
+    tokens: PosFloat = Field(description="Tokens each run of this sweep trained on (D).")
+    steps_to_target: Annotated[
+        list[StepsPoint], Field(min_length=3, max_length=MAX_SWEEP_BATCH_SIZES)
+    ] = Field(description="Steps to the target loss at 3 or more distinct batch sizes.")
+
+    @field_validator("steps_to_target")
+    @classmethod
+    def _unique_batch_sizes(cls, value: list[StepsPoint]) -> list[StepsPoint]:
+        return _check_unique_batch_sizes(value, "steps_to_target")
+
+
 class LossPoint(_Strict):
     n_samples: PosFloat
     loss: NonNegFloat
@@ -430,6 +459,14 @@ class Measurements(_Strict):
         "budget.data.next_step (an analysis fills it in).",
     )
     steps_to_target_unit: Literal["examples", "tokens"] = "examples"
+    batch_sweeps: (
+        Annotated[list[BatchSweep], Field(min_length=2, max_length=MAX_BATCH_SWEEPS)] | None
+    ) = Field(
+        default=None,
+        description="Batch sweeps at 2 or more distinct token counts: B_crit(D) = c·D^γ is "
+        "fitted to their critical batches and answers budget.batch for targets.target_tokens "
+        "(docs/budget.md#batch).",
+    )
     branched_critical_batch: BranchedCriticalBatch | None = Field(
         default=None,
         description="A branch sweep's critical batch per checkpoint (Merrill et al. 2025): "
@@ -493,10 +530,18 @@ class Measurements(_Strict):
     @field_validator("steps_to_target")
     @classmethod
     def _unique_batch_sizes(cls, value: list[StepsPoint] | None) -> list[StepsPoint] | None:
+        return None if value is None else _check_unique_batch_sizes(value, "steps_to_target")
+
+    @field_validator("batch_sweeps")
+    @classmethod
+    def _distinct_sweep_tokens(cls, value: list[BatchSweep] | None) -> list[BatchSweep] | None:
         if value is not None:
-            sizes = [p.batch_size for p in value]
-            if len(set(sizes)) != len(sizes):
-                raise ValueError("steps_to_target lists a batch_size twice; give one row each")
+            tokens = [sweep.tokens for sweep in value]
+            if len(set(tokens)) != len(tokens):
+                raise ValueError(
+                    "batch_sweeps lists a token count twice; give each sweep its own tokens "
+                    "(the law needs 2 or more distinct token counts)"
+                )
         return value
 
     @field_validator("blocks")
@@ -525,6 +570,11 @@ class Targets(_Strict):
         default=None,
         description="examples you have (or would buy); 'enough data' compares against it "
         "(docs/numbers.md)",
+    )
+    target_tokens: PosFloat | None = Field(
+        default=None,
+        description="Tokens the target run will train on: with measurements.batch_sweeps, "
+        "budget.batch answers its batch from B_crit(D) = c·D^γ (docs/budget.md#batch).",
     )
 
     @field_validator("fit_window")
@@ -1096,6 +1146,42 @@ class BatchWarmupStage(_Out):
     loss: float | None = Field(default=None, description="Evaluation loss at the checkpoint.")
 
 
+class BatchSweepFitOut(_Out):
+    """One batch sweep's critical batch from S = S_min(1 + B_crit/B), and whether the law
+    uses it."""
+
+    tokens: float
+    b_crit: float | None = None
+    b_crit_ci: Interval | None = None
+    batch_sizes: int
+    used: bool
+    reason: str | None = Field(default=None, description="Why the law does not use it.")
+
+
+class BatchScalingLawOut(_Out):
+    """B_crit(D) = c·D^γ over the tokens D trained on (Zhang et al. 2024; Bergsma et al.
+    2025), fitted to the batch sweeps' critical batches (docs/budget.md#batch)."""
+
+    formula: str
+    c: float = Field(description="Coefficient c, in the batch unit per tokens^γ.")
+    c_ci: Interval
+    gamma: float = Field(description="Exponent γ of the tokens.")
+    gamma_ci: Interval
+    excess_scatter: float = Field(
+        description="τ: scatter of log B_crit about the law beyond the sweeps' own intervals "
+        "(0: the intervals explain it)."
+    )
+    measured_tokens_range: tuple[float, float] = Field(
+        description="Smallest and largest token count of the sweeps the law is fitted to."
+    )
+    target_tokens: float
+    extrapolation_factor: float = Field(
+        description="target_tokens / the largest measured token count."
+    )
+    sweeps: list[BatchSweepFitOut]
+    method: str = Field(description="How the law and its intervals are fitted, in words.")
+
+
 class BudgetBatch(_Out):
     """Which batch size to train at; every batch size in examples, and in tokens."""
 
@@ -1113,7 +1199,9 @@ class BudgetBatch(_Out):
     critical_tokens_ci: tuple[float | None, float | None] | None = None
     unit: Literal["examples"] = "examples"
     tokens_per_example: float | None = None
-    source: Literal["branch_sweep", "batch_sweep", "noise_scale_trend", "not_available"]
+    source: Literal[
+        "batch_scaling_law", "branch_sweep", "batch_sweep", "noise_scale_trend", "not_available"
+    ]
     basis: str = Field(description="Where the critical batch comes from, in words.")
     critical_formula: str | None = Field(
         default=None, description="The formula of `critical` (branch sweep)."
@@ -1149,6 +1237,11 @@ class BudgetBatch(_Out):
         default=None, description="expected_steps × recommended, examples."
     )
     reason: str | None = Field(default=None, description="Why something is not available.")
+    scaling_law: BatchScalingLawOut | None = Field(
+        default=None,
+        description="Batch scaling law: B_crit(D) = c·D^γ fitted to the batch sweeps at "
+        "several token counts, which gives `critical` at targets.target_tokens.",
+    )
 
 
 class BudgetLearningRate(_Out):

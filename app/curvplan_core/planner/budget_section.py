@@ -8,9 +8,11 @@ What leads, in order:
   `not_available`, with the `curvplan sweep --type data` command and its cost. The
   evaluation-set size k = z²σ²_eff/ε² (docs/numbers.md) and Petrov et al. (2025)'s k*(ε) are
   shown beside it, never as the training-set size.
-* batch — B_crit from a batch sweep (S = S_min(1 + B_crit/B), McCandlish et al. 2018
-  eq. 2.11); else the noise-scale trend over intermediate checkpoints evaluated at the target
-  loss (B_crit ≈ B_noise, McCandlish et al. 2018 §2.2); else not available, with the reason.
+* batch — for a target run of targets.target_tokens, B_crit(D) = c·D^γ fitted to batch sweeps
+  at several token counts (Zhang et al. 2024; Bergsma et al. 2025); else B_crit from a batch
+  sweep (S = S_min(1 + B_crit/B), McCandlish et al. 2018 eq. 2.11); else the noise-scale
+  trend over intermediate checkpoints evaluated at the target loss (B_crit ≈ B_noise,
+  McCandlish et al. 2018 §2.2); else not available, with the reason.
   A single checkpoint's noise scale is never used as a constant for the whole run.
 * learning rate — 2/λ_max of the whole-model Hessian, the gradient-descent sharpness
   threshold (Cohen et al. 2021): not a divergence limit, nor a limit for SGD or Adam.
@@ -49,6 +51,7 @@ from curvplan.types.planner import (
 from curvplan.types.sweep import OptimizerSpec, SweepSettings, data_steps
 from curvplan_core import cost_model
 from curvplan_core.planner import formulas
+from curvplan_core.planner.batch_scaling_section import batch_from_scaling_law
 from curvplan_core.planner.batch_section import finite_or_none
 from curvplan_core.planner.branched_batch import branch_budget_batch
 from curvplan_core.planner.critical_batch import nearest_power_of_two
@@ -635,7 +638,7 @@ def _trend_at_target(
     return math.exp(center), ci, which
 
 
-BatchSource = Literal["batch_sweep", "noise_scale_trend", "branch_sweep"]
+BatchSource = Literal["batch_scaling_law", "batch_sweep", "noise_scale_trend", "branch_sweep"]
 
 #: Which source leads budget.batch, in order (docs/budget.md#which-source-leads). Decided by
 #: the predictive benchmark against a brute-force B_crit on real text (2 seeds, pooled fit
@@ -643,16 +646,29 @@ BatchSource = Literal["batch_sweep", "noise_scale_trend", "branch_sweep"]
 #: B_crit 28.7 (1.33×) and the noise-scale trend 21.9 (1.02×) predict it; the branch sweep's
 #: CBS (ε = 0.01, 163,840-token window) said 8 (0.37×) at every checkpoint, its ε-crossing 8 and
 #: its efficiency fit 34–87 (1.6–4.1×). The branch sweep leads only when nothing else is given,
-#: and its warm-up schedule and estimates are always reported beside the lead.
-BATCH_SOURCE_ORDER: tuple[BatchSource, ...] = ("batch_sweep", "noise_scale_trend", "branch_sweep")
+#: and its warm-up schedule and estimates are always reported beside the lead. The batch
+#: scaling law leads first, and only when targets.target_tokens names a target run: the other
+#: sources measure the pilots' own B_crit, the law the target run's (B_crit grows with the
+#: tokens trained on; ``benchmarks/results/batch-scaling-law-zhang2024.txt`` holds its check).
+BATCH_SOURCE_ORDER: tuple[BatchSource, ...] = (
+    "batch_scaling_law",
+    "batch_sweep",
+    "noise_scale_trend",
+    "branch_sweep",
+)
 
 
 def build_batch(
-    measurements: Measurements, targets: Targets, batch: BatchSizeSection | object
+    measurements: Measurements,
+    targets: Targets,
+    batch: BatchSizeSection | object,
+    *,
+    seed: int = 0,
 ) -> tuple[BudgetBatch, list[str]]:
     """budget.batch from the first available source of ``BATCH_SOURCE_ORDER`` (today: the
-    batch sweep's B_crit, else the noise-scale trend at the target loss, else a branch sweep's
-    critical batch), else not_available (docs/budget.md). A branch sweep that does not lead
+    batch scaling law at targets.target_tokens, else the batch sweep's B_crit, else the
+    noise-scale trend at the target loss, else a branch sweep's critical batch), else
+    not_available (docs/budget.md). A branch sweep that does not lead
     still gives its warm-up schedule and its estimates."""
     warnings: list[str] = []
     tokens = _tokens_per_example(measurements)
@@ -673,6 +689,10 @@ def build_batch(
     found = _trend_at_target(trend, targets.target_loss, targets.confidence) if trend else None
 
     def from_source(source: BatchSource) -> BudgetBatch | None:
+        if source == "batch_scaling_law":
+            answer, notes = batch_from_scaling_law(measurements, targets, seed)
+            warnings.extend(notes)
+            return answer
         if source == "batch_sweep":
             if isinstance(bcrit, BCrit) and getattr(bcrit, "unit", "examples") == "examples":
                 swept = measurements.steps_to_target_loss
@@ -907,10 +927,11 @@ def build_budget(
     batch_size: object,
     scaling: object,
     curvature: object,
+    seed: int = 0,
 ) -> Budget:
     """The budget from the plan's sections (``targets`` with defaults already filled in)."""
     data, w1 = build_data(measurements, targets, sample_size, scaling)
-    batch, w2 = build_batch(measurements, targets, batch_size)
+    batch, w2 = build_batch(measurements, targets, batch_size, seed=seed)
     warnings = w1 + w2
     if not defaults.tolerances_given and defaults.tolerances:
         warnings.append(

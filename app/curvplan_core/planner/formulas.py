@@ -174,3 +174,10 @@ BUDGET_BRANCHED_CROSSING: Final = formula(
     "budget.branched_crossing",
     "B_ε = B_k·(B_k+1/B_k)^((ε − x_k)/(x_k+1 − x_k)), x: end-of-window excess over B₀",
 )
+BUDGET_BATCH_SCALING_LAW: Final = formula(
+    "budget.batch_scaling_law",
+    "B_crit(D) = c·D^γ: WLS of log B_crit on log D, weights 1/(v_i + τ²); bootstrap over sweep CIs",
+)
+BUDGET_TARGET_RUN_STEPS: Final = formula(
+    "budget.target_run_steps", "S = D/(B·tokens_per_example): the target run's tokens per step"
+)

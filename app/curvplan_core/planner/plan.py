@@ -51,6 +51,7 @@ def make_plan(measurements: Measurements, targets: Targets, *, seed: int = 0) ->
         batch_size=batch_size,
         scaling=scaling,
         curvature=curvature,
+        seed=effective_seed,
     )
     _deprecated_outputs(budget, sample_size, batch_size, log)
     return Recommendation(
