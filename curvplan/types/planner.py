@@ -222,9 +222,12 @@ class StepsPoint(_Strict):
 
 
 #: At most this many batch sweeps (token counts) in one plan (each costs one steps fit).
-MAX_BATCH_SWEEPS = 100
+MAX_BATCH_SWEEPS = 32
+#: The largest token count accepted (a sweep's or the target run's): 1e30 tokens.
+MAX_TOKENS = 1e30
+TokenCount = Annotated[float, Field(gt=0, le=MAX_TOKENS, allow_inf_nan=False)]
 #: At most this many batch sizes in one sweep's steps-to-target table.
-MAX_SWEEP_BATCH_SIZES = 1000
+MAX_SWEEP_BATCH_SIZES = 64
 
 
 def _check_unique_batch_sizes(value: list[StepsPoint], field: str) -> list[StepsPoint]:
@@ -239,7 +242,7 @@ class BatchSweep(_Strict):
     target loss per batch size (batch sizes in the unit of measurements.steps_to_target_unit).
     Its B_crit comes from S = S_min(1 + B_crit/B) (docs/budget.md#batch)."""
 
-    tokens: PosFloat = Field(description="Tokens each run of this sweep trained on (D).")
+    tokens: TokenCount = Field(description="Tokens each run of this sweep trained on (D).")
     steps_to_target: Annotated[
         list[StepsPoint], Field(min_length=3, max_length=MAX_SWEEP_BATCH_SIZES)
     ] = Field(description="Steps to the target loss at 3 or more distinct batch sizes.")
@@ -571,7 +574,7 @@ class Targets(_Strict):
         description="examples you have (or would buy); 'enough data' compares against it "
         "(docs/numbers.md)",
     )
-    target_tokens: PosFloat | None = Field(
+    target_tokens: TokenCount | None = Field(
         default=None,
         description="Tokens the target run will train on: with measurements.batch_sweeps, "
         "budget.batch answers its batch from B_crit(D) = c·D^γ (docs/budget.md#batch).",
@@ -1163,7 +1166,9 @@ class BatchScalingLawOut(_Out):
     2025), fitted to the batch sweeps' critical batches (docs/budget.md#batch)."""
 
     formula: str
-    c: float = Field(description="Coefficient c, in the batch unit per tokens^γ.")
+    c: float | None = Field(
+        description="Coefficient c, examples per tokens^γ (null: beyond float range)."
+    )
     c_ci: Interval
     gamma: float = Field(description="Exponent γ of the tokens.")
     gamma_ci: Interval

@@ -3,6 +3,8 @@ pilots (docs/budget.md#batch; the law is fitted in ``batch_scaling``)."""
 
 from __future__ import annotations
 
+import math
+
 from curvplan.types.planner import (
     BatchScalingLawOut,
     BatchSweepFitOut,
@@ -81,10 +83,12 @@ def batch_from_scaling_law(
 
 def _law_answer(
     law: BatchLaw, target: float, tokens: float | None, seed: int
-) -> tuple[BudgetBatch, list[str]]:
+) -> tuple[BudgetBatch | None, list[str]]:
     """The law's answer at ``target`` tokens: B_crit and its prediction interval, its power
     of two, and the target run's steps D/(B·tokens per example) at that batch."""
     value, ci = law_at(law, target, seed=seed)
+    if not math.isfinite(value) or value <= 0:
+        return None, [f"batch: the batch scaling law gives no finite B_crit at {target:.4g} tokens"]
     warning = extrapolation_warning(law, target)
     rec = nearest_power_of_two(value)
     steps = None
@@ -93,7 +97,7 @@ def _law_answer(
     lo, hi = law.tokens_range
     out = BatchScalingLawOut(
         formula=formulas.BUDGET_BATCH_SCALING_LAW,
-        c=law.c,
+        c=finite_or_none(law.c),
         c_ci=(finite_or_none(law.c_ci[0]), finite_or_none(law.c_ci[1])),
         gamma=law.gamma,
         gamma_ci=law.gamma_ci,
