@@ -311,6 +311,17 @@ def budget_text(budget: Any) -> str:
         rows.append(["  warm-up (step: batch)", "", "", schedule])
     else:
         rows.append(["  critical B_crit", fmt(b.critical), interval(b.critical_ci), "examples"])
+    law = getattr(b, "scaling_law", None)
+    if law is not None:
+        low, high = law.measured_tokens_range
+        rows.append(
+            [
+                "  law B_crit = c·D^γ: γ",
+                fmt(law.gamma),
+                interval(law.gamma_ci),
+                f"pilots {fmt(low)}–{fmt(high)} tokens; target {fmt(law.target_tokens)}",
+            ]
+        )
     if b.recommended_tokens is not None:
         rows.append(
             [
