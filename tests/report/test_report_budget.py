@@ -47,3 +47,25 @@ def test_a_job_without_recommendation_says_so_in_the_budget():
     job["result"] = None
     html = render_report(job, plots=[])
     assert "No budget" in html
+
+
+def test_the_batch_scaling_law_is_shown_beside_the_target_runs_batch():
+    """The law's γ and c with their intervals and the pilots' token range are on the page."""
+    sizes = (8, 16, 32, 64, 128, 256)
+    sweeps = [
+        {
+            "tokens": d,
+            "steps_to_target": [
+                {"batch_size": b, "steps": 1e4 * (1 + 0.02 * d**0.45 / b)} for b in sizes
+            ],
+        }
+        for d in (1e8, 1e9)
+    ]
+    rec = make_plan(
+        Measurements.model_validate({"batch_sweeps": sweeps}),
+        Targets(target_tokens=2e10, bootstrap=50, orderings=8),
+    )
+    html = render_report(_job(rec.model_dump(mode="json")))
+    assert "batch_scaling_law" in html
+    assert "batch law B_crit = c·D^γ: γ" in html and "0.45" in html
+    assert "pilot sweeps 1.00e+08–1.00e+09 tokens, target 2.00e+10 tokens" in html

@@ -246,6 +246,23 @@ def budget_html(rec: dict[str, Any] | None) -> str:
                     f"CBS {stage.get('status')} at that checkpoint",
                 )
             )
+    law = batch.get("scaling_law")
+    if law:
+        low, high = law.get("measured_tokens_range") or (None, None)
+        for name, value, interval in (
+            ("batch law B_crit = c·D^γ: γ", law.get("gamma"), law.get("gamma_ci")),
+            ("batch law B_crit = c·D^γ: c", law.get("c"), law.get("c_ci")),
+        ):
+            rows.append(
+                (
+                    name,
+                    value,
+                    _interval(interval),
+                    "",
+                    f"pilot sweeps {_text(low)}–{_text(high)} tokens, target "
+                    f"{_text(law.get('target_tokens'))} tokens",
+                )
+            )
     if batch.get("expected_steps") is not None:
         rows.append(
             (
