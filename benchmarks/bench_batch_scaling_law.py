@@ -19,10 +19,18 @@ prints the predicted B_crit and CBS against the 1.2B sweep's own fit and the not
 
     .venv/bin/python benchmarks/bench_batch_scaling_law.py \
         | tee benchmarks/results/batch-scaling-law-zhang2024.txt
+
+``--coverage N`` instead draws N generated pilot sets per scenario (B_crit(D) = c·D^γ known,
+S = S_min(1 + B_crit/B) with lognormal noise) and prints how often the intervals of γ, c and of
+B_crit at 30× the largest pilot contain the truth (nominal 0.95):
+
+    .venv/bin/python benchmarks/bench_batch_scaling_law.py --coverage 200 \
+        | tee benchmarks/results/batch-scaling-law-coverage.txt
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import time
 
@@ -30,6 +38,12 @@ import numpy as np
 
 from curvplan.types.planner import Measurements, Targets
 from curvplan_core.planner import make_plan
+from curvplan_core.planner.batch_scaling import (
+    SweepTable,
+    fit_batch_law,
+    law_at,
+    sweep_critical_batches,
+)
 from curvplan_core.planner.critical_batch import batch_at_step_overhead, fit_steps_to_target
 
 SOURCE = "hlzhang109/critical-batch-size@c5b509d plots/chinchilla.ipynb (cell 14)"
@@ -172,5 +186,72 @@ def main() -> None:
     )
 
 
+#: (name, token counts, step noise, between-sweep scatter of log B_crit, bend of log B_crit)
+SCENARIOS = [
+    ("2 sweeps", [1e8, 1e9], 0.05, 0.0, 0.0),
+    ("3 sweeps", [1e8, 3e8, 1e9], 0.05, 0.0, 0.0),
+    ("5 sweeps", [1e8, 2e8, 4e8, 8e8, 1.6e9], 0.05, 0.0, 0.0),
+    ("3 sweeps, 15 % noise", [1e8, 3e8, 1e9], 0.15, 0.0, 0.0),
+    ("5 sweeps, sweeps scatter 10 % off the law", [1e8, 2e8, 4e8, 8e8, 1.6e9], 0.05, 0.1, 0.0),
+    ("5 sweeps, law bends (−0.02·ln²(D/D₀))", [1e8, 2e8, 4e8, 8e8, 1.6e9], 0.05, 0.0, 0.02),
+]
+C_TRUE, GAMMA_TRUE = 0.02, 0.45
+COVERAGE_BATCHES = [8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+
+
+def true_b_crit(d: float, d0: float, bend: float) -> float:
+    """c·D^γ·exp(−bend·ln²(D/D₀)): the power law, bent downwards beyond D₀ when bend > 0."""
+    x = math.log(d / d0)
+    return C_TRUE * d**GAMMA_TRUE * math.exp(-bend * x * x)
+
+
+def coverage(reps: int) -> None:
+    """Coverage of the law's intervals on generated pilot sets (seeded, per-sweep bootstrap
+    100 tables, as the planner's default caps it at 200)."""
+    print(f"coverage over {reps} generated pilot sets per row; c = {C_TRUE}, γ = {GAMMA_TRUE}; ")
+    print(f"batch sizes {COVERAGE_BATCHES}; target 30× the largest pilot; nominal 0.95")
+    print(f"{'scenario':<44} {'γ':>6} {'c':>6} {'B(30×)':>7} {'med |γ̂−γ|':>10} {'med γ width':>11}")
+    for name, token_counts, noise, scatter, bend in SCENARIOS:
+        started = time.perf_counter()
+        hits = np.zeros(3)
+        errors, widths = [], []
+        d0 = token_counts[0]
+        target = 30 * token_counts[-1]
+
+        for rep in range(reps):
+            rng = np.random.default_rng(rep)
+            tables = []
+            for d in token_counts:
+                bc = true_b_crit(d, d0, bend) * math.exp(rng.normal(0, scatter))
+                b = np.array(COVERAGE_BATCHES, dtype=np.float64)
+                s = d / bc / 100 * (1 + bc / b) * np.exp(rng.normal(0, noise, b.size))
+                tables.append(SweepTable(d, b, s))
+            sweeps = sweep_critical_batches(tables, 0.95, bootstrap=100, seed=rep)
+            law = fit_batch_law(sweeps, 0.95, seed=rep)
+            if isinstance(law, str):
+                continue
+            _, (lo, hi) = law_at(law, target, seed=rep)
+            hits += [
+                law.gamma_ci[0] <= GAMMA_TRUE <= law.gamma_ci[1],
+                law.c_ci[0] <= C_TRUE <= law.c_ci[1],
+                lo <= true_b_crit(target, d0, bend) <= hi,
+            ]
+            errors.append(abs(law.gamma - GAMMA_TRUE))
+            widths.append(law.gamma_ci[1] - law.gamma_ci[0])
+        rate = hits / reps
+        print(
+            f"{name:<44} {rate[0]:6.3f} {rate[1]:6.3f} {rate[2]:7.3f} "
+            f"{float(np.median(errors)):10.4f} {float(np.median(widths)):11.4f}"
+            f"   ({time.perf_counter() - started:.0f} s)"
+        )
+    print("(with a bend, γ and c have no single true value; their columns use the tangent at D₀)")
+
+
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--coverage", type=int, default=0, help="replicates per scenario")
+    args = parser.parse_args()
+    if args.coverage:
+        coverage(args.coverage)
+    else:
+        main()
