@@ -1,5 +1,5 @@
 """A runaway submission loop against another project's POST /v1/jobs latency, with and without
-the rate limits (issue 31; docs/operations.md#rate-limits).
+the rate limits (docs/operations.md#rate-limits).
 
 Starts ``curvplan serve --workers N`` on a fresh database with two projects. A *victim*
 process submits plan jobs at a steady rate throughout (its own process and connections, so

@@ -1,4 +1,4 @@
-"""The probe of issue 31 (finding 2) at full scale: 200 webhook deliveries of one project to a
+"""The webhook-fairness probe at full scale: 200 webhook deliveries of one project to a
 URL that never answers, and another project's events meanwhile (docs/integrations.md).
 
 A fresh database; the worker's sender loop (``curvplan_worker.webhooks.sender_loop``, the

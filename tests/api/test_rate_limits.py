@@ -1,4 +1,4 @@
-"""Rate limits (issue 31): a key's and a project's submissions and an address's failed
+"""Rate limits: a key's and a project's submissions and an address's failed
 authentications, kept in PostgreSQL so that every API process sees the same counts; 429 with
 Retry-After and the draft-09 RateLimit-Policy/RateLimit fields; the client waits and retries."""
 

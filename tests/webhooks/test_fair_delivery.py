@@ -1,4 +1,4 @@
-"""Fair webhook delivery (issue 31, finding 2): a burst of deliveries to a receiver that never
+"""Fair webhook delivery: a burst of deliveries to a receiver that never
 answers holds a bounded share of the senders and is backed off as a whole, so another
 project's delivery waits no longer than one attempt's time limit.
 
