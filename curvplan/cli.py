@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from curvplan.commands import client, command_group, engine, service, worker
+from curvplan.commands import agent, client, command_group, engine, service, worker
 
 app = command_group(
     name="curvplan",
@@ -44,6 +44,7 @@ service.register(app)
 worker.register(app)
 engine.register(app)
 client.register(app)
+agent.register(app)
 
 
 def main() -> None:

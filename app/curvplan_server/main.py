@@ -22,6 +22,7 @@ from curvplan_core.config import Settings, get_settings
 from curvplan_core.db import make_engine, make_sessionmaker
 from curvplan_core.logging import configure_logging
 from curvplan_core.notify import JobNotifier
+from curvplan_server.agents.router import router as agents_router
 from curvplan_server.artifacts.router import UPLOAD_OVERHEAD_BYTES
 from curvplan_server.artifacts.router import router as artifacts_router
 from curvplan_server.auth.dependencies import KeyCache
@@ -108,6 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(workers_router)
     app.include_router(worker_blobs_router)
     app.include_router(webhooks_router)
+    app.include_router(agents_router)
     install_docs(app)
     # Outermost last: metrics see every request, including 413s from the size limit.
     app.add_middleware(

@@ -422,9 +422,20 @@ def sweep(
         "the architecture; training starts from a seeded initialisation (or --checkpoint), not "
         "from the directory's weights. Replaces --spec.",
     ),
-    train: Path = typer.Option(..., "--train", help="Training data (.safetensors)."),
-    evaluation: Path = typer.Option(..., "--eval", help="Held-out evaluation data."),
+    train: Path | None = typer.Option(
+        None, "--train", help="Training data (.safetensors); not with --runner agent."
+    ),
+    evaluation: Path | None = typer.Option(
+        None, "--eval", help="Held-out evaluation data; not with --runner agent."
+    ),
     sweep_type: str = typer.Option("batch", "--type", help="batch | data | branch"),
+    runner: str = typer.Option(
+        "builtin",
+        "--runner",
+        help="builtin: the service's workers train each point on --spec/--model, --train and "
+        "--eval; agent: `curvplan agent` processes of the project run your own training "
+        "command for each point (docs/budget.md#sweeps-with-your-own-trainer).",
+    ),
     checkpoint: list[Path] | None = typer.Option(
         None,
         "--checkpoint",
@@ -500,10 +511,37 @@ def sweep(
     Either --spec (a reference model) or --model DIR (a Hugging Face save_pretrained directory).
     A branch sweep (Merrill et al. 2025) branches from every --checkpoint at each of
     --batch-sizes for --window-tokens and gives the critical batch size at each checkpoint.
+    With --runner agent no model or data is uploaded: `curvplan agent --command '…'` runs your
+    training command for each point.
     """
-    model = _sweep_model(spec, model_dir)
+    agent = runner == "agent"
+    if runner not in ("builtin", "agent"):
+        raise _fail(f"--runner: builtin or agent, got {runner!r}", EXIT_BAD_INPUT)
+    if agent:
+        given = [
+            o
+            for o, v in (
+                ("--spec", spec),
+                ("--model", model_dir),
+                ("--train", train),
+                ("--eval", evaluation),
+                ("--checkpoint", checkpoint),
+            )
+            if v
+        ]
+        if given:
+            raise _fail(
+                f"{', '.join(given)}: an agent sweep trains with your own command on its own "
+                "model and data; drop them (or use --runner builtin)",
+                EXIT_BAD_INPUT,
+            )
+    model = None if agent else _sweep_model(spec, model_dir)
     checkpoints = list(checkpoint or [])
     for path, opt in ((train, "--train"), (evaluation, "--eval")):
+        if agent:
+            break
+        if path is None:
+            raise _fail(f"{opt}: required (or --runner agent)", EXIT_BAD_INPUT)
         if not path.is_file():
             raise _fail(f"{opt}: file not found: {path}", EXIT_BAD_INPUT)
     for path in checkpoints:
@@ -546,7 +584,6 @@ def sweep(
         log = (lambda s: None) if as_json or quiet else (lambda s: typer.echo(s, err=True))
         body: dict[str, object] = {
             "kind": "sweep",
-            "model": model,
             "optimizer": {
                 "name": optimizer,
                 "lr": lr,
@@ -556,6 +593,10 @@ def sweep(
             },
             "sweep": settings,
         }
+        if agent:
+            body["runner"] = "agent"
+        else:
+            body["model"] = model
         start = checkpoints[0] if checkpoints and not branch else None
         uploads: list[tuple[Path | None, str, str]] = [
             (train, "train_data", "dataset"),
@@ -581,6 +622,8 @@ def sweep(
             body["webhook_url"] = webhook_url
         job = client.submit_job(body, idempotency_key=idempotency_key)
         log(f"sweep job {job.id}: use it with `curvplan analyze … --sweep {job.id}`")
+        if agent:
+            log("its points wait for `curvplan agent --command '…'` (a key of this project)")
         _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs)
 
 

@@ -282,6 +282,24 @@ class SweepJobCreate(_JobCreateBase, _SweepBase):
     )
     kind: Literal["sweep"]
     sweep: SweepSettings
+
+    @field_validator("sweep")
+    @classmethod
+    def _agent_sweep_settings(cls, value: SweepSettings, info: ValidationInfo) -> SweepSettings:
+        if info.data.get("runner") != "agent":
+            return value
+        if value.type == "branch":
+            raise ValueError(
+                "sweep.type: an agent sweep (runner: agent) is a batch or data sweep; a branch "
+                "sweep resumes from the service's checkpoints, which your command does not read"
+            )
+        if value.type == "data" and value.data_sizes is None:
+            raise ValueError(
+                "sweep.data_sizes: required for an agent data sweep (the service does not see "
+                "your training data, so it cannot choose the subset sizes)"
+            )
+        return value
+
     checkpoints: Annotated[list[uuid.UUID], Field(max_length=MAX_BRANCH_CHECKPOINTS)] = Field(
         default_factory=list,
         validate_default=True,
@@ -344,6 +362,21 @@ class SweepPointJobCreate(_JobCreateBase, _SweepBase):
     client_submittable: ClassVar[bool] = False
     kind: Literal["sweep_point"]
     point: PointSettings
+
+
+AGENT_QUEUE = "agent"
+"""The queue of the points of an agent sweep (``runner: agent``): only ``curvplan agent``
+processes of the job's project claim from it (``POST /v1/agents/{id}/claim``); it is not one of
+:data:`QUEUES`, so a worker is never started on it."""
+
+
+def queue_of(kind: str, request: Mapping[str, Any]) -> str:
+    """The queue a job of ``kind`` with this (stored) request waits in: its kind's
+    (:data:`QUEUE_OF_KIND`), except a point of an agent sweep, which waits for agents
+    (:data:`AGENT_QUEUE`)."""
+    if kind == "sweep_point" and request.get("runner") == "agent":
+        return AGENT_QUEUE
+    return QUEUE_OF_KIND[kind]
 
 
 #: Any kind's create model (what the API validated, what the worker runs).

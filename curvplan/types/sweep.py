@@ -31,7 +31,7 @@ import math
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from curvplan.types.model_source import ModelSource
 from curvplan.types.planner import (
@@ -239,12 +239,35 @@ class SweepSettings(BaseModel):
         return self
 
 
+Runner = Literal["builtin", "agent"]
+"""Who trains a sweep's points: the service's workers (``builtin``, curvplan's own AdamW/SGD
+loop on the uploaded data) or ``curvplan agent`` processes running the team's own training
+command (``agent``; docs/budget.md#sweeps-with-your-own-trainer)."""
+
+_BUILTIN_INPUTS = {
+    "model": "the model",
+    "train_data": "the training data",
+    "eval_data": "the evaluation data",
+}
+
+
 class _SweepBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: ModelSource = Field(
+    runner: Runner = Field(
+        default="builtin",
+        description="Who trains the points: `builtin` (the service's workers, on `model`, "
+        "`train_data` and `eval_data`) or `agent` (`curvplan agent` processes of the project "
+        "run your own training command for each point and report its eval losses; the "
+        "service's workers never claim these points). An agent sweep takes no model or data: "
+        "your command has its own.",
+    )
+    model: ModelSource | None = Field(
+        default=None,
+        validate_default=True,
         description="The model: a reference spec, or a Hugging Face causal LM's config "
-        '(`{"source": "huggingface", "config": {…config.json…}}`), as an analyze job takes it.'
+        '(`{"source": "huggingface", "config": {…config.json…}}`), as an analyze job takes it. '
+        "Required for the built-in runner.",
     )
     checkpoint: uuid.UUID | None = Field(
         default=None,
@@ -252,12 +275,35 @@ class _SweepBase(BaseModel):
         "model its parameters under their own names); null: a seeded initialisation "
         "(sweep.init_seed).",
     )
-    train_data: uuid.UUID = Field(description="Artifact id of the training data (dataset).")
-    eval_data: uuid.UUID = Field(
+    train_data: uuid.UUID | None = Field(
+        default=None,
+        validate_default=True,
+        description="Artifact id of the training data (dataset). Required for the built-in runner.",
+    )
+    eval_data: uuid.UUID | None = Field(
+        default=None,
+        validate_default=True,
         description="Artifact id of the held-out evaluation data (dataset): the target loss "
-        "and early stopping are measured on it."
+        "and early stopping are measured on it. Required for the built-in runner.",
     )
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+
+    @field_validator("model", "train_data", "eval_data", "checkpoint")
+    @classmethod
+    def _inputs_of_the_runner(cls, value: object, info: ValidationInfo) -> object:
+        runner = info.data.get("runner", "builtin")
+        name = str(info.field_name)
+        if runner == "builtin" and value is None and name in _BUILTIN_INPUTS:
+            raise ValueError(
+                f"Field required: {_BUILTIN_INPUTS[name]} the service's workers train on "
+                '(or submit the sweep with "runner": "agent" to train with your own command)'
+            )
+        if runner == "agent" and value is not None:
+            raise ValueError(
+                f"an agent sweep (runner: agent) trains with your own command on its own model "
+                f"and data; drop {name}"
+            )
+        return value
 
 
 class PointSettings(BaseModel):

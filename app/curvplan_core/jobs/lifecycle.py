@@ -29,7 +29,7 @@ from typing import Any, Literal
 from psycopg.types.json import Jsonb
 from sqlalchemy import Connection, Row, text
 
-from curvplan.types.jobs import QUEUE_OF_KIND, TERMINAL_STATUSES
+from curvplan.types.jobs import AGENT_QUEUE, QUEUE_OF_KIND, TERMINAL_STATUSES, queue_of
 from curvplan_core.jobs.errors import error_dict
 from curvplan_core.jobs.fanout import (
     FAN_IN_STAGE,
@@ -74,7 +74,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         "queue_job", (NEW,), "queued", ("queue_job", "insert_children", "wait_for_children")
     ),
-    Transition("claim", ("queued",), "running", ("claim",)),
+    Transition("claim", ("queued",), "running", ("claim", "claim_agent_point")),
     Transition("fan_out_at_submission", ("queued",), "running", ("start_waiting",)),
     Transition("mark_succeeded", ("running",), "succeeded", ("mark_succeeded",)),
     Transition(
@@ -394,6 +394,61 @@ def claim(
         request=row.request,
         max_attempts=row.max_attempts,
     )
+
+
+AGENT_CLAIM_SQL = text(
+    """
+    WITH claimed AS (
+        UPDATE job SET
+            status = 'running',
+            attempt = attempt + 1,
+            worker_id = :agent_id,
+            lease_expires_at = now() + make_interval(secs => :lease),
+            started_at = coalesce(started_at, now()),
+            updated_at = now(),
+            progress = NULL
+        WHERE id = (
+            SELECT id FROM job
+            WHERE project_id = :project_id AND queue = :queue AND status = 'queued'
+              AND run_after <= now()
+            ORDER BY priority DESC, created_at
+            FOR UPDATE SKIP LOCKED
+            LIMIT 1
+        )
+        RETURNING id, parent_id, name, kind, queue, request, attempt, max_attempts,
+                  lease_expires_at
+    ),
+    attempt_row AS (
+        INSERT INTO job_attempt (job_id, attempt, worker_id, claimed_at)
+        SELECT id, attempt, :agent_id, now() FROM claimed
+    ),
+    agent_row AS (
+        UPDATE worker SET current_job_id = (SELECT id FROM claimed), last_heartbeat_at = now(),
+                          status = 'running'
+        WHERE id = :agent_id
+    )
+    SELECT * FROM claimed
+    """
+)
+"""Claim the oldest runnable point of the project's agent sweeps (``queue = 'agent'``, read
+from ``ix_job_project_claim``): the same row changes as :data:`CLAIM_SQL`'s, for one project."""
+
+
+def claim_agent_point(
+    conn: Connection, project_id: uuid.UUID, agent_id: str, lease_seconds: float
+) -> Row[Any] | None:
+    """``queued → running``: claim the next point of ``project_id``'s agent sweeps for the agent
+    ``agent_id`` (one statement, SKIP LOCKED), recording its attempt row; None when none is
+    runnable. Later writes are fenced on ``(agent_id, attempt)`` like a worker's."""
+    return conn.execute(
+        AGENT_CLAIM_SQL,
+        {
+            "project_id": project_id,
+            "agent_id": agent_id,
+            "queue": AGENT_QUEUE,
+            "lease": float(lease_seconds),
+        },
+    ).one_or_none()
 
 
 # --------------------------------------------------------------------------- an attempt's end
@@ -747,7 +802,7 @@ def insert_children(
                 "project_id": project_id,
                 "parent_id": parent_id,
                 "kind": child["kind"],
-                "queue": QUEUE_OF_KIND[child["kind"]],
+                "queue": queue_of(child["kind"], child["request"]),
                 "name": child.get("name"),
                 "tags": json_param(tags or {}),
                 "request": json_param(child["request"]),

@@ -80,7 +80,7 @@ def check_model_size(body: AnalyzeJobCreate | SweepJobCreate, max_parameters: in
     """422 naming ``body.model.config`` (a Hugging Face model) or ``body.model`` (a reference
     spec) when the model has more parameters than ``CURVPLAN_MAX_MODEL_PARAMETERS``."""
     model = body.model
-    if max_parameters is None:
+    if max_parameters is None or model is None:  # an agent sweep names no model
         return
     if isinstance(model, HuggingFaceModel):
         loc: Loc = ("model", "config")

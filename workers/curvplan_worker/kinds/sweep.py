@@ -58,7 +58,7 @@ from curvplan_worker.errors import JobError
 from curvplan_worker.job_context import ChildJob, ChildOutcome, FanOut, JobContext
 from curvplan_worker.kinds.plan import seed_for_job
 from curvplan_worker.sweep.branch import fit_branches, plan_branches
-from curvplan_worker.sweep.ladder import checked_batch_ladder
+from curvplan_worker.sweep.ladder import batch_ladder, checked_batch_ladder
 from curvplan_worker.sweep.lr import interpolated_multiplier, lr_for_batch
 
 MIN_POINTS = {"batch": 3, "data": 4, "branch": 2}
@@ -106,17 +106,20 @@ def _inputs(body: SweepJobCreate, ctx: JobContext) -> tuple[int, list[int | None
 
 
 def plan_points(
-    body: SweepJobCreate, n_train: int, steps: Sequence[int | None] | None = None
+    body: SweepJobCreate, n_train: int | None, steps: Sequence[int | None] | None = None
 ) -> list[ChildJob[SweepPointJobCreate]]:
     """The sweep's runs as child jobs (one per batch size, × lr multipliers for the grid rule;
     one per subset size for a data sweep; one per checkpoint and batch size for a branch
-    sweep, ``steps`` being the checkpoints' training steps)."""
+    sweep, ``steps`` being the checkpoints' training steps). ``n_train`` is the training
+    data's size, None for an agent sweep (the agents' command has its own data: the sizes
+    are not checked against it)."""
     sweep, opt = body.sweep, body.optimizer
     children: list[ChildJob[SweepPointJobCreate]] = []
 
     def child(name: str, point: PointSettings) -> ChildJob[SweepPointJobCreate]:
         request = SweepPointJobCreate(
             kind="sweep_point",
+            runner=body.runner,
             model=body.model,
             checkpoint=body.checkpoint,
             train_data=body.train_data,
@@ -127,6 +130,7 @@ def plan_points(
         return ChildJob(request=request, name=name)
 
     if sweep.type == "branch":
+        assert n_train is not None  # an agent sweep is a batch or data sweep (the contract)
         return plan_branches(
             body,
             n_train,
@@ -137,7 +141,7 @@ def plan_points(
             ),
         )
     if sweep.type == "batch":
-        sizes = checked_batch_ladder(sweep, n_train)
+        sizes = batch_ladder(sweep) if n_train is None else checked_batch_ladder(sweep, n_train)
         multipliers = opt.lr_grid if opt.lr_rule == "grid" else [1.0]
         for b in sizes:
             for m in multipliers:
@@ -155,8 +159,10 @@ def plan_points(
                 )
                 children.append(child(f"B={b}{suffix}", point))
         return children
-    sizes = sorted(set(sweep.data_sizes or _default_data_sizes(n_train, sweep.batch_size)))
-    too_big = [d for d in sizes if d > n_train]
+    if sweep.data_sizes is None:
+        assert n_train is not None  # an agent data sweep names its sizes (the contract)
+    sizes = sorted(set(sweep.data_sizes or _default_data_sizes(n_train or 0, sweep.batch_size)))
+    too_big = [d for d in sizes if n_train is not None and d > n_train]
     if too_big:
         raise JobError(
             "invalid-request",
@@ -282,8 +288,12 @@ def _default_data_sizes(n_train: int, batch_size: int) -> list[int]:
 
 
 def _fan_out(body: SweepJobCreate, ctx: JobContext) -> FanOut:
-    ctx.report_progress(0.0, "planning points", "reading the training data")
-    n_train, steps = _inputs(body, ctx)
+    if body.runner == "agent":  # the agents' command has its own data
+        n_train: int | None = None
+        steps: list[int | None] = []
+    else:
+        ctx.report_progress(0.0, "planning points", "reading the training data")
+        n_train, steps = _inputs(body, ctx)
     children = plan_points(body, n_train, steps)
     distinct = (
         len({c.request.point.data_size for c in children})
@@ -298,7 +308,8 @@ def _fan_out(body: SweepJobCreate, ctx: JobContext) -> FanOut:
             f"{MIN_POINTS[body.sweep.type]} to fit",
         )
     ctx.report_progress(0.01, "planning points", f"{len(children)} points")
-    return FanOut(children=children, message=f"{len(children)} training runs")
+    waits = " for `curvplan agent`" if body.runner == "agent" else ""
+    return FanOut(children=children, message=f"{len(children)} training runs{waits}")
 
 
 # --------------------------------------------------------------------------- fan-in

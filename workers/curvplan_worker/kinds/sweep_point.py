@@ -29,6 +29,12 @@ SMALL_MODEL_PARAMETERS = 1_000_000
 
 def run(body: SweepPointJobCreate, ctx: JobContext) -> dict[str, Any]:
     """Train one point; returns ``{"point": PointResult}``."""
+    if body.runner != "builtin" or body.model is None:  # agent points wait in their own queue
+        raise JobError(
+            "invalid-request",
+            "Invalid sweep point",
+            "this point belongs to an agent sweep: a `curvplan agent` of its project trains it",
+        )
     ctx.report_progress(0.0, "loading", "resolving artifacts")
     # Open until the attempt ends: the cache keeps the resolved blobs pinned while they are read.
     with attempt_access(ctx) as (access, project_id):
@@ -38,6 +44,7 @@ def run(body: SweepPointJobCreate, ctx: JobContext) -> dict[str, Any]:
 def _train(
     body: SweepPointJobCreate, access: ArtifactAccess, project_id: uuid.UUID, ctx: JobContext
 ) -> dict[str, Any]:
+    assert body.model is not None  # checked by run
     train_art = access.resolve(project_id, str(body.train_data), "dataset", "train_data")
     eval_art = access.resolve(project_id, str(body.eval_data), "dataset", "eval_data")
     ckpt = (

@@ -1,0 +1,1 @@
+"""``/v1/agents``: ``curvplan agent`` processes claim and train the points of agent sweeps."""
