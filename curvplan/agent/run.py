@@ -156,6 +156,7 @@ def run_point(
     the outcome to report (``lost``: report nothing, the lease is gone)."""
     output_dir.mkdir(parents=True, exist_ok=True)
     loss_file = _LossFile(output_dir / "losses.jsonl")
+    loss_file.path.unlink(missing_ok=True)  # only this run's records count
     env = {k: v for k, v in os.environ.items() if k != "CURVPLAN_API_KEY"}
     env |= {
         LOSS_FILE_ENV: str(loss_file.path),

@@ -5,6 +5,7 @@ point again, another agent trains it once more, and the killed run does not surv
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -52,7 +53,7 @@ def _agent(service: Service, key: str, out: Path, log: str, *extra: str) -> Proc
 def _first_reaching(records: list[dict[str, Any]], target: float) -> float:
     """Steps to the target, by hand: the first evaluation at or below it, interpolated
     linearly in loss from the evaluation before (the oracle of the point's result)."""
-    for prev, rec in zip(records, records[1:], strict=False):
+    for prev, rec in itertools.pairwise(records):
         if rec["loss"] <= target:
             frac = (prev["loss"] - target) / (prev["loss"] - rec["loss"])
             return prev["step"] + frac * (rec["step"] - prev["step"])
@@ -91,7 +92,9 @@ def test_an_agent_sweep_ends_in_a_budget_and_a_killed_agent_loses_nothing(
     assert [(p["queue"], p["status"], p["attempt"]) for p in points] == [("agent", "queued", 0)] * 3
 
     runs_a, runs_b = tmp_path / "agent-a", tmp_path / "agent-b"
-    agent_a = _agent(service, key, runs_a, "agent-a.log", "--command", COMMAND + " --step-seconds 0.1")
+    agent_a = _agent(
+        service, key, runs_a, "agent-a.log", "--command", COMMAND + " --step-seconds 0.1"
+    )
     deadline = time.monotonic() + 90
     while True:  # kill it once the point it trains has reported an evaluation
         running = [
