@@ -13,11 +13,25 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from curvplan.types.sweep import OptimizerSpec, PointSettings
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def _storable(value: str) -> str:
+    """Text the database can store: no NUL character, valid UTF-8 (no lone surrogate)."""
+    if "\x00" in value:
+        raise ValueError("must not contain the NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (a lone surrogate is not)") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_storable)]
 MAX_LOSS_RECORDS = 100_000
 
 
@@ -42,8 +56,8 @@ class AgentRegister(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    hostname: Annotated[str, Field(min_length=1, max_length=255)]
-    pid: Annotated[int, Field(ge=0)]
+    hostname: Annotated[Text, Field(min_length=1, max_length=255)]
+    pid: Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
 LeaseSeconds = Annotated[float, Field(ge=1, le=3600)]
@@ -96,8 +110,8 @@ class AgentProgress(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     fraction: Annotated[float, Field(ge=0, le=1)] | None = None
-    stage: Annotated[str, Field(max_length=200)] | None = None
-    message: Annotated[str, Field(max_length=2000)] | None = None
+    stage: Annotated[Text, Field(max_length=200)] | None = None
+    message: Annotated[Text, Field(max_length=2000)] | None = None
 
 
 class AgentAttempt(BaseModel):
@@ -105,7 +119,7 @@ class AgentAttempt(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    attempt: Annotated[int, Field(ge=1)]
+    attempt: Annotated[int, Field(ge=1, le=1000)]
 
 
 class AgentHeartbeat(AgentAttempt):
@@ -137,8 +151,8 @@ class AgentFailure(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[a-z0-9\-]+$")]
-    title: Annotated[str, Field(max_length=200)]
-    detail: Annotated[str, Field(max_length=8000)] = ""
+    title: Annotated[Text, Field(max_length=200)]
+    detail: Annotated[Text, Field(max_length=8000)] = ""
 
 
 class AgentFail(AgentAttempt):

@@ -34,10 +34,15 @@ from curvplan_server.problems import problem_responses
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 
-AgentId = Annotated[str, Path(min_length=1, max_length=100, description="The agent's id.")]
+AgentId = Annotated[
+    str,
+    Path(
+        min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$", description="The agent's id."
+    ),
+]
 LOST = "The agent's attempt no longer holds the point's lease: stop the command"
-RESPONSES = problem_responses(401, 404, 422, 500, 503)
-FENCED = problem_responses(401, 404, 422, 500, 503, _409=LOST)
+RESPONSES = problem_responses(400, 401, 404, 422, 500, 503)
+FENCED = problem_responses(400, 401, 404, 422, 500, 503, _409=LOST)
 
 
 def _settings(request: Request) -> Settings:
