@@ -104,6 +104,12 @@ def test_the_cli_refuses_a_bad_template_and_a_missing_key_before_anything_runs()
     )
     assert keyless.returncode == 2, keyless.stderr
     assert "needs the API key of the project" in keyless.stderr
+    sweep = [sys.executable, "-m", "curvplan.cli", "sweep", "--url", dead, "--api-key", "cp_x"]
+    with_data = subprocess.run(
+        [*sweep, "--runner", "agent", "--train", "t.safetensors", "--target-loss", "1"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert with_data.returncode == 2 and "--train: an agent sweep trains" in with_data.stderr
 
 
 def test_a_failing_command_fails_the_point_with_its_last_20_stderr_lines(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -67,22 +68,18 @@ def test_an_agent_sweep_ends_in_a_budget_and_a_killed_agent_loses_nothing(
     client = httpx.Client(
         base_url=service.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
     )
-    body = {
-        "kind": "sweep",
-        "runner": "agent",
-        "name": "agent-batch-sweep",
-        "optimizer": {"name": "adamw", "lr": 0.05, "base_batch_size": 8, "warmup_steps": 0},
-        "sweep": {
-            "type": "batch",
-            "target_loss": TARGET,
-            "batch_sizes": [4, 8, 16],
-            "max_steps": 400,
-            "eval_every": 2,
-        },
-    }
-    response = client.post("/v1/jobs", json=body)
-    assert response.status_code == 202, response.text
-    parent_id = response.json()["id"]
+    submit = subprocess.run(
+        [sys.executable, "-m", "curvplan.cli", "sweep", "--runner", "agent", "--type", "batch",
+         "--target-loss", str(TARGET), "--batch-sizes", "4,8,16", "--lr", "0.05",
+         "--base-batch-size", "8", "--warmup-steps", "0", "--max-steps", "400",
+         "--eval-every", "2", "--name", "agent-batch-sweep", "--json"],
+        env={**service.env, "CURVPLAN_URL": service.url, "CURVPLAN_API_KEY": key},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr
+    parent_id = json.loads(submit.stdout)["id"]
+    request = client.get(f"/v1/jobs/{parent_id}").json()["request"]
+    assert request["runner"] == "agent" and "model" not in request and "train_data" not in request
     deadline = time.monotonic() + 60
     while not (children := client.get(f"/v1/jobs/{parent_id}").json().get("children")):
         assert time.monotonic() < deadline, service.logs()
