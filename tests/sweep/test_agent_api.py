@@ -4,9 +4,14 @@ claim is fenced on the agent and the attempt."""
 
 from __future__ import annotations
 
+import shlex
+import sys
+import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import text
 
@@ -176,3 +181,42 @@ def test_an_agent_sweep_refuses_what_it_cannot_use(
     assert response.status_code == 422, response.text
     errors = {e["field"]: e["message"] for e in response.json()["errors"]}
     assert field in errors and message in errors[field], errors
+
+
+class _Via(httpx.BaseTransport):
+    """The client library's requests, sent through the test app's client."""
+
+    def __init__(self, test_client: Any) -> None:
+        self.test_client = test_client
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        answer = self.test_client.request(
+            request.method, str(request.url), content=request.read(), headers=request.headers
+        )
+        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
+
+
+def test_the_agent_loop_fails_a_point_whose_command_exits_non_zero_with_its_stderr(
+    client: Any, api_key: str, auth_headers: dict[str, str], db_session: Any, tmp_path: Path
+) -> None:
+    """The agent's own loop, in process, against the API: every point's command exits 4, so
+    every point fails with its last 20 stderr lines, and the sweep is queued for its fan-in
+    (which fails it with too-few-points naming them) instead of waiting forever."""
+    from curvplan.client.agents import AgentAPI
+    from curvplan.client.sync import Client
+    from curvplan.commands.agent import _loop
+
+    parent, points = _fan_out(client, auth_headers, db_session)
+    code = "import sys\nfor i in range(30): print('oops', i, file=sys.stderr)\nsys.exit(4)"
+    command = f"{sys.executable} -c {shlex.quote(code)} --batch-size {{batch_size}}"
+    with Client("http://testserver", api_key, transport=_Via(client)) as http:
+        api = AgentAPI(http)
+        _loop(api, command, {}, tmp_path, threading.Event(), 3, None, 0.05, 1.0)
+    for point in points:
+        job = client.get(f"/v1/jobs/{point}", headers=auth_headers).json()
+        assert job["status"] == "failed" and job["error"]["type"] == "command-failed", job
+        detail = job["error"]["detail"]
+        assert "exited with status 4" in detail and "--batch-size" in detail
+        assert "oops 29" in detail and "oops 10" in detail and "oops 9\n" not in detail
+    sweep = client.get(f"/v1/jobs/{parent}", headers=auth_headers).json()
+    assert sweep["status"] == "queued" and sweep["progress"]["points_failed"] == 3, sweep
