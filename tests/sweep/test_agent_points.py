@@ -84,3 +84,69 @@ def test_the_built_in_loops_evaluations_read_back_as_its_own_result() -> None:
     for field in ("steps", "examples", "reached_target", "censored", "best_eval_loss", "best_step"):
         assert getattr(agent, field) == pytest.approx(getattr(builtin, field)), field
     assert agent.eval_losses == builtin.eval_losses
+
+
+def test_an_agent_data_sweep_plans_agent_points_and_its_records_fit_budget_data() -> None:
+    """Planned for agents (runner on every point, the named sizes unchecked against any data),
+    then fitted from records whose best loss lies on L(D) = E + A·D^(−β): budget.data answers
+    the size the law gives for the target, as for the built-in loop's points."""
+    import json
+    import math
+    import uuid
+    from pathlib import Path
+
+    from curvplan.types.jobs import SweepJobCreate, queue_of
+    from curvplan_worker.job_context import JobContext
+    from curvplan_worker.kinds.sweep import plan_points, run
+
+    e, a, beta, target = 1.2, 30.0, 0.5, 1.5
+    sizes = [128, 256, 512, 1024, 2048, 4096]
+    body = SweepJobCreate.model_validate(
+        {
+            "kind": "sweep",
+            "runner": "agent",
+            "optimizer": {"lr_grid": [1.0]},
+            "sweep": {"type": "data", "data_sizes": sizes, "target_loss": target, "max_steps": 90},
+        }
+    )
+    planned = plan_points(body, None)
+    requests = [c.stored()["request"] for c in planned]
+    assert [r["point"]["data_size"] for r in requests] == sizes
+    assert {queue_of("sweep_point", r) for r in requests} == {"agent"}
+    assert all("train_data" not in r and "model" not in r for r in requests)
+    children = []
+    for child, request in zip(planned, requests, strict=True):
+        d = request["point"]["data_size"]
+        law = e + a * d**-beta
+        rows = ((0, 4.0), (30, law + 0.2), (60, law), (90, law + 0.01))  # best at step 60
+        result = point_result(child.request.point, _records(*rows), 1.0)
+        children.append(
+            {
+                "id": str(uuid.uuid4()),
+                "kind": "sweep_point",
+                "name": child.name,
+                "status": "succeeded",
+                "request": request,
+                "result": {"point": result.model_dump(mode="json")},
+                "error": None,
+                "attempt": 1,
+            }
+        )
+    ctx = JobContext(
+        job_id=str(uuid.uuid4()),
+        attempt=2,
+        data_dir=Path("."),
+        send_progress=lambda *args: None,
+        is_cancelled=lambda: False,
+        children=children,
+    )
+    out = run(SweepJobCreate.model_validate_json(json.dumps(body.model_dump(mode="json"))), ctx)
+    assert out["measurements"]["loss_vs_data"] == [
+        {"n_samples": float(d), "loss": pytest.approx(e + a * d**-beta)} for d in sizes
+    ]
+    data = out["recommendation"]["budget"]["data"]
+    assert data["source"] == "data_sweep", data
+    truth = (a / (target - e)) ** (1 / beta)  # 10,000 examples
+    assert math.isclose(data["recommended_examples"], truth, rel_tol=0.05), (data, truth)
+    low, high = data["recommended_examples_ci"]
+    assert low <= truth <= high
