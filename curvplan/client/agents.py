@@ -27,7 +27,9 @@ class AgentAPI:
     def __init__(self, client: Client, lease_seconds: float | None = None) -> None:
         self.client = client
         self.lease_seconds = lease_seconds
-        answer = self._post("/v1/agents", {"hostname": socket.gethostname(), "pid": os.getpid()})
+        answer = self._post(
+            "/v1/agents", {"hostname": socket.gethostname(), "pid": os.getpid()}, idempotent=False
+        )
         self.agent = AgentOut.model_validate(answer)
 
     @property
@@ -35,15 +37,19 @@ class AgentAPI:
         lease = self.lease_seconds or self.agent.lease_seconds
         return lease / 3.0
 
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
-        return self.client._send(c.Call("POST", path, json=body, idempotent=False))
+    def _post(self, path: str, body: dict[str, Any], *, idempotent: bool = True) -> Any:
+        """Every write after a claim is fenced on the attempt, so resending one that may have
+        arrived is safe (a duplicate is answered 409 and writes nothing); a claim is not."""
+        return self.client._send(c.Call("POST", path, json=body, idempotent=idempotent))
 
     def _job_path(self, job: AgentJob, action: str) -> str:
         return f"/v1/agents/{self.agent.id}/jobs/{uuid.UUID(str(job.job_id))}/{action}"
 
     def claim(self) -> AgentJob | None:
         answer = self._post(
-            f"/v1/agents/{self.agent.id}/claim", {"lease_seconds": self.lease_seconds}
+            f"/v1/agents/{self.agent.id}/claim",
+            {"lease_seconds": self.lease_seconds},
+            idempotent=False,
         )
         return AgentClaimOut.model_validate(answer).job
 

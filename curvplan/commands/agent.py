@@ -153,10 +153,17 @@ def _loop(
     poll_interval: float,
     cancel_grace: float,
 ) -> None:
+    from curvplan.client.errors import ConnectionFailedError, ServerError
+
     done = 0
     idle_since = time.monotonic()
     while not stopping.is_set() and (count is None or done < count):
-        job = api.claim()
+        try:
+            job = api.claim()
+        except (ConnectionFailedError, ServerError) as exc:  # the service is away: wait it out
+            _log(f"claim failed, retrying in {max(poll_interval, 5.0):g} s: {exc}")
+            stopping.wait(max(poll_interval, 5.0))
+            continue
         if job is None:
             if idle_exit is not None and time.monotonic() - idle_since >= idle_exit:
                 _log(f"no point for {idle_exit:g} s: exiting")
@@ -177,22 +184,31 @@ def _run_one(
     stopping: threading.Event,
     cancel_grace: float,
 ) -> None:
-    from curvplan.agent.run import run_point
+    from curvplan.agent.run import Outcome, run_point
     from curvplan.agent.template import TemplateError, point_values, render
-    from curvplan.client.errors import ConflictError, NotFoundError
+    from curvplan.client.errors import (
+        ConflictError,
+        ConnectionFailedError,
+        NotFoundError,
+        ServerError,
+    )
 
     output_dir = (out_dir / f"{job.job_id}-{job.attempt}").resolve()
     label = f"point {job.name or job.job_id} (job {job.job_id}, attempt {job.attempt})"
     try:
         argv = render(command, point_values(job, output_dir), defaults)
     except TemplateError as exc:
-        _log(f"{label}: {exc}")
-        api.fail(job, "invalid-command", "The agent's command does not fit the point", str(exc))
-        return
-    _log(f"{label}: {' '.join(argv)}")
-    outcome = run_point(
-        api, job, argv, output_dir, stopping=stopping, cancel_grace=cancel_grace, log=_log
-    )
+        outcome = Outcome(
+            "failed",
+            error_type="invalid-command",
+            title="The agent's command does not fit the point",
+            detail=str(exc),
+        )
+    else:
+        _log(f"{label}: {' '.join(argv)}")
+        outcome = run_point(
+            api, job, argv, output_dir, stopping=stopping, cancel_grace=cancel_grace, log=_log
+        )
     try:
         if outcome.ended == "succeeded":
             end = api.complete(job, outcome.records, outcome.seconds)
@@ -208,6 +224,9 @@ def _run_one(
             return
     except (ConflictError, NotFoundError) as exc:
         _log(f"{label}: not recorded, the lease was lost: {exc.detail or exc}")
+        return
+    except (ConnectionFailedError, ServerError) as exc:
+        _log(f"{label}: not recorded ({exc}); the point is queued again when its lease runs out")
         return
     detail = f" ({outcome.error_type}: {outcome.detail.splitlines()[0]})" if outcome.detail else ""
     _log(f"{label}: {outcome.ended} in {outcome.seconds:.1f} s → the point is {end.status}{detail}")
