@@ -88,6 +88,13 @@ def test_an_agent_sweep_ends_in_a_budget_and_a_killed_agent_loses_nothing(
     points = [client.get(f"/v1/jobs/{c['id']}").json() for c in children]
     assert [(p["queue"], p["status"], p["attempt"]) for p in points] == [("agent", "queued", 0)] * 3
 
+    refused = subprocess.run(
+        [sys.executable, "-m", "curvplan.cli", "agent", "--command", COMMAND],
+        env={**service.env, "CURVPLAN_URL": service.url, "CURVPLAN_API_KEY": "cp_not-a-key"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "refused the API key" in refused.stderr, refused.stderr
+
     runs_a, runs_b = tmp_path / "agent-a", tmp_path / "agent-b"
     agent_a = _agent(
         service, key, runs_a, "agent-a.log", "--command", COMMAND + " --step-seconds 0.1"
