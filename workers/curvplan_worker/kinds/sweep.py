@@ -210,6 +210,7 @@ def data_round_points(
             suffix = f", lr×{m:g}" if len(opt.lr_grid) > 1 else ""
             request = SweepPointJobCreate(
                 kind="sweep_point",
+                runner=body.runner,
                 model=body.model,
                 checkpoint=body.checkpoint,
                 train_data=body.train_data,
@@ -402,7 +403,11 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any] | FanOut:
 
         def n_train() -> int:  # read once, and only when a round above is asked for
             if not sizes_cache:
-                sizes_cache.append(_inputs(body, ctx)[0])
+                sizes_cache.append(
+                    max(sweep.data_sizes or [0])  # an agent's data: as large as it named
+                    if body.runner == "agent"
+                    else _inputs(body, ctx)[0]
+                )
             return sizes_cache[0]
 
         good, multipliers, recommendation, further = _data_decision(body, results, n_train, seed)
