@@ -159,7 +159,8 @@ def test_an_agent_sweep_ends_in_a_budget_and_a_killed_agent_loses_nothing(
         assert result["reached_target"] and not result["censored"]
     steps = sorted((p["result"]["batch_size"], p["result"]["steps"]) for p in sweep["points"])
     assert steps[0][1] > steps[-1][1]  # a larger batch needs fewer steps to the same loss
-    assert sweep["batch"]["steps_at"] == [{"batch_size": b, "steps": s} for b, s in steps]
+    table = [(row["batch_size"], row["steps"]) for row in sweep["batch"]["steps_at"]]
+    assert table == steps
     batch = done["result"]["recommendation"]["budget"]["batch"]
     assert batch["source"] == "batch_sweep", batch
     assert done["result"]["measurements"]["steps_to_target"] == sweep["batch"]["steps_at"]
