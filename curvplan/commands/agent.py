@@ -118,7 +118,10 @@ def agent(
                     "needs a key of the project whose sweeps it trains",
                     EXIT_BAD_INPUT,
                 ) from None
-            _log(f"agent {api.agent.id}: waiting for points of agent sweeps")
+            _log(
+                f"agent {api.agent.id} of project {api.agent.project!r}: waiting for points of "
+                "its agent sweeps (`curvplan sweep … --runner agent` with a key of this project)"
+            )
             try:
                 _loop(
                     api,

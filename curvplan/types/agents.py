@@ -79,6 +79,7 @@ class AgentOut(BaseModel):
     """A registered agent: its id (the fence of every later call) and its lease."""
 
     id: str
+    project: str = Field(description="The project whose agent sweeps the agent trains.")
     lease_seconds: float
     heartbeat_seconds: float = Field(description="How often to beat: a third of the lease.")
 

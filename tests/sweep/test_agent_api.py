@@ -54,6 +54,7 @@ def _fan_out(client: Any, headers: dict[str, str], db_session: Any) -> tuple[str
 def _register(client: Any, headers: dict[str, str]) -> str:
     response = client.post("/v1/agents", json={"hostname": "h", "pid": 1}, headers=headers)
     assert response.status_code == 201, response.text
+    assert response.json()["project"].startswith(("proj-", "other-"))  # the key's project
     return str(response.json()["id"])
 
 

@@ -62,7 +62,9 @@ async def register_agent(
     body: AgentRegister, request: Request, session: SessionDep, auth: ProjectDep
 ) -> AgentOut:
     """The agent's id (listed by ``GET /v1/workers`` with queue ``agent``) and its lease."""
-    return await run_in_threadpool(service.register, session, body, _settings(request))
+    return await run_in_threadpool(
+        service.register, session, auth.project_name, body, _settings(request)
+    )
 
 
 @router.post(

@@ -45,7 +45,7 @@ def heartbeat_seconds(lease_seconds: float) -> float:
     return lease_seconds / 3.0
 
 
-def register(session: Session, body: AgentRegister, settings: Settings) -> AgentOut:
+def register(session: Session, project: str, body: AgentRegister, settings: Settings) -> AgentOut:
     """Insert the agent's ``worker`` row; its id is random (it fences the agent's writes)."""
     agent_id = f"agent-{uuid.uuid4().hex}"
     store.register_worker(
@@ -56,7 +56,12 @@ def register(session: Session, body: AgentRegister, settings: Settings) -> Agent
         [AGENT_QUEUE],
     )
     lease = settings.lease_seconds
-    return AgentOut(id=agent_id, lease_seconds=lease, heartbeat_seconds=heartbeat_seconds(lease))
+    return AgentOut(
+        id=agent_id,
+        project=project,
+        lease_seconds=lease,
+        heartbeat_seconds=heartbeat_seconds(lease),
+    )
 
 
 def _check_agent(session: Session, agent_id: str) -> None:
