@@ -66,14 +66,12 @@ def test_a_sweep_jobs_result_types_the_branch_result(schemas: dict[str, Any]) ->
 def test_budget_batch_names_the_branch_source_and_carries_the_schedule(
     schemas: dict[str, Any],
 ) -> None:
+    from curvplan_core.planner.budget_section import BATCH_SOURCE_ORDER
+
     batch = schemas["BudgetBatch"]["properties"]
-    assert batch["source"]["enum"][0] == "branch_sweep"  # listed first: it leads
-    assert set(batch["source"]["enum"]) == {
-        "branch_sweep",
-        "batch_sweep",
-        "noise_scale_trend",
-        "not_available",
-    }
+    # Every source the planner ranks, and nothing else (the order that leads is the planner's).
+    assert set(batch["source"]["enum"]) == {*BATCH_SOURCE_ORDER, "not_available"}
+    assert "branch_sweep" in BATCH_SOURCE_ORDER
     assert _ref(batch["warmup_schedule"]) == "BatchWarmupStage"
     bracket = next(o for o in batch["critical_bracket"]["anyOf"] if o.get("type") == "array")
     assert bracket["maxItems"] == bracket["minItems"] == 2

@@ -90,6 +90,7 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
             "warmup_schedule": [],
             "critical_method": None,
             "branch_estimates": [],
+            "scaling_law": None,
             "target_loss": None,
             "expected_steps": None,
             "expected_steps_ci": None,
