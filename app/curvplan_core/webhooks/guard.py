@@ -45,17 +45,25 @@ BLOCKED_NETWORKS: tuple[IPNetwork, ...] = tuple(
 )
 
 
-#: RFC 6052's well-known NAT64 prefix; the IPv4 address is the last 32 bits.
-NAT64_NETWORK = ipaddress.IPv6Network("64:ff9b::/96")
+#: IPv6 prefixes whose last 32 bits are an IPv4 address the packet reaches: RFC 6052's
+#: well-known NAT64 prefix, IPv4-compatible addresses (RFC 4291 §2.5.5.1, deprecated but
+#: still routed by some stacks; ``::`` and ``::1`` are refused on their own) and SIIT's
+#: IPv4-translated addresses (RFC 2765 §2.1, ``::ffff:0:a.b.c.d``).
+IPV4_IN_LOW_BITS: tuple[ipaddress.IPv6Network, ...] = (
+    ipaddress.IPv6Network("64:ff9b::/96"),
+    ipaddress.IPv6Network("::/96"),
+    ipaddress.IPv6Network("::ffff:0:0:0/96"),
+)
 
 
 def embedded_ipv4(address: IPAddress) -> list[ipaddress.IPv4Address]:
     """The IPv4 addresses an IPv6 address delivers to: NAT64 (RFC 6052 ``64:ff9b::/96``),
-    6to4 (RFC 3056, ``2002:AABB:CCDD::/48``), Teredo (RFC 4380, the server and the client)."""
+    IPv4-compatible (RFC 4291 ``::a.b.c.d``), SIIT (RFC 2765 ``::ffff:0:a.b.c.d``), 6to4
+    (RFC 3056, ``2002:AABB:CCDD::/48``), Teredo (RFC 4380, the server and the client)."""
     if not isinstance(address, ipaddress.IPv6Address):
         return []
     found: list[ipaddress.IPv4Address] = []
-    if address in NAT64_NETWORK:
+    if any(address in network for network in IPV4_IN_LOW_BITS):
         found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
     if address.sixtofour is not None:
         found.append(address.sixtofour)
@@ -144,8 +152,8 @@ class AddressPolicy:
     def check_address(self, address: IPAddress) -> None:
         """Raise WebhookRefused for a non-public address outside the allowed networks.
 
-        An IPv6 address that carries an IPv4 one (mapped, NAT64, 6to4, Teredo) is judged by
-        the IPv4 address it reaches as well: ``64:ff9b::7f00:1`` is 127.0.0.1 behind a NAT64
+        An IPv6 address that carries an IPv4 one (mapped, IPv4-compatible, SIIT, NAT64, 6to4,
+        Teredo) is judged by the IPv4 address it reaches as well: ``64:ff9b::7f00:1`` is 127.0.0.1 behind a NAT64
         gateway.
         """
         if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
