@@ -153,8 +153,8 @@ class AddressPolicy:
         """Raise WebhookRefused for a non-public address outside the allowed networks.
 
         An IPv6 address that carries an IPv4 one (mapped, IPv4-compatible, SIIT, NAT64, 6to4,
-        Teredo) is judged by the IPv4 address it reaches as well: ``64:ff9b::7f00:1`` is 127.0.0.1 behind a NAT64
-        gateway.
+        Teredo) is judged by the IPv4 address it reaches as well: ``64:ff9b::7f00:1`` is
+        127.0.0.1 behind a NAT64 gateway.
         """
         if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
             address = address.ipv4_mapped
