@@ -31,7 +31,11 @@ from curvplan_server.docs_ui import install_docs
 from curvplan_server.health.router import router as health_router
 from curvplan_server.jobs.router import router as jobs_router
 from curvplan_server.metrics import QueueCollector
-from curvplan_server.middleware import BodySizeLimitMiddleware, MetricsMiddleware
+from curvplan_server.middleware import (
+    BodySizeLimitMiddleware,
+    FiniteNumbersMiddleware,
+    MetricsMiddleware,
+)
 from curvplan_server.problems import install_problem_handlers
 from curvplan_server.public_url import AllowedHostsMiddleware, PublicLocationMiddleware
 from curvplan_server.ratelimit.limiter import RateLimiter
@@ -112,6 +116,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(agents_router)
     install_docs(app)
     # Outermost last: metrics see every request, including 413s from the size limit.
+    # Inside the size limit: a JSON body is read (bounded) and refused when not finite.
+    app.add_middleware(
+        FiniteNumbersMiddleware, skip_prefixes=("/v1/artifacts", WORKER_BLOBS_PREFIX)
+    )
     app.add_middleware(
         BodySizeLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,

@@ -1,4 +1,5 @@
-"""Pure-ASGI middleware: request body size limit and Prometheus HTTP metrics."""
+"""Pure-ASGI middleware: request body size limit, finite numbers in JSON bodies, and
+Prometheus HTTP metrics."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from curvplan.types.finite import NON_FINITE_MESSAGE, NON_FINITE_TYPE, non_finite_in_json
 from curvplan_server.metrics import HTTP_LATENCY, HTTP_REQUESTS
-from curvplan_server.problems import Problem, problem_response
+from curvplan_server.problems import Problem, problem_response, validation_problem
 
 
 class BodyTooLarge(Problem):
@@ -88,6 +90,97 @@ class BodySizeLimitMiddleware:
             return message
 
         await self.app(scope, limited_receive, send)
+
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def _media_type(scope: Scope) -> str:
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return value.decode("latin-1").split(";", 1)[0].strip().lower()
+    return ""
+
+
+class FiniteNumbersMiddleware:
+    """Refuse a JSON body that holds NaN, ±Infinity or a number beyond a double (``1e999``):
+    a 422 naming each such field, before any route reads the body (``curvplan.types.finite``).
+
+    Python's JSON parsers accept those tokens; without this a ``gt=0`` bound passes ``inf``
+    and the job fails in the database (jsonb refuses it) or in the planner and the worker.
+    Bodies sent as JSON (or without a Content-Type, which the job routes read as JSON) are
+    buffered here, inside the body size limit; streamed uploads (``skip_prefixes``, when not
+    sent as JSON) pass through untouched.
+    """
+
+    def __init__(self, app: ASGIApp, skip_prefixes: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.skip_prefixes = skip_prefixes
+
+    def _checks(self, scope: Scope) -> bool:
+        if scope["type"] != "http" or scope.get("method") not in _BODY_METHODS:
+            return False
+        media = _media_type(scope)
+        if media == "application/json" or media.endswith("+json"):
+            return True
+        return media == "" and not scope.get("path", "").startswith(self.skip_prefixes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._checks(scope):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        try:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # the client went away
+                    return
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    break
+        except Problem as exc:  # the size limit's 413, raised from its receive
+            await problem_response(
+                exc.status,
+                title=exc.title,
+                detail=exc.detail,
+                type=exc.type,
+                instance=scope.get("path"),
+                extra=exc.extra,
+            )(scope, receive, send)
+            return
+        body = b"".join(chunks)
+        locations = non_finite_in_json(body, prefix=("body",))
+        if locations:
+            problem = validation_problem(
+                [
+                    {
+                        "field": ".".join(str(p) for p in loc),
+                        "loc": list(loc),
+                        "message": NON_FINITE_MESSAGE,
+                        "type": NON_FINITE_TYPE,
+                    }
+                    for loc in locations
+                ]
+            )
+            await problem_response(
+                422,
+                title=problem.title,
+                detail=problem.detail,
+                type=problem.type,
+                instance=scope.get("path"),
+                errors=problem.errors,
+            )(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 class MetricsMiddleware:

@@ -60,6 +60,42 @@ def _slug(title: str) -> str:
     return PROBLEM_TYPE_BASE + "-".join(title.lower().replace("'", "").split())
 
 
+#: Characters of client input (a field name, a key) one problem document repeats; longer
+#: input is cut, saying how long it was (a 1 MB unknown field name was echoed in full).
+MAX_ECHOED_CHARS = 200
+#: Characters of a ``detail`` or an error ``message`` (both may quote client input).
+MAX_DETAIL_CHARS = 2000
+#: Field errors one problem lists; ``errors_omitted`` counts the rest.
+MAX_FIELD_ERRORS = 100
+
+
+def clip(text: str, limit: int = MAX_ECHOED_CHARS) -> str:
+    """``text``, cut to ``limit`` characters with a note of its full length."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
+
+
+def bounded_errors(errors: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Field errors as a problem repeats them: at most :data:`MAX_FIELD_ERRORS`, every
+    ``loc`` part and ``field`` cut to :data:`MAX_ECHOED_CHARS`, messages to
+    :data:`MAX_DETAIL_CHARS`."""
+    out: list[dict[str, Any]] = []
+    for error in errors[:MAX_FIELD_ERRORS]:
+        bounded = dict(error)
+        if isinstance(bounded.get("loc"), list | tuple):
+            bounded["loc"] = [clip(p) if isinstance(p, str) else p for p in bounded["loc"]]
+        field = bounded.get("field")
+        if isinstance(field, str) and len(field) > MAX_ECHOED_CHARS:
+            loc = bounded.get("loc")
+            joined = ".".join(str(p) for p in loc) if isinstance(loc, list) and loc else field
+            bounded["field"] = clip(joined, MAX_DETAIL_CHARS)
+        if isinstance(bounded.get("message"), str):
+            bounded["message"] = clip(bounded["message"], MAX_DETAIL_CHARS)
+        out.append(bounded)
+    return out
+
+
 def problem_response(
     status: int,
     *,
@@ -75,13 +111,17 @@ def problem_response(
     title = title or _default_title(status)
     body: dict[str, Any] = {"type": type or _slug(title), "title": title, "status": status}
     if detail is not None:
-        body["detail"] = detail
+        body["detail"] = clip(detail, MAX_DETAIL_CHARS)
     if instance is not None:
-        body["instance"] = instance
-    if errors is not None:
-        body["errors"] = list(errors)
+        body["instance"] = clip(instance, MAX_DETAIL_CHARS)
     if extra:
-        body.update(extra)
+        body.update(
+            {k: clip(v, MAX_DETAIL_CHARS) if isinstance(v, str) else v for k, v in extra.items()}
+        )
+    if errors is not None:  # client input (field names, keys) is echoed cut short
+        body["errors"] = bounded_errors(errors)
+        if len(errors) > MAX_FIELD_ERRORS:
+            body["errors_omitted"] = len(errors) - MAX_FIELD_ERRORS
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_MEDIA_TYPE)
 
 
@@ -120,8 +160,10 @@ def _is_union_tag(part: Any) -> bool:
 
 
 def validation_problem(errors: list[dict[str, Any]], detail: str | None = None) -> Problem:
-    """422 naming the failing fields."""
-    fields = ", ".join(sorted({e["field"] for e in errors}))
+    """422 naming the failing fields (the detail names them cut short, the first few)."""
+    shown = bounded_errors(errors)
+    names = sorted({e["field"] for e in shown})
+    fields = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
     return Problem(
         422,
         detail or f"invalid input: {fields}",
