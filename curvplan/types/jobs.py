@@ -37,9 +37,11 @@ from pydantic import (
     UrlConstraints,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from curvplan.types.artifact_inputs import CheckpointRef
+from curvplan.types.field_errors import field_error
 from curvplan.types.model_source import ModelSource
 from curvplan.types.options import (  # pydantic only, like the spec
     STORED_REQUEST,
@@ -322,6 +324,16 @@ class SweepJobCreate(_JobCreateBase, _SweepBase):
                 f"optimizer.lr_grid multipliers), more than max_runs = {value.max_runs}"
             )
         return value
+
+    @model_validator(mode="after")
+    def _runnable(self) -> SweepJobCreate:
+        # What the worker's planner would refuse (SweepSettings.window_problem), refused here.
+        problem = self.sweep.window_problem(self.model)
+        if problem is not None:
+            field, message = problem
+            loc = ("model",) if field == "model" else ("sweep", field)
+            raise field_error(type(self).__name__, loc, message, "sweep_not_runnable")
+        return self
 
     @field_validator("checkpoints")
     @classmethod

@@ -33,6 +33,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from curvplan.types.field_errors import field_error
 from curvplan.types.model_source import ModelSource
 from curvplan.types.planner import (
     MAX_BRANCH_CHECKPOINTS,
@@ -49,6 +50,34 @@ from curvplan.types.planner import (
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 MAX_POINTS = 64
+#: The batch sizes of a batch or branch sweep without ``batch_sizes`` (examples).
+DEFAULT_BATCH_SIZES: tuple[int, ...] = (8, 16, 32, 64, 128)
+#: Distinct sizes each sweep needs for its fit (the API refuses fewer, the worker's fit
+#: relies on them): S/S_min − 1 = (E/E_min − 1)⁻¹ has two parameters and a residual (batch),
+#: L(D) = E + A·D^(−β) three and a residual (data), a branch compares two batches at least.
+MIN_POINTS: dict[str, int] = {"batch": 3, "data": 4, "branch": 2}
+
+
+def tokens_per_example(model: ModelSource) -> float | None:
+    """Loss terms ("tokens") one example counts in a sweep: ``seq_len`` for a causal LM and a
+    per-token regression, 1 for a classification (as the objective counts them); None for a
+    Hugging Face model, whose tokens per example are the data's, not known from the request."""
+    task = getattr(model, "task", None)
+    if task is None:
+        return None
+    seq_len = getattr(task, "seq_len", None)
+    return float(seq_len) if task.type != "classification" and seq_len else 1.0
+
+
+def branch_window_examples(
+    window_tokens: int, tokens_per_example: float, window_evals: int, largest_batch: int
+) -> tuple[int, int]:
+    """A branch sweep's window in examples, and the examples between its evaluations:
+    ``window_tokens`` rounded up so that each of the ``window_evals`` evaluations falls on a
+    whole step of the largest batch (batch sizes are powers of two: of every batch then)."""
+    wanted = math.ceil(window_tokens / tokens_per_example)
+    per_eval = math.ceil(wanted / window_evals / largest_batch) * largest_batch
+    return per_eval * window_evals, per_eval
 
 DATA_MAX_STEPS = 50_000
 """A data sweep's default step cap per run (``sweep.max_steps`` when the request gives none):
@@ -232,11 +261,52 @@ class SweepSettings(BaseModel):
             for b in self.batch_sizes or []:
                 if b & (b - 1):
                     raise ValueError(f"batch_sizes must be powers of two, got {b}")
-            if self.batch_sizes is not None and len(set(self.batch_sizes)) < 2:
-                raise ValueError("batch_sizes needs at least two distinct sizes")
-        if self.data_sizes is not None and len(set(self.data_sizes)) < 3:
-            raise ValueError("data_sizes needs at least three distinct sizes")
+            need = MIN_POINTS[self.type]
+            if self.batch_sizes is not None and len(set(self.batch_sizes)) < need:
+                raise field_error(
+                    type(self).__name__,
+                    ("batch_sizes",),
+                    f"a {self.type} sweep needs at least {need} distinct batch sizes to fit",
+                    "too_few_points",
+                )
+        if self.data_sizes is not None and len(set(self.data_sizes)) < MIN_POINTS["data"]:
+            raise field_error(
+                type(self).__name__,
+                ("data_sizes",),
+                f"a data sweep needs at least {MIN_POINTS['data']} distinct sizes: the L(D) "
+                "fit has three parameters",
+                "too_few_points",
+            )
         return self
+
+    def window_problem(self, model: ModelSource) -> tuple[str, str] | None:
+        """Why a branch sweep of ``model`` cannot run, as ``(field, message)`` (None when it
+        can): a Hugging Face model has no known tokens per example yet, and a window longer
+        than ``max_steps`` steps of the smallest batch is refused (the worker's rule too)."""
+        if self.type != "branch" or self.window_tokens is None:
+            return None
+        tpe = tokens_per_example(model)
+        if tpe is None:
+            return (
+                "model",
+                "a branch sweep needs a reference model spec for now; a Hugging Face model "
+                "runs batch and data sweeps",
+            )
+        sizes = self.ladder()
+        examples, _ = branch_window_examples(self.window_tokens, tpe, self.window_evals, sizes[-1])
+        steps = examples // sizes[0]
+        if steps <= self.max_steps:
+            return None
+        return (
+            "window_tokens",
+            f"the window of {examples} examples needs {steps} steps at batch {sizes[0]}, more "
+            f"than max_steps ({self.max_steps}): shorten the window or raise max_steps",
+        )
+
+    def ladder(self) -> list[int]:
+        """The batch sizes a batch or branch sweep runs: ``batch_sizes`` (default
+        :data:`DEFAULT_BATCH_SIZES`), distinct and ascending."""
+        return sorted(set(self.batch_sizes or DEFAULT_BATCH_SIZES))
 
 
 Runner = Literal["builtin", "agent"]

@@ -33,7 +33,7 @@ def sweep_body(checkpoint: str | None, train: str, evaluation: str) -> dict[str,
         "checkpoint": checkpoint,
         "train_data": train,
         "eval_data": evaluation,
-        "sweep": {"type": "batch", "target_loss": 1.5, "batch_sizes": [2, 4], "max_steps": 5},
+        "sweep": {"type": "batch", "target_loss": 1.5, "batch_sizes": [2, 4, 8], "max_steps": 5},
     }
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from sweep_helpers import TINY_SPEC
 
 from curvplan.types.jobs import SweepJobCreate
@@ -146,8 +147,14 @@ def test_the_plan_trains_every_checkpoint_at_every_batch_over_the_same_tokens() 
         assert c.request.optimizer.warmup_steps == max(1, math.ceil(8 * 4 / b))
         assert str(c.request.checkpoint) == CHECKPOINTS[STEPS.index(point.checkpoint_step)]
         assert c.name == f"step {point.checkpoint_step}, B={b}"
+    # a window longer than max_steps steps of the smallest batch: refused by the contract
+    # (the API's 422), and by the planner for a request stored before the contract did
+    with pytest.raises(ValidationError, match=r"sweep\.window_tokens"):
+        SweepJobCreate.model_validate(_body(max_steps=100))
+    stored = SweepJobCreate.model_validate(_body())
+    stored.sweep.max_steps = 100  # validate_assignment is off: as an old stored request
     with pytest.raises(JobError, match=r"sweep\.window_tokens"):
-        plan_points(SweepJobCreate.model_validate(_body(max_steps=100)), 512, STEPS)
+        plan_points(stored, 512, STEPS)
     with pytest.raises(JobError, match=r"sweep\.batch_sizes"):
         plan_points(SweepJobCreate.model_validate(_body()), 32, STEPS)
 

@@ -205,7 +205,7 @@ def test_a_data_sweep_plans_every_subset_at_every_grid_multiplier_with_a_decayed
 
 def test_points_follow_the_learning_rate_rule_and_the_grid():
     body = SweepJobCreate.model_validate(
-        _body("batch", target_loss=1.0, batch_sizes=[8, 32])
+        _body("batch", target_loss=1.0, batch_sizes=[8, 16, 32])
         | {"optimizer": {"lr": 1e-3, "base_batch_size": 8, "lr_rule": "grid", "lr_grid": [0.5, 2]}}
     )
     points = plan_points(body, n_train=100)

@@ -36,6 +36,7 @@ from curvplan.types.planner import (
 )
 from curvplan.types.results import SweepPointJobResult
 from curvplan.types.sweep import (
+    MIN_POINTS,
     BatchSweepFit,
     DataSweepFit,
     DataSweepRound,
@@ -61,7 +62,6 @@ from curvplan_worker.sweep.branch import fit_branches, plan_branches
 from curvplan_worker.sweep.ladder import batch_ladder, checked_batch_ladder
 from curvplan_worker.sweep.lr import interpolated_multiplier, lr_for_batch
 
-MIN_POINTS = {"batch": 3, "data": 4, "branch": 2}
 DATA_SIZE_STEPS = 6  # default data sweep: N, N/2, …, N/32
 B_SIMPLE_FORMULA = (
     "B_simple = mean_t tr Σ_t / mean_t |G|²_t with |G|²_t = (B|G_B|² − b|G_b|²)/(B − b), "

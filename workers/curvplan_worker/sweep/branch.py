@@ -30,7 +30,9 @@ from curvplan.types.sweep import (
     PointResult,
     PointSettings,
     SweepPointOut,
+    branch_window_examples,
 )
+from curvplan.types.sweep import tokens_per_example as contract_tokens_per_example
 from curvplan_core.planner.branched_batch import (
     CBS_FORMULA,
     BranchLosses,
@@ -51,18 +53,20 @@ SweepChild = ChildOutcome[SweepPointJobCreate, SweepPointJobResult]
 
 
 def tokens_per_example(body: SweepJobCreate) -> float:
-    """Loss terms ("tokens") one example counts for the window: seq_len for a causal LM and a
-    per-token regression, 1 for a classification (as the objective counts them)."""
-    task = getattr(body.model, "task", None)
-    if task is None:  # a Hugging Face model: its tokens per example are the data's, not known here
-        raise JobError(
-            "invalid-request",
-            "Invalid sweep request",
-            "model: a branch sweep needs a reference model spec (--spec) for now; a Hugging "
-            "Face model (--model DIR) runs batch and data sweeps",
-        )
-    seq_len = getattr(task, "seq_len", None)
-    return float(seq_len) if task.type != "classification" and seq_len else 1.0
+    """Loss terms ("tokens") one example counts for the window (the contract's
+    :func:`curvplan.types.sweep.tokens_per_example`; the API refuses a branch sweep of a Hugging
+    Face model, a request stored before it did is refused here)."""
+    tpe = contract_tokens_per_example(body.model)
+    if tpe is None:
+        raise JobError("invalid-request", "Invalid sweep request", _window_refusal(body))
+    return tpe
+
+
+def _window_refusal(body: SweepJobCreate) -> str:
+    problem = body.sweep.window_problem(body.model)
+    assert problem is not None
+    field, message = problem
+    return f"{field if field == 'model' else 'sweep.' + field}: {message}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +89,9 @@ def branch_window(body: SweepJobCreate, sizes: Sequence[int]) -> BranchWindow:
     whole step of the largest batch (batch sizes are powers of two: of every batch then)."""
     sweep = body.sweep
     tpe = tokens_per_example(body)
-    wanted = math.ceil((sweep.window_tokens or 1) / tpe)
-    b_max = max(sizes)
-    per_eval = math.ceil(wanted / sweep.window_evals / b_max) * b_max
-    examples = per_eval * sweep.window_evals
+    examples, per_eval = branch_window_examples(
+        sweep.window_tokens or 1, tpe, sweep.window_evals, max(sizes)
+    )
     return BranchWindow(examples=examples, examples_per_eval=per_eval, tokens=examples * tpe)
 
 
@@ -125,14 +128,8 @@ def plan_branches(
     sweep, opt = body.sweep, body.optimizer
     sizes = checked_batch_ladder(sweep, n_train)
     window = branch_window(body, sizes)
-    if window.steps(sizes[0]) > sweep.max_steps:
-        raise JobError(
-            "invalid-request",
-            "Invalid sweep request",
-            f"sweep.window_tokens: the window of {window.examples} examples needs "
-            f"{window.steps(sizes[0])} steps at batch {sizes[0]}, more than sweep.max_steps "
-            f"({sweep.max_steps}): shorten the window or raise max_steps",
-        )
+    if window.steps(sizes[0]) > sweep.max_steps:  # the API refuses it (window_problem)
+        raise JobError("invalid-request", "Invalid sweep request", _window_refusal(body))
     common = body.model_dump(mode="json", include={"model", "train_data", "eval_data"})
     multipliers = opt.lr_grid if opt.lr_rule == "grid" else [1.0]
     children = []

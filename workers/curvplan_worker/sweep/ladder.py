@@ -5,12 +5,11 @@ from __future__ import annotations
 from curvplan.types.sweep import SweepSettings
 from curvplan_worker.errors import JobError
 
-DEFAULT_BATCH_SIZES = (8, 16, 32, 64, 128)
-
 
 def batch_ladder(sweep: SweepSettings) -> list[int]:
-    """``sweep.batch_sizes`` (default :data:`DEFAULT_BATCH_SIZES`), distinct and ascending."""
-    return sorted(set(sweep.batch_sizes or DEFAULT_BATCH_SIZES))
+    """``sweep.batch_sizes`` (default ``DEFAULT_BATCH_SIZES``), distinct and ascending (the
+    contract's :meth:`~curvplan.types.sweep.SweepSettings.ladder`, which the API checks)."""
+    return sweep.ladder()
 
 
 def checked_batch_ladder(sweep: SweepSettings, n_train: int) -> list[int]:
