@@ -26,9 +26,16 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 # --------------------------------------------------------------------------- scalar types
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+#: The magnitudes a measured or target number may have: |x| ≤ 1e100, and a strictly
+#: positive quantity (a tolerance, a step count, a radius of perturbation: what the planner
+#: divides by) at least 1e-100. Products and ratios of a few of them stay within float64 (a
+#: tolerance of 1e-200 squared underflowed to 0 and the loss-accuracy size divided by it);
+#: every physical quantity a plan takes lies far inside the range.
+MIN_MAGNITUDE = 1e-100
+MAX_MAGNITUDE = 1e100
+FiniteFloat = Annotated[float, Field(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE, allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(ge=0, le=MAX_MAGNITUDE, allow_inf_nan=False)]
+PosFloat = Annotated[float, Field(ge=MIN_MAGNITUDE, le=MAX_MAGNITUDE, allow_inf_nan=False)]
 PosInt = Annotated[int, Field(gt=0)]
 Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 

@@ -1,4 +1,4 @@
-"""Issue 31's findings at the API: bodies the worker would refuse (or PostgreSQL could not
+"""Hardening at the API: bodies the worker would refuse (or PostgreSQL could not
 store) are 422s naming the field, nothing is queued, and a 422 never echoes a huge input."""
 
 from __future__ import annotations

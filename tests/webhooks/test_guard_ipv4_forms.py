@@ -1,6 +1,6 @@
 """The SSRF guard judges every IPv6 form that carries an IPv4 address by the IPv4 address it
 reaches: IPv4-compatible ``::a.b.c.d`` (RFC 4291 §2.5.5.1) and SIIT ``::ffff:0:a.b.c.d``
-(RFC 2765 §2.1) as well as mapped, NAT64, 6to4 and Teredo (issue 31, finding 6)."""
+(RFC 2765 §2.1) as well as mapped, NAT64, 6to4 and Teredo."""
 
 from __future__ import annotations
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+
+from curvplan.types.finite import non_finite_paths
 from curvplan.types.planner import (
     BatchSizeSection,
     Budget,
@@ -9,6 +13,7 @@ from curvplan.types.planner import (
     Measurements,
     Missing,
     NotComputed,
+    PlanInputError,
     Recommendation,
     SampleSizeSection,
     Targets,
@@ -32,9 +37,65 @@ def make_plan(measurements: Measurements, targets: Targets, *, seed: int = 0) ->
 
     Every section holds values or a `not_computed` reason; `targets.seed`, when given, overrides
     `seed`. Deterministic for a given seed. Raises `PlanInputError` (naming the field) when the
-    input exceeds the size cap of `check_workload`.
+    input exceeds the size cap of `check_workload`, or when numbers at the edges of the
+    contract's range (``MIN_MAGNITUDE`` … ``MAX_MAGNITUDE``) take a formula or a fit beyond
+    float64 (:func:`_beyond_float64`): the job then ends ``invalid-request`` naming the input,
+    never ``internal-error``.
     """
     check_workload(measurements, targets)
+    try:
+        recommendation = _assemble(measurements, targets, seed=seed)
+        overflowed = next(non_finite_paths(recommendation.model_dump()), None)
+        if overflowed is not None:
+            raise OverflowError("the plan's " + ".".join(map(str, overflowed)) + " overflows")
+    except (ArithmeticError, ValueError) as exc:
+        raise _beyond_float64(measurements, targets, exc) from exc
+    return recommendation
+
+
+#: Inputs whose magnitudes all lie in this band never take the planner beyond float64; a
+#: numeric failure with none outside it is a bug, and stays an internal error.
+_SAFE_MAGNITUDES = (1e-30, 1e30)
+
+
+def _beyond_float64(
+    measurements: Measurements, targets: Targets, exc: Exception
+) -> PlanInputError | Exception:
+    """The answer to a numeric failure: a `PlanInputError` naming the most extreme input when
+    some input lies outside :data:`_SAFE_MAGNITUDES`, else the failure itself (a bug)."""
+    low, high = _SAFE_MAGNITUDES
+    worst: tuple[float, str] | None = None
+    for name, model in (("measurements", measurements), ("targets", targets)):
+        for path, value in _numbers(model.model_dump(), (name,)):
+            if value == 0 or low <= abs(value) <= high:
+                continue
+            distance = abs(math.log10(abs(value)))
+            if worst is None or distance > worst[0]:
+                worst = (distance, ".".join(map(str, path)))
+    if worst is None:
+        return exc
+    return PlanInputError(
+        worst[1],
+        "the planner's formulas and fits leave float64 with numbers of these magnitudes "
+        f"({type(exc).__name__}: {str(exc)[:120]}); rescale the units so that the inputs "
+        f"lie between {low:g} and {high:g}",
+    )
+
+
+def _numbers(
+    value: object, path: tuple[str | int, ...]
+) -> Iterator[tuple[tuple[str | int, ...], float]]:
+    if isinstance(value, float):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _numbers(item, (*path, key))
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from _numbers(item, (*path, index))
+
+
+def _assemble(measurements: Measurements, targets: Targets, *, seed: int) -> Recommendation:
     effective_seed = targets.seed if targets.seed is not None else seed
     targets, defaults = default_targets(measurements, targets)
     log = WarningLog()

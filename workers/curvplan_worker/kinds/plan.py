@@ -6,6 +6,7 @@ import uuid
 from typing import Any
 
 from curvplan.types.jobs import PlanJobCreate
+from curvplan.types.planner import PlanInputError
 from curvplan_core.planner import make_plan
 from curvplan_core.planner.cancel import PlanCancelled, cancel_scope
 from curvplan_worker.errors import JobCancelled, JobError
@@ -39,5 +40,7 @@ def run(request: PlanJobCreate, ctx: JobContext) -> dict[str, Any]:
             recommendation = make_plan(measurements, targets, seed=seed)
         except PlanCancelled:
             raise JobCancelled() from None
+        except PlanInputError as exc:  # inputs beyond what float64 carries through the plan
+            raise JobError("invalid-request", "Invalid plan request", str(exc)[:300]) from None
     ctx.report_progress(1.0, "done", "recommendation ready")
     return {"recommendation": recommendation.model_dump(mode="json")}
