@@ -73,6 +73,14 @@ class Settings(BaseSettings):
         gt=0,
         description="Most tensors one safetensors header may list; more is a 422.",
     )
+    max_safetensors_metadata_bytes: int = Field(
+        default=1_048_576,
+        gt=0,
+        le=100_000_000,
+        description="Bytes of __metadata__ (keys and values) a safetensors upload may carry; "
+        "more is a 413. An artifact's metadata is read in pages from "
+        "GET /v1/artifacts/{id}/metadata; reads and lists show a bounded preview.",
+    )
     artifact_tensor_preview: int = Field(
         default=100,
         ge=0,

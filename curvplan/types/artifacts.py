@@ -22,12 +22,25 @@ class ArtifactLinks(BaseModel):
     self: str
     content: str | None = None
     tensors: str | None = Field(default=None, description="Every tensor, paged.")
+    metadata: str | None = Field(default=None, description="Every metadata entry, paged.")
 
 
 class TensorEntry(BaseModel):
     name: str
     dtype: str
     shape: list[int]
+
+
+class MetadataEntry(BaseModel):
+    key: str
+    value: str
+
+
+class MetadataPage(BaseModel):
+    """A page of an artifact's safetensors ``__metadata__``, by key (byte order), in full."""
+
+    items: list[MetadataEntry]
+    next_page_token: str | None
 
 
 class TensorPage(BaseModel):
@@ -57,7 +70,19 @@ class ArtifactOut(BaseModel):
     tensors_truncated: bool = Field(
         default=False, description="Whether the file has more tensors than `tensors` lists."
     )
-    metadata: dict[str, str] | None = Field(description="The safetensors __metadata__.")
+    metadata: dict[str, str] | None = Field(
+        description="The first entries of the safetensors __metadata__ by key (20), each value "
+        "cut to 200 characters; every entry in full: links.metadata (null for a uri not yet "
+        "read)."
+    )
+    metadata_count: int | None = Field(
+        default=None, description="Entries of the __metadata__ (null for a uri not yet read)."
+    )
+    metadata_truncated: bool = Field(
+        default=False,
+        description="Whether `metadata` leaves entries out or cuts a value (read them in "
+        "full from links.metadata).",
+    )
     job_id: uuid.UUID | None = Field(description="The job that wrote it (job outputs).")
     created_at: datetime
     links: ArtifactLinks

@@ -23,6 +23,7 @@ from typing import BinaryIO
 from curvplan.types.artifacts import is_sha256
 from curvplan_core.artifacts.safetensors_format import (
     MAX_HEADER_BYTES,
+    MAX_METADATA_BYTES,
     MAX_TENSORS,
     SafetensorsInfo,
     SafetensorsValidator,
@@ -70,10 +71,13 @@ class BlobStore:
         max_bytes: int | None = None,
         max_header_bytes: int = MAX_HEADER_BYTES,
         max_tensors: int = MAX_TENSORS,
+        max_metadata_bytes: int = MAX_METADATA_BYTES,
     ) -> BlobWriter:
         """A writer for one new blob (validated as safetensors while it streams)."""
         self.ensure()
-        return BlobWriter(self, max_bytes, SafetensorsValidator(max_header_bytes, max_tensors))
+        return BlobWriter(
+            self, max_bytes, SafetensorsValidator(max_header_bytes, max_tensors, max_metadata_bytes)
+        )
 
     def commit_temp(self, temp_path: Path, sha256: str) -> Path:
         """Move a fully written temp file to its content address (dedupe: keep the first)."""

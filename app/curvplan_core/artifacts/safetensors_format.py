@@ -33,6 +33,10 @@ from safetensors import SafetensorError, safe_open
 MAX_HEADER_BYTES = 10_000_000
 #: Tensors one header may list (``CURVPLAN_MAX_SAFETENSORS_TENSORS``).
 MAX_TENSORS = 100_000
+#: Bytes of ``__metadata__`` (keys and values, UTF-8) one header may carry
+#: (``CURVPLAN_MAX_SAFETENSORS_METADATA_BYTES``): real files carry a few keys ("format": "pt");
+#: the metadata is stored with the artifact and read back through a paged endpoint.
+MAX_METADATA_BYTES = 1_048_576
 #: A declared length above this is no header at all (the reference implementation's bound):
 #: the first bytes of some other format, reported as such rather than as "too large".
 MAX_PLAUSIBLE_HEADER_BYTES = 100_000_000
@@ -50,6 +54,17 @@ class InvalidSafetensors(ValueError):
         super().__init__(reason if tensor is None else f"tensor {tensor!r}: {reason}")
         self.reason = reason
         self.tensor = tensor
+
+
+class MetadataTooLarge(InvalidSafetensors):
+    """The ``__metadata__`` is larger than the service accepts (a 413, like the header)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"the safetensors __metadata__ holds {size} bytes; this service accepts at most {limit}"
+        )
+        self.size = size
+        self.limit = limit
 
 
 class HeaderTooLarge(InvalidSafetensors):
@@ -96,11 +111,12 @@ class SafetensorsInfo:
 
 
 def parse_header(
-    header: bytes, max_tensors: int = MAX_TENSORS
+    header: bytes, max_tensors: int = MAX_TENSORS, max_metadata_bytes: int = MAX_METADATA_BYTES
 ) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
     """Read a header's JSON: the tensors, the metadata and the buffer size it declares.
 
-    More than ``max_tensors`` entries is refused before any entry is read.
+    More than ``max_tensors`` entries is refused before any entry is read; a ``__metadata__``
+    of more than ``max_metadata_bytes`` (keys and values, UTF-8) is :class:`MetadataTooLarge`.
 
     Only the structure the early checks read is checked here (an object of entries with a
     dtype string, a shape and two offsets); whether dtypes, shapes and offsets are consistent
@@ -125,6 +141,12 @@ def parse_header(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata_raw.items()
     ):
         raise InvalidSafetensors("__metadata__ must map strings to strings")
+    metadata_size = sum(
+        len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass"))
+        for k, v in metadata_raw.items()
+    )
+    if metadata_size > max_metadata_bytes:
+        raise MetadataTooLarge(metadata_size, max_metadata_bytes)
 
     tensors = {name: _parse_tensor_entry(name, entry) for name, entry in decoded.items()}
     buffer_len = max((t.data_offsets[1] for t in tensors.values()), default=0)
@@ -182,10 +204,14 @@ class SafetensorsValidator:
     """
 
     def __init__(
-        self, max_header_bytes: int = MAX_HEADER_BYTES, max_tensors: int = MAX_TENSORS
+        self,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+        max_tensors: int = MAX_TENSORS,
+        max_metadata_bytes: int = MAX_METADATA_BYTES,
     ) -> None:
         self._max_header = max_header_bytes
         self._max_tensors = max_tensors
+        self._max_metadata = max_metadata_bytes
         self._prefix = bytearray()
         self._header_len: int | None = None
         self._info: SafetensorsInfo | None = None
@@ -203,7 +229,9 @@ class SafetensorsValidator:
             self._header_len = self._read_header_length(bytes(self._prefix[:8]))
         if self._header_len is not None and len(self._prefix) >= 8 + self._header_len:
             header = bytes(self._prefix[8 : 8 + self._header_len])
-            tensors, metadata, buffer_len = parse_header(header, self._max_tensors)
+            tensors, metadata, buffer_len = parse_header(
+                header, self._max_tensors, self._max_metadata
+            )
             self._info = SafetensorsInfo(tensors, metadata, self._header_len)
             self._buffer_expected = buffer_len
             self._prefix = bytearray()  # drop the header copy; the buffer is only counted

@@ -15,13 +15,18 @@ from curvplan.types.artifacts import (
     ArtifactOut,
     ArtifactPage,
     ArtifactUriCreate,
+    MetadataPage,
     TensorPage,
     uri_allowed,
 )
 from curvplan_core.artifacts.blobstore import BlobTooLarge, BlobWriter, TempFileGone
 from curvplan_core.artifacts.checks import ArtifactContentError
 from curvplan_core.artifacts.header_checks import check_header
-from curvplan_core.artifacts.safetensors_format import HeaderTooLarge, InvalidSafetensors
+from curvplan_core.artifacts.safetensors_format import (
+    HeaderTooLarge,
+    InvalidSafetensors,
+    MetadataTooLarge,
+)
 from curvplan_core.storable import shown, storable_text
 from curvplan_server.artifacts import service
 from curvplan_server.artifacts.commit import commit_upload, early_quota_check, register_uri
@@ -154,6 +159,7 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
             max_bytes=limit,
             max_header_bytes=settings.max_safetensors_header_bytes,
             max_tensors=settings.max_safetensors_tensors,
+            max_metadata_bytes=settings.max_safetensors_metadata_bytes,
         )
         early_kind = query_kind or form.fields.get("kind")
         if early_kind in UPLOAD_KINDS:
@@ -202,6 +208,14 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
     except HeaderTooLarge as exc:
         _abort(form)
         raise _header_too_large(exc) from None
+    except MetadataTooLarge as exc:
+        _abort(form)
+        raise Problem(
+            413,
+            f"{exc.reason} (CURVPLAN_MAX_SAFETENSORS_METADATA_BYTES)",
+            title="Content Too Large",
+            extra={"max_metadata_bytes": exc.limit},
+        ) from None
     except InvalidSafetensors as exc:
         _abort(form)
         raise _invalid_file(
@@ -415,6 +429,32 @@ def list_artifact_tensors(
     size = min(page_size or settings.max_page_size, settings.max_page_size)
     return JSONResponse(
         service.list_tensors(
+            session, auth.project_id, artifact_id, page_size=size, page_token=page_token
+        )
+    )
+
+
+@router.get(
+    "/{artifact_id}/metadata",
+    name="list_artifact_metadata",
+    response_model=MetadataPage,
+    summary="Every safetensors __metadata__ entry of an artifact (key, value), by key, paged",
+    responses={**PROBLEM_RESPONSES},
+)
+def list_artifact_metadata(
+    request: Request,
+    artifact_id: uuid.UUID,
+    session: SessionDep,
+    auth: ProjectDep,
+    page_size: Annotated[int | None, Query(ge=1)] = None,
+    page_token: Annotated[str | None, Query()] = None,
+) -> JSONResponse:
+    """A page of the artifact's metadata in byte order of the keys, values in full (the whole
+    metadata is at most CURVPLAN_MAX_SAFETENSORS_METADATA_BYTES); follow ``next_page_token``."""
+    settings = request.app.state.settings
+    size = min(page_size or settings.default_page_size, settings.max_page_size)
+    return JSONResponse(
+        service.list_metadata(
             session, auth.project_id, artifact_id, page_size=size, page_token=page_token
         )
     )

@@ -39,7 +39,27 @@ _TENSOR_COUNT: Any = literal_column(
     "(artifact.tensors ->> 'tensor_count')::bigint, "
     "(SELECT count(*) FROM jsonb_object_keys(artifact.tensors -> 'tensors'))) END"
 ).label("tensor_count")
-_METADATA: Any = literal_column("artifact.tensors -> 'metadata'").label("metadata")
+#: An artifact's read and list show the first metadata entries by key, each value cut
+#: (a header's __metadata__ may hold up to CURVPLAN_MAX_SAFETENSORS_METADATA_BYTES, and 40
+#: artifacts of 9.3 MB each made one list page 374 MB); ``links.metadata`` pages through all.
+METADATA_PREVIEW = 20
+METADATA_VALUE_CHARS = 200
+_METADATA_OBJECT = (
+    "CASE WHEN jsonb_typeof(artifact.tensors -> 'metadata') = 'object' "
+    "THEN artifact.tensors -> 'metadata' END"
+)
+_METADATA_COUNT: Any = literal_column(
+    f"(SELECT count(*) FROM jsonb_object_keys({_METADATA_OBJECT}))"
+).label("metadata_count")
+_METADATA: Any = literal_column(
+    "(SELECT jsonb_object_agg(m.key, m.value) FROM (SELECT key, "
+    f"left(value, {METADATA_VALUE_CHARS}) AS value FROM jsonb_each_text({_METADATA_OBJECT}) "
+    f'ORDER BY key COLLATE "C" LIMIT {METADATA_PREVIEW}) m)'
+).label("metadata")
+_METADATA_CUT: Any = literal_column(
+    f"EXISTS (SELECT 1 FROM jsonb_each_text({_METADATA_OBJECT}) "
+    f"WHERE length(value) > {METADATA_VALUE_CHARS})"
+).label("metadata_cut")
 
 
 def _preview(limit: int) -> Any:
@@ -54,7 +74,14 @@ def _preview(limit: int) -> Any:
 
 def summary_columns(preview: int) -> list[Any]:
     """What a read selects: the row, and a bounded summary of its tensors."""
-    return [*_COLUMNS, _TENSOR_COUNT, _METADATA, _preview(preview)]
+    return [
+        *_COLUMNS,
+        _TENSOR_COUNT,
+        _METADATA,
+        _METADATA_COUNT,
+        _METADATA_CUT,
+        _preview(preview),
+    ]
 
 
 def artifact_to_json(row: Row[Any] | Any) -> dict[str, Any]:
@@ -78,12 +105,15 @@ def artifact_to_json(row: Row[Any] | Any) -> dict[str, Any]:
         "tensor_count": count,
         "tensors": (preview or {}) if count is not None else None,
         "tensors_truncated": count is not None and count > len(preview or {}),
-        "metadata": m["metadata"],
+        "metadata": (m["metadata"] or {}) if m["tensor_count"] is not None else None,
+        "metadata_count": m["metadata_count"] if m["tensor_count"] is not None else None,
+        "metadata_truncated": bool(m["metadata_count"] > METADATA_PREVIEW or m["metadata_cut"]),
         "job_id": str(m["job_id"]) if m["job_id"] is not None else None,
         "created_at": m["created_at"].isoformat(),
         "links": {
             "self": f"/v1/artifacts/{artifact_id}",
             "tensors": f"/v1/artifacts/{artifact_id}/tensors",
+            "metadata": f"/v1/artifacts/{artifact_id}/metadata",
         },
     }
     if m["storage"] == "blob":
@@ -197,6 +227,38 @@ def list_tensors(
     token = None
     if len(rows) > page_size:
         token = encode_page_token({"o": str(offset + page_size), "a": str(artifact_id)})
+    return {"items": items, "next_page_token": token}
+
+
+def list_metadata(
+    session: Session,
+    project_id: uuid.UUID,
+    artifact_id: uuid.UUID,
+    *,
+    page_size: int,
+    page_token: str | None,
+) -> dict[str, Any]:
+    """A page of the artifact's ``__metadata__`` entries by key (byte order), values in full,
+    and the next page's token (the whole metadata is bounded by the upload limit)."""
+    get_artifact(session, project_id, artifact_id, preview=0)  # 404 if not ours
+    offset = 0  # an artifact's metadata never changes: a position is a stable cursor
+    if page_token:
+        data = decode_page_token(page_token, ("o", "m"))
+        if data["m"] != str(artifact_id) or not data["o"].isdigit():
+            raise page_token_problem("this page token was issued for another artifact")
+        offset = int(data["o"])
+    rows = session.execute(
+        text(
+            "SELECT key, value FROM artifact, jsonb_each_text(CASE WHEN jsonb_typeof(tensors -> "
+            "'metadata') = 'object' THEN tensors -> 'metadata' END) "
+            'WHERE artifact.id = :id ORDER BY key COLLATE "C" OFFSET :o LIMIT :n'
+        ),
+        {"id": artifact_id, "o": offset, "n": page_size + 1},
+    ).all()
+    items = [{"key": r.key, "value": r.value} for r in rows[:page_size]]
+    token = None
+    if len(rows) > page_size:
+        token = encode_page_token({"o": str(offset + page_size), "m": str(artifact_id)})
     return {"items": items, "next_page_token": token}
 
 
