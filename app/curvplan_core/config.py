@@ -73,6 +73,13 @@ class Settings(BaseSettings):
         gt=0,
         description="Most tensors one safetensors header may list; more is a 422.",
     )
+    upload_header_memory_bytes: int = Field(
+        default=1024**3,
+        gt=0,
+        description="API memory the safetensors headers of concurrent uploads may hold while "
+        "they are checked (each ~15 × its header's length); an upload beyond it gets 503 with "
+        "Retry-After (one upload is always admitted).",
+    )
     max_safetensors_metadata_bytes: int = Field(
         default=1_048_576,
         gt=0,

@@ -125,6 +125,8 @@ class BlobWriter:
         self._fh: BinaryIO | None = open(self.temp_path, "xb")  # noqa: SIM115 (closed in finish/abort)
         self._hash = hashlib.sha256()
         self._validator = validator or SafetensorsValidator()
+        #: The streaming check (its ``on_header_length`` hook sees the header's length first).
+        self.validator = self._validator
         self.size = 0
         self.sha256: str | None = None
         self.info: SafetensorsInfo | None = None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -217,6 +218,9 @@ class SafetensorsValidator:
         self._info: SafetensorsInfo | None = None
         self._buffer_expected = 0
         self._seen = 0
+        #: Called with the declared header length as soon as the first 8 bytes have arrived,
+        #: before the header itself is held; what it raises aborts the upload there.
+        self.on_header_length: Callable[[int], None] | None = None
 
     def feed(self, chunk: bytes) -> None:
         """Consume the next chunk; raise :class:`InvalidSafetensors` as soon as it is provable."""
@@ -227,6 +231,8 @@ class SafetensorsValidator:
         self._prefix.extend(chunk)
         if self._header_len is None and len(self._prefix) >= 8:
             self._header_len = self._read_header_length(bytes(self._prefix[:8]))
+            if self.on_header_length is not None:
+                self.on_header_length(self._header_len)
         if self._header_len is not None and len(self._prefix) >= 8 + self._header_len:
             header = bytes(self._prefix[8 : 8 + self._header_len])
             tensors, metadata, buffer_len = parse_header(

@@ -30,6 +30,7 @@ from curvplan_core.artifacts.safetensors_format import (
 from curvplan_core.storable import shown, storable_text
 from curvplan_server.artifacts import service
 from curvplan_server.artifacts.commit import commit_upload, early_quota_check, register_uri
+from curvplan_server.artifacts.header_gate import HeaderGateFull, gate_full_problem, header_gate
 from curvplan_server.artifacts.models import ARTIFACT_KINDS, UPLOAD_KINDS
 from curvplan_server.artifacts.upload import UploadForm, UploadFormError, boundary_of
 from curvplan_server.auth.dependencies import ProjectDep
@@ -152,6 +153,12 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
             early_quota_check, session, auth.project_id, quota, _content_length(request)
         )
 
+    gate = header_gate(request)
+    held: list[int] = []  # what this upload's header took from the gate (given back below)
+
+    def take_header_memory(header_bytes: int) -> None:
+        held.append(gate.take(header_bytes))
+
     def open_writer() -> BlobWriter:
         # The kind known before the file (``?kind=`` or a ``kind`` field sent first) lets
         # the header be checked as soon as it arrives, before the body is read.
@@ -161,6 +168,7 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
             max_tensors=settings.max_safetensors_tensors,
             max_metadata_bytes=settings.max_safetensors_metadata_bytes,
         )
+        writer.validator.on_header_length = take_header_memory
         early_kind = query_kind or form.fields.get("kind")
         if early_kind in UPLOAD_KINDS:
             writer.on_header = lambda info, declared: check_header(
@@ -237,9 +245,15 @@ async def create_artifact(request: Request, session: SessionDep, auth: ProjectDe
     except TempFileGone:
         _abort(form)
         raise temp_file_gone(settings.temp_file_max_age_seconds) from None
+    except HeaderGateFull:
+        _abort(form)
+        raise gate_full_problem() from None
     except BaseException:
         _abort(form)
         raise
+    finally:
+        for cost in held:
+            gate.give(cost)
     artifact = stored.artifact
     status = 201 if stored.created else 200
     return JSONResponse(

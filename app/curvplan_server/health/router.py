@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -21,8 +21,9 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", name="healthz", summary="Liveness: the process answers")
-def healthz() -> dict[str, str]:
-    """Always 200 while the process serves requests (no dependency checks)."""
+async def healthz() -> dict[str, str]:
+    """Always 200 while the process serves requests (no dependency checks). On the event loop
+    itself: busy threadpool threads (uploads) never delay it."""
     return {"status": "ok"}
 
 
@@ -36,8 +37,9 @@ async def readyz(request: Request) -> Response:
     """200 when PostgreSQL answers and its Alembic revision is the shipped head, else 503."""
     engine = request.app.state.engine
     expected = head_revisions()
-    try:
-        current = await run_in_threadpool(_current, engine)
+    try:  # on the database executor, not the threadpool uploads keep busy
+        loop = asyncio.get_running_loop()
+        current = await loop.run_in_executor(request.app.state.db_executor, _current, engine)
     except Exception as exc:
         log.warning("readiness: database unreachable: %s", type(exc).__name__)
         return problem_response(
