@@ -14,6 +14,7 @@ import httpx
 
 from curvplan.client import _common as c
 from curvplan.client import models as m
+from curvplan.client import precheck
 from curvplan.client.errors import (
     ConnectionFailedError,
     NotFoundError,
@@ -117,10 +118,17 @@ class AsyncClient:
     async def upload_artifact(self, path: str | os.PathLike[str], kind: str) -> m.Artifact:
         """Upload a safetensors ``checkpoint`` or ``dataset`` file (streamed from disk).
 
-        The server's sha256 is checked against the file's (ArtifactIntegrityError).
+        The server's sha256 is checked against the file's (ArtifactIntegrityError). The
+        service is asked for the file's sha256 first: content this project already has is not
+        uploaded again.
         """
         # async only: a multi-GB file is hashed in a worker thread, off the event loop.
         call, digest = await asyncio.to_thread(c.upload_call, path, kind)
+        stored = precheck.stored_artifact(
+            await self._send(precheck.lookup_call(kind, digest)), digest
+        )
+        if stored is not None:  # the project has this content already: nothing to send
+            return m.Artifact.model_validate(stored)
         answer = await self._send(call)
         c.check_artifact(answer, digest, call.upload.path)  # type: ignore[union-attr]
         return m.Artifact.model_validate(answer)
@@ -192,6 +200,12 @@ class AsyncClient:
         many data-parallel devices of one worker (docs/operations.md#several-devices-per-job).
         """
         sources = c.analyze_sources(model, checkpoint, dataset, intermediate_checkpoints)
+        body_fields = (name, tags, options, targets, max_attempts)
+        placeholders = precheck.placeholder_ids(path for path, _ in sources.uploads())
+        ckpt, data, intermediates = sources.resolved(placeholders)  # checked before uploading
+        precheck.validate_job_body(
+            c.analyze_body(sources.model, ckpt, data, *body_fields, intermediates, sweeps, devices)
+        )
         uploaded: dict[Path, str] = {}
         for path, kind in sources.uploads():
             if on_upload is not None:

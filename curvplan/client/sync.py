@@ -15,6 +15,7 @@ import httpx
 
 from curvplan.client import _common as c
 from curvplan.client import models as m
+from curvplan.client import precheck
 from curvplan.client.errors import (
     ConnectionFailedError,
     NotFoundError,
@@ -118,9 +119,14 @@ class Client:
     def upload_artifact(self, path: str | os.PathLike[str], kind: str) -> m.Artifact:
         """Upload a safetensors ``checkpoint`` or ``dataset`` file (streamed from disk).
 
-        The server's sha256 is checked against the file's (ArtifactIntegrityError).
+        The server's sha256 is checked against the file's (ArtifactIntegrityError). The
+        service is asked for the file's sha256 first: content this project already has is not
+        uploaded again.
         """
         call, digest = c.upload_call(path, kind)
+        stored = precheck.stored_artifact(self._send(precheck.lookup_call(kind, digest)), digest)
+        if stored is not None:  # the project has this content already: nothing to send
+            return m.Artifact.model_validate(stored)
         answer = self._send(call)
         c.check_artifact(answer, digest, call.upload.path)  # type: ignore[union-attr]
         return m.Artifact.model_validate(answer)
@@ -188,6 +194,12 @@ class Client:
         many data-parallel devices of one worker (docs/operations.md#several-devices-per-job).
         """
         sources = c.analyze_sources(model, checkpoint, dataset, intermediate_checkpoints)
+        body_fields = (name, tags, options, targets, max_attempts)
+        placeholders = precheck.placeholder_ids(path for path, _ in sources.uploads())
+        ckpt, data, intermediates = sources.resolved(placeholders)  # checked before uploading
+        precheck.validate_job_body(
+            c.analyze_body(sources.model, ckpt, data, *body_fields, intermediates, sweeps, devices)
+        )
         uploaded: dict[Path, str] = {}
         for path, kind in sources.uploads():
             if on_upload is not None:

@@ -603,6 +603,22 @@ def sweep(
             (evaluation, "eval_data", "dataset"),
             (start, "checkpoint", "checkpoint"),
         ]
+        if name is not None:
+            body["name"] = name
+        tags = _pairs(tag, "--tag")
+        if tags:
+            body["tags"] = tags
+        if webhook_url is not None:
+            body["webhook_url"] = webhook_url
+        # The body is checked with placeholder ids before any file is sent (a bad flag or
+        # --type fails at once, naming the field, as the service's 422 would).
+        from curvplan.client import precheck
+
+        placeholders = precheck.placeholder_ids([train, evaluation, *checkpoints])
+        checked: dict[str, object] = {k: placeholders[p] for p, k, _ in uploads if p is not None}
+        if branch:
+            checked["checkpoints"] = [placeholders[p] for p in checkpoints]
+        precheck.validate_job_body({**body, **checked})
         for source, key, kind in uploads:
             if source is not None:
                 log(f"uploading {source} …")
@@ -613,13 +629,6 @@ def sweep(
                 log(f"uploading {ckpt} …")
                 ids.append(str(client.upload_artifact(ckpt, "checkpoint").id))
             body["checkpoints"] = ids
-        if name is not None:
-            body["name"] = name
-        tags = _pairs(tag, "--tag")
-        if tags:
-            body["tags"] = tags
-        if webhook_url is not None:
-            body["webhook_url"] = webhook_url
         job = client.submit_job(body, idempotency_key=idempotency_key)
         log(f"sweep job {job.id}: use it with `curvplan analyze … --sweep {job.id}`")
         if agent:

@@ -376,6 +376,14 @@ def list_artifacts(
         ),
     ] = None,
     job_id: Annotated[uuid.UUID | None, Query(description="Outputs of this job")] = None,
+    sha256: Annotated[
+        str | None,
+        Query(
+            pattern="^[0-9a-f]{64}$",
+            description="Only artifacts with this content (hex digest): a client asks before "
+            "it uploads a file, and skips the upload when its project already has it.",
+        ),
+    ] = None,
     page_size: Annotated[int | None, Query(ge=1)] = None,
     page_token: Annotated[str | None, Query()] = None,
 ) -> JSONResponse:
@@ -399,6 +407,7 @@ def list_artifacts(
         auth.project_id,
         kind=kind,
         job_id=job_id,
+        sha256=sha256,
         page_size=size,
         page_token=page_token,
         preview=settings.artifact_tensor_preview,

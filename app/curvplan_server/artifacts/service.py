@@ -290,14 +290,17 @@ def list_artifacts(
     page_size: int,
     page_token: str | None,
     preview: int = 100,
+    sha256: str | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """A page of the project's artifacts, newest first, and the next page's token."""
-    fingerprint = f"{kind}|{job_id}"
+    fingerprint = f"{kind}|{job_id}" + (f"|{sha256}" if sha256 else "")
     conditions = [ARTIFACT.c.project_id == project_id]
     if kind is not None:
         conditions.append(ARTIFACT.c.kind == kind)
     if job_id is not None:
         conditions.append(ARTIFACT.c.job_id == job_id)
+    if sha256 is not None:
+        conditions.append(ARTIFACT.c.sha256 == sha256)
     if page_token:
         created_at, last_id = _decode_token(page_token, fingerprint)
         conditions.append(
