@@ -26,3 +26,6 @@ class ProblemDocument(BaseModel):
     detail: str | None = None
     instance: str | None = None
     errors: list[FieldError] | None = None
+    errors_omitted: int | None = Field(
+        default=None, description="Field errors left out of `errors` (it lists at most 100)."
+    )
