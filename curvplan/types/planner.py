@@ -35,7 +35,7 @@ MIN_MAGNITUDE = 1e-100
 MAX_MAGNITUDE = 1e100
 FiniteFloat = Annotated[float, Field(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE, allow_inf_nan=False)]
 NonNegFloat = Annotated[float, Field(ge=0, le=MAX_MAGNITUDE, allow_inf_nan=False)]
-PosFloat = Annotated[float, Field(ge=MIN_MAGNITUDE, le=MAX_MAGNITUDE, allow_inf_nan=False)]
+PosFloat = Annotated[float, Field(gt=0, ge=MIN_MAGNITUDE, le=MAX_MAGNITUDE, allow_inf_nan=False)]
 PosInt = Annotated[int, Field(gt=0)]
 Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 

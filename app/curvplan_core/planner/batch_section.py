@@ -473,6 +473,14 @@ def _lr_scaling(
         eps_note = "ε_max = |G|²/GᵀHG needs |G|² and GᵀHG"
     elif noise.grad_sq.value > 0 and noise.ghg.value > 0:
         eps_max = noise.grad_sq.value / noise.ghg.value
+        if not math.isfinite(eps_max):  # a GᵀHG near the smallest double
+            eps_max, eps_note = (
+                None,
+                (
+                    f"ε_max = |G|²/GᵀHG overflows float64 (|G|² = {noise.grad_sq.value:.4g}, "
+                    f"GᵀHG = {noise.ghg.value:.4g})"
+                ),
+            )
     else:
         # an unbiased |G|² ≤ 0 (near w*) gives no step size: never report a negative ε_max
         eps_note = (

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from curvplan.types.finite import non_finite_paths
 from curvplan.types.planner import (
     BatchSizeSection,
     Budget,
@@ -40,14 +39,15 @@ def make_plan(measurements: Measurements, targets: Targets, *, seed: int = 0) ->
     input exceeds the size cap of `check_workload`, or when numbers at the edges of the
     contract's range (``MIN_MAGNITUDE`` … ``MAX_MAGNITUDE``) take a formula or a fit beyond
     float64 (:func:`_beyond_float64`): the job then ends ``invalid-request`` naming the input,
-    never ``internal-error``.
+    never ``internal-error``. An optional output beyond float64 is null (its JSON form).
     """
     check_workload(measurements, targets)
     try:
-        recommendation = _assemble(measurements, targets, seed=seed)
-        overflowed = next(non_finite_paths(recommendation.model_dump()), None)
-        if overflowed is not None:
-            raise OverflowError("the plan's " + ".".join(map(str, overflowed)) + " overflows")
+        assembled = _assemble(measurements, targets, seed=seed)
+        # The plan is what its JSON carries: an optional number beyond float64 (2/λ_max of a
+        # λ_max near the smallest double) is null there, as every reader sees it; a required
+        # one fails validation here. The worker stores this, so it is storable as jsonb.
+        recommendation = Recommendation.model_validate_json(assembled.model_dump_json())
     except (ArithmeticError, ValueError) as exc:
         raise _beyond_float64(measurements, targets, exc) from exc
     return recommendation
