@@ -79,6 +79,7 @@ def branch_window_examples(
     per_eval = math.ceil(wanted / window_evals / largest_batch) * largest_batch
     return per_eval * window_evals, per_eval
 
+
 DATA_MAX_STEPS = 50_000
 """A data sweep's default step cap per run (``sweep.max_steps`` when the request gives none):
 far above what the epoch rule asks of the default sizes, so that it is a safety bound and not
