@@ -614,7 +614,8 @@ def sweep(
         # --type fails at once, naming the field, as the service's 422 would).
         from curvplan.client import precheck
 
-        placeholders = precheck.placeholder_ids([train, evaluation, *checkpoints])
+        placeholders = precheck.placeholder_ids(p for p, _, _ in uploads if p is not None)
+        placeholders |= precheck.placeholder_ids(checkpoints)
         checked: dict[str, object] = {k: placeholders[p] for p, k, _ in uploads if p is not None}
         if branch:
             checked["checkpoints"] = [placeholders[p] for p in checkpoints]

@@ -58,7 +58,7 @@ DEFAULT_BATCH_SIZES: tuple[int, ...] = (8, 16, 32, 64, 128)
 MIN_POINTS: dict[str, int] = {"batch": 3, "data": 4, "branch": 2}
 
 
-def tokens_per_example(model: ModelSource) -> float | None:
+def tokens_per_example(model: ModelSource | None) -> float | None:
     """Loss terms ("tokens") one example counts in a sweep: ``seq_len`` for a causal LM and a
     per-token regression, 1 for a classification (as the objective counts them); None for a
     Hugging Face model, whose tokens per example are the data's, not known from the request."""
@@ -280,12 +280,12 @@ class SweepSettings(BaseModel):
             )
         return self
 
-    def window_problem(self, model: ModelSource) -> tuple[str, str] | None:
+    def window_problem(self, model: ModelSource | None) -> tuple[str, str] | None:
         """Why a branch sweep of ``model`` cannot run, as ``(field, message)`` (None when it
         can): a Hugging Face model has no known tokens per example yet, and a window longer
         than ``max_steps`` steps of the smallest batch is refused (the worker's rule too)."""
-        if self.type != "branch" or self.window_tokens is None:
-            return None
+        if self.type != "branch" or self.window_tokens is None or model is None:
+            return None  # without a model the request's own validators answer
         tpe = tokens_per_example(model)
         if tpe is None:
             return (

@@ -63,8 +63,10 @@ def tokens_per_example(body: SweepJobCreate) -> float:
 
 
 def _window_refusal(body: SweepJobCreate) -> str:
-    problem = body.sweep.window_problem(body.model)
-    assert problem is not None
+    problem = body.sweep.window_problem(body.model) or (
+        "model",
+        "a branch sweep on the service's workers needs a reference model spec",
+    )
     field, message = problem
     return f"{field if field == 'model' else 'sweep.' + field}: {message}"
 
