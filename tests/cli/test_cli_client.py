@@ -247,7 +247,7 @@ def test_help_lists_the_client_commands() -> None:
     analyze_help = run_cli(["analyze", "--help"], env).stdout
     assert "curvplan[mlflow]" in analyze_help, analyze_help
     sweep_help = run_cli(["sweep", "--help"], env).stdout
-    assert "[default: 2000]" in sweep_help and "--idempotency-key" in sweep_help
+    assert "[default: batch]" in sweep_help and "--idempotency-key" in sweep_help
 
 
 def test_wait_timeout_exits_4(live: LiveService, tmp_path: Path) -> None:
