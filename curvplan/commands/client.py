@@ -693,7 +693,15 @@ def plan(
     tokens_per_example: float | None = typer.Option(
         None,
         "--tokens-per-example",
-        help="With --from-*: converts dataset sizes given in tokens to examples.",
+        help="With --from-*: converts dataset sizes given in tokens to examples (and in "
+        "examples to tokens, for --target-tokens).",
+    ),
+    target_tokens: float | None = typer.Option(
+        None,
+        "--target-tokens",
+        help="With --from-*: the tokens the target run will train on (targets.target_tokens): "
+        "runs at 2 or more token counts, each a batch sweep, give measurements.batch_sweeps and "
+        "budget.batch answers the target run from B_crit(D) = c·D^γ.",
     ),
     name: str | None = typer.Option(None, "--name"),
     tag: list[str] | None = TAG_OPTION,
@@ -731,6 +739,7 @@ def plan(
         "--param": bool(param),
         "--devices": devices is not None,
         "--tokens-per-example": tokens_per_example is not None,
+        "--target-tokens": target_tokens is not None,
     }
     if problem is None and not source.given and any(import_only.values()):
         used = [opt for opt, given in import_only.items() if given]
@@ -756,7 +765,7 @@ def plan(
             raise _fail(f"{measurements}: unknown top-level keys {unknown}", EXIT_BAD_INPUT)
     runs_report: dict[str, Any] | None = None
     if source.given:
-        runs_report = _import_runs(source, doc, target_loss, as_json)
+        runs_report = _import_runs(source, doc, target_loss, target_tokens, as_json)
     tags = {**(doc.get("tags") or {}), **_pairs(tag, "--tag")}
     with _client(url, api_key) as client:
         job = client.submit_plan(
@@ -772,20 +781,37 @@ def plan(
 
 
 def _import_runs(
-    source: RunSource, doc: dict[str, Any], target_loss: float | None, as_json: bool
+    source: RunSource,
+    doc: dict[str, Any],
+    target_loss: float | None,
+    target_tokens: float | None,
+    as_json: bool,
 ) -> dict[str, Any]:
     """Build the tables from the runs into ``doc``; say which runs were used (stdout, or
-    stderr with --json) and fail, submitting nothing, when none is usable."""
+    stderr with --json) and fail, submitting nothing, when none is usable or when
+    ``--target-tokens`` asks for the batch scaling law and the runs do not give it."""
+    from pydantic import ValidationError
+
     from curvplan.commands import import_runs as imp
     from curvplan.integrations.mlflow import MlflowNotInstalledError
     from curvplan.runs import RunsInputError
+    from curvplan.types.planner import Targets
 
     option = "--from-mlflow" if source.mlflow_experiment is not None else "--from-runs"
     targets = doc.get("targets")
     if target_loss is None and isinstance(targets, dict):
         target_loss = targets.get("target_loss")
+    law_at = target_tokens
+    if target_tokens is not None:
+        try:
+            Targets(target_tokens=target_tokens)
+        except ValidationError as exc:
+            message = exc.errors()[0]["msg"]
+            raise _fail(f"--target-tokens {target_tokens:g}: {message}", EXIT_BAD_INPUT) from None
+    elif isinstance(targets, dict) and isinstance(targets.get("target_tokens"), int | float):
+        law_at = float(targets["target_tokens"])  # the measurements file's target run
     try:
-        result = imp.import_runs(source, target_loss)
+        result = imp.import_runs(source, target_loss, law_at)
     except MlflowNotInstalledError as exc:
         raise _fail(f"{option}: {exc}", EXIT_BAD_INPUT) from None
     except RunsInputError as exc:
@@ -795,8 +821,12 @@ def _import_runs(
     if not result.usable:
         imp.echo_report(result, source, err=True)
         raise _fail(f"{option}: no usable run (see above): nothing submitted", EXIT_BAD_INPUT)
+    refusal = None if target_tokens is None else imp.law_refusal(result, doc)
+    if refusal is not None:
+        imp.echo_report(result, source, err=True)
+        raise _fail(f"{option}: {refusal}: nothing submitted", EXIT_BAD_INPUT)
     try:
-        imp.merge_into(doc, result, target_loss)
+        imp.merge_into(doc, result, target_loss, target_tokens)
     except RunsInputError as exc:
         raise _fail(f"{option}: {exc}", EXIT_BAD_INPUT) from None
     imp.echo_report(result, source, err=as_json)

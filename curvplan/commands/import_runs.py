@@ -47,7 +47,9 @@ def check_source(source: RunSource) -> str | None:
     return None
 
 
-def import_runs(source: RunSource, target_loss: float | None) -> ImportResult:
+def import_runs(
+    source: RunSource, target_loss: float | None, target_tokens: float | None = None
+) -> ImportResult:
     """Read the runs and build the tables (raises RunsInputError, MlflowNotInstalledError)."""
     if source.runs_file is not None:
         from curvplan.runs import read_runs_file
@@ -65,12 +67,17 @@ def import_runs(source: RunSource, target_loss: float | None) -> ImportResult:
         )
     if not records:
         raise RunsInputError(f"{source.describe()} has no runs: nothing submitted")
-    return build_tables(records, target_loss, source.names)
+    return build_tables(records, target_loss, source.names, target_tokens=target_tokens)
 
 
-def merge_into(doc: dict[str, Any], result: ImportResult, target_loss: float | None) -> None:
+def merge_into(
+    doc: dict[str, Any],
+    result: ImportResult,
+    target_loss: float | None,
+    target_tokens: float | None = None,
+) -> None:
     """Put the imported tables into a plan document (its own tables are not overwritten) and
-    the target loss into its targets."""
+    the target loss and the target run's tokens into its targets."""
     measurements = doc.setdefault("measurements", {})
     imported = result.measurements()
     clash = sorted(set(imported) & set(measurements))
@@ -82,6 +89,17 @@ def merge_into(doc: dict[str, Any], result: ImportResult, target_loss: float | N
     measurements.update(imported)
     if target_loss is not None:
         doc["targets"] = {**(doc.get("targets") or {}), "target_loss": target_loss}
+    if target_tokens is not None:
+        doc["targets"] = {**(doc.get("targets") or {}), "target_tokens": target_tokens}
+
+
+def law_refusal(result: ImportResult, doc: dict[str, Any]) -> str | None:
+    """Why the target run's batch cannot come from the law although ``--target-tokens`` asked
+    for it (no batch sweeps from the runs, none in the measurements file), or None."""
+    if result.batch_sweeps is not None or "batch_sweeps" in doc.get("measurements", {}):
+        return None
+    note = result.table_notes.get("batch_sweeps", "no steps-to-target table per token count")
+    return f"--target-tokens: no batch scaling law from the runs: {note}"
 
 
 def _run_line(entry: dict[str, Any]) -> str:
@@ -97,8 +115,14 @@ def report_text(result: ImportResult, source: RunSource) -> str:
         f"{len(report['skipped'])} skipped"
     ]
     if result.steps_to_target is not None:
-        at = result.steps_data_examples
-        size = f", runs on {at:g} examples" if at is not None else ""
+        tokens, examples = result.steps_data_tokens, result.steps_data_examples
+        size = (
+            f", runs on {tokens:g} tokens"
+            if tokens is not None
+            else f", runs on {examples:g} examples"
+            if examples is not None
+            else ""
+        )
         lines.append(f"steps_to_target (target loss {result.target_loss:g}{size}):")
         lines += [
             f"  batch {row['batch_size']}: {row['steps']:g} steps (± {row['steps_uncertainty']:g})"
@@ -109,17 +133,46 @@ def report_text(result: ImportResult, source: RunSource) -> str:
         lines += [
             f"  {row['n_samples']:g} examples: {row['loss']:.6g}" for row in result.loss_vs_data
         ]
+    lines += _sweeps_lines(result)
     for table, entry in report["tables"].items():
         if not entry["sent"]:
             lines.append(f"{table}: not sent: {entry.get('note', 'no usable run')}")
     lines += [f"note: {note}" for note in result.notes]
     for entry in report["used"]:
         for table, reason in (entry.get("reasons") or {}).items():
-            lines.append(f"used {_run_line(entry)}, but not in {table}: {reason}")
+            in_sweeps = "batch_sweeps" in (entry.get("used_in") or {})
+            if table != "batch_sweeps" and not (in_sweeps and table == "steps_to_target"):
+                # (batch_sweeps: said per size group above; in it, a run is at its own size)
+                lines.append(f"used {_run_line(entry)}, but not in {table}: {reason}")
     for entry in report["skipped"]:
         reasons = "; ".join(f"{t}: {r}" for t, r in (entry.get("reasons") or {}).items())
         lines.append(f"skipped {_run_line(entry)}: {reasons}")
     return "\n".join(lines)
+
+
+def _sweeps_lines(result: ImportResult) -> list[str]:
+    """The size groups that fed the batch scaling law and those skipped, with why."""
+    if result.sweep_groups is None:
+        return []
+    lines = []
+    if result.batch_sweeps is not None:
+        target = result.target_tokens
+        at = (
+            f"answers the target run's {target:g} tokens"
+            if target is not None
+            else "give --target-tokens N for the target run's batch"
+        )
+        lines.append(
+            f"batch_sweeps (B_crit(D) = c·D^γ over {len(result.batch_sweeps)} token counts; "
+            f"the law {at}):"
+        )
+    for outcome in result.sweep_groups:
+        sizes = ", ".join(str(b) for b in outcome.group.batch_sizes)
+        if outcome.sent:
+            lines.append(f"  {outcome.group.label}: batch {sizes}")
+        else:
+            lines.append(f"batch_sweeps: skipped {outcome.group.label}: {outcome.reason}")
+    return lines
 
 
 def echo_report(result: ImportResult, source: RunSource, err: bool) -> None:

@@ -115,7 +115,8 @@ class ResolvedRun:
     """The numbers a plan needs from one run, or why each is missing.
 
     ``batch_size`` in examples; ``data_examples`` the training-set size in examples (tokens
-    converted with the tokens per example), ``data_tokens`` the tokens when given as tokens."""
+    converted with the tokens per example), ``data_tokens`` in tokens (given as tokens, or
+    examples × the tokens per example when those are known)."""
 
     record: RunRecord
     batch_size: int | None
@@ -195,9 +196,25 @@ def _resolve_batch(params: Mapping[str, str], names: ParamNames) -> tuple[int | 
     return int(value), key
 
 
+def _tokens_per_example(
+    params: Mapping[str, str], names: ParamNames
+) -> tuple[float | None, str | None]:
+    """(the tokens per example: ``--tokens-per-example``, else the run's param; a problem
+    with the param). (None, None): unknown."""
+    if names.tokens_per_example is not None:
+        return names.tokens_per_example, None
+    _, tpe, problem = _lookup(params, names, "tokens_per_example")
+    if problem:
+        return None, problem
+    return (tpe, None) if tpe is not None and tpe > 0 else (None, None)
+
+
 def _resolve_data(
     params: Mapping[str, str], names: ParamNames
 ) -> tuple[float | None, float | None, str]:
+    """(examples, tokens, how they were read or why missing): the training-set size in
+    examples (tokens ÷ tokens per example when given in tokens) and in tokens (the tokens
+    param, else examples × tokens per example when those are known)."""
     key, examples, problem = _lookup(params, names, "examples")
     if problem:
         return None, None, problem
@@ -205,7 +222,11 @@ def _resolve_data(
         assert examples is not None
         if examples <= 0:
             return None, None, f"param {key}={examples:g} is not a positive dataset size"
-        return examples, None, key
+        _, tokens, _ = _lookup(params, names, "tokens")  # a run may log both
+        if tokens is None or tokens <= 0:
+            tpe, _ = _tokens_per_example(params, names)
+            tokens = None if tpe is None else examples * tpe
+        return examples, tokens, key
     key_tok, tokens, problem = _lookup(params, names, "tokens")
     if problem:
         return None, None, problem
@@ -222,12 +243,10 @@ def _resolve_data(
     assert tokens is not None
     if tokens <= 0:
         return None, None, f"param {key_tok}={tokens:g} is not a positive dataset size"
-    tpe = names.tokens_per_example
+    tpe, problem = _tokens_per_example(params, names)
+    if problem:
+        return None, tokens, problem
     if tpe is None:
-        _, tpe, problem = _lookup(params, names, "tokens_per_example")
-        if problem:
-            return None, tokens, problem
-    if tpe is None or tpe <= 0:
         return (
             None,
             tokens,

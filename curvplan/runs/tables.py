@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from curvplan.runs.records import ParamNames, ResolvedRun, RunRecord, resolve_run
+from curvplan.runs.sweeps import SWEEPS_TABLE, GroupOutcome, SizeGroup, build_batch_sweeps
 
 STEPS_TABLE = "steps_to_target"
 DATA_TABLE = "loss_vs_data"
@@ -105,10 +106,14 @@ class ImportResult:
     runs: list[RunOutcome]
     steps_to_target: list[dict[str, float]] | None = None
     steps_data_examples: float | None = None  # the training-set size of the steps table's runs
+    steps_data_tokens: float | None = None
     loss_vs_data: list[dict[str, float]] | None = None
     table_notes: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     tokens_per_example: float | None = None  # given by the caller: sent with the tables
+    target_tokens: float | None = None  # the target run's tokens, for the batch scaling law
+    batch_sweeps: list[dict[str, Any]] | None = None
+    sweep_groups: list[GroupOutcome] | None = None  # None: the law was not in question
 
     @property
     def used(self) -> list[RunOutcome]:
@@ -128,6 +133,8 @@ class ImportResult:
         if self.steps_to_target is not None:
             out[STEPS_TABLE] = self.steps_to_target
             out["steps_to_target_loss"] = self.target_loss
+        if self.batch_sweeps is not None:
+            out[SWEEPS_TABLE] = self.batch_sweeps
         if self.loss_vs_data is not None:
             out[DATA_TABLE] = self.loss_vs_data
         if out and self.tokens_per_example is not None:
@@ -137,15 +144,22 @@ class ImportResult:
     def report(self) -> dict[str, Any]:
         """Which runs were used, which skipped and why (the CLI's ``--json`` ``runs``)."""
         tables = {}
-        for table, rows in ((STEPS_TABLE, self.steps_to_target), (DATA_TABLE, self.loss_vs_data)):
+        built = [(STEPS_TABLE, self.steps_to_target), (DATA_TABLE, self.loss_vs_data)]
+        if self.sweep_groups is not None or SWEEPS_TABLE in self.table_notes:
+            built.append((SWEEPS_TABLE, self.batch_sweeps))
+        for table, rows in built:
             entry: dict[str, Any] = {"sent": rows is not None, "rows": len(rows or [])}
             if table in self.table_notes:
                 entry["note"] = self.table_notes[table]
             tables[table] = entry
         if self.steps_to_target is not None:
             tables[STEPS_TABLE]["data_examples"] = self.steps_data_examples
+            tables[STEPS_TABLE]["data_tokens"] = self.steps_data_tokens
+        if SWEEPS_TABLE in tables:
+            tables[SWEEPS_TABLE]["groups"] = [g.as_json() for g in self.sweep_groups or []]
         return {
             "target_loss": self.target_loss,
+            "target_tokens": self.target_tokens,
             "tables": tables,
             "used": [o.as_json() for o in self.used],
             "skipped": [o.as_json() for o in self.skipped],
@@ -157,55 +171,32 @@ def _fmt(value: float | None) -> str:
     return "unknown" if value is None else f"{value:g}"
 
 
-def _steps_table(outcomes: list[RunOutcome], target: float | None, result: ImportResult) -> None:
-    if target is None:
-        for o in outcomes:
-            o.reasons[STEPS_TABLE] = "no target loss given (--target-loss or targets.target_loss)"
-        result.table_notes[STEPS_TABLE] = "no target loss given"
-        return
-    crossings: dict[int, Crossing] = {}
-    for o in outcomes:
-        if o.resolved.batch_size is None:
-            o.reasons[STEPS_TABLE] = o.resolved.batch_note or "no batch size"
-            continue
-        crossing = first_crossing(o.history, target)
-        if not o.history and o.resolved.record.history_note:
-            o.reasons[STEPS_TABLE] = o.resolved.record.history_note
-        elif isinstance(crossing, str):
-            o.reasons[STEPS_TABLE] = crossing
-        else:
-            crossings[id(o)] = crossing
-    # one table per training-set size: the size with the most batch sizes (ties: the largest)
-    groups: dict[float | None, list[RunOutcome]] = defaultdict(list)
-    for o in outcomes:
-        if id(o) in crossings:
-            groups[o.resolved.data_examples].append(o)
-    if not groups:
-        result.table_notes[STEPS_TABLE] = f"no run with a batch size reached the target {target:g}"
-        return
+SizeKey = tuple[str, float] | None
 
-    def breadth(key: float | None) -> tuple[int, float]:
-        return len({o.resolved.batch_size for o in groups[key]}), -1.0 if key is None else key
 
-    chosen = max(groups, key=breadth)
-    wide = [k for k in groups if breadth(k)[0] >= MIN_BATCH_SIZES]
-    if len(wide) > 1:
-        result.notes.append(
-            f"runs at {len(wide)} training-set sizes reached the target at {MIN_BATCH_SIZES} or "
-            f"more batch sizes each: steps_to_target holds those at {_fmt(chosen)} examples only "
-            "(a table per size, for the batch-size scaling law, is not imported yet)"
-        )
-    for key, group in groups.items():
-        if key != chosen:
-            for o in group:
-                o.reasons[STEPS_TABLE] = (
-                    f"trained on {_fmt(key)} examples; steps_to_target holds the runs on "
-                    f"{_fmt(chosen)} examples (the size with the most batch sizes)"
-                )
-    # per batch size: repeats at one learning rate averaged; the learning rate that reached
-    # the target in the fewest steps kept (McCandlish et al. 2018 tune it per batch size)
+def _size_key(run: ResolvedRun) -> SizeKey:
+    """The training-set size a run's steps belong with: its tokens when known (the batch
+    scaling law's D), else its examples, else None."""
+    if run.data_tokens is not None:
+        return ("tokens", run.data_tokens)
+    if run.data_examples is not None:
+        return ("examples", run.data_examples)
+    return None
+
+
+def _size_text(key: SizeKey) -> str:
+    return "an unknown training-set size" if key is None else f"{key[1]:g} {key[0]}"
+
+
+def _group_rows(
+    group: list[RunOutcome], crossings: dict[int, Crossing], table: str
+) -> list[tuple[int, float, float, list[RunOutcome]]]:
+    """(batch size, steps, uncertainty, runs) per batch size of one training-set size, sorted:
+    repeats at one learning rate averaged, and the learning rate that reached the target in the
+    fewest steps kept (McCandlish et al. 2018 tune it per batch size); the runs at the other
+    rates get the reason under ``table``."""
     cells: dict[int, dict[float | None, list[RunOutcome]]] = defaultdict(lambda: defaultdict(list))
-    for o in groups[chosen]:
+    for o in group:
         assert o.resolved.batch_size is not None
         cells[o.resolved.batch_size][o.resolved.lr].append(o)
     rows: list[tuple[int, float, float, list[RunOutcome]]] = []
@@ -222,12 +213,85 @@ def _steps_table(outcomes: list[RunOutcome], target: float | None, result: Impor
         for lr, runs in by_lr.items():
             if lr != best_lr:
                 for o in runs:
-                    o.reasons[STEPS_TABLE] = (
+                    o.reasons[table] = (
                         f"at batch size {batch} learning rate {_fmt(best_lr)} reached the target "
                         f"in fewer steps ({steps:g} vs {means[lr][0]:g} at lr {_fmt(lr)})"
                     )
         rows.append((batch, steps, uncertainty, by_lr[best_lr]))
-    rows.sort()
+    rows.sort(key=lambda row: row[0])
+    return rows
+
+
+def _table(rows: list[tuple[int, float, float, list[RunOutcome]]]) -> list[dict[str, float]]:
+    return [
+        {"batch_size": batch, "steps": steps, "steps_uncertainty": uncertainty}
+        for batch, steps, uncertainty, _ in rows
+    ]
+
+
+def _steps_table(
+    outcomes: list[RunOutcome],
+    target: float | None,
+    result: ImportResult,
+    target_tokens: float | None,
+) -> None:
+    if target is None:
+        for o in outcomes:
+            o.reasons[STEPS_TABLE] = "no target loss given (--target-loss or targets.target_loss)"
+        result.table_notes[STEPS_TABLE] = "no target loss given"
+        if target_tokens is not None:
+            result.table_notes[SWEEPS_TABLE] = "no target loss given"
+        return
+    crossings: dict[int, Crossing] = {}
+    for o in outcomes:
+        if o.resolved.batch_size is None:
+            o.reasons[STEPS_TABLE] = o.resolved.batch_note or "no batch size"
+            continue
+        crossing = first_crossing(o.history, target)
+        if not o.history and o.resolved.record.history_note:
+            o.reasons[STEPS_TABLE] = o.resolved.record.history_note
+        elif isinstance(crossing, str):
+            o.reasons[STEPS_TABLE] = crossing
+        else:
+            crossings[id(o)] = crossing
+    # a table per training-set size; steps_to_target holds the size with the most batch sizes
+    # (ties: the largest), batch_sweeps one per token count when the law can use them
+    groups: dict[SizeKey, list[RunOutcome]] = defaultdict(list)
+    for o in outcomes:
+        if id(o) in crossings:
+            groups[_size_key(o.resolved)].append(o)
+    if not groups:
+        note = f"no run with a batch size reached the target {target:g}"
+        result.table_notes[STEPS_TABLE] = note
+        if target_tokens is not None:
+            result.table_notes[SWEEPS_TABLE] = note
+        return
+
+    def breadth(key: SizeKey) -> tuple[int, float]:
+        return len({o.resolved.batch_size for o in groups[key]}), -1.0 if key is None else key[1]
+
+    chosen = max(groups, key=breadth)
+    _sweeps(groups, crossings, result, target_tokens)
+    wide = [k for k in groups if breadth(k)[0] >= MIN_BATCH_SIZES]
+    if len(wide) > 1:
+        where = (
+            f"batch_sweeps holds a table per token count ({len(result.batch_sweeps)})"
+            if result.batch_sweeps is not None
+            else f"batch_sweeps: {result.table_notes.get(SWEEPS_TABLE, 'not sent')}"
+        )
+        result.notes.append(
+            f"runs at {len(wide)} training-set sizes reached the target at {MIN_BATCH_SIZES} or "
+            f"more batch sizes each: steps_to_target holds those at {_size_text(chosen)} (the "
+            f"size with the most batch sizes, for the pilots' own B_crit); {where}"
+        )
+    for key, group in groups.items():
+        if key != chosen:
+            for o in group:
+                o.reasons[STEPS_TABLE] = (
+                    f"trained on {_size_text(key)}; steps_to_target holds the runs on "
+                    f"{_size_text(chosen)} (the size with the most batch sizes)"
+                )
+    rows = _group_rows(groups[chosen], crossings, STEPS_TABLE)
     if len(rows) < MIN_BATCH_SIZES:
         note = (
             f"only {len(rows)} batch size reached the target {target:g}; the S(B) fit needs "
@@ -238,15 +302,53 @@ def _steps_table(outcomes: list[RunOutcome], target: float | None, result: Impor
             for o in runs:
                 o.reasons[STEPS_TABLE] = note
         return
-    result.steps_to_target = []
-    for batch, steps, uncertainty, runs in rows:
-        result.steps_to_target.append(
-            {"batch_size": batch, "steps": steps, "steps_uncertainty": uncertainty}
-        )
+    result.steps_to_target = _table(rows)
+    for *_, runs in rows:
         for o in runs:
             c = crossings[id(o)]
             o.used[STEPS_TABLE] = {"steps": c.steps, "steps_uncertainty": c.uncertainty}
-    result.steps_data_examples = chosen
+    first = groups[chosen][0].resolved
+    result.steps_data_examples = first.data_examples
+    result.steps_data_tokens = first.data_tokens
+
+
+def _sweeps(
+    groups: dict[SizeKey, list[RunOutcome]],
+    crossings: dict[int, Crossing],
+    result: ImportResult,
+    target_tokens: float | None,
+) -> None:
+    """measurements.batch_sweeps from the size groups (``build_batch_sweeps``), and each run's
+    part in it; nothing when the law is not in question."""
+    tables: list[tuple[SizeGroup, list[tuple[int, float, float, list[RunOutcome]]]]] = []
+    for key, group in groups.items():
+        rows = _group_rows(group, crossings, SWEEPS_TABLE)
+        first = group[0].resolved
+        tokens = key[1] if key is not None and key[0] == "tokens" else None
+        tables.append((SizeGroup(tokens, first.data_examples, _table(rows)), rows))
+    built = build_batch_sweeps([g for g, _ in tables], target_tokens=target_tokens)
+    if built is None:  # not in question: no run is said to be left out of it
+        for group in groups.values():
+            for o in group:
+                o.reasons.pop(SWEEPS_TABLE, None)
+        return
+    result.batch_sweeps = built.sweeps
+    result.sweep_groups = built.groups
+    if built.note is not None:
+        result.table_notes[SWEEPS_TABLE] = built.note
+    for outcome, (size, rows) in zip(built.groups, tables, strict=True):
+        for *_, runs in rows:
+            for o in runs:
+                if outcome.sent:
+                    assert size.tokens is not None
+                    c = crossings[id(o)]
+                    o.used[SWEEPS_TABLE] = {
+                        "tokens": size.tokens,
+                        "steps": c.steps,
+                        "steps_uncertainty": c.uncertainty,
+                    }
+                else:
+                    o.reasons.setdefault(SWEEPS_TABLE, outcome.reason or "not sent")
 
 
 def _stopped_at_target(history: list[tuple[float, float]], target: float | None) -> bool:
@@ -305,7 +407,11 @@ def _data_table(outcomes: list[RunOutcome], result: ImportResult) -> None:
 
 
 def build_tables(
-    records: Sequence[RunRecord], target_loss: float | None, names: ParamNames | None = None
+    records: Sequence[RunRecord],
+    target_loss: float | None,
+    names: ParamNames | None = None,
+    *,
+    target_tokens: float | None = None,
 ) -> ImportResult:
     """The steps-to-target table and the L(D) table from ``records``.
 
@@ -313,14 +419,17 @@ def build_tables(
     (``first_crossing``) with the logging interval as ``steps_uncertainty``; runs repeated at
     one learning rate are averaged, and of several learning rates the one with the fewest
     steps is kept. When the runs span several training-set sizes, the table holds the size
-    with the most batch sizes. loss_vs_data: per training-set size (in examples), the last
-    logged loss (the loss at the end of the decayed schedule) of finished runs that did not
-    stop at the target, the lowest when several runs share a size. Each table is sent only
-    when the planner can fit it (2 batch sizes, 3 dataset sizes)."""
+    with the most batch sizes (ties: the largest), and batch_sweeps one such table per token
+    count when 2 or more qualify (``sweeps.build_batch_sweeps``; asked for by
+    ``target_tokens``, the target run's tokens, it says why not otherwise). loss_vs_data:
+    per training-set size (in examples), the last logged loss (the loss at the end of the
+    decayed schedule) of finished runs that did not stop at the target, the lowest when
+    several runs share a size. Each table is sent only when the planner can fit it (2 batch
+    sizes, 3 dataset sizes; a batch sweep: 3 batch sizes)."""
     names = names or ParamNames()
     outcomes = [RunOutcome(resolve_run(r, names), clean_history(r.history)) for r in records]
-    result = ImportResult(target_loss=target_loss, runs=outcomes)
+    result = ImportResult(target_loss=target_loss, runs=outcomes, target_tokens=target_tokens)
     result.tokens_per_example = names.tokens_per_example
-    _steps_table(outcomes, target_loss, result)
+    _steps_table(outcomes, target_loss, result, target_tokens)
     _data_table(outcomes, result)
     return result
