@@ -1,6 +1,7 @@
 """Training runs as plan measurements: a tracker's runs (MLflow, or any tracker's CSV or
-JSON-lines export) turned into ``measurements.steps_to_target`` and
-``measurements.loss_vs_data`` (``curvplan plan --from-mlflow`` / ``--from-runs``;
+JSON-lines export) turned into ``measurements.steps_to_target``,
+``measurements.loss_vs_data`` and, for runs at several token counts,
+``measurements.batch_sweeps`` (``curvplan plan --from-mlflow`` / ``--from-runs``;
 docs/integrations.md#pilot-runs-from-a-tracker).
 
     from curvplan.runs import ParamNames, build_tables, read_runs_file
@@ -9,7 +10,8 @@ docs/integrations.md#pilot-runs-from-a-tracker).
     result.measurements()  # {"steps_to_target": [...], "loss_vs_data": [...], ...}
     result.report()        # which runs were used, which skipped and why
 
-Torch-free, numpy-free and MLflow-free (``curvplan.integrations.mlflow_runs`` reads MLflow).
+Torch-free, numpy-free and MLflow-free (``curvplan.integrations.mlflow_runs`` reads MLflow);
+pydantic only, for the plan's own input models.
 """
 
 from curvplan.runs.export_file import LOSS_COLUMNS, read_runs_file
@@ -22,6 +24,7 @@ from curvplan.runs.records import (
     RunsInputError,
     resolve_run,
 )
+from curvplan.runs.sweeps import GroupOutcome, SizeGroup, build_batch_sweeps
 from curvplan.runs.tables import (
     Crossing,
     ImportResult,
@@ -36,12 +39,15 @@ __all__ = [
     "LOSS_COLUMNS",
     "ROLES",
     "Crossing",
+    "GroupOutcome",
     "ImportResult",
     "ParamNames",
     "ResolvedRun",
     "RunOutcome",
     "RunRecord",
     "RunsInputError",
+    "SizeGroup",
+    "build_batch_sweeps",
     "build_tables",
     "clean_history",
     "first_crossing",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import export_gen as gen
 import pytest
+import sweep_gen
 from cli_helpers import run_cli
 from live_plugin import LiveService
 from typer.testing import CliRunner
@@ -49,6 +50,35 @@ def test_from_runs_csv_to_a_budget(live: LiveService, export: Path, tmp_path: Pa
     assert "runs from" in words.stdout and "13 used, 0 skipped" in words.stdout
     assert f"batch 8: {gen.logged_crossing(8)} steps (± {gen.EVAL_EVERY})" in words.stdout
     assert "submitted job" in words.stdout
+
+
+def test_from_runs_at_several_token_counts_to_the_target_runs_batch(
+    live: LiveService, tmp_path: Path
+) -> None:
+    """Runs at 4 token counts, each a batch sweep, sized in examples: with
+    --tokens-per-example and --target-tokens the job answers budget.batch from the law."""
+    export = gen.write_jsonl(tmp_path / "sweeps.jsonl", sweep_gen.sweep_rows(in_examples=True))
+    args = ["plan", "--from-runs", str(export), "--target-loss", str(sweep_gen.TARGET),
+            "--tokens-per-example", str(sweep_gen.TOKENS_PER_EXAMPLE),
+            "--target-tokens", str(sweep_gen.TARGET_TOKENS), "--wait", "--json"]  # fmt: skip
+    out = run_cli(args, live.client_env(), timeout=240)
+    assert out.code == 0, out.stderr
+    doc = json.loads(out.stdout)
+    sweeps = doc["runs"]["tables"]["batch_sweeps"]
+    assert sweeps["sent"] and [g["tokens"] for g in sweeps["groups"]] == list(sweep_gen.TOKENS)
+    assert "the law answers the target run's 4e+09 tokens" in out.stderr
+    job = doc["job"]
+    assert job["status"] == "succeeded"
+    batch = job["result"]["recommendation"]["budget"]["batch"]
+    assert batch["source"] == "batch_scaling_law"
+    assert batch["scaling_law"]["target_tokens"] == sweep_gen.TARGET_TOKENS
+    lo, hi = batch["scaling_law"]["gamma_ci"]
+    assert lo <= sweep_gen.GAMMA <= hi
+    truth = sweep_gen.b_crit(sweep_gen.TARGET_TOKENS)
+    assert batch["critical_ci"][0] <= truth <= batch["critical_ci"][1]
+    # the target run's steps: its tokens over (recommended batch × tokens per example)
+    steps = sweep_gen.TARGET_TOKENS / (batch["recommended"] * sweep_gen.TOKENS_PER_EXAMPLE)
+    assert batch["expected_steps"] == pytest.approx(steps)
 
 
 @pytest.mark.parametrize(
