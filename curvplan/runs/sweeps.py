@@ -111,7 +111,7 @@ def build_batch_sweeps(
     if len(fittable) < 2 and target_tokens is None:
         return None
     in_tokens = sorted((g for g in fittable if g.tokens is not None), key=lambda g: g.tokens or 0)
-    in_examples = [g for g in fittable if g.tokens is None]
+    in_examples = [g for g in fittable if g.tokens is None and g.examples is not None]
     reasons: dict[int, str] = {}
     for group, problem in zip(groups, problems, strict=True):
         if problem is not None:
