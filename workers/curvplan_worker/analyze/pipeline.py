@@ -45,6 +45,7 @@ from curvplan_core.planner import Measurements, Targets, make_plan
 from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
 from curvplan_worker.analyze.eta import EtaTracker
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
+from curvplan_worker.analyze.sweep_inputs import read_sweeps
 from curvplan_worker.errors import JobCancelled, JobError
 from curvplan_worker.job_context import ChildOutcome, JobContext
 
@@ -162,8 +163,9 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
             body.model, intermediates, str(dataset.path), options, machine, ctx
         )
         fields, notes = planner_fields(result, noise)
-        sweep_fields, sweep_target = _sweep_fields(engine, project_id, body.sweeps)
-        fields.update(sweep_fields)
+        swept = read_sweeps(engine, project_id, body.sweeps)
+        fields.update(swept.fields)
+        notes.extend(swept.notes)
         n_params = (result.get("cost_inputs") or {}).get("n_params")
         if n_params:  # prices a data sweep's training time in budget.data.next_step
             fields["model_parameters"] = int(n_params)
@@ -185,8 +187,8 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
         }
     ctx.report_progress(0.96, "planning", "measurements → recommendation")
     targets: Targets = body.targets
-    if targets.target_loss is None and sweep_target is not None:
-        targets = targets.model_copy(update={"target_loss": sweep_target})
+    if targets.target_loss is None and swept.target_loss is not None:
+        targets = targets.model_copy(update={"target_loss": swept.target_loss})
     seed = targets.seed if targets.seed is not None else uuid.UUID(ctx.job_id).int % (2**31)
     recommendation = make_plan(measurements, targets, seed=seed)
     ctx.report_progress(1.0, "planning", "recommendation ready")
@@ -196,6 +198,7 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
         "planner_inputs": _inline_planner_inputs(fields, outputs, result),
         "artifacts": outputs,
         "notes": notes,
+        "sweeps_used": swept.used,
         "recommendation": recommendation.model_dump(mode="json"),
         **_peak_memory(result),
     }
@@ -210,48 +213,6 @@ def _peak_memory(result: dict[str, Any]) -> dict[str, Any]:
 
     value, source = peak_memory(torch.device(result.get("device") or "cpu"))
     return {"peak_memory_bytes": value, "peak_memory_source": source}
-
-
-def _sweep_fields(
-    engine: Any, project_id: uuid.UUID, sweeps: list[uuid.UUID]
-) -> tuple[dict[str, Any], float | None]:
-    """Measurements from finished sweep jobs of the project: the batch sweep's steps to target,
-    the data sweep's loss-vs-data table and the branch sweep's critical batch per checkpoint
-    (the budget then leads with them), the batch sweep's target as ``steps_to_target_loss``
-    (the loss budget.batch answers), and the target loss used when targets.target_loss is not
-    given: the data sweep's (the loss budget.data answers), else the batch sweep's."""
-    from sqlalchemy import text
-
-    fields: dict[str, Any] = {}
-    target = None
-    for i, sweep_id in enumerate(sweeps):
-        with engine.connect() as conn:
-            row = conn.execute(
-                text("SELECT kind, status, result FROM job WHERE id = :id AND project_id = :p"),
-                {"id": sweep_id, "p": project_id},
-            ).one_or_none()
-        if row is None or row.kind != "sweep":
-            raise JobError("invalid-request", "Not a sweep", f"sweeps.{i}: no sweep job {sweep_id}")
-        if row.status != "succeeded":
-            raise JobError(
-                "invalid-request",
-                "The sweep has not succeeded",
-                f"sweeps.{i}: sweep job {sweep_id} is {row.status}",
-            )
-        measured = (row.result or {}).get("measurements") or {}
-        sweep = (row.result or {}).get("sweep") or {}
-        for key in ("steps_to_target", "loss_vs_data", "branched_critical_batch"):
-            if key in measured:
-                fields[key] = measured[key]
-        if sweep.get("tokens_per_example"):
-            fields["tokens_per_example"] = sweep["tokens_per_example"]
-        swept = sweep.get("target_loss")
-        if swept is not None and sweep.get("type") == "batch":
-            fields["steps_to_target_loss"] = float(swept)  # budget.batch answers this loss
-        # budget.data answers the data sweep's target; the batch sweep's only without one
-        if swept is not None and (target is None or sweep.get("type") == "data"):
-            target = float(swept)
-    return fields, target
 
 
 def _tokens_per_example(model: ModelSpec | HuggingFaceModel) -> float | None:
