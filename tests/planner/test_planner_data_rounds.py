@@ -76,21 +76,26 @@ def test_a_size_beyond_one_and_a_half_times_the_measured_sizes_is_flagged(
     if below:
         assert step.next_round_sizes == [2048]
         assert min(step.next_round_sizes) <= d_star < 4096
-        # the command's sweep fits on its own: the new size and the measured ones nearest it
-        assert step.data_sizes == [2048, 4096, 8192, 16384]
+        # the command's sweep fits on its own and trains no measured size again: the new
+        # size and geometric midpoints between it and the smallest measured size
+        assert step.data_sizes == [2048, 2435, 2896, 3444]
     else:
         assert step.next_round_sizes == [65536]
         assert max(step.next_round_sizes) >= d_star > 32768
-        assert step.data_sizes == [8192, 16384, 32768, 65536]
+        assert step.data_sizes == [38968, 46341, 55109, 65536]
+    assert not set(step.data_sizes) & set(sizes)  # the analysis combines both sweeps' L(D)
     assert "--data-sizes " + ",".join(map(str, step.data_sizes)) in step.command
-    assert step.training_runs == 4 * 3
+    assert "--sweep OLD --sweep NEW" in step.estimated_cost
+    runs, examples = _independent_count(step.command)  # only the new runs are counted
+    assert step.training_runs == runs == 4 * 3
+    assert step.max_examples_processed == examples
 
 
 def test_the_next_round_goes_as_far_as_the_true_size_within_its_cap() -> None:
     sizes = [4096, 8192, 16384, 32768]
     far = make_plan(_measured(sizes), Targets(target_loss=_target_for(300.0)), seed=0)
     assert far.budget.data.next_step.next_round_sizes == [512, 1024, 2048]  # 3 per round
-    assert far.budget.data.next_step.data_sizes == [512, 1024, 2048, 4096, 8192]
+    assert far.budget.data.next_step.data_sizes == [512, 1024, 2048, 2896]
     # no more training data above: nothing to run, and the reason says so
     short = make_plan(
         _measured(sizes),

@@ -20,6 +20,7 @@ What leads, in order:
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Literal
 
@@ -194,8 +195,14 @@ def data_sweep_next_step(
             if seconds is not None
             else "; time unknown (model size not given)"
         )
-        + f"; {later}; then `curvplan analyze … --sweep <sweep job id>` puts its L(D) in "
-        "budget.data"
+        + f"; {later}; "
+        + (
+            "then `curvplan analyze … --sweep <sweep job id>` puts its L(D) in budget.data"
+            if next_round is None or new_sizes is None
+            else "then analyze with both sweeps: `curvplan analyze … --sweep OLD --sweep NEW` "
+            "(OLD: the sweep(s) this analysis used; their L(D) tables are combined, a size "
+            "both measured averaged)"
+        )
     )
     if next_round is not None:
         cost = f"next round ({next_round}): {cost}"
@@ -217,18 +224,36 @@ def data_sweep_next_step(
 
 
 ROUND_COMMAND_SIZES = 4
-"""A next round's command trains at least this many sizes (the sweep's fit needs 4): the new
-sizes and the measured ones nearest them."""
+"""A next round's command trains at least this many sizes (a sweep's own fit needs 4), all of
+them sizes not measured yet."""
 
 
 def round_command_sizes(new: list[int], measured: list[float], side: str) -> list[int]:
-    """The ``--data-sizes`` of a next round's command: its new sizes plus the measured sizes
-    nearest them (at least two, and at least ROUND_COMMAND_SIZES in all), so that the sweep
-    the command starts brackets the target on its own."""
+    """The ``--data-sizes`` of a next round's command: its new sizes and, while fewer than
+    ROUND_COMMAND_SIZES, the geometric midpoint of the widest ratio gap between them and the
+    nearest measured size (new sizes too, between the round's and the measured range: the
+    sweep fits on its own and no measured size is trained again, since an analysis given both
+    sweeps combines their L(D), docs/budget.md#data-sweep). Only when the gaps are too narrow
+    for distinct whole sizes are the nearest measured sizes added instead."""
     ordered = sorted({int(d) for d in measured})
-    keep = max(2, ROUND_COMMAND_SIZES - len(new))
-    near = ordered[:keep] if side == "below" else ordered[-keep:]
-    return sorted(set(new) | set(near))
+    edge = ordered[0] if side == "below" else ordered[-1]
+    chain = sorted(set(new) | {edge})
+    while len(chain) - 1 < ROUND_COMMAND_SIZES:
+        gaps = sorted(
+            ((b / a, a, b) for a, b in itertools.pairwise(chain) if b - a > 1), reverse=True
+        )
+        if not gaps:
+            break
+        _, a, b = gaps[0]
+        middle = round(math.sqrt(a * b))  # strictly between a and b when b − a ≥ 2
+        if middle in chain:
+            break
+        chain = sorted({*chain, middle})
+    sizes = [d for d in chain if d != edge]
+    near = ordered if side == "below" else ordered[::-1]
+    for d in near[: max(0, ROUND_COMMAND_SIZES - len(sizes))]:
+        sizes.append(d)  # gaps too narrow: measured sizes (the analysis averages repeats)
+    return sorted(set(sizes))
 
 
 def _next_round_step(
