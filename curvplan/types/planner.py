@@ -1039,8 +1039,10 @@ class DataSweepNextStep(_Out):
     next_round_sizes: list[int] | None = Field(
         default=None,
         description="After a data sweep that does not bracket the target: the sizes the next "
-        "round adds (halvings below or doublings above the measured ones); data_sizes adds "
-        "the measured sizes nearest them, so that the command's sweep fits on its own.",
+        "round adds (halvings below or doublings above the measured ones); data_sizes adds, "
+        "while fewer than 4, geometric midpoints between them and the nearest measured size "
+        "(sizes not measured yet), so that the command's sweep fits on its own; analyze with "
+        "both sweeps (`--sweep OLD --sweep NEW`): their L(D) tables are combined.",
     )
     training_runs: int = Field(
         description="Training runs of the command's first round (one child job each): every "

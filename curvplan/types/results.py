@@ -202,6 +202,13 @@ class AnalyzeResult(_Open):
         default_factory=dict, description="Output artifacts of the job: {group name: artifact id}."
     )
     notes: list[str] = Field(default_factory=list)
+    sweeps_used: dict[str, list[uuid.UUID]] = Field(
+        default_factory=dict,
+        description="Which of `sweeps` each planner table came from: {loss_vs_data | "
+        "steps_to_target | branched_critical_batch: [sweep job ids]}. Data sweeps of one setup "
+        "are combined into one L(D), batch sweeps of one setup and target into one "
+        "steps-to-target table (docs/budget.md#data-sweep).",
+    )
     recommendation: Recommendation
     peak_memory_bytes: int | None = Field(
         default=None,
