@@ -291,3 +291,65 @@ def test_a_data_sweep_runs_a_second_round_on_real_workers(
     # no smaller subset can be trained: the sweep says so instead of extrapolating silently
     assert data["next_round_sizes"] is None
     assert any("no next round" in note for note in done["result"]["sweep"]["notes"])
+
+
+def test_an_analysis_combines_two_data_sweeps_of_one_setup(
+    client: httpx.Client,
+    service: Service,
+    data_ids: dict[str, str],
+    branch_checkpoints: list[str],
+) -> None:
+    """A first round and a next round run as two sweeps (one round each): given both, the
+    analysis fits one L(D) over every size of the two and says where it came from."""
+
+    def data_sweep(sizes: list[int]) -> str:
+        body = {
+            "kind": "sweep",
+            "model": TINY_SPEC,
+            **data_ids,
+            "optimizer": {"lr": 0.03, "base_batch_size": 4, "warmup_steps": 2, "lr_grid": [1.0]},
+            "sweep": {
+                "type": "data",
+                "target_loss": 50.0,
+                "data_sizes": sizes,
+                "batch_size": 4,
+                "epochs": 2,
+                "min_steps": 10,
+                "eval_every": 5,
+                "max_rounds": 1,  # not part of the setup: the two still combine
+            },
+        }
+        response = client.post("/v1/jobs", json=body)
+        assert response.status_code == 202, response.text
+        return str(response.json()["id"])
+
+    first, second = data_sweep([8, 16, 32, 64]), data_sweep([6, 12, 24, 48])
+    for job_id in (first, second):
+        done = wait_terminal(client, job_id, timeout=240)
+        assert done["status"] == "succeeded", (done["error"], service.logs())
+    analyze = {
+        "kind": "analyze",
+        "model": TINY_SPEC,
+        "checkpoint": branch_checkpoints[1],
+        "dataset": data_ids["eval_data"],
+        "sweeps": [first, second],
+        "options": {  # only the sweeps' tables are under test: the cheapest analysis
+            "fan_out": False,
+            "trace_probes": 2,
+            "dense": "off",
+            "per_sample": False,
+            "gradient_noise": False,
+            "bounds": False,
+            "off_diagonal": False,
+        },
+    }
+    response = client.post("/v1/jobs", json=analyze)
+    assert response.status_code == 202, response.text
+    analysed = wait_terminal(client, response.json()["id"], timeout=120)
+    assert analysed["status"] == "succeeded", (analysed["error"], service.logs())
+    result = analysed["result"]
+    assert result["sweeps_used"] == {"loss_vs_data": [first, second]}
+    table = result["planner_inputs"]["fields"]["loss_vs_data"]
+    assert [p["n_samples"] for p in table] == [6, 8, 12, 16, 24, 32, 48, 64]
+    assert any("2 data sweeps" in note for note in result["notes"])
+    assert result["recommendation"]["budget"]["data"]["measured_sizes"] == [6, 64]
