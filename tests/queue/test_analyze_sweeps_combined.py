@@ -170,3 +170,13 @@ def test_batch_sweeps_combine_for_one_target_and_are_refused_for_two(db, project
     other = _batch_sweep(db, project_id, 2.5, [(8, 500.0), (16, 300.0), (32, 200.0)])
     with pytest.raises(JobError, match=r"sweeps\.1: its sweep\.target_loss differs"):
         read_sweeps(db, project_id, [small, other])
+
+
+def test_an_agent_sweep_and_a_builtin_sweep_are_different_setups() -> None:
+    from curvplan_worker.analyze.sweep_inputs import sweep_setup
+
+    settings = {"type": "data", "data_sizes": [64, 128, 256, 512], "batch_size": 32}
+    builtin = sweep_setup(_request(str(uuid.uuid4()), str(uuid.uuid4()), settings))
+    agent = sweep_setup({"kind": "sweep", "runner": "agent", "sweep": settings})
+    assert (builtin["runner"], agent["runner"]) == ("builtin", "agent")
+    assert agent["train_data"] is None and agent["sweep.epochs"] == builtin["sweep.epochs"]

@@ -163,17 +163,19 @@ def _load(engine: Any, project_id: uuid.UUID, index: int, sweep_id: uuid.UUID) -
 
 
 def sweep_setup(request: dict[str, Any]) -> dict[str, Any]:
-    """What a sweep measured, by request field name: model, start checkpoint, training and
-    evaluation data, every optimizer setting (lr, lr rule, lr grid, …) and the type's own
-    settings (:data:`DATA_SETUP`, :data:`BATCH_SETUP`), defaults filled in as the sweep ran."""
+    """What a sweep measured, by request field name: the runner, model, start checkpoint,
+    training and evaluation data (an agent sweep has none: the service cannot see its
+    command, so two agent sweeps compare on the rest), every optimizer setting (lr, lr rule,
+    lr grid, …) and the type's own settings (:data:`DATA_SETUP`, :data:`BATCH_SETUP`),
+    defaults filled in as the sweep ran."""
     try:
         body = SweepJobCreate.model_validate(request).model_dump(mode="json")
     except ValueError:  # stored by an older version: compare what it says
         body = request
     settings = body.get("sweep") or {}
-    setup: dict[str, Any] = {
-        name: body.get(name) for name in ("model", "checkpoint", "train_data", "eval_data")
-    }
+    setup: dict[str, Any] = {"runner": body.get("runner", "builtin")}
+    for name in ("model", "checkpoint", "train_data", "eval_data"):  # none for an agent sweep
+        setup[name] = body.get(name)
     for name, value in sorted((body.get("optimizer") or {}).items()):
         setup[f"optimizer.{name}"] = value
     own = DATA_SETUP if settings.get("type") == "data" else BATCH_SETUP
@@ -197,9 +199,15 @@ def _same_setup(group: list[_Sweep]) -> None:
                 "The sweeps measured different setups",
                 f"sweeps.{other.index}: its {name} differs from sweeps.{first.index}'s{shown}; "
                 f"{first.type} sweeps are combined only when they measured the same setup "
-                f"(model, checkpoint, train_data, eval_data, optimizer and sweep."
+                f"(runner, model, checkpoint, train_data, eval_data, optimizer and sweep."
                 + ", sweep.".join(compared)
-                + ")",
+                + ")"
+                + (
+                    "; batch sweeps at different data sizes fit B_crit(D) as a plan's "
+                    "measurements.batch_sweeps"
+                    if first.type == "batch"
+                    else ""
+                ),
             )
 
 
