@@ -136,7 +136,7 @@ def test_data_sweeps_of_different_setups_are_refused_naming_the_setting(
     data = (str(uuid.uuid4()), str(uuid.uuid4()))
     first = _data_sweep(db, project_id, data, FIRST, seed=0)
     other_data = (str(uuid.uuid4()), data[1]) if change.pop("data", None) else data
-    second = _data_sweep(db, project_id, other_data, [1024, 2048, 2896], seed=1, **change)
+    second = _data_sweep(db, project_id, other_data, [1024, 1448, 2048, 2896], seed=1, **change)
     with pytest.raises(JobError) as refused:
         read_sweeps(db, project_id, [first, second])
     assert refused.value.type == "invalid-request"
@@ -179,4 +179,8 @@ def test_an_agent_sweep_and_a_builtin_sweep_are_different_setups() -> None:
     builtin = sweep_setup(_request(str(uuid.uuid4()), str(uuid.uuid4()), settings))
     agent = sweep_setup({"kind": "sweep", "runner": "agent", "sweep": settings})
     assert (builtin["runner"], agent["runner"]) == ("builtin", "agent")
-    assert agent["train_data"] is None and agent["sweep.epochs"] == builtin["sweep.epochs"]
+    assert agent["train_data"] is None and agent["sweep.epochs"] == builtin["sweep.epochs"] == 10
+    # a request that no longer validates (3 sizes: refused since) is compared as stored
+    stored = {**settings, "data_sizes": [64, 128, 256]}
+    raw = sweep_setup({"kind": "sweep", "runner": "agent", "sweep": stored})
+    assert raw["sweep.epochs"] is None and raw["runner"] == "agent"

@@ -46,7 +46,7 @@ class _Sweep:
     index: int
     job_id: str
     type: str
-    setup: dict[str, Any]
+    request: dict[str, Any]
     measured: dict[str, Any]
     sweep: dict[str, Any]
 
@@ -156,22 +156,27 @@ def _load(engine: Any, project_id: uuid.UUID, index: int, sweep_id: uuid.UUID) -
         index=index,
         job_id=str(sweep_id),
         type=str(sweep.get("type") or (row.request or {}).get("sweep", {}).get("type")),
-        setup=sweep_setup(row.request or {}),
+        request=row.request or {},
         measured=result.get("measurements") or {},
         sweep=sweep,
     )
 
 
-def sweep_setup(request: dict[str, Any]) -> dict[str, Any]:
+def _normalised(request: dict[str, Any]) -> dict[str, Any] | None:
+    """The request as the sweep ran it, defaults filled in (None: it no longer validates)."""
+    try:
+        return SweepJobCreate.model_validate(request).model_dump(mode="json")
+    except ValueError:
+        return None
+
+
+def sweep_setup(request: dict[str, Any], *, normalise: bool = True) -> dict[str, Any]:
     """What a sweep measured, by request field name: the runner, model, start checkpoint,
     training and evaluation data (an agent sweep has none: the service cannot see its
     command, so two agent sweeps compare on the rest), every optimizer setting (lr, lr rule,
     lr grid, …) and the type's own settings (:data:`DATA_SETUP`, :data:`BATCH_SETUP`),
     defaults filled in as the sweep ran."""
-    try:
-        body = SweepJobCreate.model_validate(request).model_dump(mode="json")
-    except ValueError:  # stored by an older version: compare what it says
-        body = request
+    body = (_normalised(request) if normalise else None) or request
     settings = body.get("sweep") or {}
     setup: dict[str, Any] = {"runner": body.get("runner", "builtin")}
     for name in ("model", "checkpoint", "train_data", "eval_data"):  # none for an agent sweep
@@ -186,10 +191,14 @@ def sweep_setup(request: dict[str, Any]) -> dict[str, Any]:
 
 def _same_setup(group: list[_Sweep]) -> None:
     """Refuse sweeps of one type whose setups differ, naming the first differing setting."""
+    # a request an older version stored may not validate today: then all are compared as
+    # stored, never one with defaults filled in against one without
+    normalise = all(_normalised(s.request) is not None for s in group)
+    setups = [sweep_setup(s.request, normalise=normalise) for s in group]
     first = group[0]
-    for other in group[1:]:
-        for name in sorted(set(first.setup) | set(other.setup)):
-            mine, theirs = other.setup.get(name), first.setup.get(name)
+    for other, setup in zip(group[1:], setups[1:], strict=True):
+        for name in sorted(set(setups[0]) | set(setup)):
+            mine, theirs = setup.get(name), setups[0].get(name)
             if mine == theirs:
                 continue
             shown = "" if name == "model" else f" ({_short(mine)} here, {_short(theirs)} there)"
