@@ -11,7 +11,7 @@ object with the reason; every number carries the formula that produced it.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -23,7 +23,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.config import JsonDict
 
 # --------------------------------------------------------------------------- scalar types
 #: The magnitudes a measured or target number may have: |x| ≤ 1e100, and a strictly
@@ -641,10 +640,19 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-DEPRECATED: JsonDict = {"deprecated": True}
-"""JSON-schema marker of an output field kept for one release under its old name, with its
-old value; the recommendation then carries a ``deprecated_field`` warning naming the new
-field (README, "Breaking changes")."""
+class _ReadsStored(_Out):
+    """An output model some of whose fields were removed (README, "Breaking changes"): a
+    recommendation stored before the removal is read with them dropped, so that it still
+    validates and no answer comes back twice. ``REMOVED`` names them; none is in the schema."""
+
+    REMOVED: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_removed_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not cls.REMOVED.isdisjoint(data):
+            return {key: value for key, value in data.items() if key not in cls.REMOVED}
+        return data
 
 
 Interval = tuple[float | None, float | None]
@@ -724,7 +732,11 @@ class SampleSizeValue(_Out):
     meaning: str | None = None
 
 
-class PerTolerance(_Out):
+class PerTolerance(_ReadsStored):
+    REMOVED = frozenset(
+        {"loss_accuracy", "available_is_enough", "available_is_enough_stabilisation"}
+    )
+
     tolerance: float
     empirical: SampleSizeValue | NotComputed
     theoretical: SampleSizeValue | NotComputed
@@ -737,27 +749,8 @@ class PerTolerance(_Out):
         "±ε of the population loss with probability ≈ confidence (k = z²σ²_eff/ε², σ²_eff "
         "cluster-robust when per_sample_groups is given). Not a training-set size.",
     )
-    loss_accuracy: SampleSizeValue | NotComputed | None = Field(
-        default=None,
-        description="Deprecated (one release): the same number as evaluation_set_size, under "
-        "its old name.",
-        json_schema_extra=DEPRECATED,
-    )
     loss_accuracy_squared: SampleSizeValue | NotComputed | None = None
     loss_error_at_empirical: float | None = None
-    available_is_enough: bool | None = Field(
-        default=None,
-        description="Deprecated (one release): available_samples ≥ the evaluation-set size. It "
-        "compares a training-set size with an evaluation number; budget.data.available_is_enough "
-        "compares it with the data sweep's training-set size.",
-        json_schema_extra=DEPRECATED,
-    )
-    available_is_enough_stabilisation: bool | None = Field(
-        default=None,
-        description="Deprecated (one release): available_samples ≥ k*(ε), which is not a "
-        "prediction of training.",
-        json_schema_extra=DEPRECATED,
-    )
 
 
 class BoundValue(_Out):
@@ -821,7 +814,9 @@ class LossCorrelation(_Out):
     formula: str
 
 
-class SampleSizeSection(_Out):
+class SampleSizeSection(_ReadsStored):
+    REMOVED = frozenset({"recommended_criterion", "recommended_criterion_reason"})
+
     status: Literal["computed"] = "computed"
     n_losses: int
     orderings: int
@@ -837,15 +832,6 @@ class SampleSizeSection(_Out):
     available_samples_source: Literal["targets", "measurements (deprecated)"] | None = None
     loss_variance: LossVarianceOut | None = None
     loss_correlation: LossCorrelation | None = None
-    recommended_criterion: Literal["loss_accuracy", "landscape_stabilisation"] | None = Field(
-        default=None,
-        description="Deprecated (one release): which per-tolerance number was called the "
-        "recommendation. budget.data leads now; evaluation_set_size is an evaluation number.",
-        json_schema_extra=DEPRECATED,
-    )
-    recommended_criterion_reason: str | None = Field(
-        default=None, description="Deprecated (one release).", json_schema_extra=DEPRECATED
-    )
     off_minimum: list[OffMinimumFit] = Field(default_factory=list)
     per_tolerance: list[PerTolerance] = Field(default_factory=list)
     missing: list[Missing] = Field(default_factory=list)
@@ -900,12 +886,25 @@ class LrScaling(_Out):
     formula: str
     b_noise: float
     epsilon_max: float | None = None
-    factor_at_recommended: float | None = None
-    epsilon_opt_at_recommended: float | None = None
+    factor_at_recommended: float | None = Field(
+        default=None,
+        description="1/(1 + B_noise/B) at B = budget.batch.recommended (null: the budget "
+        "recommends no batch, or the batch section is in tokens).",
+    )
+    epsilon_opt_at_recommended: float | None = Field(
+        default=None, description="ε_max × factor_at_recommended (learning-rate units)."
+    )
     note: str | None = None
 
 
-class BatchSizeSection(_Out):
+class BatchSizeSection(_ReadsStored):
+    """The gradient-noise and batch-sweep measurements behind budget.batch (evidence: the
+    batch to train at is budget.batch.recommended, and only there)."""
+
+    REMOVED = frozenset(
+        {"recommended", "recommended_basis", "recommended_formula", "recommended_tokens"}
+    )
+
     status: Literal["computed"] = "computed"
     grad_sq_norm: Estimate | NotComputed | None = None
     trace_sigma: Estimate | NotComputed | None = None
@@ -915,25 +914,9 @@ class BatchSizeSection(_Out):
     b_simple: Estimate | NotComputed
     b_noise: Estimate | NotComputed
     b_crit: BCrit | NotComputed
-    recommended: int | None = Field(
-        default=None,
-        description="Deprecated (one release; read budget.batch.recommended): the power of two "
-        "nearest this checkpoint's B_crit, else B_noise, else B_simple — a per-checkpoint "
-        "measurement, not the recommendation.",
-        json_schema_extra=DEPRECATED,
-    )
-    recommended_basis: str | None = Field(
-        default=None, description="Deprecated (one release).", json_schema_extra=DEPRECATED
-    )
-    recommended_formula: str | None = Field(
-        default=None, description="Deprecated (one release).", json_schema_extra=DEPRECATED
-    )
     lr_scaling: LrScaling | NotComputed
     unit: Literal["examples", "tokens"] = "examples"
     tokens_per_example: float | None = None
-    recommended_tokens: int | None = Field(
-        default=None, description="Deprecated (one release).", json_schema_extra=DEPRECATED
-    )
     b_simple_reliability: NoiseReliability | None = None
     b_noise_reliability: NoiseReliability | None = None
     trend: list[NoiseTrendOut] = Field(default_factory=list)
@@ -1070,9 +1053,11 @@ class DataSweepNextStep(_Out):
     estimated_cost: str = Field(description="The cost, in words.")
 
 
-class BudgetData(_Out):
+class BudgetData(_ReadsStored):
     """How many TRAINING examples to have, from a data sweep's L(D), and what that number
     guarantees; `not_available` with the command that gets one otherwise."""
+
+    REMOVED = frozenset({"loss_accuracy_examples"})
 
     recommended_examples: int | None = Field(
         description="Training examples (rows: sequences) predicted to reach the target loss."
@@ -1114,11 +1099,6 @@ class BudgetData(_Out):
         default=None,
         description="Examples that measure the loss at w* to ±ε (an evaluation number, never "
         "compared with available_samples).",
-    )
-    loss_accuracy_examples: int | None = Field(
-        default=None,
-        description="Deprecated (one release): evaluation_set_size.examples under its old name.",
-        json_schema_extra=DEPRECATED,
     )
     landscape_stabilisation: LandscapeStabilisation | None = None
     available_samples: int | None = Field(
@@ -1258,7 +1238,7 @@ class BudgetBatch(_Out):
     )
 
 
-class BudgetLearningRate(_Out):
+class BudgetLearningRate(_ReadsStored):
     """2/λ_max of the whole-model Hessian: the gradient-descent sharpness threshold (Cohen et
     al. 2021, "Gradient Descent on Neural Networks Typically Occurs at the Edge of
     Stability"). Above it full-batch GD's loss stops decreasing monotonically and the
@@ -1289,20 +1269,8 @@ class BudgetLearningRate(_Out):
     meaning: str = Field(description="What the threshold means, in words.")
     label: str
     reason: str | None = None
-    gd_stability_limit: float | None = Field(
-        default=None,
-        description="Deprecated (one release): 2/λ_max of the largest block (= block_threshold) "
-        "under its old name; read gd_sharpness_threshold.",
-        json_schema_extra=DEPRECATED,
-    )
-    lambda_max: float | None = Field(
-        default=None,
-        description="Deprecated (one release): the largest block λ_max (= lambda_max_block).",
-        json_schema_extra=DEPRECATED,
-    )
-    lambda_max_source: str | None = Field(
-        default=None, description="Deprecated (one release).", json_schema_extra=DEPRECATED
-    )
+
+    REMOVED = frozenset({"gd_stability_limit", "lambda_max", "lambda_max_source"})
 
 
 class BudgetDefaults(_Out):

@@ -96,7 +96,7 @@ def test_a_data_sweep_leads_the_data_budget_and_covers_the_true_size():
     truth = (a / (target - e)) ** (1 / beta)
     lo, hi = data.recommended_examples_ci
     assert lo <= truth <= (math.inf if hi is None else hi)
-    assert data.loss_accuracy_examples is not None  # shown beside it
+    assert data.evaluation_set_size is not None  # shown beside it
     assert data.target_loss == target
 
 
@@ -172,7 +172,6 @@ def test_learning_rate_without_the_full_model_lambda_gives_the_block_bound_only(
     lr = plan.budget.learning_rate
     assert lr.gd_sharpness_threshold is None and "measurements.full_model" in lr.reason
     assert lr.block_threshold == pytest.approx(0.2) and lr.lambda_max_block_name == "b"
-    assert lr.gd_stability_limit == pytest.approx(0.2)  # deprecated, its old value
     assert "not a limit for SGD" in lr.meaning and "Adam" in lr.meaning
     assert plan.budget.data.source == "not_available" and plan.budget.data.reason
 

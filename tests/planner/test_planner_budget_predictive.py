@@ -1,7 +1,7 @@
 """budget.data and budget.learning_rate say only what predicts training, checked
 against closed forms and generated ground truth: a synthetic L(D) with known parameters, the
 unreachable rule against E's interval, the cluster-robust evaluation-set size against grouped
-draws, and the deprecated fields kept for one release."""
+draws."""
 
 from __future__ import annotations
 
@@ -127,9 +127,8 @@ def test_without_a_data_sweep_the_data_number_is_not_available_with_the_real_com
     expected = math.ceil(Z**2 * np.var(losses, ddof=1) / eps**2)
     assert ev is not None and ev.examples == pytest.approx(expected, rel=1e-6)
     assert ev.variance_method == "iid" and "evaluation-set size" in ev.guarantee
-    assert data.loss_accuracy_examples == ev.examples  # deprecated, old value
     row = plan.sample_size.per_tolerance[0]
-    assert row.evaluation_set_size == row.loss_accuracy
+    assert row.evaluation_set_size.k == ev.examples
 
 
 def test_next_step_without_a_known_dataset_size_leaves_the_sizes_to_the_service():
@@ -233,30 +232,12 @@ def test_learning_rate_is_two_over_the_full_model_lambda_max_with_the_block_besi
     assert lr.block_threshold >= lr.gd_sharpness_threshold
     assert "edge of stability" in lr.meaning and "not a divergence limit" in lr.meaning
     assert "SGD" in lr.meaning and "Adam" in lr.meaning
-    assert lr.gd_stability_limit == pytest.approx(0.2)  # deprecated, its old value
     assert "diverges" not in plan.model_dump_json()
     without = make_plan(Measurements(blocks=blocks), Targets(), seed=0).budget.learning_rate
     assert without.gd_sharpness_threshold is None and "upper bound" in without.reason
 
 
-# ------------------------------------------------------------------ one batch answer
-def test_batch_recommendation_lives_in_budget_batch_and_the_old_field_is_deprecated():
-    trend = [
-        {"grad_sq_norm": 4.0, "trace_sigma": 4.0 * b, "gHg": 1.0, "trace_h_sigma": b, "loss": loss}
-        for b, loss in ((20.0, 3.0), (40.0, 2.5), (80.0, 2.0))
-    ]
-    last = {k: v for k, v in trend[-1].items() if k != "loss"}
-    m = Measurements(gradient_noise=last, gradient_noise_trend=trend)
-    plan = make_plan(m, Targets(target_loss=2.0), seed=0)
-    assert plan.budget.batch.recommended == 64 and plan.budget.batch.source == "noise_scale_trend"
-    warning = next(w for w in plan.warnings if w.code == "deprecated_field")
-    assert (
-        "batch_size.recommended" in warning.detail and "budget.batch.recommended" in warning.detail
-    )
-    assert plan.batch_size.recommended is not None  # kept for one release, its old value
-
-
-def test_the_schema_types_every_new_field_and_marks_the_old_ones_deprecated():
+def test_the_schema_types_every_new_field():
     from curvplan.types.planner import Recommendation
 
     schema = Recommendation.model_json_schema()
@@ -264,11 +245,7 @@ def test_the_schema_types_every_new_field_and_marks_the_old_ones_deprecated():
     data = defs["BudgetData"]["properties"]
     for name in ("target_status", "irreducible_loss", "evaluation_set_size", "next_step"):
         assert name in data
-    assert data["loss_accuracy_examples"]["deprecated"] is True
-    assert defs["BatchSizeSection"]["properties"]["recommended"]["deprecated"] is True
-    assert "recommended" not in defs["BatchSizeSection"].get("required", [])
     lr = defs["BudgetLearningRate"]["properties"]
-    assert lr["gd_stability_limit"]["deprecated"] is True
     assert {"anyOf": [{"type": "number"}, {"type": "null"}]}.items() <= lr[
         "gd_sharpness_threshold"
     ].items()
@@ -280,5 +257,5 @@ def test_the_schema_types_every_new_field_and_marks_the_old_ones_deprecated():
     corr = defs["LossCorrelation"]["properties"]
     assert corr["correlated"]["type"] == "boolean"
     per_tol = defs["PerTolerance"]["properties"]
-    assert per_tol["loss_accuracy"]["deprecated"] is True and "evaluation_set_size" in per_tol
+    assert "evaluation_set_size" in per_tol
     json.dumps(schema)

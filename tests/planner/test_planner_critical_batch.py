@@ -80,9 +80,9 @@ def test_plan_recommends_power_of_two_near_b_crit() -> None:
             },
         }
     )
-    rec = make_plan(m, Targets()).batch_size
-    assert rec.recommended == 2048
-    assert rec.recommended_basis == "B_crit"
+    plan = make_plan(m, Targets())
+    rec = plan.batch_size
+    assert plan.budget.batch.recommended == 2048 and plan.budget.batch.source == "batch_sweep"
     assert rec.b_crit.value == pytest.approx(2200.0, rel=0.02)
     assert rec.b_crit.e_min == pytest.approx(rec.b_crit.value * rec.b_crit.s_min)
     # ε_opt(B) = ε_max/(1 + B_noise/B) with ε_max = |G|²/GᵀHG
@@ -92,9 +92,9 @@ def test_plan_recommends_power_of_two_near_b_crit() -> None:
 
 def test_single_batch_size_is_not_computed() -> None:
     m = Measurements.model_validate({"steps_to_target": [{"batch_size": 64, "steps": 1000.0}]})
-    rec = make_plan(m, Targets()).batch_size
-    assert rec.b_crit.status == "not_computed"
-    assert rec.recommended is None
+    plan = make_plan(m, Targets())
+    assert plan.batch_size.b_crit.status == "not_computed"
+    assert plan.budget.batch.recommended is None
 
 
 def test_b_crit_and_s_min_intervals_cover_with_additive_noise_on_six_batch_sizes() -> None:

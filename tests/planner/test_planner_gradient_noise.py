@@ -83,16 +83,17 @@ def test_b_simple_and_b_noise_match_the_analytic_value() -> None:
             }
         }
     )
-    rec = make_plan(m, Targets(bootstrap=500)).batch_size
+    plan = make_plan(m, Targets(bootstrap=500))
+    rec = plan.batch_size
     b_true = tr_true / g2_true
     for est in (rec.b_simple, rec.b_noise):
         assert est.ci[0] <= b_true <= est.ci[1], (est, b_true)
         assert abs(est.value / b_true - 1) < 0.1
     assert rec.source == "two_batch"
     assert rec.lr_scaling.b_noise == rec.b_noise.value
-    # power of two nearest B_noise in log2 (no steps table)
-    assert rec.recommended == 2 ** round(np.log2(rec.b_noise.value))
-    assert rec.recommended_basis == "B_noise"
+    # one checkpoint's noise scale is evidence, not a batch for the whole run
+    assert plan.budget.batch.source == "not_available" and plan.budget.batch.recommended is None
+    assert rec.lr_scaling.factor_at_recommended is None
 
 
 def test_b_simple_undefined_at_a_converged_minimum() -> None:

@@ -65,14 +65,16 @@ def test_stabilisation_k_star_is_not_loss_accuracy_and_the_plan_says_so() -> Non
     draws = rng.normal(5.0, 1.0, size=(2000, k_star)).mean(axis=1)
     assert float(np.mean(np.abs(draws - 5.0) > 0.01)) > 0.85
     assert row.loss_error_at_empirical > 10 * 0.01
-    acc = row.loss_accuracy
+    acc = row.evaluation_set_size
     truth = math.ceil(stats.norm.ppf(0.975) ** 2 / 0.01**2)
     assert acc.ci[0] <= truth <= acc.ci[1]
     assert acc.k > 100 * k_star
     sq = row.loss_accuracy_squared
     assert sq.k == pytest.approx(truth, rel=0.2)
-    assert section.recommended_criterion == "loss_accuracy"
-    assert row.available_is_enough is False and row.available_is_enough_stabilisation is True
+    # neither k* nor the evaluation-set size is a training-set size: without a data sweep
+    # nothing is compared with the 5,000 examples you have
+    assert plan.budget.data.source == "not_available"
+    assert plan.budget.data.available_is_enough is None
 
 
 # ------------------------------------------------------------------------------ batch size
@@ -174,16 +176,17 @@ def test_token_batches_are_converted_and_the_lr_factor_uses_one_unit() -> None:
         "tokens_per_example": tpe,
         "gradient_noise": noise,
     }
-    batch = make_plan(Measurements.model_validate(body), Targets(bootstrap=0)).batch_size
+    plan = make_plan(Measurements.model_validate(body), Targets(bootstrap=0))
+    batch = plan.batch_size
     assert batch.b_crit.unit == "examples" and batch.b_crit.input_unit == "tokens"
     assert batch.b_crit.value == pytest.approx(64.0, rel=1e-6)
-    assert batch.recommended == 64 and batch.unit == "examples"
-    assert batch.recommended_tokens == 64 * 128
+    assert plan.budget.batch.recommended == 64 and batch.unit == "examples"
+    assert plan.budget.batch.recommended_tokens == 64 * 128
     assert batch.lr_scaling.factor_at_recommended == pytest.approx(0.5)
     # without tokens_per_example nothing is mixed: no factor, a warning
     body.pop("tokens_per_example")
     plan = make_plan(Measurements.model_validate(body), Targets(bootstrap=0))
-    assert plan.batch_size.unit == "tokens" and plan.batch_size.recommended == 8192
+    assert plan.batch_size.unit == "tokens" and plan.budget.batch.recommended is None
     assert plan.batch_size.lr_scaling.factor_at_recommended is None
     assert "batch_unit_mismatch" in [w.code for w in plan.warnings]
 

@@ -64,7 +64,7 @@ def test_design_field_names_are_present() -> None:
         "b_noise"
     ].keys()
     assert {"value", "s_min", "e_min"} <= batch["b_crit"].keys()
-    assert batch["recommended"] == 2048
+    assert "recommended" not in batch and rec["budget"]["batch"]["recommended"] == 2048
     assert {"E", "A", "beta", "n_for_target_loss"} <= rec["scaling"].keys()
     assert rec["curvature"]["heterogeneity_ratio"] == 10.0
     assert rec["curvature"]["blocks"][1]["lr_ceiling"] == 2 / 30.0

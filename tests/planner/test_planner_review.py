@@ -18,6 +18,7 @@ from curvplan_core.planner import (
     check_workload,
     make_plan,
 )
+from curvplan_core.planner.batch_section import lr_scaling_at
 from curvplan_core.planner.loss_curve import default_window, fit_power_law, loss_difference_curves
 from curvplan_core.planner.sample_size import k_squared, k_squared_rms
 
@@ -39,8 +40,9 @@ def test_epsilon_opt_matches_mccandlish_by_hand() -> None:
     batch = make_plan(m, Targets()).batch_size
     assert batch.b_simple.value == pytest.approx(155.0)
     assert batch.b_noise.value == pytest.approx(225.0)
-    assert batch.recommended == 256  # log2(225) = 7.81 → 2^8
-    lr = batch.lr_scaling
+    # one checkpoint recommends no batch (budget.batch is not_available): no factor
+    assert batch.lr_scaling.factor_at_recommended is None
+    lr = lr_scaling_at(batch, 256).lr_scaling  # at a batch the budget would recommend
     assert lr.epsilon_max == pytest.approx(5.0)
     assert lr.factor_at_recommended == pytest.approx(1 / (1 + 225 / 256))
     assert lr.epsilon_opt_at_recommended == pytest.approx(5.0 / (1 + 225 / 256))
@@ -65,8 +67,7 @@ def test_negative_unbiased_grad_sq_norm_is_accepted_and_never_clamped() -> None:
     assert batch.b_simple.status == "not_computed" and "|G|²" in batch.b_simple.reason
     assert "b_simple_undefined" in _codes(plan)
     assert batch.b_noise.value == pytest.approx(90.0)
-    assert batch.recommended == 64 and batch.recommended_basis == "B_noise"
-    lr = batch.lr_scaling
+    lr = lr_scaling_at(batch, 64).lr_scaling
     assert lr.epsilon_max is None and lr.epsilon_opt_at_recommended is None
     assert "ε_max undefined" in lr.note
     assert lr.factor_at_recommended == pytest.approx(1 / (1 + 90 / 64))
@@ -80,7 +81,7 @@ def test_negative_trace_sigma_and_gHg_validate_and_leave_the_ratios_undefined() 
     assert plan.batch_size.b_simple.status == "not_computed"
     assert plan.batch_size.b_noise.status == "not_computed"
     assert {"b_noise_undefined", "noise_estimate_negative"} <= _codes(plan)
-    assert plan.batch_size.recommended is None
+    assert plan.budget.batch.recommended is None
 
 
 def test_theory_flag_warns_and_marks_theoretical_k() -> None:

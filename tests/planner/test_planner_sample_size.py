@@ -91,15 +91,12 @@ def test_section_values_and_intervals() -> None:
     assert loose.empirical.ci[0] <= loose.empirical.k <= loose.empirical.ci[1]
     assert loose.theoretical.k == math.ceil((2 * max(LOSSES) + 12.3 * 0.01) / 0.01) - 1
     assert loose.theoretical_tight.k == math.ceil((max(LOSSES) + 12.3 * 0.01) / 0.01) - 1
-    # 1000 examples stabilise the landscape at ε = 0.01 but do not pin the loss to ±0.01; the
-    # deprecated flags keep their old values, and no warning compares the training data with
-    # an evaluation number any more (budget.data.available_is_enough needs a data sweep)
-    assert loose.available_is_enough_stabilisation is True
-    assert loose.evaluation_set_size.ci[1] > 1000 and loose.available_is_enough is False
-    assert loose.loss_accuracy == loose.evaluation_set_size
-    assert tight.available_is_enough is False and tight.available_is_enough_stabilisation is False
+    # 1000 examples stabilise the landscape at ε = 0.01 but do not pin the loss to ±0.01; no
+    # warning compares the training data with an evaluation number (budget.data's
+    # available_is_enough needs a data sweep)
+    assert loose.empirical.ci[1] <= 1000 < loose.evaluation_set_size.ci[1]
+    assert tight.evaluation_set_size.ci[1] > 1000
     assert section.available_samples == 1000 and section.available_samples_source == "targets"
-    assert section.recommended_criterion == "loss_accuracy"
     warnings = make_plan(m, t).warnings
     codes = [w.code for w in warnings]
     assert "available_samples_insufficient" not in codes
@@ -113,11 +110,10 @@ def test_available_samples_in_measurements_is_deprecated_but_accepted() -> None:
     old = make_plan(Measurements(per_sample_losses=LOSSES, available_samples=10**6), t)
     assert old.sample_size.available_samples == 10**6
     assert old.sample_size.available_samples_source == "measurements (deprecated)"
-    assert old.sample_size.per_tolerance[0].available_is_enough is True
     assert "deprecated_field" in [w.code for w in old.warnings]
     # no fallback to the number of measured losses: without a dataset size there is no verdict
     none = make_plan(Measurements(per_sample_losses=LOSSES), t).sample_size
-    assert none.available_samples is None and none.per_tolerance[0].available_is_enough is None
+    assert none.available_samples is None
 
 
 def test_off_minimum_curves_from_perturbed_losses() -> None:

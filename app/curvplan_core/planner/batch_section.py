@@ -14,7 +14,6 @@ from curvplan.types.planner import (
     Estimate,
     LrScaling,
     Measurements,
-    Missing,
     NoiseReliability,
     NoiseTrendOut,
     NoiseTrendPoint,
@@ -28,7 +27,6 @@ from curvplan_core.planner.critical_batch import (
     batch_at_step_overhead,
     fit_steps_to_target,
     linear_cross_check,
-    nearest_power_of_two,
     unbounded_reason,
 )
 from curvplan_core.planner.gradient_noise import (
@@ -302,8 +300,9 @@ def _warn_coarse_steps(table: list[StepsPoint], log: WarningLog) -> None:
 def build_batch_section(
     measurements: Measurements, targets: Targets, seed: int, log: WarningLog
 ) -> BatchSizeSection | NotComputed:
-    """B_simple/B_noise from gradient-noise statistics, B_crit from steps-to-target, the
-    recommended power-of-two batch size and the learning-rate scaling rule."""
+    """B_simple/B_noise from gradient-noise statistics, B_crit from steps-to-target and the
+    learning-rate scaling rule: the evidence behind budget.batch, which alone recommends a
+    batch (``lr_scaling_at`` evaluates the rule at it)."""
     noise_input = measurements.gradient_noise
     trend_input = measurements.gradient_noise_trend or []
     if noise_input is None and trend_input:
@@ -312,7 +311,6 @@ def build_batch_section(
         return NotComputed(
             reason="needs measurements.gradient_noise and/or measurements.steps_to_target"
         )
-    missing: list[Missing] = []
     noise, source = _noise_estimates(noise_input, targets, seed)
     b_simple = _ratio_or_reason(
         noise.b_simple,
@@ -330,7 +328,7 @@ def build_batch_section(
     trend, trend_note = _trend(trend_input, targets.confidence, log)
     b_crit = _b_crit(measurements, targets, seed, log)
     tpe = measurements.tokens_per_example
-    recommended, basis, unit = _recommend(b_crit, b_noise, b_simple, missing, log)
+    unit = _unit(b_crit, log)
     return BatchSizeSection(
         grad_sq_norm=_stat_or_none(noise.grad_sq),
         trace_sigma=_stat_or_none(noise.trace_sigma),
@@ -340,20 +338,13 @@ def build_batch_section(
         b_simple=b_simple,
         b_noise=b_noise,
         b_crit=b_crit,
-        recommended=recommended,
-        recommended_basis=basis,
-        recommended_formula=None if basis is None else formulas.RECOMMENDED.format(basis=basis),
-        lr_scaling=_lr_scaling(noise, b_noise, recommended, unit),
+        lr_scaling=_lr_scaling(noise, b_noise),
         unit=unit,
         tokens_per_example=tpe,
-        recommended_tokens=None
-        if recommended is None or tpe is None or unit != "examples"
-        else round(recommended * tpe),
         b_simple_reliability=noise.reliability_simple,
         b_noise_reliability=noise.reliability_noise,
         trend=trend,
         trend_note=trend_note,
-        missing=missing,
     )
 
 
@@ -420,49 +411,25 @@ def _warn_about_noise(noise: _Noise, log: WarningLog) -> None:
             )
 
 
-def _recommend(
-    b_crit: BCrit | NotComputed,
-    b_noise: Estimate | NotComputed,
-    b_simple: Estimate | NotComputed,
-    missing: list[Missing],
-    log: WarningLog,
-) -> tuple[int | None, str | None, str]:
-    """Step 3: the recommended power-of-two batch, from B_crit, else B_noise, else B_simple;
-    (batch, its basis, its unit)."""
-    recommended = None
-    basis = None
-    unit = "examples"
-    if isinstance(b_crit, BCrit):
-        recommended, basis = nearest_power_of_two(b_crit.value), "B_crit"
-        unit = b_crit.unit
-        if unit == "tokens":
-            log.add(
-                "batch_unit_mismatch",
-                "batch_size",
-                "steps_to_target is in tokens and measurements.tokens_per_example is not "
-                "given: B_crit and the recommended batch are in tokens, B_simple/B_noise in "
-                "examples; the learning-rate factor is not computed",
-            )
-    elif isinstance(b_noise, Estimate):
-        recommended, basis = nearest_power_of_two(b_noise.value), "B_noise"
-    elif isinstance(b_simple, Estimate):
-        recommended, basis = nearest_power_of_two(b_simple.value), "B_simple"
-    else:
-        missing.append(
-            Missing(item="recommended", reason="none of B_crit, B_noise, B_simple is available")
+def _unit(b_crit: BCrit | NotComputed, log: WarningLog) -> str:
+    """Step 3: the section's batch unit (B_crit's: tokens when steps_to_target is in tokens
+    and tokens_per_example is unknown)."""
+    if not isinstance(b_crit, BCrit):
+        return "examples"
+    if b_crit.unit == "tokens":
+        log.add(
+            "batch_unit_mismatch",
+            "batch_size",
+            "steps_to_target is in tokens and measurements.tokens_per_example is not "
+            "given: B_crit is in tokens, B_simple/B_noise in examples; no batch is "
+            "recommended and the learning-rate factor is not computed",
         )
-    if basis is not None and recommended is None:
-        missing.append(
-            Missing(item="recommended", reason=f"{basis} exceeds 2^62: no sensible batch size")
-        )
-        basis = None
-    return recommended, basis, unit
+    return b_crit.unit
 
 
-def _lr_scaling(
-    noise: _Noise, b_noise: Estimate | NotComputed, recommended: int | None, unit: str
-) -> LrScaling | NotComputed:
-    """Step 4: the learning-rate rule ε_opt(B) = ε_max/(1 + B_noise/B) at the recommended batch."""
+def _lr_scaling(noise: _Noise, b_noise: Estimate | NotComputed) -> LrScaling | NotComputed:
+    """Step 4: the learning-rate rule ε_opt(B) = ε_max/(1 + B_noise/B) of McCandlish et al.
+    (2018) §2.2; ``lr_scaling_at`` evaluates it at budget.batch's batch."""
     if not isinstance(b_noise, Estimate):
         return NotComputed(
             reason="the learning-rate scaling ε_opt(B) = ε_max/(1 + B_noise/B) needs B_noise"
@@ -488,17 +455,26 @@ def _lr_scaling(
             f"{noise.ghg.value:.4g} (both must be positive); the factor 1/(1 + B_noise/B) "
             "still scales whatever learning rate is tuned at large batch"
         )
-    factor = None
-    if recommended is not None and unit == "examples":
-        factor = 1.0 / (1.0 + b_noise.value / recommended)
     return LrScaling(
-        formula=formulas.LR_SCALING,
-        b_noise=b_noise.value,
-        epsilon_max=eps_max,
-        factor_at_recommended=factor,
-        epsilon_opt_at_recommended=None if eps_max is None or factor is None else eps_max * factor,
-        note=eps_note,
+        formula=formulas.LR_SCALING, b_noise=b_noise.value, epsilon_max=eps_max, note=eps_note
     )
+
+
+def lr_scaling_at(
+    section: BatchSizeSection | NotComputed, batch: int | None
+) -> BatchSizeSection | NotComputed:
+    """The section with its learning-rate rule ε_opt(B) = ε_max/(1 + B_noise/B) (McCandlish
+    et al. 2018 §2.2) evaluated at ``batch``, budget.batch.recommended: the factor answers the
+    batch the budget recommends, never another one."""
+    if not isinstance(section, BatchSizeSection) or not isinstance(section.lr_scaling, LrScaling):
+        return section
+    if batch is None or section.unit != "examples":
+        return section
+    rule = section.lr_scaling
+    factor = 1.0 / (1.0 + rule.b_noise / batch)
+    eps_opt = None if rule.epsilon_max is None else rule.epsilon_max * factor
+    update = {"factor_at_recommended": factor, "epsilon_opt_at_recommended": eps_opt}
+    return section.model_copy(update={"lr_scaling": rule.model_copy(update=update)})
 
 
 def _trend(

@@ -433,7 +433,6 @@ def _data_beside(
     return {
         "tolerance": None if first is None else first.tolerance,
         "evaluation_set_size": evaluation,
-        "loss_accuracy_examples": None if evaluation is None else evaluation.examples,
         "landscape_stabilisation": stab,
         "available_samples": available,
     }
@@ -907,10 +906,6 @@ def build_learning_rate(
             "lambda_max_block": top.lambda_max,
             "lambda_max_block_name": top.name,
             "block_threshold": 2.0 / top.lambda_max,
-            # deprecated, with their old values (one release)
-            "gd_stability_limit": 2.0 / top.lambda_max,
-            "lambda_max": top.lambda_max,
-            "lambda_max_source": f"largest block λ_max ({top.name})",
         }
     full = measurements.full_model
     if full is None or full.lambda_max <= 0:

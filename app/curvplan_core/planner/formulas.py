@@ -123,7 +123,6 @@ B_CRIT_LINEAR: Final = formula(
 B_20PCT: Final = formula(
     "batch.b_20pct_overhead", "S(B)·B/(S(B0)·B0) = 1.2 ⇒ B = 1.2·B0 + 0.2·B_crit"
 )
-RECOMMENDED: Final = formula("batch.recommended", "power of two nearest (in log2) to {basis}")
 LR_SCALING: Final = formula(
     "batch.lr_scaling", "ε_opt(B) = ε_max/(1 + B_noise/B), ε_max = |G|²/GᵀHG"
 )

@@ -6,20 +6,17 @@ import math
 from collections.abc import Iterator
 
 from curvplan.types.planner import (
-    BatchSizeSection,
-    Budget,
     CurvatureSection,
     Measurements,
     Missing,
     NotComputed,
     PlanInputError,
     Recommendation,
-    SampleSizeSection,
     Targets,
     check_workload,
 )
 from curvplan_core.planner import formulas
-from curvplan_core.planner.batch_section import build_batch_section
+from curvplan_core.planner.batch_section import build_batch_section, lr_scaling_at
 from curvplan_core.planner.budget_section import build_budget, default_targets
 from curvplan_core.planner.curvature import summarize_blocks
 from curvplan_core.planner.sample_size_section import build_sample_size_section
@@ -114,7 +111,7 @@ def _assemble(measurements: Measurements, targets: Targets, *, seed: int) -> Rec
         curvature=curvature,
         seed=effective_seed,
     )
-    _deprecated_outputs(budget, sample_size, batch_size, log)
+    batch_size = lr_scaling_at(batch_size, budget.batch.recommended)
     return Recommendation(
         budget=budget,
         sample_size=sample_size,
@@ -124,69 +121,6 @@ def _assemble(measurements: Measurements, targets: Targets, *, seed: int) -> Rec
         warnings=log.items,
         seed=effective_seed,
     )
-
-
-def deprecated_output_fields(
-    budget: Budget, sample_size: object, batch_size: object
-) -> list[tuple[str, str]]:
-    """(old field, where to read instead) for every deprecated output field that holds a value
-    in this recommendation (kept for one release under its old name, README "Breaking
-    changes")."""
-    found: list[tuple[str, str]] = []
-    if isinstance(batch_size, BatchSizeSection) and batch_size.recommended is not None:
-        found.append(
-            (
-                "batch_size.recommended (and recommended_basis, recommended_formula, "
-                "recommended_tokens)",
-                "budget.batch.recommended (batch_size keeps the per-checkpoint measurements)",
-            )
-        )
-    if budget.data.loss_accuracy_examples is not None:
-        found.append(
-            ("budget.data.loss_accuracy_examples", "budget.data.evaluation_set_size.examples")
-        )
-    if isinstance(sample_size, SampleSizeSection):
-        if any(row.loss_accuracy is not None for row in sample_size.per_tolerance):
-            found.append(
-                (
-                    "sample_size.per_tolerance[].loss_accuracy",
-                    "sample_size.per_tolerance[].evaluation_set_size",
-                )
-            )
-        if any(
-            row.available_is_enough is not None or row.available_is_enough_stabilisation is not None
-            for row in sample_size.per_tolerance
-        ):
-            found.append(
-                (
-                    "sample_size.per_tolerance[].available_is_enough(_stabilisation)",
-                    "budget.data.available_is_enough (against the data sweep's size)",
-                )
-            )
-        if sample_size.recommended_criterion is not None:
-            found.append(("sample_size.recommended_criterion", "budget.data.source"))
-    if budget.learning_rate.gd_stability_limit is not None:
-        found.append(
-            (
-                "budget.learning_rate.gd_stability_limit (and lambda_max, lambda_max_source)",
-                "budget.learning_rate.gd_sharpness_threshold (whole model), block_threshold "
-                "and lambda_max_block (largest block)",
-            )
-        )
-    return found
-
-
-def _deprecated_outputs(
-    budget: Budget, sample_size: object, batch_size: object, log: WarningLog
-) -> None:
-    found = deprecated_output_fields(budget, sample_size, batch_size)
-    if found:
-        log.add(
-            "deprecated_field",
-            "recommendation",
-            "deprecated output field(s), kept for one release with their old values: "
-            + "; ".join(f"{old} → read {new}" for old, new in found),
-        )
 
 
 def _theory_warning(measurements: Measurements, log: WarningLog) -> None:

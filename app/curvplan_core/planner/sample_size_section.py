@@ -91,10 +91,6 @@ MEANING_LOSS_ACCURACY = (
     "is within ±ε of its population value with probability ≈ confidence; it measures the "
     "loss, it does not say how low training on k examples gets it (budget.data does)"
 )
-RECOMMENDED_REASON = (
-    "deprecated: budget.data leads the data answer (a data sweep's L(D)); "
-    "evaluation_set_size is how many examples measure the loss to ±ε, an evaluation number"
-)
 CORRELATED_DESIGN_EFFECT = 1.1
 ADJACENT_CORRELATION_LIMIT = 0.1
 CORRELATION_RULE = (
@@ -530,7 +526,7 @@ def build_sample_size_section(
     else:
         bounds = _Theorem7Inputs(loss_bound, m_bound, targets.radius, theory_note)
         for tol in dict.fromkeys(targets.tolerances):
-            entry = _per_tolerance(tol, fits, bounds, effective, available, conf, n, losses)
+            entry = _per_tolerance(tol, fits, bounds, effective, conf, n, losses)
             per_tolerance.append(entry)
             _warn_if_extrapolated(entry, fits, tol, log)
     return SampleSizeSection(
@@ -548,8 +544,6 @@ def build_sample_size_section(
         available_samples_source=available_source,
         loss_variance=_variance_out(variance),
         loss_correlation=correlation,
-        recommended_criterion="loss_accuracy" if targets.tolerances is not None else None,
-        recommended_criterion_reason=RECOMMENDED_REASON if targets.tolerances is not None else None,
         off_minimum=off_minimum,
         per_tolerance=per_tolerance,
         missing=missing,
@@ -735,27 +729,16 @@ def _per_tolerance(
     fits: _Fits,
     bounds: _Theorem7Inputs,
     effective: tuple[float, tuple[float, float]] | None,
-    available: int | None,
     conf: float,
     n: int,
     losses: list[float] | None,
 ) -> PerTolerance:
     """Step 5: every k*(ε) of one tolerance: empirical, Theorem 7 (and tight), squared, RMS,
-    the evaluation-set size, and the deprecated "available is enough" flags."""
+    and the evaluation-set size."""
     no_losses = NotComputed(reason="measurements.per_sample_losses not given")
     empirical = _empirical(fits, tol, conf) if losses is not None else no_losses
     accuracy = _loss_accuracy(effective, tol, conf, n)
     accuracy_sq = _loss_accuracy_squared(fits, tol, conf)
-    # deprecated flags, kept with their old values for one release: they compare a
-    # training-set size with an evaluation number (budget.data.available_is_enough
-    # compares it with the data sweep's training-set size)
-    enough = enough_stab = None
-    if available is not None and isinstance(accuracy, SampleSizeValue):
-        needed = accuracy.ci[1] if accuracy.ci is not None else accuracy.k
-        enough = needed is not None and available >= needed
-    if available is not None and isinstance(empirical, SampleSizeValue):
-        needed = empirical.ci[1] if empirical.ci is not None else empirical.k
-        enough_stab = needed is not None and available >= needed
     error_at = None
     if effective is not None and isinstance(empirical, SampleSizeValue) and empirical.k is not None:
         error_at = loss_error_at(empirical.k, effective[0], conf)
@@ -770,11 +753,8 @@ def _per_tolerance(
         squared=_squared(fits, tol, conf, rms=False) if losses is not None else no_losses,
         squared_rms=squared_rms,
         evaluation_set_size=accuracy,
-        loss_accuracy=accuracy,
         loss_accuracy_squared=accuracy_sq,
         loss_error_at_empirical=error_at,
-        available_is_enough=enough,
-        available_is_enough_stabilisation=enough_stab,
     )
 
 
