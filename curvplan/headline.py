@@ -81,7 +81,7 @@ def headline_numbers(rec: Recommendation) -> list[Headline]:
     if rec.budget is not None:
         _budget_numbers(rec.budget, add)
     else:  # a recommendation stored before the budget section existed
-        _derived_budget(rec, sample, batch, scaling, curvature, add)
+        _derived_budget(sample, batch, scaling, add)
 
     # ---- evidence: sample size
     if sample is not None:
@@ -95,7 +95,7 @@ def headline_numbers(rec: Recommendation) -> list[Headline]:
                 ("k_empirical", row.empirical),
                 ("k_theorem7", row.theoretical),
                 ("k_theorem7_tight", row.theoretical_tight),
-                ("k_loss_accuracy", row.evaluation_set_size or row.loss_accuracy),
+                ("evaluation_set_size", row.evaluation_set_size),
             ):
                 if isinstance(value, SampleSizeValue):
                     add(metric_name("sample_size", key, f"tol_{tol}"), value.k, "samples",
@@ -169,13 +169,10 @@ def _budget_numbers(budget: Budget, add: Any) -> None:
             data.evaluation_set_size.variance_method)  # fmt: skip
     add("budget.gd_sharpness_threshold", lr.gd_sharpness_threshold, "learning rate", lr.label,
         "curvature (whole model)")  # fmt: skip
-    add("budget.lr_ceiling", lr.gd_stability_limit, "learning rate",
-        "deprecated: 2/λ_max of the largest block, an upper bound on the GD sharpness "
-        "threshold", "curvature")  # fmt: skip
 
 
-def _derived_budget(rec: Recommendation, sample: Any, batch: Any, scaling: Any,
-                    curvature: Any, add: Any) -> None:  # fmt: skip
+def _derived_budget(sample: Any, batch: Any, scaling: Any, add: Any) -> None:
+    """The budget of a recommendation stored before the budget section existed."""
     # ---- the budget: data
     data_source = None
     if scaling is not None and _finite(scaling.n_for_target_loss) is not None:
@@ -192,20 +189,11 @@ def _derived_budget(rec: Recommendation, sample: Any, batch: Any, scaling: Any,
     if data_source is not None and sample is not None and sample.available_samples is not None:
         add("budget.available_samples", sample.available_samples, "samples",
             "samples available", "targets")  # fmt: skip
-    # ---- the budget: batch
-    if batch is not None:
-        add("budget.batch_size", batch.recommended, "examples per step",
-            "recommended batch size", batch.recommended_basis or "batch section")  # fmt: skip
-        if isinstance(batch.b_crit, BCrit):
-            add("budget.critical_batch_size", batch.b_crit.value, "examples per step",
-                "critical batch size B_crit", "steps-to-target fit")  # fmt: skip
-    # ---- the budget: learning-rate ceiling
-    if curvature is not None:
-        ceilings = [b.lr_ceiling for b in curvature.blocks if _finite(b.lr_ceiling)]
-        if ceilings:
-            add("budget.lr_ceiling", min(ceilings), "learning rate",
-                "2/λ_max of a block: an upper bound on the GD sharpness threshold",
-                "curvature")  # fmt: skip
+    # ---- the budget: batch (the batch sweep's B_crit; no batch size: one number per question,
+    # and a per-checkpoint batch is not the answer; no block's 2/λ_max as a learning rate)
+    if batch is not None and isinstance(batch.b_crit, BCrit):
+        add("budget.critical_batch_size", batch.b_crit.value, "examples per step",
+            "critical batch size B_crit", "steps-to-target fit")  # fmt: skip
 
 
 def headline_dict(rec: Recommendation) -> dict[str, float]:

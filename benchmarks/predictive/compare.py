@@ -135,26 +135,21 @@ def budget_rows(label: str, answer: dict, truth: dict) -> list[Row]:
             )
         )
     lr = budget.get("learning_rate") or {}
-    for name in ("gd_stability_limit", "gd_sharpness_threshold"):
+    # gd_stability_limit and lambda_max: answers stored before they were removed
+    for name in ("gd_stability_limit", "block_threshold", "gd_sharpness_threshold"):
         if name in lr:
             rows.append(
                 Row(
                     f"{label}: budget.learning_rate.{name}",
                     _num(lr.get(name)),
                     truth["gd_threshold"],
-                    note=str(lr.get("lambda_max_source") or lr.get("reason") or ""),
+                    note=str(lr.get("lambda_max_source") or lr.get("lambda_max_block_name") or "")
+                    if name != "gd_sharpness_threshold"
+                    else str(lr.get("reason") or ""),
                     truth_note="2/λ_max of the full Hessian (Lanczos, all parameters)",
                 )
             )
-    rows.append(
-        Row(
-            f"{label}: budget.learning_rate.lambda_max",
-            _num(lr.get("lambda_max")),
-            truth["lambda_max"],
-            truth_note="full-Hessian λ_max on the same sample",
-        )
-    )
-    for name in ("lambda_max_full", "full_lambda_max"):
+    for name in ("lambda_max", "lambda_max_block", "lambda_max_full", "full_lambda_max"):
         if name in lr:
             rows.append(
                 Row(

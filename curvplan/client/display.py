@@ -386,7 +386,7 @@ def _sample_size(section: Any) -> str:
         rows.append(
             [
                 fmt(t.tolerance),
-                _k(getattr(t, "evaluation_set_size", None) or getattr(t, "loss_accuracy", None)),
+                _k(getattr(t, "evaluation_set_size", None)),
                 _k(t.empirical),
                 _k(t.squared_rms),
                 _k(t.theoretical),

@@ -162,7 +162,7 @@ OUTPUTS_OPTION = typer.Option(
     None,
     "--outputs",
     help="Append KEY=VALUE lines (job_id, status and the budget: samples, batch_size, "
-    "critical_batch_size, lr_ceiling) to this file, e.g. $GITHUB_OUTPUT.",
+    "critical_batch_size, gd_sharpness_threshold, …) to this file, e.g. $GITHUB_OUTPUT.",
 )
 
 

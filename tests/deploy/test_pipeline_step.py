@@ -40,7 +40,7 @@ STEP_OUTPUTS = {"job_id", "status", "kind", "samples", "samples_lo", "samples_hi
                 "samples_tokens", "available_samples", "landscape_stabilisation", "target_loss",
                 "batch_size", "batch_size_tokens", "critical_batch_size",
                 "critical_batch_size_lo", "critical_batch_size_hi", "expected_steps",
-                "lr_ceiling", "gd_sharpness_threshold", "evaluation_set_size", "report",
+                "gd_sharpness_threshold", "evaluation_set_size", "report",
                 "result"}  # fmt: skip
 
 

@@ -38,7 +38,6 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
             "irreducible_loss_ci": None,
             "tolerance": None,
             "evaluation_set_size": None,
-            "loss_accuracy_examples": None,
             "landscape_stabilisation": None,
             "available_samples": None,
             "available_is_enough": None,
@@ -119,9 +118,6 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
             "label": "gradient-descent sharpness threshold 2/λ_max(full "
             "Hessian) (Cohen et al. 2021)",
             "reason": None,
-            "gd_stability_limit": 1.0,
-            "lambda_max": 2.0,
-            "lambda_max_source": "largest block λ_max (layers.0.q)",
         },
         "defaults": {
             "tolerances_given": False,
@@ -189,20 +185,16 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
             "dof": None,
         },
         "b_crit": {"status": "not_computed", "reason": "measurements.steps_to_target not given"},
-        "recommended": 256,
-        "recommended_basis": "B_noise",
-        "recommended_formula": "batch.recommended: power of two nearest (in log2) to B_noise",
         "lr_scaling": {
             "formula": "batch.lr_scaling: ε_opt(B) = ε_max/(1 + B_noise/B), ε_max = |G|²/GᵀHG",
             "b_noise": 225.0,
             "epsilon_max": 5.0,
-            "factor_at_recommended": 0.5322245322245323,
-            "epsilon_opt_at_recommended": 2.6611226611226613,
+            "factor_at_recommended": None,
+            "epsilon_opt_at_recommended": None,
             "note": None,
         },
         "unit": "examples",
         "tokens_per_example": None,
-        "recommended_tokens": None,
         "b_simple_reliability": None,
         "b_noise_reliability": None,
         "trend": [],
@@ -236,20 +228,7 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
         "per_sample_gradient_rms": None,
         "missing": [],
     },
-    "warnings": [
-        {
-            "code": "deprecated_field",
-            "section": "recommendation",
-            "detail": "deprecated output field(s), kept for one release with their old "
-            "values: batch_size.recommended (and recommended_basis, "
-            "recommended_formula, recommended_tokens) → read "
-            "budget.batch.recommended (batch_size keeps the per-checkpoint "
-            "measurements); budget.learning_rate.gd_stability_limit (and "
-            "lambda_max, lambda_max_source) → read "
-            "budget.learning_rate.gd_sharpness_threshold (whole model), "
-            "block_threshold and lambda_max_block (largest block)",
-        }
-    ],
+    "warnings": [],
     "seed": 1,
 }
 

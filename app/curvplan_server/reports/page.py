@@ -442,7 +442,7 @@ def _sample_size_html(section: Any) -> str:
             _k(t.get("theoretical")),
             _k(t.get("theoretical_tight")),
             _k(t.get("squared")),
-            _k(t.get("evaluation_set_size") or t.get("loss_accuracy")),
+            _k(t.get("evaluation_set_size")),
         )
         for t in section.get("per_tolerance") or []
     ]
