@@ -1,4 +1,4 @@
-"""One number per question (issue 29): `budget` holds the answers, the sections only the
+"""One number per question: `budget` holds the answers, the sections only the
 evidence. A recommendation built from every kind of measurement carries no second batch size,
 data size or learning rate under another name; neither does the schema; a recommendation
 stored before the removal reads back without them; the learning-rate factor answers the
