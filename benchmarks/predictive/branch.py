@@ -175,20 +175,22 @@ def window_rows(branch: dict, tokens_per_example: float) -> list[dict[str, Any]]
                 for cv in curves
             ]
             verdict = critical_batch_from_branches(cut, tolerance)
-            fit = efficiency_fit(cut, tolerance).estimate
-            out.append(
-                {
-                    "step": c.get("step"),
-                    "window_tokens": curves[0]["tokens"][k],
-                    "cbs": verdict.critical_batch,
-                    "cbs_status": verdict.status,
-                    "efficiency": fit.value,
-                    "efficiency_status": fit.status,
-                    "efficiency_low": fit.low,
-                    "efficiency_high": fit.high,
-                    "crossing": eps_crossing(verdict, tolerance).value,
-                }
-            )
+            row: dict[str, Any] = {
+                "step": c.get("step"),
+                "window_tokens": curves[0]["tokens"][k],
+                "cbs": verdict.critical_batch,
+                "cbs_status": verdict.status,
+            }
+            if verdict.critical_batch is not None:  # not_measured: no estimate at all
+                fit = efficiency_fit(cut, tolerance).estimate
+                row.update(
+                    efficiency=fit.value,
+                    efficiency_status=fit.status,
+                    efficiency_low=fit.low,
+                    efficiency_high=fit.high,
+                    crossing=eps_crossing(verdict, tolerance).value,
+                )
+            out.append(row)
     return out
 
 
@@ -321,10 +323,16 @@ def markdown_lines(service: dict, seeds: dict, tokens_per_example: float) -> lis
             "|---:|---:|---:|---|---:|",
         ]
         for w in windows:
+            estimates = (
+                "— | —"
+                if w["cbs"] is None
+                else f"{w['efficiency']:.1f} {w['efficiency_status']} "
+                f"[{_fmt(w['efficiency_low'])}, {_fmt(w['efficiency_high'])}] | "
+                f"{w['crossing']:.1f}"
+            )
             lines.append(
                 f"| {w['step']} | {w['window_tokens']:,.0f} | {w['cbs']} ({w['cbs_status']}) | "
-                f"{w['efficiency']:.1f} {w['efficiency_status']} [{_fmt(w['efficiency_low'])}, "
-                f"{_fmt(w['efficiency_high'])}] | {w['crossing']:.1f} |"
+                f"{estimates} |"
             )
     schedule = branch.get("warmup_schedule") or []
     lines += [

@@ -546,7 +546,9 @@ def sweep_text(job: m.JobOut) -> str | None:
     for c in branch.checkpoints:
         excess = {k.batch_size: k.excess for k in c.curves}
         bracket = (
-            "" if c.critical_batch is None else _bracket(c.status, c.critical_batch, c.next_batch)
+            ("not measured" if c.status == "not_measured" else "")
+            if c.critical_batch is None
+            else _bracket(c.status, c.critical_batch, c.next_batch)
         )
         rows.append(
             [

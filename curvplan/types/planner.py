@@ -309,6 +309,9 @@ class TheoryApplicability(_Strict):
 
 BRANCH_STATUSES = ("measured", "at_least", "at_most")
 BranchStatus = Literal["measured", "at_least", "at_most"]
+BranchPointStatus = Literal["measured", "at_least", "at_most", "not_measured"]
+"""A checkpoint's CBS status: a BranchStatus, or not_measured (the reference batch made no
+progress over the window, so "within ε" says nothing)."""
 MAX_BRANCH_CHECKPOINTS = 16
 
 
@@ -366,14 +369,20 @@ class BranchedBatchPoint(_Strict):
     loss: NonNegFloat | None = Field(
         default=None, description="Evaluation loss at the checkpoint (nats per token)."
     )
-    critical_batch: PosInt = Field(
+    critical_batch: PosInt | None = Field(
         description="CBS, examples: the largest swept batch within the tolerance (status "
-        "at_most: the smallest swept batch, the only one within it)."
+        "at_most: the smallest swept batch, the only one within it); null exactly when "
+        "status is not_measured."
     )
-    status: BranchStatus = Field(
+    status: BranchPointStatus = Field(
         description="measured: CBS ≤ the true value < next_batch; at_least: even the largest "
         "swept batch stayed within (CBS ≥ it); at_most: no batch above the smallest did "
-        "(CBS < next_batch)."
+        "(CBS < next_batch); not_measured: the smallest batch made no progress over the "
+        "window (its loss fell by ε or less), so every batch is trivially within ε (`reason` "
+        "gives the losses)."
+    )
+    reason: Annotated[str, Field(min_length=1, max_length=1000)] | None = Field(
+        default=None, description="Why the CBS is not measured here (status not_measured)."
     )
     next_batch: PosInt | None = Field(
         default=None, description="The next swept batch above critical_batch (null: none)."
@@ -386,6 +395,18 @@ class BranchedBatchPoint(_Strict):
         default=None,
         description="The ε-crossing interpolated in log B at this checkpoint (eps_crossing).",
     )
+
+    @model_validator(mode="after")
+    def _not_measured_has_no_number(self) -> BranchedBatchPoint:
+        unmeasured = self.status == "not_measured"
+        if unmeasured != (self.critical_batch is None):
+            raise ValueError(
+                "critical_batch is null exactly when status is not_measured "
+                f"(got status {self.status!r}, critical_batch {self.critical_batch!r})"
+            )
+        if unmeasured and (self.efficiency is not None or self.crossing is not None):
+            raise ValueError("a not_measured checkpoint carries no efficiency or crossing")
+        return self
 
 
 class BranchedCriticalBatch(_Strict):

@@ -40,7 +40,7 @@ from curvplan.types.planner import (
     BatchWarmupStage,
     BCrit,
     BranchedBatchEstimate,
-    BranchStatus,
+    BranchPointStatus,
     LossPoint,
     NotComputed,
     ReferenceReach,
@@ -560,7 +560,10 @@ class BranchCurve(BaseModel):
         description="Loss above the smallest batch's at the compared points (the largest "
         "excess over them; nats per token; 0 for the smallest batch)."
     )
-    within_tolerance: bool
+    within_tolerance: bool | None = Field(
+        description="Its loss kept within ε of the smallest batch's (null: not judged, the "
+        "checkpoint's CBS is not measured)."
+    )
     reference_examples: float | None = Field(
         default=None,
         description="e_B: examples the smallest batch needed to reach this branch's loss at "
@@ -582,10 +585,14 @@ class BranchCheckpoint(BaseModel):
     loss: float | None = Field(description="Evaluation loss at the checkpoint (nats).")
     reference_batch: int = Field(description="The smallest swept batch: the reference curve.")
     critical_batch: int | None = Field(
-        description="CBS, examples (null: the reference branch failed)."
+        description="CBS, examples (null: the reference branch failed, or status not_measured)."
     )
     critical_batch_tokens: float | None = None
-    status: BranchStatus | None = None
+    status: BranchPointStatus | None = Field(
+        default=None,
+        description="As in the planner's BranchedBatchPoint; not_measured: the reference "
+        "branch made no progress over the window (the notes give its losses).",
+    )
     next_batch: int | None = Field(
         default=None, description="The next swept batch above the CBS (its bracket's end)."
     )

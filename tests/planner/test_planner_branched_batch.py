@@ -412,3 +412,74 @@ def test_a_checkpoint_without_the_leading_estimate_falls_back_to_the_ladder_sayi
     )
     assert (batch.critical_method, batch.critical, batch.recommended) == ("ladder", 16.0, 16)
     assert any("carries no eps_crossing estimate" in w for w in warnings)
+
+
+# ------------------------------------------------------------ a reference that does not move
+#: A late checkpoint's generated losses where no batch progresses over the window: the
+#: reference (batch 8) goes 1.781 → 1.788, every larger batch wanders within ε of it.
+STUCK = {
+    8: [1.781, 1.783, 1.779, 1.785, 1.788],
+    16: [1.781, 1.784, 1.782, 1.786, 1.790],
+    32: [1.781, 1.780, 1.785, 1.787, 1.792],
+    64: [1.781, 1.786, 1.784, 1.789, 1.794],
+}
+
+
+def test_a_reference_without_progress_is_not_measured_and_says_why_with_its_losses() -> None:
+    branches = [BranchLosses(b, MARKS, losses) for b, losses in STUCK.items()]
+    # the ladder alone would call every batch "within ε" (the issue this rule fixes)
+    assert all(STUCK[b][-1] - STUCK[8][-1] <= 0.01 for b in STUCK)
+    verdict = critical_batch_from_branches(branches, 0.01)
+    assert verdict.status == "not_measured" and verdict.critical_batch is None
+    assert verdict.within == {} and verdict.next_batch is None
+    (reason,) = verdict.notes
+    assert "1.7810 → 1.7880" in reason and "rose by 0.007" in reason and "batch 8" in reason
+    with pytest.raises(ValueError, match="not measured"):
+        eps_crossing(verdict, 0.01)
+
+
+@pytest.mark.parametrize(("drop", "status"), [(0.01, "not_measured"), (0.0101, "at_least")])
+def test_the_reference_must_fall_by_more_than_the_tolerance(drop, status) -> None:
+    losses = [2.0, 2.0 - drop / 2, 2.0 - drop]
+    branches = [BranchLosses(b, [0.0, 50.0, 100.0], losses) for b in (8, 16, 32)]
+    assert critical_batch_from_branches(branches, 0.01).status == status
+
+
+def _not_measured(step: int) -> BranchedBatchPoint:
+    return BranchedBatchPoint(
+        step=step, critical_batch=None, status="not_measured", reason="no progress: 1.78 → 1.79"
+    )
+
+
+def test_a_not_measured_checkpoint_carries_no_number_and_gives_no_stage() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="critical_batch is null exactly when"):
+        BranchedBatchPoint(step=5, critical_batch=16, status="not_measured")
+    with pytest.raises(ValidationError, match="critical_batch is null exactly when"):
+        BranchedBatchPoint(step=5, critical_batch=None, status="measured")
+    stages, note = warmup_schedule([_point(100, 16), _not_measured(400)])
+    assert [(s.from_step, s.batch_size) for s in stages] == [(100, 16)]
+    assert "no CBS at step 400" in note
+    assert warmup_schedule([_not_measured(400)]) == (
+        [],
+        "no CBS at step 400 (the smallest batch made no progress over the window): no stage there",
+    )
+
+
+def test_the_latest_measured_checkpoint_leads_and_later_unmeasured_ones_are_named() -> None:
+    measured = BranchedCriticalBatch.model_validate(
+        _branched([_point(100, 16), _not_measured(400)])
+    )
+    batch, warnings = branch_budget_batch(
+        measured, target_loss=None, tokens_per_example=None, lead="ladder"
+    )
+    assert batch is not None and (batch.critical, batch.recommended) == (16.0, 16)
+    assert any("not measured at step 400" in w and "step 100" in w for w in warnings)
+    nothing = BranchedCriticalBatch.model_validate(_branched([_not_measured(400)]))
+    batch, warnings = branch_budget_batch(nothing, target_loss=None, tokens_per_example=None)
+    assert batch is None and "1.78 → 1.79" in warnings[0]
+    plan = make_plan(Measurements(branched_critical_batch=nothing), Targets(), seed=0)
+    assert plan.budget.batch.source == "not_available" and plan.budget.batch.recommended is None
+    assert "measured no CBS" in plan.budget.batch.reason
+    assert any("1.78 → 1.79" in w for w in plan.budget.warnings)

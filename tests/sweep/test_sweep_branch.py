@@ -226,6 +226,44 @@ def test_the_grid_keeps_the_lowest_window_end_and_failed_branches_do_not_keep_up
     assert len(result.sweep.failed_points) == 4  # both multipliers of each failed pair
 
 
+def _stuck(children: list[dict], step: int) -> list[dict]:
+    """The branches of ``step`` replaced by a window where no batch progresses: every loss
+    wanders within 0.01 of 1.781, the reference ends at 1.788 (above where it started)."""
+    for child in children:
+        point = child["request"]["point"]
+        if point["checkpoint_step"] != step or child["result"] is None:
+            continue
+        result = child["result"]["point"]
+        n = len(result["eval_losses"])
+        drift = 0.007 + 0.001 * math.log2(point["batch_size"] / SIZES[0])
+        losses = [1.781 + drift * i / (n - 1) for i in range(n)]
+        result |= {"eval_losses": losses, "best_eval_loss": min(losses)}
+    return children
+
+
+def test_a_checkpoint_where_the_reference_does_not_progress_is_not_measured() -> None:
+    body = _body()
+    result = _fan_in(body, _stuck(_children(body), 400))
+    branch = result.sweep.branch
+    by_step = {c.step: c for c in branch.checkpoints}
+    late = by_step[400]
+    # every batch's excess is within ε = 0.05, yet nothing is called measured
+    assert all(0 <= c.excess <= EPS for c in late.curves)
+    assert late.status == "not_measured" and late.critical_batch is None
+    assert late.crossing is None and late.efficiency is None
+    assert all(c.within_tolerance is None for c in late.curves)
+    assert any("1.7810 → 1.7880" in n and "batch 4" in n for n in late.notes)
+    assert by_step[100].critical_batch == _expected_cbs(100)  # the others are untouched
+    assert [s.from_step for s in branch.warmup_schedule] == [10, 100]
+    assert "no CBS at step 400" in branch.schedule_note
+    points = result.measurements["branched_critical_batch"]["checkpoints"]
+    assert points[-1]["status"] == "not_measured" and "1.7880" in points[-1]["reason"]
+    batch = result.recommendation.budget.batch  # step 100 leads, and step 400 is named
+    assert batch.source == "branch_sweep" and batch.recommended == _lead_batch(100)
+    warnings = result.recommendation.budget.warnings
+    assert any("not measured at step 400" in w for w in warnings)
+
+
 def test_a_branch_sweep_whose_every_reference_failed_fails_saying_so() -> None:
     body = _body()
     with pytest.raises(JobError, match="reference branch"):

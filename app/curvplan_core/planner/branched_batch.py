@@ -33,6 +33,7 @@ from curvplan.types.planner import (
     BranchedBatchPoint,
     BranchedCriticalBatch,
     BranchEstimateMethod,
+    BranchPointStatus,
     BranchStatus,
     BudgetBatch,
     ReferenceReach,
@@ -85,15 +86,37 @@ class BranchLosses:
 
 @dataclass(slots=True)
 class BranchVerdict:
-    """The CBS at one checkpoint and how each batch compared with the reference."""
+    """The CBS at one checkpoint and how each batch compared with the reference
+    (``critical_batch`` None and ``within`` empty when the status is not_measured)."""
 
-    critical_batch: int
-    status: BranchStatus
+    critical_batch: int | None
+    status: BranchPointStatus
     next_batch: int | None
     reference_batch: int
     excess: dict[int, float | None]
     within: dict[int, bool]
     notes: list[str] = field(default_factory=list)
+
+
+def no_progress_reason(reference: BranchLosses, tolerance: float) -> str | None:
+    """Why the CBS cannot be measured from ``reference``'s window, or None when it can.
+
+    The rule of Merrill et al. (2025) asks whether a batch keeps up with the smallest one
+    within ε. When the smallest batch's own loss falls by ε or less over the window (from its
+    first evaluation, the checkpoint's loss, to its last), a batch that made no progress at
+    all is within ε of it: every batch "keeps up" and the ladder says nothing. Such a
+    checkpoint is not_measured, with its measured losses in the reason."""
+    start, end = float(reference.losses[0]), float(reference.losses[-1])
+    progress = start - end
+    if progress > tolerance * (1 + TIE_SLACK):
+        return None
+    moved = f"fell by {progress:.4g}" if progress > 0 else f"rose by {-progress:.4g}"
+    return (
+        f"not measured: the reference batch {reference.batch_size} made no progress over the "
+        f"window (its loss went {start:.4f} → {end:.4f}, it {moved}, not more than ε = "
+        f"{tolerance:g}), so every batch is trivially within ε of it; a longer window "
+        "(more tokens) or an earlier checkpoint measures the CBS"
+    )
 
 
 def _loss_at(branch: BranchLosses, position: float) -> float:
@@ -121,8 +144,10 @@ def critical_batch_from_branches(
     the start (``"window"``), in examples processed since the checkpoint (equal examples =
     equal tokens). An excess of exactly ε is within (ties count as keeping up); a failed
     branch (diverged, or its job failed) is not within. status: ``at_least`` when the largest
-    swept batch is within, ``at_most`` when no batch above B₀ is, else ``measured`` (the CBS
-    lies in [critical_batch, next_batch)).
+    swept batch is within, ``at_most`` when no batch above B₀ is, ``not_measured`` (no
+    CBS, the reason in ``notes``) when B₀ itself made no progress over the window
+    (:func:`no_progress_reason`), else ``measured`` (the CBS lies in [critical_batch,
+    next_batch)).
     """
     if not tolerance > 0:
         raise ValueError(f"tolerance must be > 0, got {tolerance}")
@@ -151,6 +176,17 @@ def critical_batch_from_branches(
         gap = max(_loss_at(by_batch[b], m) - _loss_at(reference, m) for m in compared)
         excess[b] = 0.0 if b == reference_batch else gap
         within[b] = b == reference_batch or gap <= bound
+    unmeasured = no_progress_reason(reference, tolerance)
+    if unmeasured is not None:
+        return BranchVerdict(
+            critical_batch=None,
+            status="not_measured",
+            next_batch=None,
+            reference_batch=reference_batch,
+            excess=excess,
+            within={},
+            notes=[unmeasured],
+        )
     critical = max(b for b in swept if within[b])
     larger = [b for b in swept if b > critical]
     next_batch = larger[0] if larger else None
@@ -396,8 +432,10 @@ def eps_crossing(verdict: BranchVerdict, tolerance: float) -> BranchedBatchEstim
     log B_ε = log B_k + (ε − x_k)/(x_k+1 − x_k)·log(B_k+1/B_k), x the excess the rule compared
     (at the end of the window; the largest over it for ``compare="window"``). Status and
     bracket are the ladder's (Merrill et al. 2025's rule); a bound (at_least, at_most) or a
-    failed next branch keeps the ladder value."""
+    failed next branch keeps the ladder value. A not_measured verdict has none (ValueError)."""
     b_k, nxt = verdict.critical_batch, verdict.next_batch
+    if b_k is None or verdict.status == "not_measured":
+        raise ValueError("the CBS is not measured at this checkpoint: no ε-crossing")
     low = None if verdict.status == "at_most" else float(b_k)
     high = None if nxt is None else float(nxt)
     value = float(b_k)
@@ -407,10 +445,11 @@ def eps_crossing(verdict: BranchVerdict, tolerance: float) -> BranchedBatchEstim
         assert nxt is not None
         frac = min(1.0, max(0.0, (tolerance - x_k) / (x_n - x_k)))
         value = math.exp(math.log(b_k) + frac * math.log(nxt / b_k))
+    status: BranchStatus = verdict.status
     return BranchedBatchEstimate(
         method="eps_crossing",
         value=value,
-        status=verdict.status,
+        status=status,
         low=low,
         high=high,
         formula=CROSSING_FORMULA,
@@ -418,11 +457,15 @@ def eps_crossing(verdict: BranchVerdict, tolerance: float) -> BranchedBatchEstim
 
 
 def ladder_estimate(point: BranchedBatchPoint) -> BranchedBatchEstimate:
-    """The ladder CBS (Merrill et al. 2025) as an estimate beside the others."""
+    """The ladder CBS (Merrill et al. 2025) as an estimate beside the others (a measured
+    checkpoint's: ValueError for a not_measured one)."""
+    if point.critical_batch is None or point.status == "not_measured":
+        raise ValueError("the CBS is not measured at this checkpoint")
+    status: BranchStatus = point.status
     return BranchedBatchEstimate(
         method="ladder",
         value=float(point.critical_batch),
-        status=point.status,
+        status=status,
         low=None if point.status == "at_most" else float(point.critical_batch),
         high=None if point.next_batch is None else float(point.next_batch),
         formula=CBS_FORMULA,
@@ -461,8 +504,13 @@ def lead_batch(point: BranchedBatchPoint, lead: BranchEstimateMethod = BRANCH_LE
     power of two nearest the leading continuous estimate."""
     estimate = leading_estimate(point, lead)
     if estimate.method == "ladder":
-        return point.critical_batch
+        return int(estimate.value)
     return nearest_power_of_two(estimate.value)
+
+
+def measured_points(points: Sequence[BranchedBatchPoint]) -> list[BranchedBatchPoint]:
+    """The checkpoints with a CBS (not not_measured), in step order."""
+    return [p for p in _in_step_order(points) if p.status != "not_measured"]
 
 
 def warmup_schedule(
@@ -477,10 +525,19 @@ def warmup_schedule(
     others), consecutive equal batches merged into the earlier stage. The CBS is near 0 at
     initialisation and grows, then plateaus (Merrill et al. 2025, §4), so a warm-up starts
     small and doubles as the CBS grows (their §5). Returns the stages and a note: what
-    holds before the first measured step, and where the measured CBS decreases.
+    holds before the first measured step, and where the measured CBS decreases. A
+    not_measured checkpoint gives no stage; none measured: no stages.
     """
     stages: list[BatchWarmupStage] = []
-    for p in _in_step_order(points):
+    unmeasured = [p for p in points if p.status == "not_measured"]
+    skipped = (
+        "no CBS at "
+        + ", ".join(_where(p) for p in _in_step_order(unmeasured))
+        + " (the smallest batch made no progress over the window): no stage there"
+        if unmeasured
+        else None
+    )
+    for p in measured_points(points):
         batch = lead_batch(p, lead)
         if stages and stages[-1].batch_size == batch:
             continue
@@ -495,6 +552,8 @@ def warmup_schedule(
                 loss=p.loss,
             )
         )
+    if not stages:
+        return [], skipped or "no checkpoint"
     first = stages[0]
     start = "step 0" if first.from_step in (None, 0) else f"step {first.from_step}"
     notes = [
@@ -518,7 +577,13 @@ def warmup_schedule(
         )
     if any(p.step is None for p in points):
         notes.append("some checkpoints declare no step: their stages keep the given order")
+    if skipped is not None:
+        notes.append(skipped)
     return stages, "; ".join(notes)
+
+
+def _where(point: BranchedBatchPoint) -> str:
+    return f"step {point.step}" if point.step is not None else "a checkpoint without a step"
 
 
 def branch_budget_batch(
@@ -529,17 +594,35 @@ def branch_budget_batch(
     batch_sweep: BCrit | None = None,
     expected_steps_formula: str | None = None,
     lead: BranchEstimateMethod = BRANCH_LEAD,
-) -> tuple[BudgetBatch, list[str]]:
+) -> tuple[BudgetBatch | None, list[str]]:
     """budget.batch from a branch sweep: the estimate ``lead`` (``BRANCH_LEAD``, decided by
-    the predictive benchmark) at the latest checkpoint is `critical` (the batch for the rest of
-    training), the warm-up schedule beside it (docs/budget.md#branch-sweep). `recommended`
-    is the ladder CBS when the ladder leads, else the power of two nearest the leading
-    estimate; every estimate of that checkpoint is listed in `branch_estimates`.
+    the predictive benchmark) at the latest measured checkpoint is `critical` (the batch for
+    the rest of training), the warm-up schedule beside it (docs/budget.md#branch-sweep).
+    `recommended` is the ladder CBS when the ladder leads, else the power of two nearest the
+    leading estimate; every estimate of that checkpoint is listed in `branch_estimates`.
 
     A batch sweep given as well keeps its B_crit out of the lead but gives the expected steps
-    at the recommended batch, S = S_min·(1 + B_crit/B) (McCandlish et al. 2018, eq. 2.11)."""
+    at the recommended batch, S = S_min·(1 + B_crit/B) (McCandlish et al. 2018, eq. 2.11).
+
+    Checkpoints where the CBS is not measured (the smallest batch made no progress over the
+    window) give nothing: later ones are named in a warning; none measured: no batch (None)."""
     stages, note = warmup_schedule(measurements.checkpoints, tokens_per_example, lead)
-    latest = _in_step_order(measurements.checkpoints)[-1]
+    ordered = _in_step_order(measurements.checkpoints)
+    measured = measured_points(ordered)
+    warnings: list[str] = []
+    if not measured:
+        reasons = "; ".join(f"{_where(p)}: {p.reason}" for p in ordered if p.reason)
+        warnings.append(f"batch: the branch sweep measured no CBS at any checkpoint ({reasons})")
+        return None, warnings
+    latest = measured[-1]
+    later = ordered[ordered.index(latest) + 1 :]
+    if later:
+        warnings.append(
+            "batch: the branch sweep's CBS is not measured at "
+            + ", ".join(_where(p) for p in later)
+            + f" (the smallest batch made no progress over the window); {_where(latest)}, "
+            "the latest measured checkpoint, gives the branch sweep's critical batch"
+        )
     estimate = leading_estimate(latest, lead)
     estimates = [ladder_estimate(latest)] + [
         e for e in (latest.efficiency, latest.crossing) if e is not None
@@ -552,7 +635,6 @@ def branch_budget_batch(
         bracket = (None, latest.next_batch)
     else:
         bracket = (latest.critical_batch, latest.next_batch)
-    warnings: list[str] = []
     where = f"step {latest.step}" if latest.step is not None else "the latest checkpoint"
     if estimate.method != lead:
         warnings.append(

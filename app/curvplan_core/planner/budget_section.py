@@ -732,8 +732,10 @@ def build_batch(
         answer = from_source(source)
         if answer is None:
             continue
-        if source == "branch_sweep" or from_branch is None:
-            return answer, warnings + (from_branch[1] if source == "branch_sweep" else [])
+        if source == "branch_sweep" or from_branch is None or from_branch[0] is None:
+            # the branch sweep's own warnings: when it leads, or when it measured nothing
+            said = from_branch[1] if from_branch is not None else []
+            return answer, warnings + said
         branch_answer = from_branch[0]
         crit = branch_answer.critical
         warnings.append(
@@ -748,7 +750,13 @@ def build_batch(
             "branch_estimates": branch_answer.branch_estimates,
         }
         return answer.model_copy(update=update), warnings
-    return _no_batch(measurements, targets, bcrit, tokens, trend, found), warnings
+    unmeasured = from_branch is not None and from_branch[0] is None
+    answer = _no_batch(measurements, targets, bcrit, tokens, trend, found)
+    if unmeasured:
+        assert from_branch is not None and answer.reason is not None
+        reason = "the branch sweep measured no CBS at any checkpoint (see the warnings); "
+        answer = answer.model_copy(update={"reason": reason + answer.reason})
+    return answer, warnings + (from_branch[1] if from_branch is not None else [])
 
 
 def _no_batch(

@@ -327,7 +327,7 @@ def branch_html(job: dict[str, Any]) -> str:
             "failed"
             if b not in excess
             else f"{_text(excess[b].get('excess'))}"
-            + (" ✓" if excess[b].get("within_tolerance") else " ✗")
+            + {True: " ✓", False: " ✗"}.get(excess[b].get("within_tolerance"), "")
             for b in sizes
         ]
         rows.append(

@@ -239,17 +239,20 @@ def fit_branches(
         for out, _ in branches.values():
             out.used_in_fit = True
             out.excluded_reason = None
-        crossing = eps_crossing(verdict, sweep.tolerance)
+        has_cbs = verdict.critical_batch is not None
+        crossing = eps_crossing(verdict, sweep.tolerance) if has_cbs else None
+        fit: EfficiencyFit | None = None
         try:  # failed branches are left out of the fit (they have no loss to place)
-            fit: EfficiencyFit | None = efficiency_fit(curves, sweep.tolerance)
+            fit = efficiency_fit(curves, sweep.tolerance) if has_cbs else None
         except ValueError as exc:
-            fit = None
             entry.notes.append(f"no efficiency fit at this checkpoint: {exc}")
         reach = {p.batch_size: p for p in fit.points} if fit is not None else {}
         entry.efficiency = fit.estimate if fit is not None else None
         entry.crossing = crossing
         entry.critical_batch = verdict.critical_batch
-        entry.critical_batch_tokens = verdict.critical_batch * tpe
+        entry.critical_batch_tokens = (
+            None if verdict.critical_batch is None else verdict.critical_batch * tpe
+        )
         entry.status = verdict.status
         entry.next_batch = verdict.next_batch
         entry.notes.extend(verdict.notes)
@@ -267,7 +270,7 @@ def fit_branches(
                 tokens=[s * b * tpe for s in r.eval_steps],
                 losses=r.eval_losses,
                 excess=verdict.excess[b],
-                within_tolerance=verdict.within[b],
+                within_tolerance=verdict.within.get(b),
                 reference_examples=reach[b].examples if b in reach else None,
                 reference_reach=reach[b].reach if b in reach else None,
             )
@@ -283,6 +286,7 @@ def fit_branches(
                 next_batch=verdict.next_batch,
                 efficiency=fit.estimate if fit is not None else None,
                 crossing=crossing,
+                reason=None if has_cbs else "; ".join(verdict.notes),
             )
         )
     if not points:
