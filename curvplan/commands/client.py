@@ -413,6 +413,13 @@ def _sweep_model(spec: Path | None, model_dir: Path | None) -> dict[str, Any]:
     return model
 
 
+def optimizer_state_beside(checkpoint: Path) -> Path | None:
+    """``step_25.optimizer.safetensors`` beside ``step_25.safetensors``: the AdamW moments a
+    branch sweep starts that checkpoint's branches from (None: no such file)."""
+    candidate = checkpoint.with_name(f"{checkpoint.stem}.optimizer.safetensors")
+    return candidate if candidate.is_file() else None
+
+
 def sweep(
     spec: Path | None = typer.Option(None, "--spec", help="Model spec JSON."),
     model_dir: Path | None = typer.Option(
@@ -440,7 +447,8 @@ def sweep(
         None,
         "--checkpoint",
         help="Start checkpoint (default: a seeded initialisation). Branch sweep: repeat it, "
-        "one per checkpoint to branch from (e.g. the run's step_<n> saves, step_25.safetensors).",
+        "one per checkpoint to branch from (e.g. the run's step_<n> saves, step_25.safetensors); "
+        "an AdamW state saved beside one as <name>.optimizer.safetensors is sent with it.",
     ),
     target_loss: float | None = typer.Option(
         None, "--target-loss", help="Eval loss (nats per token) to train to / size data for."
@@ -486,6 +494,12 @@ def sweep(
     ),
     compare: str = typer.Option(
         "end", "--compare", help="Branch sweep: end (of the window) | window (throughout)."
+    ),
+    moment_warmup_steps: int = typer.Option(
+        20,
+        "--moment-warmup-steps",
+        help="Branch sweep: steps at learning rate 0 that warm the optimizer's moments on each "
+        "branch's batches (checkpoints without an optimizer state beside them).",
     ),
     checkpoint_steps: str | None = typer.Option(
         None,
@@ -575,7 +589,12 @@ def sweep(
     if data_sizes is not None:
         settings["data_sizes"] = _ints(data_sizes, "--data-sizes")
     if branch:
-        settings |= {"window_evals": window_evals, "tolerance": tolerance, "compare": compare}
+        settings |= {
+            "window_evals": window_evals,
+            "tolerance": tolerance,
+            "compare": compare,
+            "moment_warmup_steps": moment_warmup_steps,
+        }
         if window_tokens is not None:
             settings["window_tokens"] = window_tokens
         if checkpoint_steps is not None:
@@ -625,11 +644,19 @@ def sweep(
                 log(f"uploading {source} …")
                 body[key] = str(client.upload_artifact(source, kind).id)
         if branch:
-            ids = []
+            ids, states = [], []
             for ckpt in checkpoints:
                 log(f"uploading {ckpt} …")
                 ids.append(str(client.upload_artifact(ckpt, "checkpoint").id))
+                beside = optimizer_state_beside(ckpt)
+                if beside is not None:
+                    log(f"uploading its optimizer state {beside} …")
+                states.append(
+                    None if beside is None else str(client.upload_artifact(beside, "checkpoint").id)
+                )
             body["checkpoints"] = ids
+            if any(states):
+                body["optimizer_states"] = states
         job = client.submit_job(body, idempotency_key=idempotency_key)
         log(f"sweep job {job.id}: use it with `curvplan analyze … --sweep {job.id}`")
         if agent:

@@ -281,6 +281,7 @@ class SweepJobCreate(_JobCreateBase, _SweepBase):
     artifact_fields: ClassVar[tuple[ArtifactField, ...]] = (
         *_SWEEP_ARTIFACTS,
         ArtifactField("checkpoints", "checkpoint"),
+        ArtifactField("optimizer_states", "checkpoint"),
     )
     kind: Literal["sweep"]
     sweep: SweepSettings
@@ -308,6 +309,16 @@ class SweepJobCreate(_JobCreateBase, _SweepBase):
         description="Branch sweep (required, at least one): artifact ids of the checkpoints of "
         "one training run to branch from, e.g. its saved steps (docs/budget.md#branch-sweep). "
         "Other sweeps start from `checkpoint`.",
+    )
+    optimizer_states: Annotated[
+        list[uuid.UUID | None], Field(max_length=MAX_BRANCH_CHECKPOINTS)
+    ] = Field(
+        default_factory=list,
+        description="Branch sweep, AdamW: for each of `checkpoints` (same order; null: none) "
+        "the artifact id of its optimizer state, a safetensors file with `exp_avg.<parameter>` "
+        "and `exp_avg_sq.<parameter>` for every parameter and its `step` in the metadata "
+        "(never a pickle; docs/budget.md#branch-sweep). Its branches start from these "
+        "moments; a checkpoint without one warms them (sweep.moment_warmup_steps).",
     )
 
     @field_validator("sweep")
@@ -364,16 +375,47 @@ class SweepJobCreate(_JobCreateBase, _SweepBase):
             )
         return value
 
+    @field_validator("optimizer_states")
+    @classmethod
+    def _one_state_per_checkpoint(
+        cls, value: list[uuid.UUID | None], info: ValidationInfo
+    ) -> list[uuid.UUID | None]:
+        if not value:
+            return value
+        checkpoints = info.data.get("checkpoints")
+        if checkpoints is None:
+            return value  # the checkpoints failed: their own error names them
+        if len(value) != len(checkpoints):
+            raise ValueError(
+                f"{len(value)} optimizer states for {len(checkpoints)} checkpoints: give one "
+                "per checkpoint, in the same order (null where there is none)"
+            )
+        optimizer = info.data.get("optimizer")
+        if optimizer is not None and optimizer.name != "adamw" and any(value):
+            raise ValueError(
+                "an optimizer state holds AdamW's moments (exp_avg, exp_avg_sq): "
+                f"optimizer.name is {optimizer.name!r}"
+            )
+        return value
+
 
 class SweepPointJobCreate(_JobCreateBase, _SweepBase):
     """One training run of a sweep (internal: only a ``sweep`` creates these; a client
     submits the sweep, not its points)."""
 
     queue: ClassVar[str] = "gpu"
-    artifact_fields: ClassVar[tuple[ArtifactField, ...]] = _SWEEP_ARTIFACTS
+    artifact_fields: ClassVar[tuple[ArtifactField, ...]] = (
+        *_SWEEP_ARTIFACTS,
+        ArtifactField("optimizer_state", "checkpoint"),
+    )
     client_submittable: ClassVar[bool] = False
     kind: Literal["sweep_point"]
     point: PointSettings
+    optimizer_state: uuid.UUID | None = Field(
+        default=None,
+        description="Branch sweep: the checkpoint's optimizer state (AdamW moments, "
+        "safetensors) the run starts from.",
+    )
 
 
 AGENT_QUEUE = "agent"

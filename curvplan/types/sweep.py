@@ -230,6 +230,13 @@ class SweepSettings(BaseModel):
         description="Branch sweep: compare the losses at the end of the window (end) or at "
         "every evaluation of the window (window: B must stay within ε throughout).",
     )
+    moment_warmup_steps: Annotated[int, Field(ge=0, le=10_000)] = Field(
+        default=20,
+        description="Branch sweep: optimizer steps at learning rate 0 on the branch's own "
+        "batches (batch size B, drawn apart from the window's examples) that fill the "
+        "optimizer's moments before the window counts; the weights do not move. Not used for "
+        "a checkpoint given with its optimizer state (`optimizer_states`); 0: a fresh optimizer.",
+    )
     checkpoint_steps: (
         Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_BRANCH_CHECKPOINTS)]
         | None
@@ -251,6 +258,8 @@ class SweepSettings(BaseModel):
     def _consistent(self) -> SweepSettings:
         if self.type != "branch" and self.checkpoint_steps is not None:
             raise ValueError("checkpoint_steps is for a branch sweep")
+        if self.type != "branch" and "moment_warmup_steps" in self.model_fields_set:
+            raise ValueError("moment_warmup_steps is for a branch sweep")
         if self.type == "branch" and self.window_tokens is None:
             raise ValueError(
                 "window_tokens is required for a branch sweep: the tokens each branch "
@@ -400,6 +409,11 @@ class PointSettings(BaseModel):
         "branch sweep: the window), or decayed over max_steps (data sweep).",
     )
     cooldown_fraction: Annotated[float, Field(gt=0, le=1)] = 0.2
+    moment_warmup_steps: Annotated[int, Field(ge=0, le=10_000)] = Field(
+        default=0,
+        description="Steps at learning rate 0 that fill the optimizer's moments on this run's "
+        "batch size before it counts (branch sweep without an optimizer state).",
+    )
     checkpoint_step: Annotated[int, Field(ge=0)] | None = Field(
         default=None,
         description="Branch sweep: the training step of the checkpoint the branch starts from "
@@ -430,6 +444,11 @@ class PointResult(BaseModel):
     eval_steps: list[int]
     eval_losses: list[float]
     two_batch: TwoBatchWindows | None = None
+    optimizer_start: str | None = Field(
+        default=None,
+        description="How the optimizer's state started: fresh, warmed at learning rate 0, or "
+        "the checkpoint's own moments (an optimizer-state artifact).",
+    )
     seconds: float
 
 

@@ -217,6 +217,14 @@ def test_cli_example_writes_a_learnable_checkpoint(tmp_path):
         assert (tmp_path / name).is_file()
     summary = json.loads((tmp_path / "example.json").read_text())
     assert summary["eval_loss"] < summary["uniform_loss"] - 0.3  # it learned the chain
+    # each intermediate checkpoint has its Adam moments beside it, for a branch sweep
+    from curvplan_worker.curvature.checkpoint import load_checkpoint
+    from curvplan_worker.curvature.model import build_model
+    from curvplan_worker.sweep.moments import read_moments
+
+    spec = json.loads((tmp_path / "spec.json").read_text())
+    model = load_checkpoint(build_model(spec), tmp_path / "step_25.safetensors")
+    assert read_moments(tmp_path / "step_25.optimizer.safetensors", model).step == 25
 
 
 def test_blas_threads_are_pinned_around_the_small_eigenproblems_and_restored() -> None:

@@ -159,6 +159,30 @@ def test_the_plan_trains_every_checkpoint_at_every_batch_over_the_same_tokens() 
         plan_points(SweepJobCreate.model_validate(_body()), 32, STEPS)
 
 
+def test_a_checkpoints_optimizer_state_goes_to_its_branches_the_others_warm_their_moments():
+    from pydantic import ValidationError
+
+    state = str(uuid.uuid4())
+    body = _body() | {"optimizer_states": [state, None, None]}
+    job = SweepJobCreate.model_validate(body)
+    for c in plan_points(job, 512, STEPS):
+        first = c.request.point.checkpoint_step == STEPS[0]
+        assert (str(c.request.optimizer_state) if first else None) == (state if first else None)
+        assert c.request.point.moment_warmup_steps == (0 if first else 20)  # the default
+    plain = plan_points(SweepJobCreate.model_validate(_body(moment_warmup_steps=0)), 512, STEPS)
+    assert {c.request.point.moment_warmup_steps for c in plain} == {0}
+    assert {c.request.optimizer_state for c in plain} == {None}
+    bad = {
+        "optimizer_states": body | {"optimizer_states": [state]},
+        "optimizer_states ": body | {"optimizer": {"name": "sgd", "lr": 0.01}},
+        "sweep": _body(type="batch", target_loss=1.0, moment_warmup_steps=5) | {"checkpoints": []},
+    }
+    for field, request in bad.items():
+        with pytest.raises(ValidationError) as err:
+            SweepJobCreate.model_validate(request)
+        assert err.value.errors()[0]["loc"][0] == field.strip(), err.value
+
+
 def test_the_fan_in_gives_each_checkpoints_closed_form_cbs_and_the_warmup_schedule() -> None:
     body = _body()
     result = _fan_in(body, _children(body))

@@ -18,6 +18,7 @@ from curvplan_worker.curvature.checkpoint import save_checkpoint
 from curvplan_worker.curvature.data import Dataset, save_dataset
 from curvplan_worker.curvature.model import build_model
 from curvplan_worker.curvature.objective import dataset_loss, objective_for
+from curvplan_worker.sweep.moments import save_moments
 
 EXAMPLE_SPEC = {
     "d_model": 32,
@@ -78,8 +79,9 @@ def write_example(
     ``checkpoint.safetensors`` (w* at the end), ``data.safetensors`` (held-out evaluation
     sample), ``train.safetensors`` (the ``n_train`` training sequences the model was trained
     on, for sweeps) and ``step_<n>.safetensors`` intermediate checkpoints at
-    ``checkpoint_steps`` (for the gradient-noise trend, and as a sweep's start). Returns a
-    summary."""
+    ``checkpoint_steps`` (for the gradient-noise trend, and as a sweep's start), each (after
+    step 0) with the optimizer's moments beside it, ``step_<n>.optimizer.safetensors``: what a
+    branch sweep starts that checkpoint's branches from. Returns a summary."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     spec = EXAMPLE_SPEC
@@ -99,6 +101,8 @@ def write_example(
         for step in range(steps):
             if step in checkpoint_steps:
                 save_checkpoint(model, out / f"step_{step}.safetensors", step=step)
+                if step > 0:  # the Adam moments beside it: a branch sweep starts from them
+                    save_moments(model, opt, out / f"step_{step}.optimizer.safetensors")
                 saved.append(step)
             pick = torch.randint(0, n_train, (batch_size,), generator=gen)
             seq = train_seq[pick]

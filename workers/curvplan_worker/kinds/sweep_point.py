@@ -21,6 +21,7 @@ from curvplan_worker.curvature.hf import HFModelError
 from curvplan_worker.curvature.sources import load_source
 from curvplan_worker.errors import JobError
 from curvplan_worker.job_context import JobContext
+from curvplan_worker.sweep.moments import OptimizerMoments, read_moments
 from curvplan_worker.sweep.train import train_point
 
 #: Below this many parameters one thread is fastest and leaves the other cores to other runs.
@@ -71,6 +72,19 @@ def _train(
         raise JobError("invalid-model-spec", "The model is invalid", str(exc)) from None
     assert train is not None
     model = source.module
+    moments: OptimizerMoments | None = None
+    if body.optimizer_state is not None:
+        state = access.resolve(
+            project_id, str(body.optimizer_state), "checkpoint", "optimizer_state"
+        )
+        try:
+            moments = read_moments(state.path, model)
+        except (CheckpointMismatch, CheckpointError) as exc:
+            raise JobError(
+                "invalid-checkpoint",
+                "The optimizer state does not fit the model",
+                f"optimizer_state: {exc}",
+            ) from None
     threads = torch.get_num_threads()
     if sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS:
         torch.set_num_threads(1)
@@ -83,6 +97,7 @@ def _train(
             body.point,
             body.optimizer,
             report=lambda f, stage, msg: ctx.report_progress(0.02 + 0.97 * f, stage, msg),
+            moments=moments,
         )
     except ValueError as exc:
         raise JobError("invalid-request", "Invalid sweep point", str(exc)) from None

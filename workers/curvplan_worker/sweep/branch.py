@@ -9,8 +9,10 @@ batch-size warm-up schedule over the checkpoints' steps (docs/budget.md#branch-s
 
 Every branch of a checkpoint draws the same sequence of training examples (one seeded
 order, independent of B), so at equal tokens all branches have seen the same data; each
-starts with a fresh optimizer state (a checkpoint holds weights only) and a linear warm-up
-over the same number of examples.
+starts from the checkpoint's optimizer state when one is given beside it (AdamW moments,
+safetensors), else from moments warmed at learning rate 0 on batches of its own size
+(``sweep.moment_warmup_steps``; :mod:`curvplan_worker.sweep.moments`), and a linear
+learning-rate warm-up over the same number of examples.
 """
 
 from __future__ import annotations
@@ -107,10 +109,22 @@ def lr_rule_text(body: SweepJobCreate, sizes: Sequence[int]) -> str:
         "grid": f"lr·√(B/{opt.base_batch_size}) × the best of {opt.lr_grid} (lowest loss at "
         "the end of the window)",
     }[opt.lr_rule]
+    states = [s for s in body.optimizer_states if s is not None]
+    warm = body.sweep.moment_warmup_steps
+    if states and len(states) == len(body.checkpoints):
+        start = "each checkpoint's own optimizer state (AdamW moments)"
+    else:
+        start = (
+            f"moments warmed over {warm} steps at learning rate 0 on each branch's own batches"
+            if warm
+            else "a fresh optimizer state"
+        )
+        if states:
+            start = f"the checkpoint's optimizer state where given, else {start}"
     return (
         f"{opt.name} at {rule} with lr = {opt.lr:g}, constant after a linear warm-up over "
-        f"{opt.warmup_steps} steps of batch {min(sizes)} (the same examples at every B); fresh "
-        "optimizer state at the checkpoint"
+        f"{opt.warmup_steps} steps of batch {min(sizes)} (the same examples at every B); "
+        f"from {start}"
     )
 
 
@@ -135,8 +149,10 @@ def plan_branches(
     common = body.model_dump(mode="json", include={"model", "train_data", "eval_data"})
     multipliers = opt.lr_grid if opt.lr_rule == "grid" else [1.0]
     children = []
+    states = body.optimizer_states or [None] * len(body.checkpoints)
     for i, (checkpoint, step) in enumerate(zip(body.checkpoints, steps, strict=True)):
         where = f"step {step}" if step is not None else f"checkpoint {i}"
+        state = states[i]
         for b in sizes:
             optimizer = opt.model_copy(update={"warmup_steps": _warmup_steps(body, b, sizes[0])})
             for m in multipliers:
@@ -149,6 +165,7 @@ def plan_branches(
                     eval_every=window.eval_every(b),
                     seed=sweep.init_seed,
                     schedule="constant",
+                    moment_warmup_steps=0 if state is not None else sweep.moment_warmup_steps,
                     checkpoint_step=step,
                 )
                 request = {
@@ -157,6 +174,8 @@ def plan_branches(
                     "optimizer": optimizer.model_dump(mode="json"),
                     "point": point.model_dump(mode="json", exclude_none=True),
                 }
+                if state is not None:
+                    request["optimizer_state"] = str(state)
                 suffix = f", lr×{m:g}" if opt.lr_rule == "grid" else ""
                 children.append(child(f"{where}, B={b}{suffix}", request))
     return children

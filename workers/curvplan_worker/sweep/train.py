@@ -19,6 +19,12 @@ from curvplan.types.sweep import OptimizerSpec, PointResult, PointSettings, TwoB
 from curvplan_worker.curvature.data import Dataset
 from curvplan_worker.curvature.objective import Objective
 from curvplan_worker.sweep.lr import lr_at_step, lr_for_batch
+from curvplan_worker.sweep.moments import (
+    OptimizerMoments,
+    apply_moments,
+    warm_moments,
+    warmup_order,
+)
 
 __all__ = ["eval_loss", "lr_for_batch", "nested_order", "train_point"]
 
@@ -77,6 +83,7 @@ def train_point(
     *,
     report: Report | None = None,
     on_step: Callable[[int, nn.Module], None] | None = None,
+    moments: OptimizerMoments | None = None,
 ) -> PointResult:
     """Train ``model`` in place for one sweep point; what it measured.
 
@@ -97,6 +104,10 @@ def train_point(
     bias L(D) upward) and reports the best evaluation. Branch sweep: runs its window of
     ``max_steps`` steps and evaluates every ``eval_every``; its batch order does not depend on
     the batch size, so every branch of a checkpoint sees the same examples in the same order.
+    Its optimizer starts from ``moments`` (the checkpoint's AdamW state) when given, else from
+    ``point.moment_warmup_steps`` steps at learning rate 0 on batches of its own size drawn
+    apart from the window (:mod:`curvplan_worker.sweep.moments`); the weights and the window
+    are the same either way.
     """
     started = time.monotonic()
     b = point.batch_size
@@ -115,6 +126,8 @@ def train_point(
     )
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(params, optimizer_spec, point.lr)
+    model.train()
+    optimizer_start = _start_optimizer(opt, model, objective, train, point, moments)
     warmup = optimizer_spec.warmup_steps
     order = torch.randperm(n_train, generator=gen)
     cursor = 0
@@ -133,7 +146,6 @@ def train_point(
             picked.append(take)
         return torch.cat(picked)
 
-    model.train()
     tokens_per_example = None
     eval_steps: list[int] = [0]
     eval_losses: list[float] = [eval_loss(objective, model, evaluation)]
@@ -232,5 +244,41 @@ def train_point(
         )
         if window_ends
         else None,
+        optimizer_start=optimizer_start,
         seconds=time.monotonic() - started,
+    )
+
+
+def _start_optimizer(
+    opt: torch.optim.Optimizer,
+    model: nn.Module,
+    objective: Objective,
+    train: Dataset,
+    point: PointSettings,
+    moments: OptimizerMoments | None,
+) -> str:
+    """The optimizer's state before the first counted step, and how it was set, in words."""
+    if moments is not None:
+        apply_moments(opt, model, moments)
+        return f"the checkpoint's AdamW moments (optimizer state at step {moments.step})"
+    steps = point.moment_warmup_steps
+    if steps == 0:
+        return "fresh"
+    b, n = point.batch_size, len(train)
+    order = warmup_order(n, point.seed)
+    cursor = 0
+
+    def set_gradients() -> None:
+        nonlocal cursor
+        idx = order[torch.arange(cursor, cursor + b) % n]
+        cursor += b
+        model.zero_grad(set_to_none=True)
+        losses, counts = objective.example_losses(model, train.inputs[idx], train.targets[idx])
+        (losses.sum() / counts.sum()).backward()
+
+    warm_moments(opt, set_gradients, steps)
+    model.zero_grad(set_to_none=True)
+    return (
+        f"moments warmed over {steps} steps at learning rate 0 on batches of {b} drawn apart "
+        "from the window (weights unchanged)"
     )
