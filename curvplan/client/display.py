@@ -501,12 +501,12 @@ def _curvature(section: Any) -> str:
             fmt(b.lambda_max),
             fmt(b.lambda_min),
             f"{100 * b.share_of_total_norm:.1f}%",
-            fmt(b.lr_ceiling),
+            fmt(b.block_threshold),
         ]
         for b in section.blocks
     ]
     text = f"{title}\n" + _indent(
-        table(["BLOCK", "‖H‖₂", "λ_max", "λ_min", "SHARE", "LR CEILING 2/λ_max"], rows)
+        table(["BLOCK", "‖H‖₂", "λ_max", "λ_min", "SHARE", "2/λ_max (BLOCK)"], rows)
     )
     if section.heterogeneity_ratio is not None:
         text += f"\n  heterogeneity ratio max/min ‖H_b‖: {fmt(section.heterogeneity_ratio)}"

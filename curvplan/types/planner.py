@@ -662,18 +662,27 @@ class _Out(BaseModel):
 
 
 class _ReadsStored(_Out):
-    """An output model some of whose fields were removed (README, "Breaking changes"): a
-    recommendation stored before the removal is read with them dropped, so that it still
-    validates and no answer comes back twice. ``REMOVED`` names them; none is in the schema."""
+    """An output model some of whose fields were removed or renamed (README, "Breaking
+    changes"): a recommendation stored before is read with the removed ones dropped and the
+    renamed ones under their new name, so that it still validates and no answer comes back
+    twice. ``REMOVED`` and ``RENAMED`` (old → new) name them; no old name is in the schema."""
 
     REMOVED: ClassVar[frozenset[str]] = frozenset()
+    RENAMED: ClassVar[dict[str, str]] = {}
 
     @model_validator(mode="before")
     @classmethod
-    def _drop_removed_fields(cls, data: Any) -> Any:
-        if isinstance(data, dict) and not cls.REMOVED.isdisjoint(data):
-            return {key: value for key, value in data.items() if key not in cls.REMOVED}
-        return data
+    def _read_stored_fields(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if cls.REMOVED.isdisjoint(data) and not any(old in data for old in cls.RENAMED):
+            return data
+        kept = {key: value for key, value in data.items() if key not in cls.REMOVED}
+        for old, new in cls.RENAMED.items():
+            if old in kept:
+                value = kept.pop(old)
+                kept.setdefault(new, value)
+        return kept
 
 
 Interval = tuple[float | None, float | None]
@@ -963,24 +972,31 @@ class ScalingSection(_Out):
     missing: list[Missing] = Field(default_factory=list)
 
 
-class BlockSummary(_Out):
+class BlockSummary(_ReadsStored):
+    RENAMED = {"lr_ceiling": "block_threshold"}
+
     name: str
     spectral_norm: float
     lambda_max: float
     lambda_min: float
     share_of_total_norm: float
-    lr_ceiling: float | None
+    block_threshold: float | None = Field(
+        description="2/λ_max of this block alone: an upper bound on the whole model's GD "
+        "sharpness threshold (budget.learning_rate), not a learning rate to use."
+    )
     negative_curvature: bool
     trace: float | None = None
 
 
-class CurvatureSection(_Out):
+class CurvatureSection(_ReadsStored):
+    RENAMED = {"lr_ceiling_formula": "block_threshold_formula"}
+
     status: Literal["computed"] = "computed"
     blocks: list[BlockSummary] = Field(default_factory=list)
     top_blocks: list[str] = Field(default_factory=list)
     heterogeneity_ratio: float | None = None
     heterogeneity_formula: str | None = None
-    lr_ceiling_formula: str | None = None
+    block_threshold_formula: str | None = None
     gradient_norm_at_w_star: float | None = None
     assumption1_ratio: float | None = None
     assumption1_formula: str | None = None

@@ -68,10 +68,16 @@ REMOVED_FIELDS = {
     "data": {"loss_accuracy_examples"},
     "learning_rate": {"gd_stability_limit", "lambda_max", "lambda_max_source"},
 }
+#: The fields renamed so that no evidence reads as an answer: old name → new name, by section.
+RENAMED_FIELDS = {
+    "curvature": {"lr_ceiling_formula": "block_threshold_formula"},
+    "blocks": {"lr_ceiling": "block_threshold"},
+}
 
 
 def _without_removed_fields(rec: dict[str, Any]) -> dict[str, Any]:
-    """A stored recommendation as it reads today: the removed fields dropped, nothing else."""
+    """A stored recommendation as it reads today: the removed fields dropped, the renamed
+    ones under their new name, nothing else."""
     rec = json.loads(json.dumps(rec))
 
     def drop(section: Any, names: set[str]) -> None:
@@ -86,6 +92,17 @@ def _without_removed_fields(rec: dict[str, Any]) -> dict[str, Any]:
     budget = rec.get("budget") or {}
     drop(budget.get("data"), REMOVED_FIELDS["data"])
     drop(budget.get("learning_rate"), REMOVED_FIELDS["learning_rate"])
+
+    def rename(section: Any, names: dict[str, str]) -> None:
+        if isinstance(section, dict):
+            for old, new in names.items():
+                if old in section:
+                    section[new] = section.pop(old)
+
+    curvature = rec.get("curvature")
+    rename(curvature, RENAMED_FIELDS["curvature"])
+    for block in (curvature or {}).get("blocks") or []:
+        rename(block, RENAMED_FIELDS["blocks"])
     return rec
 
 
@@ -105,6 +122,8 @@ def test_result_stored_by_older_code_answers_under_typed_models(
     if kind == "plan":
         assert stored["recommendation"]["batch_size"]["recommended"] == 512
         assert "recommended" not in today["recommendation"]["batch_size"]
+        block = today["recommendation"]["curvature"]["blocks"][0]
+        assert block["block_threshold"] == 2.0 and "lr_ceiling" not in block
 
     answer = client.get(f"/v1/jobs/{job_id}", headers=auth_headers)
     assert answer.status_code == 200, answer.text

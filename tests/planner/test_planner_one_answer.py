@@ -33,6 +33,9 @@ REMOVED = {
     ("BudgetLearningRate", "gd_stability_limit"),
     ("BudgetLearningRate", "lambda_max"),
     ("BudgetLearningRate", "lambda_max_source"),
+    # renamed: a block's 2/λ_max is evidence, not a learning rate to use
+    ("BlockSummary", "lr_ceiling"),
+    ("CurvatureSection", "lr_ceiling_formula"),
 }
 #: Where each section sits in a recommendation's JSON.
 SECTION_PATH = {
@@ -41,6 +44,8 @@ SECTION_PATH = {
     ".sample_size.per_tolerance[]": "PerTolerance",
     ".budget.data": "BudgetData",
     ".budget.learning_rate": "BudgetLearningRate",
+    ".curvature": "CurvatureSection",
+    ".curvature.blocks[]": "BlockSummary",
 }
 S_MIN, B_CRIT = 300.0, 90.0  # S(B) = S_min(1 + B_crit/B), McCandlish et al. 2018 eq. 2.11
 E, A, BETA = 1.5, 30.0, 0.35  # L(D) = E + A·D^(−β)
@@ -171,5 +176,8 @@ def test_a_recommendation_stored_with_the_old_fields_reads_back_without_them(
     old["budget"]["data"]["loss_accuracy_examples"] = 5
     old["budget"]["learning_rate"].update(gd_stability_limit=0.2, lambda_max=10.0)
     old["budget"]["learning_rate"]["lambda_max_source"] = "largest block λ_max (a)"
+    old["curvature"]["lr_ceiling_formula"] = old["curvature"].pop("block_threshold_formula")
+    for block in old["curvature"]["blocks"]:
+        block["lr_ceiling"] = block.pop("block_threshold")
     again = Recommendation.model_validate(old)
     assert json.loads(again.model_dump_json()) == body

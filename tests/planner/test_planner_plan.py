@@ -67,7 +67,7 @@ def test_design_field_names_are_present() -> None:
     assert "recommended" not in batch and rec["budget"]["batch"]["recommended"] == 2048
     assert {"E", "A", "beta", "n_for_target_loss"} <= rec["scaling"].keys()
     assert rec["curvature"]["heterogeneity_ratio"] == 10.0
-    assert rec["curvature"]["blocks"][1]["lr_ceiling"] == 2 / 30.0
+    assert rec["curvature"]["blocks"][1]["block_threshold"] == 2 / 30.0
     codes = {w["code"] for w in rec["warnings"]}
     assert {"negative_curvature", "assumption1_gradient_norm"} <= codes
 

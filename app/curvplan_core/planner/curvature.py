@@ -32,7 +32,7 @@ def summarize_blocks(
                 lambda_max=b.lambda_max,
                 lambda_min=b.lambda_min,
                 share_of_total_norm=b.spectral_norm / total if total > 0 else 0.0,
-                lr_ceiling=2.0 / b.lambda_max if b.lambda_max > 0 else None,
+                block_threshold=2.0 / b.lambda_max if b.lambda_max > 0 else None,
                 negative_curvature=is_negative,
                 trace=b.trace,
             )
@@ -50,10 +50,10 @@ def summarize_blocks(
                 reason="a block has spectral norm 0, so max/min is unbounded",
             )
         )
-    if any(s.lr_ceiling is None for s in summaries):
+    if any(s.block_threshold is None for s in summaries):
         missing.append(
             Missing(
-                item="lr_ceiling",
+                item="block_threshold",
                 reason="blocks with λ_max ≤ 0 have no GD sharpness threshold 2/λ_max",
             )
         )
@@ -62,7 +62,7 @@ def summarize_blocks(
         top_blocks=[b.name for b in ranked[:3]],
         heterogeneity_ratio=ratio,
         heterogeneity_formula=formulas.HETEROGENEITY,
-        lr_ceiling_formula=formulas.LR_CEILING,
+        block_threshold_formula=formulas.BLOCK_THRESHOLD,
         missing=missing,
     )
     return section, negative

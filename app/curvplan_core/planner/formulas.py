@@ -138,7 +138,9 @@ N_FOR_TARGET: Final = formula("scaling.n_for_target", "D = (A/(target − E))^(1
 HETEROGENEITY: Final = formula(
     "curvature.heterogeneity", "max/min of the per-block spectral norms ‖H_B‖"
 )
-LR_CEILING: Final = formula("curvature.lr_ceiling", "η_g = 2/λ_max(H_gg) per block")
+BLOCK_THRESHOLD: Final = formula(
+    "curvature.block_threshold", "2/λ_max(H_gg) per block: an upper bound on 2/λ_max(H)"
+)
 ASSUMPTION1: Final = formula(
     "curvature.assumption1",
     "2·rms_i|g_i − ḡ|/(M·R): dropped first-order term over the second-order bound",

@@ -211,7 +211,7 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
                 "lambda_max": 2.0,
                 "lambda_min": 0.0,
                 "share_of_total_norm": 1.0,
-                "lr_ceiling": 1.0,
+                "block_threshold": 1.0,
                 "negative_curvature": False,
                 "trace": None,
             }
@@ -220,7 +220,8 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
         "heterogeneity_ratio": 1.0,
         "heterogeneity_formula": "curvature.heterogeneity: max/min of the per-block "
         "spectral norms ‖H_B‖",
-        "lr_ceiling_formula": "curvature.lr_ceiling: η_g = 2/λ_max(H_gg) per block",
+        "block_threshold_formula": "curvature.block_threshold: 2/λ_max(H_gg) per block: an "
+        "upper bound on 2/λ_max(H)",
         "gradient_norm_at_w_star": None,
         "assumption1_ratio": None,
         "assumption1_formula": None,

@@ -522,14 +522,14 @@ def _curvature_html(section: Any) -> str:
             b.get("lambda_max"),
             b.get("lambda_min"),
             f"{100 * float(b.get('share_of_total_norm') or 0):.1f}%",
-            b.get("lr_ceiling"),
+            b.get("block_threshold"),
         )
         for b in section.get("blocks") or []
     ]
     if not rows:
         return out + _empty("No per-block measurements were given.")
     out += _table(
-        ("block", "‖H_b‖₂", "λ_max", "λ_min", "share", "LR ceiling 2/λ_max"), rows, {1, 2, 3, 4, 5}
+        ("block", "‖H_b‖₂", "λ_max", "λ_min", "share", "2/λ_max (block)"), rows, {1, 2, 3, 4, 5}
     )
     if section.get("heterogeneity_ratio") is not None:
         out += (
