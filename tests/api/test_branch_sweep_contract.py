@@ -56,9 +56,9 @@ def test_a_sweep_jobs_result_types_the_branch_result(schemas: dict[str, Any]) ->
     assert _ref(checkpoint["curves"]) == "BranchCurve"
     assert {"step", "critical_batch", "next_batch", "status"} <= set(checkpoint)
     curve = schemas["BranchCurve"]["properties"]
-    assert curve["tokens"]["items"]["type"] == "number" and curve["within_tolerance"]["type"] == (
-        "boolean"
-    )
+    assert curve["tokens"]["items"]["type"] == "number"
+    within = {o.get("type") for o in curve["within_tolerance"]["anyOf"]}
+    assert within == {"boolean", "null"}  # null: the checkpoint's CBS is not measured
     stage = schemas["BatchWarmupStage"]
     assert {"from_step", "batch_size", "status"} <= set(stage["required"])
 
@@ -78,7 +78,9 @@ def test_budget_batch_names_the_branch_source_and_carries_the_schedule(
     measured = schemas["Measurements"]["properties"]["branched_critical_batch"]
     assert _ref(measured) == "BranchedCriticalBatch"
     point = schemas["BranchedBatchPoint"]["properties"]
-    assert point["status"]["enum"] == ["measured", "at_least", "at_most"]
+    assert point["status"]["enum"] == ["measured", "at_least", "at_most", "not_measured"]
+    assert {o.get("type") for o in point["critical_batch"]["anyOf"]} == {"integer", "null"}
+    assert "reason" in point
 
 
 def test_the_continuous_branch_estimates_are_typed_beside_the_ladder(

@@ -187,6 +187,48 @@ def test_a_branch_sweeps_checkpoints_are_checked_one_by_one_and_locked_while_it_
         assert deleted.status_code == 204, deleted.text
 
 
+def moments_bytes(rows: int = 8, *, drop: str | None = None) -> bytes:
+    """An AdamW state for :func:`checkpoint_bytes`' tensors (safetensors, step metadata)."""
+    shapes = {"embed.weight": (rows, 4), "head.weight": (3, 4)}
+    tensors = {
+        f"{kind}.{name}": np.full(shape, 0.1, dtype=np.float32)
+        for name, shape in shapes.items()
+        for kind in ("exp_avg", "exp_avg_sq")
+    }
+    tensors.pop(drop or "", None)
+    return st_save(tensors, metadata={"step": "20"})
+
+
+def test_a_branch_sweeps_optimizer_states_are_checked_against_its_checkpoints(
+    client: Any, auth_headers: dict[str, str], db_session: Any
+) -> None:
+    data = upload(client, auth_headers, dataset_bytes(), kind="dataset").json()["id"]
+    early, late = (upload(client, auth_headers, checkpoint_bytes(s)).json()["id"] for s in (30, 31))
+    state = upload(client, auth_headers, moments_bytes()).json()["id"]
+    short = upload(client, auth_headers, moments_bytes(drop="exp_avg_sq.head.weight")).json()
+    other = upload(client, auth_headers, moments_bytes(rows=9)).json()["id"]
+    before = _job_count(db_session)
+    cases = [
+        ([state], {"body.optimizer_states": "value_error"}),  # one per checkpoint
+        ([state, short["id"]], {"body.optimizer_states.1": "optimizer_state_mismatch"}),
+        ([other, None], {"body.optimizer_states.0": "optimizer_state_mismatch"}),
+        ([str(uuid.uuid4()), None], {"body.optimizer_states.0": "artifact_not_found"}),
+        ([data, None], {"body.optimizer_states.0": "artifact_kind"}),
+    ]
+    for states, expected in cases:
+        body = branch_body([early, late], data) | {"optimizer_states": states}
+        problem = assert_problem(client.post("/v1/jobs", headers=auth_headers, json=body), 422)
+        assert _errors(problem) == expected, problem
+    body = branch_body([early, late], data) | {"optimizer_states": [short["id"], None]}
+    problem = assert_problem(client.post("/v1/jobs", headers=auth_headers, json=body), 422)
+    assert "missing exp_avg_sq.head.weight" in problem["errors"][0]["message"]
+    assert _job_count(db_session) == before  # nothing was queued
+    body = branch_body([early, late], data) | {"optimizer_states": [None, state]}
+    job = client.post("/v1/jobs", headers=auth_headers, json=body)
+    assert job.status_code == 202, job.text
+    assert ("optimizer_states.1", state) in _links(db_session, job.json()["id"])
+
+
 @pytest.mark.parametrize("kind", ["analyze_blocks", "sweep_point"])
 def test_clients_cannot_submit_the_internal_kinds(
     client: Any, auth_headers: dict[str, str], db_session: Any, kind: str

@@ -170,6 +170,59 @@ def check_artifact_contents(
         raise validation_problem(errors)
 
 
+#: The tensors of a branch sweep's optimizer state: AdamW's two moments of every parameter.
+MOMENT_PREFIXES = ("exp_avg", "exp_avg_sq")
+
+
+def check_optimizer_states(
+    session: Session,
+    project_id: uuid.UUID,
+    checkpoints: Sequence[uuid.UUID],
+    states: Sequence[uuid.UUID | None],
+) -> None:
+    """422 for a branch sweep's ``optimizer_states`` that do not hold AdamW's moments of its
+    checkpoints' tensors: ``exp_avg.<name>`` and ``exp_avg_sq.<name>`` with the shape of every
+    tensor of ``checkpoints[0]``, nothing else (docs/budget.md#branch-sweep)."""
+    given = [(i, s) for i, s in enumerate(states) if s is not None]
+    if not given or not checkpoints:
+        return
+    headers = stored_headers(session, project_id, [checkpoints[0], *(s for _, s in given)])
+    reference = headers.get(checkpoints[0])
+    if reference is None:
+        return  # a file:// checkpoint has no stored header; the worker checks them
+    wanted = {
+        f"{kind}.{name}": t.get("shape")
+        for name, t in reference.items()
+        for kind in MOMENT_PREFIXES
+    }
+    errors = []
+    for i, state in given:
+        tensors = headers.get(state)
+        if tensors is None:
+            continue
+        shapes = {name: t.get("shape") for name, t in tensors.items()}
+        if shapes == wanted:
+            continue
+        missing = sorted(set(wanted) - set(shapes))
+        extra = sorted(set(shapes) - set(wanted))
+        reshaped = sorted(n for n in set(wanted) & set(shapes) if wanted[n] != shapes[n])
+        parts = [
+            f"{label} {', '.join(names[:3])}{' …' if len(names) > 3 else ''}"
+            for label, names in (("missing", missing), ("extra", extra), ("other shape", reshaped))
+            if names
+        ]
+        errors.append(
+            _error(
+                ("optimizer_states", i),
+                "the optimizer state does not hold AdamW's moments (exp_avg.<tensor>, "
+                f"exp_avg_sq.<tensor>) of body.checkpoints.0's tensors ({'; '.join(parts)})",
+                "optimizer_state_mismatch",
+            )
+        )
+    if errors:
+        raise validation_problem(errors)
+
+
 def check_branch_checkpoints(
     session: Session, project_id: uuid.UUID, checkpoints: Sequence[uuid.UUID]
 ) -> None:

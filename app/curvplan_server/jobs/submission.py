@@ -75,6 +75,9 @@ def _check_analyze(ctx: SubmissionContext, body: AnalyzeJobCreate) -> AnalyzeJob
 def _check_sweep(ctx: SubmissionContext, body: SweepJobCreate) -> SweepJobCreate:
     references.check_model_size(body, ctx.max_model_parameters)
     references.check_branch_checkpoints(ctx.session, ctx.project_id, body.checkpoints)
+    references.check_optimizer_states(
+        ctx.session, ctx.project_id, body.checkpoints, body.optimizer_states
+    )
     return body
 
 
