@@ -6,7 +6,8 @@ benchmark's own training loops (``benchmarks/predictive/``, independent of the s
 
 * B_crit from per-batch tuned learning rates at 5–7 batch sizes (steps to the target loss,
   S = S_min(1 + B_crit/B), McCandlish et al. 2018);
-* the data needed for the target loss from nested subsets trained with a cosine schedule;
+* the data needed for each target loss from nested subsets, each trained to convergence with
+  a cosine schedule over a horizon that grows with the subset (L(D) monotone within noise);
 * λ_max of the full Hessian at the converged checkpoint (Lanczos over all parameters) and
   gradient descent at 0.9× / 1.1× of 2/λ_max.
 
@@ -91,6 +92,8 @@ class Mode:
     ref_lr: float
     ref_batch: int
     target_fraction: float  # target = the reference run's held-out loss at this fraction
+    # (neither it nor more_target_fractions is one of intermediate_fractions: a target is not
+    # an intermediate checkpoint's loss)
     intermediate_fractions: tuple[float, ...]
     batch_sizes: tuple[int, ...]
     batch_max_steps: int
@@ -107,6 +110,24 @@ class Mode:
     service_data_max_steps: int
     service_lr_grid: tuple[float, ...]
     analysis_options: dict = field(default_factory=dict, hash=False)
+    more_target_fractions: tuple[float, ...] = ()  # the data truth's further targets
+    data_epochs: float = 0.0  # > 0: every subset trains data_epochs passes (the epochs rule)
+    data_min_steps: int = 0
+    data_max_steps: int = 0
+
+    def data_settings(self, targets: tuple[float, ...]) -> DataSettings:
+        """The data truth's settings for ``targets`` (the first is the budget's target)."""
+        return DataSettings(
+            self.data_sizes,
+            targets[0],
+            self.data_batch,
+            self.data_steps,
+            self.data_lrs,
+            epochs=self.data_epochs,
+            min_steps=self.data_min_steps,
+            max_steps=self.data_max_steps,
+            more_targets=tuple(targets[1:]),
+        )
 
     def spec(self) -> dict:
         return {
@@ -143,7 +164,7 @@ QUICK = Mode(
     ref_steps=400,
     ref_lr=3e-3,
     ref_batch=32,
-    target_fraction=0.4,
+    target_fraction=0.3,
     intermediate_fractions=(0.05, 0.1, 0.2, 0.4, 0.6),
     batch_sizes=(8, 16, 32, 64, 128),
     batch_max_steps=1500,
@@ -160,6 +181,10 @@ QUICK = Mode(
     service_data_max_steps=300,
     service_lr_grid=(1.0,),
     analysis_options={"tolerance": 1e-4, "trace_probes": 10, "n_directions": 4},
+    more_target_fractions=(0.5,),
+    data_epochs=20.0,
+    data_min_steps=200,
+    data_max_steps=2500,
 )
 #: The full mode: the quick mode's model and reference run (so the two are comparable and the
 #: service half costs about the same), with what the ground truth needs to be trusted: 2 seeds,
@@ -263,14 +288,22 @@ def load_data(mode: Mode):
     return split, manifest, corpus_hash, eval_np, (tx, ty, vx, vy)
 
 
-def seed_truth(mode: Mode, data, make_model, seed: int, target: float | None) -> dict:
-    """One seed's ground truth: its reference run (and the target from it when none is given
+def targets_from_reference(info: dict, mode: Mode) -> tuple[float, ...]:
+    """The budget's target (``target_fraction``) and the data truth's further ones
+    (``more_target_fractions``), each the reference run's held-out loss there."""
+    fractions = (mode.target_fraction, *mode.more_target_fractions)
+    return tuple(target_from_reference(info, f, mode.ref_steps) for f in fractions)
+
+
+def seed_truth(mode: Mode, data, make_model, seed: int, targets: tuple[float, ...] | None) -> dict:
+    """One seed's ground truth: its reference run (and the targets from it when none are given
     yet), the tuned steps per batch size, L(D) on nested subsets and the full-Hessian λ_max."""
     t0 = cpu_self()
     print(f"[truth] seed {seed}: reference run", flush=True)
     model, _states, ref = reference_run(mode, make_model, data, seed)
-    if target is None:
-        target = target_from_reference(ref, mode.target_fraction, mode.ref_steps)
+    if targets is None:
+        targets = targets_from_reference(ref, mode)
+    target = targets[0]
     print(f"[truth] seed {seed}: target loss {target}; batch sizes", flush=True)
     batch = batch_truth(
         make_model,
@@ -289,7 +322,7 @@ def seed_truth(mode: Mode, data, make_model, seed: int, target: float | None) ->
     data_fit = data_truth(
         make_model,
         data,
-        DataSettings(mode.data_sizes, target, mode.data_batch, mode.data_steps, mode.data_lrs),
+        mode.data_settings(targets),
         seed,
     )
     print(f"[truth] seed {seed}: data {data_fit['needed_for_target']}; λ_max", flush=True)
@@ -303,6 +336,7 @@ def seed_truth(mode: Mode, data, make_model, seed: int, target: float | None) ->
     print(f"[truth] seed {seed}: λ_max {curv['lambda_max']:.5g}", flush=True)
     return {
         "target_loss": target,
+        "targets": list(targets),
         "reference": ref,
         "batch": batch,
         "data": data_fit,
@@ -311,7 +345,7 @@ def seed_truth(mode: Mode, data, make_model, seed: int, target: float | None) ->
     }
 
 
-def _seed_truth_process(mode_name: str, seed: int, target: float) -> dict:
+def _seed_truth_process(mode_name: str, seed: int, target: tuple[float, ...]) -> dict:
     """``seed_truth`` in a worker process of its own (spawned: it rebuilds the corpus, which is
     deterministic); its CPU is the whole process's, imports included."""
     torch.set_num_threads(1)
@@ -348,6 +382,7 @@ class TruthCache:
     def add(self, seed: int, result: dict) -> None:
         with self._lock:
             self.truth.setdefault("target_loss", result.pop("target_loss"))
+            self.truth.setdefault("targets", result.pop("targets", [self.truth["target_loss"]]))
             self.truth["seeds"][str(seed)] = result
             self.truth.update(
                 mode_key=self.mode.key(),
@@ -360,7 +395,7 @@ class TruthCache:
             tmp.replace(self.path)
 
 
-def start_truth(mode: Mode, cache: TruthCache, target: float, jobs: int):
+def start_truth(mode: Mode, cache: TruthCache, target: tuple[float, ...], jobs: int):
     """The missing seeds in ``jobs`` spawned processes (one seed each); every result lands in
     the cache as it arrives. The futures are returned so the service half runs meanwhile."""
     missing = cache.missing()
@@ -430,6 +465,7 @@ def summarise(truth: dict) -> dict:
         return gmean(values) if all(v is not None for v in values) else None
 
     fmt = ", ".join
+    by_target = data_by_target(truth)
     return {
         "b_crit": b_crit,
         "b_crit_note": how + "per seed " + fmt("—" if v is None else f"{v:.3g}" for v in b),
@@ -438,10 +474,42 @@ def summarise(truth: dict) -> dict:
         "steps_at": steps,
         "data_needed": gmean(d) if all(v is not None for v in d) else None,
         "data_needed_note": "per seed "
-        + fmt(f"{v:,.0f}" if v is not None else str(bd) for v, bd in zip(d, bounds, strict=True)),
+        + fmt(f"{v:,.0f}" if v is not None else str(bd) for v, bd in zip(d, bounds, strict=True))
+        + by_target[0]["spread_text"],
+        "data_by_target": by_target,
         "lambda_max": first["curvature"]["lambda_max"],
         "gd_threshold": first["curvature"]["gd_threshold"],
     }
+
+
+def data_by_target(truth: dict) -> list[dict]:
+    """Per target: the data each seed's L(D) needs, their geometric mean and spread (the
+    largest over the smallest seed's: how far the truth itself moves between seeds)."""
+    seeds = truth["seeds"]
+    targets = truth.get("targets") or [truth["target_loss"]]
+    out = []
+    for k, target in enumerate(targets):
+        values, bounds = [], []
+        for s in seeds.values():
+            needed = s["data"].get("needed") or [s["data"]["needed_for_target"]]
+            entry = needed[k] if k < len(needed) else {"examples": None, "bound": "not measured"}
+            values.append(entry["examples"])
+            bounds.append(entry["bound"])
+        known = [v for v in values if v is not None and v > 0]
+        spread = max(known) / min(known) if len(known) > 1 else None
+        out.append(
+            {
+                "target_loss": target,
+                "per_seed": values,
+                "bounds": bounds,
+                "examples": float(np.exp(np.mean(np.log(known))))
+                if known and len(known) == len(values)
+                else None,
+                "spread": spread,
+                "spread_text": "" if spread is None else f" (seeds' spread ×{spread:.2f})",
+            }
+        )
+    return out
 
 
 def service_half(mode: Mode, truth: dict, eval_np, data, split, models, args) -> dict:
@@ -526,7 +594,10 @@ def markdown(mode: Mode, truth: dict, summary: dict, rows, service: dict | None,
         f"Model: {meta['n_parameters']:,} parameters ({mode.n_layers} layers, d_model "
         f"{mode.d_model}, vocabulary {len(VOCAB)} characters). Target held-out loss "
         f"{truth['target_loss']} nats/char (the reference run's loss at "
-        f"{mode.target_fraction:.0%} of its {mode.ref_steps} steps).",
+        f"{mode.target_fraction:.0%} of its {mode.ref_steps} steps, between its intermediate "
+        f"checkpoints); the data truth's further targets "
+        f"{', '.join(map(str, (truth.get('targets') or [])[1:])) or '—'} (at "
+        f"{', '.join(f'{f:.0%}' for f in mode.more_target_fractions) or '—'}).",
         "",
         "## Ground truth per seed",
         "",
@@ -555,13 +626,32 @@ def markdown(mode: Mode, truth: dict, summary: dict, rows, service: dict | None,
             for p in s["batch"]["points"]
         ]
         lines.append(f"| {seed} | " + " | ".join(cells) + " |")
-    lines += ["", "Held-out loss at each subset size (cosine schedule, best of the lrs):", ""]
-    lines.append("| seed | " + " | ".join(f"D={d}" for d in mode.data_sizes) + " |")
-    lines.append("|---|" + "---:|" * len(mode.data_sizes))
+    first_data = next(iter(seeds.values()))["data"]
+    rule = first_data.get("rule", "cosine schedule, a fixed horizon")
+    lines += ["", f"Held-out loss at each subset size ({rule}; best of the lrs):", ""]
+    lines.append("| seed | " + " | ".join(f"D={d}" for d in mode.data_sizes) + " | monotone? |")
+    lines.append("|---|" + "---:|" * len(mode.data_sizes) + "---|")
     for seed, s in seeds.items():
-        lines.append(
-            f"| {seed} | " + " | ".join(f"{p['loss']:.4f}" for p in s["data"]["points"]) + " |"
+        monotone = s["data"].get("monotone")
+        verdict = (
+            "—"
+            if monotone is None
+            else "yes"
+            if monotone
+            else "NO: " + "; ".join(s["data"]["monotone_violations"])
         )
+        cells = [f"{p['loss']:.4f} ({p.get('steps', '?')} st.)" for p in s["data"]["points"]]
+        lines.append(f"| {seed} | " + " | ".join(cells) + f" | {verdict} |")
+    lines += ["", "Data for each target (the crossing of each seed's L(D)):", ""]
+    lines += ["| target loss | per seed | geometric mean | seeds' spread |", "|---:|---|---:|---:|"]
+    for t in summary["data_by_target"]:
+        per_seed = ", ".join(
+            f"{v:,.0f}" if v is not None else str(b)
+            for v, b in zip(t["per_seed"], t["bounds"], strict=True)
+        )
+        mean = "—" if t["examples"] is None else f"{t['examples']:,.0f}"
+        spread = "—" if t["spread"] is None else f"×{t['spread']:.2f}"
+        lines.append(f"| {t['target_loss']} | {per_seed} | {mean} | {spread} |")
     lines += ["", "## Service beside the truth", ""]
     if service is None:
         lines.append("Service half not run (`--truth-only`).")
@@ -639,18 +729,20 @@ def main() -> None:
     cache = TruthCache(mode, corpus_hash, fresh=args.fresh_truth)
     first = min(mode.seeds)
     models: dict = {}
-    target = cache.truth.get("target_loss")
-    if target is None or not args.truth_only:
-        # seed 0's reference run: the target loss and the checkpoints the service gets
+    cached = cache.truth.get("targets")
+    targets = None if cached is None else tuple(cached)
+    if targets is None or not args.truth_only:
+        # seed 0's reference run: the target losses and the checkpoints the service gets
         model, states, ref = reference_run(mode, make_model, data, first)
         models[first] = (model, states)
-        if target is None:
-            target = target_from_reference(ref, mode.target_fraction, mode.ref_steps)
-    print(f"[truth] target loss {target}; seeds to measure {cache.missing()}", flush=True)
+        if targets is None:
+            targets = targets_from_reference(ref, mode)
+    target = targets[0]
+    print(f"[truth] target losses {targets}; seeds to measure {cache.missing()}", flush=True)
     child_cpu = 0.0
     service = None
     if args.jobs > 1:
-        pool, futures = start_truth(mode, cache, target, args.jobs)
+        pool, futures = start_truth(mode, cache, targets, args.jobs)
         if not args.truth_only:
             service = service_half(
                 mode, {"target_loss": target}, eval_np, data, split, models, args
@@ -664,7 +756,7 @@ def main() -> None:
                 child_cpu += future.result()["cpu_s"]
     else:
         for seed in cache.missing():
-            cache.add(seed, seed_truth(mode, data, make_model, seed, target))
+            cache.add(seed, seed_truth(mode, data, make_model, seed, targets))
         if not args.truth_only:
             service = service_half(
                 mode, {"target_loss": target}, eval_np, data, split, models, args

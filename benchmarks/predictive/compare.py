@@ -213,7 +213,33 @@ def sweep_rows(answers: dict, truth: dict) -> list[Row]:
             truth_note=truth["data_needed_note"],
         )
     )
+    for more in (truth.get("data_by_target") or [])[1:]:  # the same L(D) at the other targets
+        target = more["target_loss"]
+        solved = solve_l_of_d(dfit, target)
+        rows.append(
+            Row(
+                f"data sweep: L(D) solved at {target}",
+                solved,
+                more["examples"],
+                note=dnote or ("" if solved is not None else "target at or below the fitted E"),
+                truth_note="per seed "
+                + ", ".join(
+                    f"{v:,.0f}" if v is not None else str(b)
+                    for v, b in zip(more["per_seed"], more["bounds"], strict=True)
+                )
+                + more["spread_text"],
+            )
+        )
     return rows  # the branch sweep's rows: predictive.branch.branch_rows
+
+
+def solve_l_of_d(fit: dict, target: float) -> float | None:
+    """D with E + A·D^(−β) = target from a data sweep's fitted L(D) (Kaplan et al. 2020,
+    eq. 1.4 form): (A/(target − E))^(1/β); None when the target is at or below E."""
+    e, a, beta = (_num(fit.get(k)) for k in ("E", "A", "beta"))
+    if e is None or a is None or beta is None or beta <= 0 or a <= 0 or target <= e:
+        return None
+    return (a / (target - e)) ** (1 / beta)
 
 
 def render(rows: list[Row]) -> str:

@@ -4,10 +4,12 @@
   the best is at an edge), the steps S(B) to the target held-out loss are the fewest any lr
   took, and S = S_min(1 + B_crit/B) (McCandlish et al. 2018, eq. 2.11 in its S–B form) is
   fitted by weighted least squares of S on 1/B (relative errors: weights 1/S²).
-* Data: nested subsets (prefixes of one seeded permutation), each trained with a cosine
-  schedule (lr grid on the smallest and largest subsets); L(D) = the best held-out loss; the data
-  needed for the target is the crossing of L(D), linear in log D between the two subsets
-  that bracket it.
+* Data: nested subsets (prefixes of one seeded permutation), each trained to convergence with
+  a cosine schedule decayed to 0 over a horizon that grows with the subset (``epochs`` passes
+  over it, at least ``min_steps`` and at most ``max_steps`` steps; lr grid on the smallest and
+  largest subsets); L(D) = the best held-out loss over the run; the data needed for each
+  target is the crossing of L(D), linear in log D between the two subsets that bracket it.
+  L(D) must be monotone within ``MONOTONE_TOLERANCE`` (the result says whether it is).
 * λ_max: Lanczos over all parameters of the converged checkpoint (``hessian.py``), and
   gradient descent at 0.9× and 1.1× of 2/λ_max on the same loss.
 """
@@ -190,14 +192,50 @@ def batch_truth(
     return {"points": table, "fit": fit, "seconds": sum(p["seconds"] for p in table)}
 
 
+#: How far L(D) may rise from one subset to the next larger one and still count as monotone,
+#: nats per character: about the spread of the held-out loss between seeds at one size.
+MONOTONE_TOLERANCE = 0.02
+
+
 @dataclass
 class DataSettings:
     sizes: tuple[int, ...]
     target_loss: float
     batch_size: int
-    steps: tuple[int, ...]  # cosine horizon per subset size
+    steps: tuple[int, ...]  # fixed cosine horizon per subset size (epochs = 0)
     lrs: tuple[float, ...]
     eval_points: int = 12
+    epochs: float = 0.0  # > 0: the horizon is epochs passes over the subset …
+    min_steps: int = 0  # … at least this many steps …
+    max_steps: int = 0  # … and at most this many (0: no cap)
+    more_targets: tuple[float, ...] = ()  # further targets the crossing is solved at
+
+    def horizon(self, i: int) -> int:
+        """The steps subset ``i`` trains for: its fixed horizon, or the epochs rule."""
+        if self.epochs <= 0:
+            return self.steps[i]
+        steps = max(self.min_steps, math.ceil(self.epochs * self.sizes[i] / self.batch_size))
+        return min(steps, self.max_steps) if self.max_steps > 0 else steps
+
+    def rule(self) -> str:
+        """The horizon rule in words (recorded with the truth)."""
+        if self.epochs <= 0:
+            return f"a fixed cosine horizon per size: {', '.join(map(str, self.steps))} steps"
+        cap = f", at most {self.max_steps}" if self.max_steps > 0 else ""
+        return (
+            f"to convergence: a cosine schedule decayed to 0 over {self.epochs:g} epochs of the "
+            f"subset (at least {self.min_steps} steps{cap}) at batch {self.batch_size}; L(D) is "
+            "the best held-out loss over the run"
+        )
+
+
+def monotone_violations(sizes: list[int], losses: list[float], tolerance: float) -> list[str]:
+    """Where L(D) rises by more than ``tolerance`` from a subset to the next larger one."""
+    return [
+        f"L({sizes[i]}) = {losses[i]:.4f} > L({sizes[i - 1]}) = {losses[i - 1]:.4f} + {tolerance:g}"
+        for i in range(1, len(sizes))
+        if losses[i] > losses[i - 1] + tolerance
+    ]
 
 
 def crossing_size(sizes: list[int], losses: list[float], target: float) -> dict:
@@ -220,9 +258,10 @@ def data_truth(
     cfg: DataSettings,
     seed: int,
 ) -> dict:
-    """L(D) on nested subsets with a cosine schedule (the best held-out loss over the run),
-    and the size needed for the target. The lr is the better of ``lrs`` on the smallest and on
-    the largest subset, and interpolated in log D between those two for the others."""
+    """L(D) on nested subsets with a cosine schedule (the best held-out loss over the run) over
+    each subset's horizon (:meth:`DataSettings.horizon`), and the size needed for each target.
+    The lr is the better of ``lrs`` on the smallest and on the largest subset, and interpolated
+    in log D between those two for the others."""
     tx, ty, vx, vy = data
     order = torch.randperm(len(tx), generator=torch.Generator().manual_seed(10_000 + seed))
     results: dict[int, list[RunResult]] = {}
@@ -245,17 +284,18 @@ def data_truth(
 
     ends = (0, len(cfg.sizes) - 1)
     for i in ends:  # the lr grid on the smallest and the largest subset
-        results[i] = [run(cfg.sizes[i], cfg.steps[i], lr) for lr in cfg.lrs]
+        results[i] = [run(cfg.sizes[i], cfg.horizon(i), lr) for lr in cfg.lrs]
     best_lr = {i: min(results[i], key=lambda r: r.best_loss).lr for i in ends}
     span = math.log(cfg.sizes[-1] / cfg.sizes[0])
-    for i, (d, horizon) in enumerate(zip(cfg.sizes, cfg.steps, strict=True)):
+    horizons = [cfg.horizon(i) for i in range(len(cfg.sizes))]
+    for i, (d, horizon) in enumerate(zip(cfg.sizes, horizons, strict=True)):
         if i in results:
             continue
         frac = math.log(d / cfg.sizes[0]) / span  # lr interpolated in log D between the ends
         lr = math.exp((1 - frac) * math.log(best_lr[0]) + frac * math.log(best_lr[ends[1]]))
         results[i] = [run(d, horizon, lr)]
     rows = []
-    for i, (d, horizon) in enumerate(zip(cfg.sizes, cfg.steps, strict=True)):
+    for i, (d, horizon) in enumerate(zip(cfg.sizes, horizons, strict=True)):
         runs = results[i]
         best = min(runs, key=lambda r: r.best_loss)
         rows.append(
@@ -264,6 +304,7 @@ def data_truth(
                 "loss": best.best_loss,
                 "final_loss": best.eval_losses[-1],
                 "best_lr": best.lr,
+                "steps": horizon,
                 "epochs": horizon * cfg.batch_size / d,
                 "runs": [r.as_dict() for r in runs],
                 "seconds": sum(r.seconds for r in runs),
@@ -271,9 +312,18 @@ def data_truth(
         )
     sizes = [r["examples"] for r in rows]
     losses = [r["loss"] for r in rows]
+    violations = monotone_violations(sizes, losses, MONOTONE_TOLERANCE)
     return {
         "points": rows,
+        "rule": cfg.rule(),
+        "monotone": not violations,
+        "monotone_tolerance": MONOTONE_TOLERANCE,
+        "monotone_violations": violations,
         "needed_for_target": crossing_size(sizes, losses, cfg.target_loss),
+        "needed": [
+            {"target_loss": t, **crossing_size(sizes, losses, t)}
+            for t in (cfg.target_loss, *cfg.more_targets)
+        ],
         "seconds": sum(r["seconds"] for r in rows),
     }
 

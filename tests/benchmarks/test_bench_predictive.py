@@ -153,3 +153,53 @@ def test_branch_rows_put_the_efficiency_fit_and_the_crossing_beside_the_truth() 
     assert [w["window_tokens"] for w in windows] == [256.0, 512.0, 768.0, 1024.0]
     assert windows[-1]["efficiency"] == pytest.approx(fit.value)
     assert all(w["cbs"] in (8, 16, 32, 64) for w in windows)
+
+
+def test_the_data_truth_trains_each_subset_longer_and_flags_a_rising_l_of_d() -> None:
+    """The epochs rule: the horizon grows with the subset between its floor and its cap; a
+    fixed horizon (the old rule) is kept for recorded runs. L(D) that rises by more than the
+    tolerance from one subset to the next is named."""
+    from predictive.compare import solve_l_of_d
+    from predictive.truth import MONOTONE_TOLERANCE, DataSettings, monotone_violations
+
+    sizes = (250, 1000, 4000, 16000)
+    rule = DataSettings(sizes, 2.5, 32, (300,) * 4, (3e-3,), epochs=20, min_steps=200,
+                        max_steps=2500)  # fmt: skip
+    assert [rule.horizon(i) for i in range(4)] == [200, 625, 2500, 2500]
+    assert "20 epochs" in rule.rule() and "at most 2500" in rule.rule()
+    fixed = DataSettings(sizes, 2.5, 32, (300,) * 4, (3e-3,))
+    assert [fixed.horizon(i) for i in range(4)] == [300] * 4
+    # the issue's seed 0 at a fixed 300 steps: 2.430 at D = 1,000, 2.518 at D = 4,000
+    assert monotone_violations([1000, 4000], [2.430, 2.518], MONOTONE_TOLERANCE)
+    assert not monotone_violations([1000, 4000], [2.430, 2.430 + MONOTONE_TOLERANCE], 0.02)
+    # the service's L(D) solved at a target: the size it was built from
+    fit = {"E": 1.5, "A": 40.0, "beta": 0.5}
+    assert solve_l_of_d(fit, 1.5 + 40 * 1234**-0.5) == pytest.approx(1234)
+    assert solve_l_of_d(fit, 1.4) is None
+
+
+def test_the_committed_data_truth_is_monotone_with_two_targets_off_the_checkpoints() -> None:
+    """benchmarks/results/predictive-truth-quick.json, the committed ground truth: each subset
+    trained to convergence (the epochs rule), L(D) non-increasing within the tolerance at every
+    seed (checked here on the recorded losses), and at least two targets, none at an
+    intermediate checkpoint's fraction of the reference run."""
+    import json
+
+    from predictive.truth import MONOTONE_TOLERANCE, monotone_violations
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks/results/predictive-truth-quick.json"
+    truth = json.loads(path.read_text())
+    mode = truth["mode"]
+    assert mode["data_epochs"] > 0
+    fractions = [mode["target_fraction"], *mode["more_target_fractions"]]
+    assert len(truth["targets"]) == len(fractions) >= 2
+    assert not set(fractions) & set(mode["intermediate_fractions"])
+    for seed, s in truth["seeds"].items():
+        data = s["data"]
+        assert "to convergence" in data["rule"], seed
+        sizes = [p["examples"] for p in data["points"]]
+        losses = [p["loss"] for p in data["points"]]
+        assert sizes == sorted(sizes)
+        assert [p["steps"] for p in data["points"]] == sorted(p["steps"] for p in data["points"])
+        assert not monotone_violations(sizes, losses, MONOTONE_TOLERANCE), (seed, losses)
+        assert [n["target_loss"] for n in data["needed"]] == truth["targets"]
