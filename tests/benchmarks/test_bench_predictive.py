@@ -178,8 +178,9 @@ def test_the_data_truth_trains_each_subset_longer_and_flags_a_rising_l_of_d() ->
     assert solve_l_of_d(fit, 1.4) is None
 
 
-def test_the_committed_data_truth_is_monotone_with_two_targets_off_the_checkpoints() -> None:
-    """benchmarks/results/predictive-truth-quick.json, the committed ground truth: each subset
+@pytest.mark.parametrize("mode", ["quick", "full"])
+def test_the_committed_data_truth_is_monotone_with_two_targets_off_the_checkpoints(mode) -> None:
+    """benchmarks/results/predictive-truth-<mode>.json, the committed ground truth: each subset
     trained to convergence (the epochs rule), L(D) non-increasing within the tolerance at every
     seed (checked here on the recorded losses), and at least two targets, none at an
     intermediate checkpoint's fraction of the reference run."""
@@ -187,13 +188,13 @@ def test_the_committed_data_truth_is_monotone_with_two_targets_off_the_checkpoin
 
     from predictive.truth import MONOTONE_TOLERANCE, monotone_violations
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks/results/predictive-truth-quick.json"
-    truth = json.loads(path.read_text())
-    mode = truth["mode"]
-    assert mode["data_epochs"] > 0
-    fractions = [mode["target_fraction"], *mode["more_target_fractions"]]
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    truth = json.loads((results / f"predictive-truth-{mode}.json").read_text())
+    settings = truth["mode"]
+    assert settings["data_epochs"] > 0
+    fractions = [settings["target_fraction"], *settings["more_target_fractions"]]
     assert len(truth["targets"]) == len(fractions) >= 2
-    assert not set(fractions) & set(mode["intermediate_fractions"])
+    assert not set(fractions) & set(settings["intermediate_fractions"])
     for seed, s in truth["seeds"].items():
         data = s["data"]
         assert "to convergence" in data["rule"], seed
