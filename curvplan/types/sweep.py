@@ -235,7 +235,8 @@ class SweepSettings(BaseModel):
         description="Branch sweep: optimizer steps at learning rate 0 on the branch's own "
         "batches (batch size B, drawn apart from the window's examples) that fill the "
         "optimizer's moments before the window counts; the weights do not move. Not used for "
-        "a checkpoint given with its optimizer state (`optimizer_states`); 0: a fresh optimizer.",
+        "a checkpoint given with its optimizer state (`optimizer_states`); 0: a fresh optimizer. "
+        "Other sweeps ignore it.",
     )
     checkpoint_steps: (
         Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_BRANCH_CHECKPOINTS)]
@@ -258,8 +259,6 @@ class SweepSettings(BaseModel):
     def _consistent(self) -> SweepSettings:
         if self.type != "branch" and self.checkpoint_steps is not None:
             raise ValueError("checkpoint_steps is for a branch sweep")
-        if self.type != "branch" and "moment_warmup_steps" in self.model_fields_set:
-            raise ValueError("moment_warmup_steps is for a branch sweep")
         if self.type == "branch" and self.window_tokens is None:
             raise ValueError(
                 "window_tokens is required for a branch sweep: the tokens each branch "

@@ -75,7 +75,7 @@ RENAMED_FIELDS = {
 }
 
 
-def _without_removed_fields(rec: dict[str, Any]) -> dict[str, Any]:
+def without_removed_fields(rec: dict[str, Any]) -> dict[str, Any]:
     """A stored recommendation as it reads today: the removed fields dropped, the renamed
     ones under their new name, nothing else."""
     rec = json.loads(json.dumps(rec))
@@ -118,7 +118,7 @@ def test_result_stored_by_older_code_answers_under_typed_models(
     stored = json.loads((FIXTURES / f"{kind}_result_v0.json").read_text())
     job_id = _insert_old_row(db_session, _project_id(db_session, auth_headers), kind, stored)
     # what reads back: the stored result less the removed second answers (the old batch)
-    today = {**stored, "recommendation": _without_removed_fields(stored["recommendation"])}
+    today = {**stored, "recommendation": without_removed_fields(stored["recommendation"])}
     if kind == "plan":
         assert stored["recommendation"]["batch_size"]["recommended"] == 512
         assert "recommended" not in today["recommendation"]["batch_size"]

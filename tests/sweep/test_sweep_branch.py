@@ -175,7 +175,6 @@ def test_a_checkpoints_optimizer_state_goes_to_its_branches_the_others_warm_thei
     bad = {
         "optimizer_states": body | {"optimizer_states": [state]},
         "optimizer_states ": body | {"optimizer": {"name": "sgd", "lr": 0.01}},
-        "sweep": _body(type="batch", target_loss=1.0, moment_warmup_steps=5) | {"checkpoints": []},
     }
     for field, request in bad.items():
         with pytest.raises(ValidationError) as err:
