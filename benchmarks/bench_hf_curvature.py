@@ -223,11 +223,11 @@ def peer_one_run(module, x, y, blocks, reference, tol, method, cap, global_count
     "finite_difference", its own ``fd_eps``), at the EXACT fewest steps that reach ``tol``
     on both ends of every block.
 
-    The step count is found per block by an oracle (the peer has no stop test): one search
-    run of ``cap`` steps with full reorthogonalisation, whose every prefix m is exactly the
-    m-step run's tridiagonal; the fewest m with both ends within ``tol`` of the float64
-    reference. Then a fresh timed run at that m with the library's defaults (reorthogonalised
-    up to 50 steps); if it misses (no reorthogonalisation above 50), m grows by 5 % until it
+    The step count is found per block by an oracle (the peer has no stop test): search runs
+    of 16, 32, 64, … (at most ``cap``) steps with full reorthogonalisation, whose every
+    prefix m is exactly the m-step run's tridiagonal; the fewest m with both ends within
+    ``tol`` of the float64 reference. Then a fresh timed run at that m with the library's
+    defaults (reorthogonalised up to 50 steps); if it misses (no reorthogonalisation above 50), m grows by 5 % until it
     reaches. Only the timed run's process CPU seconds count. With ``global_count`` the same
     peer also runs ONE step count for every block (the largest per-block count: how a user
     runs it), timed the same way."""
@@ -248,20 +248,24 @@ def peer_one_run(module, x, y, blocks, reference, tol, method, cap, global_count
         gen = torch.Generator().manual_seed(0)
         v0 = torch.randn(op.size, dtype=op.dtype, generator=gen)
         limit = min(cap, op.size - 1)
-        search = he.lanczos_tridiagonal(op, v0, limit, reorthogonalize=True)
-        fewest = None
-        for m in range(1, search.iterations + 1):
-            sub = type(search)(
-                alphas=search.alphas[:m],
-                betas=search.betas[: m - 1],
-                basis=[],
-                last_beta=0.0,
-                iterations=m,
-            )
-            hi, lo = _ends_of(sub)
-            if max(_end_error(hi, ref_hi, norm), _end_error(lo, ref_lo, norm)) <= tol:
-                fewest = m
+        fewest, cap_try = None, min(16, limit)
+        while fewest is None:  # search runs of 16, 32, 64, … steps until both ends reach
+            search = he.lanczos_tridiagonal(op, v0, cap_try, reorthogonalize=True)
+            for m in range(1, search.iterations + 1):
+                sub = type(search)(
+                    alphas=search.alphas[:m],
+                    betas=search.betas[: m - 1],
+                    basis=[],
+                    last_beta=0.0,
+                    iterations=m,
+                )
+                hi, lo = _ends_of(sub)
+                if max(_end_error(hi, ref_hi, norm), _end_error(lo, ref_lo, norm)) <= tol:
+                    fewest = m
+                    break
+            if cap_try >= limit:
                 break
+            cap_try = min(limit, 2 * cap_try)
         m = fewest or limit
         while True:
             c0 = time.process_time()
@@ -397,6 +401,7 @@ def fair_peers(module, x, y, blocks, tol, reference, results, args) -> None:
             res = peer_one_run(module, x, y, blocks, reference, tol, method, args.peer_cap, True)
             results[f"eigenthings-{method}"] = res
             rows.append((f"eigenthings one run, {method}, exact steps per block", res))
+            print(f"# {method} done: {res['cpu_seconds']:.1f} CPU s, {res['products']} products")
             g = res["global"]
             rows.append(
                 (

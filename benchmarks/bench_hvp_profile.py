@@ -71,6 +71,27 @@ def forward_over_reverse(eng: CurvatureEngine):
     return product
 
 
+ELEMENTWISE = ("aten::mul", "aten::add", "aten::add_", "aten::sub", "aten::exp", "aten::tanh")
+GROUPS = {
+    "matmul (mm/addmm/bmm)": ("aten::mm", "aten::addmm", "aten::bmm"),
+    "elementwise (mul/add/sub/exp/tanh)": ELEMENTWISE,
+    "dtype casts (_to_copy)": ("aten::_to_copy",),
+    "copies (copy_/clone/cat)": ("aten::copy_", "aten::clone", "aten::cat"),
+    "fills (fill_/zero_)": ("aten::fill_", "aten::zero_"),
+}
+
+
+def _shares(events, total: float) -> str:
+    """Self CPU ms, share and calls of each operator group of a profile."""
+    by = {e.key: e for e in events}
+    parts = []
+    for label, keys in GROUPS.items():
+        t = sum(by[k].self_cpu_time_total for k in keys if k in by)
+        c = sum(by[k].count for k in keys if k in by)
+        parts.append(f"{label} {t / 1e3:.1f} ms ({100 * t / max(total, 1):.0f} %, {c} calls)")
+    return " | ".join(parts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -134,6 +155,7 @@ def main() -> None:
             f"\n## {title}: {total / 1e3:.1f} ms self CPU (profiled), "
             f"{alloc / 2**20:.1f} MiB allocated"
         )
+        print(_shares(events, total))
         print(
             events.table(
                 sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=40
