@@ -227,10 +227,10 @@ def peer_one_run(module, x, y, blocks, reference, tol, method, cap, global_count
     of 16, 32, 64, … (at most ``cap``) steps with full reorthogonalisation, whose every
     prefix m is exactly the m-step run's tridiagonal; the fewest m with both ends within
     ``tol`` of the float64 reference. Then a fresh timed run at that m with the library's
-    defaults (reorthogonalised up to 50 steps); if it misses (no reorthogonalisation above 50), m grows by 5 % until it
-    reaches. Only the timed run's process CPU seconds count. With ``global_count`` the same
-    peer also runs ONE step count for every block (the largest per-block count: how a user
-    runs it), timed the same way."""
+    defaults (reorthogonalised up to 50 steps); if it misses (no reorthogonalisation above
+    50), m grows by 5 % until it reaches. Only the timed run's process CPU seconds count.
+    With ``global_count`` the same peer also runs ONE step count for every block (the largest
+    per-block count: how a user runs it), timed the same way."""
     import hessian_eigenthings as he
     from bench_curvature import _FlatLM
 
