@@ -196,6 +196,43 @@ def get_artifact(
     return artifact_to_json(row)
 
 
+def _header_entries_page(
+    session: Session,
+    project_id: uuid.UUID,
+    artifact_id: uuid.UUID,
+    *,
+    section: str,
+    each: str,
+    cursor: str,
+    page_size: int,
+    page_token: str | None,
+) -> tuple[list[Any], str | None]:
+    """A page of one object of the stored safetensors header (``section``: ``tensors`` or
+    ``metadata``), its entries by key in byte order through ``each`` (``jsonb_each`` or
+    ``jsonb_each_text``), and the next page's token. A header never changes, so a position is
+    a stable cursor; the token names the artifact under ``cursor`` so that a token of one list
+    or artifact is refused by another."""
+    get_artifact(session, project_id, artifact_id, preview=0)  # 404 if not ours
+    offset = 0
+    if page_token:
+        data = decode_page_token(page_token, ("o", cursor))
+        if data[cursor] != str(artifact_id) or not data["o"].isdigit():
+            raise page_token_problem("this page token was issued for another artifact")
+        offset = int(data["o"])
+    rows = session.execute(
+        text(
+            f"SELECT key, value FROM artifact, {each}(CASE WHEN jsonb_typeof(tensors -> "
+            f"'{section}') = 'object' THEN tensors -> '{section}' END) "
+            'WHERE artifact.id = :id ORDER BY key COLLATE "C" OFFSET :o LIMIT :n'
+        ),
+        {"id": artifact_id, "o": offset, "n": page_size + 1},
+    ).all()
+    token = None
+    if len(rows) > page_size:
+        token = encode_page_token({"o": str(offset + page_size), cursor: str(artifact_id)})
+    return list(rows[:page_size]), token
+
+
 def list_tensors(
     session: Session,
     project_id: uuid.UUID,
@@ -205,28 +242,13 @@ def list_tensors(
     page_token: str | None,
 ) -> dict[str, Any]:
     """A page of the artifact's tensors by name (byte order) and the next page's token."""
-    get_artifact(session, project_id, artifact_id, preview=0)  # 404 if not ours
-    offset = 0  # an artifact's tensors never change: a position is a stable cursor
-    if page_token:
-        data = decode_page_token(page_token, ("o", "a"))
-        if data["a"] != str(artifact_id) or not data["o"].isdigit():
-            raise page_token_problem("this page token was issued for another artifact")
-        offset = int(data["o"])
-    rows = session.execute(
-        text(
-            "SELECT key, value FROM artifact, jsonb_each(CASE WHEN jsonb_typeof(tensors -> "
-            "'tensors') = 'object' THEN tensors -> 'tensors' END) "
-            'WHERE artifact.id = :id ORDER BY key COLLATE "C" OFFSET :o LIMIT :n'
-        ),
-        {"id": artifact_id, "o": offset, "n": page_size + 1},
-    ).all()
+    rows, token = _header_entries_page(
+        session, project_id, artifact_id, section="tensors", each="jsonb_each", cursor="a",
+        page_size=page_size, page_token=page_token,
+    )  # fmt: skip
     items = [
-        {"name": r.key, "dtype": r.value.get("dtype"), "shape": r.value.get("shape")}
-        for r in rows[:page_size]
+        {"name": r.key, "dtype": r.value.get("dtype"), "shape": r.value.get("shape")} for r in rows
     ]
-    token = None
-    if len(rows) > page_size:
-        token = encode_page_token({"o": str(offset + page_size), "a": str(artifact_id)})
     return {"items": items, "next_page_token": token}
 
 
@@ -240,26 +262,11 @@ def list_metadata(
 ) -> dict[str, Any]:
     """A page of the artifact's ``__metadata__`` entries by key (byte order), values in full,
     and the next page's token (the whole metadata is bounded by the upload limit)."""
-    get_artifact(session, project_id, artifact_id, preview=0)  # 404 if not ours
-    offset = 0  # an artifact's metadata never changes: a position is a stable cursor
-    if page_token:
-        data = decode_page_token(page_token, ("o", "m"))
-        if data["m"] != str(artifact_id) or not data["o"].isdigit():
-            raise page_token_problem("this page token was issued for another artifact")
-        offset = int(data["o"])
-    rows = session.execute(
-        text(
-            "SELECT key, value FROM artifact, jsonb_each_text(CASE WHEN jsonb_typeof(tensors -> "
-            "'metadata') = 'object' THEN tensors -> 'metadata' END) "
-            'WHERE artifact.id = :id ORDER BY key COLLATE "C" OFFSET :o LIMIT :n'
-        ),
-        {"id": artifact_id, "o": offset, "n": page_size + 1},
-    ).all()
-    items = [{"key": r.key, "value": r.value} for r in rows[:page_size]]
-    token = None
-    if len(rows) > page_size:
-        token = encode_page_token({"o": str(offset + page_size), "m": str(artifact_id)})
-    return {"items": items, "next_page_token": token}
+    rows, token = _header_entries_page(
+        session, project_id, artifact_id, section="metadata", each="jsonb_each_text",
+        cursor="m", page_size=page_size, page_token=page_token,
+    )  # fmt: skip
+    return {"items": [{"key": r.key, "value": r.value} for r in rows], "next_page_token": token}
 
 
 # --------------------------------------------------------------------------- listing
