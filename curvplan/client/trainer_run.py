@@ -198,7 +198,7 @@ def _same_model(
     """A checkpoint of another model (architecture, sizes or tensors) is refused, by field."""
     config = parse_hf_config(ckpt.pretrained.config).model_dump()
     where = ckpt.pretrained.path / CONFIG_FILE
-    for key in sorted(set(reference) | set(config)):
+    for key in ["model_type", *sorted(set(reference) | set(config))]:  # the type first
         if config.get(key) != reference.get(key):
             raise TrainerRunError(
                 f"{where}: {key} is {config.get(key)!r} but {last.name} (w*) has "

@@ -85,7 +85,7 @@ def write_hf_example(
     *,
     steps: int = 300,
     batch_size: int = 32,
-    n_eval: int = 64,
+    n_eval: int = 256,
     seed: int = 0,
     lr: float = 3e-3,
     n_train: int = 4096,
