@@ -181,6 +181,9 @@ def example(
     out: Path = typer.Option(..., "--out", help="directory to write the example into"),
     steps: int = typer.Option(300, help="Adam steps"),
     seed: int = typer.Option(0, help="seed of the language, the model and the data"),
+    save_steps: int = typer.Option(
+        50, "--save-steps", min=1, help="gpt2 | llama: a Trainer checkpoint every N steps"
+    ),
     arch: str = typer.Option(
         "reference",
         "--arch",
@@ -192,7 +195,7 @@ def example(
     if arch in ("gpt2", "llama"):
         from curvplan_worker.curvature.hf_example import write_hf_example
 
-        summary = write_hf_example(out, arch, steps=steps, seed=seed)
+        summary = write_hf_example(out, arch, steps=steps, seed=seed, save_steps=save_steps)
         typer.echo(
             f"trained a {arch} of {summary['n_parameters']} parameters for {summary['steps']} "
             f"steps with the Hugging Face Trainer: eval loss {summary['eval_loss']:.4f} "

@@ -1,7 +1,7 @@
 """A Hugging Face ``TrainerCallback`` that keeps what curvplan's batch answer needs.
 
 The noise-scale trend that answers ``budget.batch`` is measured at checkpoints taken before
-convergence (McCandlish et al. 2018 §2.2; docs/budget.md#batch). :class:`CurvplanCallback`
+convergence (McCandlish et al. 2018 §2.2; docs/budget.md). :class:`CurvplanCallback`
 saves the model's parameters at the steps you choose as ``step_<n>.safetensors`` — safetensors
 only, never a pickle — with the step and the training loss the run logged there in the file's
 metadata (``step``, ``loss``, ``loss_step``), where the service reads them. At the end of
