@@ -215,7 +215,8 @@ def test_next_step_repeats_how_the_analysis_was_submitted() -> None:
     hf = HuggingFaceModel.model_validate(
         {"source": "huggingface", "config": EXAMPLE_CONFIGS["gpt2"]}
     )
-    step = data_sweep_next_step(1.3, 4096, 31.0, command_flags(hf, "data.safetensors"))
+    step = command_flags(hf, "data.safetensors").applied(data_sweep_next_step(1.3, 4096, 31.0))
+    assert step is not None
     assert step.command.startswith("curvplan sweep --type data --model MODEL_DIR --train ")
     assert "--eval data.safetensors" in step.command and "--spec" not in step.command
     assert "curvplan analyze --model MODEL_DIR --data data.safetensors --sweep" in (
@@ -224,6 +225,7 @@ def test_next_step_repeats_how_the_analysis_was_submitted() -> None:
     from curvplan_worker.curvature.example import EXAMPLE_SPEC
 
     spec = ModelSpec.model_validate(EXAMPLE_SPEC)
-    ref = data_sweep_next_step(1.3, 4096, None, command_flags(spec, "my data.safetensors"))
+    ref = command_flags(spec, "my data.safetensors").applied(data_sweep_next_step(1.3, 4096, None))
+    assert ref is not None
     assert "--spec model.json" in ref.command and "--model" not in ref.command
     assert "--eval 'my data.safetensors'" in ref.command  # shell-quoted as uploaded

@@ -177,7 +177,7 @@ class CommandFlags:
         )
         cost = step.estimated_cost.replace(
             "`curvplan analyze … ",
-            f"`curvplan analyze {self.analyze_model} --data {self.eval} … ",
+            f"`curvplan analyze {self.analyze_model} --data {self.eval} ",
         )
         return step.model_copy(update={"command": command, "estimated_cost": cost})
 
