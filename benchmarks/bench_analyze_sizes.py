@@ -93,7 +93,7 @@ def _inputs(row: str, tmp: Path) -> tuple[Any, Any, str]:
         from curvplan_worker.curvature.hf_example import write_hf_example
         from curvplan_worker.curvature.sources import read_model_dir
 
-        write_hf_example(tmp, "gpt2")
+        write_hf_example(tmp, "gpt2", n_eval=64)  # the rows recorded before the Trainer example
         model, shards = read_model_dir(tmp)
         return model, shards, str(tmp / "data.safetensors")
     import torch

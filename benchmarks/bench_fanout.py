@@ -55,7 +55,7 @@ def write_gpt2(out: Path) -> dict[str, Any]:
     """The tiny Hugging Face GPT-2 example (``save_pretrained`` + its data); returns the model."""
     from curvplan_worker.curvature.hf_example import write_hf_example
 
-    write_hf_example(out, "gpt2")
+    write_hf_example(out, "gpt2", n_eval=64)  # as recorded before
     (out / "model.safetensors").rename(out / "checkpoint.safetensors")
     config = json.loads((out / "config.json").read_text())
     return {"source": "huggingface", "config": config}

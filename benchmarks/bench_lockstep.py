@@ -79,7 +79,7 @@ def write_examples(directory: Path) -> dict[str, dict]:
     if not (ref / "checkpoint.safetensors").exists():
         write_example(ref, checkpoint_steps=())
     if not (gpt2 / "model.safetensors").exists():
-        write_hf_example(gpt2, "gpt2")
+        write_hf_example(gpt2, "gpt2", n_eval=64)  # as recorded before
     config = json.loads((gpt2 / "config.json").read_text())
     return {
         "example": {

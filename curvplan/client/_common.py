@@ -322,6 +322,8 @@ class AnalyzeSources:
     checkpoint: Source | list[Source]
     dataset: Source
     intermediates: list[Source | list[Source]]
+    intermediate_steps: list[int | None] | None = None
+    intermediate_logged_losses: list[float | None] | None = None
 
     def uploads(self) -> list[tuple[Path, str]]:
         """Local files to upload, each once, with their artifact kind (checkpoints first)."""
@@ -377,13 +379,25 @@ def _checkpoint_source(value: Any, option: str) -> Source | list[Source]:
 
 
 def analyze_sources(
-    model: Any, checkpoint: Any, dataset: Any, intermediate_checkpoints: Sequence[Any]
+    model: Any,
+    checkpoint: Any,
+    dataset: Any,
+    intermediate_checkpoints: Sequence[Any],
+    w_star: str | None = None,
 ) -> AnalyzeSources:
     """Sort out what ``submit_analyze`` was given (see its docstring)."""
     from curvplan.client.pretrained import is_pretrained_dir, read_pretrained
+    from curvplan.client.trainer_run import is_trainer_run
 
     if dataset is None:
         raise ValueError("dataset: give the evaluation sample (an artifact, its id or a file)")
+    if is_trainer_run(model):
+        return _run_sources(model, checkpoint, dataset, intermediate_checkpoints, w_star)
+    if w_star is not None:
+        raise ValueError(
+            "w_star: names a checkpoint-<step> subfolder of a Trainer output folder; "
+            f"{model if isinstance(model, str | os.PathLike) else 'the model'} is not one"
+        )
     if isinstance(model, str | os.PathLike):
         if not is_pretrained_dir(model):
             raise ValueError(
@@ -412,6 +426,51 @@ def analyze_sources(
             for i, v in enumerate(intermediate_checkpoints)
         ],
     )
+
+
+def _run_sources(
+    model: Any,
+    checkpoint: Any,
+    dataset: Any,
+    intermediate_checkpoints: Sequence[Any],
+    w_star: str | None,
+) -> AnalyzeSources:
+    """A Trainer output folder: w* (the last or the named checkpoint-<step>) and every
+    earlier checkpoint as an intermediate, with its step and logged loss."""
+    from curvplan.client.trainer_run import read_trainer_run
+
+    if checkpoint is not None:
+        raise ValueError("checkpoint: the weights come from the run folder; do not give both")
+    if intermediate_checkpoints:
+        raise ValueError(
+            "intermediate_checkpoints: the run folder's checkpoint-<step> subfolders before "
+            "w* are the intermediate checkpoints; do not give both"
+        )
+    run = read_trainer_run(model, w_star)
+
+    def shards(pretrained: Any) -> Source | list[Source]:
+        files = list(pretrained.shards)
+        return files if len(files) > 1 else files[0]
+
+    losses = [c.logged_loss for c in run.intermediates]
+    return AnalyzeSources(
+        run.model,
+        shards(run.w_star.pretrained),
+        _local_or_id(dataset, "dataset"),
+        [shards(c.pretrained) for c in run.intermediates],
+        [c.step for c in run.intermediates] or None,
+        losses if any(v is not None for v in losses) else None,
+    )
+
+
+def with_intermediate_logs(body: dict[str, Any], sources: AnalyzeSources) -> dict[str, Any]:
+    """``body`` with the intermediate checkpoints' steps and logged losses when known (a
+    Trainer output folder gives them)."""
+    if sources.intermediate_steps is not None:
+        body["intermediate_steps"] = list(sources.intermediate_steps)
+    if sources.intermediate_logged_losses is not None:
+        body["intermediate_logged_losses"] = list(sources.intermediate_logged_losses)
+    return body
 
 
 def with_webhook(body: dict[str, Any], webhook_url: str | None) -> dict[str, Any]:

@@ -182,13 +182,17 @@ class AsyncClient:
         idempotency_key: str | None = None,
         on_upload: Callable[[Path], None] | None = None,
         devices: int | None = None,
+        w_star: str | None = None,
     ) -> m.JobOut:
         """Queue an ``analyze`` job: a model, its checkpoint at w* and an evaluation sample.
 
         ``model`` is a reference model spec (with ``checkpoint``), or the path of a
         ``save_pretrained`` directory: its ``config.json`` is sent inline and every
         safetensors shard its ``model.safetensors.index.json`` names is uploaded (leave
-        ``checkpoint`` out). ``checkpoint``, ``dataset`` and each of
+        ``checkpoint`` out), or a Hugging Face ``Trainer`` output folder: its last
+        ``checkpoint-<step>`` (or the one ``w_star`` names) is w*, every earlier one an
+        intermediate checkpoint sent with its step and logged loss
+        (docs/model-sources.md#trainer-run-folders). ``checkpoint``, ``dataset`` and each of
         ``intermediate_checkpoints`` may be artifacts, their ids, or local files (uploaded
         first; ``on_upload(path)`` is called before each); a checkpoint may also be a list
         of shards, an intermediate checkpoint a ``save_pretrained`` directory.
@@ -199,12 +203,17 @@ class AsyncClient:
         ``devices`` (``resources.devices``) runs the analysis on that
         many data-parallel devices of one worker (docs/operations.md#several-devices-per-job).
         """
-        sources = c.analyze_sources(model, checkpoint, dataset, intermediate_checkpoints)
+        sources = c.analyze_sources(model, checkpoint, dataset, intermediate_checkpoints, w_star)
         body_fields = (name, tags, options, targets, max_attempts)
         placeholders = precheck.placeholder_ids(path for path, _ in sources.uploads())
         ckpt, data, intermediates = sources.resolved(placeholders)  # checked before uploading
         precheck.validate_job_body(
-            c.analyze_body(sources.model, ckpt, data, *body_fields, intermediates, sweeps, devices)
+            c.with_intermediate_logs(
+                c.analyze_body(
+                    sources.model, ckpt, data, *body_fields, intermediates, sweeps, devices
+                ),
+                sources,
+            )
         )
         uploaded: dict[Path, str] = {}
         for path, kind in sources.uploads():
@@ -225,6 +234,7 @@ class AsyncClient:
             sweeps,
             devices,
         )
+        body = c.with_intermediate_logs(body, sources)
         return await self.submit_job(
             c.with_webhook(body, webhook_url), idempotency_key=idempotency_key
         )

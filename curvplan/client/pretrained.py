@@ -130,6 +130,11 @@ def _indexed_shards(root: Path) -> tuple[Path, ...]:
 
 def _header(path: Path) -> set[str]:
     """Tensor names in a safetensors file's header."""
+    return set(header_shapes(path))
+
+
+def header_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor name → shape in a safetensors file's header (the data is not read)."""
     try:
         with path.open("rb") as fh:
             raw = fh.read(8)
@@ -145,4 +150,16 @@ def _header(path: Path) -> set[str]:
         raise PretrainedDirError(f"{path}: not a safetensors file (bad header)") from None
     if not isinstance(header, dict):
         raise PretrainedDirError(f"{path}: not a safetensors file (bad header)")
-    return {name for name in header if name != "__metadata__"}
+    return {
+        name: list(entry.get("shape") or []) if isinstance(entry, dict) else []
+        for name, entry in header.items()
+        if name != "__metadata__"
+    }
+
+
+def checkpoint_shapes(pretrained: PretrainedDir) -> dict[str, list[int]]:
+    """Tensor name → shape over every shard of a ``save_pretrained`` directory."""
+    shapes: dict[str, list[int]] = {}
+    for shard in pretrained.shards:
+        shapes.update(header_shapes(shard))
+    return shapes

@@ -271,7 +271,15 @@ def analyze(
         None,
         "--model",
         help="A save_pretrained directory (config.json + safetensors shards): GPT-2, Llama, "
-        "Mistral, Qwen2 causal LMs. Replaces --spec/--checkpoint.",
+        "Mistral, Qwen2 causal LMs; or a Hugging Face Trainer output folder (checkpoint-<step> "
+        "subfolders: the last is w*, the earlier ones the intermediate checkpoints with their "
+        "step and logged loss). Replaces --spec/--checkpoint.",
+    ),
+    w_star: str | None = typer.Option(
+        None,
+        "--w-star",
+        help="With --model RUN_DIR: the checkpoint that is w* (checkpoint-300, or 300) "
+        "[default: the last]; the earlier ones are the intermediates.",
     ),
     spec: Path | None = typer.Option(
         None, "--spec", help="Reference model spec JSON (see the engine contract)."
@@ -334,12 +342,7 @@ def analyze(
                 "--model DIR brings its own config and weights: drop --spec/--checkpoint",
                 EXIT_BAD_INPUT,
             )
-        from curvplan.client.pretrained import PretrainedDirError, read_pretrained
-
-        try:
-            read_pretrained(model_dir)  # refused configs and stale shards fail before uploads
-        except PretrainedDirError as exc:
-            raise _fail(f"--model: {exc}", EXIT_BAD_INPUT) from None
+        _check_model_dir(model_dir, w_star, bool(intermediate))  # fails before any upload
         model = model_dir
     else:
         if spec is None or not checkpoint:
@@ -347,6 +350,8 @@ def analyze(
                 "give --model DIR (a save_pretrained directory), or --spec with --checkpoint",
                 EXIT_BAD_INPUT,
             )
+        if w_star is not None:
+            raise _fail("--w-star names a checkpoint of --model RUN_DIR", EXIT_BAD_INPUT)
         model = _read_json(spec, "--spec")
         if not isinstance(model, dict):
             raise _fail("--spec: the model spec must be a JSON object", EXIT_BAD_INPUT)
@@ -377,8 +382,43 @@ def analyze(
             webhook_url=webhook_url,
             on_upload=lambda path: log(f"uploading {path} …"),
             devices=devices,
+            w_star=w_star,
         )
         _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs)
+
+
+def _check_model_dir(model_dir: Path, w_star: str | None, intermediates: bool) -> None:
+    """``--model DIR`` read and checked before anything is uploaded: a Trainer output folder
+    (its checkpoints, trainer_state.json files and architectures) or a save_pretrained
+    directory (its config and shards)."""
+    from curvplan.client.pretrained import PretrainedDirError, read_pretrained
+    from curvplan.client.trainer_run import is_trainer_run, read_trainer_run
+
+    try:
+        if is_trainer_run(model_dir):
+            if intermediates:
+                raise _fail(
+                    "--intermediate: the run folder's checkpoint-<step> subfolders before w* "
+                    "are the intermediate checkpoints; drop --intermediate",
+                    EXIT_BAD_INPUT,
+                )
+            run = read_trainer_run(model_dir, w_star)
+            steps = ", ".join(str(c.step) for c in run.intermediates) or "none"
+            typer.echo(
+                f"run folder {model_dir}: w* = {run.w_star.name}; intermediate checkpoints at "
+                f"steps {steps}",
+                err=True,
+            )
+            return
+        if w_star is not None:
+            raise _fail(
+                f"--w-star: {model_dir} is not a Trainer output folder (no checkpoint-<step> "
+                "subfolders)",
+                EXIT_BAD_INPUT,
+            )
+        read_pretrained(model_dir)  # refused configs and stale shards fail before uploads
+    except PretrainedDirError as exc:
+        raise _fail(f"--model: {exc}", EXIT_BAD_INPUT) from None
 
 
 def _ints(value: str | None, opt: str) -> list[int] | None:
@@ -401,8 +441,11 @@ def _sweep_model(spec: Path | None, model_dir: Path | None) -> dict[str, Any]:
         )
     if model_dir is not None:
         from curvplan.client.pretrained import PretrainedDirError, read_pretrained
+        from curvplan.client.trainer_run import is_trainer_run, read_trainer_run
 
         try:
+            if is_trainer_run(model_dir):  # the architecture of its last checkpoint
+                return read_trainer_run(model_dir).model
             return read_pretrained(model_dir).model
         except PretrainedDirError as exc:
             raise _fail(f"--model: {exc}", EXIT_BAD_INPUT) from None
@@ -425,9 +468,10 @@ def sweep(
     model_dir: Path | None = typer.Option(
         None,
         "--model",
-        help="A save_pretrained directory (as `analyze --model` takes it): its config.json is "
-        "the architecture; training starts from a seeded initialisation (or --checkpoint), not "
-        "from the directory's weights. Replaces --spec.",
+        help="A save_pretrained directory or a Trainer output folder (as `analyze --model` "
+        "takes them): its config.json (the last checkpoint's) is the architecture; training "
+        "starts from a seeded initialisation (or --checkpoint), not from the trained weights. "
+        "Replaces --spec.",
     ),
     train: Path | None = typer.Option(
         None, "--train", help="Training data (.safetensors); not with --runner agent."

@@ -181,28 +181,33 @@ def example(
     out: Path = typer.Option(..., "--out", help="directory to write the example into"),
     steps: int = typer.Option(300, help="Adam steps"),
     seed: int = typer.Option(0, help="seed of the language, the model and the data"),
+    save_steps: int = typer.Option(
+        50, "--save-steps", min=1, help="gpt2 | llama: a Trainer checkpoint every N steps"
+    ),
     arch: str = typer.Option(
         "reference",
         "--arch",
-        help="reference (spec.json + checkpoint) | gpt2 | llama (a save_pretrained directory)",
+        help="reference (spec.json + checkpoint) | gpt2 | llama (a Hugging Face Trainer run "
+        "folder: checkpoint-<step> subfolders and the final save_pretrained model)",
     ),
 ) -> None:
     """Train a tiny model offline on a Markov-chain language and write it with its data."""
     if arch in ("gpt2", "llama"):
         from curvplan_worker.curvature.hf_example import write_hf_example
 
-        summary = write_hf_example(out, arch, steps=steps, seed=seed)
+        summary = write_hf_example(out, arch, steps=steps, seed=seed, save_steps=save_steps)
         typer.echo(
             f"trained a {arch} of {summary['n_parameters']} parameters for {summary['steps']} "
-            f"steps: eval loss {summary['eval_loss']:.4f} (entropy rate "
-            f"{summary['entropy_rate']:.4f}, uniform {summary['uniform_loss']:.4f})"
+            f"steps with the Hugging Face Trainer: eval loss {summary['eval_loss']:.4f} "
+            f"(entropy rate {summary['entropy_rate']:.4f}, uniform "
+            f"{summary['uniform_loss']:.4f})"
         )
-        steps_written = ", ".join(summary["intermediate_checkpoints"]) or "none"
         typer.echo(
-            f"wrote {out}/config.json, model.safetensors (save_pretrained), data.safetensors "
-            f"(input_ids, attention_mask), train.safetensors ({summary['n_train']} sequences, "
-            f"for sweeps), intermediate checkpoints {steps_written}; try: curvplan curvature "
-            f"--model {out} --data {out}/data.safetensors --out {out}/result.json"
+            f"wrote the run folder {out}: {', '.join(summary['checkpoints'])} (the Trainer's "
+            f"saves, trainer_state.json in each), config.json + model.safetensors (the final "
+            f"model), data.safetensors (input_ids, attention_mask), train.safetensors "
+            f"({summary['n_train']} sequences, for sweeps); try: curvplan analyze --model {out} "
+            f"--data {out}/data.safetensors --wait"
         )
         return
     if arch != "reference":

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from functools import reduce
+from itertools import pairwise
 from operator import or_
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
@@ -202,6 +203,26 @@ class AnalyzeJobCreate(_JobCreateBase):
         description="Checkpoints before convergence (each an id or a list of shard ids), for "
         "the gradient-noise scale (undefined at a converged w*).",
     )
+    intermediate_steps: (
+        Annotated[list[Annotated[int, Field(ge=0)] | None], Field(max_length=32)] | None
+    ) = Field(
+        default=None,
+        description="The training step of each intermediate checkpoint, in the same order "
+        "(increasing; null for one not known), e.g. from a Hugging Face Trainer's "
+        "trainer_state.json. Default: the step each checkpoint file declares in its "
+        "safetensors metadata (`step` or `global_step`).",
+    )
+    intermediate_logged_losses: (
+        Annotated[list[Annotated[float, Field(ge=0, allow_inf_nan=False)] | None],
+                  Field(max_length=32)]
+        | None
+    ) = Field(
+        default=None,
+        description="The training loss the run logged at each intermediate checkpoint, in the "
+        "same order (null for one not logged), e.g. trainer_state.json's log_history. Shown "
+        "beside the trend; the trend itself uses the loss measured on the evaluation sample. "
+        "Default: the `loss` each checkpoint file declares in its safetensors metadata.",
+    )  # fmt: skip
     options: AnalysisOptions = Field(default_factory=AnalysisOptions)
     resources: Resources = Field(default_factory=Resources)
     targets: Targets = Field(default_factory=Targets)
@@ -215,6 +236,26 @@ class AnalyzeJobCreate(_JobCreateBase):
         "used (else the batch sweep's); budget.batch answers the batch sweep's own target "
         "(budget.batch.target_loss), budget.data the target loss (budget.data.target_loss).",
     )
+
+    @field_validator("intermediate_steps", "intermediate_logged_losses")
+    @classmethod
+    def _one_per_intermediate(cls, value: list[Any] | None, info: ValidationInfo) -> Any:
+        if value is None or "intermediate_checkpoints" not in info.data:
+            return value  # intermediate_checkpoints failed: its own error names it
+        count = len(info.data["intermediate_checkpoints"])
+        if len(value) != count:
+            raise ValueError(
+                f"{info.field_name} has {len(value)} entries for {count} intermediate "
+                "checkpoints: give one per checkpoint (null where unknown), in the same order"
+            )
+        if info.field_name == "intermediate_steps":
+            known = [s for s in value if s is not None]
+            if any(b <= a for a, b in pairwise(known)):
+                raise ValueError(
+                    f"intermediate_steps {value} must increase: the intermediate checkpoints "
+                    "are given oldest first"
+                )
+        return value
 
 
 BlockName = Annotated[str, Field(min_length=1, max_length=200)]

@@ -149,6 +149,13 @@ class NoiseTrendPoint(DirectNoiseStats):
         description="Mean evaluation loss at this checkpoint (nats per token): the budget "
         "evaluates the noise-scale trend at the target loss from it.",
     )
+    logged_loss: NonNegFloat | None = Field(
+        default=None,
+        description="The training loss the run itself logged at this checkpoint (a Hugging "
+        "Face Trainer's log_history, or the checkpoint's safetensors metadata `loss`): shown "
+        "beside `loss`, not used by the trend (a training-batch average, not the evaluation "
+        "sample's loss).",
+    )
 
 
 MAX_TREND_POINTS = 1000

@@ -17,17 +17,18 @@ import curvplan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-STEPS = 60  # the example trains this many steps: step_10, step_25 and step_50 are written
+STEPS = 60  # the example trains this many steps, a Trainer checkpoint every SAVE_STEPS
+SAVE_STEPS = 10  # checkpoint-10, checkpoint-20, …, checkpoint-60
 SEQ = 32  # the example's sequence length: 32 ids give 31 next-token labels per sequence
 
 
 @pytest.fixture(scope="module")
 def gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("hf-path") / "gpt2"
-    run = run_cli(["example", "--arch", "gpt2", "--steps", str(STEPS), "--out", str(out)],
-                  dict(os.environ), timeout=300)  # fmt: skip
+    run = run_cli(["example", "--arch", "gpt2", "--steps", str(STEPS), "--save-steps",
+                   str(SAVE_STEPS), "--out", str(out)], dict(os.environ), timeout=300)  # fmt: skip
     assert run.code == 0, run.stderr
-    assert "train.safetensors" in run.stdout and "step_25.safetensors" in run.stdout
+    assert "train.safetensors" in run.stdout and "checkpoint-10" in run.stdout
     return out
 
 
@@ -37,30 +38,32 @@ def _tensors(path: Path) -> tuple[dict[str, str], dict[str, object]]:
 
 
 def test_example_gpt2_writes_intermediate_checkpoints_and_training_data(gpt2_dir: Path) -> None:
-    """The step_<n> files name their step, load into the model and differ from each other and
-    from w* (they are the weights along the training run); train.safetensors is HF data."""
+    """The Trainer's checkpoint-<n> folders name their step, load into the model and differ
+    from each other and from w* (they are the weights along the training run); the last one
+    is the final model; train.safetensors is HF data."""
     import torch
 
     from curvplan_worker.curvature.hf import build_hf_model, load_hf_weights
     from curvplan_worker.curvature.sources import read_model_dir
 
     summary = json.loads((gpt2_dir / "example.json").read_text())
-    assert summary["intermediate_checkpoints"] == [
-        "step_10.safetensors", "step_25.safetensors", "step_50.safetensors"
-    ]  # fmt: skip
+    assert summary["checkpoints"] == [f"checkpoint-{n}" for n in (10, 20, 30, 40, 50, 60)]
+    assert summary["intermediate_checkpoints"] == summary["checkpoints"][:-1]
     model, shards = read_model_dir(gpt2_dir)
     final = build_hf_model(model["config"])
     load_hf_weights(final, shards)
     weights = {}
-    for step in (10, 25, 50):
-        metadata, _ = _tensors(gpt2_dir / f"step_{step}.safetensors")
-        assert metadata.get("step") == str(step)
+    for step in (10, 30, 60):
+        state = json.loads((gpt2_dir / f"checkpoint-{step}/trainer_state.json").read_text())
+        assert state["global_step"] == step
         built = build_hf_model(model["config"])
-        assert load_hf_weights(built, [gpt2_dir / f"step_{step}.safetensors"]) == []
+        shard = gpt2_dir / f"checkpoint-{step}/model.safetensors"
+        assert load_hf_weights(built, [shard]) == []
         weights[step] = torch.nn.utils.parameters_to_vector(built.module.parameters()).detach()
     w_star = torch.nn.utils.parameters_to_vector(final.module.parameters()).detach()
-    for a, b in ((weights[10], weights[25]), (weights[25], weights[50]), (weights[50], w_star)):
+    for a, b in ((weights[10], weights[30]), (weights[30], w_star)):
         assert float((a - b).norm()) > 1e-3 * float(b.norm())
+    assert torch.equal(weights[60], w_star)  # the top-level model is the last checkpoint
     _, train = _tensors(gpt2_dir / "train.safetensors")
     assert sorted(train) == ["attention_mask", "input_ids"]
     ids = train["input_ids"]
@@ -70,9 +73,10 @@ def test_example_gpt2_writes_intermediate_checkpoints_and_training_data(gpt2_dir
 
 
 def test_sweep_takes_a_model_directory(live: LiveService, gpt2_dir: Path, tmp_path: Path) -> None:
-    """``sweep --model DIR`` sends the directory's config as a Hugging Face model and the
-    workers train that architecture from the given start checkpoint: every point's tokens
-    per step are batch × 31 (HF next-token labels), not batch × 32 (the reference packing)."""
+    """``sweep --model RUN_DIR`` (the example's Trainer run folder) sends its last checkpoint's
+    config as a Hugging Face model and the workers train that architecture from the given
+    start checkpoint: every point's tokens per step are batch × 31 (HF next-token labels),
+    not batch × 32 (the reference packing)."""
     env = live.client_env()
     both = run_cli(["sweep", "--model", str(gpt2_dir), "--spec", str(gpt2_dir / "config.json"),
                     "--train", "x", "--eval", "x"], env)  # fmt: skip
@@ -87,7 +91,8 @@ def test_sweep_takes_a_model_directory(live: LiveService, gpt2_dir: Path, tmp_pa
     run = run_cli(
         ["sweep", "--model", str(gpt2_dir), "--train", str(gpt2_dir / "train.safetensors"),
          "--eval", str(gpt2_dir / "data.safetensors"), "--checkpoint",
-         str(gpt2_dir / "step_10.safetensors"), "--type", "batch", "--target-loss", str(target),
+         str(gpt2_dir / "checkpoint-10/model.safetensors"), "--type", "batch", "--target-loss",
+         str(target),
          "--batch-sizes", "8,16,32", "--max-steps", "300", "--name", "hf-sweep", "--json",
          "--wait", "--timeout", "240"],
         env,
@@ -105,7 +110,7 @@ def test_sweep_takes_a_model_directory(live: LiveService, gpt2_dir: Path, tmp_pa
     assert sorted(p["batch_size"] for p in points) == [8, 16, 32]
     for point in points:
         assert point["batch_size_tokens"] == point["batch_size"] * (SEQ - 1)
-        assert point["eval_losses"][0] > target  # step_10 starts above the target …
+        assert point["eval_losses"][0] > target  # checkpoint-10 starts above the target …
         assert point["reached_target"] and point["best_eval_loss"] <= target  # … and trains to it
     assert sweep["tokens_per_example"] == SEQ - 1
     assert sweep["batch"]["n_points"] == 3

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import shlex
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -137,6 +139,52 @@ def sweep_steps_rule(settings: SweepSettings) -> str:
     )
 
 
+@dataclass(frozen=True)
+class CommandFlags:
+    """The flags a next-step command repeats from how the analysis was submitted: the model
+    (a reference spec, or a Hugging Face directory or Trainer run folder) and the data files.
+    A plan job (no model) gets the reference-spec placeholders."""
+
+    sweep_model: str = "--spec model.json"
+    analyze_model: str = "--spec model.json --checkpoint checkpoint.safetensors"
+    train: str = "train.safetensors"
+    eval: str = "eval.safetensors"
+
+    @classmethod
+    def huggingface(cls, eval_file: str | None = None) -> CommandFlags:
+        """A Hugging Face model: `--model MODEL_DIR` (the save_pretrained directory or Trainer
+        output folder the analysis was given); the evaluation sample by its uploaded name."""
+        return cls(
+            sweep_model="--model MODEL_DIR",
+            analyze_model="--model MODEL_DIR",
+            eval=shlex.quote(eval_file) if eval_file else cls.eval,
+        )
+
+    @classmethod
+    def reference(cls, eval_file: str | None = None) -> CommandFlags:
+        """A reference model spec: `--spec model.json`, the evaluation sample by its name."""
+        return cls(eval=shlex.quote(eval_file) if eval_file else cls.eval)
+
+    def applied(self, step: DataSweepNextStep | None) -> DataSweepNextStep | None:
+        """``step`` with the reference placeholders of its commands replaced by these flags
+        (:func:`data_sweep_next_step` writes the placeholders, whichever round it is)."""
+        if step is None or self == DEFAULT_FLAGS:
+            return step
+        default = DEFAULT_FLAGS
+        prefix = f"{default.sweep_model} --train {default.train} --eval {default.eval}"
+        command = step.command.replace(
+            prefix, f"{self.sweep_model} --train {self.train} --eval {self.eval}", 1
+        )
+        cost = step.estimated_cost.replace(
+            "`curvplan analyze … ",
+            f"`curvplan analyze {self.analyze_model} --data {self.eval} ",
+        )
+        return step.model_copy(update={"command": command, "estimated_cost": cost})
+
+
+DEFAULT_FLAGS = CommandFlags()
+
+
 def data_sweep_next_step(
     target_loss: float | None,
     available: int | None,
@@ -156,8 +204,8 @@ def data_sweep_next_step(
     grid = len(_OPTIMIZER.lr_grid)
     settings = _SWEEP
     parts = [
-        "curvplan sweep --type data --spec model.json --train train.safetensors "
-        "--eval eval.safetensors"
+        f"curvplan sweep --type data {DEFAULT_FLAGS.sweep_model} --train {DEFAULT_FLAGS.train} "
+        f"--eval {DEFAULT_FLAGS.eval}"
     ]
     if target_loss is not None:
         parts.append(f"--target-loss {target_loss:.6g}")
@@ -345,9 +393,11 @@ def build_data(
     targets: Targets,
     sample_size: SampleSizeSection | object,
     scaling: ScalingSection | object,
+    flags: CommandFlags | None = None,
 ) -> tuple[BudgetData, list[str]]:
     """budget.data: the data sweep's L(D) solved at the target loss leads; nothing else
-    does (docs/budget.md#data)."""
+    does (docs/budget.md#data). ``flags``: the next step's commands repeat how the analysis
+    was submitted (default: the reference-spec placeholders)."""
     warnings: list[str] = []
     available = _available(measurements, targets)
     tokens = _tokens_per_example(measurements)
@@ -374,6 +424,8 @@ def build_data(
         if side is not None:
             _mark_extrapolated(data, side, sizes, points, available, tokens, params, warnings)
         _assess_available(data, warnings)
+        if flags is not None and data.next_step is not None:
+            data = data.model_copy(update={"next_step": flags.applied(data.next_step)})
         return data, warnings
     further = (
         next_round(
@@ -390,6 +442,8 @@ def build_data(
     if further is not None and not further.sizes:
         further = None  # nothing to train toward it: the first-round command instead
     next_step = _next_round_step(further, sizes, targets.target_loss, available, tokens, params)
+    if flags is not None:
+        next_step = flags.applied(next_step)
     reason, guarantee = _why_no_data_size(sweep, status, scaling, conf, warnings)
     return (
         BudgetData(
@@ -781,7 +835,8 @@ def _no_batch(
         reason = (
             "no batch sweep (measurements.steps_to_target) and no noise-scale trend "
             "(intermediate checkpoints): run a batch sweep, or analyze with "
-            "intermediate_checkpoints"
+            "intermediate_checkpoints (a Hugging Face Trainer output folder gives them: "
+            "--model RUN_DIR with its checkpoint-<step> subfolders)"
         )
     if isinstance(bcrit, BCrit):
         reason = "B_crit is in tokens and tokens_per_example is unknown; " + reason
@@ -956,9 +1011,11 @@ def build_budget(
     scaling: object,
     curvature: object,
     seed: int = 0,
+    flags: CommandFlags | None = None,
 ) -> Budget:
-    """The budget from the plan's sections (``targets`` with defaults already filled in)."""
-    data, w1 = build_data(measurements, targets, sample_size, scaling)
+    """The budget from the plan's sections (``targets`` with defaults already filled in);
+    ``flags``: how the analysis was submitted, for the next-step commands."""
+    data, w1 = build_data(measurements, targets, sample_size, scaling, flags)
     batch, w2 = build_batch(measurements, targets, batch_size, seed=seed)
     warnings = w1 + w2
     if not defaults.tolerances_given and defaults.tolerances:

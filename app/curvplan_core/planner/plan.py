@@ -17,7 +17,7 @@ from curvplan.types.planner import (
 )
 from curvplan_core.planner import formulas
 from curvplan_core.planner.batch_section import build_batch_section, lr_scaling_at
-from curvplan_core.planner.budget_section import build_budget, default_targets
+from curvplan_core.planner.budget_section import CommandFlags, build_budget, default_targets
 from curvplan_core.planner.curvature import summarize_blocks
 from curvplan_core.planner.sample_size_section import build_sample_size_section
 from curvplan_core.planner.scaling_section import build_scaling_section
@@ -28,11 +28,19 @@ from curvplan_core.planner.warning_log import WarningLog
 ASSUMPTION1_RATIO_LIMIT = 0.1
 
 
-def make_plan(measurements: Measurements, targets: Targets, *, seed: int = 0) -> Recommendation:
+def make_plan(
+    measurements: Measurements,
+    targets: Targets,
+    *,
+    seed: int = 0,
+    flags: CommandFlags | None = None,
+) -> Recommendation:
     """Turn curvature measurements into a data budget (docs/formulas.md).
 
     Every section holds values or a `not_computed` reason; `targets.seed`, when given, overrides
-    `seed`. Deterministic for a given seed. Raises `PlanInputError` (naming the field) when the
+    `seed`. Deterministic for a given seed. ``flags`` say how an analysis was submitted, so
+    that its next-step commands repeat those flags (default: a reference spec's). Raises
+    `PlanInputError` (naming the field) when the
     input exceeds the size cap of `check_workload`, or when numbers at the edges of the
     contract's range (``MIN_MAGNITUDE`` … ``MAX_MAGNITUDE``) take a formula or a fit beyond
     float64 (:func:`_beyond_float64`): the job then ends ``invalid-request`` naming the input,
@@ -40,7 +48,7 @@ def make_plan(measurements: Measurements, targets: Targets, *, seed: int = 0) ->
     """
     check_workload(measurements, targets)
     try:
-        assembled = _assemble(measurements, targets, seed=seed)
+        assembled = _assemble(measurements, targets, seed=seed, flags=flags)
         # The plan is what its JSON carries: an optional number beyond float64 (2/λ_max of a
         # λ_max near the smallest double) is null there, as every reader sees it; a required
         # one fails validation here. The worker stores this, so it is storable as jsonb.
@@ -92,7 +100,9 @@ def _numbers(
             yield from _numbers(item, (*path, index))
 
 
-def _assemble(measurements: Measurements, targets: Targets, *, seed: int) -> Recommendation:
+def _assemble(
+    measurements: Measurements, targets: Targets, *, seed: int, flags: CommandFlags | None
+) -> Recommendation:
     effective_seed = targets.seed if targets.seed is not None else seed
     targets, defaults = default_targets(measurements, targets)
     log = WarningLog()
@@ -110,6 +120,7 @@ def _assemble(measurements: Measurements, targets: Targets, *, seed: int) -> Rec
         scaling=scaling,
         curvature=curvature,
         seed=effective_seed,
+        flags=flags,
     )
     batch_size = lr_scaling_at(batch_size, budget.batch.recommended)
     return Recommendation(

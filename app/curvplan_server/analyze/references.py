@@ -9,6 +9,7 @@ artifacts' stored safetensors headers and the model alone (no torch):
 - a Hugging Face model's parameter count (computed from its config) must not exceed the
   service's ``max_model_parameters``;
 - the shards of a checkpoint must not hold the same tensor twice;
+- every intermediate checkpoint must hold the tensors (names, shapes) of the checkpoint at w*;
 - a reference-spec model takes an ``{inputs, targets}`` dataset (the Hugging Face layout
   ``input_ids``/``labels`` is for Hugging Face models); a model with learned positions
   (GPT-2) takes sequences no longer than its ``n_positions``.
@@ -143,6 +144,7 @@ def check_artifact_contents(
                     )
                     break
                 owner[name] = loc
+    errors += _intermediates_match(checkpoints, headers)
     dataset = headers.get(dataset_id)
     hf_names = sorted(set(dataset or {}) & set(HF_DATASET_TENSORS))
     if not isinstance(body.model, HuggingFaceModel) and hf_names:
@@ -168,6 +170,58 @@ def check_artifact_contents(
             )
     if errors:
         raise validation_problem(errors)
+
+
+def _shapes(shards: list[tuple[Loc, uuid.UUID]], headers: dict[uuid.UUID, dict[str, Any]]):
+    """Tensor name → shape over a checkpoint's shards; None when a shard has no stored header
+    (a file:// artifact: the worker checks it)."""
+    shapes: dict[str, Any] = {}
+    for _, artifact_id in shards:
+        tensors = headers.get(artifact_id)
+        if tensors is None:
+            return None
+        shapes.update({name: t.get("shape") for name, t in tensors.items()})
+    return shapes
+
+
+def tensor_difference(wanted: dict[str, Any], shapes: dict[str, Any]) -> str | None:
+    """``missing a, b; extra c; other shape d`` between two name → shape maps; None if equal."""
+    if shapes == wanted:
+        return None
+    missing = sorted(set(wanted) - set(shapes))
+    extra = sorted(set(shapes) - set(wanted))
+    reshaped = sorted(n for n in set(wanted) & set(shapes) if wanted[n] != shapes[n])
+    parts = [
+        f"{label} {', '.join(names[:3])}{' …' if len(names) > 3 else ''}"
+        for label, names in (("missing", missing), ("extra", extra), ("other shape", reshaped))
+        if names
+    ]
+    return "; ".join(parts)
+
+
+def _intermediates_match(
+    checkpoints: list[list[tuple[Loc, uuid.UUID]]], headers: dict[uuid.UUID, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """An intermediate checkpoint must hold the tensors (names and shapes) of the checkpoint
+    at w*: both are saves of the model the request names (e.g. the checkpoint-* folders of
+    one Trainer run), not of another architecture or size."""
+    reference = _shapes(checkpoints[0], headers)
+    if reference is None:
+        return []
+    errors = []
+    for i, shards in enumerate(checkpoints[1:]):
+        shapes = _shapes(shards, headers)
+        difference = None if shapes is None else tensor_difference(reference, shapes)
+        if difference is not None:
+            errors.append(
+                _error(
+                    ("intermediate_checkpoints", i),
+                    f"the checkpoint does not hold the tensors of body.checkpoint (w*): "
+                    f"{difference}; intermediate checkpoints are earlier saves of the same model",
+                    "checkpoint_mismatch",
+                )
+            )
+    return errors
 
 
 #: The tensors of a branch sweep's optimizer state: AdamW's two moments of every parameter.
@@ -201,21 +255,14 @@ def check_optimizer_states(
         if tensors is None:
             continue
         shapes = {name: t.get("shape") for name, t in tensors.items()}
-        if shapes == wanted:
+        difference = tensor_difference(wanted, shapes)
+        if difference is None:
             continue
-        missing = sorted(set(wanted) - set(shapes))
-        extra = sorted(set(shapes) - set(wanted))
-        reshaped = sorted(n for n in set(wanted) & set(shapes) if wanted[n] != shapes[n])
-        parts = [
-            f"{label} {', '.join(names[:3])}{' …' if len(names) > 3 else ''}"
-            for label, names in (("missing", missing), ("extra", extra), ("other shape", reshaped))
-            if names
-        ]
         errors.append(
             _error(
                 ("optimizer_states", i),
                 "the optimizer state does not hold AdamW's moments (exp_avg.<tensor>, "
-                f"exp_avg_sq.<tensor>) of body.checkpoints.0's tensors ({'; '.join(parts)})",
+                f"exp_avg_sq.<tensor>) of body.checkpoints.0's tensors ({difference})",
                 "optimizer_state_mismatch",
             )
         )
@@ -253,24 +300,13 @@ def check_branch_checkpoints(
             continue  # file:// artifacts have no stored header; the worker checks them
         shapes = {name: t.get("shape") for name, t in tensors.items()}
         wanted = {name: t.get("shape") for name, t in reference.items()}
-        if shapes != wanted:
-            missing = sorted(set(wanted) - set(shapes))
-            extra = sorted(set(shapes) - set(wanted))
-            reshaped = sorted(n for n in set(wanted) & set(shapes) if wanted[n] != shapes[n])
-            parts = [
-                f"{label} {', '.join(names[:3])}{' …' if len(names) > 3 else ''}"
-                for label, names in (
-                    ("missing", missing),
-                    ("extra", extra),
-                    ("other shape", reshaped),
-                )
-                if names
-            ]
+        difference = tensor_difference(wanted, shapes)
+        if difference is not None:
             errors.append(
                 _error(
                     loc,
                     f"the checkpoint does not hold the tensors of body.checkpoints.0 "
-                    f"({'; '.join(parts)}): a branch sweep branches from saves of one model",
+                    f"({difference}): a branch sweep branches from saves of one model",
                     "checkpoint_mismatch",
                 )
             )

@@ -180,6 +180,8 @@ def planner_fields(
                 point["step"] = stats["step"]
             if isinstance(stats.get("loss"), int | float) and stats["loss"] >= 0:
                 point["loss"] = float(stats["loss"])  # the budget evaluates the trend at a loss
+            if isinstance(stats.get("logged_loss"), int | float) and stats["logged_loss"] >= 0:
+                point["logged_loss"] = float(stats["logged_loss"])  # the run's own log
             trend.append(point)
         if trend:
             # every checkpoint, oldest first: the noise scale's trend over training

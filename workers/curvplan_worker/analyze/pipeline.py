@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,6 +43,7 @@ from curvplan.types.results import AnalyzeBlocksResult
 from curvplan.types.spec import CausalLMTask, ModelSpec
 from curvplan_core.config import get_settings
 from curvplan_core.planner import Measurements, Targets, make_plan
+from curvplan_core.planner.budget_section import CommandFlags
 from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
 from curvplan_worker.analyze.eta import EtaTracker
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
@@ -160,7 +162,13 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
         if fan_out_record is not None:
             result["fan_out"] = fan_out_record
         noise = _intermediate_noise(
-            body.model, intermediates, str(dataset.path), options, machine, ctx
+            body.model,
+            intermediates,
+            str(dataset.path),
+            options,
+            machine,
+            ctx,
+            declared=_declared_logs(body),
         )
         fields, notes = planner_fields(result, noise)
         swept = read_sweeps(engine, project_id, body.sweeps)
@@ -190,7 +198,9 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
     if targets.target_loss is None and swept.target_loss is not None:
         targets = targets.model_copy(update={"target_loss": swept.target_loss})
     seed = targets.seed if targets.seed is not None else uuid.UUID(ctx.job_id).int % (2**31)
-    recommendation = make_plan(measurements, targets, seed=seed)
+    recommendation = make_plan(
+        measurements, targets, seed=seed, flags=command_flags(body.model, dataset.name)
+    )
     ctx.report_progress(1.0, "planning", "recommendation ready")
     return {
         "measurements": slim,
@@ -202,6 +212,14 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
         "recommendation": recommendation.model_dump(mode="json"),
         **_peak_memory(result),
     }
+
+
+def command_flags(model: ModelSpec | HuggingFaceModel, eval_name: str | None) -> CommandFlags:
+    """The flags the budget's next-step commands repeat: `--model MODEL_DIR` for a Hugging
+    Face model, `--spec model.json` for a reference spec; the evaluation sample by its name."""
+    if isinstance(model, HuggingFaceModel):
+        return CommandFlags.huggingface(eval_name)
+    return CommandFlags.reference(eval_name)
 
 
 def _peak_memory(result: dict[str, Any]) -> dict[str, Any]:
@@ -449,22 +467,47 @@ def _fanned_in(
 
 
 STEP_METADATA_KEYS = ("step", "global_step")
+LOSS_METADATA_KEY = "loss"
+
+
+def _checkpoint_metadata(path: str) -> dict[str, str]:
+    from curvplan_core.artifacts.safetensors_format import validate_file
+
+    try:
+        return validate_file(path).metadata
+    except Exception:  # the checkpoint itself was validated when resolved; no metadata then
+        return {}
 
 
 def checkpoint_step(path: str) -> int | None:
     """The training step a checkpoint file declares in its safetensors ``__metadata__``
     (``step`` or ``global_step``, a non-negative integer); None when it declares none."""
-    from curvplan_core.artifacts.safetensors_format import validate_file
-
-    try:
-        metadata = validate_file(path).metadata
-    except Exception:  # the checkpoint itself was validated when resolved; no step then
-        return None
+    metadata = _checkpoint_metadata(path)
     for key in STEP_METADATA_KEYS:
         value = metadata.get(key, "").strip()
         if value.isdigit():
             return int(value)
     return None
+
+
+def checkpoint_logged_loss(path: str) -> float | None:
+    """The training loss a checkpoint file declares in its safetensors ``__metadata__``
+    (``loss``, as ``curvplan.integrations.huggingface.CurvplanCallback`` writes it: the run's
+    last logged loss); None when it declares none or not a finite non-negative number."""
+    try:
+        value = float(_checkpoint_metadata(path).get(LOSS_METADATA_KEY, ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _declared_logs(body: AnalyzeJobCreate) -> list[tuple[int | None, float | None]]:
+    """(step, logged loss) the request gives for each intermediate checkpoint (None: not
+    given; the checkpoint file's metadata is read then)."""
+    n = len(body.intermediate_checkpoints)
+    steps = body.intermediate_steps or [None] * n
+    losses = body.intermediate_logged_losses or [None] * n
+    return list(zip(steps, losses, strict=True))
 
 
 def checkpoint_label(shards: list[Any], step: int | None) -> str:
@@ -486,14 +529,17 @@ def _intermediate_noise(
     options: AnalysisOptions,
     machine: MachineSettings,
     ctx: JobContext,
+    declared: list[tuple[int | None, float | None]] | None = None,
 ) -> list[dict[str, Any]]:
     """Gradient-noise statistics at each intermediate checkpoint (McCandlish et al. 2018 §2.2).
 
     In the order the checkpoints were given (oldest first: the planner reports the trend).
     Adaptive by default (``noise_adaptive``): gradient examples are added until the intervals
     of B_simple and B_noise are within a factor 2 or ``noise_max_examples`` are spent. Each
-    point carries its training step when the checkpoint's safetensors metadata names it
-    (``checkpoint_step``).
+    point carries its training step and the training loss the run logged there when the
+    request gives them (``declared``: ``intermediate_steps``, ``intermediate_logged_losses``)
+    or the checkpoint's safetensors metadata names them (``checkpoint_step``,
+    ``checkpoint_logged_loss``).
     Uses the STATS helper's ``gradient_noise_from_sample`` on the same evaluation sample,
     with the same precision, device and seed as the main analysis.
     """
@@ -514,7 +560,11 @@ def _intermediate_noise(
     n = len(intermediates)
     for i, shards in enumerate(intermediates):
         field = shards[0].field.rsplit(".", 1)[0] if len(shards) > 1 else shards[0].field
-        step = checkpoint_step(str(shards[0].path))
+        given_step, given_loss = declared[i] if declared else (None, None)
+        step = given_step if given_step is not None else checkpoint_step(str(shards[0].path))
+        logged_loss = (
+            given_loss if given_loss is not None else checkpoint_logged_loss(str(shards[0].path))
+        )
         label = checkpoint_label(shards, step)
         ctx.report_progress(
             0.85 + 0.08 * i / n,
@@ -575,6 +625,8 @@ def _intermediate_noise(
         stats["checkpoint_artifact"] = shards[0].id if len(shards) == 1 else [a.id for a in shards]
         if step is not None:
             stats["step"] = step
+        if logged_loss is not None:
+            stats["logged_loss"] = logged_loss
         out.append(stats)
         del model
         if device.type == "cuda":
