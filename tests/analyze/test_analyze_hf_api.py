@@ -75,6 +75,10 @@ def test_hf_model_with_shards_is_queued_with_its_config_as_sent(
         _upload(client, auth_headers, "checkpoint", _shard(["a.weight", "b.weight"])),
         _upload(client, auth_headers, "checkpoint", _shard(["c.weight"], seed=1)),
     ]
+    # An intermediate is an earlier save of the same model: one file or the same shards.
+    whole = _upload(
+        client, auth_headers, "checkpoint", _shard(["a.weight", "b.weight", "c.weight"])
+    )
     data = _upload(client, auth_headers, "dataset", _hf_data())
     config = {**GPT2, "some_future_field": {"kept": True}}
     response = _post(
@@ -83,13 +87,13 @@ def test_hf_model_with_shards_is_queued_with_its_config_as_sent(
         model={"source": "huggingface", "config": config},
         checkpoint=shards,
         dataset=data,
-        intermediate_checkpoints=[shards[0], shards],
+        intermediate_checkpoints=[whole, shards],
     )
     assert response.status_code == 202, response.text
     request = response.json()["request"]
     assert request["model"] == {"source": "huggingface", "config": config}
     assert request["checkpoint"] == shards
-    assert request["intermediate_checkpoints"] == [shards[0], shards]
+    assert request["intermediate_checkpoints"] == [whole, shards]
 
 
 def test_refused_configs_name_the_field_and_queue_nothing(
