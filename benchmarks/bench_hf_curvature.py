@@ -387,7 +387,7 @@ def worst_error(values: dict, reference: dict) -> float:
 
 
 def fair_peers(module, x, y, blocks, tol, reference, results, args) -> None:
-    """Issue 33's protocol: every peer setting at its best, process CPU seconds (same process,
+    """The fair protocol: every peer setting at its best, process CPU seconds (same process,
     same thread count) against ours; the printed ratio is against the fastest setting whose
     worst error meets ``tol``."""
     ours_res = results["ours"]
@@ -463,7 +463,7 @@ def fair_peers(module, x, y, blocks, tol, reference, results, args) -> None:
 
 
 def legacy_peer(module, x, y, blocks, tol, reference, results, args, steps) -> None:
-    """The protocols before issue 33 (--peer-protocol equal-accuracy / fixed)."""
+    """The protocols before the fair one (--peer-protocol equal-accuracy / fixed)."""
     try:
         import hessian_eigenthings  # noqa: F401
 
@@ -520,7 +520,7 @@ def main() -> None:
         "--peer-protocol",
         choices=["fair", "equal-accuracy", "fixed"],
         default="fair",
-        help="fair (issue 33): every peer setting at its best (hessian-eigenthings both ends "
+        help="fair: every peer setting at its best (hessian-eigenthings both ends "
         "from one run, autograd and finite-difference products, exact fewest steps per block; "
         "curvlinops eigsh both ends in one run), process CPU seconds against ours, the ratio "
         "against the fastest setting reaching the tolerance; equal-accuracy: the older "

@@ -269,13 +269,16 @@ def test_the_link_table_holds_every_id_a_body_names_at_its_field(
     rng = np.random.default_rng(13)
     halves = [{name: rng.standard_normal((4, 4)).astype(np.float32)} for name in ("a", "b")]
     shards = [upload(client, auth_headers, st_save(half)).json()["id"] for half in halves]
-    early = upload(client, auth_headers, checkpoint_bytes(15)).json()["id"]
+    # Intermediates are earlier saves of the same tensors: one whole file, or shards.
+    earlier = {name: rng.standard_normal((4, 4)).astype(np.float32) for name in ("a", "b")}
+    early = upload(client, auth_headers, st_save(earlier)).json()["id"]
+    early_a = upload(client, auth_headers, st_save({"a": earlier["a"]})).json()["id"]
     data = upload(client, auth_headers, dataset_bytes(), kind="dataset").json()["id"]
 
     body = {
         **analyze_body(shards[0], data),
         "checkpoint": shards,
-        "intermediate_checkpoints": [early, [early, shards[1]]],
+        "intermediate_checkpoints": [early, [early_a, shards[1]]],
     }
     analyze = client.post("/v1/jobs", headers=auth_headers, json=body)
     assert analyze.status_code == 202, analyze.text
@@ -284,7 +287,7 @@ def test_the_link_table_holds_every_id_a_body_names_at_its_field(
         ("checkpoint.0", shards[0]),
         ("checkpoint.1", shards[1]),
         ("intermediate_checkpoints.0", early),
-        ("intermediate_checkpoints.1.0", early),
+        ("intermediate_checkpoints.1.0", early_a),
         ("intermediate_checkpoints.1.1", shards[1]),
     }
 
