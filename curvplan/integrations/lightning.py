@@ -69,7 +69,9 @@ class CurvplanCallback(Callback):
     after its update and the loss logged under ``loss_key`` in that step's ``training_step``
     (``loss_step`` is the step itself). Only the global-zero process writes; the parameters
     are those of ``named_parameters()`` on that process (not a sharded FSDP/DeepSpeed model).
-    The written paths are :attr:`saved`.
+    ``submodule`` (a dotted attribute path, e.g. ``"model"`` for a LightningModule that wraps
+    a Hugging Face model as ``self.model``) saves that submodule's parameters under its own
+    names, the names the service's model spec expects. The written paths are :attr:`saved`.
     """
 
     def __init__(
@@ -79,10 +81,12 @@ class CurvplanCallback(Callback):
         save_steps: Sequence[int] = (),
         every: int | None = None,
         loss_key: str = "train_loss",
+        submodule: str | None = None,
     ) -> None:
         self.schedule = SaveSchedule.checked(save_steps, every)
         self.output_dir = Path(output_dir)
         self.loss_key = loss_key
+        self.submodule = submodule
         self.saved: list[Path] = []
         self._last_saved_step = -1
 
@@ -96,8 +100,9 @@ class CurvplanCallback(Callback):
         if not trainer.is_global_zero:
             return
         loss = logged_loss(trainer.callback_metrics, outputs, self.loss_key)
+        module = pl_module.get_submodule(self.submodule) if self.submodule else pl_module
         path = write_step_checkpoint(
-            pl_module.named_parameters(),
+            module.named_parameters(),
             self.output_dir,
             step,
             loss=loss,

@@ -127,12 +127,14 @@ def test_gradient_accumulation_saves_each_step_once_after_its_update(tmp_path: P
     from curvplan.integrations.lightning import CurvplanCallback
 
     snapshots: dict[int, dict[str, torch.Tensor]] = {}
-    callback = CurvplanCallback(tmp_path / "ckpt", every=20)
+    callback = CurvplanCallback(tmp_path / "ckpt", every=20, submodule="net")
     _tiny_fit(tmp_path, [_snapshot_callback(snapshots), callback], accumulate=2)
     assert [p.name for p in callback.saved] == [f"step_{s}.safetensors" for s in (20, 40, 60)]
     saved = load_file(str(callback.saved[0]))
+    assert set(saved) == {"0.weight", "0.bias", "2.weight", "2.bias"}  # the submodule's names
     for name, tensor in saved.items():  # the weights right after step 20's update
-        assert torch.equal(tensor, snapshots[20][name]), name
+        assert torch.equal(tensor, snapshots[20][f"net.{name}"]), name
+    assert not torch.equal(saved["0.weight"], snapshots[19]["net.0.weight"])
 
 
 def test_callback_arguments_are_checked() -> None:
