@@ -1,6 +1,7 @@
 """What the training-framework callbacks share (``huggingface``, ``lightning``): when to save,
-and the ``step_<n>.safetensors`` file with the step and the logged loss in its metadata (the
-keys the worker reads: ``step``, ``loss``; docs/integrations.md#hugging-face-trainer).
+the ``step_<n>.safetensors`` file with the step and the logged loss in its metadata (the keys
+the worker reads: ``step``, ``loss``; docs/integrations.md#hugging-face-trainer), and the
+analyze job submitted when training ends.
 
 Torch and safetensors are imported inside the functions: the client package imports without
 them.
@@ -9,7 +10,7 @@ them.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,3 +76,41 @@ def read_step_metadata(path: str | Path) -> dict[str, str]:
 def step_of(path: Path) -> int:
     """The step of a ``step_<n>.safetensors`` path."""
     return int(path.stem.removeprefix("step_"))
+
+
+def submit_analysis(
+    client: Any,
+    model_dir: Path,
+    intermediates: Sequence[Path],
+    *,
+    dataset: str | Path,
+    name: str | None,
+    targets: Mapping[str, Any] | None,
+    options: Mapping[str, Any] | None,
+    wait: bool,
+    timeout: float | None,
+    on_submitted: Callable[[Any], None] = lambda job: None,
+) -> Any:
+    """Submit an analyze job: ``model_dir`` (a ``save_pretrained`` directory, w*) with the
+    ``intermediates`` (their step and loss travel in their metadata) and the evaluation sample
+    ``dataset``; wait for its result when ``wait`` (``on_submitted(job)`` is called first, so
+    that a wait that times out still leaves the queued job known). ``client`` None: a
+    ``curvplan.Client`` from ``$CURVPLAN_URL`` and ``$CURVPLAN_API_KEY`` (closed afterwards).
+    Returns the job."""
+    import curvplan
+
+    api = client or curvplan.Client()
+    try:
+        job = api.submit_analyze(
+            model_dir,
+            dataset=dataset,
+            intermediate_checkpoints=list(intermediates),
+            name=name,
+            targets=targets,
+            options=options,
+        )
+        on_submitted(job)
+        return api.wait(job.id, timeout=timeout) if wait else job
+    finally:
+        if client is None:
+            api.close()

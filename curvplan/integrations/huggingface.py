@@ -35,6 +35,7 @@ from curvplan.integrations._checkpoints import (
     SaveSchedule,
     read_step_metadata,
     step_of,
+    submit_analysis,
     write_step_checkpoint,
 )
 
@@ -143,23 +144,21 @@ class CurvplanCallback(TrainerCallback):
 
     # ----------------------------------------------------------------- submitting
     def _submit(self, model: Any, final_step: int) -> None:
-        import curvplan
-
         final = self.output_dir / FINAL_DIR
         model.save_pretrained(str(final), safe_serialization=True)
-        intermediates = [p for p in self.saved if step_of(p) < final_step]
-        client = self.client or curvplan.Client()
-        try:
-            self.job = client.submit_analyze(
-                final,
-                dataset=self.submit_dataset,
-                intermediate_checkpoints=intermediates,
-                name=self.submit_name,
-                targets=self.submit_targets,
-                options=self.submit_options,
-            )
-            if self.submit_wait:
-                self.job = client.wait(self.job.id, timeout=self.submit_timeout)
-        finally:
-            if self.client is None:
-                client.close()
+        assert self.submit_dataset is not None
+        self.job = submit_analysis(
+            self.client,
+            final,
+            [p for p in self.saved if step_of(p) < final_step],
+            dataset=self.submit_dataset,
+            name=self.submit_name,
+            targets=self.submit_targets,
+            options=self.submit_options,
+            wait=self.submit_wait,
+            timeout=self.submit_timeout,
+            on_submitted=self._set_job,
+        )
+
+    def _set_job(self, job: Any) -> None:
+        self.job = job
