@@ -10,13 +10,16 @@ pickle — with the step and the training loss logged there in the file's metada
     from lightning.pytorch import Trainer
     from curvplan.integrations.lightning import CurvplanCallback
 
-    callback = CurvplanCallback("curvplan-checkpoints", save_steps=[50, 100], every=500)
+    callback = CurvplanCallback(
+        "curvplan-checkpoints", save_steps=[50, 100], every=500,
+        submodule="model",                    # self.model: a Hugging Face model
+        submit_dataset="eval.safetensors",    # optional: submit when training ends
+    )
     Trainer(max_steps=1000, callbacks=[callback]).fit(module, train_loader)
+    print(callback.job.id)
 
-Only the global-zero process writes. Needs ``pip install 'curvplan[lightning]'`` (the client
-itself does not). Submitting the analysis at the end of training is not built here (the
-Hugging Face callback does it); submit the files with ``curvplan analyze``
-(docs/integrations.md#pytorch-lightning).
+Only the global-zero process writes and submits. Needs ``pip install 'curvplan[lightning]'``
+(the client itself does not; docs/integrations.md#pytorch-lightning).
 """
 
 from __future__ import annotations
@@ -37,12 +40,15 @@ from curvplan.integrations._checkpoints import (
     STEP_FILE,
     SaveSchedule,
     read_step_metadata,
+    step_of,
+    submit_analysis,
     write_step_checkpoint,
 )
 
 __all__ = ["STEP_FILE", "CurvplanCallback", "logged_loss", "read_step_metadata"]
 
 METADATA_SOURCE = "curvplan.integrations.lightning"
+FINAL_DIR = "final"
 
 
 def logged_loss(metrics: Mapping[str, Any], outputs: Any, loss_key: str) -> float:
@@ -72,6 +78,13 @@ class CurvplanCallback(Callback):
     ``submodule`` (a dotted attribute path, e.g. ``"model"`` for a LightningModule that wraps
     a Hugging Face model as ``self.model``) saves that submodule's parameters under its own
     names, the names the service's model spec expects. The written paths are :attr:`saved`.
+
+    With ``submit_dataset`` (an evaluation sample: a file, or an uploaded artifact's id) the
+    trained model (``submodule``, or the module itself; it must have ``save_pretrained``:
+    checked when fitting starts) is saved to ``output_dir/final`` when training ends and an
+    analyze job is submitted with every intermediate checkpoint before the last step;
+    ``submit_wait`` waits for its result. ``client`` (a ``curvplan.Client``) replaces the one
+    built from ``$CURVPLAN_URL`` and ``$CURVPLAN_API_KEY``. The submitted job is :attr:`job`.
     """
 
     def __init__(
@@ -82,13 +95,40 @@ class CurvplanCallback(Callback):
         every: int | None = None,
         loss_key: str = "train_loss",
         submodule: str | None = None,
+        submit_dataset: str | Path | None = None,
+        submit_name: str | None = None,
+        submit_targets: Mapping[str, Any] | None = None,
+        submit_options: Mapping[str, Any] | None = None,
+        submit_wait: bool = False,
+        submit_timeout: float | None = None,
+        client: Any = None,
     ) -> None:
         self.schedule = SaveSchedule.checked(save_steps, every)
         self.output_dir = Path(output_dir)
         self.loss_key = loss_key
         self.submodule = submodule
+        self.submit_dataset = submit_dataset
+        self.submit_name = submit_name
+        self.submit_targets = submit_targets
+        self.submit_options = submit_options
+        self.submit_wait = submit_wait
+        self.submit_timeout = submit_timeout
+        self.client = client
         self.saved: list[Path] = []
+        self.job: Any = None
         self._last_saved_step = -1
+
+    def _saved_module(self, pl_module: Any) -> Any:
+        return pl_module.get_submodule(self.submodule) if self.submodule else pl_module
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        module = self._saved_module(pl_module)
+        if self.submit_dataset is not None and not hasattr(module, "save_pretrained"):
+            raise ValueError(
+                f"submit_dataset: the submitted model needs save_pretrained, and "
+                f"{self.submodule or 'the LightningModule'} ({type(module).__name__}) has "
+                "none: name a Hugging Face model with submodule=…"
+            )
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -100,9 +140,8 @@ class CurvplanCallback(Callback):
         if not trainer.is_global_zero:
             return
         loss = logged_loss(trainer.callback_metrics, outputs, self.loss_key)
-        module = pl_module.get_submodule(self.submodule) if self.submodule else pl_module
         path = write_step_checkpoint(
-            module.named_parameters(),
+            self._saved_module(pl_module).named_parameters(),
             self.output_dir,
             step,
             loss=loss,
@@ -110,3 +149,24 @@ class CurvplanCallback(Callback):
             source=METADATA_SOURCE,
         )
         self.saved.append(path)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.submit_dataset is None or not trainer.is_global_zero:
+            return
+        final = self.output_dir / FINAL_DIR
+        self._saved_module(pl_module).save_pretrained(str(final), safe_serialization=True)
+        self.job = submit_analysis(
+            self.client,
+            final,
+            [p for p in self.saved if step_of(p) < trainer.global_step],
+            dataset=self.submit_dataset,
+            name=self.submit_name,
+            targets=self.submit_targets,
+            options=self.submit_options,
+            wait=self.submit_wait,
+            timeout=self.submit_timeout,
+            on_submitted=self._set_job,
+        )
+
+    def _set_job(self, job: Any) -> None:
+        self.job = job

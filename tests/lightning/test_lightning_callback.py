@@ -11,6 +11,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 
@@ -146,3 +147,90 @@ def test_callback_arguments_are_checked() -> None:
         CurvplanCallback("x", save_steps=[0])
     with pytest.raises(ValueError, match="every"):
         CurvplanCallback("x", every=-2)
+
+
+class _Via(httpx.BaseTransport):
+    """The client library's requests, sent through the test app's client (the real API)."""
+
+    def __init__(self, test_client: Any) -> None:
+        self.test_client = test_client
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        answer = self.test_client.request(
+            request.method, str(request.url), content=request.read(), headers=request.headers
+        )
+        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
+
+
+def test_submit_at_the_end_queues_an_analysis_with_the_intermediates(
+    client: Any, api_key: str, auth_headers: dict[str, str], tmp_path: Path
+) -> None:
+    """A LightningModule wrapping a tiny GPT-2 as ``self.model``: at the end the callback saves
+    it (w*) and submits it with the earlier checkpoints to the real API (no worker runs)."""
+    from lightning.pytorch import LightningModule, Trainer
+    from lightning.pytorch.callbacks import Callback
+    from safetensors.torch import save_file
+    from torch.utils.data import DataLoader
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import curvplan
+    from curvplan.integrations.lightning import CurvplanCallback
+
+    class LM(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            config = GPT2Config(
+                vocab_size=16, n_positions=16, n_embd=16, n_layer=1, n_head=2, bos_token_id=0,
+                eos_token_id=0,
+            )  # fmt: skip
+            self.model = GPT2LMHeadModel(config)
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            loss = self.model(input_ids=batch, labels=batch).loss
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    returned: dict[int, float] = {}
+
+    class Returned(Callback):  # the loss training_step returned, by the step it completed
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # type: ignore[no-untyped-def]
+            returned[trainer.global_step] = float(outputs["loss"])
+
+    torch.manual_seed(0)
+    seq = torch.randint(0, 16, (128, 16), generator=torch.Generator().manual_seed(1))
+    save_file({"input_ids": seq[:32].contiguous()}, str(tmp_path / "eval.safetensors"))
+    with curvplan.Client("http://testserver", api_key, transport=_Via(client)) as api:
+        callback = CurvplanCallback(
+            tmp_path / "ckpt", save_steps=[4, 8, 12], submodule="model",
+            submit_dataset=tmp_path / "eval.safetensors", submit_name="lightning-run", client=api,
+        )  # fmt: skip
+        trainer = Trainer(
+            max_steps=12, accelerator="cpu", logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, callbacks=[Returned(), callback],
+        )  # fmt: skip
+        trainer.fit(LM(), DataLoader(list(seq), batch_size=8))
+    assert callback.job is not None
+    job = client.get(f"/v1/jobs/{callback.job.id}", headers=auth_headers).json()
+    assert job["kind"] == "analyze" and job["status"] == "queued" and job["name"] == "lightning-run"
+    request = job["request"]
+    assert request["model"]["source"] == "huggingface"
+    assert len(request["intermediate_checkpoints"]) == 2  # steps 4 and 8; 12 is w*
+    for artifact_id, step in zip(request["intermediate_checkpoints"], (4, 8), strict=True):
+        stored = client.get(f"/v1/artifacts/{artifact_id}", headers=auth_headers).json()
+        assert stored["name"] == f"step_{step}.safetensors" and stored["kind"] == "checkpoint"
+        assert stored["metadata"]["step"] == str(step)
+        assert float(stored["metadata"]["loss"]) == returned[step]  # what training_step gave
+        assert "lm_head.weight" not in stored["tensors"]  # tied to wte: once, as w* has it
+    assert (tmp_path / "ckpt" / "final" / "model.safetensors").is_file()
+
+
+def test_submit_needs_a_model_with_save_pretrained(tmp_path: Path) -> None:
+    from curvplan.integrations.lightning import CurvplanCallback
+
+    callback = CurvplanCallback(tmp_path, every=5, submit_dataset="eval.safetensors")
+    with pytest.raises(ValueError, match="save_pretrained"):
+        _tiny_fit(tmp_path, [callback])
+    assert callback.saved == []  # refused before the first step
