@@ -30,6 +30,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from curvplan.integrations._checkpoints import (
+    STEP_FILE,
+    SaveSchedule,
+    read_step_metadata,
+    step_of,
+    submit_analysis,
+    write_step_checkpoint,
+)
+
 try:
     from transformers import TrainerCallback
 except ImportError as exc:  # the optional extra
@@ -37,7 +46,8 @@ except ImportError as exc:  # the optional extra
         "curvplan.integrations.huggingface needs transformers: pip install 'curvplan[huggingface]'"
     ) from exc
 
-STEP_FILE = "step_{step}.safetensors"
+__all__ = ["STEP_FILE", "CurvplanCallback", "last_logged_loss", "read_step_metadata"]
+
 FINAL_DIR = "final"
 METADATA_SOURCE = "curvplan.integrations.huggingface"
 
@@ -51,14 +61,6 @@ def last_logged_loss(log_history: Sequence[Mapping[str, Any]], step: int) -> tup
         if "loss" in entry and isinstance(at, int) and at <= step:
             found = (float(entry["loss"]), at)
     return found
-
-
-def read_step_metadata(path: str | Path) -> dict[str, str]:
-    """The safetensors metadata of a checkpoint the callback wrote (header only)."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), "np") as fh:
-        return dict(fh.metadata() or {})
 
 
 class CurvplanCallback(TrainerCallback):
@@ -89,15 +91,8 @@ class CurvplanCallback(TrainerCallback):
         submit_timeout: float | None = None,
         client: Any = None,
     ) -> None:
-        if any(not isinstance(s, int) or s <= 0 for s in save_steps):
-            raise ValueError(f"save_steps: positive integers, got {list(save_steps)}")
-        if every is not None and every <= 0:
-            raise ValueError(f"every: a positive number of steps, got {every}")
-        if not save_steps and every is None:
-            raise ValueError("say when to save: save_steps=[…] and/or every=N")
+        self.schedule = SaveSchedule.checked(save_steps, every)
         self.output_dir = Path(output_dir)
-        self.save_steps = frozenset(save_steps)
-        self.every = every
         self.submit_dataset = submit_dataset
         self.submit_name = submit_name
         self.submit_targets = submit_targets
@@ -110,11 +105,8 @@ class CurvplanCallback(TrainerCallback):
         self._pending: int | None = None
 
     # ----------------------------------------------------------------- when to save
-    def _due(self, step: int) -> bool:
-        return step in self.save_steps or (self.every is not None and step % self.every == 0)
-
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.is_world_process_zero and self._due(state.global_step):
+        if state.is_world_process_zero and self.schedule.due(state.global_step):
             self._pending = state.global_step  # written after this step's logging (on_log)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
@@ -140,41 +132,33 @@ class CurvplanCallback(TrainerCallback):
     def save(self, model: Any, step: int, log_history: Sequence[Mapping[str, Any]]) -> Path:
         """Write ``model``'s parameters at ``step`` (names of ``named_parameters()``, tied ones
         once) with ``step``, ``loss`` and ``loss_step`` in the metadata; returns the path."""
-        from safetensors.torch import save_file
-
         loss, loss_step = last_logged_loss(log_history, step)
-        metadata = {"format": "pt", "step": str(step), "source": METADATA_SOURCE}
-        if math.isfinite(loss):
-            metadata |= {"loss": repr(loss), "loss_step": str(loss_step)}
-        tensors = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters()}
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        path = self.output_dir / STEP_FILE.format(step=step)
-        save_file(tensors, str(path), metadata=metadata)
-        return path
+        return write_step_checkpoint(
+            model.named_parameters(),
+            self.output_dir,
+            step,
+            loss=loss,
+            loss_step=loss_step,
+            source=METADATA_SOURCE,
+        )
 
     # ----------------------------------------------------------------- submitting
     def _submit(self, model: Any, final_step: int) -> None:
-        import curvplan
-
         final = self.output_dir / FINAL_DIR
         model.save_pretrained(str(final), safe_serialization=True)
-        intermediates = [p for p in self.saved if _step_of(p) < final_step]
-        client = self.client or curvplan.Client()
-        try:
-            self.job = client.submit_analyze(
-                final,
-                dataset=self.submit_dataset,
-                intermediate_checkpoints=intermediates,
-                name=self.submit_name,
-                targets=self.submit_targets,
-                options=self.submit_options,
-            )
-            if self.submit_wait:
-                self.job = client.wait(self.job.id, timeout=self.submit_timeout)
-        finally:
-            if self.client is None:
-                client.close()
+        assert self.submit_dataset is not None
+        self.job = submit_analysis(
+            self.client,
+            final,
+            [p for p in self.saved if step_of(p) < final_step],
+            dataset=self.submit_dataset,
+            name=self.submit_name,
+            targets=self.submit_targets,
+            options=self.submit_options,
+            wait=self.submit_wait,
+            timeout=self.submit_timeout,
+            on_submitted=self._set_job,
+        )
 
-
-def _step_of(path: Path) -> int:
-    return int(path.stem.removeprefix("step_"))
+    def _set_job(self, job: Any) -> None:
+        self.job = job
