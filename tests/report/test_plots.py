@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from typing import Any
@@ -101,7 +102,26 @@ def test_figures_have_labelled_axes_with_units_and_real_pixels(plan_plots: list[
         pixels = png_pixels(plot.png or b"")
         assert pixels.shape[:2] == (660, 1140)  # 7.6 × 4.4 in at 150 dpi
         assert pixels[..., :3].std() > 0.05  # drawn, not a blank canvas
-    assert "matplotlib.pyplot" not in sys.modules  # never pyplot (global state, not thread-safe)
+
+
+def test_drawing_never_imports_pyplot(plan_job: dict[str, Any]) -> None:
+    """Never pyplot (global state, not thread-safe). Checked in a fresh interpreter: another
+    library in this test process (Lightning, for one) may have imported it already."""
+    code = (
+        "import json, sys\n"
+        "from curvplan_server.reports.plots import build_plots\n"
+        "plots = build_plots(json.load(sys.stdin))\n"
+        "assert any(p.drawn for p in plots)\n"
+        "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot was imported'\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(plan_job, default=str),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
 
 
 def test_band_is_the_corner_envelope() -> None:
