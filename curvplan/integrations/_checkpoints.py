@@ -78,39 +78,46 @@ def step_of(path: Path) -> int:
     return int(path.stem.removeprefix("step_"))
 
 
-def submit_analysis(
-    client: Any,
-    model_dir: Path,
-    intermediates: Sequence[Path],
-    *,
-    dataset: str | Path,
-    name: str | None,
-    targets: Mapping[str, Any] | None,
-    options: Mapping[str, Any] | None,
-    wait: bool,
-    timeout: float | None,
-    on_submitted: Callable[[Any], None] = lambda job: None,
-) -> Any:
-    """Submit an analyze job: ``model_dir`` (a ``save_pretrained`` directory, w*) with the
-    ``intermediates`` (their step and loss travel in their metadata) and the evaluation sample
-    ``dataset``; wait for its result when ``wait`` (``on_submitted(job)`` is called first, so
-    that a wait that times out still leaves the queued job known). ``client`` None: a
-    ``curvplan.Client`` from ``$CURVPLAN_URL`` and ``$CURVPLAN_API_KEY`` (closed afterwards).
-    Returns the job."""
-    import curvplan
+@dataclass(frozen=True)
+class Submission:
+    """What the callbacks submit when training ends: an analyze job of the final model with
+    its intermediate checkpoints on the evaluation sample ``dataset`` (a file, or an uploaded
+    artifact's id), named ``name``, with ``targets`` and ``options``; ``wait`` for its result
+    (at most ``timeout`` s)."""
 
-    api = client or curvplan.Client()
-    try:
-        job = api.submit_analyze(
-            model_dir,
-            dataset=dataset,
-            intermediate_checkpoints=list(intermediates),
-            name=name,
-            targets=targets,
-            options=options,
-        )
-        on_submitted(job)
-        return api.wait(job.id, timeout=timeout) if wait else job
-    finally:
-        if client is None:
-            api.close()
+    dataset: str | Path
+    name: str | None = None
+    targets: Mapping[str, Any] | None = None
+    options: Mapping[str, Any] | None = None
+    wait: bool = False
+    timeout: float | None = None
+
+    def submit(
+        self,
+        client: Any,
+        model_dir: Path,
+        intermediates: Sequence[Path],
+        on_submitted: Callable[[Any], None] = lambda job: None,
+    ) -> Any:
+        """Submit ``model_dir`` (a ``save_pretrained`` directory, w*) with the
+        ``intermediates`` (their step and loss travel in their metadata); wait for its result
+        when ``wait`` (``on_submitted(job)`` is called first, so that a wait that times out
+        still leaves the queued job known). ``client`` None: a ``curvplan.Client`` from
+        ``$CURVPLAN_URL`` and ``$CURVPLAN_API_KEY`` (closed afterwards). Returns the job."""
+        import curvplan
+
+        api = client or curvplan.Client()
+        try:
+            job = api.submit_analyze(
+                model_dir,
+                dataset=self.dataset,
+                intermediate_checkpoints=list(intermediates),
+                name=self.name,
+                targets=self.targets,
+                options=self.options,
+            )
+            on_submitted(job)
+            return api.wait(job.id, timeout=self.timeout) if self.wait else job
+        finally:
+            if client is None:
+                api.close()

@@ -33,9 +33,9 @@ from typing import Any
 from curvplan.integrations._checkpoints import (
     STEP_FILE,
     SaveSchedule,
+    Submission,
     read_step_metadata,
     step_of,
-    submit_analysis,
     write_step_checkpoint,
 )
 
@@ -93,12 +93,18 @@ class CurvplanCallback(TrainerCallback):
     ) -> None:
         self.schedule = SaveSchedule.checked(save_steps, every)
         self.output_dir = Path(output_dir)
-        self.submit_dataset = submit_dataset
-        self.submit_name = submit_name
-        self.submit_targets = submit_targets
-        self.submit_options = submit_options
-        self.submit_wait = submit_wait
-        self.submit_timeout = submit_timeout
+        self.submission = (
+            None
+            if submit_dataset is None
+            else Submission(
+                submit_dataset,
+                submit_name,
+                submit_targets,
+                submit_options,
+                submit_wait,
+                submit_timeout,
+            )
+        )
         self.client = client
         self.saved: list[Path] = []
         self.job: Any = None
@@ -119,7 +125,7 @@ class CurvplanCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs.get("model")
         self._flush(model, state)
-        if self.submit_dataset is not None and state.is_world_process_zero:
+        if self.submission is not None and state.is_world_process_zero:
             self._submit(model, state.global_step)
 
     # ----------------------------------------------------------------- writing
@@ -146,18 +152,9 @@ class CurvplanCallback(TrainerCallback):
     def _submit(self, model: Any, final_step: int) -> None:
         final = self.output_dir / FINAL_DIR
         model.save_pretrained(str(final), safe_serialization=True)
-        assert self.submit_dataset is not None
-        self.job = submit_analysis(
-            self.client,
-            final,
-            [p for p in self.saved if step_of(p) < final_step],
-            dataset=self.submit_dataset,
-            name=self.submit_name,
-            targets=self.submit_targets,
-            options=self.submit_options,
-            wait=self.submit_wait,
-            timeout=self.submit_timeout,
-            on_submitted=self._set_job,
+        assert self.submission is not None
+        self.job = self.submission.submit(
+            self.client, final, [p for p in self.saved if step_of(p) < final_step], self._set_job
         )
 
     def _set_job(self, job: Any) -> None:

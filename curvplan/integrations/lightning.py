@@ -39,9 +39,9 @@ except ImportError as exc:  # the optional extra
 from curvplan.integrations._checkpoints import (
     STEP_FILE,
     SaveSchedule,
+    Submission,
     read_step_metadata,
     step_of,
-    submit_analysis,
     write_step_checkpoint,
 )
 
@@ -107,12 +107,18 @@ class CurvplanCallback(Callback):
         self.output_dir = Path(output_dir)
         self.loss_key = loss_key
         self.submodule = submodule
-        self.submit_dataset = submit_dataset
-        self.submit_name = submit_name
-        self.submit_targets = submit_targets
-        self.submit_options = submit_options
-        self.submit_wait = submit_wait
-        self.submit_timeout = submit_timeout
+        self.submission = (
+            None
+            if submit_dataset is None
+            else Submission(
+                submit_dataset,
+                submit_name,
+                submit_targets,
+                submit_options,
+                submit_wait,
+                submit_timeout,
+            )
+        )
         self.client = client
         self.saved: list[Path] = []
         self.job: Any = None
@@ -123,7 +129,7 @@ class CurvplanCallback(Callback):
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         module = self._saved_module(pl_module)
-        if self.submit_dataset is not None and not hasattr(module, "save_pretrained"):
+        if self.submission is not None and not hasattr(module, "save_pretrained"):
             raise ValueError(
                 f"submit_dataset: the submitted model needs save_pretrained, and "
                 f"{self.submodule or 'the LightningModule'} ({type(module).__name__}) has "
@@ -151,21 +157,15 @@ class CurvplanCallback(Callback):
         self.saved.append(path)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        if self.submit_dataset is None or not trainer.is_global_zero:
+        if self.submission is None or not trainer.is_global_zero:
             return
         final = self.output_dir / FINAL_DIR
         self._saved_module(pl_module).save_pretrained(str(final), safe_serialization=True)
-        self.job = submit_analysis(
+        self.job = self.submission.submit(
             self.client,
             final,
             [p for p in self.saved if step_of(p) < trainer.global_step],
-            dataset=self.submit_dataset,
-            name=self.submit_name,
-            targets=self.submit_targets,
-            options=self.submit_options,
-            wait=self.submit_wait,
-            timeout=self.submit_timeout,
-            on_submitted=self._set_job,
+            self._set_job,
         )
 
     def _set_job(self, job: Any) -> None:
