@@ -5,7 +5,8 @@ or exports "the numbers": the top of the report page, experiment-tracker metrics
 (``curvplan.integrations.mlflow``) and pipeline step outputs. The names are a contract
 (docs/integrations.md): a renamed metric breaks every dashboard built on it.
 
-No formula is evaluated here; every value is one the planner computed.
+No formula is evaluated here; every value is one the planner computed, except the data size
+of a recommendation stored before it had a budget, solved from its stored fit.
 """
 
 from __future__ import annotations
@@ -119,8 +120,6 @@ def headline_numbers(rec: Recommendation) -> list[Headline]:
         add("scaling.E", scaling.E, "loss units", "irreducible loss E", "L(D) fit")
         add("scaling.A", scaling.A, "loss units", "A of L(D)", "L(D) fit")
         add("scaling.beta", scaling.beta, "1", "β of L(D)", "L(D) fit")
-        add("scaling.n_for_target_loss", scaling.n_for_target_loss, "samples",
-            "samples for the target loss", "L(D) fit")  # fmt: skip
     # ---- evidence: curvature
     if curvature is not None:
         add("curvature.heterogeneity_ratio", curvature.heterogeneity_ratio, "1",
@@ -175,8 +174,9 @@ def _derived_budget(sample: Any, batch: Any, scaling: Any, add: Any) -> None:
     """The budget of a recommendation stored before the budget section existed."""
     # ---- the budget: data
     data_source = None
-    if scaling is not None and _finite(scaling.n_for_target_loss) is not None:
-        add("budget.samples", scaling.n_for_target_loss, "samples",
+    solved = _data_for_target(scaling)
+    if solved is not None:
+        add("budget.samples", solved, "samples",
             f"training samples for loss {scaling.target_loss:g}", "scaling fit L(D)")  # fmt: skip
         data_source = "scaling"
     elif sample is not None:
@@ -194,6 +194,19 @@ def _derived_budget(sample: Any, batch: Any, scaling: Any, add: Any) -> None:
     if batch is not None and isinstance(batch.b_crit, BCrit):
         add("budget.critical_batch_size", batch.b_crit.value, "examples per step",
             "critical batch size B_crit", "steps-to-target fit")  # fmt: skip
+
+
+def _data_for_target(scaling: ScalingSection | None) -> float | None:
+    """D = (A/(target − E))^(1/β), the data at which the fit L(D) = E + A·D^(−β) reaches the
+    target loss (Hoffmann et al. 2022 eq. 2 without the model term; docs/formulas.md
+    scaling.n_for_target), for a recommendation stored before it had a budget; None without
+    a target above E or a finite size."""
+    if scaling is None or scaling.target_loss is None or scaling.target_loss <= scaling.E:
+        return None
+    if scaling.A <= 0 or scaling.beta <= 0:
+        return None
+    log_d = (math.log(scaling.A) - math.log(scaling.target_loss - scaling.E)) / scaling.beta
+    return math.exp(log_d) if log_d < 700 else None
 
 
 def headline_dict(rec: Recommendation) -> dict[str, float]:

@@ -201,12 +201,15 @@ def sweep_rows(answers: dict, truth: dict) -> list[Row]:
     data = answers.get("data_sweep") or {}
     dfit = dig(data, "result.sweep.data.fit") or {}
     dnote = "" if data.get("status") == "succeeded" else f"sweep {data.get('status')}"
-    n = dfit.get("n_for_target_loss")
-    if n == "unreachable":
+    answer = dig(data, "result.recommendation.budget.data") or {}
+    n = answer.get("recommended_examples")
+    if answer.get("target_status") == "unreachable":
         dnote = f"unreachable (fitted E = {dfit.get('E')})"
+    elif answer.get("source") == "extrapolated":
+        dnote = dnote or "extrapolated beyond the measured sizes"
     rows.append(
         Row(
-            "data sweep: n_for_target_loss",
+            "data sweep: budget.data",
             _num(n),
             truth["data_needed"],
             note=dnote,

@@ -477,15 +477,6 @@ def _scaling(section: Any) -> str:
         ["A", fmt(section.A), interval(section.A_ci)],
         ["β", fmt(section.beta), interval(section.beta_ci)],
     ]
-    if section.target_loss is not None:
-        n = section.n_for_target_loss
-        rows.append(
-            [
-                f"samples for loss {fmt(section.target_loss)}",
-                n if isinstance(n, str) else fmt(n),
-                interval(section.n_for_target_loss_ci),
-            ]
-        )
     return f"{title}\n" + _indent(table(["PARAMETER", "VALUE", "INTERVAL"], rows))
 
 

@@ -961,7 +961,12 @@ class BatchSizeSection(_ReadsStored):
     missing: list[Missing] = Field(default_factory=list)
 
 
-class ScalingSection(_Out):
+class ScalingSection(_ReadsStored):
+    """The evidence of the data sweep's fit L(D) = E + A·D^(−β); the size it solves for at
+    the target loss is budget.data's answer, and only there."""
+
+    REMOVED = frozenset({"n_for_target_loss", "n_for_target_loss_ci", "n_for_target_loss_formula"})
+
     status: Literal["computed"] = "computed"
     E: float
     A: float
@@ -973,9 +978,6 @@ class ScalingSection(_Out):
     n_points: int
     formula: str
     target_loss: float | None = None
-    n_for_target_loss: float | Literal["unreachable"] | None = None
-    n_for_target_loss_ci: tuple[float | None, float | None] | None = None
-    n_for_target_loss_formula: str | None = None
     missing: list[Missing] = Field(default_factory=list)
 
 

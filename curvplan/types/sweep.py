@@ -510,7 +510,8 @@ class BatchSweepFit(BaseModel):
 
 class DataSweepFit(BaseModel):
     """L(D) = E + A·D^(−β) fitted by the planner to the best held-out loss of each subset
-    size (D in examples), and the size for the target loss."""
+    size (D in examples); the size for the target loss is the result's
+    ``recommendation.budget.data`` (one number per question)."""
 
     fit: ScalingSection | NotComputed
     loss_vs_data: list[LossPoint] = Field(default_factory=list)

@@ -67,6 +67,7 @@ REMOVED_FIELDS = {
     "per_tolerance": {"loss_accuracy", "available_is_enough", "available_is_enough_stabilisation"},
     "data": {"loss_accuracy_examples"},
     "learning_rate": {"gd_stability_limit", "lambda_max", "lambda_max_source"},
+    "scaling": {"n_for_target_loss", "n_for_target_loss_ci", "n_for_target_loss_formula"},
 }
 #: The fields renamed so that no evidence reads as an answer: old name → new name, by section.
 RENAMED_FIELDS = {
@@ -87,6 +88,7 @@ def without_removed_fields(rec: dict[str, Any]) -> dict[str, Any]:
 
     drop(rec.get("batch_size"), REMOVED_FIELDS["batch_size"])
     drop(rec.get("sample_size"), REMOVED_FIELDS["sample_size"])
+    drop(rec.get("scaling"), REMOVED_FIELDS["scaling"])
     for row in (rec.get("sample_size") or {}).get("per_tolerance") or []:
         drop(row, REMOVED_FIELDS["per_tolerance"])
     budget = rec.get("budget") or {}
@@ -124,6 +126,9 @@ def test_result_stored_by_older_code_answers_under_typed_models(
         assert "recommended" not in today["recommendation"]["batch_size"]
         block = today["recommendation"]["curvature"]["blocks"][0]
         assert block["block_threshold"] == 2.0 and "lr_ceiling" not in block
+        # the fit's size for the target, a second data answer beside budget.data, is dropped
+        assert stored["recommendation"]["scaling"]["n_for_target_loss"] > 0
+        assert "n_for_target_loss" not in today["recommendation"]["scaling"]
 
     answer = client.get(f"/v1/jobs/{job_id}", headers=auth_headers)
     assert answer.status_code == 200, answer.text

@@ -28,6 +28,7 @@ def test_budget_numbers_are_the_budget_section(recommendation) -> None:  # type:
     assert numbers["budget.batch_size"] == budget.batch.recommended
     assert numbers["budget.critical_batch_size"] == budget.batch.critical
     assert "budget.lr_ceiling" not in numbers  # a block's 2/λ_max is not a budget answer
+    assert "scaling.n_for_target_loss" not in numbers  # budget.samples is the data answer
     assert numbers["batch.b_crit"] == recommendation.batch_size.b_crit.value
     assert numbers["sample_size.alpha"] == recommendation.sample_size.fit.alpha
     for block in recommendation.curvature.blocks:
@@ -41,6 +42,11 @@ def test_a_recommendation_without_budget_still_leads_with_one(recommendation) ->
     assert numbers["budget.critical_batch_size"] == recommendation.batch_size.b_crit.value
     # no batch size and no block's 2/λ_max is made up as a budget answer
     assert "budget.batch_size" not in numbers and "budget.lr_ceiling" not in numbers
+    # the data size is solved from the stored fit: the same size budget.data answered
+    assert recommendation.budget.data.source in ("data_sweep", "extrapolated")
+    assert numbers["budget.samples"] == pytest.approx(
+        recommendation.budget.data.recommended_examples, abs=1.0
+    )
 
 
 def test_metric_names_are_mlflow_safe() -> None:

@@ -33,6 +33,9 @@ REMOVED = {
     ("BudgetLearningRate", "gd_stability_limit"),
     ("BudgetLearningRate", "lambda_max"),
     ("BudgetLearningRate", "lambda_max_source"),
+    ("ScalingSection", "n_for_target_loss"),
+    ("ScalingSection", "n_for_target_loss_ci"),
+    ("ScalingSection", "n_for_target_loss_formula"),
     # renamed: a block's 2/λ_max is evidence, not a learning rate to use
     ("BlockSummary", "lr_ceiling"),
     ("CurvatureSection", "lr_ceiling_formula"),
@@ -44,6 +47,7 @@ SECTION_PATH = {
     ".sample_size.per_tolerance[]": "PerTolerance",
     ".budget.data": "BudgetData",
     ".budget.learning_rate": "BudgetLearningRate",
+    ".scaling": "ScalingSection",
     ".curvature": "CurvatureSection",
     ".curvature.blocks[]": "BlockSummary",
 }
@@ -105,6 +109,15 @@ def _keys(value: Any, path: str = "") -> list[tuple[str, str]]:
     return out
 
 
+def _values(value: Any, path: str = "") -> list[tuple[str, Any]]:
+    """(path, value) of every leaf of a JSON value (list items under ``path[]``)."""
+    if isinstance(value, dict):
+        return [pv for key, item in value.items() for pv in _values(item, f"{path}.{key}")]
+    if isinstance(value, list):
+        return [pv for item in value for pv in _values(item, f"{path}[]")]
+    return [(path, value)]
+
+
 def test_a_full_recommendation_answers_each_question_once(rich: Recommendation) -> None:
     body = json.loads(rich.model_dump_json())
     assert rich.budget is not None
@@ -122,6 +135,18 @@ def test_a_full_recommendation_answers_each_question_once(rich: Recommendation) 
         (p, k) for p, k in keys if k.startswith("recommended") and not p.startswith(".budget")
     ]
     assert not answers, answers
+    # no second number for the data question: outside budget.data no value equals its size
+    size = rich.budget.data.recommended_examples
+    seconds = [
+        (p, v)
+        for p, v in _values(body)
+        if not p.startswith(".budget.data")
+        and isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and v > 1
+        and abs(v - size) < 1.0
+    ]
+    assert not seconds, seconds
     # no deprecated_field warning is left to explain a second number
     assert "deprecated_field" not in {w.code for w in rich.warnings}
 
@@ -175,6 +200,11 @@ def test_a_recommendation_stored_with_the_old_fields_reads_back_without_them(
         row["available_is_enough_stabilisation"] = False
     old["budget"]["data"]["loss_accuracy_examples"] = 5
     old["budget"]["learning_rate"].update(gd_stability_limit=0.2, lambda_max=10.0)
+    old["scaling"].update(
+        n_for_target_loss=2999.4,
+        n_for_target_loss_ci=[2500.0, 3600.0],
+        n_for_target_loss_formula="scaling.n_for_target: D = (A/(target − E))^(1/β)",
+    )
     old["budget"]["learning_rate"]["lambda_max_source"] = "largest block λ_max (a)"
     old["curvature"]["lr_ceiling_formula"] = old["curvature"].pop("block_threshold_formula")
     for block in old["curvature"]["blocks"]:

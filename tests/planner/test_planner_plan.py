@@ -65,7 +65,8 @@ def test_design_field_names_are_present() -> None:
     ].keys()
     assert {"value", "s_min", "e_min"} <= batch["b_crit"].keys()
     assert "recommended" not in batch and rec["budget"]["batch"]["recommended"] == 2048
-    assert {"E", "A", "beta", "n_for_target_loss"} <= rec["scaling"].keys()
+    assert {"E", "A", "beta"} <= rec["scaling"].keys()
+    assert not {k for k in rec["scaling"] if k.startswith("n_for_target")}
     assert rec["curvature"]["heterogeneity_ratio"] == 10.0
     assert rec["curvature"]["blocks"][1]["block_threshold"] == 2 / 30.0
     codes = {w["code"] for w in rec["warnings"]}

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
+from curvplan.types.planner import ScalingSection
 from curvplan_core.planner import Measurements, Targets, make_plan
 from curvplan_core.planner.scaling import data_for_target, fit_loss_vs_data
 
@@ -57,12 +60,20 @@ def test_plan_reports_unreachable_target_with_warning() -> None:
         }
     )
     rec = make_plan(m, Targets(target_loss=1.5))
-    assert rec.scaling.n_for_target_loss == "unreachable"
+    assert rec.budget is not None and rec.budget.data.recommended_examples is None
+    assert rec.budget.data.target_status in ("unreachable", "uncertain")
     assert "target_below_irreducible_loss" in [w.code for w in rec.warnings]
-    reachable = make_plan(m, Targets(target_loss=2.2)).scaling
-    assert isinstance(reachable.n_for_target_loss, float)
-    lo, hi = reachable.n_for_target_loss_ci
-    assert lo <= reachable.n_for_target_loss <= hi
+    # the size is budget.data's answer alone: the scaling section carries only the fit
+    assert "n_for_target_loss" not in rec.scaling.model_dump()
+    reachable = make_plan(m, Targets(target_loss=2.2))
+    assert isinstance(reachable.scaling, ScalingSection) and reachable.budget is not None
+    data = reachable.budget.data
+    assert data.source in ("data_sweep", "extrapolated") and data.recommended_examples
+    fit = reachable.scaling
+    solved = (fit.A / (2.2 - fit.E)) ** (1 / fit.beta)  # D = (A/(target − E))^(1/β)
+    assert data.recommended_examples == math.ceil(solved)
+    lo, hi = data.recommended_examples_ci or (None, None)
+    assert (lo is None or lo <= solved) and (hi is None or solved <= hi)
 
 
 def test_too_few_points_are_not_computed() -> None:

@@ -141,5 +141,6 @@ def test_a_sweep_parent_queues_a_second_round_and_finishes_after_it(
     assert [r["data_sizes"] for r in data["rounds"]] == [[4096, 8192, 16384, 32768], [1024, 2048]]
     assert "below the smallest measured size 4,096" in data["rounds"][1]["reason"]
     assert data["bracketed"] is True and data["next_round_sizes"] is None
-    assert data["fit"]["n_for_target_loss"] == pytest.approx(D_STAR, rel=0.02)
+    answer = done.result["recommendation"]["budget"]["data"]
+    assert answer["recommended_examples"] == pytest.approx(D_STAR, rel=0.02)
     assert done.result["sweep"]["points_total"] == 6

@@ -160,7 +160,9 @@ def test_data_fit_recovers_the_law_and_sizes_the_dataset_for_the_target():
     fit = out["sweep"]["data"]["fit"]
     assert fit["E_ci"][0] <= e <= fit["E_ci"][1] if "E_ci" in fit else True
     truth = (a / (target - e)) ** (1 / beta)
-    lo, hi = fit["n_for_target_loss_ci"]
+    answer = out["recommendation"]["budget"]["data"]
+    assert answer["source"] == "data_sweep"
+    lo, hi = answer["recommended_examples_ci"]
     assert lo <= truth <= hi
     assert out["measurements"]["loss_vs_data"][0]["n_samples"] == 64
 

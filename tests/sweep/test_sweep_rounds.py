@@ -108,7 +108,9 @@ def test_a_fan_in_that_does_not_bracket_the_target_queues_the_next_round() -> No
     assert isinstance(done, dict)
     data = done["sweep"]["data"]
     assert data["bracketed"] is True and [r["round"] for r in data["rounds"]] == [1, 2]
-    assert data["fit"]["n_for_target_loss"] == pytest.approx(D_STAR, rel=0.02)
+    answer = done["recommendation"]["budget"]["data"]
+    assert answer["source"] == "data_sweep" and "n_for_target_loss" not in data["fit"]
+    assert answer["recommended_examples"] == pytest.approx(D_STAR, rel=0.02)
     assert "epochs" in data["steps_rule"] and data["steps_per_size"]["1024"] == 320
     # the CLI's table: each size with its round and steps
     from curvplan.client.display import _data_sweep_text

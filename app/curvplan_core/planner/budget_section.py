@@ -65,6 +65,7 @@ from curvplan_core.planner.data_rounds import (
     next_round,
 )
 from curvplan_core.planner.gradient_noise import NOISE_SCALE_FIELDS, TREND_SCALE_ORDER
+from curvplan_core.planner.scaling_section import DataForTarget
 
 TARGET_LOSS_RULE = (
     "without targets.target_loss the target is the mean loss at w* (the loss the analysed "
@@ -393,11 +394,12 @@ def build_data(
     targets: Targets,
     sample_size: SampleSizeSection | object,
     scaling: ScalingSection | object,
+    solved: DataForTarget,
     flags: CommandFlags | None = None,
 ) -> tuple[BudgetData, list[str]]:
-    """budget.data: the data sweep's L(D) solved at the target loss leads; nothing else
-    does (docs/budget.md#data). ``flags``: the next step's commands repeat how the analysis
-    was submitted (default: the reference-spec placeholders)."""
+    """budget.data: the data sweep's L(D) solved at the target loss (``solved``) leads;
+    nothing else does (docs/budget.md#data). ``flags``: the next step's commands repeat how
+    the analysis was submitted (default: the reference-spec placeholders)."""
     warnings: list[str] = []
     available = _available(measurements, targets)
     tokens = _tokens_per_example(measurements)
@@ -418,9 +420,10 @@ def build_data(
     sizes = [p.n_samples for p in points]
     if sizes:
         sweep_fields["measured_sizes"] = (min(sizes), max(sizes))
-    if sweep is not None and status == "reachable" and isinstance(sweep.n_for_target_loss, float):
-        data = _data_from_sweep(sweep, tokens, conf, {**sweep_fields, **common})
-        side = extrapolation_side(sweep.n_for_target_loss, sizes) if sizes else None
+    n = solved.examples
+    if sweep is not None and status == "reachable" and n is not None:
+        data = _data_from_sweep(sweep, solved, tokens, conf, {**sweep_fields, **common})
+        side = extrapolation_side(n, sizes) if sizes else None
         if side is not None:
             _mark_extrapolated(data, side, sizes, points, available, tokens, params, warnings)
         _assess_available(data, warnings)
@@ -493,13 +496,17 @@ def _data_beside(
 
 
 def _data_from_sweep(
-    sweep: ScalingSection, tokens: float | None, conf: float, fields: dict[str, object]
+    sweep: ScalingSection,
+    solved: DataForTarget,
+    tokens: float | None,
+    conf: float,
+    fields: dict[str, object],
 ) -> BudgetData:
     """Step 2: the answer when the sweep's L(D) reaches the target loss: the size it solves
     for (docs/budget.md#data)."""
-    n = sweep.n_for_target_loss
-    assert isinstance(n, float) and sweep.target_loss is not None
-    ci = sweep.n_for_target_loss_ci
+    n = solved.examples
+    assert n is not None and sweep.target_loss is not None
+    ci = solved.ci
     rec = math.ceil(n) if math.isfinite(n) else None
     return BudgetData(
         recommended_examples=rec,
@@ -1009,13 +1016,15 @@ def build_budget(
     sample_size: object,
     batch_size: object,
     scaling: object,
+    solved: DataForTarget,
     curvature: object,
     seed: int = 0,
     flags: CommandFlags | None = None,
 ) -> Budget:
     """The budget from the plan's sections (``targets`` with defaults already filled in);
-    ``flags``: how the analysis was submitted, for the next-step commands."""
-    data, w1 = build_data(measurements, targets, sample_size, scaling, flags)
+    ``solved``: the scaling fit's size at the target loss; ``flags``: how the analysis was
+    submitted, for the next-step commands."""
+    data, w1 = build_data(measurements, targets, sample_size, scaling, solved, flags)
     batch, w2 = build_batch(measurements, targets, batch_size, seed=seed)
     warnings = w1 + w2
     if not defaults.tolerances_given and defaults.tolerances:

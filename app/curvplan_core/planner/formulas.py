@@ -132,7 +132,6 @@ SCALING_FIT: Final = formula(
     "scaling.fit",
     "L(D) = E + A·D^(−β), variance-function GLS; CIs: mean of model-based and HC3 cov, Student-t",
 )
-N_FOR_TARGET: Final = formula("scaling.n_for_target", "D = (A/(target − E))^(1/β)")
 
 # Curvature
 HETEROGENEITY: Final = formula(

@@ -109,7 +109,7 @@ def _assemble(
     _theory_warning(measurements, log)
     sample_size = build_sample_size_section(measurements, targets, effective_seed, log)
     batch_size = build_batch_section(measurements, targets, effective_seed, log)
-    scaling = build_scaling_section(measurements, targets, effective_seed, log)
+    scaling, solved = build_scaling_section(measurements, targets, effective_seed, log)
     curvature = _curvature_section(measurements, targets, log)
     budget = build_budget(
         measurements,
@@ -118,6 +118,7 @@ def _assemble(
         sample_size=sample_size,
         batch_size=batch_size,
         scaling=scaling,
+        solved=solved,
         curvature=curvature,
         seed=effective_seed,
         flags=flags,

@@ -499,14 +499,6 @@ def _scaling_html(section: Any) -> str:
         ("A", section.get("A"), section.get("A_ci")),
         ("β", section.get("beta"), section.get("beta_ci")),
     ]
-    if section.get("target_loss") is not None:
-        rows.append(
-            (
-                f"samples for loss {_text(section.get('target_loss'))}",
-                section.get("n_for_target_loss"),
-                section.get("n_for_target_loss_ci"),
-            )
-        )
     return out + _table(("parameter", "value", "interval"), rows, {1})
 
 

@@ -482,7 +482,9 @@ def loss_vs_data_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
     if not isinstance(section, ScalingSection):
         plot.caption += f" No fit: {why}."
     else:
-        target_n = _num(section.n_for_target_loss)
+        data = rec.budget.data if rec.budget is not None else None
+        answered = data is not None and data.source in ("data_sweep", "extrapolated")
+        target_n = _num(data.recommended_examples) if data is not None and answered else None
         hi = max(max(ds) * 3, (target_n or 0) * 1.5)
         grid = log_grid(min(ds) / 2, hi)
         fitted = [laws.loss_vs_data(d, section.E, section.A, section.beta) for d in grid]
@@ -491,10 +493,11 @@ def loss_vs_data_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
                 f"β = {fmt(section.beta)}")  # fmt: skip
         ax.axhline(section.E, color=GREY, ls="--", lw=1.2, label="E (irreducible loss)")
         plot.numbers["fit"] = {"E": section.E, "A": section.A, "beta": section.beta}
-        if target_n is not None:
+        if target_n is not None and data is not None:
+            note = " (extrapolated)" if data.source == "extrapolated" else ""
             ax.axvline(target_n, color="C3", lw=1.4,
-                       label=f"D for loss {fmt(section.target_loss)}")  # fmt: skip
-            plot.numbers["n_for_target_loss"] = target_n
+                       label=f"budget.data: D for loss {fmt(data.target_loss)}{note}")  # fmt: skip
+            plot.numbers["budget_data_examples"] = target_n
     ax.set_xscale("log")
     ax.set_xlabel("dataset size D (samples, log scale)")
     ax.set_ylabel("loss L (loss units)")

@@ -30,7 +30,6 @@ from curvplan.types.planner import (
     Measurements,
     NotComputed,
     Recommendation,
-    ScalingSection,
     StepsPoint,
     Targets,
 )
@@ -51,7 +50,7 @@ from curvplan.types.sweep import (
 from curvplan_core.artifacts.safetensors_format import validate_file
 from curvplan_core.planner import make_plan
 from curvplan_core.planner.budget_section import sweep_steps_rule
-from curvplan_core.planner.data_rounds import NextRound, extrapolation_side, next_round
+from curvplan_core.planner.data_rounds import NextRound, next_round
 from curvplan_core.planner.gradient_noise import ratio_of_means_bootstrap, two_batch_estimates
 from curvplan_worker.analyze.artifacts import attempt_access
 from curvplan_worker.analyze.pipeline import checkpoint_step
@@ -438,7 +437,7 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any] | FanOut:
             },
             capped_sizes=_capped_sizes(sweep, children),
             rounds=_rounds(body, children, results, rounds, n_train, seed),
-            bracketed=_bracketed(recommendation, loss_vs_data),
+            bracketed=_bracketed(recommendation),
             next_round_sizes=None if further is None or not further.sizes else further.sizes,
         )
         if answer.data.capped_sizes:
@@ -503,12 +502,7 @@ def _data_decision(
     )
     if len(good) < MIN_POINTS["data"] or sweep.target_loss is None:
         return good, multipliers, recommendation, None
-    scaling = recommendation.scaling
-    d_star = (
-        scaling.n_for_target_loss
-        if isinstance(scaling, ScalingSection) and isinstance(scaling.n_for_target_loss, float)
-        else None
-    )
+    d_star = _fitted_size(recommendation)
     sizes, losses = [p.n_samples for p in loss_vs_data], [p.loss for p in loss_vs_data]
     further = next_round(
         sizes,
@@ -594,13 +588,22 @@ def _capped_sizes(sweep: SweepSettings, children: DataChildren) -> list[int]:
     )
 
 
-def _bracketed(recommendation: Recommendation, loss_vs_data: list[LossPoint]) -> bool | None:
-    """The fitted size for the target within 1.5× of the measured sizes (None: no size)."""
-    scaling = recommendation.scaling
-    if not isinstance(scaling, ScalingSection) or not isinstance(scaling.n_for_target_loss, float):
+def _fitted_size(recommendation: Recommendation) -> float | None:
+    """budget.data's size for the target, measured or extrapolated (None: no size)."""
+    data = recommendation.budget.data if recommendation.budget is not None else None
+    if data is None or data.source not in ("data_sweep", "extrapolated"):
         return None
-    sizes = [p.n_samples for p in loss_vs_data]
-    return extrapolation_side(scaling.n_for_target_loss, sizes) is None
+    n = data.recommended_examples
+    return None if n is None else float(n)
+
+
+def _bracketed(recommendation: Recommendation) -> bool | None:
+    """The fitted size for the target within 1.5× of the measured sizes, i.e. budget.data
+    answers from the sweep rather than extrapolating (None: no size)."""
+    if _fitted_size(recommendation) is None:
+        return None
+    assert recommendation.budget is not None
+    return recommendation.budget.data.source == "data_sweep"
 
 
 def _best_per_batch(
