@@ -11,10 +11,23 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from curvplan.budget_summary import BudgetRow, budget_summary, estimate_text, fmt
 from curvplan.client import models as m
 from curvplan.types.jobs import attempt_text
 from curvplan.types.model_source import describe_model
-from curvplan.types.planner import BranchedBatchEstimate
+from curvplan.types.planner import (
+    BatchSizeSection,
+    BCrit,
+    Budget,
+    CurvatureSection,
+    Estimate,
+    NotComputed,
+    PowerLawFit,
+    SampleSizeSection,
+    SampleSizeValue,
+    ScalingSection,
+)
+from curvplan.types.sweep import DataSweepFit
 
 BAR_WIDTH = 28
 
@@ -142,17 +155,6 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def fmt(value: float | int | None) -> str:
-    """A number in 4 significant digits (plain or scientific), ``-`` for None."""
-    if value is None:
-        return "-"
-    if isinstance(value, int):
-        return str(value)
-    if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
-        return f"{value:.3e}"
-    return f"{value:.4g}"
-
-
 def interval(ci: Sequence[float | int | None] | None) -> str:
     if not ci:
         return ""
@@ -160,8 +162,9 @@ def interval(ci: Sequence[float | int | None] | None) -> str:
     return f"[{fmt(lo)}, {fmt(hi)}]"
 
 
-def _not_computed(section: Any) -> str | None:
-    return section.reason if getattr(section, "status", None) == "not_computed" else None
+def _why(section: object) -> str:
+    """Why a section or estimate is missing: its reason, or that the answer lacks it."""
+    return section.reason if isinstance(section, NotComputed) else "not in the answer"
 
 
 def jobs_table(jobs: Sequence[m.JobOut]) -> str:
@@ -244,136 +247,42 @@ def recommendation_text(rec: m.Recommendation) -> str:
     return "\n\n".join(parts)
 
 
-def _answers(source: str, target_loss: float | None) -> str:
-    """``data_sweep · loss 1.4``: a budget number's source and the target loss it answers
-    (sweeps may have trained to different targets)."""
-    if source == "not_available" or target_loss is None:
-        return source
-    return f"{source} · loss {fmt(target_loss)}"
-
-
-def budget_text(budget: Any) -> str:
-    """The budget as one table: data, batch, learning rate, each with its unit and source."""
-    d, b, lr = budget.data, budget.batch, budget.learning_rate
+def budget_text(budget: Budget) -> str:
+    """The budget as one table (the shared :func:`~curvplan.budget_summary.budget_summary`):
+    data, batch, learning rate, each with its unit and source, then the notes."""
+    summary = budget_summary(budget)
     width = max(60, shutil.get_terminal_size((100, 20)).columns - 6)
-    rows: list[list[Any]] = []
-    rows.append(
+    rows = [
         [
-            "data (examples)",
-            fmt(d.recommended_examples),
-            interval(d.recommended_examples_ci),
-            _answers(
-                d.source,
-                d.target_loss if d.source in ("data_sweep", "extrapolated") else None,
-            ),
+            ("  " if r.sub else "") + r.label,
+            r.value if isinstance(r.value, str) else fmt(r.value),
+            _row_interval(r),
+            r.note,
         ]
-    )
-    step = getattr(d, "next_step", None)
-    if step is not None:
-        rows.append(["  to get one", fmt(step.training_runs), "", "training runs (see below)"])
-    ev = getattr(d, "evaluation_set_size", None)
-    if ev is not None:
-        rows.append(
-            [
-                "  evaluation set (loss ±ε)",
-                fmt(ev.examples),
-                interval(ev.ci),
-                f"ε = {fmt(ev.tolerance)}, {ev.variance_method}"
-                + (", CORRELATED sample" if ev.correlated else ""),
-            ]
-        )
-    if d.landscape_stabilisation is not None:
-        ls = d.landscape_stabilisation
-        rows.append(
-            ["  landscape k*(ε)", fmt(ls.examples), interval(ls.ci), f"ε = {fmt(ls.tolerance)}"]
-        )
-    if d.available_samples is not None:
-        enough = {True: "ENOUGH", False: "NOT ENOUGH", None: "-"}[d.available_is_enough]
-        rows.append(["  you have", fmt(d.available_samples), "", enough])
-    rows.append(["batch (examples)", fmt(b.recommended), "", _answers(b.source, b.target_loss)])
-    stages = getattr(b, "warmup_schedule", None) or []
-    if b.source == "branch_sweep":
-        low, high = b.critical_bracket or (None, None)
-        rows.append(
-            [
-                f"  critical batch ({b.critical_method or 'ladder'})",
-                fmt(b.critical),
-                f"[{fmt(low)}, {fmt(high)})" if b.critical_bracket else "",
-                "examples; swept bracket" if b.critical_bracket else "examples",
-            ]
-        )
-        for e in b.branch_estimates:
-            if e.method != b.critical_method:
-                rows.append([f"    {e.method}", _estimate(e), "", f"examples ({e.status})"])
-        schedule = ", ".join(
-            f"{'?' if s.from_step is None else s.from_step}: {s.batch_size}" for s in stages
-        )
-        rows.append(["  warm-up (step: batch)", "", "", schedule])
-    else:
-        rows.append(["  critical B_crit", fmt(b.critical), interval(b.critical_ci), "examples"])
-    law = getattr(b, "scaling_law", None)
-    if law is not None:
-        low, high = law.measured_tokens_range
-        rows.append(
-            [
-                "  law B_crit = c·D^γ: γ",
-                fmt(law.gamma),
-                interval(law.gamma_ci),
-                f"pilots {fmt(low)}–{fmt(high)} tokens; target {fmt(law.target_tokens)}",
-            ]
-        )
-    if b.recommended_tokens is not None:
-        rows.append(
-            [
-                "  batch (tokens)",
-                fmt(b.recommended_tokens),
-                interval(b.critical_tokens_ci),
-                "tokens; B_crit interval" if b.critical_tokens_ci else "tokens",
-            ]
-        )
-    if b.expected_steps is not None:
-        rows.append(
-            [
-                "  expected steps",
-                fmt(b.expected_steps),
-                interval(b.expected_steps_ci),
-                "steps at the batch",
-            ]
-        )
-    rows.append(
-        [
-            "GD sharpness 2/λ_max",
-            fmt(getattr(lr, "gd_sharpness_threshold", None)),
-            "",
-            "full model; full-batch GD only",
-        ]
-    )
-    if getattr(lr, "block_threshold", None) is not None:
-        rows.append(["  2/λ_max largest block", fmt(lr.block_threshold), "", "upper bound"])
-    lines = ["BUDGET", table(["", "value", "interval", "source / unit"], rows)]
-    texts = [
-        ("data", d.guarantee if d.source != "not_available" else d.reason),
-        ("batch", b.basis if b.source != "not_available" else b.reason),
+        for r in summary.rows
     ]
-    if step is not None:
-        texts.append(("next step", f"{step.command} — {step.estimated_cost}"))
-    if getattr(lr, "meaning", None):
-        texts.append(("learning rate", lr.meaning))
-    for label, text in texts:
-        lines.append("  " + "\n    ".join(textwrap.wrap(f"{label}: {text}", width)))
-    for w in budget.warnings:
-        lines.append("  " + "\n    ".join(textwrap.wrap(f"! {w}", width)))
+    lines = ["BUDGET", table(["", "value", "interval", "source / unit"], rows)]
+    for note in summary.notes:
+        text = note.text if note.label is None else f"{note.label}: {note.text}"
+        prefix = "! " if note.label is None else ""
+        lines.append("  " + "\n    ".join(textwrap.wrap(prefix + text, width)))
     return "\n".join(lines)
 
 
-def _sample_size(section: Any) -> str:
+def _row_interval(row: BudgetRow) -> str:
+    if not row.interval:
+        return ""
+    low, high = row.interval
+    return f"[{fmt(low)}, {fmt(high)}" + ("]" if row.closed else ")")
+
+
+def _sample_size(section: SampleSizeSection | NotComputed | None) -> str:
     title = "Sample size (loss-difference curve Δ_k, Petrov et al. 2025 Thm 7)"
-    reason = _not_computed(section)
-    if reason:
-        return f"{title}\n  not computed: {reason}"
+    if not isinstance(section, SampleSizeSection):
+        return f"{title}\n  not computed: {_why(section)}"
     lines = [title]
     fit = section.fit
-    if _not_computed(fit):
+    if not isinstance(fit, PowerLawFit):
         lines.append(f"  fit: not computed: {fit.reason}")
     else:
         lines.append(
@@ -386,7 +295,7 @@ def _sample_size(section: Any) -> str:
         rows.append(
             [
                 fmt(t.tolerance),
-                _k(getattr(t, "evaluation_set_size", None)),
+                _k(t.evaluation_set_size),
                 _k(t.empirical),
                 _k(t.squared_rms),
                 _k(t.theoretical),
@@ -407,18 +316,15 @@ def _sample_size(section: Any) -> str:
             "STABLE / k* RMS Δ: adding one more example changes the loss by ≤ ε (mean / RMS), "
             "not loss accuracy. See docs/numbers.md."
         )
-        corr = getattr(section, "loss_correlation", None)
+        corr = section.loss_correlation
         if corr is not None:
             lines.append("  " + corr.note)
     lines.extend(f"  missing {x.item}: {x.reason}" for x in section.missing)
     return "\n".join(lines)
 
 
-def _k(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    reason = _not_computed(value)
-    if reason:
+def _k(value: SampleSizeValue | NotComputed | None) -> str:
+    if not isinstance(value, SampleSizeValue):
         return "n/a"
     text = "-" if value.k is None else f"{value.k:,}"
     if value.ci:
@@ -430,48 +336,44 @@ def _int(value: int | None) -> str:
     return "-" if value is None else f"{value:,}"
 
 
-def _batch_size(section: Any) -> str:
+def _batch_size(section: BatchSizeSection | NotComputed | None) -> str:
     title = "Batch size (McCandlish et al. 2018)"
-    reason = _not_computed(section)
-    if reason:
-        return f"{title}\n  not computed: {reason}"
+    if not isinstance(section, BatchSizeSection):
+        return f"{title}\n  not computed: {_why(section)}"
     rows = []
     for label, est in (("B_simple = tr Σ/|G|²", section.b_simple), ("B_noise", section.b_noise)):
-        why = _not_computed(est)
-        rows.append([label, "n/a" if why else fmt(est.value), why or interval(est.ci)])
+        if isinstance(est, Estimate):
+            rows.append([label, fmt(est.value), interval(est.ci)])
+        else:
+            rows.append([label, "n/a", _why(est)])
     crit = section.b_crit
-    why = _not_computed(crit)
-    if why:
-        rows.append(["B_crit", "n/a", why])
+    if not isinstance(crit, BCrit):
+        rows.append(["B_crit", "n/a", _why(crit)])
     else:
         rows.append(["B_crit (S = S_min(1 + B_crit/B))", fmt(crit.value), interval(crit.ci)])
         rows.append(["S_min (steps)", fmt(crit.s_min), interval(crit.s_min_ci)])
         rows.append(["E_min (examples)", fmt(crit.e_min), interval(crit.e_min_ci)])
     for label, rel in (
-        ("B_simple P(defined)", getattr(section, "b_simple_reliability", None)),
-        ("B_noise P(defined)", getattr(section, "b_noise_reliability", None)),
+        ("B_simple P(defined)", section.b_simple_reliability),
+        ("B_noise P(defined)", section.b_noise_reliability),
     ):
         if rel is not None:
             median = "-" if rel.median_ratio is None else fmt(rel.median_ratio)
             rows.append([label, fmt(rel.p_defined), f"median estimate/truth {median}"])
-    for point in getattr(section, "trend", None) or []:
-        why = _not_computed(point.b_simple)
+    for point in section.trend:
         name = point.checkpoint or (f"step {point.step}" if point.step is not None else "?")
-        rows.append(
-            [
-                f"B_simple at {name}",
-                "n/a" if why else fmt(point.b_simple.value),
-                why or interval(point.b_simple.ci),
-            ]
-        )
+        est = point.b_simple
+        if isinstance(est, Estimate):
+            rows.append([f"B_simple at {name}", fmt(est.value), interval(est.ci)])
+        else:
+            rows.append([f"B_simple at {name}", "n/a", _why(est)])
     return f"{title}\n" + _indent(table(["QUANTITY", "VALUE", "INTERVAL / NOTE"], rows))
 
 
-def _scaling(section: Any) -> str:
+def _scaling(section: ScalingSection | NotComputed | None) -> str:
     title = "Data scaling L(D) = E + A·D^(−β)"
-    reason = _not_computed(section)
-    if reason:
-        return f"{title}\n  not computed: {reason}"
+    if not isinstance(section, ScalingSection):
+        return f"{title}\n  not computed: {_why(section)}"
     rows = [
         ["E (irreducible loss)", fmt(section.E), interval(section.E_ci)],
         ["A", fmt(section.A), interval(section.A_ci)],
@@ -480,11 +382,10 @@ def _scaling(section: Any) -> str:
     return f"{title}\n" + _indent(table(["PARAMETER", "VALUE", "INTERVAL"], rows))
 
 
-def _curvature(section: Any) -> str:
+def _curvature(section: CurvatureSection | NotComputed | None) -> str:
     title = "Curvature per block"
-    reason = _not_computed(section)
-    if reason:
-        return f"{title}\n  not computed: {reason}"
+    if not isinstance(section, CurvatureSection):
+        return f"{title}\n  not computed: {_why(section)}"
     rows = [
         [
             b.name,
@@ -547,8 +448,8 @@ def sweep_text(job: m.JobOut) -> str | None:
                 fmt(c.loss),
                 _int(c.critical_batch),
                 bracket,
-                _estimate(c.efficiency),
-                _estimate(c.crossing),
+                estimate_text(c.efficiency),
+                estimate_text(c.crossing),
                 *[fmt(excess.get(b)) if b in excess else "failed" for b in sizes],
             ]
         )
@@ -590,7 +491,7 @@ def sweep_text(job: m.JobOut) -> str | None:
     return "\n".join(lines)
 
 
-def _data_sweep_text(data: Any) -> str:
+def _data_sweep_text(data: DataSweepFit) -> str:
     """A data sweep's rounds: size, round, steps (the epoch rule), lr multiplier and L(D)."""
     width = max(60, shutil.get_terminal_size((100, 20)).columns - 6)
     round_of = {d: r.round for r in data.rounds for d in r.data_sizes}
@@ -615,14 +516,6 @@ def _data_sweep_text(data: Any) -> str:
     for label, text in texts:
         lines.append("  " + "\n    ".join(textwrap.wrap(f"{label}: {text}", width)))
     return "\n".join(lines)
-
-
-def _estimate(e: BranchedBatchEstimate | None) -> str:
-    """A continuous branch estimate: its value, or its bound (≥ / ≤) when only that is known."""
-    if e is None:
-        return "-"
-    mark = {"at_least": "≥ ", "at_most": "≤ "}.get(e.status, "")
-    return f"{mark}{fmt(e.value)}"
 
 
 def _bracket(status: str | None, cbs: int, next_batch: int | None) -> str:
