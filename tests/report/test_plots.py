@@ -176,7 +176,7 @@ def test_page_has_the_budget_first_escapes_and_loads_nothing(
     budget = html.index('id="budget"')
     assert budget < html.index("<h2>Summary</h2>") < html.index('id="delta-curve"')
     b_crit = plan_job["result"]["recommendation"]["budget"]["batch"]["critical"]
-    assert "critical batch B_crit" in html[budget : html.index("<h2>Summary</h2>")]
+    assert "critical B_crit" in html[budget : html.index("<h2>Summary</h2>")]
     assert f"{b_crit:.3g}" in html[budget : html.index("<h2>Summary</h2>")]
 
 

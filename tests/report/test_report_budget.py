@@ -67,5 +67,7 @@ def test_the_batch_scaling_law_is_shown_beside_the_target_runs_batch():
     )
     html = render_report(_job(rec.model_dump(mode="json")))
     assert "batch_scaling_law" in html
-    assert "batch law B_crit = c·D^γ: γ" in html and "0.45" in html
-    assert "pilot sweeps 1.00e+08–1.00e+09 tokens, target 2.00e+10 tokens" in html
+    assert "law B_crit = c·D^γ: γ" in html and "law B_crit = c·D^γ: c" in html
+    assert "0.45" in html
+    # the same wording as the CLI's budget table (one budget summary)
+    assert "pilots 1.000e+08–1.000e+09 tokens; target 2.000e+10" in html

@@ -353,5 +353,8 @@ def test_the_cli_and_the_report_page_show_the_branch_table_and_the_schedule() ->
     assert f"10: {cbs[0]}, 100: {cbs[1]}, 400: {cbs[2]}" in budget
     page = render_report(job, plots=[])
     assert 'id="branch-sweep"' in page and "Batch-size warm-up schedule" in page
-    assert "efficiency B_c" in page and "branch estimate: eps_crossing (leads)" in page
-    assert "warm-up: from step 400" in page
+    assert "efficiency B_c" in page and "critical batch (eps_crossing)" in page
+    # the page's budget is the CLI's: the same rows from the one budget summary
+    section = page[page.index('<section id="budget">') : page.index("</section>")]
+    assert "warm-up (step: batch)" in section
+    assert f"10: {cbs[0]}, 100: {cbs[1]}, 400: {cbs[2]}" in section

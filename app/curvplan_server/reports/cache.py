@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from curvplan_server.reports.models import JobPlot
 from curvplan_server.reports.plots import PLOT_IDS, RENDERER, Plot, build_plots
+from curvplan_server.reports.view import ReportJob
 
 
 def _from_row(row: Any, with_png: bool) -> Plot:
@@ -45,15 +46,15 @@ def cached_plots(
     return [_from_row(r, with_png) for r in rows]
 
 
-def job_plots(session: Session, job: dict[str, Any], *, with_png: bool = False) -> list[Plot]:
-    """Every figure of ``job`` (its API JSON): the kept ones, else drawn now and kept.
+def job_plots(session: Session, job: ReportJob, *, with_png: bool = False) -> list[Plot]:
+    """Every figure of ``job`` (as the API shows it): the kept ones, else drawn now and kept.
 
     Jobs that have not succeeded are not drawn (every figure carries the reason) and
     nothing is kept for them.
     """
-    if job.get("status") != "succeeded":
+    if job.status != "succeeded":
         return build_plots(job)
-    job_id = uuid.UUID(str(job["id"]))
+    job_id = uuid.UUID(str(job.id))
     kept = cached_plots(session, job_id, with_png=with_png)
     if kept is not None:
         return kept

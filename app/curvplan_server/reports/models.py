@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import DateTime, ForeignKey, Integer, LargeBinary, Text, func
 from sqlalchemy.dialects.postgresql import JSONB
@@ -27,7 +26,7 @@ class JobPlot(Base):
     title: Mapped[str] = mapped_column(Text)
     caption: Mapped[str] = mapped_column(Text)
     empty_reason: Mapped[str | None] = mapped_column(Text)
-    numbers: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    numbers: Mapped[dict[str, object]] = mapped_column(JSONB)
     svg: Mapped[str | None] = mapped_column(Text)
     png: Mapped[bytes | None] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -29,7 +29,6 @@ import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
-from pydantic import ValidationError
 
 from curvplan.types.planner import (
     BatchSizeSection,
@@ -40,7 +39,16 @@ from curvplan.types.planner import (
     SampleSizeSection,
     ScalingSection,
 )
+from curvplan.types.sweep import NoiseScaleAtLoss
 from curvplan_core.planner import laws
+from curvplan_server.reports.view import (
+    BlockBound,
+    BlockRow,
+    DataRow,
+    JobJson,
+    ReportJob,
+    StepsRow,
+)
 
 # Text stays text in the SVG (searchable, accessible, a tenth of the size of glyph paths).
 # Set once at import: a process-wide setting, not per-figure state.
@@ -65,7 +73,7 @@ class Plot:
     title: str
     caption: str
     empty_reason: str | None = None
-    numbers: dict[str, Any] = field(default_factory=dict)
+    numbers: dict[str, object] = field(default_factory=dict)
     svg: str | None = None  # the whole SVG document
     png: bytes | None = None
 
@@ -89,42 +97,7 @@ def fmt(value: float | None) -> str:
 
 
 # --------------------------------------------------------------------------- job access
-def recommendation_of(job: dict[str, Any]) -> dict[str, Any] | None:
-    rec = (job.get("result") or {}).get("recommendation")
-    return rec if isinstance(rec, dict) else None
-
-
-def typed_recommendation(job: dict[str, Any]) -> tuple[Recommendation | None, str | None]:
-    """(the recommendation as the contract's model, None) or (None, why there is none)."""
-    rec = recommendation_of(job)
-    if rec is None:
-        return None, "the job has no recommendation yet (it has not succeeded)"
-    try:
-        return Recommendation.model_validate(rec), None
-    except ValidationError as exc:
-        return None, f"the recommendation does not match the current contract: {exc.errors()[0]}"
-
-
-def planner_inputs(job: dict[str, Any]) -> dict[str, Any]:
-    """The planner's measurement fields: the plan request's, the analyze result's, or what a
-    sweep measured and fitted (its steps_to_target or loss_vs_data table)."""
-    request = job.get("request") or {}
-    if isinstance(request.get("measurements"), dict):
-        return request["measurements"]
-    result = job.get("result") or {}
-    fields = (result.get("planner_inputs") or {}).get("fields")
-    if isinstance(fields, dict):
-        return fields
-    measured = result.get("measurements")
-    if job.get("kind") == "sweep" and isinstance(measured, dict):
-        return measured
-    return {}
-
-
-def engine_measurements(job: dict[str, Any]) -> dict[str, Any]:
-    """The curvature engine's result of an analyze job (blocks, off_diagonal, bounds)."""
-    measured = (job.get("result") or {}).get("measurements")
-    return measured if isinstance(measured, dict) else {}
+# The job is read through ``curvplan_server.reports.view.ReportJob`` (typed, lenient).
 
 
 def _num(value: Any) -> float | None:
@@ -189,7 +162,7 @@ def _finish(plot: Plot, fig: Figure) -> Plot:
 
 
 # --------------------------------------------------------------------------- plots
-def delta_curve_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
+def delta_curve_plot(job: ReportJob, rec: Recommendation) -> Plot:
     plot = Plot("delta-curve", "Loss difference Δ_k vs number of samples k", "")
     section, why = _computed(rec.sample_size, "sample_size")
     curve = section.curve if isinstance(section, SampleSizeSection) else None
@@ -223,14 +196,17 @@ def delta_curve_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
         ax.axvspan(fit.window[0], fit.window[1], color="C1", alpha=0.04, lw=0)
     else:
         notes.append(f"fit not computed: {fit.reason}")
+    off_minimum: list[dict[str, float | str]] = []
     for i, off in enumerate(section.off_minimum):
         if isinstance(off.fit, PowerLawFit):
             values = [laws.power_law(k, off.fit.C, off.fit.alpha) for k in grid]
             ax.plot(grid, values, color=f"C{4 + i % 5}", lw=1.4, ls="--",
                     label=f"off-minimum fit at r = {fmt(off.radius)} ({off.kind})")  # fmt: skip
-            plot.numbers.setdefault("off_minimum", []).append(
+            off_minimum.append(
                 {"radius": off.radius, "kind": off.kind, "C": off.fit.C, "alpha": off.fit.alpha}
             )
+    if off_minimum:
+        plot.numbers["off_minimum"] = off_minimum
     if section.loss_bound is not None:
         m_bound = section.hessian_norm_bound.value if section.hessian_norm_bound else None
         if m_bound is not None and section.radius is not None:
@@ -263,14 +239,14 @@ def delta_curve_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
     return _finish(plot, fig)
 
 
-def _blocks(job: dict[str, Any], rec: Recommendation) -> list[dict[str, Any]]:
+def _blocks(job: ReportJob, rec: Recommendation) -> list[BlockRow]:
     """Per-block curvature: the recommendation's summary, else the engine's or the inputs'."""
     if isinstance(rec.curvature, CurvatureSection) and rec.curvature.blocks:
-        return [b.model_dump(mode="json") for b in rec.curvature.blocks]
-    engine = engine_measurements(job).get("blocks")
-    if isinstance(engine, list) and engine:
-        return [b for b in engine if isinstance(b, dict)]
-    return [b for b in planner_inputs(job).get("blocks") or [] if isinstance(b, dict)]
+        return [BlockRow(name=b.name, spectral_norm=b.spectral_norm) for b in rec.curvature.blocks]
+    engine = job.engine().blocks
+    if engine:
+        return engine
+    return job.planner_tables().blocks or []
 
 
 def _heatmap(ax: Any, fig: Figure, values: list[list[float | None]], label: str) -> None:
@@ -295,13 +271,13 @@ def _heatmap(ax: Any, fig: Figure, values: list[list[float | None]], label: str)
     ax.grid(False)
 
 
-def block_heatmap_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
+def block_heatmap_plot(job: ReportJob, rec: Recommendation) -> Plot:
     plot = Plot("block-norms", "Block Hessian spectral norms ‖H_b‖₂ (layers × sublayers)", "")
     blocks = _blocks(job, rec)
     grid: dict[int, dict[str, float | None]] = {}
     others: dict[str, float | None] = {}
     for b in blocks:
-        name, norm = str(b.get("name", "")), _num(b.get("spectral_norm"))
+        name, norm = b.name, _num(b.spectral_norm)
         match = LAYER_BLOCK.match(name)
         if match:
             grid.setdefault(int(match.group(1)), {})[match.group(2)] = norm
@@ -334,29 +310,29 @@ def block_heatmap_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
     return _finish(plot, fig)
 
 
-def off_diagonal_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
+def off_diagonal_plot(job: ReportJob, rec: Recommendation) -> Plot:
     plot = Plot("off-diagonal", "Off-diagonal block norms ‖H_ij‖₂", "")
-    off = engine_measurements(job).get("off_diagonal")
-    if not isinstance(off, list) or not off:
+    off = job.engine().off_diagonal
+    if not off:
         plot.empty_reason = (
             "off-diagonal blocks ‖H_ij‖ are measured by analyze jobs; this job has none"
-            if job.get("kind") != "analyze"
+            if job.kind != "analyze"
             else "the analysis measured no off-diagonal blocks (disabled in its options?)"
         )
         return plot
-    diag = {str(b.get("name")): _num(b.get("spectral_norm")) for b in _blocks(job, rec)}
+    diag = {b.name: _num(b.spectral_norm) for b in _blocks(job, rec)}
     names: list[str] = []
     for entry in off:
-        for key in ("row", "col"):
-            if str(entry.get(key)) not in names:
-                names.append(str(entry.get(key)))
+        for name in (entry.row, entry.col):
+            if name not in names:
+                names.append(name)
     index = {n: i for i, n in enumerate(names)}
     matrix: list[list[float | None]] = [[None] * len(names) for _ in names]
     for n in names:
         matrix[index[n]][index[n]] = diag.get(n)
     for entry in off:
-        i, j = index[str(entry.get("row"))], index[str(entry.get("col"))]
-        matrix[i][j] = matrix[j][i] = _num(entry.get("sigma_max"))
+        i, j = index[entry.row], index[entry.col]
+        matrix[i][j] = matrix[j][i] = _num(entry.sigma_max)
     plot.numbers = {"blocks": names, "norm": matrix}
     fig, ax = new_figure()
     _heatmap(ax, fig, matrix, "‖H_ij‖₂ (loss/param², log colour)")
@@ -369,24 +345,27 @@ def off_diagonal_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
     return _finish(plot, fig)
 
 
-def bounds_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
+def bounds_plot(job: ReportJob, rec: Recommendation) -> Plot:
     plot = Plot("bounds", "Measured block norm vs theoretical bound", "")
-    blocks = engine_measurements(job).get("blocks")
-    if not isinstance(blocks, list) or not blocks:
+    blocks = job.engine().blocks
+    if not blocks:
         plot.empty_reason = (
             "theoretical block bounds (Petrov et al. 2025 Thms 1, 6) are evaluated by analyze "
             "jobs from the weights; this job has none"
         )
         return plot
-    names, measured, bounds, reasons = [], [], [], []
+    names: list[str] = []
+    measured: list[float | None] = []
+    bounds: list[float | None] = []
+    reasons: list[str] = []
     for b in blocks:
-        bound = b.get("bound") if isinstance(b.get("bound"), dict) else {}
-        names.append(str(b.get("name")))
-        measured.append(_num(b.get("spectral_norm")))
-        ok = bound.get("applicable", True) and _num(bound.get("value")) is not None
-        bounds.append(_num(bound.get("value")) if ok else None)
-        if not ok and bound.get("reason"):
-            reasons.append(str(bound["reason"]))
+        bound = b.bound or BlockBound()
+        names.append(b.name)
+        measured.append(_num(b.spectral_norm))
+        ok = bound.applicable and _num(bound.value) is not None
+        bounds.append(_num(bound.value) if ok else None)
+        if not ok and bound.reason:
+            reasons.append(bound.reason)
     plot.numbers = {"blocks": names, "measured": measured, "bound": bounds}
     if all(v is None for v in bounds):
         why = "; ".join(sorted(set(reasons))) or "no bound values in the result"
@@ -414,17 +393,22 @@ def bounds_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
     return _finish(plot, fig)
 
 
-def _points(rows: Any, x: str, y: str) -> list[tuple[float, float]]:
+def _points(rows: Sequence[StepsRow] | Sequence[DataRow] | None) -> list[tuple[float, float]]:
+    """(x, y) of a planner table's finite rows: (batch size, steps) or (examples, loss)."""
     out = []
-    for row in rows if isinstance(rows, list) else []:
-        if isinstance(row, dict) and _num(row.get(x)) is not None and _num(row.get(y)) is not None:
-            out.append((float(row[x]), float(row[y])))
+    for row in rows or []:
+        x, y = (
+            (row.batch_size, row.steps) if isinstance(row, StepsRow) else (row.n_samples, row.loss)
+        )
+        x, y = _num(x), _num(y)
+        if x is not None and y is not None:
+            out.append((x, y))
     return out
 
 
-def batch_size_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
+def batch_size_plot(job: ReportJob, rec: Recommendation) -> Plot:
     plot = Plot("batch-size", "Steps to target vs batch size (McCandlish et al. 2018)", "")
-    points = _points(planner_inputs(job).get("steps_to_target"), "batch_size", "steps")
+    points = _points(job.planner_tables().steps_to_target)
     section, why = _computed(rec.batch_size, "batch_size")
     if not points:
         plot.empty_reason = why or (
@@ -465,9 +449,9 @@ def batch_size_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
     return _finish(plot, fig)
 
 
-def loss_vs_data_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
+def loss_vs_data_plot(job: ReportJob, rec: Recommendation) -> Plot:
     plot = Plot("loss-vs-data", "Loss vs dataset size L(D) = E + A·D^(−β)", "")
-    points = _points(planner_inputs(job).get("loss_vs_data"), "n_samples", "loss")
+    points = _points(job.planner_tables().loss_vs_data)
     section, why = _computed(rec.scaling, "scaling")
     if not points:
         plot.empty_reason = why or (
@@ -529,20 +513,20 @@ def _draw_series(
     return len(pts)
 
 
-def noise_trend_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
+def noise_trend_plot(job: ReportJob, rec: Recommendation) -> Plot:
     """B_simple / B_noise over training: an analysis's intermediate checkpoints (by step), or
     a batch sweep's two-batch B_simple per band of evaluation loss."""
     plot = Plot("noise-trend", PLOT_TITLES["noise-trend"], "")
-    sweep = (job.get("result") or {}).get("sweep")
-    if job.get("kind") == "sweep" and isinstance(sweep, dict):
-        return _sweep_noise_trend(plot, sweep.get("b_simple_trend") or [])
+    sweep = job.sweep()
+    if job.kind == "sweep" and sweep is not None:
+        return _sweep_noise_trend(plot, sweep.b_simple_trend)
     section, why = _computed(rec.batch_size, "batch_size")
     trend = section.trend if isinstance(section, BatchSizeSection) else []
     if not trend:
         note = section.trend_note if isinstance(section, BatchSizeSection) else None
         how = (
             "give measurements.gradient_noise_trend (the noise scales per checkpoint)"
-            if job.get("kind") == "plan"
+            if job.kind == "plan"
             else "analyze with intermediate checkpoints (or run a batch sweep, whose report "
             "draws its own)"
         )
@@ -583,23 +567,24 @@ def noise_trend_plot(job: dict[str, Any], rec: Recommendation) -> Plot:
     return _finish(plot, fig)
 
 
-def _sweep_noise_trend(plot: Plot, rows: list[Any]) -> Plot:
-    points = [r for r in rows if isinstance(r, dict) and _num(r.get("value")) is not None]
+def _sweep_noise_trend(plot: Plot, rows: list[NoiseScaleAtLoss]) -> Plot:
+    points = [r for r in rows if _num(r.value) is not None]
     if not points:
         plot.empty_reason = (
             "no two-batch B_simple was defined in any loss band of the sweep's runs (or the "
             "sweep is a data sweep)"
         )
         return plot
-    xs = [0.5 * (float(r["eval_loss_low"]) + float(r["eval_loss_high"])) for r in points]
-    series = [
-        (float(r["value"]), tuple(_num(v) for v in (r.get("ci") or (None, None)))) for r in points
+    xs = [0.5 * (r.eval_loss_low + r.eval_loss_high) for r in points]
+    series: list[tuple[float | None, tuple[float | None, float | None]]] = [
+        (r.value, (_num(r.ci[0]), _num(r.ci[1])) if r.ci is not None else (None, None))
+        for r in points
     ]
     plot.numbers = {
         "eval_loss": xs,
         "b_simple": [v for v, _ in series],
         "b_simple_ci": [ci for _, ci in series],
-        "n_steps": [r.get("n_steps") for r in points],
+        "n_steps": [r.n_steps for r in points],
     }
     fig, ax = new_figure()
     _draw_series(ax, xs, series, color="C0", label="two-batch B_simple of the runs' gradients")
@@ -616,7 +601,7 @@ def _sweep_noise_trend(plot: Plot, rows: list[Any]) -> Plot:
     return _finish(plot, fig)
 
 
-PLOT_BUILDERS: tuple[Callable[[dict[str, Any], Recommendation], Plot], ...] = (
+PLOT_BUILDERS: tuple[Callable[[ReportJob, Recommendation], Plot], ...] = (
     delta_curve_plot,
     block_heatmap_plot,
     off_diagonal_plot,
@@ -645,19 +630,20 @@ PLOT_TITLES = {
 }
 
 
-def build_plots(job: dict[str, Any]) -> list[Plot]:
+def build_plots(job: JobJson | ReportJob) -> list[Plot]:
     """Every figure of the report, in page order (empty ones carry their reason).
 
     Only a succeeded job is plotted: the figures show the fits next to their data, and a
     job that did not succeed has no fits (its inputs are in ``request``).
     """
-    if job.get("status") != "succeeded":
-        status = f"the job is {job.get('status')}; plots need a succeeded job"
+    view = ReportJob.of(job)
+    if view.status != "succeeded":
+        status = f"the job is {view.status}; plots need a succeeded job"
         return [Plot(pid, PLOT_TITLES[pid], "", status) for pid in PLOT_IDS]
-    rec, why = typed_recommendation(job)
+    rec, why = view.recommendation()
     if rec is None:
         return [Plot(pid, PLOT_TITLES[pid], "", why or "no recommendation") for pid in PLOT_IDS]
-    return [builder(job, rec) for builder in PLOT_BUILDERS]
+    return [builder(view, rec) for builder in PLOT_BUILDERS]
 
 
 def inline_svg(plot: Plot) -> str | None:

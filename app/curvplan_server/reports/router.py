@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -21,6 +21,10 @@ from curvplan_server.jobs import service
 from curvplan_server.problems import PROBLEM_RESPONSES, Problem, conflict, not_found
 from curvplan_server.public_url import base_url
 from curvplan_server.reports import signing
+from curvplan_server.reports.view import ReportJob
+
+if TYPE_CHECKING:
+    from curvplan_server.reports.plots import Plot
 
 router = APIRouter(prefix="/v1/jobs", tags=["reports"])
 
@@ -87,12 +91,14 @@ async def get_job_report(
     return HTMLResponse(html, headers=REPORT_HEADERS)
 
 
-def _job_json(session: SessionDep, project_id: uuid.UUID, job_id: uuid.UUID) -> dict[str, Any]:
-    """The job as ``GET /v1/jobs/{id}`` answers it (what the report and its figures read)."""
-    return service.get_job(session, project_id, job_id).model_dump(mode="json", exclude_unset=True)
+def _job_json(session: SessionDep, project_id: uuid.UUID, job_id: uuid.UUID) -> ReportJob:
+    """The job as ``GET /v1/jobs/{id}`` answers it, read as the report and its figures read
+    it."""
+    job = service.get_job(session, project_id, job_id)
+    return ReportJob.of(job.model_dump(mode="json", exclude_unset=True))
 
 
-def _render_page(session: SessionDep, job: dict) -> str:
+def _render_page(session: SessionDep, job: ReportJob) -> str:
     # matplotlib loads here, on the first report, not at API start.
     from curvplan_server.reports.cache import job_plots
     from curvplan_server.reports.page import render_report
@@ -100,7 +106,7 @@ def _render_page(session: SessionDep, job: dict) -> str:
     return render_report(job, job_plots(session, job))
 
 
-def _plots(session: SessionDep, job: dict, with_png: bool = False) -> list:
+def _plots(session: SessionDep, job: ReportJob, with_png: bool = False) -> list[Plot]:
     from curvplan_server.reports.cache import job_plots
 
     return job_plots(session, job, with_png=with_png)
@@ -157,15 +163,15 @@ async def get_job_plot(
     fmt: Annotated[Literal["svg", "png"], Path(description="svg or png")],
 ) -> Response:
     job = await run_in_threadpool(_job_json, session, auth.project_id, job_id)
-    if job["status"] != "succeeded":
-        raise conflict(f"the job is {job['status']}; figures are drawn for succeeded jobs")
+    if job.status != "succeeded":
+        raise conflict(f"the job is {job.status}; figures are drawn for succeeded jobs")
     plots = await run_in_threadpool(_plots, session, job, fmt == "png")
     plot = next((p for p in plots if p.id == name), None)
     if plot is None:
         raise not_found(f"plot {name!r}")
     if not plot.drawn:
         raise Problem(404, f"plot {name!r} is empty: {plot.empty_reason}", title="Not Found")
-    content = plot.svg.encode() if fmt == "svg" else plot.png
+    content = plot.svg.encode() if fmt == "svg" and plot.svg is not None else plot.png
     headers = {
         # A succeeded job's figures never change.
         "Cache-Control": "private, max-age=86400, immutable",
