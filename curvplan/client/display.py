@@ -1,15 +1,22 @@
-"""Terminal output of the CLI: the live progress display and plain-text tables.
+"""Terminal output of the CLI: the live progress display and the tables.
 
-No third-party rendering library: a progress bar is a carriage-return line, a table
-is aligned columns, so the output reads the same in a terminal, a CI log and a pipe.
+On a terminal, `rich <https://rich.readthedocs.io>`_ (installed with typer) draws the
+progress bar and the tables. Anywhere else (a pipe, a file, a CI log, a test runner) the
+output stays plain: one line per progress change, tables as aligned columns, byte for byte
+what scripts parse; ``--json`` never goes through here. Every cell and progress message is
+rich ``Text``, never markup, so brackets such as ``[mlflow]`` or ``[365, 691]`` print as
+they are.
 """
 
 from __future__ import annotations
 
+import io
+import os
 import shutil
+import sys
 import textwrap
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from curvplan.budget_summary import BudgetRow, budget_summary, estimate_text, fmt
 from curvplan.client import models as m
@@ -29,20 +36,36 @@ from curvplan.types.planner import (
 )
 from curvplan.types.sweep import DataSweepFit
 
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
 BAR_WIDTH = 28
+
+
+def is_terminal(stream: TextIO) -> bool:
+    """Draw with rich on ``stream``: a terminal that is not ``TERM=dumb``."""
+    return stream.isatty() and os.environ.get("TERM") != "dumb"
+
+
+def _console(file: TextIO) -> Any:
+    from rich.console import Console
+
+    width = shutil.get_terminal_size((100, 20)).columns
+    return Console(file=file, force_terminal=True, width=width, highlight=False, emoji=False)
 
 
 class ProgressDisplay:
     """``on_progress`` callback for :meth:`Client.wait`.
 
-    On a terminal it redraws one line: ``[#####-----]  45%  running  plan: fitting …``;
-    elsewhere it prints one plain line per change (readable in CI logs).
+    On a terminal a rich progress bar redraws in place: bar, percent, status and the stage's
+    message; elsewhere it prints one plain line per change (readable in CI logs).
     """
 
     def __init__(self, stream: TextIO, *, tty: bool | None = None) -> None:
         self.stream = stream
-        self.tty = stream.isatty() if tty is None else tty
-        self._drawn = False
+        self.tty = is_terminal(stream) if tty is None else tty
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
 
     def __call__(self, job: m.JobOut) -> None:
         p = job.progress
@@ -62,15 +85,9 @@ class ProgressDisplay:
         if running:  # last: a narrow terminal cuts the children, not the ETA
             detail = f"{detail} · {running}" if detail else running
         if self.tty:
-            filled = 0 if fraction is None else round(BAR_WIDTH * fraction)
-            bar = "#" * filled + "-" * (BAR_WIDTH - filled)
-            line = f"[{bar}] {percent}  {job.status:<10} {detail}"
-            width = shutil.get_terminal_size((100, 20)).columns
-            self.stream.write("\r\x1b[2K" + line[: max(20, width - 1)])
-            self._drawn = True
+            self._draw(fraction, percent, job.status, detail)
             if m.is_terminal(job):
-                self.stream.write("\n")
-                self._drawn = False
+                self.close()
                 self._write_stage_timeline(job)
         else:
             self.stream.write(
@@ -78,17 +95,54 @@ class ProgressDisplay:
             )
         self.stream.flush()
 
+    def _draw(self, fraction: float | None, percent: str, status: str, detail: str) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn
+        from rich.table import Column
+
+        first = self._progress is None
+        if self._progress is None:
+            self._progress = Progress(
+                BarColumn(bar_width=BAR_WIDTH),
+                TextColumn("{task.fields[percent]}", markup=False),
+                TextColumn("{task.fields[status]}", markup=False),
+                TextColumn(
+                    "{task.description}",
+                    markup=False,
+                    table_column=Column(no_wrap=True, overflow="ellipsis"),
+                ),
+                console=_console(self.stream),
+                auto_refresh=False,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            self._task = self._progress.add_task("", total=1.0, percent="", status="")
+        assert self._task is not None
+        self._progress.update(
+            self._task,
+            total=None if fraction is None else 1.0,  # None: an indeterminate (pulsing) bar
+            completed=fraction or 0.0,
+            description=detail,
+            percent=percent,
+            status=f"{status:<10}",
+        )
+        if first:
+            self._progress.start()  # draws the first frame
+        else:
+            self._progress.refresh()
+
     def _write_stage_timeline(self, job: m.JobOut) -> None:
         timeline = stage_timeline(job)
         if timeline:
             self.stream.write(f"stages: {timeline}\n")
 
     def close(self) -> None:
-        """End a half-drawn bar line (e.g. on Ctrl-C)."""
-        if self._drawn:
-            self.stream.write("\n")
+        """Stop a live bar (on a terminal state, or on Ctrl-C): it stays printed, the cursor
+        comes back."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+            self._task = None
             self.stream.flush()
-            self._drawn = False
 
 
 def running_children(job: m.JobOut, most: int = 2) -> str:
@@ -132,9 +186,15 @@ def time_left(seconds: float | None) -> str:
     return f"≈ {seconds / 3600:.1f} h left"
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Left-aligned columns, two spaces apart, with a rule under the header."""
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], *, styled: bool | None = None
+) -> str:
+    """The rows under their headers: drawn by rich when ``styled`` (default: standard output
+    is a terminal), else left-aligned columns, two spaces apart, with a rule under the
+    header."""
     cells = [[_cell(v) for v in row] for row in rows]
+    if is_terminal(sys.stdout) if styled is None else styled:
+        return _rich_table(headers, cells)
     widths = [len(h) for h in headers]
     for row in cells:
         for i, value in enumerate(row):
@@ -145,6 +205,23 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
         "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
     )
     return "\n".join(lines)
+
+
+def _rich_table(headers: Sequence[str], cells: list[list[str]]) -> str:
+    """A rich table as terminal text (ANSI styles): every header and cell is plain ``Text``,
+    so no bracket is read as markup."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    grid = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    for h in headers:
+        grid.add_column(Text(h), overflow="fold")
+    for row in cells:
+        grid.add_row(*(Text(c) for c in row))
+    out = io.StringIO()
+    _console(out).print(grid)
+    return out.getvalue().rstrip("\n")
 
 
 def _cell(value: Any) -> str:

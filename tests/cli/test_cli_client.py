@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import time
@@ -39,6 +40,9 @@ def analyze_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return write_analyze_files(tmp_path_factory.mktemp("analyze-files"))
 
 
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # rich's styles and cursor moves on a terminal
+
+
 def in_process(args: list[str], live: LiveService, **env: str) -> Any:
     """Run the CLI in this process (same code as the console script; no interpreter start)."""
     environ = {"CURVPLAN_URL": live.url, "CURVPLAN_API_KEY": live.api_key, **env}
@@ -56,11 +60,13 @@ def test_analyze_wait_in_a_terminal(live: LiveService, analyze_dir: dict[str, Pa
     run = run_cli_in_pty(args, live.client_env(), timeout=240)
     out = run.stdout
     assert run.code == 0, out
-    assert "uploading" in out and "\r\x1b[2K[" in out  # uploads, then a bar redrawn in place
-    assert "#" * 28 in out and "100%" in out and "succeeded" in out
+    # uploads, then rich's bar redrawn in place, full at the end
+    assert "uploading" in out and "\r\x1b[2K" in out and "━" * 28 in out
+    plain = ANSI.sub("", out)
+    assert "100%" in plain and "succeeded" in plain
     # The engine's stage names reach the terminal: the bar while running, and the timeline of
     # every stage (from the job's progress history) once it has finished.
-    timeline = next(line for line in out.splitlines() if line.startswith("stages: "))
+    timeline = next(line for line in plain.splitlines() if line.startswith("stages: "))
     assert "loading" in timeline and "block spectra" in timeline and "planning" in timeline
     assert "Curvature per block" in out and "layers.0.v" in out
     with curvplan.Client(live.url, live.api_key) as api:
@@ -129,7 +135,7 @@ def test_plan_in_a_terminal_and_report_open(
     run = run_cli_in_pty(["plan", str(plan_file), "--wait", "--name", name], live.client_env())
     assert run.code == 0, run.stdout
     out = run.stdout
-    assert "\r\x1b[2K[" in out and "#" * 28 in out and "100%" in out
+    assert "\r\x1b[2K" in out and "━" * 28 in out and "100%" in ANSI.sub("", out)
     assert "Batch size (McCandlish et al. 2018)" in out and "TOLERANCE" in out
     assert "B_crit" in out and "500" in out  # the generated B_crit, printed in the table
 
