@@ -17,16 +17,20 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import typer
 
 from curvplan.commands import command_group
 
 if TYPE_CHECKING:
+    from pydantic import JsonValue
+
     from curvplan.client import Client
     from curvplan.client.models import JobOut
+    from curvplan.client.pretrained import HuggingFaceModelJson
     from curvplan.commands.import_runs import RunSource
+    from curvplan.runs.tables import RunsReport
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_BAD_INPUT, EXIT_SERVICE, EXIT_TIMEOUT = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
@@ -148,7 +152,13 @@ def _print_json(value: Any) -> None:
     typer.echo(json.dumps(dump_json(value), indent=2, ensure_ascii=False))
 
 
-def _print_job_json(job: JobOut, envelope: dict[str, Any] | None) -> None:
+class RunsEnvelope(TypedDict):
+    """What ``plan --from-* --json`` prints around the job: the runs it used."""
+
+    runs: RunsReport
+
+
+def _print_job_json(job: JobOut, envelope: RunsEnvelope | None) -> None:
     """The job as JSON, or ``{**envelope, "job": job}`` (e.g. ``plan --from-*``'s runs)."""
     _print_json(job if envelope is None else {**envelope, "job": job.model_dump(mode="json")})
 
@@ -210,7 +220,7 @@ def _finish(
     quiet: bool,
     mlflow: bool = False,
     outputs: Path | None = None,
-    envelope: dict[str, Any] | None = None,
+    envelope: RunsEnvelope | None = None,
 ) -> None:
     """Wait (with progress on stderr) if asked, print the outcome, exit by the job's status.
     ``envelope``: with --json, print ``{**envelope, "job": job}`` instead of the job."""
@@ -245,7 +255,7 @@ def _finish(
 
 
 def _report_outcome(
-    client: Client, job: JobOut, as_json: bool, envelope: dict[str, Any] | None = None
+    client: Client, job: JobOut, as_json: bool, envelope: RunsEnvelope | None = None
 ) -> None:
     from curvplan.client import display
 
@@ -432,7 +442,9 @@ def _ints(value: str | None, opt: str) -> list[int] | None:
         ) from None
 
 
-def _sweep_model(spec: Path | None, model_dir: Path | None) -> dict[str, Any]:
+def _sweep_model(
+    spec: Path | None, model_dir: Path | None
+) -> HuggingFaceModelJson | dict[str, JsonValue]:
     """The sweep's ``model``: a reference spec file, or a save_pretrained directory's config."""
     if (spec is None) == (model_dir is None):
         raise _fail(
@@ -834,7 +846,7 @@ def plan(
         unknown = sorted(set(doc) - {"measurements", "targets", "name", "tags"})
         if unknown:
             raise _fail(f"{measurements}: unknown top-level keys {unknown}", EXIT_BAD_INPUT)
-    runs_report: dict[str, Any] | None = None
+    runs_report: RunsReport | None = None
     if source.given:
         runs_report = _import_runs(source, doc, target_loss, target_tokens, as_json)
     tags = {**(doc.get("tags") or {}), **_pairs(tag, "--tag")}
@@ -847,7 +859,7 @@ def plan(
             idempotency_key=idempotency_key,
             webhook_url=webhook_url,
         )
-        envelope = None if runs_report is None else {"runs": runs_report}
+        envelope: RunsEnvelope | None = None if runs_report is None else {"runs": runs_report}
         _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs, envelope)
 
 
@@ -857,7 +869,7 @@ def _import_runs(
     target_loss: float | None,
     target_tokens: float | None,
     as_json: bool,
-) -> dict[str, Any]:
+) -> RunsReport:
     """Build the tables from the runs into ``doc``; say which runs were used (stdout, or
     stderr with --json) and fail, submitting nothing, when none is usable or when
     ``--target-tokens`` asks for the batch scaling law and the runs do not give it."""

@@ -11,6 +11,7 @@ from typing import Any
 import typer
 
 from curvplan.runs import ImportResult, ParamNames, RunsInputError, build_tables
+from curvplan.runs.tables import RunJson
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def law_refusal(result: ImportResult, doc: dict[str, Any]) -> str | None:
     return f"--target-tokens: no batch scaling law from the runs: {note}"
 
 
-def _run_line(entry: dict[str, Any]) -> str:
+def _run_line(entry: RunJson) -> str:
     name = f" ({entry['name']})" if entry.get("name") and entry["name"] != entry["run"] else ""
     return f"{entry['run']}{name}"
 
@@ -138,15 +139,15 @@ def report_text(result: ImportResult, source: RunSource) -> str:
         if not entry["sent"]:
             lines.append(f"{table}: not sent: {entry.get('note', 'no usable run')}")
     lines += [f"note: {note}" for note in result.notes]
-    for entry in report["used"]:
-        for table, reason in (entry.get("reasons") or {}).items():
-            in_sweeps = "batch_sweeps" in (entry.get("used_in") or {})
+    for run in report["used"]:
+        for table, reason in (run.get("reasons") or {}).items():
+            in_sweeps = "batch_sweeps" in (run.get("used_in") or {})
             if table != "batch_sweeps" and not (in_sweeps and table == "steps_to_target"):
                 # (batch_sweeps: said per size group above; in it, a run is at its own size)
-                lines.append(f"used {_run_line(entry)}, but not in {table}: {reason}")
-    for entry in report["skipped"]:
-        reasons = "; ".join(f"{t}: {r}" for t, r in (entry.get("reasons") or {}).items())
-        lines.append(f"skipped {_run_line(entry)}: {reasons}")
+                lines.append(f"used {_run_line(run)}, but not in {table}: {reason}")
+    for run in report["skipped"]:
+        reasons = "; ".join(f"{t}: {r}" for t, r in (run.get("reasons") or {}).items())
+        lines.append(f"skipped {_run_line(run)}: {reasons}")
     return "\n".join(lines)
 
 
