@@ -33,6 +33,7 @@ from typing import Any, TypeGuard
 
 from curvplan.client.pretrained import (
     CONFIG_FILE,
+    HuggingFaceModelJson,
     PretrainedDir,
     PretrainedDirError,
     checkpoint_shapes,
@@ -68,7 +69,7 @@ class TrainerRun:
     intermediates: tuple[RunCheckpoint, ...]
 
     @property
-    def model(self) -> dict[str, Any]:
+    def model(self) -> HuggingFaceModelJson:
         """The ``model`` field of an analyze or sweep request: w*'s ``config.json``."""
         return self.w_star.pretrained.model
 
