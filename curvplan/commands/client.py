@@ -94,19 +94,29 @@ def _client(url: str | None, api_key: str | None) -> Iterator[Client]:
         client.close()
 
 
-def _pairs(values: list[str] | None, option: str, parse_json: bool = False) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _split_pairs(values: list[str] | None, option: str) -> list[tuple[str, str]]:
+    out = []
     for raw in values or []:
         key, sep, value = raw.partition("=")
         if not sep or not key.strip():
             raise _fail(f"{option} {raw!r} must look like KEY=VALUE", EXIT_BAD_INPUT)
-        parsed: Any = value
-        if parse_json:
-            try:
-                parsed = json.loads(value)
-            except ValueError:
-                parsed = value  # a bare word is a string
-        out[key.strip()] = parsed
+        out.append((key.strip(), value))
+    return out
+
+
+def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
+    """``KEY=VALUE`` options as a dict (a key given twice keeps its last value)."""
+    return dict(_split_pairs(values, option))
+
+
+def _json_pairs(values: list[str] | None, option: str) -> dict[str, JsonValue]:
+    """``KEY=VALUE`` options whose values are JSON (a bare word is a string)."""
+    out: dict[str, JsonValue] = {}
+    for key, value in _split_pairs(values, option):
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value  # a bare word is a string
     return out
 
 
@@ -375,7 +385,7 @@ def analyze(
             raise _fail(f"--intermediate: not found: {path}", EXIT_BAD_INPUT)
     target_body = _read_json(targets, "--targets") if targets is not None else None
     tags = _pairs(tag, "--tag")
-    options = _pairs(option, "--option", parse_json=True)
+    options = _json_pairs(option, "--option")
     with _client(url, api_key) as client:
         log = (lambda s: None) if as_json or quiet else (lambda s: typer.echo(s, err=True))
         job = client.submit_analyze(
