@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import typer
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from curvplan.client import Client
     from curvplan.client.models import JobOut
     from curvplan.client.pretrained import HuggingFaceModelJson
-    from curvplan.commands.import_runs import RunSource
+    from curvplan.commands.import_runs import PlanDocument, RunSource
     from curvplan.runs.tables import RunsReport
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_BAD_INPUT, EXIT_SERVICE, EXIT_TIMEOUT = 0, 1, 2, 3, 4
@@ -844,7 +844,7 @@ def plan(
             "give a MEASUREMENTS file, --from-mlflow EXPERIMENT or --from-runs FILE",
             EXIT_BAD_INPUT,
         )
-    doc: dict[str, Any] = {"measurements": {}}
+    doc: PlanDocument = {"measurements": {}}
     if measurements is not None:
         doc = _read_json(measurements, "MEASUREMENTS")
         if not isinstance(doc, dict) or "measurements" not in doc:
@@ -875,7 +875,7 @@ def plan(
 
 def _import_runs(
     source: RunSource,
-    doc: dict[str, Any],
+    doc: PlanDocument,
     target_loss: float | None,
     target_tokens: float | None,
     as_json: bool,
@@ -893,7 +893,9 @@ def _import_runs(
     option = "--from-mlflow" if source.mlflow_experiment is not None else "--from-runs"
     targets = doc.get("targets")
     if target_loss is None and isinstance(targets, dict):
-        target_loss = targets.get("target_loss")
+        # the file's Targets.target_loss, passed on as read (the service validates it)
+        target_loss = cast("float | None", targets.get("target_loss"))
+    file_tokens = targets.get("target_tokens") if isinstance(targets, dict) else None
     law_at = target_tokens
     if target_tokens is not None:
         try:
@@ -901,8 +903,8 @@ def _import_runs(
         except ValidationError as exc:
             message = exc.errors()[0]["msg"]
             raise _fail(f"--target-tokens {target_tokens:g}: {message}", EXIT_BAD_INPUT) from None
-    elif isinstance(targets, dict) and isinstance(targets.get("target_tokens"), int | float):
-        law_at = float(targets["target_tokens"])  # the measurements file's target run
+    elif isinstance(file_tokens, int | float):
+        law_at = float(file_tokens)  # the measurements file's target run
     try:
         result = imp.import_runs(source, target_loss, law_at)
     except MlflowNotInstalledError as exc:

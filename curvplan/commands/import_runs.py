@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Required, TypedDict
 
 import typer
 
@@ -71,8 +71,19 @@ def import_runs(
     return build_tables(records, target_loss, source.names, target_tokens=target_tokens)
 
 
+class PlanDocument(TypedDict, total=False):
+    """A ``curvplan plan`` MEASUREMENTS file as read: its ``measurements`` and ``targets``
+    are the service's to validate (``Measurements``, ``Targets``), so their values are only
+    passed on here."""
+
+    measurements: Required[dict[str, object]]
+    targets: dict[str, object]
+    name: str
+    tags: dict[str, str]
+
+
 def merge_into(
-    doc: dict[str, Any],
+    doc: PlanDocument,
     result: ImportResult,
     target_loss: float | None,
     target_tokens: float | None = None,
@@ -94,7 +105,7 @@ def merge_into(
         doc["targets"] = {**(doc.get("targets") or {}), "target_tokens": target_tokens}
 
 
-def law_refusal(result: ImportResult, doc: dict[str, Any]) -> str | None:
+def law_refusal(result: ImportResult, doc: PlanDocument) -> str | None:
     """Why the target run's batch cannot come from the law although ``--target-tokens`` asked
     for it (no batch sweeps from the runs, none in the measurements file), or None."""
     if result.batch_sweeps is not None or "batch_sweeps" in doc.get("measurements", {}):
