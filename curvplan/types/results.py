@@ -45,6 +45,15 @@ class TraceEstimate(_Open):
     n_products: int | None = None
 
 
+class BlockBound(_Open):
+    """The paper's bound for one block where its theorems give one (``value``, the measured
+    spectral norm's ``ratio`` to it), else ``applicable`` false with the ``reason``."""
+
+    applicable: bool | None = None
+    reason: str | None = None
+    ratio: float | None = None
+
+
 class BlockSpectrum(_Open):
     """One parameter block's Hessian spectrum as the engine measured it (Lanczos, certified
     to ``tolerance``; ``residual*`` are the attained residuals)."""
@@ -62,7 +71,7 @@ class BlockSpectrum(_Open):
     tolerance: float | None = None
     attained_tolerance: float | None = None
     residual: float | None = None
-    bound: dict[str, Any] | None = Field(
+    bound: BlockBound | None = Field(
         default=None, description="The paper's bound for this block, when one applies."
     )
 
@@ -171,6 +180,28 @@ class MemoryPlan(_Open):
     cache_graph: bool | None = None
 
 
+class ModelBounds(_Open):
+    """The paper's block bounds for the model (the bounds ``blocks`` by name), or
+    ``applicable`` false with the ``reasons`` the model is outside the theory's family."""
+
+    applicable: bool | None = None
+    reasons: list[str] | None = None
+
+
+class GradientNoiseEstimate(_Open):
+    """Gradient-noise statistics from per-example gradients (|G|², tr Σ, and the noise
+    scales B_simple = tr Σ / |G|², B_noise = tr(HΣ) / GᵀHG), or ``available`` false with
+    the ``reason``; the standard errors and the sampling record are kept as written."""
+
+    available: bool | None = None
+    reason: str | None = None
+    grad_sq_norm: float | None = None
+    trace_sigma: float | None = None
+    b_simple: float | None = None
+    b_noise: float | None = None
+    gradient_norm: float | None = None
+
+
 class EngineMeasurements(_Open):
     """The curvature engine's answer for the checkpoint at w* (bulky arrays as references)."""
 
@@ -213,8 +244,8 @@ class EngineMeasurements(_Open):
     per_sample: dict[str, Any] | None = Field(
         default=None, description="Per-sample losses and perturbations ({artifact, tensor}…)."
     )
-    gradient_noise: dict[str, Any] | None = None
-    bounds: dict[str, Any] | None = None
+    gradient_noise: GradientNoiseEstimate | None = None
+    bounds: ModelBounds | None = None
     memory_plan: MemoryPlan | None = Field(
         default=None,
         description="How the products were fitted to memory: measured bytes per example and "
@@ -272,7 +303,7 @@ class AnalyzeResult(_Open):
     """Result of a succeeded ``analyze`` job: measurements, recommendation, output artifacts."""
 
     measurements: EngineMeasurements
-    intermediate_gradient_noise: list[dict[str, Any]] = Field(
+    intermediate_gradient_noise: list[GradientNoiseEstimate] = Field(
         default_factory=list,
         description="Gradient-noise statistics at each intermediate checkpoint, in order.",
     )
