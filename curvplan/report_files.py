@@ -9,14 +9,36 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
+
+from pydantic import JsonValue
 
 from curvplan.client import Client
 from curvplan.client import models as m
 from curvplan.headline import headline_dict
 
 
-def report_numbers(job: m.JobOut, plots: m.PlotList) -> dict[str, Any]:
+class PlotNumbers(TypedDict):
+    """One figure in ``numbers.json``."""
+
+    title: str
+    files: list[str] | None
+    caption: str
+    empty_reason: str | None
+    numbers: dict[str, JsonValue]  # PlotInfo.numbers: what the service's figure draws
+
+
+class ReportNumbers(TypedDict):
+    """``numbers.json``: the job's summary and recommendation as their JSON, the headline
+    numbers by stable name, every figure's numbers by figure id."""
+
+    job: dict[str, JsonValue]  # part of the JobOut, as its JSON
+    recommendation: dict[str, JsonValue] | None  # the Recommendation as its JSON
+    headline: dict[str, float]
+    plots: dict[str, PlotNumbers]
+
+
+def report_numbers(job: m.JobOut, plots: m.PlotList) -> ReportNumbers:
     """``numbers.json``: the job, its recommendation, the headline numbers and every figure's
     numbers (with the reason for each empty figure)."""
     headline: dict[str, float] = {}

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 PRODUCT_FLOPS_PER_PARAM_TOKEN = 12.0
 """FLOPs of one Hessian-vector product per parameter and token (see the module docstring)."""
@@ -143,6 +143,43 @@ class CostOptions:
         return cls(**{k: get(k, v) for k, v in asdict(defaults).items()})
 
 
+class StageCostJson(TypedDict):
+    """:class:`StageCost` as a result stores it (``curvplan.types.results.StageCost``)."""
+
+    stage: str
+    products: float
+    worst_products: float
+    seconds: float
+    items: NotRequired[dict[str, float]]
+    item_seconds: NotRequired[dict[str, float]]
+
+
+class CostEstimateJson(TypedDict):
+    """:class:`CostEstimate` as a result stores it (``curvplan.types.results.CostEstimate``)."""
+
+    products: float
+    seconds: float
+    worst_seconds: float
+    ms_per_product: float
+    ms_source: str
+    setup_seconds: float
+    stages: list[StageCostJson]
+    notes: list[str]
+
+
+class SpectraTimingJson(TypedDict):
+    """:class:`SpectraTiming`'s fields, as the cost inputs store them."""
+
+    item_ms: dict[str, float]
+    step_ms: dict[str, float]
+    batched: bool
+    vectors_per_product: int
+    concurrent: int | None
+    round_ms: float | None
+    round_vectors: int
+    one_vector_ms: float | None
+
+
 @dataclass(frozen=True)
 class StageCost:
     """One stage: expected and worst-case products, and the seconds they take."""
@@ -159,11 +196,17 @@ class StageCost:
         """The stage's mean milliseconds per product (None without products)."""
         return 1000.0 * self.seconds / self.products if self.products > 0 else None
 
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        for key in ("items", "item_seconds"):
-            if out[key] is None:
-                out.pop(key)
+    def as_dict(self) -> StageCostJson:
+        out: StageCostJson = {
+            "stage": self.stage,
+            "products": self.products,
+            "worst_products": self.worst_products,
+            "seconds": self.seconds,
+        }
+        if self.items is not None:
+            out["items"] = dict(self.items)
+        if self.item_seconds is not None:
+            out["item_seconds"] = dict(self.item_seconds)
         return out
 
 
@@ -195,7 +238,7 @@ class CostEstimate:
     def stage(self, name: str) -> StageCost | None:
         return next((s for s in self.stages if s.stage == name), None)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> CostEstimateJson:
         return {
             "products": self.products,
             "seconds": self.seconds,
@@ -354,8 +397,17 @@ class SpectraTiming:
             return float(self.one_vector_ms), 0.0
         return 0.0, full / v
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> SpectraTimingJson:
+        return {
+            "item_ms": dict(self.item_ms),
+            "step_ms": dict(self.step_ms),
+            "batched": self.batched,
+            "vectors_per_product": self.vectors_per_product,
+            "concurrent": self.concurrent,
+            "round_ms": self.round_ms,
+            "round_vectors": self.round_vectors,
+            "one_vector_ms": self.one_vector_ms,
+        }
 
 
 def lockstep_item_seconds(rounds: Mapping[str, float], timing: SpectraTiming) -> dict[str, float]:

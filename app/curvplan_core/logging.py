@@ -35,7 +35,7 @@ _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
 }
 
 
-def current_context() -> dict[str, Any]:
+def current_context() -> dict[str, object]:
     """The fields bound in the current context (a copy)."""
     return dict(_context.get() or {})
 
@@ -60,7 +60,7 @@ class ContextFilter(logging.Filter):
         return True
 
 
-def _extra_fields(record: logging.LogRecord) -> dict[str, Any]:
+def _extra_fields(record: logging.LogRecord) -> dict[str, object]:
     return {k: v for k, v in vars(record).items() if k not in _RESERVED and not k.startswith("_")}
 
 
@@ -68,7 +68,7 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line: ts, level, logger, message, bound fields, exception."""
 
     def format(self, record: logging.LogRecord) -> str:
-        payload: dict[str, Any] = {
+        payload: dict[str, object] = {  # any object: json.dumps writes others with str()
             "ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(),
             "level": record.levelname.lower(),
             "logger": record.name,

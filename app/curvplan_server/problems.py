@@ -9,7 +9,7 @@ into problem documents. A body never contains a traceback.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -19,7 +19,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 
-from curvplan.types.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE
+from curvplan.types.json_types import ReadJson
+from curvplan.types.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE, FieldErrorEntry
 from curvplan_core.db import is_unavailable
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,9 @@ class Problem(Exception):
         *,
         type: str | None = None,
         title: str | None = None,
-        errors: Sequence[dict[str, Any]] | None = None,
+        errors: Sequence[FieldErrorEntry] | None = None,
         headers: dict[str, str] | None = None,
-        extra: dict[str, Any] | None = None,
+        extra: Mapping[str, ReadJson] | None = None,
     ) -> None:
         super().__init__(detail or title or str(status))
         self.status = status
@@ -76,24 +77,29 @@ def clip(text: str, limit: int = MAX_ECHOED_CHARS) -> str:
     return f"{text[:limit]}… ({len(text)} characters)"
 
 
-def bounded_errors(errors: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def bounded_errors(errors: Sequence[FieldErrorEntry]) -> list[FieldErrorEntry]:
     """Field errors as a problem repeats them: at most :data:`MAX_FIELD_ERRORS`, every
     ``loc`` part and ``field`` cut to :data:`MAX_ECHOED_CHARS`, messages to
     :data:`MAX_DETAIL_CHARS`."""
-    out: list[dict[str, Any]] = []
+    out: list[FieldErrorEntry] = []
     for error in errors[:MAX_FIELD_ERRORS]:
-        bounded = dict(error)
-        if isinstance(bounded.get("loc"), list | tuple):
-            bounded["loc"] = [clip(p) if isinstance(p, str) else p for p in bounded["loc"]]
-        field = bounded.get("field")
-        if isinstance(field, str) and len(field) > MAX_ECHOED_CHARS:
-            loc = bounded.get("loc")
-            joined = ".".join(str(p) for p in loc) if isinstance(loc, list) and loc else field
-            bounded["field"] = clip(joined, MAX_DETAIL_CHARS)
-        if isinstance(bounded.get("message"), str):
-            bounded["message"] = clip(bounded["message"], MAX_DETAIL_CHARS)
-        out.append(bounded)
+        loc = [clip(p) if isinstance(p, str) else p for p in error["loc"]]
+        field = error["field"]
+        if len(field) > MAX_ECHOED_CHARS:
+            field = clip(".".join(str(p) for p in loc) if loc else field, MAX_DETAIL_CHARS)
+        message = clip(error["message"], MAX_DETAIL_CHARS)
+        out.append({"field": field, "loc": loc, "message": message, "type": error["type"]})
     return out
+
+
+def _error_json(error: FieldErrorEntry) -> ReadJson:
+    """One field error as the problem document's JSON carries it."""
+    return {
+        "field": error["field"],
+        "loc": list(error["loc"]),
+        "message": error["message"],
+        "type": error["type"],
+    }
 
 
 def problem_response(
@@ -103,13 +109,13 @@ def problem_response(
     detail: str | None = None,
     type: str | None = None,
     instance: str | None = None,
-    errors: Sequence[dict[str, Any]] | None = None,
+    errors: Sequence[FieldErrorEntry] | None = None,
     headers: dict[str, str] | None = None,
-    extra: dict[str, Any] | None = None,
+    extra: Mapping[str, ReadJson] | None = None,
 ) -> JSONResponse:
     """Build the problem+json response itself."""
     title = title or _default_title(status)
-    body: dict[str, Any] = {"type": type or _slug(title), "title": title, "status": status}
+    body: dict[str, ReadJson] = {"type": type or _slug(title), "title": title, "status": status}
     if detail is not None:
         body["detail"] = clip(detail, MAX_DETAIL_CHARS)
     if instance is not None:
@@ -119,7 +125,7 @@ def problem_response(
             {k: clip(v, MAX_DETAIL_CHARS) if isinstance(v, str) else v for k, v in extra.items()}
         )
     if errors is not None:  # client input (field names, keys) is echoed cut short
-        body["errors"] = bounded_errors(errors)
+        body["errors"] = [_error_json(e) for e in bounded_errors(errors)]
         if len(errors) > MAX_FIELD_ERRORS:
             body["errors_omitted"] = len(errors) - MAX_FIELD_ERRORS
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_MEDIA_TYPE)
@@ -131,16 +137,16 @@ def not_found(what: str = "resource") -> Problem:
     return Problem(404, f"{what} not found", title="Not Found")
 
 
-def conflict(detail: str, **extra: Any) -> Problem:
+def conflict(detail: str, **extra: ReadJson) -> Problem:
     """409: the request is valid but the resource's state does not allow it."""
     return Problem(409, detail, title="Conflict", extra=extra)
 
 
 def field_errors_from_pydantic(
     errors: Sequence[Any], prefix: Sequence[str | int] = ()
-) -> list[dict[str, Any]]:
+) -> list[FieldErrorEntry]:
     """Convert pydantic ``ValidationError.errors()`` into ``[{field, loc, message, type}]``."""
-    out: list[dict[str, Any]] = []
+    out: list[FieldErrorEntry] = []
     for err in errors:
         loc = [*prefix, *[p for p in err.get("loc", ()) if not _is_union_tag(p)]]
         out.append(
@@ -159,7 +165,7 @@ def _is_union_tag(part: Any) -> bool:
     return isinstance(part, str) and ("[" in part or part.startswith("function-"))
 
 
-def validation_problem(errors: list[dict[str, Any]], detail: str | None = None) -> Problem:
+def validation_problem(errors: Sequence[FieldErrorEntry], detail: str | None = None) -> Problem:
     """422 naming the failing fields (the detail names them cut short, the first few)."""
     shown = bounded_errors(errors)
     names = sorted({e["field"] for e in shown})

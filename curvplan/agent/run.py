@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal, Protocol
+from typing import IO, Literal, Protocol
 
 from pydantic import ValidationError
 
 from curvplan.losslog import LOSS_FILE_ENV
-from curvplan.types.agents import AgentHeartbeatOut, AgentJob, LossRecord
+from curvplan.types.agents import AgentHeartbeatOut, AgentJob, AgentProgress, LossRecord
 
 STDERR_LINES = 20
 """The last lines of the command's stderr a failed point's error carries."""
@@ -43,7 +43,7 @@ class Beater(Protocol):
     @property
     def heartbeat_seconds(self) -> float: ...
 
-    def heartbeat(self, job: AgentJob, progress: dict[str, Any] | None) -> AgentHeartbeatOut: ...
+    def heartbeat(self, job: AgentJob, progress: AgentProgress | None) -> AgentHeartbeatOut: ...
 
 
 @dataclass
@@ -235,10 +235,13 @@ def _beat(
     from curvplan.client.errors import ConflictError, CurvplanError, NotFoundError
 
     last = records.last()
-    progress: dict[str, Any] = {"stage": "training", "message": "the agent's command runs"}
+    progress = AgentProgress(stage="training", message="the agent's command runs")
     if last is not None:
-        progress["fraction"] = min(max(last.step / max(job.point.max_steps, 1), 0.0), 1.0)
-        progress["message"] = f"step {last.step}, eval loss {last.loss:.4g}"
+        progress = AgentProgress(
+            stage="training",
+            message=f"step {last.step}, eval loss {last.loss:.4g}",
+            fraction=min(max(last.step / max(job.point.max_steps, 1), 0.0), 1.0),
+        )
     try:
         beat = api.heartbeat(job, progress)
     except (ConflictError, NotFoundError) as exc:

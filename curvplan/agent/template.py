@@ -78,7 +78,7 @@ def check_template(template: str, defaults: Mapping[str, str]) -> None:
         )
 
 
-def point_values(job: AgentJob, output_dir: Path) -> dict[str, Any]:
+def point_values(job: AgentJob, output_dir: Path) -> dict[str, str | int | float | None]:
     """The values of the placeholders for a claimed point (None: the point has none)."""
     point, opt = job.point, job.optimizer
     return {

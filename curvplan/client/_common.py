@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict
 
 import httpx
 
@@ -25,6 +25,7 @@ from curvplan.client.errors import (
     CurvplanError,
     error_from_problem,
 )
+from curvplan.types.json_types import ReadJson
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 URL_ENV = "CURVPLAN_URL"
@@ -251,14 +252,36 @@ def submit_call(body: Mapping[str, Any], idempotency_key: str | None) -> Call:
     return Call("POST", "/v1/jobs", json=dict(body), headers={"Idempotency-Key": key})
 
 
+class JobBody(TypedDict, total=False):
+    """A ``POST /v1/jobs`` body as the client builds it (the service validates it against
+    ``curvplan.types.jobs``; the client first with :mod:`curvplan.client.precheck`)."""
+
+    kind: Required[str]
+    measurements: ReadJson
+    targets: ReadJson
+    model: ReadJson
+    checkpoint: str | list[str]
+    dataset: str
+    intermediate_checkpoints: list[str | list[str]]
+    sweeps: list[str]
+    options: dict[str, ReadJson]
+    resources: dict[str, int]
+    intermediate_steps: list[int | None]
+    intermediate_logged_losses: list[float | None]
+    webhook_url: str
+    name: str
+    tags: dict[str, str]
+    max_attempts: int
+
+
 def plan_body(
     measurements: Mapping[str, Any] | Any,
     targets: Mapping[str, Any] | Any | None,
     name: str | None,
     tags: Mapping[str, str] | None,
     max_attempts: int | None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {"kind": "plan", "measurements": _jsonable(measurements)}
+) -> JobBody:
+    body: JobBody = {"kind": "plan", "measurements": _jsonable(measurements)}
     if targets is not None:
         body["targets"] = _jsonable(targets)
     return _common_fields(body, name, tags, max_attempts)
@@ -281,10 +304,10 @@ def analyze_body(
     intermediate_checkpoints: Sequence[Any] = (),
     sweeps: Sequence[Any] = (),
     devices: int | None = None,
-) -> dict[str, Any]:
+) -> JobBody:
     """The ``analyze`` job body; artifacts (and sweep jobs) may be given as results or ids, a
     checkpoint also as a list of shards; ``devices`` is ``resources.devices``."""
-    body: dict[str, Any] = {
+    body: JobBody = {
         "kind": "analyze",
         "model": _jsonable(model),
         "checkpoint": _checkpoint_ref(checkpoint),
@@ -463,7 +486,7 @@ def _run_sources(
     )
 
 
-def with_intermediate_logs(body: dict[str, Any], sources: AnalyzeSources) -> dict[str, Any]:
+def with_intermediate_logs(body: JobBody, sources: AnalyzeSources) -> JobBody:
     """``body`` with the intermediate checkpoints' steps and logged losses when known (a
     Trainer output folder gives them)."""
     if sources.intermediate_steps is not None:
@@ -473,7 +496,7 @@ def with_intermediate_logs(body: dict[str, Any], sources: AnalyzeSources) -> dic
     return body
 
 
-def with_webhook(body: dict[str, Any], webhook_url: str | None) -> dict[str, Any]:
+def with_webhook(body: JobBody, webhook_url: str | None) -> JobBody:
     """``body`` with ``webhook_url`` set when given (the service checks its host)."""
     if webhook_url is not None:
         body["webhook_url"] = webhook_url
@@ -481,8 +504,8 @@ def with_webhook(body: dict[str, Any], webhook_url: str | None) -> dict[str, Any
 
 
 def _common_fields(
-    body: dict[str, Any], name: str | None, tags: Mapping[str, str] | None, max_attempts: int | None
-) -> dict[str, Any]:
+    body: JobBody, name: str | None, tags: Mapping[str, str] | None, max_attempts: int | None
+) -> JobBody:
     if name is not None:
         body["name"] = name
     if tags:
@@ -542,7 +565,8 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def check_artifact(answer: dict[str, Any], local_sha256: str, path: Path) -> None:
+def check_artifact(answer: Mapping[str, ReadJson], local_sha256: str, path: Path) -> None:
+    """The server's sha256 of an upload (its answer's JSON) against the local file's."""
     remote = answer.get("sha256")
     if remote is not None and remote != local_sha256:
         raise ArtifactIntegrityError(

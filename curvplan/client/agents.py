@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from curvplan.client import _common as c
@@ -17,8 +17,10 @@ from curvplan.types.agents import (
     AgentHeartbeatOut,
     AgentJob,
     AgentOut,
+    AgentProgress,
     LossRecord,
 )
+from curvplan.types.json_types import ReadJson
 
 
 class AgentAPI:
@@ -37,7 +39,7 @@ class AgentAPI:
         lease = self.lease_seconds or self.agent.lease_seconds
         return lease / 3.0
 
-    def _post(self, path: str, body: dict[str, Any], *, idempotent: bool = True) -> Any:
+    def _post(self, path: str, body: Mapping[str, ReadJson], *, idempotent: bool = True) -> Any:
         """Every write after a claim is fenced on the attempt, so resending one that may have
         arrived is safe (a duplicate is answered 409 and writes nothing); a claim is not."""
         return self.client._send(c.Call("POST", path, json=body, idempotent=idempotent))
@@ -53,12 +55,13 @@ class AgentAPI:
         )
         return AgentClaimOut.model_validate(answer).job
 
-    def heartbeat(self, job: AgentJob, progress: dict[str, Any] | None) -> AgentHeartbeatOut:
-        body = {"attempt": job.attempt, "progress": progress, "lease_seconds": self.lease_seconds}
+    def heartbeat(self, job: AgentJob, progress: AgentProgress | None) -> AgentHeartbeatOut:
+        sent = None if progress is None else progress.model_dump(mode="json", exclude_unset=True)
+        body = {"attempt": job.attempt, "progress": sent, "lease_seconds": self.lease_seconds}
         return AgentHeartbeatOut.model_validate(self._post(self._job_path(job, "heartbeat"), body))
 
     def complete(self, job: AgentJob, records: Sequence[LossRecord], seconds: float) -> AgentEnd:
-        body = {
+        body: dict[str, ReadJson] = {
             "attempt": job.attempt,
             "records": [r.model_dump(exclude_none=True) for r in records],
             "seconds": seconds,
@@ -68,7 +71,7 @@ class AgentAPI:
     def fail(
         self, job: AgentJob, error_type: str, title: str, detail: str, *, retry: bool = False
     ) -> AgentEnd:
-        body = {
+        body: dict[str, ReadJson] = {
             "attempt": job.attempt,
             "error": {"type": error_type, "title": title, "detail": detail[-8000:]},
             "retry": retry,

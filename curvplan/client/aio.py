@@ -110,7 +110,7 @@ class AsyncClient:
             )
 
     # ------------------------------------------------------------------ service
-    async def health(self) -> dict[str, Any]:
+    async def health(self) -> dict[str, str]:
         """``GET /healthz`` (no key needed)."""
         return await self._send(c.Call("GET", "/healthz"))
 
@@ -128,7 +128,7 @@ class AsyncClient:
             await self._send(precheck.lookup_call(kind, digest)), digest
         )
         if stored is not None:  # the project has this content already: nothing to send
-            return m.Artifact.model_validate(stored)
+            return stored
         answer = await self._send(call)
         c.check_artifact(answer, digest, call.upload.path)  # type: ignore[union-attr]
         return m.Artifact.model_validate(answer)

@@ -11,6 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import JsonValue
+
+from curvplan.types.json_types import ReadJson
+from curvplan.types.problems import FieldErrorEntry
+
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
 
@@ -25,8 +30,8 @@ class CurvplanError(Exception):
         type: str | None = None,
         title: str | None = None,
         instance: str | None = None,
-        errors: list[dict[str, Any]] | None = None,
-        extra: dict[str, Any] | None = None,
+        errors: list[FieldErrorEntry] | None = None,
+        extra: dict[str, JsonValue] | None = None,
     ) -> None:
         self.status = status
         self.type = type
@@ -49,9 +54,9 @@ class CurvplanError(Exception):
             text = f"{text} [{fields}]"
         return text or type(self).__name__
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, ReadJson]:
         """The problem document (what the server sent, or the client's equivalent)."""
-        out: dict[str, Any] = {
+        out: dict[str, ReadJson] = {
             "type": self.type,
             "title": self.title,
             "status": self.status,
@@ -60,9 +65,18 @@ class CurvplanError(Exception):
         if self.instance is not None:
             out["instance"] = self.instance
         if self.errors is not None:
-            out["errors"] = self.errors
+            out["errors"] = [_error_json(e) for e in self.errors]
         out.update(self.extra)
         return out
+
+
+def _error_json(error: FieldErrorEntry) -> ReadJson:
+    return {
+        "field": error["field"],
+        "loc": error["loc"],
+        "message": error["message"],
+        "type": error["type"],
+    }
 
 
 class BadRequestError(CurvplanError):

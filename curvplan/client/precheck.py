@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from curvplan.client._common import Call
 from curvplan.client.errors import ValidationFailedError
+from curvplan.types.artifacts import ArtifactOut
 from curvplan.types.finite import NON_FINITE_MESSAGE, NON_FINITE_TYPE, non_finite_in_json
 from curvplan.types.jobs import CLIENT_JOB_CREATE_ADAPTER, JOB_KINDS
+from curvplan.types.problems import FieldErrorEntry
 
 
 def placeholder_ids(paths: Iterable[Path]) -> dict[Path, str]:
@@ -38,7 +41,7 @@ def validate_job_body(body: Mapping[str, Any]) -> None:
     """Raise :class:`ValidationFailedError` (status 422, ``errors`` naming each field as the
     service would) when the service would refuse ``body`` by its contract."""
     raw = json.dumps(body)
-    errors: list[dict[str, Any]] = [
+    errors: list[FieldErrorEntry] = [
         {"field": _field(list(loc)), "loc": list(loc), "message": NON_FINITE_MESSAGE,
          "type": NON_FINITE_TYPE}
         for loc in non_finite_in_json(raw, prefix=("body",))
@@ -58,7 +61,7 @@ def validate_job_body(body: Mapping[str, Any]) -> None:
         )
 
 
-def _field_error(error: Any) -> dict[str, Any]:
+def _field_error(error: ErrorDetails) -> FieldErrorEntry:
     loc = [p for p in error["loc"] if not (isinstance(p, str) and ("[" in p or "function-" in p))]
     if error["type"] in ("union_tag_not_found", "union_tag_invalid"):
         loc = ["kind"]
@@ -74,10 +77,10 @@ def lookup_call(kind: str, sha256: str) -> Call:
     return Call("GET", "/v1/artifacts", params=params)
 
 
-def stored_artifact(page: Any, sha256: str) -> dict[str, Any] | None:
+def stored_artifact(page: Any, sha256: str) -> ArtifactOut | None:
     """The stored upload in a lookup's answer, if it holds this content (a service that does
     not know the ``sha256`` filter lists other artifacts: they are not taken for it)."""
     for item in (page or {}).get("items") or []:
         if item.get("sha256") == sha256 and item.get("storage") == "blob":
-            return dict(item)
+            return ArtifactOut.model_validate(item)
     return None

@@ -16,7 +16,9 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
+
+from pydantic import JsonValue
 
 from curvplan.types.huggingface import HFConfigError, parse_hf_config
 
@@ -30,16 +32,24 @@ class PretrainedDirError(ValueError):
     """The directory is not a usable ``save_pretrained`` directory; the message says why."""
 
 
+class HuggingFaceModelJson(TypedDict):
+    """The ``model`` field of a request for a Hugging Face model
+    (``curvplan.types.huggingface.HuggingFaceModel``)."""
+
+    source: Literal["huggingface"]
+    config: dict[str, JsonValue]
+
+
 @dataclass(frozen=True)
 class PretrainedDir:
     """A checked ``save_pretrained`` directory: its config and its shard files, in order."""
 
     path: Path
-    config: dict[str, Any]
+    config: dict[str, JsonValue]  # config.json as read: free-form JSON
     shards: tuple[Path, ...]
 
     @property
-    def model(self) -> dict[str, Any]:
+    def model(self) -> HuggingFaceModelJson:
         """The ``model`` field of an analyze request for this directory."""
         return {"source": "huggingface", "config": self.config}
 

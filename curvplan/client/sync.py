@@ -111,7 +111,7 @@ class Client:
             )
 
     # ------------------------------------------------------------------ service
-    def health(self) -> dict[str, Any]:
+    def health(self) -> dict[str, str]:
         """``GET /healthz`` (no key needed)."""
         return self._send(c.Call("GET", "/healthz"))
 
@@ -126,7 +126,7 @@ class Client:
         call, digest = c.upload_call(path, kind)
         stored = precheck.stored_artifact(self._send(precheck.lookup_call(kind, digest)), digest)
         if stored is not None:  # the project has this content already: nothing to send
-            return m.Artifact.model_validate(stored)
+            return stored
         answer = self._send(call)
         c.check_artifact(answer, digest, call.upload.path)  # type: ignore[union-attr]
         return m.Artifact.model_validate(answer)

@@ -33,12 +33,13 @@ from typing import Any, TypeGuard
 
 from curvplan.client.pretrained import (
     CONFIG_FILE,
+    HuggingFaceModelJson,
     PretrainedDir,
     PretrainedDirError,
     checkpoint_shapes,
     read_pretrained,
 )
-from curvplan.types.huggingface import parse_hf_config
+from curvplan.types.huggingface import ArchConfig, parse_hf_config
 
 STATE_FILE = "trainer_state.json"
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
@@ -68,7 +69,7 @@ class TrainerRun:
     intermediates: tuple[RunCheckpoint, ...]
 
     @property
-    def model(self) -> dict[str, Any]:
+    def model(self) -> HuggingFaceModelJson:
         """The ``model`` field of an analyze or sweep request: w*'s ``config.json``."""
         return self.w_star.pretrained.model
 
@@ -117,7 +118,7 @@ def read_trainer_run(path: str | os.PathLike[str], w_star: str | None = None) ->
     chosen = _chosen(root, found, w_star)
     checkpoints = [_checkpoint(step, folder) for step, folder in found if step <= chosen]
     last = checkpoints[-1]
-    reference = parse_hf_config(last.pretrained.config).model_dump()
+    reference = parse_hf_config(last.pretrained.config)
     shapes = checkpoint_shapes(last.pretrained)
     for ckpt in checkpoints[:-1]:
         _same_model(ckpt, last, reference, shapes)
@@ -192,11 +193,12 @@ def _logged_loss(path: Path, step: int) -> float | None:
 def _same_model(
     ckpt: RunCheckpoint,
     last: RunCheckpoint,
-    reference: dict[str, Any],
+    w_star: ArchConfig,
     shapes: dict[str, list[int]],
 ) -> None:
     """A checkpoint of another model (architecture, sizes or tensors) is refused, by field."""
     config = parse_hf_config(ckpt.pretrained.config).model_dump()
+    reference = w_star.model_dump()
     where = ckpt.pretrained.path / CONFIG_FILE
     for key in ["model_type", *sorted(set(reference) | set(config))]:  # the type first
         if config.get(key) != reference.get(key):

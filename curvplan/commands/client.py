@@ -17,16 +17,20 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import typer
 
 from curvplan.commands import command_group
 
 if TYPE_CHECKING:
+    from pydantic import JsonValue
+
     from curvplan.client import Client
     from curvplan.client.models import JobOut
-    from curvplan.commands.import_runs import RunSource
+    from curvplan.client.pretrained import HuggingFaceModelJson
+    from curvplan.commands.import_runs import PlanDocument, RunSource
+    from curvplan.runs.tables import RunsReport
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_BAD_INPUT, EXIT_SERVICE, EXIT_TIMEOUT = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
@@ -90,19 +94,29 @@ def _client(url: str | None, api_key: str | None) -> Iterator[Client]:
         client.close()
 
 
-def _pairs(values: list[str] | None, option: str, parse_json: bool = False) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _split_pairs(values: list[str] | None, option: str) -> list[tuple[str, str]]:
+    out = []
     for raw in values or []:
         key, sep, value = raw.partition("=")
         if not sep or not key.strip():
             raise _fail(f"{option} {raw!r} must look like KEY=VALUE", EXIT_BAD_INPUT)
-        parsed: Any = value
-        if parse_json:
-            try:
-                parsed = json.loads(value)
-            except ValueError:
-                parsed = value  # a bare word is a string
-        out[key.strip()] = parsed
+        out.append((key.strip(), value))
+    return out
+
+
+def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
+    """``KEY=VALUE`` options as a dict (a key given twice keeps its last value)."""
+    return dict(_split_pairs(values, option))
+
+
+def _json_pairs(values: list[str] | None, option: str) -> dict[str, JsonValue]:
+    """``KEY=VALUE`` options whose values are JSON (a bare word is a string)."""
+    out: dict[str, JsonValue] = {}
+    for key, value in _split_pairs(values, option):
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value  # a bare word is a string
     return out
 
 
@@ -148,7 +162,13 @@ def _print_json(value: Any) -> None:
     typer.echo(json.dumps(dump_json(value), indent=2, ensure_ascii=False))
 
 
-def _print_job_json(job: JobOut, envelope: dict[str, Any] | None) -> None:
+class RunsEnvelope(TypedDict):
+    """What ``plan --from-* --json`` prints around the job: the runs it used."""
+
+    runs: RunsReport
+
+
+def _print_job_json(job: JobOut, envelope: RunsEnvelope | None) -> None:
     """The job as JSON, or ``{**envelope, "job": job}`` (e.g. ``plan --from-*``'s runs)."""
     _print_json(job if envelope is None else {**envelope, "job": job.model_dump(mode="json")})
 
@@ -210,7 +230,7 @@ def _finish(
     quiet: bool,
     mlflow: bool = False,
     outputs: Path | None = None,
-    envelope: dict[str, Any] | None = None,
+    envelope: RunsEnvelope | None = None,
 ) -> None:
     """Wait (with progress on stderr) if asked, print the outcome, exit by the job's status.
     ``envelope``: with --json, print ``{**envelope, "job": job}`` instead of the job."""
@@ -245,7 +265,7 @@ def _finish(
 
 
 def _report_outcome(
-    client: Client, job: JobOut, as_json: bool, envelope: dict[str, Any] | None = None
+    client: Client, job: JobOut, as_json: bool, envelope: RunsEnvelope | None = None
 ) -> None:
     from curvplan.client import display
 
@@ -365,7 +385,7 @@ def analyze(
             raise _fail(f"--intermediate: not found: {path}", EXIT_BAD_INPUT)
     target_body = _read_json(targets, "--targets") if targets is not None else None
     tags = _pairs(tag, "--tag")
-    options = _pairs(option, "--option", parse_json=True)
+    options = _json_pairs(option, "--option")
     with _client(url, api_key) as client:
         log = (lambda s: None) if as_json or quiet else (lambda s: typer.echo(s, err=True))
         job = client.submit_analyze(
@@ -432,7 +452,9 @@ def _ints(value: str | None, opt: str) -> list[int] | None:
         ) from None
 
 
-def _sweep_model(spec: Path | None, model_dir: Path | None) -> dict[str, Any]:
+def _sweep_model(
+    spec: Path | None, model_dir: Path | None
+) -> HuggingFaceModelJson | dict[str, JsonValue]:
     """The sweep's ``model``: a reference spec file, or a save_pretrained directory's config."""
     if (spec is None) == (model_dir is None):
         raise _fail(
@@ -822,7 +844,7 @@ def plan(
             "give a MEASUREMENTS file, --from-mlflow EXPERIMENT or --from-runs FILE",
             EXIT_BAD_INPUT,
         )
-    doc: dict[str, Any] = {"measurements": {}}
+    doc: PlanDocument = {"measurements": {}}
     if measurements is not None:
         doc = _read_json(measurements, "MEASUREMENTS")
         if not isinstance(doc, dict) or "measurements" not in doc:
@@ -834,7 +856,7 @@ def plan(
         unknown = sorted(set(doc) - {"measurements", "targets", "name", "tags"})
         if unknown:
             raise _fail(f"{measurements}: unknown top-level keys {unknown}", EXIT_BAD_INPUT)
-    runs_report: dict[str, Any] | None = None
+    runs_report: RunsReport | None = None
     if source.given:
         runs_report = _import_runs(source, doc, target_loss, target_tokens, as_json)
     tags = {**(doc.get("tags") or {}), **_pairs(tag, "--tag")}
@@ -847,17 +869,17 @@ def plan(
             idempotency_key=idempotency_key,
             webhook_url=webhook_url,
         )
-        envelope = None if runs_report is None else {"runs": runs_report}
+        envelope: RunsEnvelope | None = None if runs_report is None else {"runs": runs_report}
         _finish(client, job, wait, timeout, as_json, quiet, mlflow, outputs, envelope)
 
 
 def _import_runs(
     source: RunSource,
-    doc: dict[str, Any],
+    doc: PlanDocument,
     target_loss: float | None,
     target_tokens: float | None,
     as_json: bool,
-) -> dict[str, Any]:
+) -> RunsReport:
     """Build the tables from the runs into ``doc``; say which runs were used (stdout, or
     stderr with --json) and fail, submitting nothing, when none is usable or when
     ``--target-tokens`` asks for the batch scaling law and the runs do not give it."""
@@ -871,7 +893,9 @@ def _import_runs(
     option = "--from-mlflow" if source.mlflow_experiment is not None else "--from-runs"
     targets = doc.get("targets")
     if target_loss is None and isinstance(targets, dict):
-        target_loss = targets.get("target_loss")
+        # the file's Targets.target_loss, passed on as read (the service validates it)
+        target_loss = cast("float | None", targets.get("target_loss"))
+    file_tokens = targets.get("target_tokens") if isinstance(targets, dict) else None
     law_at = target_tokens
     if target_tokens is not None:
         try:
@@ -879,8 +903,8 @@ def _import_runs(
         except ValidationError as exc:
             message = exc.errors()[0]["msg"]
             raise _fail(f"--target-tokens {target_tokens:g}: {message}", EXIT_BAD_INPUT) from None
-    elif isinstance(targets, dict) and isinstance(targets.get("target_tokens"), int | float):
-        law_at = float(targets["target_tokens"])  # the measurements file's target run
+    elif isinstance(file_tokens, int | float):
+        law_at = float(file_tokens)  # the measurements file's target run
     try:
         result = imp.import_runs(source, target_loss, law_at)
     except MlflowNotInstalledError as exc:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Required, TypedDict
 
 import typer
 
 from curvplan.runs import ImportResult, ParamNames, RunsInputError, build_tables
+from curvplan.runs.tables import RunJson
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,19 @@ def import_runs(
     return build_tables(records, target_loss, source.names, target_tokens=target_tokens)
 
 
+class PlanDocument(TypedDict, total=False):
+    """A ``curvplan plan`` MEASUREMENTS file as read: its ``measurements`` and ``targets``
+    are the service's to validate (``Measurements``, ``Targets``), so their values are only
+    passed on here."""
+
+    measurements: Required[dict[str, object]]
+    targets: dict[str, object]
+    name: str
+    tags: dict[str, str]
+
+
 def merge_into(
-    doc: dict[str, Any],
+    doc: PlanDocument,
     result: ImportResult,
     target_loss: float | None,
     target_tokens: float | None = None,
@@ -93,7 +105,7 @@ def merge_into(
         doc["targets"] = {**(doc.get("targets") or {}), "target_tokens": target_tokens}
 
 
-def law_refusal(result: ImportResult, doc: dict[str, Any]) -> str | None:
+def law_refusal(result: ImportResult, doc: PlanDocument) -> str | None:
     """Why the target run's batch cannot come from the law although ``--target-tokens`` asked
     for it (no batch sweeps from the runs, none in the measurements file), or None."""
     if result.batch_sweeps is not None or "batch_sweeps" in doc.get("measurements", {}):
@@ -102,7 +114,7 @@ def law_refusal(result: ImportResult, doc: dict[str, Any]) -> str | None:
     return f"--target-tokens: no batch scaling law from the runs: {note}"
 
 
-def _run_line(entry: dict[str, Any]) -> str:
+def _run_line(entry: RunJson) -> str:
     name = f" ({entry['name']})" if entry.get("name") and entry["name"] != entry["run"] else ""
     return f"{entry['run']}{name}"
 
@@ -138,15 +150,15 @@ def report_text(result: ImportResult, source: RunSource) -> str:
         if not entry["sent"]:
             lines.append(f"{table}: not sent: {entry.get('note', 'no usable run')}")
     lines += [f"note: {note}" for note in result.notes]
-    for entry in report["used"]:
-        for table, reason in (entry.get("reasons") or {}).items():
-            in_sweeps = "batch_sweeps" in (entry.get("used_in") or {})
+    for run in report["used"]:
+        for table, reason in (run.get("reasons") or {}).items():
+            in_sweeps = "batch_sweeps" in (run.get("used_in") or {})
             if table != "batch_sweeps" and not (in_sweeps and table == "steps_to_target"):
                 # (batch_sweeps: said per size group above; in it, a run is at its own size)
-                lines.append(f"used {_run_line(entry)}, but not in {table}: {reason}")
-    for entry in report["skipped"]:
-        reasons = "; ".join(f"{t}: {r}" for t, r in (entry.get("reasons") or {}).items())
-        lines.append(f"skipped {_run_line(entry)}: {reasons}")
+                lines.append(f"used {_run_line(run)}, but not in {table}: {reason}")
+    for run in report["skipped"]:
+        reasons = "; ".join(f"{t}: {r}" for t, r in (run.get("reasons") or {}).items())
+        lines.append(f"skipped {_run_line(run)}: {reasons}")
     return "\n".join(lines)
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, NotRequired, TypedDict
 
 from pydantic import BaseModel, ValidationError
 
 from curvplan.types.planner import BatchSweep, Measurements
 
-SWEEPS_TABLE = "batch_sweeps"
+SWEEPS_TABLE: Final = "batch_sweeps"
 #: The law is in tokens: a size known in examples only needs this option (or a tokens param).
 TOKENS_OPTION = "--tokens-per-example N"
 #: Stands in for an unknown token count when only a group's table is checked.
@@ -46,6 +46,23 @@ class SizeGroup:
         return [int(row["batch_size"]) for row in self.rows]
 
 
+class GroupJson(TypedDict):
+    """A size group's outcome in the import report."""
+
+    tokens: float | None
+    examples: float | None
+    batch_sizes: list[int]
+    sent: bool
+    reason: NotRequired[str]
+
+
+class BatchSweepJson(TypedDict):
+    """One entry of ``measurements.batch_sweeps`` (``curvplan.types.planner.BatchSweep``)."""
+
+    tokens: float | None
+    steps_to_target: list[Mapping[str, float]]
+
+
 @dataclass(frozen=True)
 class GroupOutcome:
     """Whether a size's table went into ``batch_sweeps``, and why not."""
@@ -54,8 +71,8 @@ class GroupOutcome:
     sent: bool
     reason: str | None = None
 
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def as_json(self) -> GroupJson:
+        out: GroupJson = {
             "tokens": self.group.tokens,
             "examples": self.group.examples,
             "batch_sizes": self.group.batch_sizes,
@@ -70,7 +87,7 @@ class GroupOutcome:
 class SweepsResult:
     """``sweeps`` (None: not sent, ``note`` says why) and every size group's outcome."""
 
-    sweeps: list[dict[str, Any]] | None
+    sweeps: list[BatchSweepJson] | None
     groups: list[GroupOutcome]
     note: str | None
 
@@ -124,7 +141,7 @@ def build_batch_sweeps(
         elif group.tokens is None:
             reasons[id(group)] = "its runs have no training-set size"
     note: str | None = None
-    sweeps: list[dict[str, Any]] | None = None
+    sweeps: list[BatchSweepJson] | None = None
     if len(in_tokens) >= 2:
         sweeps = [{"tokens": g.tokens, "steps_to_target": list(g.rows)} for g in in_tokens]
         problem = _problem(Measurements, {SWEEPS_TABLE: sweeps})

@@ -11,13 +11,20 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Final, Required, TypedDict
 
 from curvplan.runs.records import ParamNames, ResolvedRun, RunRecord, resolve_run
-from curvplan.runs.sweeps import SWEEPS_TABLE, GroupOutcome, SizeGroup, build_batch_sweeps
+from curvplan.runs.sweeps import (
+    SWEEPS_TABLE,
+    BatchSweepJson,
+    GroupJson,
+    GroupOutcome,
+    SizeGroup,
+    build_batch_sweeps,
+)
 
-STEPS_TABLE = "steps_to_target"
-DATA_TABLE = "loss_vs_data"
+STEPS_TABLE: Final = "steps_to_target"
+DATA_TABLE: Final = "loss_vs_data"
 #: The fewest rows the planner fits (S(B) has 2 parameters, L(D) 3): a smaller table is not sent.
 MIN_BATCH_SIZES = 2
 MIN_DATA_SIZES = 3
@@ -68,6 +75,53 @@ def first_crossing(history: Sequence[tuple[float, float]], target: float) -> Cro
     )
 
 
+class RunJson(TypedDict, total=False):
+    """A run in the import report (``status``, ``used_in``, ``reasons`` when known)."""
+
+    run: str
+    name: str | None
+    status: str
+    batch_size: int | None
+    data_examples: float | None
+    data_tokens: float | None
+    lr: float | None
+    evaluations: int
+    used_in: dict[str, dict[str, float]]
+    reasons: dict[str, str]
+
+
+class TableJson(TypedDict, total=False):
+    """A table in the import report: sent or not, its rows, and why not."""
+
+    sent: Required[bool]
+    rows: Required[int]
+    note: str
+    data_examples: float | None
+    data_tokens: float | None
+    groups: list[GroupJson]
+
+
+class RunsReport(TypedDict):
+    """Which runs were used, which skipped and why (the CLI's ``--json`` ``runs``)."""
+
+    target_loss: float | None
+    target_tokens: float | None
+    tables: dict[str, TableJson]
+    used: list[RunJson]
+    skipped: list[RunJson]
+    notes: list[str]
+
+
+class ImportedMeasurements(TypedDict, total=False):
+    """The plan measurements the runs give (``curvplan.types.planner.Measurements`` fields)."""
+
+    steps_to_target: list[dict[str, float]]
+    steps_to_target_loss: float | None
+    batch_sweeps: list[BatchSweepJson]
+    loss_vs_data: list[dict[str, float]]
+    tokens_per_example: float
+
+
 @dataclass
 class RunOutcome:
     """One run's part in the tables: ``used`` (table → its row's numbers) and ``reasons``
@@ -78,9 +132,9 @@ class RunOutcome:
     used: dict[str, dict[str, float]] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> RunJson:
         r = self.resolved
-        out: dict[str, Any] = {"run": r.record.run, "name": r.record.name}
+        out: RunJson = {"run": r.record.run, "name": r.record.name}
         if r.record.status is not None:
             out["status"] = r.record.status
         out |= {
@@ -112,7 +166,7 @@ class ImportResult:
     notes: list[str] = field(default_factory=list)
     tokens_per_example: float | None = None  # given by the caller: sent with the tables
     target_tokens: float | None = None  # the target run's tokens, for the batch scaling law
-    batch_sweeps: list[dict[str, Any]] | None = None
+    batch_sweeps: list[BatchSweepJson] | None = None
     sweep_groups: list[GroupOutcome] | None = None  # None: the law was not in question
 
     @property
@@ -127,9 +181,9 @@ class ImportResult:
     def usable(self) -> bool:
         return self.steps_to_target is not None or self.loss_vs_data is not None
 
-    def measurements(self) -> dict[str, Any]:
+    def measurements(self) -> ImportedMeasurements:
         """The plan's ``measurements`` from these runs (only the tables that were built)."""
-        out: dict[str, Any] = {}
+        out: ImportedMeasurements = {}
         if self.steps_to_target is not None:
             out[STEPS_TABLE] = self.steps_to_target
             out["steps_to_target_loss"] = self.target_loss
@@ -141,14 +195,17 @@ class ImportResult:
             out["tokens_per_example"] = self.tokens_per_example
         return out
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> RunsReport:
         """Which runs were used, which skipped and why (the CLI's ``--json`` ``runs``)."""
-        tables = {}
-        built = [(STEPS_TABLE, self.steps_to_target), (DATA_TABLE, self.loss_vs_data)]
+        tables: dict[str, TableJson] = {}
+        built: list[tuple[str, Sequence[object] | None]] = [
+            (STEPS_TABLE, self.steps_to_target),
+            (DATA_TABLE, self.loss_vs_data),
+        ]
         if self.sweep_groups is not None or SWEEPS_TABLE in self.table_notes:
             built.append((SWEEPS_TABLE, self.batch_sweeps))
         for table, rows in built:
-            entry: dict[str, Any] = {"sent": rows is not None, "rows": len(rows or [])}
+            entry: TableJson = {"sent": rows is not None, "rows": len(rows or [])}
             if table in self.table_notes:
                 entry["note"] = self.table_notes[table]
             tables[table] = entry

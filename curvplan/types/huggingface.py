@@ -31,6 +31,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     ValidationError,
     field_validator,
     model_validator,
@@ -323,7 +324,7 @@ def parse_hf_config(config: Any) -> ArchConfig:
         ) from None
 
 
-def parameter_count(config: dict[str, Any] | ArchConfig) -> int:
+def parameter_count(config: dict[str, JsonValue] | ArchConfig) -> int:
     """Number of parameter elements of the model the worker builds from ``config``."""
     parsed = config if isinstance(config, _ArchConfig) else parse_hf_config(config)
     return parsed.parameter_count()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import PlainSerializer, PlainValidator, SerializationInfo
+from pydantic import JsonValue, PlainSerializer, PlainValidator, SerializationInfo
 
 from curvplan.types.huggingface import HuggingFaceModel
 from curvplan.types.spec import ModelSpec
@@ -65,11 +65,13 @@ def describe_model(request: Any, measurements: Any = None) -> str | None:
         return None
     model = request["model"]
     measured = measurements if isinstance(measurements, dict) else {}
-    engine_model: dict[str, Any] = (
+    engine_model: dict[str, JsonValue] = (
         measured["model"] if isinstance(measured.get("model"), dict) else {}
     )
     if model.get("source") == "huggingface":
-        config: dict[str, Any] = model["config"] if isinstance(model.get("config"), dict) else {}
+        config: dict[str, JsonValue] = (
+            model["config"] if isinstance(model.get("config"), dict) else {}
+        )
         text = f"Hugging Face {config.get('model_type')}"
         declared = config.get("architectures")
         architecture = engine_model.get("architecture") or (

@@ -156,7 +156,7 @@ class BoundsOptions(BaseModel):
 
 #: The validation context of a request as the API stored it (``curvplan.types.jobs``
 #: ``parse_stored_request``): what older API versions accepted and stored is read leniently.
-STORED_REQUEST: dict[str, Any] = {"stored_request": True}
+STORED_REQUEST: dict[str, bool] = {"stored_request": True}
 
 
 def is_stored_request(info: ValidationInfo) -> bool:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypedDict
+
 from pydantic import BaseModel, Field
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -13,6 +16,15 @@ class FieldError(BaseModel):
 
     field: str = Field(description="Dotted path of the failing input, e.g. body.targets.radius")
     loc: list[str | int]
+    message: str
+    type: str
+
+
+class FieldErrorEntry(TypedDict):
+    """:class:`FieldError` as the code that builds a problem, or reads one, holds it."""
+
+    field: str
+    loc: Sequence[str | int]
     message: str
     type: str
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from curvplan.types.planner import Recommendation
 from curvplan.types.sweep import PointResult, SweepResult
@@ -45,6 +45,15 @@ class TraceEstimate(_Open):
     n_products: int | None = None
 
 
+class BlockBound(_Open):
+    """The paper's bound for one block where its theorems give one (``value``, the measured
+    spectral norm's ``ratio`` to it), else ``applicable`` false with the ``reason``."""
+
+    applicable: bool | None = None
+    reason: str | None = None
+    ratio: float | None = None
+
+
 class BlockSpectrum(_Open):
     """One parameter block's Hessian spectrum as the engine measured it (Lanczos, certified
     to ``tolerance``; ``residual*`` are the attained residuals)."""
@@ -62,7 +71,7 @@ class BlockSpectrum(_Open):
     tolerance: float | None = None
     attained_tolerance: float | None = None
     residual: float | None = None
-    bound: dict[str, Any] | None = Field(
+    bound: BlockBound | None = Field(
         default=None, description="The paper's bound for this block, when one applies."
     )
 
@@ -107,6 +116,92 @@ class CostEstimate(_Open):
     )
 
 
+class SeedDerivation(_Open):
+    """How a stage's generator seed derives from the job seed (docs/numerics.md#seeds)."""
+
+    scheme: str | None = None
+    formula: str | None = None
+    keys: dict[str, str] | None = Field(default=None, description="Stage → the key it hashes.")
+
+
+class FullModelLambda(_Open):
+    """λ_max of the whole-model Hessian from one Lanczos over all parameters, or
+    ``available`` false with the ``reason``."""
+
+    available: bool | None = None
+    lambda_max: float | None = None
+    residual: float | None = None
+    converged: bool | None = None
+    n_products: int | None = None
+    iterations: int | None = None
+    n_params: int | None = None
+    operator: str | None = None
+    reason: str | None = None
+
+
+class DenseBlock(_Open):
+    """One diagonal block of the dense Hessian: its exact eigenvalue ends and trace."""
+
+    name: str
+    lambda_max: float | None = None
+    lambda_min: float | None = None
+    spectral_norm: float | None = None
+    trace: float | None = None
+
+
+class DenseHessian(_Open):
+    """The exact dense Hessian's spectrum (small models), of the whole and of each block."""
+
+    n_parameters: int | None = None
+    lambda_max: float | None = None
+    lambda_min: float | None = None
+    spectral_norm: float | None = None
+    trace: float | None = None
+    asymmetry: float | None = Field(
+        default=None, description="‖H − Hᵀ‖_max / ‖H‖_max of the computed matrix."
+    )
+    blocks: list[DenseBlock] | None = None
+    block_names: list[str] | None = None
+    block_norm_matrix: list[list[float]] | None = Field(
+        default=None, description="σ_max of every block pair, in block_names order."
+    )
+
+
+class MemoryPlan(_Open):
+    """How the products were fitted to memory (docs/numerics.md#memory-plan); the measured
+    byte counts, the lockstep plan and the retries are kept as the engine wrote them."""
+
+    budget_bytes: int | None = None
+    budget_source: str | None = None
+    source: str | None = None
+    n_examples: int | None = None
+    configured_micro_batch: int | None = None
+    micro_batch: int | None = None
+    cache_graph: bool | None = None
+
+
+class ModelBounds(_Open):
+    """The paper's block bounds for the model (the bounds ``blocks`` by name), or
+    ``applicable`` false with the ``reasons`` the model is outside the theory's family."""
+
+    applicable: bool | None = None
+    reasons: list[str] | None = None
+
+
+class GradientNoiseEstimate(_Open):
+    """Gradient-noise statistics from per-example gradients (|G|², tr Σ, and the noise
+    scales B_simple = tr Σ / |G|², B_noise = tr(HΣ) / GᵀHG), or ``available`` false with
+    the ``reason``; the standard errors and the sampling record are kept as written."""
+
+    available: bool | None = None
+    reason: str | None = None
+    grad_sq_norm: float | None = None
+    trace_sigma: float | None = None
+    b_simple: float | None = None
+    b_noise: float | None = None
+    gradient_norm: float | None = None
+
+
 class EngineMeasurements(_Open):
     """The curvature engine's answer for the checkpoint at w* (bulky arrays as references)."""
 
@@ -114,7 +209,7 @@ class EngineMeasurements(_Open):
     device: str | None = None
     dtype: str | None = None
     seed: int | None = None
-    seed_derivation: dict[str, Any] | None = Field(
+    seed_derivation: SeedDerivation | None = Field(
         default=None,
         description="How each block's, pair's and the top eigenspace's generator is seeded "
         "from the seed (docs/numerics.md#seeds).",
@@ -124,10 +219,12 @@ class EngineMeasurements(_Open):
         description="The block fan-out, when there was one: its child jobs, the blocks and "
         "pairs each measured and their estimated costs.",
     )
-    options: dict[str, Any] | None = Field(
+    # options and spec: snapshots of AnalysisOptions and ModelSpec as the engine dumped them;
+    # JSON, not those models, which refuse fields a later version removes.
+    options: dict[str, JsonValue] | None = Field(
         default=None, description="The analysis options the engine ran with."
     )
-    spec: dict[str, Any] | None = Field(default=None, description="The model spec it built.")
+    spec: dict[str, JsonValue] | None = Field(default=None, description="The model spec it built.")
     n_parameters: int | None = None
     n_examples: int | None = None
     loss: float | None = None
@@ -136,9 +233,9 @@ class EngineMeasurements(_Open):
     n_eval_batches: int | None = None
     blocks: list[BlockSpectrum] | None = None
     off_diagonal: list[dict[str, Any]] | None = None
-    dense: dict[str, Any] | None = None
+    dense: DenseHessian | None = None
     top_eigenspace: dict[str, Any] | None = None
-    full_model: dict[str, Any] | None = Field(
+    full_model: FullModelLambda | None = Field(
         default=None,
         description="λ_max of the whole-model Hessian from one Lanczos over all parameters: "
         "lambda_max, residual, converged, n_products (its cost), iterations, n_params; or "
@@ -147,9 +244,9 @@ class EngineMeasurements(_Open):
     per_sample: dict[str, Any] | None = Field(
         default=None, description="Per-sample losses and perturbations ({artifact, tensor}…)."
     )
-    gradient_noise: dict[str, Any] | None = None
-    bounds: dict[str, Any] | None = None
-    memory_plan: dict[str, Any] | None = Field(
+    gradient_noise: GradientNoiseEstimate | None = None
+    bounds: ModelBounds | None = None
+    memory_plan: MemoryPlan | None = Field(
         default=None,
         description="How the products were fitted to memory: measured bytes per example and "
         "per batch, cached or not, the micro-batch chosen, the budget, the measurement's source, "
@@ -174,11 +271,24 @@ class EngineMeasurements(_Open):
     elapsed_s: float | None = None
 
 
+class PlannerArray(_Open):
+    """A bulky planner input in an output artifact (``perturbed_losses`` also keeps its
+    ``radius`` and ``kind``)."""
+
+    artifact_id: str
+    tensor: str
+    kind: str | None = None
+
+
 class PlannerInputs(_Open):
     """The planner's measurements without the bulky arrays (a re-plan rebuilds them)."""
 
-    fields: dict[str, Any] = Field(default_factory=dict)
-    arrays: dict[str, dict[str, Any]] = Field(
+    fields: dict[str, JsonValue] = Field(
+        default_factory=dict,
+        description="The planner's measurement fields (curvplan.types.planner.Measurements) "
+        "other than the bulky arrays, as JSON.",
+    )
+    arrays: dict[str, PlannerArray] = Field(
         default_factory=dict, description="{field: {artifact_id, tensor, …}}"
     )
 
@@ -193,7 +303,7 @@ class AnalyzeResult(_Open):
     """Result of a succeeded ``analyze`` job: measurements, recommendation, output artifacts."""
 
     measurements: EngineMeasurements
-    intermediate_gradient_noise: list[dict[str, Any]] = Field(
+    intermediate_gradient_noise: list[GradientNoiseEstimate] = Field(
         default_factory=list,
         description="Gradient-noise statistics at each intermediate checkpoint, in order.",
     )

@@ -18,7 +18,7 @@ import pytest
 from curvplan.agent.run import Outcome, run_point
 from curvplan.agent.template import TemplateError, check_template, point_values, render
 from curvplan.client.errors import ConflictError
-from curvplan.types.agents import AgentHeartbeatOut, AgentJob
+from curvplan.types.agents import AgentHeartbeatOut, AgentJob, AgentProgress
 from curvplan.types.sweep import OptimizerSpec, PointSettings
 
 POINT = PointSettings(
@@ -46,10 +46,10 @@ class FakeAPI:
     heartbeat_seconds = 0.05
 
     def __init__(self, cancel_after: int | None = None, lose_after: int | None = None) -> None:
-        self.beats: list[dict[str, Any] | None] = []
+        self.beats: list[AgentProgress | None] = []
         self.cancel_after, self.lose_after = cancel_after, lose_after
 
-    def heartbeat(self, job: AgentJob, progress: dict[str, Any] | None) -> AgentHeartbeatOut:
+    def heartbeat(self, job: AgentJob, progress: AgentProgress | None) -> AgentHeartbeatOut:
         self.beats.append(progress)
         if self.lose_after is not None and len(self.beats) > self.lose_after:
             raise ConflictError("lease lost", status=409)
@@ -147,7 +147,7 @@ def test_a_cancel_stops_the_command_with_sigterm_then_sigkill(tmp_path: Path) ->
     api = FakeAPI(cancel_after=2)
     outcome = _run(STUBBORN, tmp_path, api, cancel_grace=0.5)
     assert outcome.ended == "cancelled" and outcome.seconds < 30
-    assert any(b and b.get("message") == "step 1, eval loss 1" for b in api.beats), api.beats
+    assert any(b and b.message == "step 1, eval loss 1" for b in api.beats), api.beats
 
 
 def test_the_time_limit_and_a_lost_lease_stop_the_command(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from safetensors import SafetensorError, safe_open
 
@@ -89,6 +90,23 @@ class TensorInfo:
     data_offsets: tuple[int, int]
 
 
+class TensorSummaryJson(TypedDict):
+    """One tensor of a stored header summary."""
+
+    dtype: str
+    shape: list[int]
+
+
+class SafetensorsSummary(TypedDict):
+    """What the artifact row keeps of a validated header (its ``tensors`` column)."""
+
+    tensors: dict[str, TensorSummaryJson]
+    tensor_count: int
+    metadata: dict[str, str]
+    header_bytes: int
+    total_bytes: int
+
+
 @dataclass
 class SafetensorsInfo:
     """What a validated file declares: its tensors, metadata and sizes."""
@@ -98,7 +116,7 @@ class SafetensorsInfo:
     header_bytes: int = 0
     total_bytes: int = 0
 
-    def to_json(self) -> dict:
+    def to_json(self) -> SafetensorsSummary:
         """A JSON-able summary (stored with the artifact row)."""
         return {
             "tensors": {

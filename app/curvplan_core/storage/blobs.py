@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from sqlalchemy import Connection, Engine, text
 
@@ -108,6 +109,16 @@ def delete_if_unreferenced(
     return existed
 
 
+class BlobGcJson(TypedDict):
+    """A blob collection in a GC summary."""
+
+    blobs_scanned: int
+    blobs_deleted: int
+    bytes_freed: int
+    blobs_kept_young: int
+    blobs_kept_referenced: int
+
+
 @dataclass
 class BlobGcReport:
     """What one garbage collection did."""
@@ -118,7 +129,7 @@ class BlobGcReport:
     kept_young: int = 0
     kept_referenced: int = 0
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> BlobGcJson:
         return {
             "blobs_scanned": self.scanned,
             "blobs_deleted": len(self.deleted),

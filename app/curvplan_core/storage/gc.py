@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from curvplan_core.artifacts.blobstore import BlobStore
-from curvplan_core.storage.blobs import collect_blobs, sweep_temp_files
-from curvplan_core.storage.retention import delete_expired_jobs
+from curvplan_core.storage.blobs import BlobGcJson, collect_blobs, sweep_temp_files
+from curvplan_core.storage.retention import RetentionJson, delete_expired_jobs
 
 log = logging.getLogger("curvplan.storage")
 
@@ -44,6 +44,12 @@ def collector_lock(engine: Engine) -> Iterator[bool]:
                 conn.commit()
 
 
+class GcSummary(RetentionJson, BlobGcJson):
+    """What one garbage collection did (``curvplan gc`` prints it)."""
+
+    temp_files_deleted: int
+
+
 def run_gc(
     engine: Engine,
     store: BlobStore,
@@ -51,25 +57,22 @@ def run_gc(
     retention_days: float | None,
     blob_grace_seconds: float,
     temp_max_age_seconds: float,
-) -> dict[str, Any]:
+) -> GcSummary:
     """Sweep temp files, delete expired jobs (when ``retention_days`` is set), collect blobs."""
     removed = sweep_temp_files(store, max_age_seconds=temp_max_age_seconds)
-    summary: dict[str, Any] = {"temp_files_deleted": len(removed)}
+    retention: RetentionJson = {"jobs_deleted": 0, "outputs_deleted": 0, "cutoff": None}
     if retention_days is not None:
-        retention = delete_expired_jobs(engine, older_than=timedelta(days=retention_days))
-        summary.update(retention.as_dict())
-    else:
-        summary.update(jobs_deleted=0, outputs_deleted=0, cutoff=None)
-    summary.update(collect_blobs(engine, store, grace_seconds=blob_grace_seconds).as_dict())
-    return summary
+        retention = delete_expired_jobs(engine, older_than=timedelta(days=retention_days)).as_dict()
+    blobs = collect_blobs(engine, store, grace_seconds=blob_grace_seconds).as_dict()
+    return {"temp_files_deleted": len(removed), **retention, **blobs}
 
 
 def run_gc_from_settings(
     engine: Engine, store: BlobStore, settings: Any, *, exclusive: bool
-) -> dict[str, Any] | None:
+) -> GcSummary | None:
     """:func:`run_gc` with the configured ages; with ``exclusive``, None if another runs."""
 
-    def once() -> dict[str, Any]:
+    def once() -> GcSummary:
         return run_gc(
             engine,
             store,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TypedDict
 
 from sqlalchemy import Connection, Engine, text
 
@@ -80,6 +81,14 @@ def expired_families(conn: Connection, cutoff: datetime, limit: int) -> list[obj
     return [r[0] for r in rows]
 
 
+class RetentionJson(TypedDict):
+    """A retention pass in a GC summary (``cutoff`` None when retention is off)."""
+
+    cutoff: str | None
+    jobs_deleted: int
+    outputs_deleted: int
+
+
 @dataclass
 class RetentionReport:
     cutoff: datetime
@@ -87,7 +96,7 @@ class RetentionReport:
     outputs_deleted: int = 0
     job_ids: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> RetentionJson:
         return {
             "cutoff": self.cutoff.isoformat(),
             "jobs_deleted": self.jobs_deleted,

@@ -12,7 +12,6 @@ holds the lease matches nothing and answers 409.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
@@ -26,6 +25,7 @@ from curvplan.types.agents import (
     AgentHeartbeatOut,
     AgentJob,
     AgentOut,
+    AgentProgress,
     AgentRegister,
 )
 from curvplan.types.jobs import AGENT_QUEUE, SweepPointJobCreate
@@ -177,16 +177,16 @@ def complete(
         if result.reached_target
         else (" (censored: the target was not reached)" if result.censored else "")
     )
-    progress: dict[str, Any] = {
-        "fraction": 1.0,
-        "stage": "done",
-        "message": f"{len(result.eval_steps)} evaluations from the agent's command{reached}",
-    }
+    progress = AgentProgress(
+        fraction=1.0,
+        stage="done",
+        message=f"{len(result.eval_steps)} evaluations from the agent's command{reached}",
+    )
     status = lifecycle.mark_succeeded(
         session.connection(),
         fence,
         result={"point": result.model_dump(mode="json")},
-        progress=progress,
+        progress=progress.model_dump(),
     )
     return _ended(session, fence, status)
 

@@ -28,6 +28,7 @@ from sqlalchemy import text
 from curvplan.types.artifact_inputs import checkpoint_ids
 from curvplan.types.jobs import AnalyzeJobCreate
 from curvplan.types.options import AnalysisOptions
+from curvplan.types.problems import FieldErrorEntry
 from curvplan_core import analysis_plan
 from curvplan_core.blocks import BlockError, UnknownBlocks
 from curvplan_core.config import Settings
@@ -48,7 +49,7 @@ class SubmissionFanOut:
     reason: str
 
 
-def _error(loc: tuple[str, ...], message: str, type_: str) -> dict[str, Any]:
+def _error(loc: tuple[str, ...], message: str, type_: str) -> FieldErrorEntry:
     full = ["body", *loc]
     return {"field": ".".join(full), "loc": full, "message": message, "type": type_}
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -32,11 +31,17 @@ from curvplan.types.huggingface import (
     parse_hf_config,
 )
 from curvplan.types.jobs import AnalyzeJobCreate, SweepJobCreate
+from curvplan.types.problems import FieldErrorEntry
+from curvplan_core.artifacts.safetensors_format import TensorSummaryJson
 from curvplan_server.artifacts.models import Artifact
 from curvplan_server.problems import validation_problem
 
 ARTIFACT = Artifact.__table__
 Loc = tuple[str | int, ...]
+#: An artifact's stored tensors: name → dtype and shape.
+Header = dict[str, TensorSummaryJson]
+#: Tensor name → shape.
+Shapes = dict[str, list[int] | None]
 
 
 def _checkpoint_fields(body: AnalyzeJobCreate) -> list[list[tuple[Loc, uuid.UUID]]]:
@@ -56,7 +61,7 @@ def _checkpoint_fields(body: AnalyzeJobCreate) -> list[list[tuple[Loc, uuid.UUID
     return out
 
 
-def _error(loc: Loc, message: str, type_: str) -> dict[str, Any]:
+def _error(loc: Loc, message: str, type_: str) -> FieldErrorEntry:
     full: list[str | int] = ["body", *loc]
     return {"field": ".".join(map(str, full)), "loc": full, "message": message, "type": type_}
 
@@ -103,7 +108,7 @@ def check_model_size(body: AnalyzeJobCreate | SweepJobCreate, max_parameters: in
 
 def stored_headers(
     session: Session, project_id: uuid.UUID, ids: list[uuid.UUID]
-) -> dict[uuid.UUID, dict[str, Any]]:
+) -> dict[uuid.UUID, Header]:
     """Stored tensor summaries (name → dtype, shape) of blob artifacts; file:// ones have none
     until a worker reads them."""
     rows = session.execute(
@@ -111,7 +116,7 @@ def stored_headers(
             ARTIFACT.c.id.in_(ids), ARTIFACT.c.project_id == project_id
         )
     ).all()
-    out = {}
+    out: dict[uuid.UUID, Header] = {}
     for row in rows:
         tensors = (row.tensors or {}).get("tensors") if isinstance(row.tensors, dict) else None
         if isinstance(tensors, dict):
@@ -127,7 +132,7 @@ def check_artifact_contents(
     dataset_id = body.dataset
     ids = [dataset_id] + [artifact_id for shards in checkpoints for _, artifact_id in shards]
     headers = stored_headers(session, project_id, ids)
-    errors = []
+    errors: list[FieldErrorEntry] = []
     for shards in checkpoints:
         owner: dict[str, Loc] = {}
         for loc, artifact_id in shards:
@@ -172,10 +177,10 @@ def check_artifact_contents(
         raise validation_problem(errors)
 
 
-def _shapes(shards: list[tuple[Loc, uuid.UUID]], headers: dict[uuid.UUID, dict[str, Any]]):
+def _shapes(shards: list[tuple[Loc, uuid.UUID]], headers: dict[uuid.UUID, Header]) -> Shapes | None:
     """Tensor name → shape over a checkpoint's shards; None when a shard has no stored header
     (a file:// artifact: the worker checks it)."""
-    shapes: dict[str, Any] = {}
+    shapes: Shapes = {}
     for _, artifact_id in shards:
         tensors = headers.get(artifact_id)
         if tensors is None:
@@ -184,7 +189,7 @@ def _shapes(shards: list[tuple[Loc, uuid.UUID]], headers: dict[uuid.UUID, dict[s
     return shapes
 
 
-def tensor_difference(wanted: dict[str, Any], shapes: dict[str, Any]) -> str | None:
+def tensor_difference(wanted: Shapes, shapes: Shapes) -> str | None:
     """``missing a, b; extra c; other shape d`` between two name → shape maps; None if equal."""
     if shapes == wanted:
         return None
@@ -200,15 +205,15 @@ def tensor_difference(wanted: dict[str, Any], shapes: dict[str, Any]) -> str | N
 
 
 def _intermediates_match(
-    checkpoints: list[list[tuple[Loc, uuid.UUID]]], headers: dict[uuid.UUID, dict[str, Any]]
-) -> list[dict[str, Any]]:
+    checkpoints: list[list[tuple[Loc, uuid.UUID]]], headers: dict[uuid.UUID, Header]
+) -> list[FieldErrorEntry]:
     """An intermediate checkpoint must hold the tensors (names and shapes) of the checkpoint
     at w*: both are saves of the model the request names (e.g. the checkpoint-* folders of
     one Trainer run), not of another architecture or size."""
     reference = _shapes(checkpoints[0], headers)
     if reference is None:
         return []
-    errors = []
+    errors: list[FieldErrorEntry] = []
     for i, shards in enumerate(checkpoints[1:]):
         shapes = _shapes(shards, headers)
         difference = None if shapes is None else tensor_difference(reference, shapes)
@@ -244,17 +249,17 @@ def check_optimizer_states(
     reference = headers.get(checkpoints[0])
     if reference is None:
         return  # a file:// checkpoint has no stored header; the worker checks them
-    wanted = {
+    wanted: Shapes = {
         f"{kind}.{name}": t.get("shape")
         for name, t in reference.items()
         for kind in MOMENT_PREFIXES
     }
-    errors = []
+    errors: list[FieldErrorEntry] = []
     for i, state in given:
         tensors = headers.get(state)
         if tensors is None:
             continue
-        shapes = {name: t.get("shape") for name, t in tensors.items()}
+        shapes: Shapes = {name: t.get("shape") for name, t in tensors.items()}
         difference = tensor_difference(wanted, shapes)
         if difference is None:
             continue
@@ -279,7 +284,7 @@ def check_branch_checkpoints(
     if not ids:
         return
     headers = stored_headers(session, project_id, ids)
-    errors = []
+    errors: list[FieldErrorEntry] = []
     first_at: dict[uuid.UUID, int] = {}
     reference = headers.get(ids[0])
     for i, artifact_id in enumerate(ids):
@@ -298,8 +303,8 @@ def check_branch_checkpoints(
         tensors = headers.get(artifact_id)
         if i == 0 or reference is None or tensors is None:
             continue  # file:// artifacts have no stored header; the worker checks them
-        shapes = {name: t.get("shape") for name, t in tensors.items()}
-        wanted = {name: t.get("shape") for name, t in reference.items()}
+        shapes: Shapes = {name: t.get("shape") for name, t in tensors.items()}
+        wanted: Shapes = {name: t.get("shape") for name, t in reference.items()}
         difference = tensor_difference(wanted, shapes)
         if difference is not None:
             errors.append(

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
+from pydantic import JsonValue, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -24,6 +24,9 @@ from curvplan_core.artifacts.blobstore import default_store
 from curvplan_core.jobs.models import Job
 from curvplan_server.artifacts.models import Artifact
 from curvplan_server.problems import Problem, conflict, validation_problem
+
+if TYPE_CHECKING:
+    import numpy as np
 
 JOB = Job.__table__
 ARTIFACT = Artifact.__table__
@@ -39,8 +42,8 @@ def _from_job_error(message: str, type_: str) -> Problem:
 
 def measurements_from_job(
     session: Session, project_id: uuid.UUID, job_id: uuid.UUID, data_dir: Path
-) -> dict[str, Any]:
-    """The ``measurements`` of a succeeded analyze job of the project.
+) -> dict[str, JsonValue]:
+    """The ``measurements`` of a succeeded analyze job of the project, as JSON.
 
     422 naming ``from_job`` when the job is not the project's or not an analyze job; 409
     while it has not succeeded (or failed/cancelled: there is nothing to re-plan).
@@ -64,7 +67,7 @@ def measurements_from_job(
     inputs = (row.result or {}).get("planner_inputs")
     if not isinstance(inputs, dict):
         raise conflict(f"job {job_id} holds no planner inputs to re-plan", job_status=row.status)
-    fields = dict(inputs.get("fields") or {})
+    fields: dict[str, JsonValue] = dict(inputs.get("fields") or {})
     arrays = inputs.get("arrays") or {}
     store = default_store(data_dir)
     losses_ref = arrays.get("per_sample_losses")
@@ -107,7 +110,9 @@ def complete_replan(
     return body.model_copy(update={"measurements": measurements})
 
 
-def _load(session: Session, store: Any, project_id: uuid.UUID, artifact_id: str) -> dict[str, Any]:
+def _load(
+    session: Session, store: Any, project_id: uuid.UUID, artifact_id: str
+) -> dict[str, np.ndarray]:
     from safetensors.numpy import load_file
 
     sha256 = session.execute(

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from curvplan_core.artifacts.blobstore import BlobStore, BlobWriter
+from curvplan_core.artifacts.safetensors_format import SafetensorsSummary
 from curvplan_core.storage.blobs import delete_if_unreferenced, lock_blob, place_blob
 from curvplan_server.artifacts import service
 from curvplan_server.storage.quota import Quota, check_room
@@ -40,7 +40,7 @@ def commit_upload(
     project_id: uuid.UUID,
     kind: str,
     name: str | None,
-    summary: dict[str, Any],
+    summary: SafetensorsSummary,
     quota: Quota,
     preview: int = 100,
 ) -> service.Stored:
@@ -90,7 +90,7 @@ def register_uri(
     uri: str,
     name: str | None,
     quota: Quota,
-) -> dict[str, Any]:
+) -> service.ArtifactJson:
     """Insert a ``file://`` artifact after the count quota check; committed."""
     check_room(session.connection(), project_id, quota, new_bytes=0, lock=True)
     artifact = service.insert_uri_artifact(session, project_id, kind=kind, uri=uri, name=name)

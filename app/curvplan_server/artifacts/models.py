@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import BigInteger, CheckConstraint, DateTime, ForeignKey, Index, Text, func, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
+from curvplan_core.artifacts.safetensors_format import SafetensorsSummary
 from curvplan_core.db import Base
 
 ARTIFACT_KINDS = ("checkpoint", "dataset", "job-output")
@@ -69,6 +69,6 @@ class Artifact(Base):
     sha256: Mapped[str | None] = mapped_column(Text)
     size_bytes: Mapped[int | None] = mapped_column(BigInteger)
     uri: Mapped[str | None] = mapped_column(Text)
-    tensors: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    tensors: Mapped[SafetensorsSummary | None] = mapped_column(JSONB)
     job_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -32,6 +32,7 @@ from curvplan_server.artifacts import service
 from curvplan_server.artifacts.commit import commit_upload, early_quota_check, register_uri
 from curvplan_server.artifacts.header_gate import HeaderGateFull, gate_full_problem, header_gate
 from curvplan_server.artifacts.models import ARTIFACT_KINDS, UPLOAD_KINDS
+from curvplan_server.artifacts.service import ArtifactJson
 from curvplan_server.artifacts.upload import UploadForm, UploadFormError, boundary_of
 from curvplan_server.auth.dependencies import ProjectDep
 from curvplan_server.db import SessionDep
@@ -343,7 +344,7 @@ async def _register_uri(request: Request, session: Session, project_id: uuid.UUI
             "uri_not_allowed",
         )
 
-    def insert() -> dict[str, Any]:
+    def insert() -> ArtifactJson:
         return register_uri(
             session,
             project_id,
@@ -501,7 +502,9 @@ def get_artifact_content(
         raise Problem(
             409, "this artifact is a reference to a file, not a stored blob", title="Conflict"
         )
-    path = blob_store(request).path_for(artifact["sha256"])
+    sha256 = artifact["sha256"]
+    assert sha256 is not None  # a blob row has its digest (the table's check constraint)
+    path = blob_store(request).path_for(sha256)
     if not path.is_file():
         raise Problem(410, "the artifact's blob is missing from the store", title="Gone")
     filename = f"{artifact['name'] or artifact['id']}.safetensors".replace('"', "")

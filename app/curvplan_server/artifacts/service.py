@@ -10,13 +10,15 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 from psycopg.types.json import Jsonb
 from sqlalchemy import Row, Table, and_, literal_column, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from curvplan.types.jobs import ArtifactReference
+from curvplan.types.problems import FieldErrorEntry
+from curvplan_core.artifacts.safetensors_format import SafetensorsSummary, TensorSummaryJson
 from curvplan_server.artifacts.models import Artifact
 from curvplan_server.paging import decode_page_token, encode_page_token, page_token_problem
 from curvplan_server.problems import not_found, validation_problem
@@ -84,7 +86,60 @@ def summary_columns(preview: int) -> list[Any]:
     ]
 
 
-def artifact_to_json(row: Row[Any] | Any) -> dict[str, Any]:
+class ArtifactLinksJson(TypedDict):
+    self: str
+    tensors: str
+    metadata: str
+    content: NotRequired[str]
+
+
+class ArtifactJson(TypedDict):
+    """An artifact as the API answers it: :class:`curvplan.types.artifacts.ArtifactOut`'s JSON."""
+
+    id: str
+    kind: str
+    name: str | None
+    storage: str
+    sha256: str | None
+    size: int | None
+    uri: str | None
+    tensor_count: int | None
+    tensors: dict[str, TensorSummaryJson] | None
+    tensors_truncated: bool
+    metadata: dict[str, str] | None
+    metadata_count: int | None
+    metadata_truncated: bool
+    job_id: str | None
+    created_at: str
+    links: ArtifactLinksJson
+
+
+class TensorEntryJson(TypedDict):
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+class TensorPageJson(TypedDict):
+    """:class:`curvplan.types.artifacts.TensorPage`'s JSON."""
+
+    items: list[TensorEntryJson]
+    next_page_token: str | None
+
+
+class MetadataEntryJson(TypedDict):
+    key: str
+    value: str
+
+
+class MetadataPageJson(TypedDict):
+    """:class:`curvplan.types.artifacts.MetadataPage`'s JSON."""
+
+    items: list[MetadataEntryJson]
+    next_page_token: str | None
+
+
+def artifact_to_json(row: Row[Any] | Any) -> ArtifactJson:
     """The API representation of an artifact row (see ``curvplan.types.artifacts.ArtifactOut``).
 
     ``tensors`` holds the first tensors by name (``CURVPLAN_ARTIFACT_TENSOR_PREVIEW``);
@@ -94,7 +149,7 @@ def artifact_to_json(row: Row[Any] | Any) -> dict[str, Any]:
     artifact_id = str(m["id"])
     count = m["tensor_count"]
     preview = m["tensor_preview"] if count is not None else None
-    out = {
+    out: ArtifactJson = {
         "id": artifact_id,
         "kind": m["kind"],
         "name": m["name"],
@@ -125,7 +180,7 @@ def artifact_to_json(row: Row[Any] | Any) -> dict[str, Any]:
 class Stored:
     """An inserted (or already present, for a re-upload) artifact."""
 
-    artifact: dict[str, Any]
+    artifact: ArtifactJson
     created: bool
 
 
@@ -137,7 +192,7 @@ def insert_blob_artifact(
     name: str | None,
     sha256: str,
     size: int,
-    summary: dict[str, Any],
+    summary: SafetensorsSummary,
     preview: int = 100,
 ) -> Stored:
     """Insert an uploaded blob's row; the same content uploaded again returns the first row."""
@@ -168,7 +223,7 @@ def insert_blob_artifact(
 
 def insert_uri_artifact(
     session: Session, project_id: uuid.UUID, *, kind: str, uri: str, name: str | None
-) -> dict[str, Any]:
+) -> ArtifactJson:
     """Register a file the workers can read; it is hashed and validated when a job uses it."""
     row = session.execute(
         ARTIFACT.insert()
@@ -184,7 +239,7 @@ def insert_uri_artifact(
 
 def get_artifact(
     session: Session, project_id: uuid.UUID, artifact_id: uuid.UUID, preview: int = 100
-) -> dict[str, Any]:
+) -> ArtifactJson:
     """The artifact, or a 404 problem (also for another project's artifact)."""
     row = session.execute(
         select(*summary_columns(preview)).where(
@@ -240,13 +295,13 @@ def list_tensors(
     *,
     page_size: int,
     page_token: str | None,
-) -> dict[str, Any]:
+) -> TensorPageJson:
     """A page of the artifact's tensors by name (byte order) and the next page's token."""
     rows, token = _header_entries_page(
         session, project_id, artifact_id, section="tensors", each="jsonb_each", cursor="a",
         page_size=page_size, page_token=page_token,
     )  # fmt: skip
-    items = [
+    items: list[TensorEntryJson] = [
         {"name": r.key, "dtype": r.value.get("dtype"), "shape": r.value.get("shape")} for r in rows
     ]
     return {"items": items, "next_page_token": token}
@@ -259,7 +314,7 @@ def list_metadata(
     *,
     page_size: int,
     page_token: str | None,
-) -> dict[str, Any]:
+) -> MetadataPageJson:
     """A page of the artifact's ``__metadata__`` entries by key (byte order), values in full,
     and the next page's token (the whole metadata is bounded by the upload limit)."""
     rows, token = _header_entries_page(
@@ -298,7 +353,7 @@ def list_artifacts(
     page_token: str | None,
     preview: int = 100,
     sha256: str | None = None,
-) -> tuple[list[dict[str, Any]], str | None]:
+) -> tuple[list[ArtifactJson], str | None]:
     """A page of the project's artifacts, newest first, and the next page's token."""
     fingerprint = f"{kind}|{job_id}" + (f"|{sha256}" if sha256 else "")
     conditions = [ARTIFACT.c.project_id == project_id]
@@ -347,7 +402,7 @@ def check_references(
         .with_for_update(read=True, key_share=True)
     ).all()
     kinds = {row.id: row.kind for row in rows}
-    errors: list[dict[str, Any]] = []
+    errors: list[FieldErrorEntry] = []
     for ref in refs:
         loc: list[str | int] = ["body", *ref.field]
         found = kinds.get(ref.artifact_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from curvplan.types.jobs import JobCreateModel, PlanJobCreate
+from curvplan.types.problems import FieldErrorEntry
 from curvplan_core.config import Settings
 from curvplan_server.problems import validation_problem
 
@@ -35,7 +36,7 @@ def check_plan_work(body: JobCreateModel, limits: PlanLimits) -> None:
     rows = perturbed.losses if perturbed is not None else []
     losses = n + (len(rows) * len(rows[0]) if rows else 0)
     orderings, bootstrap = targets.orderings, targets.bootstrap
-    errors = []
+    errors: list[FieldErrorEntry] = []
     if losses * orderings > limits.max_loss_evaluations:
         allowed = limits.max_loss_evaluations // max(1, losses)
         hint = (
