@@ -7,8 +7,9 @@ Messages on the result pipe, in order:
   None until the kind has an estimate), each followed by
   ``("memory", {device: {allocated, reserved, peak}})`` once the attempt uses CUDA, then at
   most one of
-* ``("result", dict)``, ``("error", {type, title, detail})``, ``("cancelled",)``,
-  ``("retry", {type, title, detail})`` (a transient failure: run the job again), or
+* ``("result", dict)`` (the kind's result model as stored), ``("error", {type, title,
+  detail})``, ``("cancelled",)``, ``("retry", {type, title, detail})`` (a transient failure:
+  run the job again), or
   ``("fan-out", {"children": [{kind, request, name}], "message": str})``.
 
 A child that exits without a final message crashed (signal, ``os._exit``, out of
@@ -30,12 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from curvplan.types.jobs import JOB_CREATE_TYPES
+from curvplan.types.results import stored_result
 from curvplan_core.jobs.errors import error_dict
 from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobCancelled, JobError, RetryableError
 from curvplan_worker.exit_codes import EXIT_WORKER_GONE
 from curvplan_worker.job_context import FanOut, JobContext
-from curvplan_worker.kinds import load_request, load_run
+from curvplan_worker.kinds import kind_spec, load_request, load_run
 from curvplan_worker.memstats import device_memory
 
 log = logging.getLogger("curvplan.worker.child")
@@ -129,10 +131,8 @@ def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[
         result = run(load_request(task.kind, task.request_json), ctx)
         if isinstance(result, FanOut):
             return ("fan-out", _fan_out_payload(task, result))
-        if not isinstance(result, dict):
-            raise TypeError(f"kind {task.kind!r} returned {type(result).__name__}, not a dict")
-        json.dumps(result, allow_nan=False)  # must be storable as jsonb
-        return ("result", result)
+        # the kind's result model, validated and storable as jsonb, before the worker writes it
+        return ("result", stored_result(kind_spec(task.kind).result_type, result))
     except JobCancelled:
         log.info("attempt stopped: cancellation requested")
         return ("cancelled",)

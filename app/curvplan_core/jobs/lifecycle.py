@@ -29,7 +29,14 @@ from typing import Any, Literal
 from psycopg.types.json import Jsonb
 from sqlalchemy import Connection, Row, text
 
-from curvplan.types.jobs import AGENT_QUEUE, QUEUE_OF_KIND, TERMINAL_STATUSES, queue_of
+from curvplan.types.jobs import (
+    AGENT_QUEUE,
+    CREATE_TYPE_OF_KIND,
+    QUEUE_OF_KIND,
+    TERMINAL_STATUSES,
+    JobStatus,
+    queue_of,
+)
 from curvplan_core.jobs.errors import error_dict
 from curvplan_core.jobs.fanout import (
     FAN_IN_STAGE,
@@ -863,20 +870,12 @@ def start_waiting(
     return child_ids
 
 
-FAIL_FAST_CHILD_KINDS: dict[str, tuple[str, str]] = {
-    "analyze_blocks": ("block-group-failed", "A block group of the fan-out failed"),
-}
-"""Child kinds whose failure dooms their parent, with the parent's error type and title.
-
-An analysis needs every block group, so one failed ``analyze_blocks`` child fails the parent at
-once and cancels the other groups (:func:`fail_parent_fast`); a sweep fits the points that
-finished, so its ``sweep_point`` children are not here (a failed point only counts as failed).
-"""
-
-
 def fail_parent_fast(conn: Connection, child_id: uuid.UUID) -> uuid.UUID | None:
-    """Fail the waiting parent of a failed child of a :data:`FAIL_FAST_CHILD_KINDS` kind and
-    cancel its other children; the parent's id, or None when nothing was to be done.
+    """Fail the waiting parent of a failed child of a kind that declares
+    :attr:`~curvplan.types.jobs.FailFast` (an analysis needs every block group, so one failed
+    ``analyze_blocks`` fails it at once; a sweep fits the points that finished, so a failed
+    ``sweep_point`` only counts as failed) and cancel its other children; the parent's id,
+    or None when nothing was to be done.
 
     Run in its own transaction, after the one that ended the child (the fan-in rule of
     ``curvplan_core.jobs.fanout`` stays the safety net: if this never runs, the parent's
@@ -890,11 +889,13 @@ def fail_parent_fast(conn: Connection, child_id: uuid.UUID) -> uuid.UUID | None:
         text("SELECT kind, parent_id, status, name, error, request FROM job WHERE id = :id"),
         {"id": child_id},
     ).one_or_none()
+    create_type = None if child is None else CREATE_TYPE_OF_KIND.get(child.kind)
+    fail_fast = None if create_type is None else create_type.fail_fast
     if (
         child is None
         or child.parent_id is None
-        or child.status != "failed"
-        or child.kind not in FAIL_FAST_CHILD_KINDS
+        or child.status != JobStatus.FAILED
+        or fail_fast is None
     ):
         return None
     parent_id = child.parent_id
@@ -906,7 +907,6 @@ def fail_parent_fast(conn: Connection, child_id: uuid.UUID) -> uuid.UUID | None:
     if parent.status != "running" or parent.lease_expires_at is not None:
         return None  # cancelling (it ends cancelled), terminal, or its own attempt runs
     cancelled = _cancel_children(conn, parent_id)
-    error_type, title = FAIL_FAST_CHILD_KINDS[child.kind]
     request = child.request or {}
     child_error = child.error or {}
     what = f"blocks {request.get('blocks') or []}"
@@ -928,7 +928,7 @@ def fail_parent_fast(conn: Connection, child_id: uuid.UUID) -> uuid.UUID | None:
         ),
         {
             "p": parent_id,
-            "error": json_param(error_dict(error_type, title, detail[:2000])),
+            "error": json_param(error_dict(fail_fast.error_type, fail_fast.title, detail[:2000])),
             "progress": json_param(progress),
         },
     )
