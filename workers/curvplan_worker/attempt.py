@@ -8,6 +8,7 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import Any, Literal
@@ -71,7 +72,7 @@ class Final:
     (a transient failure) or ``fan-out`` (children to create before the job resumes)."""
 
     kind: str
-    payload: dict[str, Any] | None = None
+    payload: Mapping[str, Any] | None = None
 
 
 KillKind = Literal["kernel-oom", "suspected-oom", "external-kill"]

@@ -33,6 +33,7 @@ from typing import Any
 from curvplan.types.jobs import JOB_CREATE_TYPES
 from curvplan.types.results import stored_result
 from curvplan_core.jobs.errors import error_dict
+from curvplan_core.jobs.records import ChildRecord
 from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobCancelled, JobError, RetryableError
 from curvplan_worker.exit_codes import EXIT_WORKER_GONE
@@ -63,7 +64,7 @@ class ChildTask:
     data_dir: str
     log_format: str
     log_level: str
-    children: list[dict[str, Any]] | None = None
+    children: list[ChildRecord] | None = None
     #: A worker on another host: the API's URL and the worker's own key (sent to the child
     #: through the pipe only; never logged, never in the database).
     api_url: str | None = None

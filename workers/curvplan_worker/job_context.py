@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from curvplan.types.huggingface import HuggingFaceModel
 from curvplan.types.jobs import JobError as ChildError
 from curvplan.types.spec import ModelSpec
+from curvplan_core.jobs.records import ChildRecord
 from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobCancelled
 
@@ -110,7 +111,7 @@ class JobContext:
         data_dir: Path,
         send_progress: Callable[..., None],
         is_cancelled: Callable[[], bool],
-        children: list[dict[str, Any]] | None = None,
+        children: list[ChildRecord] | None = None,
         api_url: str | None = None,
         api_key: str | None = None,
         limits: AttemptLimits | None = None,

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
+from curvplan.types.jobs import JobStatus
 from curvplan_core.jobs import lifecycle, store
 from curvplan_core.jobs.errors import error_dict
 from curvplan_worker.attempt import Final
@@ -103,7 +104,7 @@ class OutcomeWriter:
         if status is None:
             log.warning("lease lost before the outcome was written; %s result discarded", outcome)
             return "lease-lost"
-        if status == "failed":
+        if status == JobStatus.FAILED:
             fail_parent_fast(self.engine, fence.job_id)
         log.info(
             "attempt ended",
@@ -131,7 +132,7 @@ class OutcomeWriter:
         fence: store.Fence,
         detail: str,
         exitcode: int | None,
-        error: dict[str, Any] | None = None,
+        error: Mapping[str, Any] | None = None,
     ) -> str:
         """A crashed attempt, or (``error``: type, title, detail) a transient failure the
         child reported; either way the job runs again while attempts remain."""
@@ -152,7 +153,7 @@ class OutcomeWriter:
             log.warning("lease lost before the crash was recorded")
             return "lease-lost"
         log.error("attempt crashed: %s", detail, extra={"exitcode": exitcode, "status": status})
-        if status == "failed":
+        if status == JobStatus.FAILED:
             fail_parent_fast(self.engine, fence.job_id)
         return "crashed"
 
