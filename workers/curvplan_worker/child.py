@@ -33,7 +33,7 @@ from typing import Any
 from curvplan.types.jobs import JOB_CREATE_TYPES
 from curvplan.types.results import stored_result
 from curvplan_core.jobs.errors import error_dict
-from curvplan_core.jobs.records import ChildRecord
+from curvplan_core.jobs.records import ChildRecord, FanOutRecord
 from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobCancelled, JobError, RetryableError
 from curvplan_worker.exit_codes import EXIT_WORKER_GONE
@@ -164,7 +164,7 @@ ROUND_KINDS = frozenset({"sweep"})
 (docs/budget.md#data-sweep); any other kind doing so is a bug."""
 
 
-def _fan_out_payload(task: ChildTask, fan_out: FanOut) -> dict[str, Any]:
+def _fan_out_payload(task: ChildTask, fan_out: FanOut) -> FanOutRecord:
     """The children as the worker inserts them: each request a create model of the contract
     (validated when the kind built it), as JSON."""
     if task.children is not None and task.kind not in ROUND_KINDS:
@@ -174,7 +174,7 @@ def _fan_out_payload(task: ChildTask, fan_out: FanOut) -> dict[str, Any]:
             raise TypeError(f"kind {task.kind!r} fanned out a {type(child.request).__name__}")
     children = [child.stored() for child in fan_out.children]
     json.dumps(children, allow_nan=False)
-    return {"children": children, "message": fan_out.message}
+    return FanOutRecord(children=children, message=fan_out.message)
 
 
 def child_main(

@@ -19,6 +19,7 @@ from sqlalchemy import exc as sa_exc
 from curvplan.types.jobs import JobStatus
 from curvplan_core.jobs import lifecycle, store
 from curvplan_core.jobs.errors import error_dict
+from curvplan_core.jobs.records import ProgressRecord
 from curvplan_worker.attempt import Final
 from curvplan_worker.options import WorkerOptions
 
@@ -73,7 +74,7 @@ class OutcomeWriter:
         fence: store.Fence,
         final: Final,
         *,
-        progress: dict[str, Any] | None = None,
+        progress: ProgressRecord | None = None,
         elapsed: float | None = None,
     ) -> str:
         """What the child's last message says: a result, an error, a cancel, a fan-out or a
@@ -116,7 +117,7 @@ class OutcomeWriter:
         )
         return status
 
-    def fan_out(self, fence: store.Fence, final: Final, *, progress: dict[str, Any] | None) -> str:
+    def fan_out(self, fence: store.Fence, final: Final, *, progress: ProgressRecord | None) -> str:
         children = (final.payload or {}).get("children") or []
         status = self.fenced_write(
             lambda conn: lifecycle.wait_for_children(conn, fence, children, progress=progress)
@@ -158,7 +159,7 @@ class OutcomeWriter:
         return "crashed"
 
     def out_of_memory(
-        self, fence: store.Fence, ends: list[str], *, progress: dict[str, Any] | None
+        self, fence: store.Fence, ends: list[str], *, progress: ProgressRecord | None
     ) -> str:
         """The job's error after its out-of-memory retry ended out of memory too."""
         limit = self.options.memory_limit_bytes

@@ -54,6 +54,13 @@ class NewChild(TypedDict):
     eta_seconds: NotRequired[float]
 
 
+class FanOutRecord(TypedDict):
+    """What an attempt that fanned out sends its worker: the children and a message."""
+
+    children: list[NewChild]
+    message: str
+
+
 class ChildRecord(TypedDict):
     """A child of a fan-out with its outcome, as its parent's fan-in sees it."""
 
