@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from curvplan.types.jobs import job_time_limit
 from curvplan.types.options import MachineSettings, parse_byte_size
 
 
@@ -102,12 +103,15 @@ class Settings(BaseSettings):
         "the API and on every worker.",
     )
     job_time_limits: dict[str, float] = Field(
-        default_factory=lambda: {"plan": 900.0, "analyze": 86400.0},
+        default_factory=dict,
         description="Seconds an attempt of each job kind may run before it is killed and "
-        'the job fails with error type "timeout" (JSON object, e.g. {"plan": 900}).',
+        'the job fails with error type "timeout" (JSON object, e.g. {"plan": 900}); a kind '
+        "without an entry has the limit it declares (plan 900 s, analyze 86400 s).",
     )
     default_job_time_limit: float = Field(
-        default=86400.0, gt=0, description="Time limit of a kind without an entry above."
+        default=86400.0,
+        gt=0,
+        description="Time limit of a kind without an entry above that declares none.",
     )
     max_model_parameters: int | None = Field(
         default=2_000_000_000,
@@ -374,6 +378,11 @@ class Settings(BaseSettings):
         if value is None or value == "":
             return None
         return normalise_database_url(value)
+
+    def job_time_limit(self, kind: str) -> float:
+        """Seconds an attempt of ``kind`` may run (its override here, else its declared
+        limit, else the default: :func:`curvplan.types.jobs.job_time_limit`)."""
+        return job_time_limit(kind, self.job_time_limits, self.default_job_time_limit)
 
     def machine_settings(self) -> MachineSettings:
         """The engine's machine settings of this worker (ValueError naming a bad one)."""

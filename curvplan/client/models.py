@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from curvplan.types.artifacts import ArtifactOut, ArtifactPage
-from curvplan.types.jobs import JobError, JobOut, JobPage, Progress
+from curvplan.types.jobs import TERMINAL_STATUSES, JobError, JobOut, JobPage, JobStatus, Progress
 from curvplan.types.planner import Measurements, Recommendation, Targets
 from curvplan.types.recommendations import LatestRecommendation, RecommendationPage
 from curvplan.types.reports import PlotFiles, PlotInfo, PlotList
@@ -26,14 +26,12 @@ from curvplan.types.webhooks import WebhookDeliveryList, WebhookDeliveryOut, Web
 Job = JobOut
 Artifact = ArtifactOut
 
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
-
 
 def job_recommendation(job: JobOut) -> Recommendation | None:
     """The recommendation of a succeeded job; None before it succeeded or when its result has
     none. A result stored as a plain dict is validated (ValueError if it does not fit)."""
     result = job.result
-    if job.status != "succeeded" or result is None:
+    if job.status != JobStatus.SUCCEEDED or result is None:
         return None
     if isinstance(result, dict):
         rec = result.get("recommendation")

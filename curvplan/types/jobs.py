@@ -10,12 +10,21 @@ class variables —
   ``job_artifact`` table, which keeps them from deletion while the job is live);
 - ``client_submittable``: False for an internal kind that only a fan-out creates (a client's
   ``POST /v1/jobs`` of it is a 422);
+- ``result_type``: the model of a succeeded job's ``result`` (``curvplan.types.results``):
+  what the kind's ``run`` returns, validated by the worker before it is written, and what the
+  API answers;
+- ``time_limit``: the seconds an attempt may run before it is killed (error type
+  ``timeout``); None: the service's default. The operator overrides it per kind
+  (``CURVPLAN_JOB_TIME_LIMITS``, :func:`job_time_limit`);
+- ``fail_fast``: for a child kind, the error its waiting parent fails with as soon as one
+  child fails (:class:`FailFast`; None: a failed child only counts as failed);
 
 append it to :data:`JOB_CREATE_TYPES` (the unions, the OpenAPI schema, :data:`QUEUE_OF_KIND`
 and the API's validation follow), and write its handler as the module
 ``curvplan_worker.kinds.x`` exposing ``run`` (the worker derives it from the name). Checks
-that need the database or the service's settings (model size, tensor layouts, re-plans) are
-the server's, registered under the kind's name (``curvplan_server.jobs.submission``).
+that need the database or the service's settings (model size, tensor layouts, re-plans) and
+a fan-out at submission are the server's, declared for the create model in
+``curvplan_server.jobs.submission`` (a ``KindSubmission`` of it).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from functools import reduce
 from itertools import pairwise
 from operator import or_
@@ -56,7 +66,14 @@ from curvplan.types.planner import (
     Targets,
     check_workload,
 )
-from curvplan.types.results import RESULT_TYPES, JobResult
+from curvplan.types.results import (
+    AnalyzeBlocksResult,
+    AnalyzeResult,
+    JobResult,
+    PlanResult,
+    SweepJobResult,
+    SweepPointJobResult,
+)
 from curvplan.types.sweep import PointSettings, SweepSettings, _SweepBase
 
 TagKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
@@ -95,12 +112,45 @@ class ArtifactReference:
         return ".".join(map(str, self.field))
 
 
+class JobStatus(StrEnum):
+    """A job's status: the values of the ``job.status`` column and of the API's ``status``.
+
+    ``queued`` → ``running`` → ``succeeded`` | ``failed``; a cancel goes through
+    ``cancelling`` (a running attempt stops cooperatively) to ``cancelled``.
+    """
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+JOB_STATUSES: tuple[str, ...] = tuple(s.value for s in JobStatus)
+TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+ACTIVE_STATUSES = frozenset({JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING})
+
+
+@dataclass(frozen=True, slots=True)
+class FailFast:
+    """A child kind whose failure dooms its waiting parent: the parent fails at once with
+    ``error_type`` and ``title`` and its other children are cancelled
+    (``curvplan_core.jobs.lifecycle.fail_parent_fast``)."""
+
+    error_type: str
+    title: str
+
+
 class _JobCreateBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # The kind's hooks (the module docstring; the registries below derive from them).
     queue: ClassVar[str]
     artifact_fields: ClassVar[tuple[ArtifactField, ...]] = ()
     client_submittable: ClassVar[bool] = True
+    result_type: ClassVar[type[BaseModel]]
+    time_limit: ClassVar[float | None] = None
+    fail_fast: ClassVar[FailFast | None] = None
 
     name: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
         default=None, description="A label to find the job by (not unique)."
@@ -127,6 +177,8 @@ class PlanJobCreate(_JobCreateBase):
     """
 
     queue: ClassVar[str] = "cpu"
+    result_type: ClassVar[type[BaseModel]] = PlanResult
+    time_limit: ClassVar[float | None] = 900.0
     kind: Literal["plan"]
     from_job: uuid.UUID | None = Field(
         default=None, description="A succeeded analyze job whose measurements to re-plan."
@@ -185,6 +237,8 @@ class AnalyzeJobCreate(_JobCreateBase):
         ArtifactField("checkpoint", "checkpoint"),
         ArtifactField("intermediate_checkpoints", "checkpoint"),
     )
+    result_type: ClassVar[type[BaseModel]] = AnalyzeResult
+    time_limit: ClassVar[float | None] = 86400.0
     kind: Literal["analyze"]
     model: ModelSource = Field(
         description="The reference model spec, or {source: huggingface, config: <config.json>} "
@@ -277,6 +331,11 @@ class AnalyzeBlocksJobCreate(_JobCreateBase):
         ArtifactField("checkpoint", "checkpoint"),
     )
     client_submittable: ClassVar[bool] = False
+    result_type: ClassVar[type[BaseModel]] = AnalyzeBlocksResult
+    # An analysis needs every block group: one failed group fails it at once.
+    fail_fast: ClassVar[FailFast | None] = FailFast(
+        "block-group-failed", "A block group of the fan-out failed"
+    )
     kind: Literal["analyze_blocks"]
     model: ModelSource
     checkpoint: CheckpointRef
@@ -324,6 +383,7 @@ class SweepJobCreate(_JobCreateBase, _SweepBase):
         ArtifactField("checkpoints", "checkpoint"),
         ArtifactField("optimizer_states", "checkpoint"),
     )
+    result_type: ClassVar[type[BaseModel]] = SweepJobResult
     kind: Literal["sweep"]
     sweep: SweepSettings
 
@@ -450,6 +510,8 @@ class SweepPointJobCreate(_JobCreateBase, _SweepBase):
         ArtifactField("optimizer_state", "checkpoint"),
     )
     client_submittable: ClassVar[bool] = False
+    # A sweep fits the points that finished: a failed point only counts as failed.
+    result_type: ClassVar[type[BaseModel]] = SweepPointJobResult
     kind: Literal["sweep_point"]
     point: PointSettings
     optimizer_state: uuid.UUID | None = Field(
@@ -493,7 +555,7 @@ def attempt_text(
     ``1/3 + fan-in``. The fan-in is an attempt of its own (queueing it raises max_attempts by
     one, docs/layout.md "One job's life"), so a clean fan-out reads 1/3, not 2/4."""
     done = bool(children_statuses) and all(s in TERMINAL_STATUSES for s in children_statuses or [])
-    if done and attempt >= 2 and status not in ("cancelled", "cancelling"):
+    if done and attempt >= 2 and status not in (JobStatus.CANCELLED, JobStatus.CANCELLING):
         return f"{attempt - 1}/{max_attempts - 1} + fan-in"
     return f"{attempt}/{max_attempts}"
 
@@ -521,9 +583,17 @@ CLIENT_JOB_CREATE_TYPES: tuple[type[_JobCreateBase], ...] = tuple(
 CLIENT_JOB_KINDS: tuple[str, ...] = tuple(kind_name(t) for t in CLIENT_JOB_CREATE_TYPES)
 INTERNAL_JOB_KINDS: tuple[str, ...] = tuple(k for k in JOB_KINDS if k not in CLIENT_JOB_KINDS)
 QUEUES: tuple[str, ...] = tuple(sorted(set(QUEUE_OF_KIND.values())))
-JOB_STATUSES = ("queued", "running", "cancelling", "succeeded", "failed", "cancelled")
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
-ACTIVE_STATUSES = frozenset({"queued", "running", "cancelling"})
+
+
+def job_time_limit(kind: str, overrides: Mapping[str, float], default: float) -> float:
+    """The seconds an attempt of ``kind`` may run: the operator's override for the kind
+    (``CURVPLAN_JOB_TIME_LIMITS``), else the kind's declared :attr:`time_limit`, else
+    ``default`` (``CURVPLAN_DEFAULT_JOB_TIME_LIMIT``; also for a kind not declared here)."""
+    if kind in overrides:
+        return float(overrides[kind])
+    create_type = CREATE_TYPE_OF_KIND.get(kind)
+    declared = create_type.time_limit if create_type is not None else None
+    return float(default if declared is None else declared)
 
 
 def _union(types: tuple[type[_JobCreateBase], ...]) -> Any:
@@ -625,7 +695,7 @@ class JobChild(BaseModel):
     id: uuid.UUID
     kind: str
     name: str | None
-    status: Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
+    status: JobStatus
     attempt: int
     error_type: str | None = Field(default=None, description="error.type of a failed child.")
     stage: str | None = Field(
@@ -654,7 +724,7 @@ class JobOut(BaseModel):
     )
     kind: str
     queue: str
-    status: Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
+    status: JobStatus
     name: str | None
     tags: dict[str, str]
     progress: Progress | None
@@ -686,9 +756,9 @@ class JobOut(BaseModel):
     @classmethod
     def _result_of_kind(cls, value: Any, info: ValidationInfo) -> Any:
         """The result model is the job kind's (an analyze result is also a valid plan one)."""
-        result_type = RESULT_TYPES.get(info.data.get("kind", ""))
-        if isinstance(value, dict) and result_type is not None:
-            return result_type.model_validate(value)
+        create_type = CREATE_TYPE_OF_KIND.get(info.data.get("kind", ""))
+        if isinstance(value, dict) and create_type is not None:
+            return create_type.result_type.model_validate(value)
         return value
 
 

@@ -1,7 +1,8 @@
 """Per-kind job results: what ``GET /v1/jobs/{id}`` answers in ``result`` once a job succeeded.
 
 A ``plan`` job's result is :class:`PlanResult`, an ``analyze`` job's :class:`AnalyzeResult`,
-a ``sweep`` job's :class:`SweepJobResult`.
+a ``sweep`` job's :class:`SweepJobResult`: each kind declares its own (the ``result_type`` of
+its create model, ``curvplan.types.jobs``).
 The recommendation inside both is :class:`curvplan.types.planner.Recommendation`.
 
 The engine's measurements are wide and grow with the engine; :class:`EngineMeasurements`
@@ -12,6 +13,7 @@ stored by an older or newer worker still validates. Bulky arrays are not inline:
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -22,7 +24,12 @@ from curvplan.types.sweep import PointResult, SweepResult
 
 
 class _Open(BaseModel):
-    """A section that keeps fields it does not name (results outlive the code that wrote them)."""
+    """A section that keeps fields it does not name (results outlive the code that wrote them).
+
+    Stored (:func:`stored_result`), an open record keeps only the fields it was given: a
+    record the engine wrote without some field is stored without it, as the engine wrote it,
+    and reads back with the field's default.
+    """
 
     model_config = ConfigDict(extra="allow")
 
@@ -354,13 +361,37 @@ class SweepPointJobResult(_Open):
     point: PointResult
 
 
-#: kind → result model (the job resource's ``result`` is one of these or null).
-RESULT_TYPES: dict[str, type[BaseModel]] = {
-    "plan": PlanResult,
-    "analyze": AnalyzeResult,
-    "analyze_blocks": AnalyzeBlocksResult,
-    "sweep": SweepJobResult,
-    "sweep_point": SweepPointJobResult,
-}
-
 JobResult = AnalyzeResult | PlanResult | AnalyzeBlocksResult | SweepJobResult | SweepPointJobResult
+
+
+def _not_given(value: object) -> dict[Any, Any]:
+    """The ``exclude`` tree of the fields the open records inside ``value`` were not given."""
+    tree: dict[Any, Any] = {}
+    if isinstance(value, BaseModel):
+        fields = type(value).model_fields
+        if isinstance(value, _Open):
+            tree = {name: True for name in fields.keys() - value.model_fields_set}
+        for name in fields.keys() - tree.keys():
+            if sub := _not_given(getattr(value, name)):
+                tree[name] = sub
+    elif isinstance(value, list | tuple):
+        tree = {i: sub for i, item in enumerate(value) if (sub := _not_given(item))}
+    elif isinstance(value, dict):
+        tree = {key: sub for key, item in value.items() if (sub := _not_given(item))}
+    return tree
+
+
+def stored_result(result_type: type[BaseModel], result: object) -> dict[str, Any]:
+    """What a worker writes as a succeeded job's ``result``: ``result``, which must be an
+    instance of its kind's ``result_type``, as JSON, validated again as ``result_type`` (what
+    the API answers from it), with only finite numbers (jsonb holds no NaN). Raises TypeError
+    for another model, ``ValidationError`` for a result changed into an invalid one after it
+    was built, ValueError for a non-finite number."""
+    if not isinstance(result, result_type):
+        raise TypeError(f"the result is a {type(result).__name__}, not a {result_type.__name__}")
+    exclude = _not_given(result) or None
+    # jsonb holds no NaN or infinity; pydantic's JSON form would turn some into null
+    json.dumps(result.model_dump(exclude=exclude), allow_nan=False, default=str)
+    stored: dict[str, Any] = result.model_dump(mode="json", exclude=exclude)
+    result_type.model_validate(stored)
+    return stored

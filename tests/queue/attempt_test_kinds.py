@@ -28,12 +28,24 @@ class AttemptRequest(BaseModel):
     seconds: float = 0.0
 
 
-def run(request: AttemptRequest, ctx: JobContext) -> dict[str, Any]:
+class AttemptResult(BaseModel):
+    """The test kind's result model: whatever the behaviour reports."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def run(request: AttemptRequest, ctx: JobContext) -> AttemptResult | dict[str, Any]:
+    return _behave(request, ctx)
+
+
+def _behave(request: AttemptRequest, ctx: JobContext) -> Any:
     behaviour = request.behaviour
     if behaviour == "progress":
         for i in range(3):
             ctx.report_progress(i / 2, f"stage-{i}", f"step {i}")
-        return {"job_id": ctx.job_id, "attempt": ctx.attempt, "data_dir": str(ctx.data_dir)}
+        return AttemptResult.model_validate(
+            {"job_id": ctx.job_id, "attempt": ctx.attempt, "data_dir": str(ctx.data_dir)}
+        )
     if behaviour == "cooperative":  # reports progress often, so it sees cancel quickly
         deadline = time.monotonic() + request.seconds
         steps = 0
@@ -41,10 +53,10 @@ def run(request: AttemptRequest, ctx: JobContext) -> dict[str, Any]:
             ctx.report_progress(0.5, "loop", f"step {steps}")
             steps += 1
             time.sleep(0.01)
-        return {"steps": steps}
+        return AttemptResult.model_validate({"steps": steps})
     if behaviour == "sleep":  # never reports progress: cancel cannot reach it
         time.sleep(request.seconds)
-        return {"slept": request.seconds}
+        return AttemptResult.model_validate({"slept": request.seconds})
     if behaviour == "exit":
         os._exit(3)
     if behaviour == "segfault":
@@ -55,11 +67,15 @@ def run(request: AttemptRequest, ctx: JobContext) -> dict[str, Any]:
     if behaviour == "exception":
         raise RuntimeError("boom " * 200)
     if behaviour == "not-json":
-        return {"value": float("nan")}
+        return AttemptResult.model_validate({"value": float("nan")})
     if behaviour == "transient":
         raise RetryableError("download of blob 00ff failed: ConnectError")
     if behaviour == "api":  # what a remote worker's child sees of the API
-        return {"api_url": ctx.api_url, "key_sha256": _sha256(ctx.api_key)}
+        return AttemptResult.model_validate(
+            {"api_url": ctx.api_url, "key_sha256": _sha256(ctx.api_key)}
+        )
+    if behaviour == "not-the-result-model":  # a dict, as kinds returned before
+        return {"value": 1}
     if behaviour == "bad-progress":
         ctx.report_progress(1.5, "oops")
     raise AssertionError(f"unknown behaviour {behaviour}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -30,7 +29,14 @@ class MemoryRequest(BaseModel):
     cgroup: str | None = None
 
 
-def run(request: MemoryRequest, ctx: JobContext) -> dict[str, Any]:
+class MemoryResult(BaseModel):
+    """The memtest kind's result: the factor it ran with and the bytes it held."""
+
+    factor: float
+    held_bytes: int
+
+
+def run(request: MemoryRequest, ctx: JobContext) -> MemoryResult:
     (ctx.data_dir / f"pid-{ctx.attempt}-{os.getpid()}").write_text(str(os.getpid()))
     factor = ctx.limits.micro_batch_factor if ctx.limits is not None else 1.0
     if request.cgroup:  # move into the test's cgroup, then let the worker see it there
@@ -42,4 +48,4 @@ def run(request: MemoryRequest, ctx: JobContext) -> dict[str, Any]:
         held.append(bytearray(b"\x01") * CHUNK)  # written, so resident
         time.sleep(0.01)
     time.sleep(request.hold_seconds)
-    return {"factor": factor, "held_bytes": len(held) * CHUNK}
+    return MemoryResult(factor=factor, held_bytes=len(held) * CHUNK)

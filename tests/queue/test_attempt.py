@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from attempt_test_kinds import AttemptRequest
+from attempt_test_kinds import AttemptRequest, AttemptResult
 
 from curvplan_worker.attempt import AttemptProcess, Final, Progress, describe_exit
 from curvplan_worker.child import ChildTask
@@ -31,7 +31,11 @@ def test_kind(monkeypatch: pytest.MonkeyPatch) -> None:
         KINDS,
         "test",
         KindSpec(
-            name="test", queue="cpu", module="attempt_test_kinds", request_type=AttemptRequest
+            name="test",
+            queue="cpu",
+            module="attempt_test_kinds",
+            request_type=AttemptRequest,
+            result_type=AttemptResult,
         ),
     )
 
@@ -112,6 +116,11 @@ def test_cooperative_cancel_stops_the_kind_at_its_next_progress_report(tmp_path)
         ("job-error", "invalid-request", lambda d: d == "measurements.x: bad"),
         ("exception", "internal-error", lambda d: d.startswith("RuntimeError: boom")),
         ("not-json", "internal-error", lambda d: d.startswith("ValueError")),
+        (
+            "not-the-result-model",
+            "internal-error",
+            lambda d: d == "TypeError: the result is a dict, not a AttemptResult",
+        ),
         ("bad-progress", "internal-error", lambda d: "[0, 1]" in d),
     ],
 )

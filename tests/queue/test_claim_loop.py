@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from attempt_test_kinds import AttemptRequest
+from attempt_test_kinds import AttemptRequest, AttemptResult
 from queue_helpers import attempt_rows, insert_jobs, job_row, wait_for
 from slot_helpers import FORK, slot_options
 from sqlalchemy import Engine, text
@@ -24,7 +24,11 @@ def test_kind(monkeypatch: pytest.MonkeyPatch) -> None:
         KINDS,
         "test",
         KindSpec(
-            name="test", queue="cpu", module="attempt_test_kinds", request_type=AttemptRequest
+            name="test",
+            queue="cpu",
+            module="attempt_test_kinds",
+            request_type=AttemptRequest,
+            result_type=AttemptResult,
         ),
     )
 

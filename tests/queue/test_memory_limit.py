@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from memory_test_kinds import MemoryRequest
+from memory_test_kinds import MemoryRequest, MemoryResult
 from queue_helpers import attempt_rows, job_row, wait_for
 from sqlalchemy import Engine, text
 
@@ -104,7 +104,11 @@ def memory_kind(monkeypatch: pytest.MonkeyPatch) -> None:
         KINDS,
         "memtest",
         KindSpec(
-            name="memtest", queue="cpu", module="memory_test_kinds", request_type=MemoryRequest
+            name="memtest",
+            queue="cpu",
+            module="memory_test_kinds",
+            request_type=MemoryRequest,
+            result_type=MemoryResult,
         ),
     )
 

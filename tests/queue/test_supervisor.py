@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from attempt_test_kinds import AttemptRequest
+from attempt_test_kinds import AttemptRequest, AttemptResult
 from queue_helpers import attempt_rows, job_row
 from slot_helpers import FORK, claim_test_job, slot_options
 from sqlalchemy import Engine, text
@@ -33,7 +33,11 @@ def test_kind(monkeypatch: pytest.MonkeyPatch) -> None:
         KINDS,
         "test",
         KindSpec(
-            name="test", queue="cpu", module="attempt_test_kinds", request_type=AttemptRequest
+            name="test",
+            queue="cpu",
+            module="attempt_test_kinds",
+            request_type=AttemptRequest,
+            result_type=AttemptResult,
         ),
     )
 

@@ -316,7 +316,7 @@ def test_every_id_field_of_every_kind_is_declared_an_artifact_field_or_a_job_ref
         JOB_CREATE_TYPES,
         kind_name,
     )
-    from curvplan_server.jobs.submission import SUBMISSION_CHECKS
+    from curvplan_server.jobs.submission import KIND_SUBMISSIONS
 
     job_references = {("plan", "from_job"), ("analyze", "sweeps")}  # other jobs, not artifacts
     for create_type in JOB_CREATE_TYPES:
@@ -331,4 +331,4 @@ def test_every_id_field_of_every_kind_is_declared_an_artifact_field_or_a_job_ref
         assert typed_ids == declared | {n for k, n in job_references if k == kind}, kind
     assert set(INTERNAL_JOB_KINDS) == {"analyze_blocks", "sweep_point"}
     assert set(CLIENT_JOB_KINDS) == {"plan", "analyze", "sweep"}
-    assert set(SUBMISSION_CHECKS) <= set(CLIENT_JOB_KINDS)
+    assert {kind_name(t) for t in KIND_SUBMISSIONS} <= set(CLIENT_JOB_KINDS)

@@ -13,6 +13,7 @@ import pytest
 from sweep_helpers import TINY_SPEC, counting_data
 
 from curvplan.types.jobs import SweepJobCreate, SweepPointJobCreate
+from curvplan.types.results import SweepJobResult, stored_result
 from curvplan.types.sweep import OptimizerSpec, PointResult, PointSettings
 from curvplan_worker.errors import JobError
 from curvplan_worker.job_context import JobContext
@@ -100,6 +101,11 @@ def _batch_point(b: int, steps: float, *, censored: bool = False, lr_mult: float
     )
 
 
+def _written(body, ctx):
+    """The fan-in's result as the worker writes it (validated, as JSON)."""
+    return stored_result(SweepJobResult, run(body, ctx))
+
+
 def test_batch_fit_recovers_b_crit_and_leaves_out_censored_failed_and_worse_lr_points():
     rng = np.random.default_rng(0)
     ladder = [8, 16, 32, 64, 128, 256]
@@ -110,7 +116,7 @@ def test_batch_fit_recovers_b_crit_and_leaves_out_censored_failed_and_worse_lr_p
     children.append(_child("B=512", _batch_point(512, 400.0, censored=True)))
     children.append(_child("B=1024", None, status="failed"))
     children.append(_child("B=64, lr×2", _batch_point(64, 500.0, lr_mult=2.0)))
-    out = run(_stored("batch", target_loss=1.0), _ctx(children))
+    out = _written(_stored("batch", target_loss=1.0), _ctx(children))
     sweep = out["sweep"]
     fit = sweep["batch"]["fit"]
     assert fit["ci"][0] <= B_CRIT <= fit["ci"][1]
@@ -152,7 +158,7 @@ def test_data_fit_recovers_the_law_and_sizes_the_dataset_for_the_target():
             )
             children.append(_child(f"D={d}, lr×{m:g}", point))
     target = 1.6  # D* = (30/0.4)² = 5,625: within 1.5× of the largest size, no next round
-    out = run(_stored("data", target_loss=target), _ctx(children))
+    out = _written(_stored("data", target_loss=target), _ctx(children))
     assert out["sweep"]["data"]["bracketed"] is True
     assert out["sweep"]["data"]["lr_multipliers"] == {str(d): 1.0 for d in sizes}
     assert "Hägele" in out["sweep"]["data"]["schedule"]
@@ -181,7 +187,7 @@ def test_the_data_lr_is_tuned_on_the_end_subsets_and_interpolated_between():
                 update={"data_size": d, "best_eval_loss": loss}
             )
             children.append(_child(f"D={d}, lr×{m:g}", point))
-    out = run(_stored("data", target_loss=1.2), _ctx(children))
+    out = _written(_stored("data", target_loss=1.2), _ctx(children))
     # log m(D) runs from log 0.5 at D=64 to log 2 at D=16384: m(1024) = 1 exactly; the
     # nearest grid runs at 256 and 4096 are ×0.5·2^(1/2)→×1 (tie broken to the first) and ×2·…
     chosen = out["sweep"]["data"]["lr_multipliers"]

@@ -8,10 +8,12 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import Any, Literal
 
+from curvplan_core.jobs.records import ProgressRecord
 from curvplan_worker.child import ChildTask, child_main
 from curvplan_worker.exit_codes import EXIT_RANK_DIED, EXIT_WORKER_GONE
 from curvplan_worker.kinds import modules_for_queues
@@ -47,8 +49,8 @@ class Progress:
     #: Seconds the attempt still needs, by its own estimate (None: no estimate yet).
     eta_seconds: float | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def as_dict(self) -> ProgressRecord:
+        out: ProgressRecord = {
             "fraction": self.fraction,
             "stage": self.stage,
             "message": self.message,
@@ -71,7 +73,7 @@ class Final:
     (a transient failure) or ``fan-out`` (children to create before the job resumes)."""
 
     kind: str
-    payload: dict[str, Any] | None = None
+    payload: Mapping[str, Any] | None = None
 
 
 KillKind = Literal["kernel-oom", "suspected-oom", "external-kill"]

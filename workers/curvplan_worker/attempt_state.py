@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from curvplan_core.jobs import store
+from curvplan_core.jobs.records import ProgressRecord, StageRecord
 from curvplan_worker.attempt import Progress
 
 #: Stage changes kept in a job's progress history (a model with hundreds of blocks stops
@@ -24,7 +24,7 @@ class CurrentAttempt:
     progress_written: Progress | None = None
     #: One ``{"stage", "started_at"}`` per stage change, so a client that polls less often
     #: than stages change still sees every stage the attempt went through, with its timing.
-    stages: list[dict[str, str]] = field(default_factory=list)
+    stages: list[StageRecord] = field(default_factory=list)
     #: Set by the heartbeat: the job's cancellation was requested / its lease was lost.
     cancel_requested: bool = False
     lease_lost: bool = False
@@ -37,7 +37,7 @@ class CurrentAttempt:
             started = datetime.now(UTC).isoformat()
             self.stages.append({"stage": progress.stage, "started_at": started})
 
-    def progress_payload(self, progress: Progress | None) -> dict[str, Any] | None:
+    def progress_payload(self, progress: Progress | None) -> ProgressRecord | None:
         """What the job row's ``progress`` holds: the latest report and the stage history."""
         if progress is None:
             return None

@@ -7,8 +7,9 @@ Messages on the result pipe, in order:
   None until the kind has an estimate), each followed by
   ``("memory", {device: {allocated, reserved, peak}})`` once the attempt uses CUDA, then at
   most one of
-* ``("result", dict)``, ``("error", {type, title, detail})``, ``("cancelled",)``,
-  ``("retry", {type, title, detail})`` (a transient failure: run the job again), or
+* ``("result", dict)`` (the kind's result model as stored), ``("error", {type, title,
+  detail})``, ``("cancelled",)``, ``("retry", {type, title, detail})`` (a transient failure:
+  run the job again), or
   ``("fan-out", {"children": [{kind, request, name}], "message": str})``.
 
 A child that exits without a final message crashed (signal, ``os._exit``, out of
@@ -30,12 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from curvplan.types.jobs import JOB_CREATE_TYPES
+from curvplan.types.results import stored_result
 from curvplan_core.jobs.errors import error_dict
+from curvplan_core.jobs.records import ChildRecord, FanOutRecord
 from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobCancelled, JobError, RetryableError
 from curvplan_worker.exit_codes import EXIT_WORKER_GONE
 from curvplan_worker.job_context import FanOut, JobContext
-from curvplan_worker.kinds import load_request, load_run
+from curvplan_worker.kinds import kind_spec, load_request, load_run
 from curvplan_worker.memstats import device_memory
 
 log = logging.getLogger("curvplan.worker.child")
@@ -61,7 +64,7 @@ class ChildTask:
     data_dir: str
     log_format: str
     log_level: str
-    children: list[dict[str, Any]] | None = None
+    children: list[ChildRecord] | None = None
     #: A worker on another host: the API's URL and the worker's own key (sent to the child
     #: through the pipe only; never logged, never in the database).
     api_url: str | None = None
@@ -129,10 +132,8 @@ def _run_kind(task: ChildTask, results: Connection, cancel_event: Any) -> tuple[
         result = run(load_request(task.kind, task.request_json), ctx)
         if isinstance(result, FanOut):
             return ("fan-out", _fan_out_payload(task, result))
-        if not isinstance(result, dict):
-            raise TypeError(f"kind {task.kind!r} returned {type(result).__name__}, not a dict")
-        json.dumps(result, allow_nan=False)  # must be storable as jsonb
-        return ("result", result)
+        # the kind's result model, validated and storable as jsonb, before the worker writes it
+        return ("result", stored_result(kind_spec(task.kind).result_type, result))
     except JobCancelled:
         log.info("attempt stopped: cancellation requested")
         return ("cancelled",)
@@ -163,7 +164,7 @@ ROUND_KINDS = frozenset({"sweep"})
 (docs/budget.md#data-sweep); any other kind doing so is a bug."""
 
 
-def _fan_out_payload(task: ChildTask, fan_out: FanOut) -> dict[str, Any]:
+def _fan_out_payload(task: ChildTask, fan_out: FanOut) -> FanOutRecord:
     """The children as the worker inserts them: each request a create model of the contract
     (validated when the kind built it), as JSON."""
     if task.children is not None and task.kind not in ROUND_KINDS:
@@ -173,7 +174,7 @@ def _fan_out_payload(task: ChildTask, fan_out: FanOut) -> dict[str, Any]:
             raise TypeError(f"kind {task.kind!r} fanned out a {type(child.request).__name__}")
     children = [child.stored() for child in fan_out.children]
     json.dumps(children, allow_nan=False)
-    return {"children": children, "message": fan_out.message}
+    return FanOutRecord(children=children, message=fan_out.message)
 
 
 def child_main(

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from curvplan_core.jobs.errors import error_dict as error_dict  # the kinds' and the queue's
+from curvplan_core.jobs.records import ErrorRecord
 
 
 class JobError(Exception):
@@ -21,9 +20,9 @@ class JobError(Exception):
         self.title = title
         self.detail = detail
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ErrorRecord:
         """The ``job.error`` JSON object."""
-        return {"type": self.type, "title": self.title, "detail": self.detail}
+        return error_dict(self.type, self.title, self.detail)
 
 
 class JobCancelled(Exception):

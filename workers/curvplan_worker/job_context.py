@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue
 
 from curvplan.types.huggingface import HuggingFaceModel
 from curvplan.types.jobs import JobError as ChildError
 from curvplan.types.spec import ModelSpec
+from curvplan_core.jobs.records import ChildRecord, NewChild
 from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobCancelled
 
@@ -33,10 +34,10 @@ class ChildJob(Generic[RequestT]):
     request: RequestT
     name: str | None = None
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> NewChild:
         """``{kind, request, name}`` as the worker inserts the child (the request's JSON)."""
-        request = self.request.model_dump(mode="json", exclude_none=True)
-        return {"kind": request["kind"], "request": request, "name": self.name}
+        request: dict[str, JsonValue] = self.request.model_dump(mode="json", exclude_none=True)
+        return NewChild(kind=str(request["kind"]), request=request, name=self.name)
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class JobContext:
         data_dir: Path,
         send_progress: Callable[..., None],
         is_cancelled: Callable[[], bool],
-        children: list[dict[str, Any]] | None = None,
+        children: list[ChildRecord] | None = None,
         api_url: str | None = None,
         api_key: str | None = None,
         limits: AttemptLimits | None = None,

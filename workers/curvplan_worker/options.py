@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from curvplan.types.jobs import QUEUES
+from curvplan.types.jobs import QUEUES, job_time_limit
 from curvplan_core.config import Settings
 from curvplan_worker.memstats import worker_memory_limit
 
@@ -33,10 +33,9 @@ class WorkerOptions:
     start_method: str = "forkserver"
     log_format: str = "console"
     log_level: str = "INFO"
-    #: Seconds an attempt of a kind may run before it is killed (error type ``timeout``).
-    time_limits: Mapping[str, float] = field(
-        default_factory=lambda: {"plan": 900.0, "analyze": 86400.0}
-    )
+    #: Seconds an attempt of a kind may run before it is killed (error type ``timeout``): the
+    #: operator's overrides of the kinds' declared limits (:meth:`time_limit`).
+    time_limits: Mapping[str, float] = field(default_factory=dict)
     default_time_limit: float = 86400.0
     #: Idle slots wait on LISTEN/NOTIFY for new jobs; the database is then polled only
     #: every ``notify_fallback_seconds`` (``poll_interval`` without notifications).
@@ -78,8 +77,8 @@ class WorkerOptions:
     oom_micro_batch_factor: float = 0.5
 
     def time_limit(self, kind: str) -> float:
-        """The time limit of ``kind``'s attempts."""
-        return float(self.time_limits.get(kind, self.default_time_limit))
+        """The time limit of ``kind``'s attempts (:func:`curvplan.types.jobs.job_time_limit`)."""
+        return job_time_limit(kind, self.time_limits, self.default_time_limit)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.queues) - set(VALID_QUEUES))

@@ -10,14 +10,16 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
+from curvplan.types.jobs import JobStatus
 from curvplan_core.jobs import lifecycle, store
 from curvplan_core.jobs.errors import error_dict
+from curvplan_core.jobs.records import ProgressRecord
 from curvplan_worker.attempt import Final
 from curvplan_worker.options import WorkerOptions
 
@@ -72,7 +74,7 @@ class OutcomeWriter:
         fence: store.Fence,
         final: Final,
         *,
-        progress: dict[str, Any] | None = None,
+        progress: ProgressRecord | None = None,
         elapsed: float | None = None,
     ) -> str:
         """What the child's last message says: a result, an error, a cancel, a fan-out or a
@@ -103,7 +105,7 @@ class OutcomeWriter:
         if status is None:
             log.warning("lease lost before the outcome was written; %s result discarded", outcome)
             return "lease-lost"
-        if status == "failed":
+        if status == JobStatus.FAILED:
             fail_parent_fast(self.engine, fence.job_id)
         log.info(
             "attempt ended",
@@ -115,7 +117,7 @@ class OutcomeWriter:
         )
         return status
 
-    def fan_out(self, fence: store.Fence, final: Final, *, progress: dict[str, Any] | None) -> str:
+    def fan_out(self, fence: store.Fence, final: Final, *, progress: ProgressRecord | None) -> str:
         children = (final.payload or {}).get("children") or []
         status = self.fenced_write(
             lambda conn: lifecycle.wait_for_children(conn, fence, children, progress=progress)
@@ -131,7 +133,7 @@ class OutcomeWriter:
         fence: store.Fence,
         detail: str,
         exitcode: int | None,
-        error: dict[str, Any] | None = None,
+        error: Mapping[str, Any] | None = None,
     ) -> str:
         """A crashed attempt, or (``error``: type, title, detail) a transient failure the
         child reported; either way the job runs again while attempts remain."""
@@ -152,12 +154,12 @@ class OutcomeWriter:
             log.warning("lease lost before the crash was recorded")
             return "lease-lost"
         log.error("attempt crashed: %s", detail, extra={"exitcode": exitcode, "status": status})
-        if status == "failed":
+        if status == JobStatus.FAILED:
             fail_parent_fast(self.engine, fence.job_id)
         return "crashed"
 
     def out_of_memory(
-        self, fence: store.Fence, ends: list[str], *, progress: dict[str, Any] | None
+        self, fence: store.Fence, ends: list[str], *, progress: ProgressRecord | None
     ) -> str:
         """The job's error after its out-of-memory retry ended out of memory too."""
         limit = self.options.memory_limit_bytes

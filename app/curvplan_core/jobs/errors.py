@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from curvplan_core.jobs.records import ErrorRecord
 
-def error_dict(type: str, title: str, detail: str) -> dict[str, str]:
+
+def error_dict(type: str, title: str | None, detail: str | None) -> ErrorRecord:
     """A ``job.error`` object built by the worker itself (worker-lost, internal-error, …)."""
     return {"type": type, "title": title, "detail": detail}

@@ -49,7 +49,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from curvplan.types.jobs import TERMINAL_STATUSES
+from curvplan.types.jobs import TERMINAL_STATUSES, JobStatus
+from curvplan_core.jobs.records import ChildRecord, ProgressRecord, StageRecord
 
 WAITING_STAGE = "waiting for children"
 FAN_IN_STAGE = "fan-in queued"
@@ -70,16 +71,16 @@ def children_counts(conn: Connection, parent_id: uuid.UUID) -> dict[str, int]:
 
 def waiting_progress(
     counts: dict[str, int],
-    stages: list[dict[str, str]] | None,
+    stages: list[StageRecord] | None,
     stage: str = WAITING_STAGE,
     fan_in_seconds: float | None = None,
-) -> dict[str, Any]:
+) -> ProgressRecord:
     """The parent's progress while it waits: points done / total, the stage history, and the
     fan-in's own estimate (``fan_in_seconds``, kept for :func:`refresh_parent_eta`)."""
     total = sum(counts.values())
     done = sum(n for status, n in counts.items() if status in TERMINAL_STATUSES)
-    failed = counts.get("failed", 0)
-    cancelled = counts.get("cancelled", 0)
+    failed = counts.get(JobStatus.FAILED, 0)
+    cancelled = counts.get(JobStatus.CANCELLED, 0)
     extra = []
     if failed:
         extra.append(f"{failed} failed")
@@ -89,7 +90,7 @@ def waiting_progress(
     history = list(stages or [])
     if not history or history[-1].get("stage") != stage:
         history.append({"stage": stage, "started_at": datetime.now(UTC).isoformat()})
-    out: dict[str, Any] = {
+    out: ProgressRecord = {
         "fraction": done / total if total else 0.0,
         "stage": stage,
         "message": message,
@@ -104,8 +105,8 @@ def waiting_progress(
 
 
 def waiting_from(
-    counts: dict[str, int], previous: dict[str, Any] | None, stage: str = WAITING_STAGE
-) -> dict[str, Any]:
+    counts: dict[str, int], previous: ProgressRecord | None, stage: str = WAITING_STAGE
+) -> ProgressRecord:
     previous = previous or {}
     return waiting_progress(counts, previous.get("stages"), stage, previous.get("fan_in_seconds"))
 
@@ -134,7 +135,7 @@ def lock_children(conn: Connection, parent_id: uuid.UUID) -> int:
     return len(rows)
 
 
-def children_of(conn: Connection, parent_id: uuid.UUID) -> list[dict[str, Any]]:
+def children_of(conn: Connection, parent_id: uuid.UUID) -> list[ChildRecord]:
     """The children of ``parent_id`` with their outcomes, oldest first (what a fan-in sees)."""
     rows = conn.execute(
         text(
@@ -144,15 +145,15 @@ def children_of(conn: Connection, parent_id: uuid.UUID) -> list[dict[str, Any]]:
         {"p": parent_id},
     )
     return [
-        {
-            "id": str(row.id),
-            "kind": row.kind,
-            "name": row.name,
-            "status": row.status,
-            "request": row.request,
-            "result": row.result,
-            "error": row.error,
-            "attempt": row.attempt,
-        }
+        ChildRecord(
+            id=str(row.id),
+            kind=row.kind,
+            name=row.name,
+            status=row.status,
+            request=row.request,
+            result=row.result,
+            error=row.error,
+            attempt=row.attempt,
+        )
         for row in rows
     ]

@@ -21,15 +21,23 @@ commits; the one that records the last child's end queues the parent again (fan-
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from psycopg.types.json import Jsonb
+from pydantic import JsonValue
 from sqlalchemy import Connection, Row, text
 
-from curvplan.types.jobs import AGENT_QUEUE, QUEUE_OF_KIND, TERMINAL_STATUSES, queue_of
+from curvplan.types.jobs import (
+    AGENT_QUEUE,
+    CREATE_TYPE_OF_KIND,
+    QUEUE_OF_KIND,
+    TERMINAL_STATUSES,
+    JobStatus,
+    queue_of,
+)
 from curvplan_core.jobs.errors import error_dict
 from curvplan_core.jobs.fanout import (
     FAN_IN_STAGE,
@@ -40,6 +48,7 @@ from curvplan_core.jobs.fanout import (
     waiting_progress,
 )
 from curvplan_core.jobs.links import link_artifacts
+from curvplan_core.jobs.records import NewChild
 from curvplan_core.jobs.store import (
     ACTIVE,
     FENCE,
@@ -156,8 +165,8 @@ def queue_job(
     project_id: uuid.UUID,
     kind: str,
     name: str | None,
-    tags: dict[str, Any],
-    request: dict[str, Any],
+    tags: dict[str, str],
+    request: dict[str, JsonValue],
     request_hash: str,
     idempotency_key: str | None,
     max_attempts: int,
@@ -229,7 +238,7 @@ def cancel(conn: Connection, project_id: uuid.UUID, job_id: uuid.UUID) -> Cancel
     if has_children:
         _cancel_children(conn, job_id)
         settle_parent(conn, job_id)
-    elif row.status == "cancelled" and row.parent_id is not None:
+    elif row.status == JobStatus.CANCELLED and row.parent_id is not None:
         settle_parents(conn, [job_id])
     return Cancelled(row, has_children)
 
@@ -478,9 +487,9 @@ def _finish(
     fence: Fence,
     outcome: Literal["succeeded", "failed", "cancelled"],
     *,
-    result: dict[str, Any] | None = None,
-    error: dict[str, Any] | None = None,
-    progress: dict[str, Any] | None = None,
+    result: Mapping[str, object] | None = None,
+    error: Mapping[str, object] | None = None,
+    progress: Mapping[str, object] | None = None,
 ) -> str | None:
     """End the attempt with a terminal job status (fenced); return it, or None if fenced out.
 
@@ -508,7 +517,7 @@ def _finish(
     ).one_or_none()
     if row is None:
         return None
-    _end_attempt(conn, fence, "cancelled" if row.status == "cancelled" else outcome)
+    _end_attempt(conn, fence, "cancelled" if row.status == JobStatus.CANCELLED else outcome)
     _clear_current_job(conn, fence)
     settle_parents(conn, [fence.job_id])
     return row.status
@@ -518,8 +527,8 @@ def mark_succeeded(
     conn: Connection,
     fence: Fence,
     *,
-    result: dict[str, Any] | None,
-    progress: dict[str, Any] | None = None,
+    result: Mapping[str, object] | None,
+    progress: Mapping[str, object] | None = None,
 ) -> str | None:
     """``running → succeeded`` with ``result`` (fenced); a ``cancelling`` job ends
     ``cancelled`` instead. The new status, or None if fenced out."""
@@ -530,8 +539,8 @@ def fail(
     conn: Connection,
     fence: Fence,
     *,
-    error: dict[str, Any] | None,
-    progress: dict[str, Any] | None = None,
+    error: Mapping[str, object] | None,
+    progress: Mapping[str, object] | None = None,
 ) -> str | None:
     """``running → failed`` with ``error`` (fenced, not retried: the error is the request's);
     a ``cancelling`` job ends ``cancelled`` instead. The new status, or None if fenced out."""
@@ -539,7 +548,7 @@ def fail(
 
 
 def mark_cancelled(
-    conn: Connection, fence: Fence, *, progress: dict[str, Any] | None = None
+    conn: Connection, fence: Fence, *, progress: Mapping[str, object] | None = None
 ) -> str | None:
     """``running | cancelling → cancelled``: the attempt stopped on a cancel (fenced).
     The new status, or None if fenced out."""
@@ -573,7 +582,7 @@ def requeue_for_retry(
         return None
     error = None
     run_after_delay = 0.0
-    if row.status == "cancelling":
+    if row.status == JobStatus.CANCELLING:
         status = "cancelled"
     elif row.attempt < row.max_attempts:
         status = "queued"
@@ -706,7 +715,7 @@ def requeue_expired(
     ]
     # A reaped child that ended (failed / cancelled) settles its waiting parent here, in the
     # same transaction; then the safety net for a parent whose children all ended otherwise.
-    settle_parents(conn, [job.job_id for job in reaped if job.status != "queued"])
+    settle_parents(conn, [job.job_id for job in reaped if job.status != JobStatus.QUEUED])
     settle_orphaned_waits(conn)
     return reaped
 
@@ -715,9 +724,9 @@ def requeue_expired(
 def wait_for_children(
     conn: Connection,
     fence: Fence,
-    children: list[dict[str, Any]],
+    children: list[NewChild],
     *,
-    progress: dict[str, Any] | None = None,
+    progress: Mapping[str, object] | None = None,
 ) -> str | None:
     """End a fan-out attempt: insert ``children`` and leave the job waiting for them (fenced).
 
@@ -740,13 +749,13 @@ def wait_for_children(
     ).one_or_none()
     if row is None:
         return None
-    if row.status == "cancelling" or not children:
+    if row.status == JobStatus.CANCELLING or not children:
         return _finish(
             conn,
             fence,
-            "cancelled" if row.status == "cancelling" else "failed",
+            "cancelled" if row.status == JobStatus.CANCELLING else "failed",
             error=None
-            if row.status == "cancelling"
+            if row.status == JobStatus.CANCELLING
             else error_dict("internal-error", "Empty fan-out", "the job fanned out no children"),
         )
     insert_children(
@@ -758,9 +767,9 @@ def wait_for_children(
         priority=row.priority,
         max_attempts=row.max_attempts,
     )
-    stages = (progress or row.progress or {}).get("stages")
+    previous: Mapping[str, Any] = progress or row.progress or {}
     # a later round (a fan-in that fans out again) counts the earlier rounds' children too
-    waiting = waiting_progress(children_counts(conn, fence.job_id), stages)
+    waiting = waiting_progress(children_counts(conn, fence.job_id), previous.get("stages"))
     conn.execute(
         text(
             "UPDATE job SET lease_expires_at = NULL, worker_id = NULL, updated_at = now(),"
@@ -770,16 +779,16 @@ def wait_for_children(
     )
     _end_attempt(conn, fence, "fanned-out")
     _clear_current_job(conn, fence)
-    return "running"
+    return JobStatus.RUNNING
 
 
 def insert_children(
     conn: Connection,
     parent_id: uuid.UUID,
-    children: list[dict[str, Any]],
+    children: list[NewChild],
     *,
     project_id: uuid.UUID,
-    tags: dict[str, Any] | None,
+    tags: dict[str, str] | None,
     priority: int,
     max_attempts: int,
 ) -> list[uuid.UUID]:
@@ -828,7 +837,7 @@ def insert_children(
 def start_waiting(
     conn: Connection,
     parent_id: uuid.UUID,
-    children: list[dict[str, Any]],
+    children: list[NewChild],
     *,
     fan_in_seconds: float,
 ) -> list[uuid.UUID]:
@@ -863,20 +872,12 @@ def start_waiting(
     return child_ids
 
 
-FAIL_FAST_CHILD_KINDS: dict[str, tuple[str, str]] = {
-    "analyze_blocks": ("block-group-failed", "A block group of the fan-out failed"),
-}
-"""Child kinds whose failure dooms their parent, with the parent's error type and title.
-
-An analysis needs every block group, so one failed ``analyze_blocks`` child fails the parent at
-once and cancels the other groups (:func:`fail_parent_fast`); a sweep fits the points that
-finished, so its ``sweep_point`` children are not here (a failed point only counts as failed).
-"""
-
-
 def fail_parent_fast(conn: Connection, child_id: uuid.UUID) -> uuid.UUID | None:
-    """Fail the waiting parent of a failed child of a :data:`FAIL_FAST_CHILD_KINDS` kind and
-    cancel its other children; the parent's id, or None when nothing was to be done.
+    """Fail the waiting parent of a failed child of a kind that declares
+    :attr:`~curvplan.types.jobs.FailFast` (an analysis needs every block group, so one failed
+    ``analyze_blocks`` fails it at once; a sweep fits the points that finished, so a failed
+    ``sweep_point`` only counts as failed) and cancel its other children; the parent's id,
+    or None when nothing was to be done.
 
     Run in its own transaction, after the one that ended the child (the fan-in rule of
     ``curvplan_core.jobs.fanout`` stays the safety net: if this never runs, the parent's
@@ -890,11 +891,13 @@ def fail_parent_fast(conn: Connection, child_id: uuid.UUID) -> uuid.UUID | None:
         text("SELECT kind, parent_id, status, name, error, request FROM job WHERE id = :id"),
         {"id": child_id},
     ).one_or_none()
+    create_type = None if child is None else CREATE_TYPE_OF_KIND.get(child.kind)
+    fail_fast = None if create_type is None else create_type.fail_fast
     if (
         child is None
         or child.parent_id is None
-        or child.status != "failed"
-        or child.kind not in FAIL_FAST_CHILD_KINDS
+        or child.status != JobStatus.FAILED
+        or fail_fast is None
     ):
         return None
     parent_id = child.parent_id
@@ -903,10 +906,9 @@ def fail_parent_fast(conn: Connection, child_id: uuid.UUID) -> uuid.UUID | None:
         text("SELECT status, lease_expires_at, progress FROM job WHERE id = :p FOR UPDATE"),
         {"p": parent_id},
     ).one()
-    if parent.status != "running" or parent.lease_expires_at is not None:
+    if parent.status != JobStatus.RUNNING or parent.lease_expires_at is not None:
         return None  # cancelling (it ends cancelled), terminal, or its own attempt runs
     cancelled = _cancel_children(conn, parent_id)
-    error_type, title = FAIL_FAST_CHILD_KINDS[child.kind]
     request = child.request or {}
     child_error = child.error or {}
     what = f"blocks {request.get('blocks') or []}"
@@ -928,7 +930,7 @@ def fail_parent_fast(conn: Connection, child_id: uuid.UUID) -> uuid.UUID | None:
         ),
         {
             "p": parent_id,
-            "error": json_param(error_dict(error_type, title, detail[:2000])),
+            "error": json_param(error_dict(fail_fast.error_type, fail_fast.title, detail[:2000])),
             "progress": json_param(progress),
         },
     )
@@ -945,7 +947,7 @@ def settle_parent(conn: Connection, parent_id: uuid.UUID) -> str | None:
         text("SELECT status, lease_expires_at, progress FROM job WHERE id = :p FOR UPDATE"),
         {"p": parent_id},
     ).one_or_none()
-    if row is None or row.status not in ("running", "cancelling"):
+    if row is None or row.status not in (JobStatus.RUNNING, JobStatus.CANCELLING):
         return None
     if row.lease_expires_at is not None:
         return None  # an attempt holds it (fan-out not finished yet, or fan-in running)
@@ -964,7 +966,7 @@ def settle_parent(conn: Connection, parent_id: uuid.UUID) -> str | None:
         )
         refresh_parent_eta(conn, parent_id)
         return str(row.status)
-    if row.status == "cancelling":
+    if row.status == JobStatus.CANCELLING:
         conn.execute(
             text(
                 "UPDATE job SET status = 'cancelled', finished_at = now(), updated_at = now(),"
@@ -972,7 +974,7 @@ def settle_parent(conn: Connection, parent_id: uuid.UUID) -> str | None:
             ),
             {"p": parent_id, "progress": json_param(waiting_from(counts, row.progress))},
         )
-        return "cancelled"
+        return JobStatus.CANCELLED
     fan_in = waiting_from(counts, row.progress, FAN_IN_STAGE)
     if fan_in.get("fan_in_seconds") is not None:
         fan_in["eta_seconds"] = fan_in["fan_in_seconds"]
@@ -1025,6 +1027,6 @@ def settle_orphaned_waits(conn: Connection) -> list[uuid.UUID]:
     ).scalars()
     settled = []
     for parent_id in list(rows):
-        if settle_parent(conn, parent_id) in ("queued", "cancelled"):
+        if settle_parent(conn, parent_id) in (JobStatus.QUEUED, JobStatus.CANCELLED):
             settled.append(parent_id)
     return settled

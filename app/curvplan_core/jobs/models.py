@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
 
+from pydantic import JsonValue
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -25,8 +25,10 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from curvplan.types.jobs import (  # the registry: kinds and queues are validated by the API
     JOB_STATUSES,
+    JobStatus,
 )
 from curvplan_core.db import Base
+from curvplan_core.jobs.records import ErrorRecord, ProgressRecord
 
 ATTEMPT_OUTCOMES = (
     "succeeded",
@@ -92,11 +94,13 @@ class Job(Base):
     tags: Mapped[dict[str, str]] = mapped_column(
         JSONB, default=dict, server_default=text("'{}'::jsonb")
     )
-    status: Mapped[str] = mapped_column(Text, default="queued", server_default="queued")
-    request: Mapped[dict[str, Any]] = mapped_column(JSONB)
-    result: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
-    error: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
-    progress: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    status: Mapped[str] = mapped_column(
+        Text, default=JobStatus.QUEUED.value, server_default=JobStatus.QUEUED.value
+    )
+    request: Mapped[dict[str, JsonValue]] = mapped_column(JSONB)
+    result: Mapped[dict[str, JsonValue] | None] = mapped_column(JSONB)
+    error: Mapped[ErrorRecord | None] = mapped_column(JSONB)
+    progress: Mapped[ProgressRecord | None] = mapped_column(JSONB)
     idempotency_key: Mapped[str | None] = mapped_column(Text)
     request_hash: Mapped[str | None] = mapped_column(Text)
     attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

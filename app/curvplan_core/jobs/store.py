@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from pydantic import JsonValue
 from sqlalchemy import Connection, text
 
 from curvplan_core.credentials.service_keys import revoke_worker_keys
 from curvplan_core.jobs.fanout import children_of, refresh_parent_eta
+from curvplan_core.jobs.records import ChildRecord
 
 ACTIVE = "('running', 'cancelling')"
 FENCE = f"id = :job_id AND worker_id = :worker_id AND attempt = :attempt AND status IN {ACTIVE}"
@@ -36,7 +39,7 @@ class Fence:
     worker_id: str
     attempt: int
 
-    def params(self) -> dict[str, Any]:
+    def params(self) -> dict[str, uuid.UUID | str | int]:
         return {"job_id": self.job_id, "worker_id": self.worker_id, "attempt": self.attempt}
 
 
@@ -47,7 +50,7 @@ class ClaimedJob:
     fence: Fence
     kind: str
     queue: str
-    request: dict[str, Any]
+    request: dict[str, JsonValue]
     max_attempts: int
 
 
@@ -69,7 +72,7 @@ class ReapedJob:
     status: str
 
 
-def json_param(value: Any) -> str | None:
+def json_param(value: object) -> str | None:
     """``value`` as a JSON text bind parameter (None stays NULL; NaN is refused)."""
     return None if value is None else json.dumps(value, allow_nan=False)
 
@@ -171,7 +174,7 @@ def heartbeat(
     conn: Connection,
     fence: Fence,
     lease_seconds: float,
-    progress: dict[str, Any] | None,
+    progress: Mapping[str, object] | None,
 ) -> Heartbeat | None:
     """Renew the lease and write progress (fenced); None means the lease was lost."""
     row = conn.execute(
@@ -189,7 +192,7 @@ def heartbeat(
     return Heartbeat(status=row.status, cancel_requested=row.cancel_requested)
 
 
-def load_children(conn: Connection, job_id: uuid.UUID) -> list[dict[str, Any]] | None:
+def load_children(conn: Connection, job_id: uuid.UUID) -> list[ChildRecord] | None:
     """The children of a job with their outcomes (None when it has none: not a fan-in)."""
     children = children_of(conn, job_id)
     return children or None

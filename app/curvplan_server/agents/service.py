@@ -88,7 +88,7 @@ def claim(
         store.touch_worker(conn, agent_id, "running", None)
         return AgentClaimOut(job=None)
     request = SweepPointJobCreate.model_validate(row.request, context=STORED_REQUEST)
-    limit = settings.job_time_limits.get(AGENT_KIND, settings.default_job_time_limit)
+    limit = settings.job_time_limit(AGENT_KIND)
     return AgentClaimOut(
         job=AgentJob(
             job_id=row.id,

@@ -67,12 +67,9 @@ def _stored_order(session: Any, options: AnalysisOptions) -> AnalysisOptions:
 
 
 def limits_from(settings: Settings, live: int) -> analysis_plan.Limits:
-    def limit(kind: str) -> float:
-        return float(settings.job_time_limits.get(kind, settings.default_job_time_limit))
-
     return analysis_plan.Limits(
         live_workers=live,
-        time_limits={kind: limit(kind) for kind in ("analyze", "analyze_blocks")},
+        time_limits={kind: settings.job_time_limit(kind) for kind in ("analyze", "analyze_blocks")},
         memory_limit_bytes=settings.worker_memory_limit,
         fan_out_min_seconds=settings.fan_out_min_seconds,
         basis_budget=settings.worker_basis_budget,

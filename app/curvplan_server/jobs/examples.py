@@ -6,9 +6,9 @@ default targets and seed 1 (a test recomputes it, so the example cannot drift fr
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import JsonValue
 
-EXAMPLE_MEASUREMENTS: dict[str, Any] = {
+EXAMPLE_MEASUREMENTS: dict[str, JsonValue] = {
     "gradient_noise": {
         "grad_sq_norm": 0.02,
         "trace_sigma": 3.1,
@@ -20,7 +20,7 @@ EXAMPLE_MEASUREMENTS: dict[str, Any] = {
 }
 EXAMPLE_SEED = 1
 
-RECOMMENDATION_EXAMPLE: dict[str, Any] = {
+RECOMMENDATION_EXAMPLE: dict[str, JsonValue] = {
     "budget": {
         "data": {
             "recommended_examples": None,
@@ -235,7 +235,7 @@ RECOMMENDATION_EXAMPLE: dict[str, Any] = {
 
 _JOB_ID = "0b6e3a0e-5d1c-4f4e-9a57-3f1f2a3c4d5e"
 
-JOB_EXAMPLE: dict[str, Any] = {
+JOB_EXAMPLE: dict[str, JsonValue] = {
     "id": _JOB_ID,
     "kind": "plan",
     "queue": "cpu",
@@ -260,7 +260,7 @@ JOB_EXAMPLE: dict[str, Any] = {
     },
 }
 
-CREATE_EXAMPLES: dict[str, dict[str, Any]] = {
+CREATE_EXAMPLES: dict[str, dict[str, JsonValue]] = {
     "plan": {
         "summary": "Plan from measurements the client has",
         "value": {

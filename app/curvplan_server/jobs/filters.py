@@ -8,17 +8,17 @@ with a non-empty key, and no NUL character anywhere (PostgreSQL text cannot hold
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import JsonValue
 
 from curvplan.types.jobs import JOB_KINDS, JOB_STATUSES
 
 _STATUS = "(" + "|".join(JOB_STATUSES) + ")"
 
-KIND_FILTER_SCHEMA: dict[str, Any] = {"enum": list(JOB_KINDS)}
-STATUS_FILTER_SCHEMA: dict[str, Any] = {
+KIND_FILTER_SCHEMA: dict[str, JsonValue] = {"enum": list(JOB_KINDS)}
+STATUS_FILTER_SCHEMA: dict[str, JsonValue] = {
     "items": {"type": "string", "pattern": f"^ *{_STATUS} *(, *{_STATUS} *)*$"}
 }
-TAG_FILTER_SCHEMA: dict[str, Any] = {
+TAG_FILTER_SCHEMA: dict[str, JsonValue] = {
     "items": {"type": "string", "pattern": "^[^:\\u0000]+:[^\\u0000]*$"}
 }
-NAME_FILTER_SCHEMA: dict[str, Any] = {"pattern": "^[^\\u0000]*$"}
+NAME_FILTER_SCHEMA: dict[str, JsonValue] = {"pattern": "^[^\\u0000]*$"}

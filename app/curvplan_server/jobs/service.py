@@ -10,10 +10,12 @@ import binascii
 import hashlib
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
+from pydantic import JsonValue
 from sqlalchemy import Row, Table, and_, or_, select, tuple_
 from sqlalchemy.orm import Session
 
@@ -63,7 +65,7 @@ class _RawRow:
     _mapping: dict[str, Any]
 
 
-def canonical_hash(body: dict[str, Any]) -> str:
+def canonical_hash(body: Mapping[str, object]) -> str:
     """sha256 of the canonical JSON (sorted keys, no spaces) of a validated body."""
     blob = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -114,7 +116,7 @@ class Created:
     replayed: bool
 
 
-def stored_request(model: JobCreateModel) -> dict[str, Any]:
+def stored_request(model: JobCreateModel) -> dict[str, JsonValue]:
     """What the job row stores of a validated body: its create model's JSON, with only the
     fields the client set (and those the API completed) — what the worker parses back."""
     return model.model_dump(mode="json", exclude_unset=True)
@@ -377,7 +379,7 @@ def list_jobs(
     if filters.name is not None:
         conditions.append(JOB.c.name == filters.name)
     if filters.tags:
-        wanted: dict[str, Any] = {}
+        wanted: dict[str, set[str]] = {}
         for key, value in filters.tags:
             wanted.setdefault(key, set()).add(value)
         for key, values in wanted.items():

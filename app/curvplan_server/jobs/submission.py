@@ -10,12 +10,15 @@ same treatment here, in the transaction that inserts the job:
    kind — else a 422 naming the field, e.g. ``body.train_data`` — and the rows stay locked
    (``FOR KEY SHARE``) until the job, and its ``job_artifact`` rows, are committed;
 3. then the kind's own checks, the ones that need the database or the service's settings,
-   registered below under the kind's name (:data:`SUBMISSION_CHECKS`). A check returns the
-   body to queue (a re-plan completes its measurements);
-4. last, a kind that fans out at submission (:data:`SUBMISSION_FAN_OUTS`: ``analyze``, by
-   its estimated cost) says which children to insert with the job (:func:`plan_fan_out`);
-   its admission errors (``too-large``, ``over-time-limit``) are 422s, before anything is
-   queued.
+   declared below for its create model (its :class:`KindSubmission`'s ``check``). A check
+   returns the body to queue (a re-plan completes its measurements);
+4. last, a kind that fans out at submission (its ``fan_out``: ``analyze``, by its estimated
+   cost) says which children to insert with the job (:func:`plan_fan_out`); its admission
+   errors (``too-large``, ``over-time-limit``) are 422s, before anything is queued.
+
+The rest of a kind (queue, artifact fields, result model, time limit, fail-fast rule) is
+declared on its create model; these are the parts that need the server (the database, the
+blob store), so they cannot sit in the contract package.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 from sqlalchemy.orm import Session
@@ -57,8 +60,19 @@ class SubmissionContext:
     settings: Settings | None = None  # the fan-out's and the admission's limits (None: none)
 
 
-#: A kind's check: its validated create model in, the model to queue out.
-SubmissionCheck = Callable[[SubmissionContext, Any], JobCreateModel]
+BodyT = TypeVar("BodyT", bound=JobCreateModel)
+
+
+@dataclass(frozen=True, slots=True)
+class KindSubmission(Generic[BodyT]):
+    """The server's part of a kind, declared for its create model: ``check`` (its validated
+    body in, the body to queue out; a 422/409 problem for a bad one) and ``fan_out`` (the
+    children to insert with the job, None: it runs alone). A kind without them gets only the
+    checks every kind gets."""
+
+    create_type: type[BodyT]
+    check: Callable[[SubmissionContext, BodyT], BodyT] | None = None
+    fan_out: Callable[[SubmissionContext, BodyT], SubmissionFanOut | None] | None = None
 
 
 def _check_plan(ctx: SubmissionContext, body: PlanJobCreate) -> PlanJobCreate:
@@ -72,6 +86,13 @@ def _check_analyze(ctx: SubmissionContext, body: AnalyzeJobCreate) -> AnalyzeJob
     return body
 
 
+def _fan_out_analyze(ctx: SubmissionContext, body: AnalyzeJobCreate) -> SubmissionFanOut | None:
+    if ctx.settings is None:
+        return None
+    # planned on the validated model (block_definitions in the stored row's key order)
+    return admission.admit_analysis(ctx.session, ctx.project_id, body, ctx.settings)
+
+
 def _check_sweep(ctx: SubmissionContext, body: SweepJobCreate) -> SweepJobCreate:
     references.check_model_size(body, ctx.max_model_parameters)
     references.check_branch_checkpoints(ctx.session, ctx.project_id, body.checkpoints)
@@ -81,32 +102,30 @@ def _check_sweep(ctx: SubmissionContext, body: SweepJobCreate) -> SweepJobCreate
     return body
 
 
-#: kind → its own submission check (kinds without one get only the checks every kind gets).
-SUBMISSION_CHECKS: Mapping[str, SubmissionCheck] = {
-    "plan": _check_plan,
-    "analyze": _check_analyze,
-    "sweep": _check_sweep,
+PLAN = KindSubmission(PlanJobCreate, check=_check_plan)
+#: An analysis is admitted (and fanned out) by its estimated cost
+#: (docs/operations.md#fan-out-at-submission).
+ANALYZE = KindSubmission(AnalyzeJobCreate, check=_check_analyze, fan_out=_fan_out_analyze)
+SWEEP = KindSubmission(SweepJobCreate, check=_check_sweep)
+
+#: create model → the server's part of its kind (by type: mypy checks each hook's body type).
+KIND_SUBMISSIONS: Mapping[type[JobCreateModel], KindSubmission[Any]] = {
+    s.create_type: s for s in (PLAN, ANALYZE, SWEEP)
 }
 
 
-def _fan_out_analyze(ctx: SubmissionContext, body: AnalyzeJobCreate) -> SubmissionFanOut | None:
-    if ctx.settings is None:
-        return None
-    # planned on the validated model (block_definitions in the stored row's key order)
-    return admission.admit_analysis(ctx.session, ctx.project_id, body, ctx.settings)
-
-
-#: kind → its admission and fan-out at submission (docs/operations.md#fan-out-at-submission).
-SUBMISSION_FAN_OUTS: Mapping[str, Callable[[SubmissionContext, Any], SubmissionFanOut | None]] = {
-    "analyze": _fan_out_analyze
-}
+def submission_of(create_type: type[BodyT]) -> KindSubmission[BodyT]:
+    """The server's part of the kind of ``create_type`` (a bare one for a kind that declares
+    none)."""
+    declared: KindSubmission[BodyT] | None = KIND_SUBMISSIONS.get(create_type)
+    return declared if declared is not None else KindSubmission(create_type)
 
 
 def plan_fan_out(ctx: SubmissionContext, body: JobCreateModel) -> SubmissionFanOut | None:
     """The children to insert with a checked body (None: it runs alone); raises a 422 for an
     analysis that cannot be admitted."""
-    hook = SUBMISSION_FAN_OUTS.get(kind_name(type(body)))
-    return None if hook is None else hook(ctx, body)
+    fan_out = submission_of(type(body)).fan_out
+    return None if fan_out is None else fan_out(ctx, body)
 
 
 def internal_kind_message(kind: str) -> str:
@@ -139,5 +158,5 @@ def prepare_job_body(ctx: SubmissionContext, body: JobCreateModel) -> JobCreateM
     if kind in INTERNAL_JOB_KINDS:
         raise internal_kind_problem(kind)
     check_references(ctx.session, ctx.project_id, artifact_references(kind, body))
-    check = SUBMISSION_CHECKS.get(kind)
+    check = submission_of(type(body)).check
     return body if check is None else check(ctx, body)

@@ -1,4 +1,4 @@
-"""Job kinds: ``kind name → run(request: XJobCreate, ctx: JobContext) -> dict``.
+"""Job kinds: ``kind name → run(request: XJobCreate, ctx: JobContext) -> XResult``.
 
 A kind module exposes ``run``. It is imported lazily, in the child process that runs
 the attempt (and preloaded in the forkserver), never in the worker parent, so a kind
@@ -16,7 +16,11 @@ fails with that error and is not retried.
 
 The context and the fan-out types live in :mod:`curvplan_worker.job_context`.
 
-Fan-out: instead of a result dict a kind may return a ``FanOut`` (child jobs to
+``run`` returns the kind's result model (the create model's ``result_type``,
+``curvplan.types.results``); the attempt child checks it is one and validates its JSON before
+the worker writes it (:func:`curvplan.types.results.stored_result`).
+
+Fan-out: instead of its result a kind may return a ``FanOut`` (child jobs to
 create). The job then waits for its children (``curvplan_core.jobs.fanout``) and is run
 again once they have all ended, this time with ``ctx.children`` holding their outcomes:
 that second run (the fan-in) reads them typed, with ``ctx.children_as(request type, result
@@ -40,18 +44,26 @@ from curvplan_worker.job_context import FanOut, JobContext
 
 @dataclass(frozen=True)
 class KindSpec:
-    """Where a kind's code lives, which queue its jobs go to and the model of its request."""
+    """Where a kind's code lives, which queue its jobs go to and the models of its request
+    and of its result."""
 
     name: str
     queue: str
     module: str
     request_type: type[BaseModel]
+    result_type: type[BaseModel]
 
 
 #: Derived from the contract's registry: kind ``x`` runs ``curvplan_worker.kinds.x.run`` on
-#: its ``XJobCreate``.
+#: its ``XJobCreate`` and returns its ``result_type``.
 KINDS: dict[str, KindSpec] = {
-    name: KindSpec(name=name, queue=t.queue, module=f"{__name__}.{name}", request_type=t)
+    name: KindSpec(
+        name=name,
+        queue=t.queue,
+        module=f"{__name__}.{name}",
+        request_type=t,
+        result_type=t.result_type,
+    )
     for name, t in CREATE_TYPE_OF_KIND.items()
 }
 
@@ -60,8 +72,9 @@ class UnknownKindError(LookupError):
     """The job names a kind this worker does not know."""
 
 
-RunFunction = Callable[[Any, JobContext], "dict[str, Any] | FanOut"]
-"""A kind's ``run``: its create model (typed per kind) and the context → result or fan-out."""
+RunFunction = Callable[[Any, JobContext], "BaseModel | FanOut"]
+"""A kind's ``run``: its create model (typed per kind) and the context → its result model or a
+fan-out."""
 
 
 def kind_spec(name: str) -> KindSpec:

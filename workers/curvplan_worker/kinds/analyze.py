@@ -7,6 +7,12 @@ The pipeline lives in :mod:`curvplan_worker.analyze.pipeline`; importing this mo
 from __future__ import annotations
 
 import curvplan_worker.curvature.analyze  # noqa: F401  (preload torch and the engine in the forkserver)
-from curvplan_worker.analyze.pipeline import run
+from curvplan.types.jobs import AnalyzeJobCreate
+from curvplan.types.results import AnalyzeResult
+from curvplan_worker.analyze import pipeline
+from curvplan_worker.job_context import JobContext
 
-__all__ = ["run"]
+
+def run(body: AnalyzeJobCreate, ctx: JobContext) -> AnalyzeResult:
+    """Run one attempt of the analysis (:func:`curvplan_worker.analyze.pipeline.run`)."""
+    return AnalyzeResult.model_validate(pipeline.run(body, ctx))

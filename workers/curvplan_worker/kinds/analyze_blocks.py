@@ -7,10 +7,9 @@ pair has its own generator, so the records equal a single-process run's.
 
 from __future__ import annotations
 
-from typing import Any
-
 import curvplan_worker.curvature.analyze as curvature_analysis
 from curvplan.types.jobs import AnalyzeBlocksJobCreate
+from curvplan.types.results import AnalyzeBlocksResult, EngineMeasurements
 from curvplan_core.config import get_settings
 from curvplan_worker.analyze.artifacts import attempt_access
 from curvplan_worker.analyze.pipeline import resolve_checkpoint, run_engine, worker_machine
@@ -18,8 +17,8 @@ from curvplan_worker.errors import JobError
 from curvplan_worker.job_context import JobContext
 
 
-def run(body: AnalyzeBlocksJobCreate, ctx: JobContext) -> dict[str, Any]:
-    """Measure this group's blocks and pairs; returns ``{measurements, estimated_cost}``."""
+def run(body: AnalyzeBlocksJobCreate, ctx: JobContext) -> AnalyzeBlocksResult:
+    """Measure this group's blocks and pairs (the records its parent assembles)."""
     if not body.blocks and not body.pairs:
         raise JobError("invalid-request", "Nothing to measure", "blocks: give blocks or pairs")
     ctx.report_progress(0.0, "loading", "resolving artifacts")
@@ -43,4 +42,7 @@ def run(body: AnalyzeBlocksJobCreate, ctx: JobContext) -> dict[str, Any]:
             only=share,
         )
     ctx.report_progress(1.0, "done", f"{len(body.blocks)} blocks, {len(body.pairs)} pairs")
-    return {"measurements": result, "estimated_cost": body.estimated_cost}
+    return AnalyzeBlocksResult(
+        measurements=EngineMeasurements.model_validate(result),
+        estimated_cost=body.estimated_cost,
+    )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from curvplan.types.jobs import PlanJobCreate
 from curvplan.types.planner import PlanInputError
+from curvplan.types.results import PlanResult
 from curvplan_core.planner import make_plan
 from curvplan_core.planner.cancel import PlanCancelled, cancel_scope
 from curvplan_worker.errors import JobCancelled, JobError
@@ -26,7 +26,7 @@ def seed_for_job(job_id: str) -> int:
     return uuid.UUID(job_id).int % (2**31)
 
 
-def run(request: PlanJobCreate, ctx: JobContext) -> dict[str, Any]:
+def run(request: PlanJobCreate, ctx: JobContext) -> PlanResult:
     """Run the planner on the request's measurements and targets (validated with the request,
     workload cap included: ``PlanJobCreate``)."""
     ctx.report_progress(0.0, "validate", "validating measurements and targets")
@@ -43,4 +43,4 @@ def run(request: PlanJobCreate, ctx: JobContext) -> dict[str, Any]:
         except PlanInputError as exc:  # inputs beyond what float64 carries through the plan
             raise JobError("invalid-request", "Invalid plan request", str(exc)[:300]) from None
     ctx.report_progress(1.0, "done", "recommendation ready")
-    return {"recommendation": recommendation.model_dump(mode="json")}
+    return PlanResult(recommendation=recommendation)

@@ -33,7 +33,7 @@ from curvplan.types.planner import (
     StepsPoint,
     Targets,
 )
-from curvplan.types.results import SweepPointJobResult
+from curvplan.types.results import SweepJobResult, SweepPointJobResult
 from curvplan.types.sweep import (
     MIN_POINTS,
     BatchSweepFit,
@@ -71,7 +71,7 @@ TARGET_BAND = 0.2
 (start − target) loss gap above the target."""
 
 
-def run(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any] | FanOut:
+def run(body: SweepJobCreate, ctx: JobContext) -> SweepJobResult | FanOut:
     if ctx.children is None:
         return _fan_out(body, ctx)
     return _fan_in(body, ctx)
@@ -313,7 +313,7 @@ def _fan_out(body: SweepJobCreate, ctx: JobContext) -> FanOut:
 
 
 # --------------------------------------------------------------------------- fan-in
-def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any] | FanOut:
+def _fan_in(body: SweepJobCreate, ctx: JobContext) -> SweepJobResult | FanOut:
     ctx.report_progress(0.0, "fitting", f"{len(ctx.children or [])} points")
     children = ctx.children_as(SweepPointJobCreate, SweepPointJobResult, body.model)
     sweep = body.sweep
@@ -465,11 +465,7 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> dict[str, Any] | FanOut:
             f"the fit uses the {answer.points_used} remaining"
         )
     ctx.report_progress(1.0, "done", "sweep fitted")
-    return {
-        "sweep": answer.model_dump(mode="json"),
-        "measurements": measurements,
-        "recommendation": recommendation.model_dump(mode="json"),
-    }
+    return SweepJobResult(sweep=answer, measurements=measurements, recommendation=recommendation)
 
 
 DataChildren = Sequence[ChildOutcome[SweepPointJobCreate, SweepPointJobResult]]

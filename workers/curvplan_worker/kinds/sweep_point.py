@@ -8,11 +8,11 @@ evaluation data, and runs :func:`curvplan_worker.sweep.train.train_point`.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import torch
 
 from curvplan.types.jobs import SweepPointJobCreate
+from curvplan.types.results import SweepPointJobResult
 from curvplan.types.spec import SpecError
 from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
 from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
@@ -28,8 +28,8 @@ from curvplan_worker.sweep.train import train_point
 SMALL_MODEL_PARAMETERS = 1_000_000
 
 
-def run(body: SweepPointJobCreate, ctx: JobContext) -> dict[str, Any]:
-    """Train one point; returns ``{"point": PointResult}``."""
+def run(body: SweepPointJobCreate, ctx: JobContext) -> SweepPointJobResult:
+    """Train one point."""
     if body.runner != "builtin" or body.model is None:  # agent points wait in their own queue
         raise JobError(
             "invalid-request",
@@ -44,7 +44,7 @@ def run(body: SweepPointJobCreate, ctx: JobContext) -> dict[str, Any]:
 
 def _train(
     body: SweepPointJobCreate, access: ArtifactAccess, project_id: uuid.UUID, ctx: JobContext
-) -> dict[str, Any]:
+) -> SweepPointJobResult:
     assert body.model is not None  # checked by run
     train_art = access.resolve(project_id, str(body.train_data), "dataset", "train_data")
     eval_art = access.resolve(project_id, str(body.eval_data), "dataset", "eval_data")
@@ -106,4 +106,4 @@ def _train(
     finally:
         torch.set_num_threads(threads)
     ctx.report_progress(1.0, "done", "point trained")
-    return {"point": result.model_dump(mode="json")}
+    return SweepPointJobResult(point=result)
