@@ -162,9 +162,9 @@ def _noise(spec: dict[str, Any], checkpoint: str, data: str) -> dict[str, Any]:
     """The gradient noise at one intermediate checkpoint, as the analyze job computes it."""
     from curvplan_worker.curvature.analyze import _clean
     from curvplan_worker.curvature.gradient_noise import gradient_noise_from_sample
-    from curvplan_worker.curvature.sources import load_source
+    from curvplan_worker.curvature.sources import load_source, parse_model
 
-    source = load_source(spec, [checkpoint], data, dtype=torch.float64)
+    source = load_source(parse_model(spec), [checkpoint], data, dtype=torch.float64)
     assert source.data is not None
     model = source.module.to(dtype=torch.float64)
     x, y = source.data.inputs, source.data.targets
@@ -182,7 +182,7 @@ def _noise(spec: dict[str, Any], checkpoint: str, data: str) -> dict[str, Any]:
     return stats
 
 
-def _derived(out: Path, name: str, result: dict[str, Any], noise: list[dict[str, Any]]) -> None:
+def _derived(out: Path, name: str, result: Any, noise: list[dict[str, Any]]) -> None:
     """What the analyze job derives from an engine result: stored outputs, planner inputs."""
     import numpy as np
 
@@ -217,6 +217,37 @@ def _derived(out: Path, name: str, result: dict[str, Any], noise: list[dict[str,
     (out / f"{name}.plan.json").write_text(plan.model_dump_json(indent=1) + "\n")
 
 
+def _run(*args: Any, **kwargs: Any) -> tuple[dict[str, Any], Any]:
+    """(result JSON, what the analyze job derives its outputs from): the typed measurements
+    where the engine has them (``measure``), else the result JSON itself."""
+    from curvplan_worker.curvature import analyze as engine
+
+    if not hasattr(engine, "measure"):
+        result = engine.analyze(*args, **kwargs)
+        return result, result
+    from curvplan.types.options import parse_options
+    from curvplan_worker.curvature.sources import parse_model
+
+    spec, checkpoint, data, options = args
+    measured = engine.measure(parse_model(spec), checkpoint, data, parse_options(options), **kwargs)
+    assert measured is not None
+    return measured.as_result(), measured
+
+
+def _records(child: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """A child's block and pair records as the fan-in reads them back from its stored result
+    (typed where the engine types them)."""
+    blocks, pairs = json.loads(json.dumps([child["blocks"], child["off_diagonal"]]))
+    try:
+        from curvplan_worker.curvature.measured import BlockRecord, PairRecord
+    except ImportError:
+        return blocks, pairs
+    return (
+        [BlockRecord.model_validate(b) for b in blocks],
+        [PairRecord.model_validate(p) for p in pairs],
+    )
+
+
 def run_all(out: Path) -> str:
     from curvplan.types.options import MachineSettings
     from curvplan.types.spec import parse_spec
@@ -228,9 +259,9 @@ def run_all(out: Path) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         spec, checkpoint, data, step10 = _example(Path(tmp) / "example")
         noise = [_noise(spec, step10, data)]
-        full = analyze(parse_spec(spec), checkpoint, data, OPTIONS, machine=machine)
+        full, typed = _run(parse_spec(spec), checkpoint, data, OPTIONS, machine=machine)
         _write(out, "example.result.json", full)
-        _derived(out, "example", full, noise)
+        _derived(out, "example", typed, noise)
         # the same run from the JSON forms (spec and options parsed by the engine)
         again = analyze(spec, checkpoint, data, dict(OPTIONS), machine=machine)
         _write(out, "example-json.result.json", again)
@@ -243,14 +274,16 @@ def run_all(out: Path) -> str:
             BlockShare(tuple(names[:half]), tuple(pairs[: len(pairs) // 2])),
             BlockShare(tuple(names[half:]), tuple(pairs[len(pairs) // 2 :])),
         ]
-        blocks: list[dict[str, Any]] = []
-        off: list[dict[str, Any]] = []
+        blocks: list[Any] = []
+        off: list[Any] = []
         for i, share in enumerate(shares):
             child = analyze(spec, checkpoint, data, OPTIONS, machine=machine, only=share)
             _write(out, f"example-child{i}.result.json", child)
-            blocks += json.loads(json.dumps(child["blocks"]))
-            off += json.loads(json.dumps(child["off_diagonal"]))
-        fan_in = analyze(
+            # the children's records as the fan-in reads them back from their stored results
+            child_blocks, child_pairs = _records(child)
+            blocks += child_blocks
+            off += child_pairs
+        fan_in, typed = _run(
             spec,
             checkpoint,
             data,
@@ -259,16 +292,16 @@ def run_all(out: Path) -> str:
             measured=MeasuredBlocks(blocks=blocks, off_diagonal=off),
         )
         _write(out, "example-fanin.result.json", fan_in)
-        _derived(out, "example-fanin", fan_in, noise)
+        _derived(out, "example-fanin", typed, noise)
         hf_spec, hf_checkpoint, hf_data = _gpt2(Path(tmp) / "gpt2")
         hf_options = {
             **OPTIONS,
             "blocks": ["layers.0.q", "layers.0.ffn_in", "final_norm"],
             "off_diagonal": [["layers.0.q", "final_norm"]],
         }
-        gpt2 = analyze(hf_spec, [hf_checkpoint], hf_data, hf_options, machine=machine)
+        gpt2, typed = _run(hf_spec, [hf_checkpoint], hf_data, hf_options, machine=machine)
         _write(out, "gpt2.result.json", gpt2)
-        _derived(out, "gpt2", gpt2, [])
+        _derived(out, "gpt2", typed, [])
     total = hashlib.sha256()
     for path in sorted(out.iterdir()):
         total.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
