@@ -140,7 +140,7 @@ def test_a_failed_child_fails_the_fan_in_naming_its_blocks_and_pairs():
     # the engine gets each block record as the child's engine wrote it
     assert [b.model_dump(exclude_unset=True) for b in measured.blocks] == [EMBED]
     assert measured.off_diagonal == []
-    [child] = record["children"]
+    [child] = record.model_dump()["children"]
     assert child == {
         "job_id": "c1",
         "name": "blocks of c1",

@@ -33,7 +33,7 @@ import math
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from curvplan.types.huggingface import HuggingFaceModel
 from curvplan.types.jobs import AnalyzeBlocksJobCreate, AnalyzeJobCreate
@@ -51,8 +51,9 @@ from curvplan_worker.errors import JobCancelled, JobError
 from curvplan_worker.job_context import ChildOutcome, JobContext
 
 if TYPE_CHECKING:
+    from curvplan_worker.analyze.ranks import RankTask
     from curvplan_worker.curvature.analyze import BlockShare, MeasuredBlocks, ProgressEvent
-    from curvplan_worker.curvature.measured import EngineMeasurements
+    from curvplan_worker.curvature.measured import EngineMeasurements, FanOutRecord
 
 log = logging.getLogger("curvplan.worker.analyze")
 
@@ -227,7 +228,14 @@ def command_flags(model: ModelSpec | HuggingFaceModel, eval_name: str | None) ->
     return CommandFlags.reference(eval_name)
 
 
-def _peak_memory(result: EngineMeasurements) -> dict[str, Any]:
+class PeakMemory(TypedDict):
+    """The attempt's peak memory and what measured it (the result's last two fields)."""
+
+    peak_memory_bytes: int | None
+    peak_memory_source: str
+
+
+def _peak_memory(result: EngineMeasurements) -> PeakMemory:
     """The attempt's peak memory over all its stages: CUDA peak allocated on the engine's
     device, else the process's peak resident memory (docs/numerics.md#memory-plan)."""
     import torch
@@ -235,7 +243,7 @@ def _peak_memory(result: EngineMeasurements) -> dict[str, Any]:
     from curvplan_worker.curvature.memory import peak_memory
 
     value, source = peak_memory(torch.device(result.device or "cpu"))
-    return {"peak_memory_bytes": value, "peak_memory_source": source}
+    return PeakMemory(peak_memory_bytes=value, peak_memory_source=source)
 
 
 def _tokens_per_example(model: ModelSpec | HuggingFaceModel) -> float | None:
@@ -362,14 +370,14 @@ def measure_engine(
                 "the worker (CURVPLAN_WORKER_DEVICES is above what the machine has)",
             )
 
-        task = {
+        task: RankTask = {
             "spec": spec.model_dump(mode="json"),
             "checkpoint": checkpoint_path,
             "data": data_path,
             "options": options.model_dump(mode="json"),
             "machine": machine.model_dump(),
-            **curvature_analysis.fan_out_task(only, measured),
         }
+        task.update(curvature_analysis.fan_out_task(only, measured))
         ranks = rank_zero(devices, task, group_timeout(lease_seconds))
     eta = EtaTracker(ctx.limits, options)
     with engine_errors(), ranks as distributed:
@@ -457,11 +465,16 @@ def _mismatch_detail(exc: Any, field: str) -> str:
 
 def _fanned_in(
     children: list[ChildOutcome[AnalyzeBlocksJobCreate, AnalyzeBlocksResult]],
-) -> tuple[MeasuredBlocks, dict[str, Any]]:
+) -> tuple[MeasuredBlocks, FanOutRecord]:
     """The children's block and pair records (for the engine's fan-in run) and the fan-out's
     record; a child that did not succeed fails the job naming its blocks and pairs."""
     from curvplan_worker.curvature.analyze import MeasuredBlocks
-    from curvplan_worker.curvature.measured import BlockRecord, PairRecord
+    from curvplan_worker.curvature.measured import (
+        BlockRecord,
+        FanOutChild,
+        FanOutRecord,
+        PairRecord,
+    )
 
     failed = [c for c in children if not c.succeeded]
     if failed:
@@ -480,7 +493,7 @@ def _fanned_in(
         )
     blocks: list[BlockRecord] = []
     pairs: list[PairRecord] = []
-    record = []
+    record: list[FanOutChild] = []
     for child in children:
         assert child.result is not None  # succeeded
         measurements = child.result.measurements
@@ -491,17 +504,17 @@ def _fanned_in(
         ]
         pairs += [PairRecord.model_validate(p) for p in measurements.off_diagonal or []]
         record.append(
-            {
-                "job_id": child.id,
-                "name": child.name,
-                "blocks": child.request.blocks,
-                "pairs": [list(p) for p in child.request.pairs],
-                "estimated_cost": child.request.estimated_cost,
-                "elapsed_s": measurements.elapsed_s,
-                "attempt": child.attempt,
-            }
+            FanOutChild(
+                job_id=child.id,
+                name=child.name,
+                blocks=child.request.blocks,
+                pairs=[list(p) for p in child.request.pairs],
+                estimated_cost=child.request.estimated_cost,
+                elapsed_s=measurements.elapsed_s,
+                attempt=child.attempt,
+            )
         )
-    return MeasuredBlocks(blocks=blocks, off_diagonal=pairs), {"children": record}
+    return MeasuredBlocks(blocks=blocks, off_diagonal=pairs), FanOutRecord(children=record)
 
 
 STEP_METADATA_KEYS = ("step", "global_step")

@@ -14,7 +14,7 @@ import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import torch
 
@@ -55,6 +55,7 @@ from curvplan_worker.curvature.measured import (
     EngineMeasurements,
     FullModelRecord,
     GradientNoiseRecord,
+    JsonObject,
     LockstepRecord,
     MemoryPlanRecord,
     ModelDescription,
@@ -186,10 +187,39 @@ class MeasuredBlocks:
         )
 
 
-def fan_out_task(only: BlockShare | None, measured: MeasuredBlocks | None) -> dict[str, Any]:
+class ShareTask(TypedDict):
+    """A fan-out child's blocks and pairs as JSON (:class:`BlockShare`)."""
+
+    blocks: list[str]
+    pairs: list[list[str]]
+
+
+class MeasuredTask(TypedDict):
+    """The children's records as JSON (:class:`MeasuredBlocks`)."""
+
+    blocks: list[JsonObject]
+    off_diagonal: list[JsonObject]
+
+
+class FanOutTask(TypedDict, total=False):
+    """The fan-out part of a data-parallel rank's task (:func:`fan_out_task`)."""
+
+    only: ShareTask
+    measured: MeasuredTask
+
+
+@dataclass(frozen=True)
+class FanOut:
+    """The ``only`` and ``measured`` arguments of :func:`analyze` (both None: a full run)."""
+
+    only: BlockShare | None = None
+    measured: MeasuredBlocks | None = None
+
+
+def fan_out_task(only: BlockShare | None, measured: MeasuredBlocks | None) -> FanOutTask:
     """``only`` and ``measured`` as JSON, for the task of the data-parallel ranks (each rank
     must run the same products as rank 0); :func:`fan_out_from_task` reads it back."""
-    out: dict[str, Any] = {}
+    out = FanOutTask()
     if only is not None:
         out["only"] = {"blocks": list(only.blocks), "pairs": [list(p) for p in only.pairs]}
     if measured is not None:
@@ -202,17 +232,17 @@ def fan_out_task(only: BlockShare | None, measured: MeasuredBlocks | None) -> di
     return out
 
 
-def fan_out_from_task(task: dict[str, Any]) -> dict[str, Any]:
+def fan_out_from_task(task: FanOutTask) -> FanOut:
     """The ``only`` and ``measured`` arguments of :func:`analyze` from a rank's task."""
     only, measured = task.get("only"), task.get("measured")
-    return {
-        "only": None
+    return FanOut(
+        only=None
         if only is None
         else BlockShare(tuple(only["blocks"]), tuple((r, c) for r, c in only["pairs"])),
-        "measured": None
+        measured=None
         if measured is None
         else MeasuredBlocks.from_json(measured["blocks"], measured["off_diagonal"]),
-    }
+    )
 
 
 @dataclass(frozen=True)
@@ -228,7 +258,7 @@ _clean = clean
 """JSON-safe values (:func:`measured.clean`), for the callers that clean their own records."""
 
 
-def _versions() -> dict[str, Any]:
+def _versions() -> dict[str, str | None]:
     try:
         from importlib.metadata import version
 
@@ -424,7 +454,13 @@ def _mode(loaded: _Loaded, only: BlockShare | None, measured: MeasuredBlocks | N
     return _Mode("full", dict(blocks), list(loaded.pairs), None)
 
 
-def _load(run: _Run, checkpoint_path, data_path, model, data) -> _Loaded:  # type: ignore[no-untyped-def]
+def _load(
+    run: _Run,
+    checkpoint_path: str | Sequence[str] | None,
+    data_path: str | None,
+    model: torch.nn.Module | None,
+    data: Dataset | None,
+) -> _Loaded:
     """Build the model at its checkpoint weights on the device, read the sample, select the
     blocks and pairs."""
     run.report(0.0, "load", "building the model")
@@ -578,7 +614,7 @@ def _cost_stage(
     return clean(inputs), lockstep_plan
 
 
-def _cost_sizes(loaded: _Loaded, engine: CurvatureEngine, mode: _Mode) -> dict[str, int]:
+def _cost_sizes(engine: CurvatureEngine, mode: _Mode) -> dict[str, int]:
     """The blocks the cost model and the basis bound count: those this run measures."""
     return {name: engine.layout(members).numel for name, members in mode.spectra_blocks.items()}
 
@@ -648,8 +684,14 @@ def _finish(engine: CurvatureEngine, memory: MemoryPlanRecord) -> None:
     memory.final_micro_batch = engine.micro_batch
 
 
-def _measure(  # type: ignore[no-untyped-def]
-    run: _Run, checkpoint_path, data_path, model, data, only, measured
+def _measure(
+    run: _Run,
+    checkpoint_path: str | Sequence[str] | None,
+    data_path: str | None,
+    model: torch.nn.Module | None,
+    data: Dataset | None,
+    only: BlockShare | None,
+    measured: MeasuredBlocks | None,
 ) -> EngineMeasurements | None:
     """The stages of the run's mode, in order, each adding its record."""
     loaded = _load(run, checkpoint_path, data_path, model, data)
@@ -673,7 +715,7 @@ def _measure(  # type: ignore[no-untyped-def]
         loaded.model, loaded.source.objective, shard, cache_graph=cache_graph, reducer=reducer
     ) as engine:
         run.report.products = lambda: engine.n_hvp
-        sizes = _cost_sizes(loaded, engine, mode)
+        sizes = _cost_sizes(engine, mode)
         memory = _memory_stage(run, loaded, engine, sizes, cache_graph)
         out.cache_graph = memory.plan.cache_graph
         out.eval_batch_size = (

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from curvplan.types.options import AnalysisOptions, MachineSettings
 from curvplan.types.spec import ModelSpec
@@ -29,6 +29,9 @@ PER_SAMPLE_GROUP = "per_sample_losses"
 PERTURBED_GROUP = "perturbed_losses"
 DENSE_GROUP = "dense"
 OTHER_GROUP = "arrays"
+
+JsonObject = dict[str, JsonValue]
+"""A JSON object as it travels between processes (a record read back before validation)."""
 
 SAMPLE_SIZED = 64
 """A sample-sized list (one entry per example drawn) stays inline up to this many entries."""
@@ -219,6 +222,25 @@ class MemoryPlanRecord(_Section):
     lockstep: LockstepRecord | None = None
 
 
+class FanOutChild(BaseModel):
+    """One child job of a block fan-out: its blocks and pairs, estimated cost, how long it
+    measured, which attempt succeeded."""
+
+    job_id: str
+    name: str | None = None
+    blocks: list[str]
+    pairs: list[list[str]]
+    estimated_cost: float | None = None
+    elapsed_s: float | None = None
+    attempt: int | None = None
+
+
+class FanOutRecord(BaseModel):
+    """The block fan-out an analysis was assembled from (``docs/numerics.md#block-fan-out``)."""
+
+    children: list[FanOutChild]
+
+
 class EngineMeasurements(_Section):
     """The engine's answer for the checkpoint at w*: every stage's record (those that ran).
 
@@ -258,7 +280,7 @@ class EngineMeasurements(_Section):
     peak_memory_bytes: int | None = None
     peak_memory_source: str | None = None
     elapsed_s: float | None = None
-    fan_out: dict[str, Any] | None = None
+    fan_out: FanOutRecord | None = None
     cost_estimate: dict[str, Any] | None = None
 
     def as_result(self) -> dict[str, Any]:
