@@ -158,7 +158,7 @@ OPTIONS = {
 }
 
 
-def _noise(spec: dict[str, Any], checkpoint: str, data: str) -> dict[str, Any]:
+def _noise(spec: dict[str, Any], checkpoint: str, data: str) -> Any:
     """The gradient noise at one intermediate checkpoint, as the analyze job computes it."""
     from curvplan_worker.curvature.analyze import _clean
     from curvplan_worker.curvature.gradient_noise import gradient_noise_from_sample
@@ -179,10 +179,14 @@ def _noise(spec: dict[str, Any], checkpoint: str, data: str) -> dict[str, Any]:
     stats.pop("hessian_indices", None)
     stats["checkpoint"] = "step_10.safetensors (step 10)"
     stats["step"] = 10
-    return stats
+    try:  # typed where the analyze job types them
+        from curvplan_worker.curvature.measured import GradientNoiseRecord
+    except ImportError:
+        return stats
+    return GradientNoiseRecord.model_validate(stats)
 
 
-def _derived(out: Path, name: str, result: Any, noise: list[dict[str, Any]]) -> None:
+def _derived(out: Path, name: str, result: Any, noise: list[Any]) -> None:
     """What the analyze job derives from an engine result: stored outputs, planner inputs."""
     import numpy as np
 

@@ -10,7 +10,7 @@ import pytest
 from curvplan_core.planner import Measurements
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.analyze.pipeline import job_stage
-from curvplan_worker.curvature.measured import EngineMeasurements
+from curvplan_worker.curvature.measured import EngineMeasurements, GradientNoiseRecord
 
 HEADER = {
     "device": "cpu",
@@ -24,6 +24,10 @@ HEADER = {
     "n_parameters": 100,
     "n_examples": 40,
 }
+
+
+def _noise(stats: list[dict[str, Any]]) -> list[GradientNoiseRecord]:
+    return [GradientNoiseRecord.model_validate(s) for s in stats]
 
 
 def _typed(result: dict[str, Any]) -> EngineMeasurements:
@@ -95,7 +99,7 @@ def test_planner_fields_validate_and_take_noise_from_the_last_intermediate() -> 
         {"grad_sq_norm": 9.0, "trace_sigma": 90.0, "gHg": 1.0, "trace_h_sigma": 5.0},
         {"grad_sq_norm": 4.0, "trace_sigma": 80.0, "gHg": 2.0, "trace_h_sigma": 6.0},
     ]
-    fields, notes = planner_fields(_typed(result), noise)
+    fields, notes = planner_fields(_typed(result), _noise(noise))
     measurements = Measurements.model_validate_json(Measurements(**fields).model_dump_json())
     assert measurements.per_sample_losses == pytest.approx(result["per_sample"]["losses"])
     # M is left to the planner as the max measured per-sample norm (labelled a lower estimate)
@@ -108,14 +112,14 @@ def test_planner_fields_validate_and_take_noise_from_the_last_intermediate() -> 
     assert notes == []
     assert measurements.theory is None  # no bounds in this result
     with_bounds = {**result, "bounds": {"applicable": False, "reasons": ["n_heads=4 > 1"]}}
-    theory = Measurements(**planner_fields(_typed(with_bounds), noise)[0]).theory
+    theory = Measurements(**planner_fields(_typed(with_bounds), _noise(noise))[0]).theory
     assert theory is not None and not theory.applicable and theory.reasons == ["n_heads=4 > 1"]
     without, notes = planner_fields(_typed(result), [])
     assert "gradient_noise" not in without
     assert any("undefined" in n for n in notes)
     # every intermediate checkpoint, oldest first, is the trend; names travel with it
     named = [{**n, "checkpoint": f"ckpt-{i}"} for i, n in enumerate(noise)]
-    trend = Measurements(**planner_fields(_typed(result), named)[0]).gradient_noise_trend
+    trend = Measurements(**planner_fields(_typed(result), _noise(named))[0]).gradient_noise_trend
     assert [p.checkpoint for p in trend] == ["ckpt-0", "ckpt-1"]
     assert [p.grad_sq_norm for p in trend] == [9.0, 4.0]
 

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,7 @@ from curvplan_worker.curvature.measured import (
     PERTURBED_GROUP,
     Bulky,
     EngineMeasurements,
+    GradientNoiseRecord,
 )
 
 __all__ = [
@@ -99,7 +100,7 @@ def split_bulky(result: EngineMeasurements) -> tuple[dict[str, Any], Groups]:
 
 
 def planner_fields(
-    result: EngineMeasurements, intermediate_noise: Sequence[Mapping[str, Any]] = ()
+    result: EngineMeasurements, intermediate_noise: Sequence[GradientNoiseRecord] = ()
 ) -> tuple[dict[str, Any], list[str]]:
     """Fields of the planner's ``Measurements`` from the engine's measurements; (fields, notes).
 
@@ -167,23 +168,23 @@ def planner_fields(
             "(|G|² ≈ 0 at a converged w*)"
         )
     if noise_source is not None:
-        direct, more = planner_gradient_noise(noise_source)
+        direct, more = planner_gradient_noise(noise_source.as_result())
         notes.extend(more)
         if direct:
             fields["gradient_noise"] = direct
         trend = []
         for stats in intermediate_noise:
-            point, _ = planner_gradient_noise(stats)
+            point, _ = planner_gradient_noise(stats.as_result())
             if not point:
                 continue
-            if stats.get("checkpoint") is not None:
-                point["checkpoint"] = str(stats["checkpoint"])[:200]
-            if isinstance(stats.get("step"), int) and stats["step"] >= 0:
-                point["step"] = stats["step"]
-            if isinstance(stats.get("loss"), int | float) and stats["loss"] >= 0:
-                point["loss"] = float(stats["loss"])  # the budget evaluates the trend at a loss
-            if isinstance(stats.get("logged_loss"), int | float) and stats["logged_loss"] >= 0:
-                point["logged_loss"] = float(stats["logged_loss"])  # the run's own log
+            if stats.checkpoint is not None:
+                point["checkpoint"] = stats.checkpoint[:200]
+            if stats.step is not None and stats.step >= 0:
+                point["step"] = stats.step
+            if stats.loss is not None and stats.loss >= 0:
+                point["loss"] = stats.loss  # the budget evaluates the trend at a loss
+            if stats.logged_loss is not None and stats.logged_loss >= 0:
+                point["logged_loss"] = stats.logged_loss  # the run's own log
             trend.append(point)
         if trend:
             # every checkpoint, oldest first: the noise scale's trend over training

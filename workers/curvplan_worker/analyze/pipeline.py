@@ -53,7 +53,11 @@ from curvplan_worker.job_context import ChildOutcome, JobContext
 if TYPE_CHECKING:
     from curvplan_worker.analyze.ranks import RankTask
     from curvplan_worker.curvature.analyze import BlockShare, MeasuredBlocks, ProgressEvent
-    from curvplan_worker.curvature.measured import EngineMeasurements, FanOutRecord
+    from curvplan_worker.curvature.measured import (
+        EngineMeasurements,
+        FanOutRecord,
+        GradientNoiseRecord,
+    )
 
 log = logging.getLogger("curvplan.worker.analyze")
 
@@ -210,7 +214,7 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
     ctx.report_progress(1.0, "planning", "recommendation ready")
     return {
         "measurements": slim,
-        "intermediate_gradient_noise": noise,
+        "intermediate_gradient_noise": [stats.as_result() for stats in noise],
         "planner_inputs": _inline_planner_inputs(fields, outputs, result),
         "artifacts": outputs,
         "notes": notes,
@@ -581,7 +585,7 @@ def _intermediate_noise(
     machine: MachineSettings,
     ctx: JobContext,
     declared: list[tuple[int | None, float | None]] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[GradientNoiseRecord]:
     """Gradient-noise statistics at each intermediate checkpoint (McCandlish et al. 2018 §2.2).
 
     In the order the checkpoints were given (oldest first: the planner reports the trend).
@@ -598,16 +602,16 @@ def _intermediate_noise(
         return []
     import torch
 
-    from curvplan_worker.curvature.analyze import _clean
     from curvplan_worker.curvature.cancel import Cancelled, cancel_scope
     from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
     from curvplan_worker.curvature.device import resolve_device, resolve_dtype
     from curvplan_worker.curvature.gradient_noise import gradient_noise_from_sample
+    from curvplan_worker.curvature.measured import GradientNoiseRecord, clean
     from curvplan_worker.curvature.sources import load_source
 
     device = resolve_device(machine.device)
     dtype = resolve_dtype(options.precision)
-    out = []
+    out: list[GradientNoiseRecord] = []
     n = len(intermediates)
     for i, shards in enumerate(intermediates):
         field = shards[0].field.rsplit(".", 1)[0] if len(shards) > 1 else shards[0].field
@@ -666,19 +670,20 @@ def _intermediate_noise(
                 )
         except Cancelled:
             raise JobCancelled() from None
-        stats = _clean(stats)
-        with torch.no_grad():
-            losses, counts = objective.example_losses(model, data.inputs, data.targets)
-            stats["loss"] = float(losses.sum() / counts.sum())
+        stats = clean(stats)
         stats.pop("grad_indices", None)
         stats.pop("hessian_indices", None)
-        stats["checkpoint"] = label  # by file or step: what the user gave, not an artifact id
-        stats["checkpoint_artifact"] = shards[0].id if len(shards) == 1 else [a.id for a in shards]
+        record = GradientNoiseRecord.model_validate(stats)
+        with torch.no_grad():
+            losses, counts = objective.example_losses(model, data.inputs, data.targets)
+            record.loss = clean(float(losses.sum() / counts.sum()))
+        record.checkpoint = label  # by file or step: what the user gave, not an artifact id
+        record.checkpoint_artifact = shards[0].id if len(shards) == 1 else [a.id for a in shards]
         if step is not None:
-            stats["step"] = step
+            record.step = step
         if logged_loss is not None:
-            stats["logged_loss"] = logged_loss
-        out.append(stats)
+            record.logged_loss = logged_loss
+        out.append(record)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -157,6 +157,17 @@ class GradientNoiseRecord(_Section):
         dict[str, list[int | float | None] | int | float | None] | None,
         Bulky(OTHER_GROUP, SAMPLE_SIZED, deep=True),
     ] = None
+    # at an intermediate checkpoint (the analyze job's): where, and the loss there
+    checkpoint: str | None = None
+    checkpoint_artifact: str | list[str] | None = None
+    step: int | None = None
+    loss: float | None = None
+    logged_loss: float | None = None
+
+    def as_result(self) -> dict[str, Any]:
+        """The statistics as JSON: the keys measured, NaN/inf as null."""
+        result: dict[str, Any] = clean(self.model_dump(exclude_unset=True))
+        return result
 
 
 class BoundsRecord(_Section):
