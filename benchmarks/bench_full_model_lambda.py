@@ -25,7 +25,7 @@ from curvplan_worker.curvature.analyze import block_key, derived_generator
 from curvplan_worker.curvature.blocks import default_blocks
 from curvplan_worker.curvature.full_model import FULL_MODEL_KEY, full_model_lambda_max
 from curvplan_worker.curvature.hvp import CurvatureEngine
-from curvplan_worker.curvature.sources import load_source
+from curvplan_worker.curvature.sources import load_source, parse_model
 from curvplan_worker.curvature.spectra import block_spectrum
 
 
@@ -38,7 +38,7 @@ def main() -> None:
     opts = AnalysisOptions()
     torch.set_num_threads(1)
     source = load_source(
-        spec,
+        parse_model(spec),
         str(args.example / "checkpoint.safetensors"),
         str(args.example / "data.safetensors"),
         dtype=torch.float32,

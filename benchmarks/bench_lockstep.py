@@ -116,9 +116,11 @@ def whole_tensor_blocks(blocks: dict[str, list[str]]) -> dict[str, list[str]]:
 
 def _load(model: dict, dtype):
     from curvplan_worker.curvature.blocks import default_blocks
-    from curvplan_worker.curvature.sources import load_source
+    from curvplan_worker.curvature.sources import load_source, parse_model
 
-    source = load_source(model["spec"], model["checkpoint"], model["data"], dtype=dtype, seed=0)
+    source = load_source(
+        parse_model(model["spec"]), model["checkpoint"], model["data"], dtype=dtype, seed=0
+    )
     module = source.module.to(dtype=dtype)
     data = source.data.to("cpu", dtype)
     blocks = whole_tensor_blocks(source.default_blocks or default_blocks(module))

@@ -10,6 +10,29 @@ import pytest
 from curvplan_core.planner import Measurements
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.analyze.pipeline import job_stage
+from curvplan_worker.curvature.measured import EngineMeasurements, GradientNoiseRecord
+
+HEADER = {
+    "device": "cpu",
+    "dtype": "float64",
+    "seed": 0,
+    "seed_derivation": {"scheme": "sha256"},
+    "options": {},
+    "machine": {},
+    "model": {"source": "reference"},
+    "precision_limited": {"limited": False},
+    "n_parameters": 100,
+    "n_examples": 40,
+}
+
+
+def _noise(stats: list[dict[str, Any]]) -> list[GradientNoiseRecord]:
+    return [GradientNoiseRecord.model_validate(s) for s in stats]
+
+
+def _typed(result: dict[str, Any]) -> EngineMeasurements:
+    """The engine's measurements of a result JSON (the header a run always writes added)."""
+    return EngineMeasurements.model_validate({**HEADER, **result})
 
 
 def _result() -> dict[str, Any]:
@@ -36,7 +59,12 @@ def _result() -> dict[str, Any]:
             "hessian_norms": {"norms": [1.5, 2.5], "indices": [3, 7], "all_converged": True},
         },
         "dense": {"matrix": rng.standard_normal((9, 9)).tolist(), "trace": 1.0},
-        "top_eigenspace": {"values": [1.0, 0.5]},
+        "top_eigenspace": {
+            "values": [1.0, 0.5],
+            "residuals": [1e-6, 1e-5],
+            "converged": True,
+            "n_products": 9,
+        },
     }
 
 
@@ -55,14 +83,14 @@ def _resolve(slim: Any, groups: dict[str, dict[str, np.ndarray]]) -> Any:
 
 def test_split_bulky_moves_arrays_out_and_loses_nothing() -> None:
     result = _result()
-    slim, groups = split_bulky(result)
+    slim, groups = split_bulky(_typed(result))
     assert set(groups) == {"per_sample_losses", "perturbed_losses", "dense"}
     assert groups["per_sample_losses"]["per_sample.losses"].shape == (40,)
     assert groups["perturbed_losses"]["per_sample.perturbed.0.losses"].shape == (4, 40)
     assert groups["dense"]["dense.matrix"].shape == (9, 9)
-    assert slim["top_eigenspace"] == {"values": [1.0, 0.5]}  # short lists stay inline
+    assert slim["top_eigenspace"] == result["top_eigenspace"]  # not declared bulky: inline
     assert slim["per_sample"]["hessian_norms"] == result["per_sample"]["hessian_norms"]
-    assert _resolve(slim, groups) == result
+    assert _resolve(slim, groups) == {**HEADER, **result}
 
 
 def test_planner_fields_validate_and_take_noise_from_the_last_intermediate() -> None:
@@ -71,7 +99,7 @@ def test_planner_fields_validate_and_take_noise_from_the_last_intermediate() -> 
         {"grad_sq_norm": 9.0, "trace_sigma": 90.0, "gHg": 1.0, "trace_h_sigma": 5.0},
         {"grad_sq_norm": 4.0, "trace_sigma": 80.0, "gHg": 2.0, "trace_h_sigma": 6.0},
     ]
-    fields, notes = planner_fields(result, noise)
+    fields, notes = planner_fields(_typed(result), _noise(noise))
     measurements = Measurements.model_validate_json(Measurements(**fields).model_dump_json())
     assert measurements.per_sample_losses == pytest.approx(result["per_sample"]["losses"])
     # M is left to the planner as the max measured per-sample norm (labelled a lower estimate)
@@ -84,14 +112,14 @@ def test_planner_fields_validate_and_take_noise_from_the_last_intermediate() -> 
     assert notes == []
     assert measurements.theory is None  # no bounds in this result
     with_bounds = {**result, "bounds": {"applicable": False, "reasons": ["n_heads=4 > 1"]}}
-    theory = Measurements(**planner_fields(with_bounds, noise)[0]).theory
+    theory = Measurements(**planner_fields(_typed(with_bounds), _noise(noise))[0]).theory
     assert theory is not None and not theory.applicable and theory.reasons == ["n_heads=4 > 1"]
-    without, notes = planner_fields(result, [])
+    without, notes = planner_fields(_typed(result), [])
     assert "gradient_noise" not in without
     assert any("undefined" in n for n in notes)
     # every intermediate checkpoint, oldest first, is the trend; names travel with it
     named = [{**n, "checkpoint": f"ckpt-{i}"} for i, n in enumerate(noise)]
-    trend = Measurements(**planner_fields(result, named)[0]).gradient_noise_trend
+    trend = Measurements(**planner_fields(_typed(result), _noise(named))[0]).gradient_noise_trend
     assert [p.checkpoint for p in trend] == ["ckpt-0", "ckpt-1"]
     assert [p.grad_sq_norm for p in trend] == [9.0, 4.0]
 
@@ -107,7 +135,7 @@ def test_planner_fields_carry_the_rms_per_example_gradient_and_tokens_per_exampl
             "gradient_norm": 0.01,
         },
     }
-    fields, _ = planner_fields(result, [])
+    fields, _ = planner_fields(_typed(result), [])
     measurements = Measurements(**fields)
     assert measurements.per_sample_gradient_rms == 1.7
     assert measurements.tokens_per_example == 31.5
@@ -147,15 +175,15 @@ def test_groups_and_the_full_model_lambda_reach_the_planner_and_the_replan_refer
         "converged": True,
         "n_products": 21,
     }
-    _, arrays = split_bulky(result)
+    _, arrays = split_bulky(_typed(result))
     stored = arrays["per_sample_losses"]["per_sample.groups"]
     assert stored.dtype == np.int64 and stored.tolist() == groups
-    fields, _ = planner_fields(result, [])
+    fields, _ = planner_fields(_typed(result), [])
     m = Measurements(**fields)
     assert m.per_sample_groups == groups
     assert m.full_model is not None and m.full_model.lambda_max == 3.5
     inputs = _inline_planner_inputs(
-        fields, {"per_sample_losses": "a1", "perturbed_losses": "a2"}, result
+        fields, {"per_sample_losses": "a1", "perturbed_losses": "a2"}, _typed(result)
     )
     assert "per_sample_groups" not in inputs["fields"]
     assert inputs["arrays"]["per_sample_groups"] == {
@@ -163,5 +191,21 @@ def test_groups_and_the_full_model_lambda_reach_the_planner_and_the_replan_refer
         "tensor": "per_sample.groups",
     }
     skipped = {**result, "full_model": {"available": False, "reason": "basis too big"}}
-    fields, notes = planner_fields(skipped, [])
+    fields, notes = planner_fields(_typed(skipped), [])
     assert "full_model" not in fields and any("basis too big" in n for n in notes)
+
+
+def test_bulky_arrays_are_the_declared_fields_not_any_long_list() -> None:
+    """A field declared bulky moves (sample-sized ones past 64 entries); an undeclared
+    numeric list stays inline whatever its length."""
+    long = [float(i) for i in range(100)]
+    result = {
+        **_result(),
+        "gradient_noise": {"grad_indices": list(range(100)), "hessian_indices": [1, 2]},
+        "bounds": {"applicable": True, "reasons": [], "per_layer": long},
+    }
+    slim, groups = split_bulky(_typed(result))
+    assert groups["arrays"]["gradient_noise.grad_indices"].tolist() == list(range(100))
+    assert slim["gradient_noise"]["hessian_indices"] == [1, 2]  # sample-sized, short: inline
+    assert slim["bounds"]["per_layer"] == long  # not declared: inline
+    assert "bounds.per_layer" not in groups["arrays"]

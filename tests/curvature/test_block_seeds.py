@@ -118,7 +118,7 @@ def test_split_records_plugged_into_the_fan_in_equal_the_single_process_result()
     # two shares in reverse order, as two children on two workers would measure them
     one = _run(only=BlockShare(blocks=tuple(names[::2][::-1]), pairs=tuple(pairs[1:])))
     two = _run(only=BlockShare(blocks=tuple(names[1::2][::-1]), pairs=tuple(pairs[:1])))
-    measured = MeasuredBlocks(
+    measured = MeasuredBlocks.from_json(
         blocks=one["blocks"] + two["blocks"], off_diagonal=one["off_diagonal"] + two["off_diagonal"]
     )
     assembled = _run(measured=measured)
@@ -132,4 +132,4 @@ def test_fan_in_refuses_records_that_do_not_cover_the_analysis():
     plan = plan_blocks(SPEC, None, None, OPTIONS, model=_model(), data=_data())
     part = _run(only=BlockShare(blocks=(next(iter(plan.blocks)),)))
     with pytest.raises(ValueError, match="missing"):
-        _run(measured=MeasuredBlocks(blocks=part["blocks"], off_diagonal=[]))
+        _run(measured=MeasuredBlocks.from_json(blocks=part["blocks"], off_diagonal=[]))

@@ -28,20 +28,19 @@ docs/operations.md#several-devices-per-job); everything else here runs on rank 0
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from curvplan.types.huggingface import HuggingFaceModel
 from curvplan.types.jobs import AnalyzeBlocksJobCreate, AnalyzeJobCreate
 from curvplan.types.options import AnalysisOptions, MachineSettings
 from curvplan.types.results import AnalyzeBlocksResult
 from curvplan.types.spec import CausalLMTask, ModelSpec
-from curvplan_core.config import get_settings
+from curvplan_core.config import Settings, get_settings
 from curvplan_core.planner import Measurements, Targets, make_plan
 from curvplan_core.planner.budget_section import CommandFlags
 from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
@@ -50,6 +49,15 @@ from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.analyze.sweep_inputs import read_sweeps
 from curvplan_worker.errors import JobCancelled, JobError
 from curvplan_worker.job_context import ChildOutcome, JobContext
+
+if TYPE_CHECKING:
+    from curvplan_worker.analyze.ranks import RankTask
+    from curvplan_worker.curvature.analyze import BlockShare, MeasuredBlocks, ProgressEvent
+    from curvplan_worker.curvature.measured import (
+        EngineMeasurements,
+        FanOutRecord,
+        GradientNoiseRecord,
+    )
 
 log = logging.getLogger("curvplan.worker.analyze")
 
@@ -72,7 +80,7 @@ _STAGE_NAMES = {
 }
 
 
-def job_stage(event: Any) -> str:
+def job_stage(event: ProgressEvent) -> str:
     """The job's stage name for an engine progress event (``blocks`` → ``block spectra i/n``)."""
     if event.stage == "blocks":
         if event.index is not None and event.total is not None:
@@ -92,10 +100,12 @@ def _should_cancel(ctx: JobContext) -> Callable[[], bool]:
     return check
 
 
-def _engine_progress(ctx: JobContext, eta: EtaTracker | None = None) -> Callable[[Any], None]:
+def _engine_progress(
+    ctx: JobContext, eta: EtaTracker | None = None
+) -> Callable[[ProgressEvent], None]:
     low, high = ENGINE_SHARE
 
-    def report(event: Any) -> None:
+    def report(event: ProgressEvent) -> None:
         fraction = low + (high - low) * event.fraction
         seconds = eta.update(event) if eta is not None else None
         ctx.report_progress(fraction, job_stage(event), event.message, eta_seconds=seconds)
@@ -148,7 +158,7 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
         if ctx.children is not None:  # the fan-in: the API created the children at submission
             children = ctx.children_as(AnalyzeBlocksJobCreate, AnalyzeBlocksResult, body.model)
             measured, fan_out_record = _fanned_in(children)
-        result = run_engine(
+        result = measure_engine(
             body.model,
             checkpoint_paths,
             str(dataset.path),
@@ -160,7 +170,7 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
             measured=measured,
         )
         if fan_out_record is not None:
-            result["fan_out"] = fan_out_record
+            result.fan_out = fan_out_record
         noise = _intermediate_noise(
             body.model,
             intermediates,
@@ -174,7 +184,7 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
         swept = read_sweeps(engine, project_id, body.sweeps)
         fields.update(swept.fields)
         notes.extend(swept.notes)
-        n_params = (result.get("cost_inputs") or {}).get("n_params")
+        n_params = (result.cost_inputs or {}).get("n_params")
         if n_params:  # prices a data sweep's training time in budget.data.next_step
             fields["model_parameters"] = int(n_params)
         fields.setdefault("tokens_per_example", _tokens_per_example(body.model))
@@ -204,7 +214,7 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
     ctx.report_progress(1.0, "planning", "recommendation ready")
     return {
         "measurements": slim,
-        "intermediate_gradient_noise": noise,
+        "intermediate_gradient_noise": [stats.as_result() for stats in noise],
         "planner_inputs": _inline_planner_inputs(fields, outputs, result),
         "artifacts": outputs,
         "notes": notes,
@@ -222,15 +232,22 @@ def command_flags(model: ModelSpec | HuggingFaceModel, eval_name: str | None) ->
     return CommandFlags.reference(eval_name)
 
 
-def _peak_memory(result: dict[str, Any]) -> dict[str, Any]:
+class PeakMemory(TypedDict):
+    """The attempt's peak memory and what measured it (the result's last two fields)."""
+
+    peak_memory_bytes: int | None
+    peak_memory_source: str
+
+
+def _peak_memory(result: EngineMeasurements) -> PeakMemory:
     """The attempt's peak memory over all its stages: CUDA peak allocated on the engine's
     device, else the process's peak resident memory (docs/numerics.md#memory-plan)."""
     import torch
 
     from curvplan_worker.curvature.memory import peak_memory
 
-    value, source = peak_memory(torch.device(result.get("device") or "cpu"))
-    return {"peak_memory_bytes": value, "peak_memory_source": source}
+    value, source = peak_memory(torch.device(result.device or "cpu"))
+    return PeakMemory(peak_memory_bytes=value, peak_memory_source=source)
 
 
 def _tokens_per_example(model: ModelSpec | HuggingFaceModel) -> float | None:
@@ -241,7 +258,7 @@ def _tokens_per_example(model: ModelSpec | HuggingFaceModel) -> float | None:
     return None
 
 
-def worker_machine(settings: Any) -> MachineSettings:
+def worker_machine(settings: Settings) -> MachineSettings:
     """This worker's machine settings; a misconfigured worker fails the job saying which."""
     try:
         return settings.machine_settings()
@@ -252,9 +269,9 @@ def worker_machine(settings: Any) -> MachineSettings:
 
 
 def _measurements(fields: dict[str, Any]) -> Measurements:
-    """The planner's inputs, validated as a plan job's would be (JSON semantics)."""
+    """The planner's inputs, validated as a plan job's would be."""
     try:
-        return Measurements.model_validate_json(json.dumps(fields))
+        return Measurements.model_validate(fields)
     except ValueError as exc:
         raise JobError(
             "invalid-measurements",
@@ -264,7 +281,7 @@ def _measurements(fields: dict[str, Any]) -> Measurements:
 
 
 def _inline_planner_inputs(
-    fields: dict[str, Any], outputs: dict[str, str], result: dict[str, Any]
+    fields: dict[str, Any], outputs: dict[str, str], result: EngineMeasurements
 ) -> dict[str, Any]:
     """The planner's inputs without the bulky arrays, which are referenced by artifact id.
 
@@ -282,8 +299,8 @@ def _inline_planner_inputs(
             refs[key] = {"artifact_id": outputs["per_sample_losses"], "tensor": tensor}
     perturbed = fields.get("perturbed_losses")
     if perturbed is not None:
-        records = (result.get("per_sample") or {}).get("perturbed") or []
-        index = next(i for i, r in enumerate(records) if r.get("kind") == perturbed["kind"])
+        records = result.per_sample.perturbed if result.per_sample is not None else []
+        index = next(i for i, r in enumerate(records) if r.kind == perturbed["kind"])
         refs["perturbed_losses"] = {
             "artifact_id": outputs["perturbed_losses"],
             "tensor": f"per_sample.perturbed.{index}.losses",
@@ -303,10 +320,38 @@ def run_engine(
     *,
     devices: int = 1,
     lease_seconds: float = 30.0,
-    only: Any = None,
-    measured: Any = None,
+    only: BlockShare | None = None,
+    measured: MeasuredBlocks | None = None,
 ) -> dict[str, Any]:
-    """The engine's ``analyze`` with its errors turned into job errors (on ``devices``
+    """:func:`measure_engine`'s measurements as the result JSON of the engine contract."""
+    return measure_engine(
+        spec,
+        checkpoint_path,
+        data_path,
+        options,
+        machine,
+        ctx,
+        devices=devices,
+        lease_seconds=lease_seconds,
+        only=only,
+        measured=measured,
+    ).as_result()
+
+
+def measure_engine(
+    spec: ModelSpec | HuggingFaceModel,
+    checkpoint_path: str | list[str],
+    data_path: str,
+    options: AnalysisOptions,
+    machine: MachineSettings,
+    ctx: JobContext,
+    *,
+    devices: int = 1,
+    lease_seconds: float = 30.0,
+    only: BlockShare | None = None,
+    measured: MeasuredBlocks | None = None,
+) -> EngineMeasurements:
+    """The engine's ``measure`` with its errors turned into job errors (on ``devices``
     data-parallel ranks when more than one; a lost rank ends this process as a crash).
     ``only``: the blocks and pairs of one fan-out child; ``measured``: the children's records,
     in the fan-in; every rank gets them, so all ranks run the same products. The spec and
@@ -329,18 +374,18 @@ def run_engine(
                 "the worker (CURVPLAN_WORKER_DEVICES is above what the machine has)",
             )
 
-        task = {
+        task: RankTask = {
             "spec": spec.model_dump(mode="json"),
             "checkpoint": checkpoint_path,
             "data": data_path,
             "options": options.model_dump(mode="json"),
             "machine": machine.model_dump(),
-            **curvature_analysis.fan_out_task(only, measured),
         }
+        task.update(curvature_analysis.fan_out_task(only, measured))
         ranks = rank_zero(devices, task, group_timeout(lease_seconds))
     eta = EtaTracker(ctx.limits, options)
     with engine_errors(), ranks as distributed:
-        result = curvature_analysis.analyze(
+        result = curvature_analysis.measure(
             spec,
             checkpoint_path,
             data_path,
@@ -353,9 +398,10 @@ def run_engine(
             measured=measured,
             limits=ctx.limits,
         )
+    assert result is not None  # this process is rank 0
     record = eta.record()
     if record is not None:  # docs/operations.md#cost-model-and-eta
-        result["cost_estimate"] = record
+        result.cost_estimate = record
     return result
 
 
@@ -423,10 +469,16 @@ def _mismatch_detail(exc: Any, field: str) -> str:
 
 def _fanned_in(
     children: list[ChildOutcome[AnalyzeBlocksJobCreate, AnalyzeBlocksResult]],
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[MeasuredBlocks, FanOutRecord]:
     """The children's block and pair records (for the engine's fan-in run) and the fan-out's
     record; a child that did not succeed fails the job naming its blocks and pairs."""
     from curvplan_worker.curvature.analyze import MeasuredBlocks
+    from curvplan_worker.curvature.measured import (
+        BlockRecord,
+        FanOutChild,
+        FanOutRecord,
+        PairRecord,
+    )
 
     failed = [c for c in children if not c.succeeded]
     if failed:
@@ -443,27 +495,30 @@ def _fanned_in(
             "A block group of the fan-out failed",
             ("; ".join(parts))[:2000],
         )
-    blocks: list[dict[str, Any]] = []
-    pairs: list[dict[str, Any]] = []
-    record = []
+    blocks: list[BlockRecord] = []
+    pairs: list[PairRecord] = []
+    record: list[FanOutChild] = []
     for child in children:
         assert child.result is not None  # succeeded
         measurements = child.result.measurements
         # the engine's own record format: each block as the child's engine wrote it
-        blocks += [b.model_dump(mode="json", exclude_unset=True) for b in measurements.blocks or []]
-        pairs += measurements.off_diagonal or []
+        blocks += [
+            BlockRecord.model_validate(b.model_dump(mode="json", exclude_unset=True))
+            for b in measurements.blocks or []
+        ]
+        pairs += [PairRecord.model_validate(p) for p in measurements.off_diagonal or []]
         record.append(
-            {
-                "job_id": child.id,
-                "name": child.name,
-                "blocks": child.request.blocks,
-                "pairs": [list(p) for p in child.request.pairs],
-                "estimated_cost": child.request.estimated_cost,
-                "elapsed_s": measurements.elapsed_s,
-                "attempt": child.attempt,
-            }
+            FanOutChild(
+                job_id=child.id,
+                name=child.name,
+                blocks=child.request.blocks,
+                pairs=[list(p) for p in child.request.pairs],
+                estimated_cost=child.request.estimated_cost,
+                elapsed_s=measurements.elapsed_s,
+                attempt=child.attempt,
+            )
         )
-    return MeasuredBlocks(blocks=blocks, off_diagonal=pairs), {"children": record}
+    return MeasuredBlocks(blocks=blocks, off_diagonal=pairs), FanOutRecord(children=record)
 
 
 STEP_METADATA_KEYS = ("step", "global_step")
@@ -530,7 +585,7 @@ def _intermediate_noise(
     machine: MachineSettings,
     ctx: JobContext,
     declared: list[tuple[int | None, float | None]] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[GradientNoiseRecord]:
     """Gradient-noise statistics at each intermediate checkpoint (McCandlish et al. 2018 §2.2).
 
     In the order the checkpoints were given (oldest first: the planner reports the trend).
@@ -547,16 +602,16 @@ def _intermediate_noise(
         return []
     import torch
 
-    from curvplan_worker.curvature.analyze import _clean
     from curvplan_worker.curvature.cancel import Cancelled, cancel_scope
     from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
     from curvplan_worker.curvature.device import resolve_device, resolve_dtype
     from curvplan_worker.curvature.gradient_noise import gradient_noise_from_sample
+    from curvplan_worker.curvature.measured import GradientNoiseRecord, clean
     from curvplan_worker.curvature.sources import load_source
 
     device = resolve_device(machine.device)
     dtype = resolve_dtype(options.precision)
-    out = []
+    out: list[GradientNoiseRecord] = []
     n = len(intermediates)
     for i, shards in enumerate(intermediates):
         field = shards[0].field.rsplit(".", 1)[0] if len(shards) > 1 else shards[0].field
@@ -615,19 +670,20 @@ def _intermediate_noise(
                 )
         except Cancelled:
             raise JobCancelled() from None
-        stats = _clean(stats)
-        with torch.no_grad():
-            losses, counts = objective.example_losses(model, data.inputs, data.targets)
-            stats["loss"] = float(losses.sum() / counts.sum())
+        stats = clean(stats)
         stats.pop("grad_indices", None)
         stats.pop("hessian_indices", None)
-        stats["checkpoint"] = label  # by file or step: what the user gave, not an artifact id
-        stats["checkpoint_artifact"] = shards[0].id if len(shards) == 1 else [a.id for a in shards]
+        record = GradientNoiseRecord.model_validate(stats)
+        with torch.no_grad():
+            losses, counts = objective.example_losses(model, data.inputs, data.targets)
+            record.loss = clean(float(losses.sum() / counts.sum()))
+        record.checkpoint = label  # by file or step: what the user gave, not an artifact id
+        record.checkpoint_artifact = shards[0].id if len(shards) == 1 else [a.id for a in shards]
         if step is not None:
-            stats["step"] = step
+            record.step = step
         if logged_loss is not None:
-            stats["logged_loss"] = logged_loss
-        out.append(stats)
+            record.logged_loss = logged_loss
+        out.append(record)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()

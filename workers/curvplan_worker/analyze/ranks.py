@@ -36,9 +36,24 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from curvplan_worker.exit_codes import EXIT_RANK_DIED, EXIT_WORKER_GONE
+
+if TYPE_CHECKING:
+    from curvplan_worker.curvature.analyze import FanOutTask
+    from curvplan_worker.curvature.measured import JsonObject
+
+    class RankTask(FanOutTask):
+        """What every rank runs (JSON on its stdin): the model source, the resolved local
+        paths, the options and machine settings, and a block fan-out's part."""
+
+        spec: JsonObject
+        checkpoint: str | list[str]
+        data: str
+        options: JsonObject
+        machine: JsonObject
+
 
 log = logging.getLogger("curvplan.worker.ranks")
 
@@ -76,7 +91,7 @@ def _describe(code: int) -> str:
 class RankGroup:
     """Ranks 1 … W−1 of one attempt, seen from rank 0: start, watch, end."""
 
-    def __init__(self, world_size: int, task: dict[str, Any], port: int, timeout_s: float):
+    def __init__(self, world_size: int, task: RankTask, port: int, timeout_s: float):
         self.world_size = world_size
         self.task = task
         self.port = port
@@ -187,7 +202,7 @@ class RankGroup:
 
 
 @contextlib.contextmanager
-def rank_zero(world_size: int, task: dict[str, Any], timeout_s: float) -> Iterator[Any]:
+def rank_zero(world_size: int, task: RankTask, timeout_s: float) -> Iterator[Any]:
     """Rank 0's ``DataParallel`` for ``analyze``; the other ranks start when it joins.
 
     On leaving, the process group is destroyed and every rank has exited (the ranks finish their
@@ -228,7 +243,7 @@ def main() -> NoReturn:
     line = sys.stdin.buffer.readline()
     if not line:
         os._exit(EXIT_WORKER_GONE)
-    task = json.loads(line)
+    task: RankTask = json.loads(line)
     threading.Thread(target=_watch_rank_zero, name="lifeline", daemon=True).start()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     ready_fd = int(os.environ[READY_FD_ENV])
@@ -254,6 +269,7 @@ def main() -> NoReturn:
         on_lost=lost,
     )
     machine = MachineSettings.model_validate({**task["machine"], "self_test": False})
+    fan_out = fan_out_from_task(task)
     try:
         analyze(
             task["spec"],
@@ -262,7 +278,8 @@ def main() -> NoReturn:
             task["options"],
             machine=machine,
             distributed=dp,
-            **fan_out_from_task(task),  # a block fan-out's child or fan-in: rank 0's stages
+            only=fan_out.only,  # a block fan-out's child or fan-in: rank 0's stages
+            measured=fan_out.measured,
         )
     except BaseException:
         traceback.print_exc()

@@ -11,16 +11,16 @@ batches and the same loss normalisation (mean loss term over the whole sample).
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import torch
 
+from curvplan.types.huggingface import HuggingFaceModel
 from curvplan.types.options import AnalysisOptions, MachineSettings, OptionsError, parse_options
-from curvplan.types.spec import parse_spec
+from curvplan.types.spec import ModelSpec
 from curvplan_core import blocks as core_blocks
 from curvplan_core.blocks import UnknownBlocks
 from curvplan_core.cost_model import CostOptions, noise_split
@@ -47,8 +47,28 @@ from curvplan_worker.curvature.limits import (
     time_one_example,
 )
 from curvplan_worker.curvature.lockstep import Lockstep, Task
+from curvplan_worker.curvature.measured import (
+    BlockRecord,
+    BoundRecord,
+    BoundsRecord,
+    DataParallelRecord,
+    EngineMeasurements,
+    FullModelRecord,
+    GradientNoiseRecord,
+    JsonObject,
+    LockstepRecord,
+    MemoryPlanRecord,
+    ModelDescription,
+    PairRecord,
+    PerSampleRecord,
+    PrecisionRecord,
+    TopEigenspaceRecord,
+    clean,
+    fully_set,
+)
 from curvplan_worker.curvature.memory import (
     LockstepPlan,
+    MemoryPlan,
     OutOfDeviceMemory,
     agree_lockstep,
     default_budget,
@@ -60,7 +80,7 @@ from curvplan_worker.curvature.memory import (
 from curvplan_worker.curvature.memory_fit import fit_to_memory
 from curvplan_worker.curvature.noise_stream import GroupedGradientSums
 from curvplan_worker.curvature.operator import CurvatureEngine, block_slices
-from curvplan_worker.curvature.sources import ModelInput, is_hf_source, load_source
+from curvplan_worker.curvature.sources import ModelInput, ModelSource, load_source, parse_model
 from curvplan_worker.curvature.spectra import (
     SingularValue,
     Spectrum,
@@ -96,6 +116,8 @@ class ProgressEvent:
     products: int | None = None
     cost: dict[str, Any] | None = None
 
+
+R = TypeVar("R")
 
 Progress = Callable[[ProgressEvent], None]
 ShouldCancel = Callable[[], bool]
@@ -151,30 +173,76 @@ class MeasuredBlocks:
     """Block and pair records measured elsewhere (the fan-out children), for the fan-in run:
     :func:`analyze` uses them instead of measuring the blocks and pairs itself."""
 
-    blocks: list[dict] = field(default_factory=list)
-    off_diagonal: list[dict] = field(default_factory=list)
+    blocks: list[BlockRecord] = field(default_factory=list)
+    off_diagonal: list[PairRecord] = field(default_factory=list)
+
+    @classmethod
+    def from_json(
+        cls, blocks: Sequence[Mapping[str, Any]], off_diagonal: Sequence[Mapping[str, Any]]
+    ) -> MeasuredBlocks:
+        """The records of the children's result JSON, validated once."""
+        return cls(
+            [BlockRecord.model_validate(b) for b in blocks],
+            [PairRecord.model_validate(p) for p in off_diagonal],
+        )
 
 
-def fan_out_task(only: BlockShare | None, measured: MeasuredBlocks | None) -> dict[str, Any]:
+class ShareTask(TypedDict):
+    """A fan-out child's blocks and pairs as JSON (:class:`BlockShare`)."""
+
+    blocks: list[str]
+    pairs: list[list[str]]
+
+
+class MeasuredTask(TypedDict):
+    """The children's records as JSON (:class:`MeasuredBlocks`)."""
+
+    blocks: list[JsonObject]
+    off_diagonal: list[JsonObject]
+
+
+class FanOutTask(TypedDict, total=False):
+    """The fan-out part of a data-parallel rank's task (:func:`fan_out_task`)."""
+
+    only: ShareTask
+    measured: MeasuredTask
+
+
+@dataclass(frozen=True)
+class FanOut:
+    """The ``only`` and ``measured`` arguments of :func:`analyze` (both None: a full run)."""
+
+    only: BlockShare | None = None
+    measured: MeasuredBlocks | None = None
+
+
+def fan_out_task(only: BlockShare | None, measured: MeasuredBlocks | None) -> FanOutTask:
     """``only`` and ``measured`` as JSON, for the task of the data-parallel ranks (each rank
     must run the same products as rank 0); :func:`fan_out_from_task` reads it back."""
-    out: dict[str, Any] = {}
+    out = FanOutTask()
     if only is not None:
         out["only"] = {"blocks": list(only.blocks), "pairs": [list(p) for p in only.pairs]}
     if measured is not None:
-        out["measured"] = {"blocks": measured.blocks, "off_diagonal": measured.off_diagonal}
+        out["measured"] = {
+            "blocks": [clean(b.model_dump(exclude_unset=True)) for b in measured.blocks],
+            "off_diagonal": [
+                clean(p.model_dump(exclude_unset=True)) for p in measured.off_diagonal
+            ],
+        }
     return out
 
 
-def fan_out_from_task(task: dict[str, Any]) -> dict[str, Any]:
+def fan_out_from_task(task: FanOutTask) -> FanOut:
     """The ``only`` and ``measured`` arguments of :func:`analyze` from a rank's task."""
     only, measured = task.get("only"), task.get("measured")
-    return {
-        "only": None
+    return FanOut(
+        only=None
         if only is None
         else BlockShare(tuple(only["blocks"]), tuple((r, c) for r, c in only["pairs"])),
-        "measured": None if measured is None else MeasuredBlocks(**measured),
-    }
+        measured=None
+        if measured is None
+        else MeasuredBlocks.from_json(measured["blocks"], measured["off_diagonal"]),
+    )
 
 
 @dataclass(frozen=True)
@@ -186,20 +254,11 @@ class BlockPlan:
     pairs: list[tuple[str, str, int, int]]
 
 
-def _clean(value: Any) -> Any:
-    """JSON-safe: NaN/inf → None, tensors → lists, tuples → lists."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    if isinstance(value, torch.Tensor):
-        return _clean(value.tolist())
-    return value
+_clean = clean
+"""JSON-safe values (:func:`measured.clean`), for the callers that clean their own records."""
 
 
-def _versions() -> dict[str, Any]:
+def _versions() -> dict[str, str | None]:
     try:
         from importlib.metadata import version
 
@@ -252,7 +311,7 @@ def analyze(
     only: BlockShare | None = None,
     measured: MeasuredBlocks | None = None,
     limits: AttemptLimits | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Measure the curvature of the model at its checkpoint weights on an evaluation sample.
 
     ``spec`` is the model source: a reference model spec, or ``{"source": "huggingface",
@@ -265,7 +324,8 @@ def analyze(
     process's rank of a data-parallel group (``distributed.py``): the operator stages are
     sharded over the ranks, rank 0 alone runs the rest and gets the result (other ranks get
     ``{}``). Returns the result JSON of
-    the engine contract. Raises ``SpecError``, ``HFModelError``, ``OptionsError``,
+    the engine contract (:meth:`EngineMeasurements.as_result` of :func:`measure`). Raises
+    ``SpecError``, ``HFModelError``, ``OptionsError``,
     ``CheckpointMismatch``, ``DataError`` with messages naming the field, and
     :class:`Cancelled`.
 
@@ -279,9 +339,42 @@ def analyze(
     inside the memory limit on a CPU without ``memory_budget``, a run that cannot fit raises
     :class:`TooLarge`, and the ``cost`` progress event hands the worker one measured product.
     """
-    if isinstance(spec, Mapping) and not is_hf_source(spec):
-        spec = parse_spec(dict(spec))
-    opts = parse_options(options)
+    result = measure(
+        parse_model(spec),
+        checkpoint_path,
+        data_path,
+        parse_options(options),
+        progress,
+        should_cancel,
+        model=model,
+        data=data,
+        machine=machine,
+        distributed=distributed,
+        only=only,
+        measured=measured,
+        limits=limits,
+    )
+    return {} if result is None else result.as_result()
+
+
+def measure(
+    spec: ModelSpec | HuggingFaceModel,
+    checkpoint_path: str | Sequence[str] | None,
+    data_path: str | None,
+    options: AnalysisOptions,
+    progress: Progress | None = None,
+    should_cancel: ShouldCancel | None = None,
+    *,
+    model: torch.nn.Module | None = None,
+    data: Dataset | None = None,
+    machine: MachineSettings | None = None,
+    distributed: DataParallel | None = None,
+    only: BlockShare | None = None,
+    measured: MeasuredBlocks | None = None,
+    limits: AttemptLimits | None = None,
+) -> EngineMeasurements | None:
+    """:func:`analyze` on typed inputs, returning each stage's typed record collected into
+    one :class:`EngineMeasurements` (None on a data-parallel rank other than 0)."""
     machine = machine or MachineSettings()
     threads = torch.get_num_threads()
     if machine.threads:
@@ -290,291 +383,436 @@ def analyze(
         # The loops inside each stage check should_cancel too (cancel.check_cancel), so a
         # run stops within one operator product of the request, not at the next block.
         with cancel_scope(should_cancel):
-            return _analyze(
-                spec,
-                checkpoint_path,
-                data_path,
-                opts,
-                machine,
-                progress,
-                should_cancel,
-                model,
-                data,
-                distributed,
-                only,
-                measured,
-                limits,
+            run = _Run(
+                spec=spec,
+                opts=options,
+                machine=machine,
+                report=_Reporter(progress, should_cancel),
+                dist=distributed,
+                limits=limits,
             )
+            return _measure(run, checkpoint_path, data_path, model, data, only, measured)
     finally:
         torch.set_num_threads(threads)
 
 
-def _analyze(
-    spec,
-    checkpoint_path,
-    data_path,
-    opts,
-    machine,
-    progress,
-    should_cancel,
-    model,
-    data,
-    dist,
-    only=None,
-    measured=None,
-    limits=None,
-):
-    report = _Reporter(progress, should_cancel)
-    started = time.perf_counter()
-    report(0.0, "load", "building the model")
-    device = resolve_device(machine.device)
-    if dist is not None:
-        device = dist.place(device)
-    dtype = resolve_dtype(opts.precision)
+@dataclass
+class _Run:
+    """What every stage of one analysis reads: its typed inputs and the progress reporter."""
+
+    spec: ModelSpec | HuggingFaceModel
+    opts: AnalysisOptions
+    machine: MachineSettings
+    report: _Reporter
+    dist: DataParallel | None
+    limits: AttemptLimits | None
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _Loaded:
+    """The built model on its device, the sample, the blocks and pairs of the analysis."""
+
+    device: torch.device
+    source: ModelSource
+    model: torch.nn.Module
+    data: Dataset
+    all_blocks: dict[str, list[str]]
+    blocks: dict[str, list[str]]
+    pairs: list[tuple[str, str]]
+    n_params: int
+    micro_batch: int | None
+
+
+@dataclass(frozen=True)
+class _Mode:
+    """Which stages a run makes, chosen up front (``docs/numerics.md#block-fan-out``):
+    a full run measures everything; a fan-out child (``only``) its blocks' and pairs'
+    spectra; the fan-in (``measured``) everything else, with the children's records."""
+
+    name: str  # "full" | "child" | "fan_in"
+    spectra_blocks: dict[str, list[str]]
+    spectra_pairs: list[tuple[str, str]]
+    cost_stages: list[str] | None
+    measured: MeasuredBlocks | None = None
+
+    @property
+    def later_stages(self) -> bool:
+        """Whether the stages after the spectra run (all but a fan-out child)."""
+        return self.name != "child"
+
+
+def _mode(loaded: _Loaded, only: BlockShare | None, measured: MeasuredBlocks | None) -> _Mode:
+    blocks = loaded.blocks
+    if only is not None:
+        wanted = {name: blocks[name] for name in _known(only.blocks, blocks, "blocks")}
+        _known([x for p in only.pairs for x in p], blocks, "off_diagonal")
+        return _Mode("child", wanted, list(only.pairs), ["blocks", "off_diagonal"])
+    if measured is not None:
+        stages = ["full_model", "dense", "top_eigenspace", "per_sample", "gradient_noise"]
+        return _Mode("fan_in", {}, [], stages, measured)
+    return _Mode("full", dict(blocks), list(loaded.pairs), None)
+
+
+def _load(
+    run: _Run,
+    checkpoint_path: str | Sequence[str] | None,
+    data_path: str | None,
+    model: torch.nn.Module | None,
+    data: Dataset | None,
+) -> _Loaded:
+    """Build the model at its checkpoint weights on the device, read the sample, select the
+    blocks and pairs."""
+    run.report(0.0, "load", "building the model")
+    device = resolve_device(run.machine.device)
+    if run.dist is not None:
+        device = run.dist.place(device)
+    dtype = resolve_dtype(run.opts.precision)
     if device.type == "cuda":
         configure_cuda_for_curvature()
     source = load_source(
-        spec, checkpoint_path, data_path, dtype=dtype, seed=0, built=model, data=data
+        run.spec, checkpoint_path, data_path, dtype=dtype, seed=0, built=model, data=data
     )
-    model = source.module.to(device=device, dtype=dtype)
-    data = source.data.to(device, dtype)
-    objective = source.objective
-    if machine.self_test:
-        report(0.02, "self_test", "HVP against finite differences on a tiny model")
+    module = source.module.to(device=device, dtype=dtype)
+    assert source.data is not None  # load_source reads or validates the sample
+    sample = source.data.to(device, dtype)
+    if run.machine.self_test:
+        run.report(0.02, "self_test", "HVP against finite differences on a tiny model")
         self_test(device)
+    all_blocks = _all_blocks(source, module, run.opts)
+    blocks = select_blocks(all_blocks, run.opts.blocks)
+    return _Loaded(
+        device=device,
+        source=source,
+        model=module,
+        data=sample,
+        all_blocks=all_blocks,
+        blocks=blocks,
+        pairs=selected_pairs(list(blocks), run.opts),
+        n_params=sum(p.numel() for _, p in module.named_parameters()),
+        micro_batch=source.micro_batch(run.opts.eval_batch_size),
+    )
+
+
+def _all_blocks(
+    source: ModelSource, module: torch.nn.Module, opts: AnalysisOptions
+) -> dict[str, list[str]]:
     if opts.block_definitions:
-        all_blocks = custom_blocks(model, opts.block_definitions)
-    else:
-        all_blocks = source.default_blocks or default_blocks(model)
-    blocks = select_blocks(all_blocks, opts.blocks)
-    pairs = selected_pairs(list(blocks), opts)
-    n_params = sum(p.numel() for _, p in model.named_parameters())
-    micro_batch = source.micro_batch(opts.eval_batch_size)
-    result: dict[str, Any] = {
-        "versions": _versions(),
-        "device": str(device),
-        "dtype": opts.precision,
-        "seed": opts.seed,
-        "seed_derivation": SEED_DERIVATION,
-        "options": opts.model_dump(),
-        "machine": machine.model_dump(),
-        "model": source.description,
-        "precision_limited": source.precision,
-        "n_parameters": n_params,
-        "n_examples": len(data),
-    }
-    if source.spec is not None:
-        result["spec"] = source.spec.model_dump()
-    batches = data.batches(micro_batch)
+        return custom_blocks(module, opts.block_definitions)
+    return source.default_blocks or default_blocks(module)
+
+
+@dataclass
+class _MemoryStage:
+    """The memory plan's record, the caching and micro-batch it chose, the basis bytes."""
+
+    record: MemoryPlanRecord
+    plan: MemoryPlan
+    basis: float
+
+
+def _memory_stage(
+    run: _Run, loaded: _Loaded, engine: CurvatureEngine, sizes: dict[str, int], cache_graph: bool
+) -> _MemoryStage:
+    """docs/numerics.md#memory-plan: micro-batch and caching chosen to fit the budget (per
+    rank on its own shard when data parallel); on a host with a worker memory limit and no
+    memory_budget, inside that limit (docs/operations.md#memory-limit)."""
+    opts, machine, limits = run.opts, run.machine, run.limits
+    basis = largest_basis_bytes(sizes, opts, loaded.n_params, machine.basis_budget)
+    budget = default_budget(loaded.device, machine.memory_budget)
+    bounded_by_limit = budget[0] is None and loaded.device.type == "cpu" and limits is not None
+    if bounded_by_limit:
+        assert limits is not None
+        budget = host_budget(limits, basis)
+    try:
+        plan = fit_to_memory(
+            engine, max(budget[0], 1) if budget[0] is not None else None, budget[1], cache_graph
+        )
+    except OutOfDeviceMemory as exc:
+        if not bounded_by_limit or exc.per_example_bytes is None:
+            raise
+        assert limits is not None
+        check_fits(limits, exc.per_example_bytes, basis)
+        raise TooLarge(
+            exc.per_example_bytes + basis,
+            limits,
+            {"one-example product": exc.per_example_bytes, "Lanczos basis": float(basis)},
+        ) from None
+    if limits is not None and limits.micro_batch_factor < 1 and engine.micro_batch > 1:
+        # the retry after an out-of-memory kill: half the micro-batch of the killed run
+        engine.rebatch(max(1, int(engine.micro_batch * limits.micro_batch_factor)))
+        plan.micro_batch = engine.micro_batch
+        plan.retries.append(
+            {"during": "previous attempt killed out of memory", "micro_batch": engine.micro_batch}
+        )
+    record = plan.as_dict()
+    # the noise stage's gradient examples, as the cost model and the engine split them
+    n_data = len(loaded.data)
+    n_grad = noise_split(n_data, CostOptions.from_options(opts))[0]
+    micro_batch = loaded.micro_batch
+    record["stages"] = later_stage_memory(
+        plan,
+        loaded.n_params,
+        # a vmapped batch holds at most the examples there are (8 rows, not 64, of an
+        # 8-example sample: 5 GB, not 42, on an 82 M-parameter model)
+        sample_batch=min(micro_batch or 64, n_data),
+        noise_batch=min(micro_batch or 32, n_grad),
+        noise_groups=GroupedGradientSums.rows_for(n_grad, opts.noise_max_groups),
+        basis_budget=machine.basis_budget,
+    )
+    return _MemoryStage(MemoryPlanRecord.model_validate(clean(record)), plan, basis)
+
+
+def _cost_stage(
+    run: _Run,
+    loaded: _Loaded,
+    engine: CurvatureEngine,
+    mode: _Mode,
+    sizes: dict[str, int],
+    basis: float,
+) -> tuple[dict[str, Any], LockstepPlan | None]:
+    """docs/operations.md#cost-model-and-eta: one measured product, before the spectra; the
+    spectra's lockstep plan, made once (the cost model times its products as run)."""
+    opts, blocks = run.opts, loaded.blocks
+    memory = check_fits(run.limits, engine.per_example_bytes or 0.0, basis) or {}
+    probe = blocks[next(iter(sizes))] if sizes else None
+    spectra_blocks, spectra_pairs = mode.spectra_blocks, mode.spectra_pairs
+    lockstep_plan = (
+        _lockstep_plan(engine, blocks, spectra_blocks, spectra_pairs, opts, run.machine)
+        if spectra_blocks or spectra_pairs
+        else None
+    )
+    inputs = cost_inputs(
+        engine,
+        sizes,
+        [
+            (r, c, engine.layout(blocks[r]).numel, engine.layout(blocks[c]).numel)
+            for r, c in spectra_pairs
+        ],
+        probe,
+        opts,
+        n_params=loaded.n_params,
+        tokens=float(engine.total_count),
+        stages=mode.cost_stages,
+        memory=memory,
+        spectra=(
+            _spectra_timing(
+                blocks, spectra_blocks, spectra_pairs, lockstep_plan, run.machine.basis_budget
+            )
+            if lockstep_plan is not None
+            else None
+        ),
+        example=(
+            time_one_example(
+                loaded.model, loaded.source.objective, loaded.data.inputs, loaded.data.targets
+            )
+            if opts.per_sample and opts.hessian_subsample > 0 and mode.name != "child"
+            else None
+        ),
+    )
+    run.report(0.05, "cost", "one product measured: estimating the stages", cost=inputs)
+    return clean(inputs), lockstep_plan
+
+
+def _cost_sizes(engine: CurvatureEngine, mode: _Mode) -> dict[str, int]:
+    """The blocks the cost model and the basis bound count: those this run measures."""
+    return {name: engine.layout(members).numel for name, members in mode.spectra_blocks.items()}
+
+
+def _assembled(
+    run: _Run, loaded: _Loaded, measured: MeasuredBlocks
+) -> tuple[list[BlockRecord], list[PairRecord]]:
+    """The fan-in: the children's block and pair records in this run's order, each in one
+    step of progress, as a single-process run's stages would have reported them."""
+    blocks, pairs = loaded.blocks, loaded.pairs
+    run.report(
+        0.6,
+        "blocks",
+        f"{len(blocks)} blocks measured by the fan-out's child jobs",
+        index=len(blocks),
+        total=len(blocks),
+    )
+    block_records = _in_order(
+        measured.blocks,
+        list(blocks),
+        "blocks",
+        lambda r: r.name,
+    )
+    if pairs:
+        run.report(0.7, "off_diagonal", f"{len(pairs)} pairs measured by the child jobs")
+    pair_records = _in_order(
+        measured.off_diagonal,
+        [f"{r}|{c}" for r, c in pairs],
+        "off_diagonal",
+        lambda r: r.key,
+    )
+    return block_records, pair_records
+
+
+def _full_model_stage(run: _Run, engine: CurvatureEngine) -> FullModelRecord:
+    run.report(0.71, "full_model", "λ_max of the whole-model Hessian (one Lanczos)")
+    opts = run.opts
+    return FullModelRecord.model_validate(
+        clean(
+            full_model_lambda_max(
+                engine,
+                generator=derived_generator(opts.seed, FULL_MODEL_KEY),
+                tol=opts.tolerance,
+                max_iter=opts.max_iter,
+                floor=opts.residual_floor,
+            )
+        )
+    )
+
+
+def _dense_stage(run: _Run, loaded: _Loaded, engine: CurvatureEngine) -> dict[str, Any] | None:
+    """The exact dense Hessian of a small model (``dense.py``), when the options ask."""
+    opts, n_params = run.opts, loaded.n_params
+    if not (opts.dense == "on" or (opts.dense == "auto" and n_params <= opts.dense_limit)):
+        return None
+    if n_params > max(opts.dense_limit, DEFAULT_DENSE_LIMIT) and opts.dense == "on":
+        raise OptionsError([("dense", f"{n_params} parameters is too many for dense")])
+    run.report(0.72, "dense", f"exact dense Hessian ({n_params} columns)")
+    summary: dict[str, Any] = clean(dense_summary(engine, loaded.blocks))
+    return summary
+
+
+def _finish(engine: CurvatureEngine, memory: MemoryPlanRecord) -> None:
+    """After the operator stages: the graph released, the retries and final micro-batch."""
+    engine.release_graph()
+    memory.retries = list(engine.oom_retries)
+    memory.final_micro_batch = engine.micro_batch
+
+
+def _measure(
+    run: _Run,
+    checkpoint_path: str | Sequence[str] | None,
+    data_path: str | None,
+    model: torch.nn.Module | None,
+    data: Dataset | None,
+    only: BlockShare | None,
+    measured: MeasuredBlocks | None,
+) -> EngineMeasurements | None:
+    """The stages of the run's mode, in order, each adding its record."""
+    loaded = _load(run, checkpoint_path, data_path, model, data)
+    mode = _mode(loaded, only, measured)
+    opts, machine, dist = run.opts, run.machine, run.dist
+    out = _header(run, loaded)
+    batches = loaded.data.batches(loaded.micro_batch)
     cache_graph = machine.cache_graph
-    if micro_batch and not opts.eval_batch_size and len(batches) > 1:
+    if loaded.micro_batch and not opts.eval_batch_size and len(batches) > 1:
         # micro-batched automatically for a large vocabulary: keeping every micro-batch's
         # first-backward graph would undo the micro-batching, so each product rebuilds it
         # (an explicit eval_batch_size keeps the machine's caching)
         cache_graph = False
-    result["cache_graph"] = cache_graph
-    result["eval_batch_size"] = micro_batch
     shard, reducer = batches, None
     if dist is not None:  # docs/numerics.md#data-parallel
         shard, reducer = dist.start(batches), dist.reduce
-        result["data_parallel"] = {"world_size": dist.world_size, "backend": dist.backend}
-    reset_peak(device)
+        out.data_parallel = DataParallelRecord(world_size=dist.world_size, backend=dist.backend)
+    reset_peak(loaded.device)
+    top_vectors = None
     with CurvatureEngine(
-        model, objective, shard, cache_graph=cache_graph, reducer=reducer
+        loaded.model, loaded.source.objective, shard, cache_graph=cache_graph, reducer=reducer
     ) as engine:
-        report.products = lambda: engine.n_hvp
-        if only is not None:
-            sizes = {
-                b: engine.layout(blocks[b]).numel for b in _known(only.blocks, blocks, "blocks")
-            }
-            _known([x for p in only.pairs for x in p], blocks, "off_diagonal")
-            cost_pairs = list(only.pairs)
+        run.report.products = lambda: engine.n_hvp
+        sizes = _cost_sizes(engine, mode)
+        memory = _memory_stage(run, loaded, engine, sizes, cache_graph)
+        out.cache_graph = memory.plan.cache_graph
+        out.eval_batch_size = (
+            memory.plan.micro_batch
+            if memory.plan.micro_batch != memory.plan.configured_micro_batch
+            else loaded.micro_batch
+        )
+        out.memory_plan = memory.record
+        _gradient_stage(run, engine, out)
+        out.cost_inputs, lockstep_plan = _cost_stage(run, loaded, engine, mode, sizes, memory.basis)
+        if mode.measured is not None:
+            out.blocks, out.off_diagonal = _assembled(run, loaded, mode.measured)
         else:
-            sizes = (
-                {}
-                if measured is not None
-                else {b: engine.layout(m).numel for b, m in blocks.items()}
+            out.blocks, out.off_diagonal, memory.record.lockstep = _spectra(
+                engine,
+                loaded.blocks,
+                mode.spectra_blocks,
+                mode.spectra_pairs,
+                opts,
+                run.report,
+                machine,
+                lockstep_plan,
             )
-            cost_pairs = [] if measured is not None else pairs
-        basis = largest_basis_bytes(sizes, opts, n_params, machine.basis_budget)
-        # docs/numerics.md#memory-plan: micro-batch and caching chosen to fit the budget (per
-        # rank on its own shard when data parallel); on a host with a worker memory limit and
-        # no memory_budget, inside that limit (docs/operations.md#memory-limit)
-        budget = default_budget(device, machine.memory_budget)
-        bounded_by_limit = budget[0] is None and device.type == "cpu" and limits is not None
-        if bounded_by_limit:
-            budget = host_budget(limits, basis)
-        try:
-            plan = fit_to_memory(
-                engine, max(budget[0], 1) if budget[0] is not None else None, budget[1], cache_graph
-            )
-        except OutOfDeviceMemory as exc:
-            if not bounded_by_limit or exc.per_example_bytes is None:
-                raise
-            check_fits(limits, exc.per_example_bytes, basis)
-            raise TooLarge(
-                exc.per_example_bytes + basis,
-                limits,
-                {"one-example product": exc.per_example_bytes, "Lanczos basis": float(basis)},
-            ) from None
-        if limits is not None and limits.micro_batch_factor < 1 and engine.micro_batch > 1:
-            # the retry after an out-of-memory kill: half the micro-batch of the killed run
-            engine.rebatch(max(1, int(engine.micro_batch * limits.micro_batch_factor)))
-            plan.micro_batch = engine.micro_batch
-            plan.retries.append(
-                {
-                    "during": "previous attempt killed out of memory",
-                    "micro_batch": engine.micro_batch,
-                }
-            )
-        result["memory_plan"] = plan.as_dict()
-        # the noise stage's gradient examples, as the cost model and the engine split them
-        n_grad = noise_split(len(data), CostOptions.from_options(opts))[0]
-        result["memory_plan"]["stages"] = later_stage_memory(
-            plan,
-            n_params,
-            # a vmapped batch holds at most the examples there are (8 rows, not 64, of an
-            # 8-example sample: 5 GB, not 42, on an 82 M-parameter model)
-            sample_batch=min(micro_batch or 64, len(data)),
-            noise_batch=min(micro_batch or 32, n_grad),
-            noise_groups=GroupedGradientSums.rows_for(n_grad, opts.noise_max_groups),
-            basis_budget=machine.basis_budget,
-        )
-        result["cache_graph"] = plan.cache_graph
-        if plan.micro_batch != plan.configured_micro_batch:
-            result["eval_batch_size"] = plan.micro_batch
-        report(0.05, "gradient", "loss and gradient at w*")
-        grad = engine.gradient()
-        result["loss"] = engine.loss_value
-        result["n_loss_terms"] = engine.total_count
-        result["gradient_norm"] = float(torch.linalg.vector_norm(grad.double()))
-        result["n_eval_batches"] = len(engine.batches)
-        # docs/operations.md#cost-model-and-eta: one measured product, before the spectra
-        memory = check_fits(limits, engine.per_example_bytes or 0.0, basis) or {}
-        stages = ["blocks", "off_diagonal"] if only is not None else None
-        if measured is not None:
-            stages = ["full_model", "dense", "top_eigenspace", "per_sample", "gradient_noise"]
-        probe = blocks[next(iter(sizes))] if sizes else None
-        # the spectra's lockstep plan, made once: the cost model times its products as run
-        spectra_blocks = (
-            {}
-            if measured is not None
-            else {name: blocks[name] for name in (only.blocks if only is not None else blocks)}
-        )
-        spectra_pairs = [] if measured is not None else list(cost_pairs)
-        lockstep_plan = (
-            _lockstep_plan(engine, blocks, spectra_blocks, spectra_pairs, opts, machine)
-            if spectra_blocks or spectra_pairs
-            else None
-        )
-        result["cost_inputs"] = cost_inputs(
-            engine,
-            sizes,
-            [
-                (r, c, engine.layout(blocks[r]).numel, engine.layout(blocks[c]).numel)
-                for r, c in cost_pairs
-            ],
-            probe,
-            opts,
-            n_params=n_params,
-            tokens=float(engine.total_count),
-            stages=stages,
-            memory=memory,
-            spectra=(
-                _spectra_timing(
-                    blocks, spectra_blocks, spectra_pairs, lockstep_plan, machine.basis_budget
-                )
-                if lockstep_plan is not None
-                else None
-            ),
-            example=(
-                time_one_example(model, objective, data.inputs, data.targets)
-                if opts.per_sample and opts.hessian_subsample > 0 and only is None
-                else None
-            ),
-        )
-        report(
-            0.05, "cost", "one product measured: estimating the stages", cost=result["cost_inputs"]
-        )
-        if only is not None:
-            wanted = {name: blocks[name] for name in _known(only.blocks, blocks, "blocks")}
-            _known([x for p in only.pairs for x in p], blocks, "off_diagonal")
-            result["blocks"], result["off_diagonal"], result["memory_plan"]["lockstep"] = _spectra(
-                engine, blocks, wanted, list(only.pairs), opts, report, machine, lockstep_plan
-            )
-            engine.release_graph()
-            result["memory_plan"].update(
-                retries=list(engine.oom_retries), final_micro_batch=engine.micro_batch
-            )
-            result["peak_memory_bytes"], result["peak_memory_source"] = peak_memory(device)
-            result["elapsed_s"] = time.perf_counter() - started
-            return _clean(result)
-        if measured is not None:
-            # the same stages as a single-process run, each in one step: their records
-            report(
-                0.6,
-                "blocks",
-                f"{len(blocks)} blocks measured by the fan-out's child jobs",
-                index=len(blocks),
-                total=len(blocks),
-            )
-            result["blocks"] = _in_order(measured.blocks, list(blocks), "blocks", _name)
-            if pairs:
-                report(0.7, "off_diagonal", f"{len(pairs)} pairs measured by the child jobs")
-            result["off_diagonal"] = _in_order(
-                measured.off_diagonal, [f"{r}|{c}" for r, c in pairs], "off_diagonal", _pair
-            )
-        else:
-            result["blocks"], result["off_diagonal"], result["memory_plan"]["lockstep"] = _spectra(
-                engine, blocks, blocks, pairs, opts, report, machine, lockstep_plan
-            )
-        report(0.71, "full_model", "λ_max of the whole-model Hessian (one Lanczos)")
-        result["full_model"] = full_model_lambda_max(
-            engine,
-            generator=derived_generator(opts.seed, FULL_MODEL_KEY),
-            tol=opts.tolerance,
-            max_iter=opts.max_iter,
-            floor=opts.residual_floor,
-        )
-        if opts.dense == "on" or (opts.dense == "auto" and n_params <= opts.dense_limit):
-            if n_params > max(opts.dense_limit, DEFAULT_DENSE_LIMIT) and opts.dense == "on":
-                raise OptionsError([("dense", f"{n_params} parameters is too many for dense")])
-            report(0.72, "dense", f"exact dense Hessian ({n_params} columns)")
-            result["dense"] = dense_summary(engine, blocks)
-        top_vectors = None
-        if opts.per_sample and opts.top_d > 0:
-            report(0.75, "top_eigenspace", f"top-{opts.top_d} eigenvectors of H")
-            top_vectors, top_info = _top_eigenspace(engine, opts)
-            result["top_eigenspace"] = top_info
-        engine.release_graph()
-        result["memory_plan"].update(
-            retries=list(engine.oom_retries), final_micro_batch=engine.micro_batch
-        )
-    if dist is not None and not dist.is_root:
-        return {}  # the rest runs on rank 0 alone
+        if mode.later_stages:
+            out.full_model = _full_model_stage(run, engine)
+            dense = _dense_stage(run, loaded, engine)
+            if dense is not None:
+                out.dense = dense
+            if opts.per_sample and opts.top_d > 0:
+                run.report(0.75, "top_eigenspace", f"top-{opts.top_d} eigenvectors of H")
+                top_vectors, out.top_eigenspace = _top_eigenspace(engine, opts)
+        _finish(engine, memory.record)
+    if mode.later_stages:
+        if dist is not None and not dist.is_root:
+            return None  # the rest runs on rank 0 alone
+        _later_stages(run, loaded, engine, top_vectors, out)
+    out.peak_memory_bytes, out.peak_memory_source = peak_memory(loaded.device)
+    out.elapsed_s = time.perf_counter() - run.started
+    if mode.later_stages:
+        run.report(1.0, "done", "analysis complete")
+    return out
+
+
+def _later_stages(
+    run: _Run,
+    loaded: _Loaded,
+    engine: CurvatureEngine,
+    top_vectors: torch.Tensor | None,
+    out: EngineMeasurements,
+) -> None:
+    """The stages on rank 0 alone: per-sample statistics, gradient noise, bounds."""
+    opts = run.opts
+    model, objective, data = loaded.model, loaded.source.objective, loaded.data
     if opts.per_sample:
-        report(0.8, "per_sample", "per-sample losses, perturbed losses, Hessian norms")
-        result["per_sample"] = _per_sample(
-            model, objective, data, opts, top_vectors, engine, micro_batch
+        run.report(0.8, "per_sample", "per-sample losses, perturbed losses, Hessian norms")
+        out.per_sample = _per_sample(
+            model, objective, data, opts, top_vectors, engine, loaded.micro_batch
         )
     if opts.gradient_noise:
-        report(0.88, "gradient_noise", "|G|², tr Σ, GᵀHG, tr(HΣ)")
-        result["gradient_noise"] = _gradient_noise(model, objective, data, opts, micro_batch)
+        run.report(0.88, "gradient_noise", "|G|², tr Σ, GᵀHG, tr(HΣ)")
+        out.gradient_noise = _gradient_noise(model, objective, data, opts, loaded.micro_batch)
     if opts.bounds:
-        report(0.94, "bounds", "theoretical block bounds")
-        result["bounds"] = _bounds(model, source, data, opts, result["blocks"])
-    result["peak_memory_bytes"], result["peak_memory_source"] = peak_memory(device)
-    result["elapsed_s"] = time.perf_counter() - started
-    report(1.0, "done", "analysis complete")
-    return _clean(result)
+        run.report(0.94, "bounds", "theoretical block bounds")
+        out.bounds = _bounds(model, loaded.source, data, opts, out.blocks)
 
 
-def _name(record: dict) -> str:
-    return str(record["name"])
+def _gradient_stage(run: _Run, engine: CurvatureEngine, out: EngineMeasurements) -> None:
+    """Loss and gradient at w*: the loss, its terms, ‖∇L(w*)‖, the evaluation batches."""
+    run.report(0.05, "gradient", "loss and gradient at w*")
+    grad = engine.gradient()
+    out.loss = clean(engine.loss_value)
+    out.n_loss_terms = clean(engine.total_count)
+    out.gradient_norm = clean(float(torch.linalg.vector_norm(grad.double())))
+    out.n_eval_batches = len(engine.batches)
 
 
-def _pair(record: dict) -> str:
-    return f"{record['row']}|{record['col']}"
+def _header(run: _Run, loaded: _Loaded) -> EngineMeasurements:
+    """The result's header: versions, device, options, the model, the sample's size (the
+    measurements the later stages add their records to)."""
+    source = loaded.source
+    header = EngineMeasurements(
+        versions=_versions(),
+        device=str(loaded.device),
+        dtype=run.opts.precision,
+        seed=run.opts.seed,
+        seed_derivation=SEED_DERIVATION,
+        # the typed inputs as they are (every field written to the result, set or default)
+        options=fully_set(run.opts),
+        machine=fully_set(run.machine),
+        model=ModelDescription.model_validate(clean(source.description)),
+        precision_limited=PrecisionRecord.model_validate(clean(source.precision)),
+        n_parameters=loaded.n_params,
+        n_examples=len(loaded.data),
+    )
+    if source.spec is not None:
+        header.spec = fully_set(source.spec)
+    return header
 
 
 def _known(names: Sequence[str], blocks: dict[str, list[str]], field_name: str) -> list[str]:
@@ -584,7 +822,7 @@ def _known(names: Sequence[str], blocks: dict[str, list[str]], field_name: str) 
     return list(dict.fromkeys(names))
 
 
-def _in_order(records: list[dict], keys: list[str], what: str, key: Callable) -> list[dict]:
+def _in_order(records: list[R], keys: list[str], what: str, key: Callable[[R], str]) -> list[R]:
     """Records measured elsewhere, in this run's order; every key exactly once."""
     by_key = {key(r): r for r in records}
     missing = [k for k in keys if k not in by_key]
@@ -617,12 +855,11 @@ def plan_blocks(
     """The blocks and pairs :func:`analyze` would measure with these inputs and options, with
     their sizes (what a block fan-out splits into groups). Loads the model like ``analyze``
     and raises the same errors; measures nothing."""
-    if isinstance(spec, Mapping) and not is_hf_source(spec):
-        spec = parse_spec(dict(spec))
+    typed = parse_model(spec)
     opts = parse_options(options)
     dtype = resolve_dtype(opts.precision)
     source = load_source(
-        spec, checkpoint_path, data_path, dtype=dtype, seed=0, built=model, data=data
+        typed, checkpoint_path, data_path, dtype=dtype, seed=0, built=model, data=data
     )
     module = source.module
     if opts.block_definitions:
@@ -688,9 +925,9 @@ def _spectra_timing(
     }
 
 
-def _spectra(
+def _spectra(  # type: ignore[no-untyped-def]
     engine, all_blocks, blocks, pairs, opts, report, machine, plan=None
-) -> tuple[list[dict], list[dict], dict[str, Any]]:
+) -> tuple[list[BlockRecord], list[PairRecord], LockstepRecord]:
     """Block spectra and off-diagonal σ_max, all advancing in lockstep (``lockstep.py``:
     one batched second backward per round, chunked to the memory plan), then each block's
     trace and GGN parts from its own generator. Returns (block records, pair records, the
@@ -757,12 +994,17 @@ def _spectra(
     )
     runner.stats.mode_reason = plan.batched_reason
     results = runner.run(tasks, done)
-    records = []
+    records: list[BlockRecord] = []
     for i, (name, members) in enumerate(blocks.items()):
         spectrum = results[block_key(name)]
         assert isinstance(spectrum, Spectrum)
         n = sizes[name]
-        record = {"name": name, "params": list(members), "n_params": n, **spectrum.as_dict()}
+        record: dict[str, Any] = {
+            "name": name,
+            "params": list(members),
+            "n_params": n,
+            **spectrum.as_dict(),
+        }
         slices = block_slices(members)
         if slices:
             record["slices"] = slices
@@ -798,19 +1040,23 @@ def _spectra(
                     dtype=basis_dtype(engine.dtype),
                 )
                 record[key] = part.as_dict()
-        records.append(record)
+        records.append(BlockRecord.model_validate(clean(record)))
     if pairs:
         report(0.6, "off_diagonal", f"{len(pairs)} pairs measured in lockstep with the blocks")
-    pair_records = []
+    pair_records: list[PairRecord] = []
     for row, col in pairs:
         sv = results[pair_key(row, col)]
         assert isinstance(sv, SingularValue)
-        pair_records.append({"row": row, "col": col, **sv.as_dict()})
-    info = {"plan": plan.as_dict(), **runner.stats.as_dict()}
+        pair_records.append(
+            PairRecord.model_validate(clean({"row": row, "col": col, **sv.as_dict()}))
+        )
+    info = LockstepRecord.model_validate(clean({"plan": plan.as_dict(), **runner.stats.as_dict()}))
     return records, pair_records, info
 
 
-def _top_eigenspace(engine, opts):
+def _top_eigenspace(  # type: ignore[no-untyped-def]
+    engine, opts
+) -> tuple[torch.Tensor, TopEigenspaceRecord]:
     names = engine.names
     n = engine.layout(names).numel
     spec = lanczos_spectrum(
@@ -825,16 +1071,22 @@ def _top_eigenspace(engine, opts):
         want_vectors=True,
     )
     vectors = torch.stack([e.vector for e in spec.top])
-    info = {
-        "values": [e.value for e in spec.top],
-        "residuals": [e.residual for e in spec.top],
-        "converged": spec.converged,
-        "n_products": spec.n_products,
-    }
+    info = TopEigenspaceRecord.model_validate(
+        clean(
+            {
+                "values": [e.value for e in spec.top],
+                "residuals": [e.residual for e in spec.top],
+                "converged": spec.converged,
+                "n_products": spec.n_products,
+            }
+        )
+    )
     return vectors, info
 
 
-def _per_sample(model, objective, data, opts, top_vectors, engine, micro_batch) -> dict | None:
+def _per_sample(  # type: ignore[no-untyped-def]
+    model, objective, data, opts, top_vectors, engine, micro_batch
+) -> PerSampleRecord | None:
     try:
         from curvplan_worker.curvature import per_sample as ps
     except ImportError:
@@ -886,17 +1138,21 @@ def _per_sample(model, objective, data, opts, top_vectors, engine, micro_batch) 
             tol=max(opts.tolerance, 1e-6),
             max_iter=opts.per_sample_max_iter,
         )
-    return out
+    return PerSampleRecord.model_validate(clean(out))
 
 
-def _gradient_noise(model, objective, data, opts, micro_batch) -> dict | None:
+def _gradient_noise(  # type: ignore[no-untyped-def]
+    model, objective, data, opts, micro_batch
+) -> GradientNoiseRecord | None:
     try:
         from curvplan_worker.curvature import gradient_noise as gn
     except ImportError:
         return None
     if len(data) < 3:
-        return {"available": False, "reason": "needs at least 3 examples (2 gradient, 1 Hessian)"}
-    return gn.gradient_noise_from_sample(
+        return GradientNoiseRecord(
+            available=False, reason="needs at least 3 examples (2 gradient, 1 Hessian)"
+        )
+    stats = gn.gradient_noise_from_sample(
         model,
         objective,
         data.inputs,
@@ -907,15 +1163,18 @@ def _gradient_noise(model, objective, data, opts, micro_batch) -> dict | None:
         batch_size=micro_batch or 32,
         max_groups=opts.noise_max_groups,
     )
+    return GradientNoiseRecord.model_validate(clean(stats))
 
 
-def _bounds(model, source, data, opts, block_records) -> dict | None:
+def _bounds(  # type: ignore[no-untyped-def]
+    model, source: ModelSource, data, opts, block_records: list[BlockRecord]
+) -> BoundsRecord | None:
     """The paper's block bounds where the model is in the theory's family; elsewhere every
     block says not applicable, with the reason."""
     if source.bounds_reason is not None:
         for record in block_records:
-            record["bound"] = {"applicable": False, "reason": source.bounds_reason}
-        return {"applicable": False, "reasons": [source.bounds_reason], "blocks": {}}
+            record.bound = BoundRecord(applicable=False, reason=source.bounds_reason)
+        return BoundsRecord(applicable=False, reasons=[source.bounds_reason], blocks={})
     try:
         from curvplan_worker.curvature.bounds import block_bounds_for_model, tightness
     except ImportError:
@@ -923,15 +1182,16 @@ def _bounds(model, source, data, opts, block_records) -> dict | None:
     bounds = block_bounds_for_model(
         model, source.spec, data.inputs, data.targets, opts.bound_options.model_dump()
     )
-    measured = {r["name"]: r["spectral_norm"] for r in block_records}
+    measured = {r.name: r.spectral_norm for r in block_records}
     ratios = tightness(bounds, measured)
     for record in block_records:
-        rec = bounds.get("blocks", {}).get(record["name"])
+        rec = bounds.get("blocks", {}).get(record.name)
         if rec is None:
-            record["bound"] = {
-                "applicable": False,
-                "reason": "the paper's theorems give no bound for this block",
-            }
+            record.bound = BoundRecord(
+                applicable=False, reason="the paper's theorems give no bound for this block"
+            )
         else:
-            record["bound"] = {**rec, "ratio": ratios.get(record["name"])}
-    return bounds
+            record.bound = BoundRecord.model_validate(
+                clean({**rec, "ratio": ratios.get(record.name)})
+            )
+    return BoundsRecord.model_validate(clean(bounds))

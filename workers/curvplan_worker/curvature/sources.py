@@ -26,8 +26,12 @@ from curvplan_worker.curvature.objective import CausalLMObjective, Objective, ob
 HF_SOURCE = "huggingface"
 
 ModelInput = ModelSpec | HuggingFaceModel | Mapping[str, Any]
-"""What the engine builds a model from: the contract's typed model source (a job's, used as
-it is, never parsed again) or its JSON form (a spec file, a script), parsed here once."""
+"""What the engine's JSON-facing entry points (``analyze``, ``plan_blocks``) take: the
+contract's typed model source (a job's, used as it is) or its JSON form (a spec file, a
+script), which :func:`parse_model` turns into the typed one once, at that entry."""
+
+TypedModel = ModelSpec | HuggingFaceModel
+"""The model source every engine stage takes: parsed, never reopened."""
 
 NOT_IN_THEORY_FAMILY = (
     "the paper's bounds (Petrov et al. 2025) are derived for the reference Transformer family "
@@ -47,13 +51,26 @@ def is_hf_source(model: Any) -> bool:
     return getattr(model, "source", None) == HF_SOURCE
 
 
-def _as_dict(model: Any) -> dict:
-    if isinstance(model, Mapping):
-        return dict(model)
-    dump = getattr(model, "model_dump", None)
-    if dump is not None:
-        return dump(mode="json", by_alias=True, exclude_none=False)
-    raise TypeError(f"model: expected a spec or a Hugging Face source, got {type(model)}")
+def parse_model(model: ModelInput) -> TypedModel:
+    """The typed model source of ``model`` (a typed one as it is; a JSON form validated once):
+    ``SpecError`` or ``HFModelError`` naming the field."""
+    if isinstance(model, ModelSpec | HuggingFaceModel):
+        return model
+    if is_hf_source(model):
+        from pydantic import ValidationError
+
+        try:
+            return HuggingFaceModel.model_validate(dict(model))
+        except ValidationError as exc:
+            from curvplan_worker.curvature.hf import HFModelError
+
+            raise HFModelError(
+                "; ".join(
+                    f"model.{'.'.join(str(x) for x in error['loc'])}: {error['msg']}"
+                    for error in exc.errors()
+                )
+            ) from None
+    return parse_spec(dict(model))
 
 
 @dataclass
@@ -96,17 +113,8 @@ class ModelSource:
         return None if fit >= len(self.data) else fit
 
 
-def _hf_config(model: dict) -> dict:
-    config = model.get("config")
-    if not isinstance(config, Mapping):
-        from curvplan_worker.curvature.hf import HFModelError
-
-        raise HFModelError("model.config: expected the config.json object")
-    return dict(config)
-
-
 def load_source(
-    model: ModelInput,
+    model: TypedModel,
     checkpoint: str | Path | Sequence[str | Path] | None,
     data_path: str | Path | None,
     *,
@@ -119,13 +127,14 @@ def load_source(
     file or a list of shards), read and validate the dataset. Raises the engine's
     ``ValueError`` subclasses naming the field (``SpecError``, ``HFModelError``,
     ``CheckpointMismatch``, ``CheckpointError``, ``DataError``)."""
-    if is_hf_source(model):
-        return _load_hf(_as_dict(model), checkpoint, data_path, dtype, seed, built, data)
-    spec = parse_spec(model if isinstance(model, ModelSpec) else _as_dict(model))
-    return _load_reference(spec, checkpoint, data_path, dtype, seed, built, data)
+    if isinstance(model, HuggingFaceModel):
+        return _load_hf(model, checkpoint, data_path, dtype, seed, built, data)
+    return _load_reference(model, checkpoint, data_path, dtype, seed, built, data)
 
 
-def _load_reference(spec, checkpoint, data_path, dtype, seed, built, data) -> ModelSource:
+def _load_reference(  # type: ignore[no-untyped-def]
+    spec: ModelSpec, checkpoint, data_path, dtype, seed, built, data
+) -> ModelSource:
     from curvplan_worker.curvature.model import build_model
 
     module = built
@@ -165,11 +174,13 @@ def _load_reference(spec, checkpoint, data_path, dtype, seed, built, data) -> Mo
     )
 
 
-def _load_hf(model, checkpoint, data_path, dtype, seed, built, data) -> ModelSource:
+def _load_hf(  # type: ignore[no-untyped-def]
+    model: HuggingFaceModel, checkpoint, data_path, dtype, seed, built, data
+) -> ModelSource:
     from curvplan_worker.curvature import hf
     from curvplan_worker.curvature.checkpoint import read_safetensors
 
-    config = _hf_config(model)
+    config = dict(model.config)
     source = hf.build_hf_model(config, dtype=dtype, seed=seed)
     if built is not None:
         source.module = built
