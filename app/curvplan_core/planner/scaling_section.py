@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from curvplan.types.planner import Measurements, Missing, NotComputed, ScalingSection, Targets
@@ -39,7 +41,7 @@ def build_scaling_section(
             )
         )
     target = targets.target_loss
-    n_for_target: float | str | None = None
+    n_for_target: float | Literal["unreachable"] | None = None
     n_ci = None
     if target is None:
         missing.append(Missing(item="n_for_target_loss", reason="targets.target_loss not given"))
