@@ -5,9 +5,11 @@
 #   docker build --target client -t curvplan-client .  # the `curvplan` CLI only, for pipeline
 #       steps (Airflow, Argo/Kubeflow, CI); --build-arg CLIENT_EXTRAS=mlflow adds --mlflow
 #
-# Layer order for the build cache: the dependencies (from the lock, scripts/constraints.txt)
-# are installed before the source is copied, so a code change rebuilds only the last layers.
-# The project itself is a regular (non-editable) install: the migrations ship in the wheel.
+# Layer order for the build cache: the dependencies (each image's lock, requirements/*.txt:
+# every package pinned with its sha256 hashes, installed with --require-hashes) are installed
+# before the source is copied, so a code change rebuilds only the last layers. The project
+# itself is a regular (non-editable) install without dependencies: the migrations ship in the
+# wheel.
 
 FROM python:3.11-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -19,14 +21,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN useradd --system --uid 10001 --create-home curvplan \
     && mkdir -p /data && chown curvplan /data
 WORKDIR /srv/curvplan
-COPY scripts/constraints.txt scripts/docker_requirements.py ./scripts/
-COPY pyproject.toml ./
 
 FROM base AS api
-# The server extra's dependencies only (from pyproject.toml, pinned by the lock).
-RUN python scripts/docker_requirements.py server > /tmp/requirements.txt \
-    && pip install -c scripts/constraints.txt -r /tmp/requirements.txt
-COPY setup.py README.md LICENSE ./
+# The server extra's dependency closure only (no torch), each package pinned with its hashes.
+COPY requirements/server.txt ./requirements/
+RUN pip install --require-hashes -r requirements/server.txt
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY alembic ./alembic
 COPY app ./app
 COPY workers ./workers
@@ -39,11 +39,11 @@ HEALTHCHECK --interval=10s --timeout=3s --retries=3 \
 CMD ["curvplan", "serve", "--host", "0.0.0.0", "--port", "8000", "--workers", "2"]
 
 FROM base AS worker
-# torch first, pinned, so the project's `worker` extra cannot pull another version.
-RUN pip install "torch==2.13.0" \
-    && python scripts/docker_requirements.py worker > /tmp/requirements.txt \
-    && pip install -c scripts/constraints.txt -r /tmp/requirements.txt
-COPY setup.py README.md LICENSE ./
+# The worker extra's closure: torch==2.13.0 from PyPI (the CUDA build) with its CUDA wheels
+# (nvidia-*, triton), each pinned with its hashes like every other package.
+COPY requirements/worker.txt ./requirements/
+RUN pip install --require-hashes -r requirements/worker.txt
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY alembic ./alembic
 COPY app ./app
 COPY workers ./workers
@@ -65,12 +65,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN useradd --system --uid 10001 --create-home curvplan
 WORKDIR /srv/curvplan
-COPY scripts/constraints.txt scripts/docker_requirements.py ./scripts/
-COPY pyproject.toml ./
-# The base install's dependencies (plus CLIENT_EXTRAS'), pinned by the lock, before the source.
-RUN python scripts/docker_requirements.py $CLIENT_EXTRAS > /tmp/requirements.txt \
-    && pip install -c scripts/constraints.txt -r /tmp/requirements.txt
-COPY setup.py README.md LICENSE ./
+# The base install's dependencies (or the lock of CLIENT_EXTRAS: requirements/mlflow.txt),
+# each pinned with its hashes, before the source.
+COPY requirements/base.txt requirements/mlflow.txt ./requirements/
+RUN pip install --require-hashes -r "requirements/${CLIENT_EXTRAS:-base}.txt"
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY alembic ./alembic
 COPY app ./app
 COPY workers ./workers

@@ -1,6 +1,6 @@
 # Two commands for a newcomer (see README):  make run  |  make test
-# Both create .venv, install torch==2.13.0 (the CPU wheel on local disk) FIRST so
-# that no CUDA build is pulled, then the project with its worker and dev extras.
+# Both create .venv and install the lock requirements/dev.txt (every package pinned with its
+# hash; torch is the CPU build, 2.13.0+cpu, from /opt/wheels), then the project itself.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -14,11 +14,10 @@ install: $(STAMP)
 
 # Re-run only when the dependency list changes (fast no-op otherwise). The set-up also
 # installs Chromium (apt-get, when it is missing and we may) for the report-page tests.
-$(STAMP): pyproject.toml setup.py scripts/constraints.txt scripts/ensure_chromium.sh
+$(STAMP): pyproject.toml setup.py requirements/dev.txt scripts/ensure_chromium.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
-	  || $(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -c scripts/constraints.txt -e '.[server,worker,dev]'
+	$(PY) -m pip install --quiet --require-hashes -r requirements/dev.txt
+	$(PY) -m pip install --quiet --no-deps -e .
 	bash scripts/ensure_chromium.sh
 	touch $(STAMP)
 
@@ -33,9 +32,11 @@ test: install lint
 test-fast: install
 	CURVPLAN_TEST_ADMIN_URL="$$($(PY) scripts/ensure_postgres.py)" $(VENV)/bin/pytest -q -m "not e2e and not slow" $(PYTEST_ARGS)
 
-# ruff, the layering contracts (import-linter, pyproject.toml) and mypy (pyproject.toml's
-# files: the packages, the tests and the benchmarks).
+# ruff, the layering contracts (import-linter, pyproject.toml), mypy (pyproject.toml's
+# files: the packages, the tests and the benchmarks) and the locks (against pyproject.toml
+# and .venv; offline).
 lint: install
+	$(PY) scripts/lock.py --check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
@@ -47,7 +48,7 @@ openapi: install  # regenerate docs/openapi.json (the reviewed API contract)
 unasync: install  # regenerate curvplan/client/sync.py from aio.py (the one implementation)
 	$(PY) scripts/unasync.py
 
-lock: install  # rewrite scripts/constraints.txt from .venv (after a dependency change)
+lock: install  # rewrite requirements/*.txt (after a dependency change; uv, needs PyPI)
 	$(PY) scripts/lock.py
 
 bench: install

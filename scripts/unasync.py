@@ -9,6 +9,15 @@ token rewriting (``async def`` → ``def``, ``await`` dropped, ``asyncio.sleep``
 must apply at least once, so a rule that no longer matches after an edit of ``aio.py``
 fails loudly instead of leaving async code in the sync client. Edit ``aio.py``, never
 ``sync.py``; a test checks that the copy is current.
+
+Why not the ``unasync`` package itself: it renames single name tokens (``async``/``await``,
+``__aenter__``, ``AsyncIterator``, names you add) and nothing else. Run on ``aio.py`` it
+leaves ``asyncio.sleep(…)`` (a coroutine never awaited: the retry loop would not wait),
+``asyncio.to_thread(f, …)`` (a coroutine unpacked as the upload's result), the coroutine
+check of the progress callback, ``Awaitable`` in the callback's type and the docstrings that
+say "async"; those are 11 of the 19 rules below, so it would add a dependency and keep the
+regexes. It also writes files by directory (``_async/`` → ``_sync/``) and has no string
+output for ``--check``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,13 @@ def test_ci_runs_the_static_checks_through_make_test() -> None:
     assert "lint" in deps
     _, lint = _recipe(makefile, "lint")
     joined = "\n".join(lint)
-    for command in ("ruff check .", "ruff format --check .", "lint-imports", "mypy"):
+    for command in (
+        "ruff check .",
+        "ruff format --check .",
+        "lint-imports",
+        "mypy",
+        "scripts/lock.py --check",
+    ):
         assert command in joined, command
     _, fast = _recipe(makefile, "test-fast")
     assert any('-m "not e2e and not slow"' in line for line in fast)
@@ -76,6 +82,13 @@ def test_layering_contracts_and_mypy_settings_are_declared() -> None:
     assert "union-attr" in overrides[("tests.*", "benchmarks.*")]["disable_error_code"]
     assert overrides[("torch", "torch.*")]["follow_imports"] == "silent"
     assert overrides[("curvplan.types", "curvplan.types.*")]["disallow_untyped_defs"] is True
+    # the planner is strict (the per-module flags: `strict` in an override leaks globally)
+    planner = overrides[("curvplan_core.planner", "curvplan_core.planner.*")]
+    assert "strict" not in planner and "disable_error_code" not in planner
+    for flag in ("disallow_untyped_defs", "disallow_any_generics", "warn_return_any"):
+        assert planner[flag] is True, flag
+    lenient = [o for o in mypy["overrides"] if "disable_error_code" in o]
+    assert not any(m.startswith("curvplan_core.planner") for o in lenient for m in o["module"])
 
 
 def test_pre_commit_runs_the_same_checks() -> None:

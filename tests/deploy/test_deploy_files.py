@@ -51,10 +51,17 @@ def test_dockerfile_has_api_without_torch_and_worker_with_torch() -> None:
     assert {"api", "worker"} <= set(stages)
     api_runs = " ".join(i for i in _lineage(stages, "api") if i.upper().startswith("RUN"))
     assert "torch" not in api_runs and "[worker" not in api_runs
+    assert "-r requirements/server.txt" in api_runs and "worker.txt" not in api_runs
     worker_runs = " ".join(i for i in _lineage(stages, "worker") if i.upper().startswith("RUN"))
-    assert "torch==2.13.0" in worker_runs and ".[worker]" in worker_runs
-    # torch is installed before the project so the extra cannot choose another version
-    assert worker_runs.index("torch==2.13.0") < worker_runs.index(".[worker]")
+    assert ".[worker]" in worker_runs
+    # the lock, torch with it, is installed before the project, which adds no dependency
+    assert worker_runs.index("-r requirements/worker.txt") < worker_runs.index(".[worker]")
+    locks = ROOT / "requirements"
+    assert not re.search(r"^torch==", (locks / "server.txt").read_text(), re.MULTILINE)
+    # the worker image: PyPI's torch (the CUDA build, no local label) and its CUDA wheels
+    worker_lock = (locks / "worker.txt").read_text()
+    assert re.search(r"^torch==2\.13\.0 \\$", worker_lock, re.MULTILINE)
+    assert re.search(r"^nvidia-cudnn-cu\d+==", worker_lock, re.MULTILINE)
 
 
 def _copies_and_runs(lines: list[str]) -> list[tuple[str, str]]:
@@ -71,7 +78,7 @@ def test_dependencies_are_installed_before_the_source_is_copied(stage: str) -> N
     dep_installs = [
         n
         for n, (op, i) in enumerate(steps)
-        if op == "RUN" and "pip install" in i and "-r /tmp/requirements.txt" in i
+        if op == "RUN" and "pip install --require-hashes -r requirements/" in i
     ]
     project_installs = [
         (n, i)
@@ -83,21 +90,23 @@ def test_dependencies_are_installed_before_the_source_is_copied(stage: str) -> N
     # The project install is not editable and adds no dependency the lock did not pin.
     install = project_installs[-1][1]
     assert " -e " not in install and "--editable" not in install and "--no-deps" in install
-    assert "-c scripts/constraints.txt" in " ".join(i for op, i in steps if "-r /tmp" in i)
+    # Each lock the image installs is copied by itself, before the source.
+    lock_copies = [n for n, (op, i) in enumerate(steps) if op == "COPY" and "requirements/" in i]
+    assert lock_copies and max(lock_copies) < min(dep_installs)
 
 
-def test_docker_requirements_are_the_extras_dependencies() -> None:
+def test_the_locks_sources_are_the_extras_dependencies() -> None:
     import sys
     import tomllib
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    from docker_requirements import requirements
+    from lock import declared
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    server = requirements(["server"])
+    server = declared(["server"])
     assert set(project["dependencies"]) <= set(server)
     assert set(project["optional-dependencies"]["server"]) <= set(server)
-    worker = requirements(["worker"])
+    worker = declared(["worker"])
     assert set(server) < set(worker) and any(d.startswith("torch") for d in worker)
     assert not any(d.startswith("curvplan") for d in worker)
 

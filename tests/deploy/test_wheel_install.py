@@ -1,10 +1,9 @@
 """curvplan installs like a library: the wheel in a fresh venv, outside this checkout.
 
-The dependencies come from a wheelhouse built once (``pip download`` with the lock,
-scripts/constraints.txt) and cached under .pytest_cache, keyed by the lock and
-pyproject.toml; each run builds the project's wheel and installs it with ``--no-index``
-into a venv without system site-packages. Torch is not needed: the worker serves the
-cpu queue.
+The dependencies come from a wheelhouse built once (``pip download --require-hashes`` of the
+api image's lock, requirements/server.txt) and cached under .pytest_cache, keyed by the lock;
+each run builds the project's wheel and installs it with ``--no-index`` into a venv without
+system site-packages. Torch is not needed: the worker serves the cpu queue.
 
 Checked: the base install brings only the client's dependencies; a user project with its
 own top-level ``app`` package imports curvplan and uses the client; with ``[server]``,
@@ -45,22 +44,17 @@ def _run(args: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def wheelhouse() -> Path:
-    """The server extra's dependencies as wheels, pinned by the lock (built once, cached)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from docker_requirements import requirements
-
-    lock = (ROOT / "scripts" / "constraints.txt").read_bytes()
-    key = hashlib.sha256(lock + (ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    """The server extra's dependencies as wheels, pinned with hashes by the lock (built once)."""
+    lock = ROOT / "requirements" / "server.txt"
+    key = hashlib.sha256(lock.read_bytes()).hexdigest()[:16]
     house = ROOT / ".pytest_cache" / "curvplan-wheelhouse" / key
     if not (house / ".complete").exists():
         house.mkdir(parents=True, exist_ok=True)
-        requirements_file = house / "requirements.txt"
-        requirements_file.write_text("\n".join(requirements(["server"])) + "\n")
         _run(
             [
                 *PIP,
                 *("download", "-q", "--only-binary", ":all:", "-d", str(house)),
-                *("-c", str(ROOT / "scripts" / "constraints.txt"), "-r", str(requirements_file)),
+                *("--require-hashes", "-r", str(lock)),
             ]
         )
         (house / ".complete").touch()

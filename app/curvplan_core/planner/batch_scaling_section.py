@@ -129,7 +129,7 @@ def _law_answer(
         critical_tokens=None if tokens is None else value * tokens,
         critical_tokens_ci=None
         if tokens is None
-        else tuple(None if v is None else v * tokens for v in critical_ci),
+        else (_times(critical_ci[0], tokens), _times(critical_ci[1], tokens)),
         tokens_per_example=tokens,
         source="batch_scaling_law",
         basis=f"B_crit(D) = c·D^γ fitted to batch sweeps at {len(law.sweeps)} token counts "
@@ -143,3 +143,7 @@ def _law_answer(
         scaling_law=out,
     )
     return batch, [] if warning is None else [warning]
+
+
+def _times(value: float | None, factor: float) -> float | None:
+    return None if value is None else value * factor

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 from scipy import stats as sps
@@ -350,7 +351,7 @@ def build_batch_section(
 
 def _noise_estimates(
     noise_input: TwoBatchNoiseSeries | DirectNoiseStats | None, targets: Targets, seed: int
-) -> tuple[_Noise, str | None]:
+) -> tuple[_Noise, Literal["direct", "two_batch"] | None]:
     """Step 1: the noise statistics and B_simple/B_noise ratios of the gradient-noise input
     (two-batch series or direct statistics), and which it was."""
     if isinstance(noise_input, TwoBatchNoiseSeries):
@@ -411,7 +412,7 @@ def _warn_about_noise(noise: _Noise, log: WarningLog) -> None:
             )
 
 
-def _unit(b_crit: BCrit | NotComputed, log: WarningLog) -> str:
+def _unit(b_crit: BCrit | NotComputed, log: WarningLog) -> Literal["examples", "tokens"]:
     """Step 3: the section's batch unit (B_crit's: tokens when steps_to_target is in tokens
     and tokens_per_example is unknown)."""
     if not isinstance(b_crit, BCrit):
@@ -510,7 +511,10 @@ def _trend(
         return out, None
     first, last = defined[0][1], defined[-1][1]
     factor = last / first
-    label = lambda p: p.checkpoint or (f"step {p.step}" if p.step is not None else "?")  # noqa: E731
+
+    def label(p: NoiseTrendPoint) -> str:
+        return p.checkpoint or (f"step {p.step}" if p.step is not None else "?")
+
     note = (
         f"B_simple moved from {first:.4g} ({label(defined[0][0])}) to {last:.4g} "
         f"({label(defined[-1][0])}), ×{factor:.3g} over the measured checkpoints: the noise "

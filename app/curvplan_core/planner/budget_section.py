@@ -24,7 +24,7 @@ import itertools
 import math
 import shlex
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypedDict
 
 import numpy as np
 from scipy import stats
@@ -41,6 +41,7 @@ from curvplan.types.planner import (
     CurvatureSection,
     DataSweepNextStep,
     EvaluationSetSize,
+    Interval,
     LandscapeStabilisation,
     LossPoint,
     Measurements,
@@ -375,7 +376,10 @@ def _evaluation_set_size(
     )
 
 
-def _target_status(scaling: ScalingSection) -> str | None:
+_TargetStatus = Literal["reachable", "uncertain", "unreachable"]
+
+
+def _target_status(scaling: ScalingSection) -> _TargetStatus | None:
     """reachable / uncertain / unreachable (docs/budget.md): unreachable only below the lower
     confidence end of E, not below its point estimate."""
     target = scaling.target_loss
@@ -387,6 +391,33 @@ def _target_status(scaling: ScalingSection) -> str | None:
     if lower is not None and target < lower:
         return "unreachable"
     return "uncertain"
+
+
+class _SweepFields(TypedDict, total=False):
+    """budget.data's fields from the data sweep (its fit, its measured sizes)."""
+
+    target_loss: float | None
+    target_status: _TargetStatus | None
+    irreducible_loss: float | None
+    irreducible_loss_ci: Interval | None
+    measured_sizes: tuple[float, float] | None
+
+
+class _Beside(TypedDict):
+    """budget.data's fields shown beside its answer, whatever leads it."""
+
+    tolerance: float | None
+    evaluation_set_size: EvaluationSetSize | None
+    landscape_stabilisation: LandscapeStabilisation | None
+    available_samples: int | None
+
+
+class _BlockThreshold(TypedDict, total=False):
+    """budget.learning_rate's fields from the largest block."""
+
+    lambda_max_block: float
+    lambda_max_block_name: str
+    block_threshold: float
 
 
 def build_data(
@@ -407,7 +438,7 @@ def build_data(
     common = _data_beside(sample_size, available, conf)
     sweep = scaling if isinstance(scaling, ScalingSection) else None
     status = _target_status(sweep) if sweep is not None else None
-    sweep_fields: dict[str, object] = {"target_loss": targets.target_loss}
+    sweep_fields: _SweepFields = {"target_loss": targets.target_loss}
     if sweep is not None:
         sweep_fields = {
             "target_loss": sweep.target_loss,
@@ -422,7 +453,7 @@ def build_data(
         sweep_fields["measured_sizes"] = (min(sizes), max(sizes))
     n = solved.examples
     if sweep is not None and status == "reachable" and n is not None:
-        data = _data_from_sweep(sweep, solved, tokens, conf, {**sweep_fields, **common})
+        data = _data_from_sweep(sweep, solved, tokens, conf, sweep_fields, common)
         side = extrapolation_side(n, sizes) if sizes else None
         if side is not None:
             _mark_extrapolated(data, side, sizes, points, available, tokens, params, warnings)
@@ -444,7 +475,9 @@ def build_data(
     )
     if further is not None and not further.sizes:
         further = None  # nothing to train toward it: the first-round command instead
-    next_step = _next_round_step(further, sizes, targets.target_loss, available, tokens, params)
+    next_step: DataSweepNextStep | None = _next_round_step(
+        further, sizes, targets.target_loss, available, tokens, params
+    )
     if flags is not None:
         next_step = flags.applied(next_step)
     reason, guarantee = _why_no_data_size(sweep, status, scaling, conf, warnings)
@@ -470,7 +503,7 @@ def build_data(
 
 def _data_beside(
     sample_size: SampleSizeSection | object, available: int | None, conf: float
-) -> dict[str, object]:
+) -> _Beside:
     """Step 1: what budget.data shows beside its answer, whatever leads it: the first
     tolerance, the evaluation-set size, landscape stabilisation k*(ε), the examples you have."""
     first = None
@@ -500,7 +533,8 @@ def _data_from_sweep(
     solved: DataForTarget,
     tokens: float | None,
     conf: float,
-    fields: dict[str, object],
+    sweep_fields: _SweepFields,
+    beside: _Beside,
 ) -> BudgetData:
     """Step 2: the answer when the sweep's L(D) reaches the target loss: the size it solves
     for (docs/budget.md#data)."""
@@ -521,7 +555,8 @@ def _data_from_sweep(
         "size reflects the fit's uncertainty. It holds for the same model, optimizer, "
         "schedule and data distribution as the sweep, inside the swept sizes (beyond them "
         "it extrapolates the power law).",
-        **fields,
+        **sweep_fields,
+        **beside,
     )
 
 
@@ -825,7 +860,7 @@ def _no_batch(
     targets: Targets,
     bcrit: object,
     tokens: float | None,
-    trend: list,
+    trend: list[NoiseTrendPoint],
     found: object,
 ) -> BudgetBatch:
     """budget.batch when no source is available: not_available with the reason."""
@@ -862,10 +897,10 @@ def _in_tokens(x: float | None, tokens: float | None) -> float | None:
     return None if x is None or tokens is None else x * tokens
 
 
-def _ci_in_tokens(ci: tuple[float | None, float | None] | None, tokens: float | None):
+def _ci_in_tokens(ci: Interval | None, tokens: float | None) -> Interval | None:
     if ci is None or tokens is None:
         return None
-    return tuple(None if v is None else v * tokens for v in ci)
+    return (_in_tokens(ci[0], tokens), _in_tokens(ci[1], tokens))
 
 
 def _batch_from_sweep(
@@ -884,7 +919,7 @@ def _batch_from_sweep(
         if bcrit.s_min_ci is not None and bcrit.ci is not None:
             lo_s, hi_s = bcrit.s_min_ci
             lo_b, hi_b = bcrit.ci
-            if None not in (lo_s, hi_s, lo_b, hi_b):
+            if lo_s is not None and hi_s is not None and lo_b is not None and hi_b is not None:
                 ends = (lo_s * (1 + lo_b / rec), hi_s * (1 + hi_b / rec))
                 steps_ci = (finite_or_none(ends[0]), finite_or_none(ends[1]))
     lo, hi = bcrit.measured_range or (None, None)
@@ -894,7 +929,7 @@ def _batch_from_sweep(
             f"targets: budget.batch answers the batch sweep's loss {swept:.4g}, budget.data "
             f"the target loss {targets.target_loss:.4g} (they differ)"
         )
-    if lo is not None and not lo <= bcrit.value <= hi:
+    if lo is not None and hi is not None and not lo <= bcrit.value <= hi:
         warnings.append(
             f"batch: B_crit = {bcrit.value:.4g} lies outside the swept batch sizes "
             f"{lo}–{hi}: extrapolated"
@@ -970,7 +1005,7 @@ def build_learning_rate(
     blocks = curvature.blocks if isinstance(curvature, CurvatureSection) else []
     positive = [b for b in blocks if b.lambda_max > 0]
     top = max(positive, key=lambda b: b.lambda_max) if positive else None
-    block_fields: dict[str, object] = {}
+    block_fields: _BlockThreshold = {}
     if top is not None:
         block_fields = {
             "lambda_max_block": top.lambda_max,

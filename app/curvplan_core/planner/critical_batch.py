@@ -56,11 +56,15 @@ def _fit_log_steps(
     root_w = np.sqrt(weights)
 
     def residuals(theta: FloatArray) -> FloatArray:
-        return root_w * (theta[0] + np.log1p(np.exp(theta[1]) / b) - log_s)
+        res: FloatArray = root_w * (theta[0] + np.log1p(np.exp(theta[1]) / b) - log_s)
+        return res
 
     def jacobian(theta: FloatArray) -> FloatArray:
         ratio = np.exp(theta[1]) / b
-        return root_w[:, None] * np.column_stack([np.ones(b.size), ratio / (1.0 + ratio)])
+        jac: FloatArray = root_w[:, None] * np.column_stack(
+            [np.ones(b.size), ratio / (1.0 + ratio)]
+        )
+        return jac
 
     return optimize.least_squares(
         residuals,

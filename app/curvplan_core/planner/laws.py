@@ -9,7 +9,8 @@ from __future__ import annotations
 
 def power_law(k: float, C: float, alpha: float) -> float:
     """Δ_k ≈ C·k^(−α), the fitted loss-difference curve (Petrov et al. 2025, §3.3)."""
-    return C * k ** (-alpha)
+    decay: float = k ** (-alpha)
+    return C * decay
 
 
 def theorem7_constant(
@@ -34,4 +35,5 @@ def steps_to_target(batch_size: float, s_min: float, b_crit: float) -> float:
 
 def loss_vs_data(n_samples: float, E: float, A: float, beta: float) -> float:
     """L(D) = E + A·D^(−β) (Hoffmann et al. 2022, eq. 2 with the data term only)."""
-    return E + A * n_samples ** (-beta)
+    decay: float = n_samples ** (-beta)
+    return E + A * decay

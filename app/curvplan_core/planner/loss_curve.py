@@ -289,12 +289,12 @@ def _point_fit(
         a, b, r2 = _wls_lines(x, y, weights)
         return float(np.exp(a)), float(-b), float(r2)
     log_c = y + fixed_alpha * x
-    a = np.sum(weights * log_c) / np.sum(weights)
-    pred = a - fixed_alpha * x
+    a_fixed = float(np.sum(weights * log_c) / np.sum(weights))
+    pred = a_fixed - fixed_alpha * x
     ym = np.sum(weights * y) / np.sum(weights)
     ss_tot = float(np.sum(weights * (y - ym) ** 2))
     r2_value = 1.0 - float(np.sum(weights * (y - pred) ** 2)) / ss_tot if ss_tot > 0 else 1.0
-    return float(np.exp(a)), float(fixed_alpha), r2_value
+    return float(np.exp(a_fixed)), float(fixed_alpha), r2_value
 
 
 def _bootstrap_fit(
@@ -407,7 +407,8 @@ def _folded_normal_mean(d: FloatArray, sd: FloatArray) -> FloatArray:
     from scipy.special import erf
 
     z = d / sd
-    return sd * np.sqrt(2 / np.pi) * np.exp(-0.5 * z * z) + d * erf(z / np.sqrt(2))
+    mean: FloatArray = sd * np.sqrt(2 / np.pi) * np.exp(-0.5 * z * z) + d * erf(z / np.sqrt(2))
+    return mean
 
 
 def data_influence_cov(
@@ -477,7 +478,8 @@ def data_influence_cov(
     rel = (if_sum / n_rows) / t[None, :]
     rel -= rel.mean(axis=0)
     infl = np.column_stack([rel @ coef_logc, rel @ coef_alpha])  # (m, 2)
-    return (infl.T @ infl) / (infl.shape[0] - 1) / n
+    cov: FloatArray = (infl.T @ infl) / (infl.shape[0] - 1) / n
+    return cov
 
 
 def data_influence_draws(cov: FloatArray, *, bootstrap: int, seed: int, stream: int) -> FloatArray:
@@ -485,4 +487,5 @@ def data_influence_draws(cov: FloatArray, *, bootstrap: int, seed: int, stream: 
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
     vals, vecs = np.linalg.eigh(0.5 * (cov + cov.T))
     root = vecs * np.sqrt(np.clip(vals, 0.0, None))
-    return rng.standard_normal((bootstrap, 2)) @ root.T
+    draws: FloatArray = rng.standard_normal((bootstrap, 2)) @ root.T
+    return draws

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, TypedDict
 
 import numpy as np
 
@@ -200,7 +201,7 @@ def _iid_correlation(
 
 def _available_samples(
     measurements: Measurements, targets: Targets, log: WarningLog
-) -> tuple[int | None, str | None]:
+) -> tuple[int | None, Literal["targets", "measurements (deprecated)"] | None]:
     """targets.available_samples, else the deprecated measurements.available_samples (with a
     `deprecated_field` warning); never the size of the evaluation sample."""
     old = measurements.available_samples
@@ -666,7 +667,7 @@ def _off_minimum_fit(
         _data_bootstrap(p_arr, targets, seed, 10),
     )
     _check_fit(p_fits, f"perturbed losses at radius {perturbed.radius:g}", log)
-    thm7: dict[str, float | str | None] = {}
+    thm7: _Theorem7 = {}
     if loss_bound is not None and m_bound is not None:
         args = (loss_bound.value, m_bound.value, perturbed.radius)
         full = theorem7_constant(*args)
@@ -684,6 +685,15 @@ def _off_minimum_fit(
         fit_squared=p_fits.sq_out,
         **thm7,
     )
+
+
+class _Theorem7(TypedDict, total=False):
+    """An off-minimum fit's Theorem 7 constants, when the loss and Hessian bounds are known."""
+
+    theorem7_C: float
+    theorem7_C_tight: float
+    tightness: float | None
+    theorem7_formula: str
 
 
 def _theory_note(measurements: Measurements) -> str | None:

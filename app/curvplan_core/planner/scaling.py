@@ -105,7 +105,8 @@ def fit_loss_vs_data(
     e0, a0, b0 = _profile_start(d, y)
 
     def model(theta: FloatArray) -> FloatArray:
-        return theta[0] + np.exp(theta[1] - theta[2] * log_d)
+        predicted: FloatArray = theta[0] + np.exp(theta[1] - theta[2] * log_d)
+        return predicted
 
     def jacobian(theta: FloatArray) -> FloatArray:
         power = np.exp(theta[1] - theta[2] * log_d)
@@ -232,7 +233,8 @@ def data_for_target_interval(
     def ssr_at(u: float) -> float:
         def residuals(p: FloatArray) -> FloatArray:
             e, log_beta = p
-            return e + (target - e) * np.exp(np.exp(log_beta) * (u - log_d)) - y
+            res: FloatArray = e + (target - e) * np.exp(np.exp(log_beta) * (u - log_d)) - y
+            return res
 
         with np.errstate(over="ignore", invalid="ignore"):
             res = optimize.least_squares(

@@ -95,7 +95,8 @@ def _refined_min(values: FloatArray) -> FloatArray:
     with np.errstate(divide="ignore", invalid="ignore"):
         vertex = mid - (right - left) ** 2 / (8 * curv)
     ok = inner & (curv > 0) & np.isfinite(vertex)
-    return np.where(ok, np.minimum(best, vertex), best)
+    refined: FloatArray = np.where(ok, np.minimum(best, vertex), best)
+    return refined
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,8 @@ def _polished_min(
         better = new < cur
         cur_c = np.where(better, trial, cur_c)
         cur = np.where(better, new, cur)
-    return cur
+    ssr: FloatArray = cur
+    return ssr
 
 
 def _statistics(
