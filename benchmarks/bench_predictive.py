@@ -476,6 +476,7 @@ def summarise(truth: dict) -> dict:
         "b_crit": b_crit,
         "b_crit_note": how + "per seed " + fmt("—" if v is None else f"{v:.3g}" for v in b),
         "b_crit_pow2": None if b_crit is None else nearest_power_of_two(b_crit),
+        "b_crit_per_seed": b,
         "s_min": s_min_truth,
         "steps_at": steps,
         "data_needed": gmean(d) if all(v is not None for v in d) else None,
@@ -911,14 +912,31 @@ def comparison_rows(truth: dict, service: dict | None) -> tuple[dict, list[compa
         rows = compare.budget_rows(
             "analyze (+ branch sweep)", service["analyze_with_sweeps"], summary
         )
-        return summary, rows + branch.branch_rows(service, summary, truth["target_loss"])
+        rows += branch.branch_rows(service, summary, truth["target_loss"])
+        return summary, with_spread(rows, summary)
     rows = compare.budget_rows("analyze (intermediates)", service["analyze"], summary)
     rows += compare.budget_rows("analyze (+ sweeps)", service["analyze_with_sweeps"], summary)
     rows += compare.further_target_rows(service.get("analyze_at_targets") or {}, summary)
     rows += compare.sweep_rows(service, summary)
     rows += branch.branch_rows(service, summary, truth["target_loss"])
     rows += compare.trend_rows(service["analyze"], summary, truth["target_loss"])
-    return summary, rows
+    return summary, with_spread(rows, summary)
+
+
+def with_spread(rows: list[compare.Row], summary: dict) -> list[compare.Row]:
+    """Each row against B_crit or a target's data size gets the truth's seeds' spread there
+    (largest over smallest seed), printed beside its ratio."""
+    per_seed = [v for v in summary.get("b_crit_per_seed") or [] if v]
+    spreads = {}
+    if len(per_seed) > 1:
+        spreads[summary["b_crit"]] = max(per_seed) / min(per_seed)
+    for t in summary.get("data_by_target") or []:
+        if t["examples"] is not None:
+            spreads[t["examples"]] = t["spread"]
+    for r in rows:
+        if r.spread is None and r.truth in spreads:
+            r.spread = spreads[r.truth]
+    return rows
 
 
 def write_report(
@@ -931,6 +949,7 @@ def write_report(
         "meta": meta,
         "mode": dataclasses.asdict(mode),
         "target_loss": truth["target_loss"],
+        "targets": truth.get("targets") or [truth["target_loss"]],
         "truth_summary": {k: v for k, v in summary.items() if k != "steps_at"},
         "rows": [r.as_dict() for r in rows],
         "service": service,
@@ -955,7 +974,13 @@ def rerender(path: Path) -> None:
         k: tuple(v) if isinstance(v, list) else v for k, v in record["mode"].items() if k in fields
     }
     mode = Mode(**values)
-    truth = {"seeds": record["truth"], "target_loss": record["target_loss"]}
+    first = next(iter(record["truth"].values()))
+    targets = (
+        record.get("targets")
+        or [n["target_loss"] for n in first["data"].get("needed") or []]
+        or [record["target_loss"]]
+    )
+    truth = {"seeds": record["truth"], "target_loss": record["target_loss"], "targets": targets}
     write_report(mode, truth, record["service"], record["meta"], record["corpus_files"], path.stem)
 
 

@@ -31,6 +31,7 @@ class Row:
     truth: float | None
     note: str = ""
     truth_note: str = ""
+    spread: float | None = None  # the truth's seeds' spread (largest / smallest seed)
 
     @property
     def ratio(self) -> float | None:
@@ -56,6 +57,7 @@ class Row:
             "within_1_5x": self.verdict,
             "note": self.note,
             "truth_note": self.truth_note,
+            "seeds_spread": self.spread,
         }
 
 
@@ -323,15 +325,16 @@ def render(rows: list[Row]) -> str:
         return f"{x:.4g}" if abs(x) < 1e5 else f"{x:,.0f}"
 
     lines = [
-        "| field | service | truth | ratio | within 1.5×? | note |",
-        "|---|---:|---:|---:|---|---|",
+        "| field | service | truth | ratio | truth's seeds' spread | within 1.5×? | note |",
+        "|---|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
         service = "not_available" if r.service is None else fmt(r.service)
         ratio = "—" if r.ratio is None else f"{r.ratio:.3g}"
         truth = fmt(r.truth) if r.truth is not None or not r.truth_note else r.truth_note
+        spread = "—" if r.spread is None else f"×{r.spread:.2f}"
         lines.append(
-            f"| {r.field} | {service} | {truth} | {ratio} | {r.verdict} | "
+            f"| {r.field} | {service} | {truth} | {ratio} | {spread} | {r.verdict} | "
             f"{r.note.replace('|', '/')[:160]} |"
         )
     return "\n".join(lines)
