@@ -107,7 +107,6 @@ class Mode:
     lanczos_iterations: int
     gd_steps: int
     service_eval_every: int
-    service_data_max_steps: int
     service_lr_grid: tuple[float, ...]
     analysis_options: dict = field(default_factory=dict, hash=False)
     more_target_fractions: tuple[float, ...] = ()  # the data truth's further targets
@@ -148,7 +147,15 @@ class Mode:
         }
 
     def key(self) -> str:
-        blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+        """The hash of the settings the ground truth depends on (the service half's own
+        settings, ``service_*`` and ``analysis_options``, are left out: changing how the
+        service is asked does not invalidate the truth)."""
+        truth_fields = {
+            k: v
+            for k, v in dataclasses.asdict(self).items()
+            if not k.startswith("service_") and k != "analysis_options"
+        }
+        blob = json.dumps(truth_fields, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -178,7 +185,6 @@ QUICK = Mode(
     lanczos_iterations=60,
     gd_steps=30,
     service_eval_every=10,
-    service_data_max_steps=300,
     service_lr_grid=(1.0,),
     analysis_options={"tolerance": 1e-4, "trace_probes": 10, "n_directions": 4},
     more_target_fractions=(0.5,),
@@ -470,6 +476,7 @@ def summarise(truth: dict) -> dict:
         "b_crit": b_crit,
         "b_crit_note": how + "per seed " + fmt("—" if v is None else f"{v:.3g}" for v in b),
         "b_crit_pow2": None if b_crit is None else nearest_power_of_two(b_crit),
+        "b_crit_per_seed": b,
         "s_min": s_min_truth,
         "steps_at": steps,
         "data_needed": gmean(d) if all(v is not None for v in d) else None,
@@ -512,11 +519,35 @@ def data_by_target(truth: dict) -> list[dict]:
     return out
 
 
+#: The seed of the sample ``--train-pool`` draws from the training split.
+TRAIN_POOL_SEED = 2468
+
+
+def service_train(split, args) -> tuple[np.ndarray, np.ndarray]:
+    """The training examples the service gets: the whole training split, or with
+    ``--train-pool N`` a seeded sample of N of them (the truth's subsets are drawn from the
+    same split, so the data needed for a target does not depend on the pool; the pool only
+    sets the sizes the printed data sweep starts from, and so its cost)."""
+    pool = getattr(args, "train_pool", None)
+    if not pool or pool >= len(split.train_x):
+        return split.train_x, split.train_y
+    pick = np.sort(np.random.default_rng(TRAIN_POOL_SEED).permutation(len(split.train_x))[:pool])
+    return split.train_x[pick], split.train_y[pick]
+
+
+def service_workdir(mode: Mode, args) -> Path:
+    """Where the uploaded files are written (``--workdir``, else one per mode and pool)."""
+    pool = getattr(args, "train_pool", None)
+    suffix = f"-pool{pool}" if pool else ""
+    return Path(args.workdir or f"/tmp/curvplan-predictive-{mode.name}-{mode.key()}{suffix}")
+
+
 def service_half(mode: Mode, truth: dict, eval_np, data, split, models, args) -> dict:
     from predictive.service import ask_service, write_files
 
     seed = min(mode.seeds)
-    workdir = Path(args.workdir or f"/tmp/curvplan-predictive-{mode.name}-{mode.key()}")
+    workdir = service_workdir(mode, args)
+    train_x, train_y = service_train(split, args)
     files = branch.existing_files(workdir, mode.spec()) if seed not in models else None
     if files is None:
         model, states = models[seed]
@@ -524,7 +555,7 @@ def service_half(mode: Mode, truth: dict, eval_np, data, split, models, args) ->
             workdir,
             checkpoint_model=model,
             intermediates=states,
-            train=(split.train_x, split.train_y),
+            train=(train_x, train_y),
             evaluation=eval_np,
             spec=mode.spec(),
         )
@@ -539,12 +570,13 @@ def service_half(mode: Mode, truth: dict, eval_np, data, split, models, args) ->
         "lr_grid": list(mode.service_lr_grid),
     }
     print(f"[service] sweeps and analyses at target loss {target}", flush=True)
+    targets = truth.get("targets") or [target]
     answers = ask_service(
         args.admin_url,
         files,
         spec=mode.spec(),
         target_loss=target,
-        available_samples=len(split.train_x),
+        available_samples=len(train_x),
         batch_sweep=None
         if only_branch
         else {
@@ -554,22 +586,17 @@ def service_half(mode: Mode, truth: dict, eval_np, data, split, models, args) ->
             "max_steps": mode.batch_max_steps,
             "eval_every": mode.service_eval_every,
         },
-        data_sweep=None
-        if only_branch
-        else {
-            "type": "data",
-            "target_loss": target,
-            "data_sizes": list(mode.data_sizes),
-            "batch_size": mode.data_batch,
-            "max_steps": mode.service_data_max_steps,
-            "eval_every": mode.service_eval_every,
-        },
+        # the data sweep is the one the first analysis's budget.data.next_step prints, run as
+        # printed, and the next rounds the analyses given it print (service.run_printed)
+        follow_data_next_step=not only_branch,
         optimizer=optimizer,
         analysis_options=mode.analysis_options,
         branch_sweep=branch.branch_sweep_settings(
             mode.batch_sizes, mode.seq_len, branch.checkpoint_steps(files["intermediates"])
         ),
         first_analyze=not only_branch,
+        more_targets=() if only_branch else tuple(targets[1:]),
+        max_next_rounds=args.max_next_rounds,
     )
     answers["only"] = "branch" if only_branch else None
     return answers
@@ -656,7 +683,16 @@ def markdown(mode: Mode, truth: dict, summary: dict, rows, service: dict | None,
     if service is None:
         lines.append("Service half not run (`--truth-only`).")
     else:
+        pool = meta.get("service_train_examples")
+        if pool is not None and pool != meta["corpus"]["train_examples"]:
+            lines += [
+                f"The service got a seeded sample of {pool:,} of the "
+                f"{meta['corpus']['train_examples']:,} training examples (`--train-pool`): "
+                "its printed data sweep starts from that size.",
+                "",
+            ]
         lines.append(compare.render(rows))
+        lines += compare.data_round_lines(service)
         trend = compare.trend_table(service["analyze"])
         if trend:
             lines += [
@@ -697,6 +733,18 @@ def main() -> None:
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--workdir", default=None, help="where the uploaded files are written")
     parser.add_argument("--tag", default="", help="suffix of the result files")
+    parser.add_argument(
+        "--train-pool",
+        type=int,
+        default=None,
+        help="give the service a seeded sample of this many training examples (default: all)",
+    )
+    parser.add_argument(
+        "--max-next-rounds",
+        type=int,
+        default=2,
+        help="next-round data sweeps run as the analyses print them (after the first)",
+    )
     parser.add_argument("--load-note", default="", help="say how loaded the machine was")
     parser.add_argument(
         "--rerender", type=Path, default=None, help="rebuild the report of a results JSON"
@@ -745,7 +793,13 @@ def main() -> None:
         pool, futures = start_truth(mode, cache, targets, args.jobs)
         if not args.truth_only:
             service = service_half(
-                mode, {"target_loss": target}, eval_np, data, split, models, args
+                mode,
+                {"target_loss": target, "targets": list(targets)},
+                eval_np,
+                data,
+                split,
+                models,
+                args,
             )
         if pool is not None:
             pool.shutdown(wait=True)  # the done-callbacks (cache writes) have run after this
@@ -759,7 +813,13 @@ def main() -> None:
             cache.add(seed, seed_truth(mode, data, make_model, seed, targets))
         if not args.truth_only:
             service = service_half(
-                mode, {"target_loss": target}, eval_np, data, split, models, args
+                mode,
+                {"target_loss": target, "targets": list(targets)},
+                eval_np,
+                data,
+                split,
+                models,
+                args,
             )
     truth = cache.truth
     if not truth["seeds"]:
@@ -787,6 +847,7 @@ def main() -> None:
             "val_examples": len(split.val_x),
             "hash": corpus_hash,
         },
+        "service_train_examples": len(service_train(split, args)[0]),
     }
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M")
     stem = f"predictive-{mode.name}-{stamp}{('-' + args.tag) if args.tag else ''}"
@@ -808,7 +869,7 @@ def only_branch(mode: Mode, args: argparse.Namespace) -> None:
     if not matches:
         print(f"[truth] WARNING: {path} is for other settings or another corpus", flush=True)
     models: dict = {}
-    workdir = Path(args.workdir or f"/tmp/curvplan-predictive-{mode.name}-{mode.key()}")
+    workdir = service_workdir(mode, args)
     if branch.existing_files(workdir, mode.spec()) is None:
         model, states, _ref = reference_run(mode, make_factory(mode), data, min(mode.seeds))
         models[min(mode.seeds)] = (model, states)
@@ -851,13 +912,31 @@ def comparison_rows(truth: dict, service: dict | None) -> tuple[dict, list[compa
         rows = compare.budget_rows(
             "analyze (+ branch sweep)", service["analyze_with_sweeps"], summary
         )
-        return summary, rows + branch.branch_rows(service, summary, truth["target_loss"])
+        rows += branch.branch_rows(service, summary, truth["target_loss"])
+        return summary, with_spread(rows, summary)
     rows = compare.budget_rows("analyze (intermediates)", service["analyze"], summary)
     rows += compare.budget_rows("analyze (+ sweeps)", service["analyze_with_sweeps"], summary)
+    rows += compare.further_target_rows(service.get("analyze_at_targets") or {}, summary)
     rows += compare.sweep_rows(service, summary)
     rows += branch.branch_rows(service, summary, truth["target_loss"])
     rows += compare.trend_rows(service["analyze"], summary, truth["target_loss"])
-    return summary, rows
+    return summary, with_spread(rows, summary)
+
+
+def with_spread(rows: list[compare.Row], summary: dict) -> list[compare.Row]:
+    """Each row against B_crit or a target's data size gets the truth's seeds' spread there
+    (largest over smallest seed), printed beside its ratio."""
+    per_seed = [v for v in summary.get("b_crit_per_seed") or [] if v]
+    spreads = {}
+    if len(per_seed) > 1:
+        spreads[summary["b_crit"]] = max(per_seed) / min(per_seed)
+    for t in summary.get("data_by_target") or []:
+        if t["examples"] is not None:
+            spreads[t["examples"]] = t["spread"]
+    for r in rows:
+        if r.spread is None and r.truth in spreads:
+            r.spread = spreads[r.truth]
+    return rows
 
 
 def write_report(
@@ -870,6 +949,7 @@ def write_report(
         "meta": meta,
         "mode": dataclasses.asdict(mode),
         "target_loss": truth["target_loss"],
+        "targets": truth.get("targets") or [truth["target_loss"]],
         "truth_summary": {k: v for k, v in summary.items() if k != "steps_at"},
         "rows": [r.as_dict() for r in rows],
         "service": service,
@@ -894,7 +974,13 @@ def rerender(path: Path) -> None:
         k: tuple(v) if isinstance(v, list) else v for k, v in record["mode"].items() if k in fields
     }
     mode = Mode(**values)
-    truth = {"seeds": record["truth"], "target_loss": record["target_loss"]}
+    first = next(iter(record["truth"].values()))
+    targets = (
+        record.get("targets")
+        or [n["target_loss"] for n in first["data"].get("needed") or []]
+        or [record["target_loss"]]
+    )
+    truth = {"seeds": record["truth"], "target_loss": record["target_loss"], "targets": targets}
     write_report(mode, truth, record["service"], record["meta"], record["corpus_files"], path.stem)
 
 

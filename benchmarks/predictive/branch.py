@@ -258,7 +258,11 @@ def existing_files(workdir: Any, spec: dict) -> dict[str, Any] | None:
     steps = sorted(int(p.stem.split("_", 1)[1]) for p in root.glob("step_*.safetensors"))
     if not steps or not all(p.exists() for p in paths.values()):
         return None
-    return {**paths, "intermediates": [root / f"step_{s}.safetensors" for s in steps]}
+    return {
+        **paths,
+        "spec": spec_path,
+        "intermediates": [root / f"step_{s}.safetensors" for s in steps],
+    }
 
 
 def checkpoint_steps(intermediates: list[Any]) -> list[int]:

@@ -31,6 +31,7 @@ class Row:
     truth: float | None
     note: str = ""
     truth_note: str = ""
+    spread: float | None = None  # the truth's seeds' spread (largest / smallest seed)
 
     @property
     def ratio(self) -> float | None:
@@ -56,6 +57,7 @@ class Row:
             "within_1_5x": self.verdict,
             "note": self.note,
             "truth_note": self.truth_note,
+            "seeds_spread": self.spread,
         }
 
 
@@ -162,6 +164,76 @@ def budget_rows(label: str, answer: dict, truth: dict) -> list[Row]:
     return rows
 
 
+def further_target_rows(answers: dict[str, dict], truth: dict) -> list[Row]:
+    """budget.data of the analysis at each further target (after its own next rounds) against
+    the truth's data for that target, the seeds' spread in the truth's note."""
+    rows = []
+    for more in (truth.get("data_by_target") or [])[1:]:
+        target = more["target_loss"]
+        answer = answers.get(f"{target:g}")
+        if answer is None:
+            continue
+        budget = _budget(answer) or {}
+        data = budget.get("data") or {}
+        source = data.get("source")
+        value = _num(data.get("recommended_examples")) if source != "not_available" else None
+        rows.append(
+            Row(
+                f"analyze at {target:g} (+ sweeps): budget.data.recommended_examples",
+                value,
+                more["examples"],
+                note=f"source {source}"
+                + ("" if budget else f"; the job {answer.get('status')}: {answer.get('error')}")
+                + (f"; {data.get('reason')}" if value is None and data.get("reason") else ""),
+                truth_note="per seed "
+                + ", ".join(
+                    f"{v:,.0f}" if v is not None else str(b)
+                    for v, b in zip(more["per_seed"], more["bounds"], strict=True)
+                )
+                + more["spread_text"],
+            )
+        )
+    return rows
+
+
+def data_round_lines(service: dict) -> list[str]:
+    """The data sweeps run as the analyses printed them, and what budget.data said after
+    each: the Markdown lines (none when the service half ran no data sweep)."""
+    first = service.get("data_sweep") or {}
+    if "command" not in first:
+        return []
+    lines = ["", "Data sweeps, each command run as the analysis printed it:", ""]
+    for k, sweep in enumerate([first, *(service.get("data_next_rounds") or [])]):
+        wall = sweep.get("wall_s")
+        lines.append(
+            f"{k + 1}. `{sweep['command']}` — {sweep.get('status')}"
+            + ("" if wall is None else f", {wall / 60:.1f} min wall")
+            + (f" ({sweep.get('error')})" if sweep.get("status") != "succeeded" else "")
+        )
+    lines += [
+        "",
+        "budget.data after each analysis with the sweeps:",
+        "",
+        "| target | data sweeps | source | recommended | interval | measured sizes | next round |",
+        "|---:|---:|---|---:|---|---|---|",
+    ]
+    for r in service.get("data_rounds") or []:
+        rec = r.get("recommended_examples")
+        ci = r.get("recommended_examples_ci")
+        sizes = r.get("measured_sizes")
+        interval = (
+            "—" if ci is None else " – ".join("open" if c is None else f"{c:,.0f}" for c in ci)
+        )
+        lines.append(
+            f"| {r['target_loss']:g} | {len(r['data_sweeps'])} | {r.get('source')} | "
+            f"{'—' if rec is None else format(rec, ',')} | "
+            f"{interval} | "
+            f"{'—' if not sizes else ' – '.join(f'{x:,.0f}' for x in sizes)} | "
+            f"{', '.join(map(str, r.get('next_round_sizes') or [])) or '—'} |"
+        )
+    return lines
+
+
 def sweep_rows(answers: dict, truth: dict) -> list[Row]:
     """The sweeps' own fits against the truth."""
     rows = []
@@ -256,15 +328,16 @@ def render(rows: list[Row]) -> str:
         return f"{x:.4g}" if abs(x) < 1e5 else f"{x:,.0f}"
 
     lines = [
-        "| field | service | truth | ratio | within 1.5×? | note |",
-        "|---|---:|---:|---:|---|---|",
+        "| field | service | truth | ratio | truth's seeds' spread | within 1.5×? | note |",
+        "|---|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
         service = "not_available" if r.service is None else fmt(r.service)
         ratio = "—" if r.ratio is None else f"{r.ratio:.3g}"
         truth = fmt(r.truth) if r.truth is not None or not r.truth_note else r.truth_note
+        spread = "—" if r.spread is None else f"×{r.spread:.2f}"
         lines.append(
-            f"| {r.field} | {service} | {truth} | {ratio} | {r.verdict} | "
+            f"| {r.field} | {service} | {truth} | {ratio} | {spread} | {r.verdict} | "
             f"{r.note.replace('|', '/')[:160]} |"
         )
     return "\n".join(lines)

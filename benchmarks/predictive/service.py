@@ -2,17 +2,24 @@
 
 A real ``curvplan serve`` and two ``curvplan worker`` processes on a scratch database
 (``bench_service.scratch_service``). Uploaded: the converged checkpoint, the intermediate
-checkpoints, the training examples and the held-out sample. Submitted: a batch sweep, a
-data sweep and a branch sweep from the intermediate checkpoints (``kind: sweep``, the same
-batch sizes / subset sizes as the ground truth), then
-an analyze with the intermediate checkpoints alone and one with the sweeps as well. Every
-answer is read as JSON, so fields other sessions add or rename show up as ``not_available``
-instead of breaking the benchmark.
+checkpoints, the training examples and the held-out sample. Submitted: a batch sweep and a
+branch sweep from the intermediate checkpoints (``kind: sweep``, the ground truth's batch
+sizes) and an analyze with the intermediate checkpoints alone. The data sweep is the one that
+analysis prescribes: the command in its ``budget.data.next_step`` is run as printed (the
+``curvplan sweep`` CLI, only ``--url`` and ``--json`` added), then an analyze with the sweeps;
+while its ``budget.data`` is ``extrapolated`` or ``not_available`` with a next round, that
+round's printed command is run too and the analysis repeated with every data sweep
+(``--sweep OLD --sweep NEW``). The same, from the sweeps at hand, at each further target.
+Every answer is read as JSON, so fields other sessions add or rename show up as
+``not_available`` instead of breaking the benchmark.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -77,6 +84,72 @@ def _result(api: Any, job_id: str, timeout: float) -> dict:
     return {"status": "succeeded", "id": str(job_id), "result": job["result"]}
 
 
+def _data_budget(answer: dict) -> dict:
+    """``budget.data`` of an analyze answer ({} when the job did not succeed)."""
+    if answer.get("status") != "succeeded":
+        return {}
+    budget = (answer.get("result") or {}).get("recommendation") or {}
+    return (budget.get("budget") or {}).get("data") or {}
+
+
+def printed_command(command: str, base: str, files: dict[str, Any]) -> list[str]:
+    """The argv of a ``next_step`` command as printed, run against ``base``: ``curvplan`` is
+    this interpreter's console script, the reference placeholders (``model.json``,
+    ``train.safetensors``, ``eval.safetensors``) name the benchmark's files, and only
+    ``--url`` and ``--json`` are added (every flag the service printed is kept as it is)."""
+    from bench_service import curvplan_command
+
+    argv = shlex.split(command)
+    if argv[:2] != ["curvplan", "sweep"]:
+        raise ValueError(f"next_step is not a `curvplan sweep` command: {command!r}")
+    names = {
+        "model.json": str(files["spec"]),
+        "train.safetensors": str(files["train"]),
+        "eval.safetensors": str(files["eval"]),
+    }
+    return [*curvplan_command(), *(names.get(a, a) for a in argv[1:]), "--url", base, "--json"]
+
+
+def run_printed(command: str, base: str, files: dict[str, Any], timeout: float) -> dict:
+    """Run a printed ``curvplan sweep … --wait`` command; the job's answer as JSON (the CLI
+    prints the finished job with ``--json``), with the command and its wall time."""
+    argv = printed_command(command, base, files)
+    t0 = time.monotonic()
+    print(f"[service] running as printed: {command}", flush=True)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    record: dict[str, Any] = {"command": command, "wall_s": time.monotonic() - t0}
+    try:
+        job = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return {
+            **record,
+            "status": "error",
+            "error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-2000:]}",
+        }
+    job = job.get("job", job)
+    if job.get("status") != "succeeded":
+        return {**record, "status": job.get("status"), "error": job.get("error"), "id": job["id"]}
+    return {**record, "status": "succeeded", "id": str(job["id"]), "result": job["result"]}
+
+
+def _round_record(target: float, data_ids: list[str], answer: dict) -> dict:
+    data = _data_budget(answer)
+    step = data.get("next_step") or {}
+    return {
+        "target_loss": target,
+        "data_sweeps": list(data_ids),
+        "status": answer.get("status"),
+        "source": data.get("source"),
+        "recommended_examples": data.get("recommended_examples"),
+        "recommended_examples_ci": data.get("recommended_examples_ci"),
+        "measured_sizes": data.get("measured_sizes"),
+        "reason": data.get("reason"),
+        "next_round_sizes": step.get("next_round_sizes"),
+        "next_command": step.get("command"),
+        "analyze_id": answer.get("id"),
+    }
+
+
 def ask_service(
     admin_url: str,
     files: dict[str, Any],
@@ -85,21 +158,27 @@ def ask_service(
     target_loss: float,
     available_samples: int,
     batch_sweep: dict | None,
-    data_sweep: dict | None,
+    follow_data_next_step: bool,
     optimizer: dict,
     analysis_options: dict,
     branch_sweep: dict | None = None,
     first_analyze: bool = True,
-    timeout: float = 3600.0,
+    more_targets: tuple[float, ...] = (),
+    max_next_rounds: int = 2,
+    timeout: float = 4 * 3600.0,
     workers: int = 2,
 ) -> dict:
-    """Run the sweeps and the two analyses; the raw JSON answers and the CPU they took.
+    """Run the sweeps and the analyses; the raw JSON answers and the CPU they took.
 
-    The sweeps and the first analysis (intermediates only) are submitted together; the
-    second analysis (intermediates + the sweeps that succeeded) after them. A failure is
-    recorded under its name and the rest still runs. A sweep given as None is not run; the
-    branch sweep branches from the intermediate checkpoints (``checkpoints``);
-    ``first_analyze=False`` skips the intermediates-only analysis."""
+    The batch and branch sweeps and the first analysis (intermediates only) are submitted
+    together. With ``follow_data_next_step``, the first analysis's ``budget.data.next_step``
+    command is then run as printed (:func:`run_printed`), and the analysis with the sweeps
+    repeated while it prescribes a next round (at most ``max_next_rounds`` more commands,
+    ``data_rounds`` records each step), at ``target_loss`` and then at each of
+    ``more_targets`` (``analyze_at_targets``). A failure is recorded under its name and the
+    rest still runs. A sweep given as None is not run; the branch sweep branches from the
+    intermediate checkpoints; ``first_analyze=False`` skips the intermediates-only analysis
+    (and the data sweep it would prescribe)."""
     from bench_service import scratch_service
 
     from curvplan import Client
@@ -117,9 +196,8 @@ def ask_service(
             intermediates = [
                 str(api.upload_artifact(p, "checkpoint").id) for p in files["intermediates"]
             ]
-            targets = {"target_loss": target_loss, "available_samples": available_samples}
 
-            def analyze(name: str, sweeps: list[str]) -> str:
+            def analyze(name: str, sweeps: list[str], target: float) -> str:
                 body = {
                     "kind": "analyze",
                     "name": f"predictive-{name}",
@@ -128,7 +206,7 @@ def ask_service(
                     "dataset": ids["eval"],
                     "intermediate_checkpoints": intermediates,
                     "options": analysis_options,
-                    "targets": targets,
+                    "targets": {"target_loss": target, "available_samples": available_samples},
                     "sweeps": sweeps,
                 }
                 return str(api.submit_job(body).id)
@@ -141,33 +219,64 @@ def ask_service(
                 "optimizer": optimizer,
             }
             started = {}
-            for name, settings in (
-                ("batch_sweep", batch_sweep),
-                ("data_sweep", data_sweep),
-                ("branch_sweep", branch_sweep),
-            ):
+            for name, settings in (("batch_sweep", batch_sweep), ("branch_sweep", branch_sweep)):
                 if settings is None:
                     continue
                 body = {**common, "name": f"predictive-{name}", "sweep": settings}
                 if name == "branch_sweep":
                     body["checkpoints"] = intermediates
                 started[name] = str(api.submit_job(body).id)
-            if first_analyze:
-                started["analyze"] = analyze("analyze", [])
             t0 = time.monotonic()
+            if first_analyze:
+                out["analyze"] = _result(api, analyze("analyze", [], target_loss), timeout)
+                out["analyze"]["wall_s_since_submit"] = time.monotonic() - t0
+            step = _data_budget(out.get("analyze", {})).get("next_step")
+            data_ids: list[str] = []
+            if follow_data_next_step and step:
+                out["data_sweep"] = run_printed(step["command"], base, files, timeout)
+                if out["data_sweep"]["status"] == "succeeded":
+                    data_ids.append(out["data_sweep"]["id"])
+            elif follow_data_next_step:
+                out["data_sweep"] = {"status": "not_run", "error": "no budget.data.next_step"}
             for name, job_id in started.items():
                 out[name] = _result(api, job_id, timeout)
                 out[name]["wall_s_since_submit"] = time.monotonic() - t0
-            sweeps = [
+            others = [
                 out[n]["id"]
-                for n in ("batch_sweep", "data_sweep", "branch_sweep")
+                for n in ("batch_sweep", "branch_sweep")
                 if n in out and out[n]["status"] == "succeeded"
             ]
-            t0 = time.monotonic()
-            out["analyze_with_sweeps"] = _result(
-                api, analyze("analyze_with_sweeps", sweeps), timeout
-            )
-            out["analyze_with_sweeps"]["wall_s_since_submit"] = time.monotonic() - t0
+            rounds: list[dict] = []
+            more_rounds: list[dict] = []
+            finals: dict[str, dict] = {}
+            for k, target in enumerate((target_loss, *more_targets)):
+                while True:
+                    t1 = time.monotonic()
+                    name = "analyze_with_sweeps" if k == 0 else f"analyze_at_{target:g}"
+                    answer = _result(api, analyze(name, others + data_ids, target), timeout)
+                    answer["wall_s_since_submit"] = time.monotonic() - t1
+                    record = _round_record(target, data_ids, answer)
+                    rounds.append(record)
+                    data = _data_budget(answer)
+                    nxt = data.get("next_step") or {}
+                    if (
+                        not follow_data_next_step
+                        or data.get("source") not in ("extrapolated", "not_available")
+                        or not nxt.get("next_round_sizes")
+                        or len(more_rounds) >= max_next_rounds
+                    ):
+                        break
+                    swept = run_printed(nxt["command"], base, files, timeout)
+                    swept["target_loss"] = target
+                    more_rounds.append(swept)
+                    if swept["status"] != "succeeded":
+                        break
+                    data_ids.append(swept["id"])
+                finals[f"{target:g}"] = answer
+            out["analyze_with_sweeps"] = finals[f"{target_loss:g}"]
+            out["analyze_at_targets"] = finals
+            out["data_rounds"] = rounds
+            out["data_next_rounds"] = more_rounds
             meter.poll()
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
@@ -187,9 +296,7 @@ def write_files(
     evaluation: tuple[Any, Any],
     spec: dict,
 ) -> dict[str, Any]:
-    """The safetensors files a user would upload (engine-contract names)."""
-    import json
-
+    """The safetensors files a user would upload (engine-contract names) and the spec."""
     import torch
     from safetensors.torch import save_file
 
@@ -219,4 +326,5 @@ def write_files(
         "intermediates": paths,
         "train": directory / "train.safetensors",
         "eval": directory / "eval.safetensors",
+        "spec": directory / "spec.json",
     }

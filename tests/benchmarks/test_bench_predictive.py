@@ -204,3 +204,79 @@ def test_the_committed_data_truth_is_monotone_with_two_targets_off_the_checkpoin
         assert [p["steps"] for p in data["points"]] == sorted(p["steps"] for p in data["points"])
         assert not monotone_violations(sizes, losses, MONOTONE_TOLERANCE), (seed, losses)
         assert [n["target_loss"] for n in data["needed"]] == truth["targets"]
+
+
+def test_the_data_sweep_runs_the_printed_next_step_unchanged(tmp_path) -> None:
+    """The service half runs budget.data.next_step's command as printed: every flag the
+    planner wrote is kept (no step cap or other setting of the benchmark's own), the
+    placeholders name the benchmark's files, and only --url and --json are added."""
+    from predictive.service import printed_command
+
+    from curvplan_core.planner.budget_section import data_sweep_next_step
+
+    step = data_sweep_next_step(2.62, 75_405, 32.0, model_parameters=22_791)
+    files = {k: tmp_path / f"{k}.x" for k in ("spec", "train", "eval")}
+    argv = printed_command(step.command, "http://127.0.0.1:1", files)
+    printed = step.command.split()[1:]
+    assert argv[-3:] == ["--url", "http://127.0.0.1:1", "--json"]
+    tail = argv[len(argv) - 3 - len(printed) : len(argv) - 3]
+    names = {"model.json": "spec", "train.safetensors": "train", "eval.safetensors": "eval"}
+    assert tail == [str(files[names[a]]) if a in names else a for a in printed]
+    assert "--max-steps" not in argv and "--data-sizes" in argv
+    with pytest.raises(ValueError, match="curvplan sweep"):
+        printed_command("curvplan analyze --spec model.json", "http://x", files)
+
+
+def test_the_rounds_table_and_the_further_targets_rows() -> None:
+    """Each analysis after a data sweep is a line of the rounds table (source, interval open on
+    the extrapolated side, the next round); the further target's budget.data is a row with the
+    truth's seeds' spread beside it."""
+    from predictive.compare import data_round_lines, further_target_rows
+
+    service = {
+        "data_sweep": {
+            "command": "curvplan sweep --type data",
+            "status": "succeeded",
+            "wall_s": 60,
+        },
+        "data_next_rounds": [{"command": "curvplan sweep --data-sizes 1,2", "status": "failed"}],
+        "data_rounds": [
+            {
+                "target_loss": 2.62,
+                "data_sweeps": ["a"],
+                "source": "extrapolated",
+                "recommended_examples": 700,
+                "recommended_examples_ci": [None, 1500.0],
+                "measured_sizes": [2356.0, 75405.0],
+                "next_round_sizes": [1178, 589],
+            }
+        ],
+    }
+    text = "\n".join(data_round_lines(service))
+    assert "1. `curvplan sweep --type data` — succeeded, 1.0 min wall" in text
+    assert "2. `curvplan sweep --data-sizes 1,2` — failed" in text
+    assert "| 2.62 | 1 | extrapolated | 700 | open – 1,500 | 2,356 – 75,405 | 1178, 589 |" in text
+    truth = {
+        "data_by_target": [
+            {"target_loss": 2.62},
+            {
+                "target_loss": 2.53,
+                "examples": 524.0,
+                "per_seed": [531.0, 518.0],
+                "bounds": [None, None],
+                "spread_text": " (seeds' spread ×1.02)",
+            },
+        ]
+    }
+    answer = {
+        "status": "succeeded",
+        "result": {
+            "recommendation": {
+                "budget": {"data": {"source": "data_sweep", "recommended_examples": 600}}
+            }
+        },
+    }
+    (row,) = further_target_rows({"2.53": answer}, truth)
+    assert row.ratio == pytest.approx(600 / 524) and row.verdict == "yes"
+    assert "×1.02" in row.truth_note and "source data_sweep" in row.note
+    assert further_target_rows({}, truth) == []

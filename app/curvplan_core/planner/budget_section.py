@@ -762,10 +762,12 @@ BatchSource = Literal["batch_scaling_law", "batch_sweep", "noise_scale_trend", "
 
 #: Which source leads budget.batch, in order (docs/budget.md#which-source-leads). Decided by
 #: the predictive benchmark against a brute-force B_crit on real text (2 seeds, pooled fit
-#: 21.5; ``benchmarks/results/predictive-full-20261203-0659-full-r25b.md``): the batch sweep's
-#: B_crit 28.7 (1.33×) and the noise-scale trend 21.9 (1.02×) predict it; the branch sweep's
-#: CBS (ε = 0.01, 163,840-token window) said 8 (0.37×) at every checkpoint, its ε-crossing 8 and
-#: its efficiency fit 34–87 (1.6–4.1×). The branch sweep leads only when nothing else is given,
+#: 13.8 at the target 2.62, seeds 18.1 and 10.2;
+#: ``benchmarks/results/predictive-full-20261204-0627-next-step-pool8000.md``): the batch sweep's
+#: B_crit 12.9 (0.93×) and the noise-scale trend 19.7 (1.42×) predict it; the
+#: branch sweep's lead number at the latest checkpoint (the ε-crossing) said 29.9 (2.16×), its
+#: ladder CBS 16 (1.16×) but 8 (0.37×) on the earlier truth (``…-0659-full-r25b.md``), its
+#: efficiency fit 27–79 (2.0–5.7×). The branch sweep leads only when nothing else is given,
 #: and its warm-up schedule and estimates are always reported beside the lead. The batch
 #: scaling law leads first, and only when targets.target_tokens names a target run: the other
 #: sources measure the pilots' own B_crit, the law the target run's (B_crit grows with the
