@@ -37,6 +37,8 @@ from curvplan_core.cost_model import basis_vectors
 from curvplan_worker.curvature.cancel import check_cancel
 
 MatVec = Callable[[Tensor], Tensor]
+Trace = Callable[[dict], None]
+"""Receives one record per Lanczos step and per certification check (``lanczos_steps``)."""
 
 DEFAULT_MAX_ITER = 500
 """Lanczos steps when the caller sets no ``max_iter``."""
@@ -216,6 +218,7 @@ def lanczos_steps(
     basis_budget: int | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float64,
+    trace: Trace | None = None,
 ) -> Steps:
     """Thick-restart Lanczos (Wu & Simon 2000, eqs. (3.1)–(3.4)) as a coroutine.
 
@@ -230,6 +233,12 @@ def lanczos_steps(
     explicit residual stagnates above the tolerance while the recurrence says converged
     (``precision_limited``: the products' rounding noise, typically float32, is above
     tol·scale; ``attained_tolerance`` then says what was certified).
+
+    ``trace``, when given, receives after every step the extreme Ritz values and their
+    recurrence residuals β|s_k| (``step``, ``basis``, ``restarts``, ``theta_max``, ``theta_min``,
+    ``rho_max``, ``rho_min``) and after every certification check its outcome (``check``:
+    True, ``lambda_max``, ``lambda_min``, ``residual_max``, ``residual_min``, ``products``,
+    ``converged``): what ``benchmarks/bench_lanczos_trace.py`` prints.
     """
     if n <= 0:
         raise ValueError("empty operator")
@@ -275,6 +284,18 @@ def lanczos_steps(
         invariant = beta <= 1e-13 * norm_est * max(1.0, np.sqrt(n)) or full_space
         exhausted = steps >= step_limit
         wanted = _wanted(theta, ends, top_k)
+        if trace is not None:
+            trace(
+                {
+                    "step": steps,
+                    "basis": j + 1,
+                    "restarts": restarts,
+                    "theta_max": float(theta[-1]),
+                    "theta_min": float(theta[0]),
+                    "rho_max": beta * abs(float(s[-1, -1])),
+                    "rho_min": beta * abs(float(s[-1, 0])),
+                }
+            )
 
         def estimate_ok(i: int, theta=theta, s=s, beta=beta, norm_est=norm_est) -> bool:
             return beta * abs(s[-1, i]) <= tol * max(abs(theta[i]), floor * norm_est)
@@ -289,6 +310,21 @@ def lanczos_steps(
             )
             n_products += result.n_products
             result.iterations = steps
+            if trace is not None:
+                trace(
+                    {
+                        "step": steps,
+                        "check": True,
+                        "lambda_max": result.lambda_max,
+                        "lambda_min": result.lambda_min,
+                        "residual_max": result.residual_max,
+                        "residual_min": result.residual_min,
+                        "scale_max": result.scale_max,
+                        "scale_min": result.scale_min,
+                        "products": result.n_products,
+                        "converged": result.converged,
+                    }
+                )
             if result.converged or invariant or exhausted:
                 break
             # Not certified yet. When the residual stops improving at the products' rounding
@@ -558,6 +594,7 @@ def block_steps(
     floor: float = 1e-3,
     want_vectors: bool = False,
     basis_budget: int | None = None,
+    trace: Trace | None = None,
 ) -> Generator[Product, Tensor, Spectrum]:
     """The coroutine of :func:`block_spectrum`: yields the block products H_BB v it needs.
 
@@ -574,6 +611,7 @@ def block_steps(
         basis_budget=basis_budget,
         device=engine.device,
         dtype=basis_dtype(engine.dtype),
+        trace=trace,
     )
     return (yield from _as_products(inner, names, names))
 
@@ -599,6 +637,7 @@ def block_spectrum(
     floor: float = 1e-3,
     want_vectors: bool = False,
     basis_budget: int | None = None,
+    trace: Trace | None = None,
 ) -> Spectrum:
     """λ_max, λ_min (and top-k) of the diagonal Hessian block H_BB of ``names`` (thick-restart
     Lanczos, Wu & Simon 2000; the basis on the engine's device, :func:`basis_dtype`)."""
@@ -612,6 +651,7 @@ def block_spectrum(
         floor=floor,
         want_vectors=want_vectors,
         basis_budget=basis_budget,
+        trace=trace,
     )
     result = run_products(steps, engine)
     assert isinstance(result, Spectrum)
