@@ -53,15 +53,16 @@ def _section(html: str, plot_id: str) -> str:
 
 def _check_report(api: curvplan.Client, job: Any, names: list[str], model: str) -> None:
     """The recommendation and the report page show the blocks under the uniform names."""
-    from curvplan_server.reports.plots import block_heatmap_plot, typed_recommendation
+    from curvplan_server.reports.plots import block_heatmap_plot
+    from curvplan_server.reports.view import ReportJob
 
     rec = api.get_recommendation(job.id)
     assert rec.curvature is not None and rec.curvature.status == "computed"
     assert [b.name for b in rec.curvature.blocks] == names
-    as_json = job.model_dump(mode="json")
-    typed, why = typed_recommendation(as_json)
+    report_job = ReportJob.of(job.model_dump(mode="json"))
+    typed, why = report_job.recommendation()
     assert typed is not None, why
-    heatmap = block_heatmap_plot(as_json, typed)
+    heatmap = block_heatmap_plot(report_job, typed)
     assert heatmap.svg is not None, heatmap.empty_reason
     assert heatmap.numbers["layers"] == [0] and heatmap.numbers["sublayers"] == list(SUBLAYERS)
     assert all(v is not None and v >= 0 for v in heatmap.numbers["spectral_norm"][0])

@@ -72,12 +72,13 @@ def test_client_stage_installs_the_client_only() -> None:
     from lock import LOCKS, declared
 
     assert LOCKS["base"].extras == () and LOCKS["mlflow"].extras == ("mlflow",)
-    assert {re.split(r"[<>=\[ ]", d)[0] for d in declared([])} == {"pydantic", "httpx", "typer"}
+    client_deps = {"pydantic", "httpx", "typer", "rich"}
+    assert {re.split(r"[<>=\[ ]", d)[0] for d in declared([])} == client_deps
     assert "torch" not in runs and "[server" not in runs and "[worker" not in runs
     assert 'ENTRYPOINT ["curvplan"]' in client and 'CMD ["--help"]' in client
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     base = {re.split(r"[<>=\[ ]", d)[0] for d in project["dependencies"]}
-    assert base == {"pydantic", "httpx", "typer"}
+    assert base == client_deps
     extras = project["optional-dependencies"]
     assert any(d.startswith("matplotlib") for d in extras["server"])  # drawn by the API only
     assert [d.split(">")[0] for d in extras["mlflow"]] == ["mlflow-skinny"]

@@ -146,7 +146,11 @@ def test_an_agent_data_sweep_plans_agent_points_and_its_records_fit_budget_data(
         is_cancelled=lambda: False,
         children=children,
     )
-    out = run(SweepJobCreate.model_validate_json(json.dumps(body.model_dump(mode="json"))), ctx)
+    from curvplan.types.results import SweepJobResult
+
+    result = run(SweepJobCreate.model_validate_json(json.dumps(body.model_dump(mode="json"))), ctx)
+    assert isinstance(result, SweepJobResult), result
+    out = result.model_dump(mode="json")
     assert out["measurements"]["loss_vs_data"] == [
         {"n_samples": float(d), "loss": pytest.approx(e + a * d**-beta)} for d in sizes
     ]

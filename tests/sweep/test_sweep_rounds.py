@@ -14,6 +14,7 @@ import pytest
 from sweep_helpers import TINY_SPEC
 
 from curvplan.types.jobs import SweepJobCreate, SweepPointJobCreate
+from curvplan.types.results import SweepJobResult
 from curvplan.types.sweep import PointResult
 from curvplan_worker.job_context import FanOut, JobContext
 from curvplan_worker.kinds import load_request
@@ -93,6 +94,12 @@ def _ctx(children: list[dict[str, Any]]) -> JobContext:
     )
 
 
+def _json(result: object) -> dict[str, Any]:
+    """A finished sweep's result (the kind returns its result model) as the job stores it."""
+    assert isinstance(result, SweepJobResult), result
+    return result.model_dump(mode="json")
+
+
 def test_a_fan_in_that_does_not_bracket_the_target_queues_the_next_round() -> None:
     body = _stored()
     out = run(body, _ctx(_finished(body, FIRST, 1)))
@@ -104,8 +111,7 @@ def test_a_fan_in_that_does_not_bracket_the_target_queues_the_next_round() -> No
     assert "below the smallest measured size 4,096" in out.message
     # with round 2 trained, the sweep ends bracketed, sized near the truth
     children = _finished(body, FIRST, 1) + _finished(body, [1024, 2048], 2)
-    done = run(body, _ctx(children))
-    assert isinstance(done, dict)
+    done = _json(run(body, _ctx(children)))
     data = done["sweep"]["data"]
     assert data["bracketed"] is True and [r["round"] for r in data["rounds"]] == [1, 2]
     answer = done["recommendation"]["budget"]["data"]
@@ -124,8 +130,7 @@ def test_a_fan_in_that_does_not_bracket_the_target_queues_the_next_round() -> No
 
 def test_the_round_and_run_caps_stop_the_sweep_and_name_the_next_round() -> None:
     body = _stored(max_rounds=1)
-    out = run(body, _ctx(_finished(body, FIRST, 1)))
-    assert isinstance(out, dict)
+    out = _json(run(body, _ctx(_finished(body, FIRST, 1))))
     data = out["sweep"]["data"]
     assert data["bracketed"] is False and data["next_round_sizes"] == [1024, 2048]
     assert any("caps stop it" in note for note in out["sweep"]["notes"])
@@ -148,8 +153,8 @@ def test_each_size_trains_by_the_epoch_rule_and_a_capped_size_is_named() -> None
     }
     # ceil(4 · D / 32), at least 50, at most 5,000: steps grow with the size
     assert steps == {64: 50, 640: 80, 6400: 800, 64000: 5000}
-    out = run(body, _ctx(_finished(body, [64, 640, 6400, 64000], 1)))
-    assert isinstance(out, dict)  # D* = 1,400 lies inside 64 … 64,000: one round
+    # D* = 1,400 lies inside 64 … 64,000: one round
+    out = _json(run(body, _ctx(_finished(body, [64, 640, 6400, 64000], 1))))
     assert out["sweep"]["data"]["capped_sizes"] == [64000]
     assert any("trained to the cap" in note for note in out["sweep"]["notes"])
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
 
 from curvplan.types.jobs import JobError
 from curvplan.types.planner import Recommendation
@@ -121,6 +121,12 @@ class ReportJob(_Lenient):
     request: dict[str, JsonValue] | None = None
     result: ReportResult | None = None
     children: list[ReportChild] = Field(default_factory=list)
+
+    @field_validator("children", mode="before")
+    @classmethod
+    def _no_children_listed(cls, value: object) -> object:
+        """A job read without its children (the API's ``children: null``) shows none."""
+        return [] if value is None else value
 
     @classmethod
     def of(cls, job: JobJson | ReportJob) -> ReportJob:
