@@ -2,7 +2,7 @@
 
 Each row runs the curvature engine's ``analyze`` with default options and no request
 overrides, wrapped in the worker's :class:`~curvplan_worker.analyze.eta.EtaTracker` (what the
-worker's ``run_engine`` does for an analyze job: the ``cost`` event's estimate, then an
+worker's ``measure_engine`` does for an analyze job: the ``cost`` event's estimate, then an
 ``eta_seconds`` on every progress event), under the worker's memory limit
 (``CURVPLAN_WORKER_MEMORY_LIMIT``, else the cgroup's, else MemAvailable; ``--memory-limit``
 overrides it). Every row runs in its own child process, so its peak resident memory is its own.

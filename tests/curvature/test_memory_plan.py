@@ -169,7 +169,7 @@ def test_injected_out_of_memory_halves_the_micro_batch_and_redoes_the_product(
 
 
 def test_out_of_memory_at_micro_batch_one_is_a_named_job_error(monkeypatch, tmp_path):
-    from curvplan_worker.analyze.pipeline import run_engine
+    from curvplan_worker.analyze.pipeline import measure_engine
     from curvplan_worker.errors import JobError
     from curvplan_worker.job_context import JobContext
 
@@ -188,7 +188,7 @@ def test_out_of_memory_at_micro_batch_one_is_a_named_job_error(monkeypatch, tmp_
         is_cancelled=lambda: False,
     )
     with pytest.raises(JobError) as err:
-        run_engine(  # the job's typed spec and options, as the analyze pipeline passes them
+        measure_engine(  # the job's typed spec and options, as the analyze pipeline passes them
             parse_spec(SPEC),
             str(tmp_path / "ckpt.safetensors"),
             str(tmp_path / "data.safetensors"),

@@ -310,34 +310,6 @@ def _inline_planner_inputs(
     return {"fields": inline, "arrays": refs}
 
 
-def run_engine(
-    spec: ModelSpec | HuggingFaceModel,
-    checkpoint_path: str | list[str],
-    data_path: str,
-    options: AnalysisOptions,
-    machine: MachineSettings,
-    ctx: JobContext,
-    *,
-    devices: int = 1,
-    lease_seconds: float = 30.0,
-    only: BlockShare | None = None,
-    measured: MeasuredBlocks | None = None,
-) -> dict[str, Any]:
-    """:func:`measure_engine`'s measurements as the result JSON of the engine contract."""
-    return measure_engine(
-        spec,
-        checkpoint_path,
-        data_path,
-        options,
-        machine,
-        ctx,
-        devices=devices,
-        lease_seconds=lease_seconds,
-        only=only,
-        measured=measured,
-    ).as_result()
-
-
 def measure_engine(
     spec: ModelSpec | HuggingFaceModel,
     checkpoint_path: str | list[str],

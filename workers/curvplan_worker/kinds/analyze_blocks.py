@@ -12,7 +12,7 @@ from curvplan.types.jobs import AnalyzeBlocksJobCreate
 from curvplan.types.results import AnalyzeBlocksResult, EngineMeasurements
 from curvplan_core.config import get_settings
 from curvplan_worker.analyze.artifacts import attempt_access
-from curvplan_worker.analyze.pipeline import resolve_checkpoint, run_engine, worker_machine
+from curvplan_worker.analyze.pipeline import measure_engine, resolve_checkpoint, worker_machine
 from curvplan_worker.errors import JobError
 from curvplan_worker.job_context import JobContext
 
@@ -30,7 +30,7 @@ def run(body: AnalyzeBlocksJobCreate, ctx: JobContext) -> AnalyzeBlocksResult:
         share = curvature_analysis.BlockShare(
             blocks=tuple(body.blocks), pairs=tuple((r, c) for r, c in body.pairs)
         )
-        result = run_engine(
+        measured = measure_engine(
             body.model,
             [str(c.path) for c in checkpoint],
             str(dataset.path),
@@ -43,6 +43,6 @@ def run(body: AnalyzeBlocksJobCreate, ctx: JobContext) -> AnalyzeBlocksResult:
         )
     ctx.report_progress(1.0, "done", f"{len(body.blocks)} blocks, {len(body.pairs)} pairs")
     return AnalyzeBlocksResult(
-        measurements=EngineMeasurements.model_validate(result),
+        measurements=EngineMeasurements.model_validate(measured.as_result()),
         estimated_cost=body.estimated_cost,
     )
