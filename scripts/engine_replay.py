@@ -180,10 +180,13 @@ def _noise(spec: dict[str, Any], checkpoint: str, data: str) -> Any:
     stats["checkpoint"] = "step_10.safetensors (step 10)"
     stats["step"] = 10
     try:  # typed where the analyze job types them
-        from curvplan_worker.curvature.measured import GradientNoiseRecord
+        from curvplan.types.results import GradientNoiseEstimate as Noise
     except ImportError:
-        return stats
-    return GradientNoiseRecord.model_validate(stats)
+        try:
+            from curvplan_worker.curvature.measured import GradientNoiseRecord as Noise
+        except ImportError:
+            return stats
+    return Noise.model_validate(stats)
 
 
 def _derived(out: Path, name: str, result: Any, noise: list[Any]) -> None:
@@ -235,7 +238,11 @@ def _run(*args: Any, **kwargs: Any) -> tuple[dict[str, Any], Any]:
     spec, checkpoint, data, options = args
     measured = engine.measure(parse_model(spec), checkpoint, data, parse_options(options), **kwargs)
     assert measured is not None
-    return measured.as_result(), measured
+    if hasattr(measured, "as_result"):
+        return measured.as_result(), measured
+    from curvplan_worker.curvature.measured import as_result
+
+    return as_result(measured), measured
 
 
 def _records(child: dict[str, Any]) -> tuple[list[Any], list[Any]]:
@@ -243,12 +250,17 @@ def _records(child: dict[str, Any]) -> tuple[list[Any], list[Any]]:
     (typed where the engine types them)."""
     blocks, pairs = json.loads(json.dumps([child["blocks"], child["off_diagonal"]]))
     try:
-        from curvplan_worker.curvature.measured import BlockRecord, PairRecord
+        from curvplan.types.results import BlockPair as Pair
+        from curvplan.types.results import BlockSpectrum as Block
     except ImportError:
-        return blocks, pairs
+        try:
+            from curvplan_worker.curvature.measured import BlockRecord as Block
+            from curvplan_worker.curvature.measured import PairRecord as Pair
+        except ImportError:
+            return blocks, pairs
     return (
-        [BlockRecord.model_validate(b) for b in blocks],
-        [PairRecord.model_validate(p) for p in pairs],
+        [Block.model_validate(b) for b in blocks],
+        [Pair.model_validate(p) for p in pairs],
     )
 
 

@@ -9,18 +9,46 @@ The engine's measurements are wide and grow with the engine; :class:`EngineMeasu
 types the fields a client reads and keeps any other field (``extra="allow"``), so a result
 stored by an older or newer worker still validates. Bulky arrays are not inline: they are
 :class:`ArrayRef` objects pointing into the job's output artifacts (``AnalyzeResult.artifacts``).
+
+These models are also the engine's records: each stage of the worker's engine builds its
+section directly (the arrays inline, in the process), and which arrays are bulky, stored as
+job artifacts rather than inline, is declared on the field (:class:`Bulky`, read by
+``curvplan_worker.analyze.measurements.split_bulky``). A bulky field therefore holds the arrays
+in the process and an :class:`ArrayRef` once stored.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from curvplan.types.options import AnalysisOptions, MachineSettings
 from curvplan.types.planner import Recommendation
+from curvplan.types.spec import ModelSpec
 from curvplan.types.sweep import PointResult, SweepResult
+
+PER_SAMPLE_GROUP = "per_sample_losses"
+PERTURBED_GROUP = "perturbed_losses"
+DENSE_GROUP = "dense"
+OTHER_GROUP = "arrays"
+
+SAMPLE_SIZED = 64
+"""A sample-sized list (one entry per example drawn) stays inline up to this many entries."""
+
+
+@dataclass(frozen=True)
+class Bulky:
+    """Field metadata: the field's numeric arrays go to artifact group ``group`` when they
+    have more than ``min_elements`` elements or more than one dimension. ``deep``: every
+    numeric array anywhere inside the field (a section of matrices)."""
+
+    group: str
+    min_elements: int = 0
+    deep: bool = False
 
 
 class _Open(BaseModel):
@@ -45,7 +73,7 @@ class ArrayRef(_Open):
 class TraceEstimate(_Open):
     """tr(H_B): exact (dense) or a Hutch++ estimate with its standard error."""
 
-    value: float
+    value: float | None = None
     stderr: float | None = None
     method: str | None = None
     exact: bool | None = None
@@ -81,6 +109,90 @@ class BlockSpectrum(_Open):
     bound: BlockBound | None = Field(
         default=None, description="The paper's bound for this block, when one applies."
     )
+
+
+class BlockPair(_Open):
+    """σ_max of one off-diagonal block H[row, col] (Lanczos on H_rc H_rcᵀ)."""
+
+    row: str
+    col: str
+    sigma_max: float | None = None
+    converged: bool | None = None
+    residual: float | None = None
+    n_products: int | None = None
+
+    @property
+    def key(self) -> str:
+        """``row|col``: how a fan-out names the pair."""
+        return f"{self.row}|{self.col}"
+
+
+class TopEigenspace(_Open):
+    """The top-d eigenpairs of the whole-model Hessian (the vectors stay in the engine's
+    process: the per-sample stage perturbs along them)."""
+
+    values: list[float | None] = Field(default_factory=list)
+    residuals: list[float | None] = Field(default_factory=list)
+    converged: bool | None = None
+    n_products: int | None = None
+
+
+class PerturbedLossSet(_Open):
+    """Per-example losses at w* + r·u for each direction u of one kind (``random`` or
+    ``top_eigenspace``): one row per direction."""
+
+    kind: str
+    radius: float
+    losses: Annotated[list[list[float | None]] | ArrayRef, Bulky(PERTURBED_GROUP)]
+
+
+class PerSampleHessianNorms(_Open):
+    """‖∇²ℓ_i‖ of a subsample of examples, one entry per example (with the Lanczos ends)."""
+
+    norms: Annotated[list[float | None] | ArrayRef, Bulky(OTHER_GROUP, SAMPLE_SIZED)]
+    indices: Annotated[list[int] | ArrayRef | None, Bulky(OTHER_GROUP, SAMPLE_SIZED)] = None
+    lambda_max: Annotated[
+        list[float | None] | ArrayRef | None, Bulky(OTHER_GROUP, SAMPLE_SIZED)
+    ] = None
+    lambda_min: Annotated[
+        list[float | None] | ArrayRef | None, Bulky(OTHER_GROUP, SAMPLE_SIZED)
+    ] = None
+    residual_max: Annotated[
+        list[float | None] | ArrayRef | None, Bulky(OTHER_GROUP, SAMPLE_SIZED)
+    ] = None
+    residual_min: Annotated[
+        list[float | None] | ArrayRef | None, Bulky(OTHER_GROUP, SAMPLE_SIZED)
+    ] = None
+    iterations: Annotated[list[int] | ArrayRef | None, Bulky(OTHER_GROUP, SAMPLE_SIZED)] = None
+    n_products: Annotated[list[int] | ArrayRef | None, Bulky(OTHER_GROUP, SAMPLE_SIZED)] = None
+    all_converged: bool = True
+
+
+class PerSample(_Open):
+    """Per-example losses (and group ids), perturbed losses, per-example Hessian norms."""
+
+    losses: Annotated[list[float | None] | ArrayRef, Bulky(PER_SAMPLE_GROUP)]
+    groups: Annotated[list[int] | ArrayRef | None, Bulky(PER_SAMPLE_GROUP)] = None
+    perturbed: list[PerturbedLossSet] = Field(default_factory=list)
+    hessian_norms: PerSampleHessianNorms | None = None
+
+
+class CostInputs(_Open):
+    """What the cost model was given before the spectra (``limits.cost_inputs``); the
+    timings (spectra, example, stages, memory) are kept as the engine wrote them."""
+
+    ms_per_product: float | None = None
+    first_product_ms: float | None = None
+    blocks: dict[str, int] = Field(
+        default_factory=dict, description="Parameters of each block the run measures."
+    )
+    pairs: list[tuple[str, str, int, int]] = Field(
+        default_factory=list, description="Each pair the run measures: row, col, their sizes."
+    )
+    n_params: int | None = None
+    n_examples: int | None = None
+    tokens: float | None = None
+    micro_batch: int | None = None
 
 
 class StageCost(_Open):
@@ -169,14 +281,39 @@ class DenseHessian(_Open):
     )
     blocks: list[DenseBlock] | None = None
     block_names: list[str] | None = None
-    block_norm_matrix: list[list[float]] | None = Field(
+    block_norm_matrix: list[list[float]] | ArrayRef | None = Field(
         default=None, description="σ_max of every block pair, in block_names order."
     )
 
 
+class MemoryRetry(_Open):
+    """One out-of-memory retry: during which stage, the micro-batch it retried with (an
+    in-run retry: the micro-batch before and after; a retried attempt: the one it ran with)."""
+
+    during: str
+    micro_batch: int | None = None
+    from_micro_batch: int | None = None
+    to_micro_batch: int | None = None
+
+
+class LockstepBatching(_Open):
+    """How the lockstep batched its products (``memory.plan_lockstep``)."""
+
+    batched: bool
+    vectors_per_product: int
+
+
+class LockstepRun(_Open):
+    """The lockstep's plan (``memory.LockstepPlan.as_dict``) and what the run did
+    (``lockstep.LockstepStats.as_dict``)."""
+
+    plan: LockstepBatching
+    mode: str
+
+
 class MemoryPlan(_Open):
     """How the products were fitted to memory (docs/numerics.md#memory-plan); the measured
-    byte counts, the lockstep plan and the retries are kept as the engine wrote them."""
+    byte counts and the later stages' memory are kept as the engine wrote them."""
 
     budget_bytes: int | None = None
     budget_source: str | None = None
@@ -185,6 +322,50 @@ class MemoryPlan(_Open):
     configured_micro_batch: int | None = None
     micro_batch: int | None = None
     cache_graph: bool | None = None
+    retries: list[MemoryRetry] = Field(default_factory=list)
+    final_micro_batch: int | None = None
+    lockstep: LockstepRun | None = None
+
+
+class Precision(_Open):
+    """Whether the model's products reach float64 accuracy (a Hugging Face model computing
+    parts in float32 does not), and the accuracy they reach."""
+
+    limited: bool
+    reason: str | None = None
+    reachable_relative_accuracy: float | None = None
+
+
+class ModelDescription(_Open):
+    """What was built: a reference spec, or a Hugging Face architecture and its vocabulary."""
+
+    source: str
+
+
+class DataParallelGroup(_Open):
+    """The data-parallel group the operator stages ran on (``distributed.py``)."""
+
+    world_size: int
+    backend: str
+
+
+class FanOutChild(_Open):
+    """One child job of a block fan-out: its blocks and pairs, estimated cost, how long it
+    measured, which attempt succeeded."""
+
+    job_id: str
+    name: str | None = None
+    blocks: list[str]
+    pairs: list[list[str]]
+    estimated_cost: float | None = None
+    elapsed_s: float | None = None
+    attempt: int | None = None
+
+
+class FanOut(_Open):
+    """The block fan-out an analysis was assembled from (docs/numerics.md#block-fan-out)."""
+
+    children: list[FanOutChild]
 
 
 class ModelBounds(_Open):
@@ -193,6 +374,9 @@ class ModelBounds(_Open):
 
     applicable: bool | None = None
     reasons: list[str] | None = None
+    blocks: dict[str, BlockBound] | None = Field(
+        default=None, description="Each block's bound record, by block name."
+    )
 
 
 class GradientNoiseEstimate(_Open):
@@ -204,13 +388,51 @@ class GradientNoiseEstimate(_Open):
     reason: str | None = None
     grad_sq_norm: float | None = None
     trace_sigma: float | None = None
+    gHg: float | None = None
+    trace_h_sigma: float | None = None
+    grad_sq_norm_se: float | None = None
+    trace_sigma_se: float | None = None
+    gHg_se: float | None = None
+    trace_h_sigma_se: float | None = None
+    n_samples: int | None = None
+    log_b_simple_se: float | None = None
+    log_b_noise_se: float | None = None
+    jackknife_groups: int | None = None
+    b_simple_p_defined: float | None = None
+    b_simple_median_ratio: float | None = None
+    b_noise_p_defined: float | None = None
+    b_noise_median_ratio: float | None = None
+    stop_reason: str | None = None
     b_simple: float | None = None
     b_noise: float | None = None
     gradient_norm: float | None = None
+    rms_deviation: float | None = Field(
+        default=None, description="RMS of the per-example gradients' deviation from their mean."
+    )
+    mean_count: float | None = Field(default=None, description="Loss terms per example.")
+    grad_indices: Annotated[list[int] | ArrayRef | None, Bulky(OTHER_GROUP, SAMPLE_SIZED)] = None
+    hessian_indices: Annotated[list[int] | ArrayRef | None, Bulky(OTHER_GROUP, SAMPLE_SIZED)] = None
+    series: Annotated[
+        dict[str, list[int | float | None] | ArrayRef | int | float | None] | None,
+        Bulky(OTHER_GROUP, SAMPLE_SIZED, deep=True),
+    ] = None
+    # at an intermediate checkpoint (the analyze job's): where, and the loss there
+    checkpoint: str | None = None
+    checkpoint_artifact: str | list[str] | None = None
+    step: int | None = None
+    loss: float | None = None
+    logged_loss: float | None = None
 
 
 class EngineMeasurements(_Open):
-    """The curvature engine's answer for the checkpoint at w* (bulky arrays as references)."""
+    """The curvature engine's answer for the checkpoint at w*: every stage's record (those
+    that ran; bulky arrays as references once stored).
+
+    The engine's process holds the typed inputs (``options``, ``machine``, ``spec``) as the
+    models it ran with; a stored result holds them as JSON, not those models, which refuse
+    fields a later version removes. The analyze job adds ``fan_out`` (the children of a block
+    fan-out) and ``cost_estimate`` (the ETA's record) before it stores the result.
+    """
 
     versions: dict[str, str | None] | None = None
     device: str | None = None
@@ -221,34 +443,46 @@ class EngineMeasurements(_Open):
         description="How each block's, pair's and the top eigenspace's generator is seeded "
         "from the seed (docs/numerics.md#seeds).",
     )
-    fan_out: dict[str, Any] | None = Field(
+    fan_out: FanOut | None = Field(
         default=None,
         description="The block fan-out, when there was one: its child jobs, the blocks and "
         "pairs each measured and their estimated costs.",
     )
-    # options and spec: snapshots of AnalysisOptions and ModelSpec as the engine dumped them;
-    # JSON, not those models, which refuse fields a later version removes.
-    options: dict[str, JsonValue] | None = Field(
-        default=None, description="The analysis options the engine ran with."
+    options: dict[str, JsonValue] | AnalysisOptions | None = Field(
+        default=None,
+        union_mode="left_to_right",
+        description="The analysis options the engine ran with.",
     )
-    spec: dict[str, JsonValue] | None = Field(default=None, description="The model spec it built.")
+    machine: dict[str, JsonValue] | MachineSettings | None = Field(
+        default=None,
+        union_mode="left_to_right",
+        description="The worker's machine settings (device, threads, caching, budgets).",
+    )
+    model: ModelDescription | None = Field(default=None, description="What was built.")
+    precision_limited: Precision | None = None
+    spec: dict[str, JsonValue] | ModelSpec | None = Field(
+        default=None, union_mode="left_to_right", description="The model spec it built."
+    )
     n_parameters: int | None = None
     n_examples: int | None = None
+    cache_graph: bool | None = None
+    eval_batch_size: int | None = None
+    data_parallel: DataParallelGroup | None = None
     loss: float | None = None
-    n_loss_terms: int | None = None
+    n_loss_terms: int | float | None = None
     gradient_norm: float | None = None
     n_eval_batches: int | None = None
     blocks: list[BlockSpectrum] | None = None
-    off_diagonal: list[dict[str, Any]] | None = None
-    dense: DenseHessian | None = None
-    top_eigenspace: dict[str, Any] | None = None
+    off_diagonal: list[BlockPair] | None = None
+    dense: Annotated[DenseHessian | None, Bulky(DENSE_GROUP, SAMPLE_SIZED, deep=True)] = None
+    top_eigenspace: TopEigenspace | None = None
     full_model: FullModelLambda | None = Field(
         default=None,
         description="λ_max of the whole-model Hessian from one Lanczos over all parameters: "
         "lambda_max, residual, converged, n_products (its cost), iterations, n_params; or "
         "available false with the reason.",
     )
-    per_sample: dict[str, Any] | None = Field(
+    per_sample: PerSample | None = Field(
         default=None, description="Per-sample losses and perturbations ({artifact, tensor}…)."
     )
     gradient_noise: GradientNoiseEstimate | None = None
@@ -262,7 +496,8 @@ class EngineMeasurements(_Open):
     peak_memory_bytes: int | None = Field(
         default=None, description="Peak memory of the engine run (peak_memory_source says what)."
     )
-    cost_inputs: dict[str, Any] | None = Field(
+    peak_memory_source: str | None = None
+    cost_inputs: CostInputs | None = Field(
         default=None,
         description="What the cost model was given before the spectra: one measured product "
         "(ms_per_product, first_product_ms), the spectra's products as they will run "

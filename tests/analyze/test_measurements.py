@@ -7,10 +7,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from curvplan.types.results import EngineMeasurements, GradientNoiseEstimate
 from curvplan_core.planner import Measurements
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.analyze.pipeline import job_stage
-from curvplan_worker.curvature.measured import EngineMeasurements, GradientNoiseRecord
 
 HEADER = {
     "device": "cpu",
@@ -26,8 +26,8 @@ HEADER = {
 }
 
 
-def _noise(stats: list[dict[str, Any]]) -> list[GradientNoiseRecord]:
-    return [GradientNoiseRecord.model_validate(s) for s in stats]
+def _noise(stats: list[dict[str, Any]]) -> list[GradientNoiseEstimate]:
+    return [GradientNoiseEstimate.model_validate(s) for s in stats]
 
 
 def _typed(result: dict[str, Any]) -> EngineMeasurements:

@@ -18,9 +18,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from curvplan.types.results import GradientNoiseEstimate
 from curvplan_core import cost_model
-from curvplan_worker.analyze.planner_inputs import planner_gradient_noise, planner_measurements
+from curvplan_worker.analyze.planner_inputs import planner_gradient_noise
 from curvplan_worker.curvature import gradient_noise as gn
+from curvplan_worker.curvature.measured import clean
 from curvplan_worker.curvature.model import build_model
 from curvplan_worker.curvature.objective import RegressionObjective, objective_for
 
@@ -341,12 +343,14 @@ def test_planner_dict_passes_a_negative_grad_sq_norm_through_unclamped() -> None
         "n_samples": 8,
         "b_simple": None,
     }
-    out, notes = planner_gradient_noise(stats)
+    out, notes = planner_gradient_noise(GradientNoiseEstimate.model_validate(stats))
     # the pair is kept as measured: neither dropped nor clamped to 0 (pitfall 13)
     assert out["grad_sq_norm"] == -0.5 and out["trace_sigma"] == 3.0
     assert out["grad_sq_norm_se"] == 0.4 and out["gHg"] == -0.1
     assert len(notes) == 2 and "|G|²" in notes[0] and "GᵀHG" in notes[1]
-    positive, none = planner_gradient_noise({**stats, "grad_sq_norm": 0.5, "gHg": 0.1})
+    positive, none = planner_gradient_noise(
+        GradientNoiseEstimate.model_validate({**stats, "grad_sq_norm": 0.5, "gHg": 0.1})
+    )
     assert positive["grad_sq_norm"] == 0.5 and not none
     from curvplan.types.planner import DirectNoiseStats
     from curvplan_core.planner import Measurements, Targets, make_plan
@@ -360,17 +364,16 @@ def test_planner_dict_passes_a_negative_grad_sq_norm_through_unclamped() -> None
     assert {"b_simple_undefined", "b_noise_undefined"} <= {w.code for w in plan.warnings}
 
 
-def test_planner_measurements_carry_the_gradient_norm_and_direct_stats() -> None:
+def test_planner_direct_stats_carry_the_engine_record() -> None:
     model, objective, x, y = lm_model_and_data(10)
     stats = gn.gradient_noise_from_sample(model, objective, x, y, n_grad=6, batch_size=3)
-    fields, _ = planner_measurements(gradient_noise=stats)
-    assert fields["gradient_norm_at_w_star"] == stats["gradient_norm"]
-    assert fields["gradient_noise"]["gHg"] == stats["gHg"]
-    try:
-        from curvplan.types.planner import Measurements
-    except ImportError:
-        return
-    Measurements(**fields)
+    direct, _ = planner_gradient_noise(GradientNoiseEstimate.model_validate(clean(stats)))
+    assert direct["gHg"] == stats["gHg"]
+    assert direct["grad_sq_norm"] == stats["grad_sq_norm"]
+    assert direct.get("n_samples") == stats["n_samples"]
+    from curvplan.types.planner import Measurements
+
+    Measurements.model_validate({"gradient_noise": direct})
 
 
 def test_tied_embedding_per_example_gradients_average_to_the_loss_gradient() -> None:

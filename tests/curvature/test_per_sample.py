@@ -389,7 +389,9 @@ def test_tied_embeddings_are_perturbed_once_and_together() -> None:
 
 
 def test_per_sample_section_and_planner_fields() -> None:
+    from curvplan.types.results import PerSample
     from curvplan_worker.analyze.planner_inputs import planner_measurements
+    from curvplan_worker.curvature.measured import clean
 
     model, objective, x, y = lm_model_and_data(6)
     eig = torch.linalg.qr(torch.randn(sum(p.numel() for p in model.parameters()), 2))[0].T
@@ -412,7 +414,7 @@ def test_per_sample_section_and_planner_fields() -> None:
     assert len(section["perturbed"][0]["losses"]) == 3
     assert len(section["perturbed"][1]["losses"]) == 2
     assert section["hessian_norms"]["all_converged"]
-    fields, notes = planner_measurements(per_sample=section)
+    fields, notes = planner_measurements(PerSample.model_validate(clean(section)))
     assert fields["perturbed_losses"]["kind"] == "random" and notes
     assert fields["per_sample_hessian_norms"] == section["hessian_norms"]["norms"]
     try:

@@ -12,22 +12,28 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from curvplan_worker.analyze.planner_inputs import planner_gradient_noise, planner_measurements
-from curvplan_worker.curvature.measured import (
+from curvplan.types.results import (
     DENSE_GROUP,
     OTHER_GROUP,
     PER_SAMPLE_GROUP,
     PERTURBED_GROUP,
     Bulky,
     EngineMeasurements,
-    GradientNoiseRecord,
+    GradientNoiseEstimate,
 )
+from curvplan_worker.analyze.planner_inputs import (
+    DirectNoiseFields,
+    PerSampleFields,
+    planner_gradient_noise,
+    planner_measurements,
+)
+from curvplan_worker.curvature.measured import as_result
 
 __all__ = [
     "DENSE_GROUP",
@@ -96,12 +102,62 @@ def split_bulky(result: EngineMeasurements) -> tuple[dict[str, Any], Groups]:
                 ]
         return out
 
-    return section(result, result.as_result(), ""), groups
+    return section(result, as_result(result), ""), groups
+
+
+class TheoryFields(TypedDict):
+    """The planner's ``TheoryApplicability``."""
+
+    applicable: bool
+    reasons: list[str]
+
+
+class BlockFields(TypedDict, total=False):
+    """The planner's ``BlockCurvature`` of one block."""
+
+    name: str
+    lambda_max: float | None
+    lambda_min: float | None
+    spectral_norm: float | None
+    trace: float
+
+
+class FullModelFields(TypedDict):
+    """The planner's ``FullModelCurvature``."""
+
+    lambda_max: float
+    residual: float | None
+    converged: bool | None
+    n_products: int | None
+
+
+class TrendPointFields(DirectNoiseFields, total=False):
+    """One point of the planner's ``gradient_noise_trend``: the statistics and where."""
+
+    checkpoint: str
+    step: int
+    loss: float
+    logged_loss: float
+
+
+class PlannerFields(PerSampleFields, total=False):
+    """The fields of the planner's ``Measurements`` an analysis measures (a plan job's JSON
+    names; the analyze job adds those of its sweeps and validates the whole)."""
+
+    theory: TheoryFields
+    blocks: list[BlockFields]
+    full_model: FullModelFields
+    gradient_norm_at_w_star: float
+    per_sample_gradient_rms: float
+    tokens_per_example: float
+    gradient_noise: DirectNoiseFields
+    gradient_noise_trend: list[TrendPointFields]
+    model_parameters: int
 
 
 def planner_fields(
-    result: EngineMeasurements, intermediate_noise: Sequence[GradientNoiseRecord] = ()
-) -> tuple[dict[str, Any], list[str]]:
+    result: EngineMeasurements, intermediate_noise: Sequence[GradientNoiseEstimate] = ()
+) -> tuple[PlannerFields, list[str]]:
     """Fields of the planner's ``Measurements`` from the engine's measurements; (fields, notes).
 
     Per-sample losses, perturbed losses and per-sample Hessian norms come from
@@ -116,21 +172,19 @@ def planner_fields(
     intermediate checkpoint, oldest first, goes to ``gradient_noise_trend``; without
     intermediate checkpoints there is none and a note says so.
     """
-    per_sample = result.per_sample
-    fields, notes = planner_measurements(
-        per_sample=per_sample.model_dump(exclude_unset=True) if per_sample else None
-    )
+    per_sample, notes = planner_measurements(result.per_sample)
+    fields = PlannerFields(**per_sample)
     # M stays a measured maximum (per_sample_hessian_norms), not a `hessian_norm_bound`: the
     # planner then labels Theorem 7's k* as resting on a lower estimate of the assumed bound.
     bounds = result.bounds
     if bounds is not None and bounds.applicable is not None:
         fields["theory"] = {
             "applicable": bounds.applicable,
-            "reasons": [str(r)[:500] for r in bounds.reasons][:100],
+            "reasons": [str(r)[:500] for r in bounds.reasons or []][:100],
         }
-    blocks = []
-    for block in result.blocks:
-        entry: dict[str, Any] = {
+    blocks: list[BlockFields] = []
+    for block in result.blocks or []:
+        entry: BlockFields = {
             "name": block.name,
             "lambda_max": block.lambda_max,
             "lambda_min": block.lambda_min,
@@ -168,15 +222,16 @@ def planner_fields(
             "(|G|² ≈ 0 at a converged w*)"
         )
     if noise_source is not None:
-        direct, more = planner_gradient_noise(noise_source.as_result())
+        direct, more = planner_gradient_noise(noise_source)
         notes.extend(more)
         if direct:
             fields["gradient_noise"] = direct
-        trend = []
+        trend: list[TrendPointFields] = []
         for stats in intermediate_noise:
-            point, _ = planner_gradient_noise(stats.as_result())
-            if not point:
+            direct_point, _ = planner_gradient_noise(stats)
+            if not direct_point:
                 continue
+            point = TrendPointFields(**direct_point)
             if stats.checkpoint is not None:
                 point["checkpoint"] = stats.checkpoint[:200]
             if stats.step is not None and stats.step >= 0:

@@ -38,7 +38,16 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from curvplan.types.huggingface import HuggingFaceModel
 from curvplan.types.jobs import AnalyzeBlocksJobCreate, AnalyzeJobCreate
 from curvplan.types.options import AnalysisOptions, MachineSettings
-from curvplan.types.results import AnalyzeBlocksResult
+from curvplan.types.results import (
+    AnalyzeBlocksResult,
+    BlockPair,
+    BlockSpectrum,
+    CostEstimate,
+    EngineMeasurements,
+    FanOut,
+    FanOutChild,
+    GradientNoiseEstimate,
+)
 from curvplan.types.spec import CausalLMTask, ModelSpec
 from curvplan_core.config import Settings, get_settings
 from curvplan_core.planner import Measurements, Targets, make_plan
@@ -47,17 +56,13 @@ from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
 from curvplan_worker.analyze.eta import EtaTracker
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.analyze.sweep_inputs import read_sweeps
+from curvplan_worker.curvature.measured import as_result
 from curvplan_worker.errors import JobCancelled, JobError
 from curvplan_worker.job_context import ChildOutcome, JobContext
 
 if TYPE_CHECKING:
     from curvplan_worker.analyze.ranks import RankTask
     from curvplan_worker.curvature.analyze import BlockShare, MeasuredBlocks, ProgressEvent
-    from curvplan_worker.curvature.measured import (
-        EngineMeasurements,
-        FanOutRecord,
-        GradientNoiseRecord,
-    )
 
 log = logging.getLogger("curvplan.worker.analyze")
 
@@ -180,11 +185,11 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
             ctx,
             declared=_declared_logs(body),
         )
-        fields, notes = planner_fields(result, noise)
+        measured_fields, notes = planner_fields(result, noise)
         swept = read_sweeps(engine, project_id, body.sweeps)
-        fields.update(swept.fields)
+        fields: dict[str, Any] = {**measured_fields, **swept.fields}
         notes.extend(swept.notes)
-        n_params = (result.cost_inputs or {}).get("n_params")
+        n_params = result.cost_inputs.n_params if result.cost_inputs is not None else None
         if n_params:  # prices a data sweep's training time in budget.data.next_step
             fields["model_parameters"] = int(n_params)
         fields.setdefault("tokens_per_example", _tokens_per_example(body.model))
@@ -214,7 +219,7 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
     ctx.report_progress(1.0, "planning", "recommendation ready")
     return {
         "measurements": slim,
-        "intermediate_gradient_noise": [stats.as_result() for stats in noise],
+        "intermediate_gradient_noise": [as_result(stats) for stats in noise],
         "planner_inputs": _inline_planner_inputs(fields, outputs, result),
         "artifacts": outputs,
         "notes": notes,
@@ -373,7 +378,7 @@ def measure_engine(
     assert result is not None  # this process is rank 0
     record = eta.record()
     if record is not None:  # docs/operations.md#cost-model-and-eta
-        result.cost_estimate = record
+        result.cost_estimate = CostEstimate.model_validate(record)
     return result
 
 
@@ -441,16 +446,10 @@ def _mismatch_detail(exc: Any, field: str) -> str:
 
 def _fanned_in(
     children: list[ChildOutcome[AnalyzeBlocksJobCreate, AnalyzeBlocksResult]],
-) -> tuple[MeasuredBlocks, FanOutRecord]:
+) -> tuple[MeasuredBlocks, FanOut]:
     """The children's block and pair records (for the engine's fan-in run) and the fan-out's
     record; a child that did not succeed fails the job naming its blocks and pairs."""
     from curvplan_worker.curvature.analyze import MeasuredBlocks
-    from curvplan_worker.curvature.measured import (
-        BlockRecord,
-        FanOutChild,
-        FanOutRecord,
-        PairRecord,
-    )
 
     failed = [c for c in children if not c.succeeded]
     if failed:
@@ -467,18 +466,15 @@ def _fanned_in(
             "A block group of the fan-out failed",
             ("; ".join(parts))[:2000],
         )
-    blocks: list[BlockRecord] = []
-    pairs: list[PairRecord] = []
+    blocks: list[BlockSpectrum] = []
+    pairs: list[BlockPair] = []
     record: list[FanOutChild] = []
     for child in children:
         assert child.result is not None  # succeeded
         measurements = child.result.measurements
-        # the engine's own record format: each block as the child's engine wrote it
-        blocks += [
-            BlockRecord.model_validate(b.model_dump(mode="json", exclude_unset=True))
-            for b in measurements.blocks or []
-        ]
-        pairs += [PairRecord.model_validate(p) for p in measurements.off_diagonal or []]
+        # each block and pair as the child's engine wrote it (the same models)
+        blocks += measurements.blocks or []
+        pairs += measurements.off_diagonal or []
         record.append(
             FanOutChild(
                 job_id=child.id,
@@ -490,7 +486,7 @@ def _fanned_in(
                 attempt=child.attempt,
             )
         )
-    return MeasuredBlocks(blocks=blocks, off_diagonal=pairs), FanOutRecord(children=record)
+    return MeasuredBlocks(blocks=blocks, off_diagonal=pairs), FanOut(children=record)
 
 
 STEP_METADATA_KEYS = ("step", "global_step")
@@ -557,7 +553,7 @@ def _intermediate_noise(
     machine: MachineSettings,
     ctx: JobContext,
     declared: list[tuple[int | None, float | None]] | None = None,
-) -> list[GradientNoiseRecord]:
+) -> list[GradientNoiseEstimate]:
     """Gradient-noise statistics at each intermediate checkpoint (McCandlish et al. 2018 §2.2).
 
     In the order the checkpoints were given (oldest first: the planner reports the trend).
@@ -578,12 +574,12 @@ def _intermediate_noise(
     from curvplan_worker.curvature.checkpoint import CheckpointError, CheckpointMismatch
     from curvplan_worker.curvature.device import resolve_device, resolve_dtype
     from curvplan_worker.curvature.gradient_noise import gradient_noise_from_sample
-    from curvplan_worker.curvature.measured import GradientNoiseRecord, clean
+    from curvplan_worker.curvature.measured import clean
     from curvplan_worker.curvature.sources import load_source
 
     device = resolve_device(machine.device)
     dtype = resolve_dtype(options.precision)
-    out: list[GradientNoiseRecord] = []
+    out: list[GradientNoiseEstimate] = []
     n = len(intermediates)
     for i, shards in enumerate(intermediates):
         field = shards[0].field.rsplit(".", 1)[0] if len(shards) > 1 else shards[0].field
@@ -645,7 +641,7 @@ def _intermediate_noise(
         stats = clean(stats)
         stats.pop("grad_indices", None)
         stats.pop("hessian_indices", None)
-        record = GradientNoiseRecord.model_validate(stats)
+        record = GradientNoiseEstimate.model_validate(stats)
         with torch.no_grad():
             losses, counts = objective.example_losses(model, data.inputs, data.targets)
             record.loss = clean(float(losses.sum() / counts.sum()))

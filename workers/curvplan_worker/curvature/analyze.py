@@ -20,6 +20,28 @@ import torch
 
 from curvplan.types.huggingface import HuggingFaceModel
 from curvplan.types.options import AnalysisOptions, MachineSettings, OptionsError, parse_options
+from curvplan.types.results import (
+    BlockBound,
+    BlockPair,
+    BlockSpectrum,
+    CostInputs,
+    DataParallelGroup,
+    DenseHessian,
+    EngineMeasurements,
+    FullModelLambda,
+    GradientNoiseEstimate,
+    LockstepRun,
+    MemoryRetry,
+    ModelBounds,
+    ModelDescription,
+    PerSample,
+    Precision,
+    SeedDerivation,
+    TopEigenspace,
+)
+from curvplan.types.results import (
+    MemoryPlan as MemoryPlanRecord,
+)
 from curvplan.types.spec import ModelSpec
 from curvplan_core import blocks as core_blocks
 from curvplan_core.blocks import UnknownBlocks
@@ -47,25 +69,7 @@ from curvplan_worker.curvature.limits import (
     time_one_example,
 )
 from curvplan_worker.curvature.lockstep import Lockstep, Task
-from curvplan_worker.curvature.measured import (
-    BlockRecord,
-    BoundRecord,
-    BoundsRecord,
-    DataParallelRecord,
-    EngineMeasurements,
-    FullModelRecord,
-    GradientNoiseRecord,
-    JsonObject,
-    LockstepRecord,
-    MemoryPlanRecord,
-    ModelDescription,
-    PairRecord,
-    PerSampleRecord,
-    PrecisionRecord,
-    TopEigenspaceRecord,
-    clean,
-    fully_set,
-)
+from curvplan_worker.curvature.measured import JsonObject, as_result, clean, fully_set
 from curvplan_worker.curvature.memory import (
     LockstepPlan,
     MemoryPlan,
@@ -173,8 +177,8 @@ class MeasuredBlocks:
     """Block and pair records measured elsewhere (the fan-out children), for the fan-in run:
     :func:`analyze` uses them instead of measuring the blocks and pairs itself."""
 
-    blocks: list[BlockRecord] = field(default_factory=list)
-    off_diagonal: list[PairRecord] = field(default_factory=list)
+    blocks: list[BlockSpectrum] = field(default_factory=list)
+    off_diagonal: list[BlockPair] = field(default_factory=list)
 
     @classmethod
     def from_json(
@@ -182,8 +186,8 @@ class MeasuredBlocks:
     ) -> MeasuredBlocks:
         """The records of the children's result JSON, validated once."""
         return cls(
-            [BlockRecord.model_validate(b) for b in blocks],
-            [PairRecord.model_validate(p) for p in off_diagonal],
+            [BlockSpectrum.model_validate(b) for b in blocks],
+            [BlockPair.model_validate(p) for p in off_diagonal],
         )
 
 
@@ -224,10 +228,8 @@ def fan_out_task(only: BlockShare | None, measured: MeasuredBlocks | None) -> Fa
         out["only"] = {"blocks": list(only.blocks), "pairs": [list(p) for p in only.pairs]}
     if measured is not None:
         out["measured"] = {
-            "blocks": [clean(b.model_dump(exclude_unset=True)) for b in measured.blocks],
-            "off_diagonal": [
-                clean(p.model_dump(exclude_unset=True)) for p in measured.off_diagonal
-            ],
+            "blocks": [as_result(b) for b in measured.blocks],
+            "off_diagonal": [as_result(p) for p in measured.off_diagonal],
         }
     return out
 
@@ -324,7 +326,7 @@ def analyze(
     process's rank of a data-parallel group (``distributed.py``): the operator stages are
     sharded over the ranks, rank 0 alone runs the rest and gets the result (other ranks get
     ``{}``). Returns the result JSON of
-    the engine contract (:meth:`EngineMeasurements.as_result` of :func:`measure`). Raises
+    the engine contract (:func:`measured.as_result` of :func:`measure`). Raises
     ``SpecError``, ``HFModelError``, ``OptionsError``,
     ``CheckpointMismatch``, ``DataError`` with messages naming the field, and
     :class:`Cancelled`.
@@ -354,7 +356,7 @@ def analyze(
         measured=measured,
         limits=limits,
     )
-    return {} if result is None else result.as_result()
+    return {} if result is None else as_result(result)
 
 
 def measure(
@@ -570,7 +572,7 @@ def _cost_stage(
     mode: _Mode,
     sizes: dict[str, int],
     basis: float,
-) -> tuple[dict[str, Any], LockstepPlan | None]:
+) -> tuple[CostInputs, LockstepPlan | None]:
     """docs/operations.md#cost-model-and-eta: one measured product, before the spectra; the
     spectra's lockstep plan, made once (the cost model times its products as run)."""
     opts, blocks = run.opts, loaded.blocks
@@ -611,7 +613,7 @@ def _cost_stage(
         ),
     )
     run.report(0.05, "cost", "one product measured: estimating the stages", cost=inputs)
-    return clean(inputs), lockstep_plan
+    return CostInputs.model_validate(clean(inputs)), lockstep_plan
 
 
 def _cost_sizes(engine: CurvatureEngine, mode: _Mode) -> dict[str, int]:
@@ -621,7 +623,7 @@ def _cost_sizes(engine: CurvatureEngine, mode: _Mode) -> dict[str, int]:
 
 def _assembled(
     run: _Run, loaded: _Loaded, measured: MeasuredBlocks
-) -> tuple[list[BlockRecord], list[PairRecord]]:
+) -> tuple[list[BlockSpectrum], list[BlockPair]]:
     """The fan-in: the children's block and pair records in this run's order, each in one
     step of progress, as a single-process run's stages would have reported them."""
     blocks, pairs = loaded.blocks, loaded.pairs
@@ -649,10 +651,10 @@ def _assembled(
     return block_records, pair_records
 
 
-def _full_model_stage(run: _Run, engine: CurvatureEngine) -> FullModelRecord:
+def _full_model_stage(run: _Run, engine: CurvatureEngine) -> FullModelLambda:
     run.report(0.71, "full_model", "λ_max of the whole-model Hessian (one Lanczos)")
     opts = run.opts
-    return FullModelRecord.model_validate(
+    return FullModelLambda.model_validate(
         clean(
             full_model_lambda_max(
                 engine,
@@ -665,7 +667,7 @@ def _full_model_stage(run: _Run, engine: CurvatureEngine) -> FullModelRecord:
     )
 
 
-def _dense_stage(run: _Run, loaded: _Loaded, engine: CurvatureEngine) -> dict[str, Any] | None:
+def _dense_stage(run: _Run, loaded: _Loaded, engine: CurvatureEngine) -> DenseHessian | None:
     """The exact dense Hessian of a small model (``dense.py``), when the options ask."""
     opts, n_params = run.opts, loaded.n_params
     if not (opts.dense == "on" or (opts.dense == "auto" and n_params <= opts.dense_limit)):
@@ -673,14 +675,13 @@ def _dense_stage(run: _Run, loaded: _Loaded, engine: CurvatureEngine) -> dict[st
     if n_params > max(opts.dense_limit, DEFAULT_DENSE_LIMIT) and opts.dense == "on":
         raise OptionsError([("dense", f"{n_params} parameters is too many for dense")])
     run.report(0.72, "dense", f"exact dense Hessian ({n_params} columns)")
-    summary: dict[str, Any] = clean(dense_summary(engine, loaded.blocks))
-    return summary
+    return DenseHessian.model_validate(clean(dense_summary(engine, loaded.blocks)))
 
 
 def _finish(engine: CurvatureEngine, memory: MemoryPlanRecord) -> None:
     """After the operator stages: the graph released, the retries and final micro-batch."""
     engine.release_graph()
-    memory.retries = list(engine.oom_retries)
+    memory.retries = [MemoryRetry.model_validate(clean(r)) for r in engine.oom_retries]
     memory.final_micro_batch = engine.micro_batch
 
 
@@ -708,7 +709,7 @@ def _measure(
     shard, reducer = batches, None
     if dist is not None:  # docs/numerics.md#data-parallel
         shard, reducer = dist.start(batches), dist.reduce
-        out.data_parallel = DataParallelRecord(world_size=dist.world_size, backend=dist.backend)
+        out.data_parallel = DataParallelGroup(world_size=dist.world_size, backend=dist.backend)
     reset_peak(loaded.device)
     top_vectors = None
     with CurvatureEngine(
@@ -801,12 +802,12 @@ def _header(run: _Run, loaded: _Loaded) -> EngineMeasurements:
         device=str(loaded.device),
         dtype=run.opts.precision,
         seed=run.opts.seed,
-        seed_derivation=SEED_DERIVATION,
+        seed_derivation=SeedDerivation.model_validate(SEED_DERIVATION),
         # the typed inputs as they are (every field written to the result, set or default)
         options=fully_set(run.opts),
         machine=fully_set(run.machine),
         model=ModelDescription.model_validate(clean(source.description)),
-        precision_limited=PrecisionRecord.model_validate(clean(source.precision)),
+        precision_limited=Precision.model_validate(clean(source.precision)),
         n_parameters=loaded.n_params,
         n_examples=len(loaded.data),
     )
@@ -927,7 +928,7 @@ def _spectra_timing(
 
 def _spectra(  # type: ignore[no-untyped-def]
     engine, all_blocks, blocks, pairs, opts, report, machine, plan=None
-) -> tuple[list[BlockRecord], list[PairRecord], LockstepRecord]:
+) -> tuple[list[BlockSpectrum], list[BlockPair], LockstepRun]:
     """Block spectra and off-diagonal σ_max, all advancing in lockstep (``lockstep.py``:
     one batched second backward per round, chunked to the memory plan), then each block's
     trace and GGN parts from its own generator. Returns (block records, pair records, the
@@ -994,7 +995,7 @@ def _spectra(  # type: ignore[no-untyped-def]
     )
     runner.stats.mode_reason = plan.batched_reason
     results = runner.run(tasks, done)
-    records: list[BlockRecord] = []
+    records: list[BlockSpectrum] = []
     for i, (name, members) in enumerate(blocks.items()):
         spectrum = results[block_key(name)]
         assert isinstance(spectrum, Spectrum)
@@ -1040,23 +1041,23 @@ def _spectra(  # type: ignore[no-untyped-def]
                     dtype=basis_dtype(engine.dtype),
                 )
                 record[key] = part.as_dict()
-        records.append(BlockRecord.model_validate(clean(record)))
+        records.append(BlockSpectrum.model_validate(clean(record)))
     if pairs:
         report(0.6, "off_diagonal", f"{len(pairs)} pairs measured in lockstep with the blocks")
-    pair_records: list[PairRecord] = []
+    pair_records: list[BlockPair] = []
     for row, col in pairs:
         sv = results[pair_key(row, col)]
         assert isinstance(sv, SingularValue)
         pair_records.append(
-            PairRecord.model_validate(clean({"row": row, "col": col, **sv.as_dict()}))
+            BlockPair.model_validate(clean({"row": row, "col": col, **sv.as_dict()}))
         )
-    info = LockstepRecord.model_validate(clean({"plan": plan.as_dict(), **runner.stats.as_dict()}))
+    info = LockstepRun.model_validate(clean({"plan": plan.as_dict(), **runner.stats.as_dict()}))
     return records, pair_records, info
 
 
 def _top_eigenspace(  # type: ignore[no-untyped-def]
     engine, opts
-) -> tuple[torch.Tensor, TopEigenspaceRecord]:
+) -> tuple[torch.Tensor, TopEigenspace]:
     names = engine.names
     n = engine.layout(names).numel
     spec = lanczos_spectrum(
@@ -1071,7 +1072,7 @@ def _top_eigenspace(  # type: ignore[no-untyped-def]
         want_vectors=True,
     )
     vectors = torch.stack([e.vector for e in spec.top])
-    info = TopEigenspaceRecord.model_validate(
+    info = TopEigenspace.model_validate(
         clean(
             {
                 "values": [e.value for e in spec.top],
@@ -1086,7 +1087,7 @@ def _top_eigenspace(  # type: ignore[no-untyped-def]
 
 def _per_sample(  # type: ignore[no-untyped-def]
     model, objective, data, opts, top_vectors, engine, micro_batch
-) -> PerSampleRecord | None:
+) -> PerSample | None:
     try:
         from curvplan_worker.curvature import per_sample as ps
     except ImportError:
@@ -1138,18 +1139,18 @@ def _per_sample(  # type: ignore[no-untyped-def]
             tol=max(opts.tolerance, 1e-6),
             max_iter=opts.per_sample_max_iter,
         )
-    return PerSampleRecord.model_validate(clean(out))
+    return PerSample.model_validate(clean(out))
 
 
 def _gradient_noise(  # type: ignore[no-untyped-def]
     model, objective, data, opts, micro_batch
-) -> GradientNoiseRecord | None:
+) -> GradientNoiseEstimate | None:
     try:
         from curvplan_worker.curvature import gradient_noise as gn
     except ImportError:
         return None
     if len(data) < 3:
-        return GradientNoiseRecord(
+        return GradientNoiseEstimate(
             available=False, reason="needs at least 3 examples (2 gradient, 1 Hessian)"
         )
     stats = gn.gradient_noise_from_sample(
@@ -1163,18 +1164,18 @@ def _gradient_noise(  # type: ignore[no-untyped-def]
         batch_size=micro_batch or 32,
         max_groups=opts.noise_max_groups,
     )
-    return GradientNoiseRecord.model_validate(clean(stats))
+    return GradientNoiseEstimate.model_validate(clean(stats))
 
 
 def _bounds(  # type: ignore[no-untyped-def]
-    model, source: ModelSource, data, opts, block_records: list[BlockRecord]
-) -> BoundsRecord | None:
+    model, source: ModelSource, data, opts, block_records: list[BlockSpectrum]
+) -> ModelBounds | None:
     """The paper's block bounds where the model is in the theory's family; elsewhere every
     block says not applicable, with the reason."""
     if source.bounds_reason is not None:
         for record in block_records:
-            record.bound = BoundRecord(applicable=False, reason=source.bounds_reason)
-        return BoundsRecord(applicable=False, reasons=[source.bounds_reason], blocks={})
+            record.bound = BlockBound(applicable=False, reason=source.bounds_reason)
+        return ModelBounds(applicable=False, reasons=[source.bounds_reason], blocks={})
     try:
         from curvplan_worker.curvature.bounds import block_bounds_for_model, tightness
     except ImportError:
@@ -1187,11 +1188,11 @@ def _bounds(  # type: ignore[no-untyped-def]
     for record in block_records:
         rec = bounds.get("blocks", {}).get(record.name)
         if rec is None:
-            record.bound = BoundRecord(
+            record.bound = BlockBound(
                 applicable=False, reason="the paper's theorems give no bound for this block"
             )
         else:
-            record.bound = BoundRecord.model_validate(
+            record.bound = BlockBound.model_validate(
                 clean({**rec, "ratio": ratios.get(record.name)})
             )
-    return BoundsRecord.model_validate(clean(bounds))
+    return ModelBounds.model_validate(clean(bounds))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import curvplan_worker.curvature.analyze as curvature_analysis
 from curvplan.types.jobs import AnalyzeBlocksJobCreate
-from curvplan.types.results import AnalyzeBlocksResult, EngineMeasurements
+from curvplan.types.results import AnalyzeBlocksResult
 from curvplan_core.config import get_settings
 from curvplan_worker.analyze.artifacts import attempt_access
 from curvplan_worker.analyze.pipeline import measure_engine, resolve_checkpoint, worker_machine
@@ -42,7 +42,4 @@ def run(body: AnalyzeBlocksJobCreate, ctx: JobContext) -> AnalyzeBlocksResult:
             only=share,
         )
     ctx.report_progress(1.0, "done", f"{len(body.blocks)} blocks, {len(body.pairs)} pairs")
-    return AnalyzeBlocksResult(
-        measurements=EngineMeasurements.model_validate(measured.as_result()),
-        estimated_cost=body.estimated_cost,
-    )
+    return AnalyzeBlocksResult(measurements=measured, estimated_cost=body.estimated_cost)
