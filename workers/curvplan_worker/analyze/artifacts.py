@@ -80,7 +80,7 @@ def job_project(engine: Engine, job_id: str) -> uuid.UUID:
         ).scalar_one_or_none()
     if project is None:
         raise JobError("job-not-found", "The job row is gone", f"job {job_id} does not exist")
-    return project
+    return uuid.UUID(str(project))
 
 
 class ArtifactAccess:
