@@ -39,12 +39,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROWS = ("example", "tiny-gpt2", "distilgpt2", "llama")
 GOAL_SECONDS = {"example": 30.0, "tiny-gpt2": 120.0, "distilgpt2": 2700.0, "llama": 2700.0}
 ETA_GOAL = 0.25
 TOKENS, SEQUENCES = 128, 8
+
+if TYPE_CHECKING:
+    from curvplan_worker.analyze.eta import EtaTracker
 
 DISTILGPT2_CONFIG: dict[str, Any] = {
     "model_type": "gpt2",
@@ -81,6 +84,14 @@ LLAMA_CONFIG: dict[str, Any] = {
 
 
 # --------------------------------------------------------------------------- inputs
+
+
+def _record(eta: EtaTracker) -> dict[str, Any]:
+    """The ETA's record as JSON (the keys it set), or {} before the estimate."""
+    estimate = eta.record()
+    return {} if estimate is None else estimate.model_dump(exclude_unset=True)
+
+
 def _inputs(row: str, tmp: Path) -> tuple[Any, Any, str]:
     """(model source, checkpoint, data path) of one row, written under ``tmp``."""
     if row == "example":
@@ -187,7 +198,7 @@ def run_row(
                 limits=limits,
             )
         except _EstimateOnly:
-            record = eta.record() or {}
+            record = _record(eta)
             return {
                 "row": row,
                 "estimate_only": True,
@@ -202,7 +213,7 @@ def run_row(
                 "threads": torch.get_num_threads(),
             }
         wall = time.perf_counter() - t_start
-    record = eta.record() or {}
+    record = _record(eta)
     products = max((e["products"] or 0 for e in events), default=0)
     stage_products: dict[str, int] = {}
     for first, second in itertools.pairwise(events):

@@ -211,6 +211,8 @@ def _derived(out: Path, name: str, result: Any, noise: list[Any]) -> None:
     measurements = pipeline._measurements(fields)
     outputs = {g: f"artifact-{g}" for g in groups}
     inline = pipeline._inline_planner_inputs(fields, outputs, result)
+    if hasattr(inline, "model_dump"):  # typed: what the job stores (the fields it was given)
+        inline = inline.model_dump(exclude_unset=True)
     plan = make_plan(measurements, Targets(), seed=5)
     _write(
         out,

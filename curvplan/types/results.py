@@ -212,6 +212,25 @@ class StageCost(_Open):
     )
 
 
+class MeasuredCost(_Open):
+    """The engine's measured figures a cost estimate was made from (``cost_inputs``): one
+    product's milliseconds, the micro-batch; the memory, spectra and example timings are kept
+    as the engine wrote them."""
+
+    ms_per_product: float | None = None
+    first_product_ms: float | None = None
+    micro_batch: int | None = None
+
+
+class AttemptLimitsRecord(_Open):
+    """The worker's limits on the attempt (docs/operations.md#memory-limit)."""
+
+    memory_limit_bytes: int | None = None
+    memory_limit_source: str | None = None
+    time_limit_seconds: int | float | None = None
+    micro_batch_factor: float | None = None
+
+
 class CostEstimate(_Open):
     """An analysis's cost before the spectra: products × milliseconds per product, by stage."""
 
@@ -232,6 +251,12 @@ class CostEstimate(_Open):
     actual_seconds_after_first_eta: float | None = None
     eta_relative_error: float | None = Field(
         default=None, description="(first ETA − actual) / actual: the estimate's error."
+    )
+    measured: MeasuredCost | None = Field(
+        default=None, description="The measured figures the estimate was made from."
+    )
+    limits: AttemptLimitsRecord | None = Field(
+        default=None, description="The worker's memory and time limits on the attempt."
     )
 
 
@@ -519,6 +544,7 @@ class PlannerArray(_Open):
 
     artifact_id: str
     tensor: str
+    radius: float | None = None
     kind: str | None = None
 
 
@@ -566,6 +592,9 @@ class AnalyzeResult(_Open):
         default=None,
         description="Peak memory of the attempt over all stages: CUDA peak allocated on its "
         "device, else the process's peak resident memory (peak_memory_source).",
+    )
+    peak_memory_source: str | None = Field(
+        default=None, description="What measured peak_memory_bytes (cuda or the process RSS)."
     )
 
 

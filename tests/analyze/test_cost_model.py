@@ -119,10 +119,10 @@ def test_the_eta_counts_down_as_lockstep_certifies_blocks() -> None:
     assert eta.update(_event("blocks", 140, block="b")) == 0.0  # both certified
     assert eta.update(_event("done", 140)) == 0.0
     record = eta.record()
-    assert record is not None and record["first_eta_seconds"] == first
+    assert record is not None and record.first_eta_seconds == first
     # The first ETA said 1.3 s; the run took 2.8 s after it.
-    assert record["eta_relative_error"] == pytest.approx((1.3 - 2.8) / 2.8, abs=1e-4)  # 4 digits
-    assert record["stages"][0]["items"] == {"a": 65.0, "b": 65.0}
+    assert record.eta_relative_error == pytest.approx((1.3 - 2.8) / 2.8, abs=1e-4)  # 4 digits
+    assert record.stages[0].items == {"a": 65.0, "b": 65.0}
 
 
 def test_a_certified_pair_counts_in_the_lockstep_spectra() -> None:
@@ -343,7 +343,8 @@ def test_the_first_eta_and_its_countdown_use_the_spectra_pricing() -> None:
     left = eta.update(_event("blocks", 65))
     assert left == pytest.approx(65 * 0.032 + 2 * (full.seconds + noise.seconds), abs=0.05)
     record = eta.record()
-    assert record is not None and record["measured"]["spectra"] == timing
+    assert record is not None and record.measured is not None
+    assert record.measured.model_dump(exclude_unset=True)["spectra"] == timing
 
 
 def test_depth_weights_rank_blocks_from_the_input_and_keep_the_total() -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from curvplan.types.options import AnalysisOptions
+from curvplan.types.results import AttemptLimitsRecord, CostEstimate, MeasuredCost
 from curvplan_core import cost_model
 from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobError
@@ -177,31 +178,33 @@ class EtaTracker:
         return round(total, 1)
 
     # ----------------------------------------------------------------------- the record
-    def record(self, elapsed: float | None = None) -> dict[str, Any] | None:
+    def record(self, elapsed: float | None = None) -> CostEstimate | None:
         """The estimate, the measured inputs and how the first ETA compared with the run."""
         if self.estimate is None:
             return None
-        out: dict[str, Any] = {**self.estimate.as_dict()}
+        out = CostEstimate.model_validate(self.estimate.as_dict())
         if self.inputs is not None:
-            out["measured"] = {
-                k: self.inputs.get(k)
-                for k in (
-                    "ms_per_product",
-                    "first_product_ms",
-                    "memory",
-                    "micro_batch",
-                    "spectra",
-                    "example",
-                )
-                if k in self.inputs
-            }
-        out["stage_seconds"] = {k: round(v, 3) for k, v in self.stage_seconds.items()}
+            out.measured = MeasuredCost.model_validate(
+                {
+                    k: self.inputs.get(k)
+                    for k in (
+                        "ms_per_product",
+                        "first_product_ms",
+                        "memory",
+                        "micro_batch",
+                        "spectra",
+                        "example",
+                    )
+                    if k in self.inputs
+                }
+            )
+        out.stage_seconds = {k: round(v, 3) for k, v in self.stage_seconds.items()}
         if self.first_eta is not None and self.first_eta_at is not None:
             actual = self.clock() - self.first_eta_at
-            out["first_eta_seconds"] = self.first_eta
-            out["actual_seconds_after_first_eta"] = round(actual, 3)
+            out.first_eta_seconds = self.first_eta
+            out.actual_seconds_after_first_eta = round(actual, 3)
             if actual > 0:
-                out["eta_relative_error"] = round((self.first_eta - actual) / actual, 4)
+                out.eta_relative_error = round((self.first_eta - actual) / actual, 4)
         if self.limits is not None:
-            out["limits"] = self.limits.as_dict()
+            out.limits = AttemptLimitsRecord.model_validate(self.limits.as_dict())
         return out

@@ -33,20 +33,22 @@ import math
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from curvplan.types.huggingface import HuggingFaceModel
 from curvplan.types.jobs import AnalyzeBlocksJobCreate, AnalyzeJobCreate
 from curvplan.types.options import AnalysisOptions, MachineSettings
 from curvplan.types.results import (
     AnalyzeBlocksResult,
+    AnalyzeResult,
     BlockPair,
     BlockSpectrum,
-    CostEstimate,
     EngineMeasurements,
     FanOut,
     FanOutChild,
     GradientNoiseEstimate,
+    PlannerArray,
+    PlannerInputs,
 )
 from curvplan.types.spec import CausalLMTask, ModelSpec
 from curvplan_core.config import Settings, get_settings
@@ -56,7 +58,6 @@ from curvplan_worker.analyze.artifacts import ArtifactAccess, attempt_access
 from curvplan_worker.analyze.eta import EtaTracker
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.analyze.sweep_inputs import read_sweeps
-from curvplan_worker.curvature.measured import as_result
 from curvplan_worker.errors import JobCancelled, JobError
 from curvplan_worker.job_context import ChildOutcome, JobContext
 
@@ -139,8 +140,9 @@ def resolve_checkpoint(
     return [access.resolve(project_id, a, "checkpoint", f"{field}.{i}") for i, a in enumerate(ids)]
 
 
-def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
-    """Run one attempt of an analyze job; returns ``{measurements, recommendation, …}``.
+def run(body: AnalyzeJobCreate, ctx: JobContext) -> AnalyzeResult:
+    """Run one attempt of an analyze job: its measurements (bulky arrays stored as output
+    artifacts), the planner's inputs and the recommendation.
 
     A job the API fanned out at submission runs once, as its fan-in (``ctx.children`` set):
     every stage but the block spectra and pairs, with the children's records
@@ -217,16 +219,19 @@ def run(body: AnalyzeJobCreate, ctx: JobContext) -> dict[str, Any]:
         measurements, targets, seed=seed, flags=command_flags(body.model, dataset.name)
     )
     ctx.report_progress(1.0, "planning", "recommendation ready")
-    return {
-        "measurements": slim,
-        "intermediate_gradient_noise": [as_result(stats) for stats in noise],
-        "planner_inputs": _inline_planner_inputs(fields, outputs, result),
-        "artifacts": outputs,
-        "notes": notes,
-        "sweeps_used": swept.used,
-        "recommendation": recommendation.model_dump(mode="json"),
-        **_peak_memory(result),
-    }
+    peak, peak_source = _peak_memory(result)
+    return AnalyzeResult(
+        # the stored form: the bulky arrays as references into the output artifacts
+        measurements=EngineMeasurements.model_validate(slim),
+        intermediate_gradient_noise=noise,
+        planner_inputs=_inline_planner_inputs(fields, outputs, result),
+        artifacts={name: uuid.UUID(artifact) for name, artifact in outputs.items()},
+        notes=notes,
+        sweeps_used={k: [uuid.UUID(i) for i in ids] for k, ids in swept.used.items()},
+        recommendation=recommendation,
+        peak_memory_bytes=peak,
+        peak_memory_source=peak_source,
+    )
 
 
 def command_flags(model: ModelSpec | HuggingFaceModel, eval_name: str | None) -> CommandFlags:
@@ -237,22 +242,16 @@ def command_flags(model: ModelSpec | HuggingFaceModel, eval_name: str | None) ->
     return CommandFlags.reference(eval_name)
 
 
-class PeakMemory(TypedDict):
-    """The attempt's peak memory and what measured it (the result's last two fields)."""
-
-    peak_memory_bytes: int | None
-    peak_memory_source: str
-
-
-def _peak_memory(result: EngineMeasurements) -> PeakMemory:
-    """The attempt's peak memory over all its stages: CUDA peak allocated on the engine's
-    device, else the process's peak resident memory (docs/numerics.md#memory-plan)."""
+def _peak_memory(result: EngineMeasurements) -> tuple[int | None, str]:
+    """The attempt's peak memory over all its stages and what measured it: CUDA peak
+    allocated on the engine's device, else the process's peak resident memory
+    (docs/numerics.md#memory-plan)."""
     import torch
 
     from curvplan_worker.curvature.memory import peak_memory
 
     value, source = peak_memory(torch.device(result.device or "cpu"))
-    return PeakMemory(peak_memory_bytes=value, peak_memory_source=source)
+    return value, source
 
 
 def _tokens_per_example(model: ModelSpec | HuggingFaceModel) -> float | None:
@@ -287,7 +286,7 @@ def _measurements(fields: dict[str, Any]) -> Measurements:
 
 def _inline_planner_inputs(
     fields: dict[str, Any], outputs: dict[str, str], result: EngineMeasurements
-) -> dict[str, Any]:
+) -> PlannerInputs:
     """The planner's inputs without the bulky arrays, which are referenced by artifact id.
 
     A re-plan (``plan`` with ``from_job``) rebuilds the full ``Measurements`` from these and
@@ -295,24 +294,24 @@ def _inline_planner_inputs(
     """
     bulky = ("per_sample_losses", "per_sample_groups", "perturbed_losses")
     inline = {k: v for k, v in fields.items() if k not in bulky}
-    refs: dict[str, Any] = {}
+    refs: dict[str, PlannerArray] = {}
     for key, tensor in (
         ("per_sample_losses", "per_sample.losses"),
         ("per_sample_groups", "per_sample.groups"),
     ):
         if key in fields:
-            refs[key] = {"artifact_id": outputs["per_sample_losses"], "tensor": tensor}
+            refs[key] = PlannerArray(artifact_id=outputs["per_sample_losses"], tensor=tensor)
     perturbed = fields.get("perturbed_losses")
     if perturbed is not None:
         records = result.per_sample.perturbed if result.per_sample is not None else []
         index = next(i for i, r in enumerate(records) if r.kind == perturbed["kind"])
-        refs["perturbed_losses"] = {
-            "artifact_id": outputs["perturbed_losses"],
-            "tensor": f"per_sample.perturbed.{index}.losses",
-            "radius": perturbed["radius"],
-            "kind": perturbed["kind"],
-        }
-    return {"fields": inline, "arrays": refs}
+        refs["perturbed_losses"] = PlannerArray(
+            artifact_id=outputs["perturbed_losses"],
+            tensor=f"per_sample.perturbed.{index}.losses",
+            radius=perturbed["radius"],
+            kind=perturbed["kind"],
+        )
+    return PlannerInputs(fields=inline, arrays=refs)
 
 
 def measure_engine(
@@ -378,7 +377,7 @@ def measure_engine(
     assert result is not None  # this process is rank 0
     record = eta.record()
     if record is not None:  # docs/operations.md#cost-model-and-eta
-        result.cost_estimate = CostEstimate.model_validate(record)
+        result.cost_estimate = record
     return result
 
 

@@ -15,4 +15,4 @@ from curvplan_worker.job_context import JobContext
 
 def run(body: AnalyzeJobCreate, ctx: JobContext) -> AnalyzeResult:
     """Run one attempt of the analysis (:func:`curvplan_worker.analyze.pipeline.run`)."""
-    return AnalyzeResult.model_validate(pipeline.run(body, ctx))
+    return pipeline.run(body, ctx)
