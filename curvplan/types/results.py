@@ -89,23 +89,64 @@ class BlockBound(_Open):
     ratio: float | None = None
 
 
-class BlockSpectrum(_Open):
-    """One parameter block's Hessian spectrum as the engine measured it (Lanczos, certified
-    to ``tolerance``; ``residual*`` are the attained residuals)."""
+class Eigenpair(_Open):
+    """One of the top-k eigenvalues of a Lanczos run, with its residual."""
 
-    name: str
-    params: list[str] = Field(default_factory=list)
-    n_params: int | None = None
+    value: float | None = None
+    residual: float | None = None
+    converged: bool | None = None
+
+
+class LanczosSpectrum(_Open):
+    """The ends of an operator's spectrum by Lanczos, certified to ``tolerance``
+    (``residual*`` are the attained residuals, ``attained_tolerance`` the worst relative one)."""
+
     lambda_max: float | None = None
     lambda_min: float | None = None
     spectral_norm: float | None = None
-    trace: TraceEstimate | None = None
     converged: bool | None = None
     iterations: int | None = None
     n_products: int | None = None
     tolerance: float | None = None
     attained_tolerance: float | None = None
     residual: float | None = None
+    residual_max: float | None = None
+    residual_min: float | None = None
+    precision_limited: bool | None = None
+    basis_vectors: int | None = None
+    restarts: int | None = None
+    restarts_for_min: int | None = None
+    top_k: list[Eigenpair] | None = Field(
+        default=None, description="The top-k eigenvalues, when more than λ_max was asked."
+    )
+
+
+class BlockSlice(_Open):
+    """A block member that is a slice of a parameter: ``param[..., start:stop]`` on ``dim``."""
+
+    param: str
+    dim: int
+    start: int
+    stop: int
+
+
+class BlockSpectrum(LanczosSpectrum):
+    """One parameter block's Hessian spectrum as the engine measured it (Lanczos, certified
+    to ``tolerance``; ``residual*`` are the attained residuals)."""
+
+    name: str
+    params: list[str] = Field(default_factory=list)
+    n_params: int | None = None
+    slices: list[BlockSlice] | None = Field(
+        default=None, description="The members that are slices of a parameter."
+    )
+    trace: TraceEstimate | None = None
+    ggn: LanczosSpectrum | None = Field(
+        default=None, description="The Gauss-Newton part G of the block (H = G + F)."
+    )
+    functional: LanczosSpectrum | None = Field(
+        default=None, description="The functional part F of the block (H = G + F)."
+    )
     bound: BlockBound | None = Field(
         default=None, description="The paper's bound for this block, when one applies."
     )
@@ -120,6 +161,9 @@ class BlockPair(_Open):
     converged: bool | None = None
     residual: float | None = None
     n_products: int | None = None
+    precision_limited: bool | None = None
+    basis_vectors: int | None = None
+    restarts: int | None = None
 
     @property
     def key(self) -> str:

@@ -24,7 +24,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection, Engine, create_engine, pool, text
@@ -215,7 +214,7 @@ class ArtifactAccess:
         except CorruptDownload as exc:
             raise BlobTransferError(str(exc)) from None
 
-    def load_output(self, sha256: str) -> dict[str, Any]:
+    def load_output(self, sha256: str) -> dict[str, np.ndarray]:
         """Read a stored output blob back as numpy arrays (used by re-plans)."""
         from safetensors.numpy import load_file
 

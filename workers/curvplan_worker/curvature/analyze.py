@@ -23,6 +23,7 @@ from curvplan.types.options import AnalysisOptions, MachineSettings, OptionsErro
 from curvplan.types.results import (
     BlockBound,
     BlockPair,
+    BlockSlice,
     BlockSpectrum,
     CostInputs,
     DataParallelGroup,
@@ -30,14 +31,18 @@ from curvplan.types.results import (
     EngineMeasurements,
     FullModelLambda,
     GradientNoiseEstimate,
+    LanczosSpectrum,
     LockstepRun,
     MemoryRetry,
     ModelBounds,
     ModelDescription,
     PerSample,
+    PerSampleHessianNorms,
+    PerturbedLossSet,
     Precision,
     SeedDerivation,
     TopEigenspace,
+    TraceEstimate,
 )
 from curvplan.types.results import (
     MemoryPlan as MemoryPlanRecord,
@@ -1000,15 +1005,12 @@ def _spectra(  # type: ignore[no-untyped-def]
         spectrum = results[block_key(name)]
         assert isinstance(spectrum, Spectrum)
         n = sizes[name]
-        record: dict[str, Any] = {
-            "name": name,
-            "params": list(members),
-            "n_params": n,
-            **spectrum.as_dict(),
-        }
+        record = BlockSpectrum.model_validate(
+            clean({"name": name, "params": list(members), "n_params": n, **spectrum.as_dict()})
+        )
         slices = block_slices(members)
         if slices:
-            record["slices"] = slices
+            record.slices = [BlockSlice.model_validate(clean(d)) for d in slices]
         gen = generators[name]
         if opts.trace_probes > 0 or opts.ggn:
             report(
@@ -1026,9 +1028,10 @@ def _spectra(  # type: ignore[no-untyped-def]
                 n_products=opts.trace_probes,
                 generator=gen,
             )
-            record["trace"] = trace.as_dict()
+            record.trace = TraceEstimate.model_validate(clean(trace.as_dict()))
         if opts.ggn:
-            for key, op in (("ggn", ggn_product), ("functional", functional_product)):
+            parts = []
+            for op in (ggn_product, functional_product):
                 part = lanczos_spectrum(
                     lambda v, m=members, op=op: op(engine, m, v),
                     n,
@@ -1040,8 +1043,9 @@ def _spectra(  # type: ignore[no-untyped-def]
                     device=engine.device,
                     dtype=basis_dtype(engine.dtype),
                 )
-                record[key] = part.as_dict()
-        records.append(BlockSpectrum.model_validate(clean(record)))
+                parts.append(LanczosSpectrum.model_validate(clean(part.as_dict())))
+            record.ggn, record.functional = parts
+        records.append(record)
     if pairs:
         report(0.6, "off_diagonal", f"{len(pairs)} pairs measured in lockstep with the blocks")
     pair_records: list[BlockPair] = []
@@ -1094,9 +1098,9 @@ def _per_sample(  # type: ignore[no-untyped-def]
         return None
     x, y = data.inputs, data.targets
     bs = micro_batch or 64
-    out: dict[str, Any] = {"losses": ps.per_example_losses(model, objective, x, y, batch_size=bs)}
+    out = PerSample(losses=clean(ps.per_example_losses(model, objective, x, y, batch_size=bs)))
     if data.groups is not None:  # one group id per loss: the planner's cluster-robust variance
-        out["groups"] = [int(g) for g in data.groups.tolist()]
+        out.groups = [int(g) for g in data.groups.tolist()]
     perturbed = []
     if opts.n_directions > 0:
         perturbed.append(
@@ -1127,9 +1131,9 @@ def _per_sample(  # type: ignore[no-untyped-def]
                 seed=opts.seed,
             )
         )
-    out["perturbed"] = perturbed
+    out.perturbed = [PerturbedLossSet.model_validate(clean(r)) for r in perturbed]
     if opts.hessian_subsample > 0:
-        out["hessian_norms"] = ps.per_sample_hessian_norms(
+        norms = ps.per_sample_hessian_norms(
             model,
             objective,
             x,
@@ -1139,7 +1143,8 @@ def _per_sample(  # type: ignore[no-untyped-def]
             tol=max(opts.tolerance, 1e-6),
             max_iter=opts.per_sample_max_iter,
         )
-    return PerSample.model_validate(clean(out))
+        out.hessian_norms = PerSampleHessianNorms.model_validate(clean(norms))
+    return out
 
 
 def _gradient_noise(  # type: ignore[no-untyped-def]
