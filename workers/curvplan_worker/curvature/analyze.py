@@ -88,6 +88,7 @@ from curvplan_worker.curvature.memory import (
 )
 from curvplan_worker.curvature.memory_fit import fit_to_memory
 from curvplan_worker.curvature.noise_stream import GroupedGradientSums
+from curvplan_worker.curvature.objective import Objective
 from curvplan_worker.curvature.operator import CurvatureEngine, block_slices
 from curvplan_worker.curvature.sources import ModelInput, ModelSource, load_source, parse_model
 from curvplan_worker.curvature.spectra import (
@@ -879,7 +880,14 @@ def plan_blocks(
     return BlockPlan(blocks=sizes, pairs=pairs)
 
 
-def _task_bytes(engine, all_blocks, blocks, pairs, opts, machine) -> list[int]:
+def _task_bytes(
+    engine: CurvatureEngine,
+    all_blocks: Mapping[str, Sequence[str]],
+    blocks: Mapping[str, Sequence[str]],
+    pairs: Sequence[tuple[str, str]],
+    opts: AnalysisOptions,
+    machine: MachineSettings,
+) -> list[int]:
     """The bounded basis bytes of every lockstep task: the blocks, then the pairs."""
     itemsize = torch.empty((), dtype=basis_dtype(engine.dtype)).element_size()
     wanted = max(1, opts.top_k) + 1  # the top-k (at least λ_max) and λ_min
@@ -895,7 +903,14 @@ def _task_bytes(engine, all_blocks, blocks, pairs, opts, machine) -> list[int]:
     return out
 
 
-def _lockstep_plan(engine, all_blocks, blocks, pairs, opts, machine) -> LockstepPlan:
+def _lockstep_plan(
+    engine: CurvatureEngine,
+    all_blocks: Mapping[str, Sequence[str]],
+    blocks: Mapping[str, Sequence[str]],
+    pairs: Sequence[tuple[str, str]],
+    opts: AnalysisOptions,
+    machine: MachineSettings,
+) -> LockstepPlan:
     """The lockstep's concurrency, vectors per product and batching (``memory.plan_lockstep``;
     agreed over the ranks of a data-parallel group: a collective every rank calls)."""
     itemsize = torch.empty((), dtype=basis_dtype(engine.dtype)).element_size()
@@ -917,7 +932,11 @@ def _lockstep_plan(engine, all_blocks, blocks, pairs, opts, machine) -> Lockstep
 
 
 def _spectra_timing(
-    all_blocks, blocks, pairs, plan: LockstepPlan, basis_budget: int | None
+    all_blocks: Mapping[str, Sequence[str]],
+    blocks: Mapping[str, Sequence[str]],
+    pairs: Sequence[tuple[str, str]],
+    plan: LockstepPlan,
+    basis_budget: int | None,
 ) -> dict[str, Any]:
     """``limits.time_spectra``'s arguments: the lockstep's items in its order, and its plan."""
     items = [(name, list(all_blocks[name]), list(all_blocks[name])) for name in blocks]
@@ -931,8 +950,15 @@ def _spectra_timing(
     }
 
 
-def _spectra(  # type: ignore[no-untyped-def]
-    engine, all_blocks, blocks, pairs, opts, report, machine, plan=None
+def _spectra(
+    engine: CurvatureEngine,
+    all_blocks: Mapping[str, Sequence[str]],
+    blocks: Mapping[str, Sequence[str]],
+    pairs: Sequence[tuple[str, str]],
+    opts: AnalysisOptions,
+    report: _Reporter,
+    machine: MachineSettings,
+    plan: LockstepPlan | None = None,
 ) -> tuple[list[BlockSpectrum], list[BlockPair], LockstepRun]:
     """Block spectra and off-diagonal σ_max, all advancing in lockstep (``lockstep.py``:
     one batched second backward per round, chunked to the memory plan), then each block's
@@ -1059,8 +1085,8 @@ def _spectra(  # type: ignore[no-untyped-def]
     return records, pair_records, info
 
 
-def _top_eigenspace(  # type: ignore[no-untyped-def]
-    engine, opts
+def _top_eigenspace(
+    engine: CurvatureEngine, opts: AnalysisOptions
 ) -> tuple[torch.Tensor, TopEigenspace]:
     names = engine.names
     n = engine.layout(names).numel
@@ -1089,8 +1115,14 @@ def _top_eigenspace(  # type: ignore[no-untyped-def]
     return vectors, info
 
 
-def _per_sample(  # type: ignore[no-untyped-def]
-    model, objective, data, opts, top_vectors, engine, micro_batch
+def _per_sample(
+    model: torch.nn.Module,
+    objective: Objective,
+    data: Dataset,
+    opts: AnalysisOptions,
+    top_vectors: torch.Tensor | None,
+    engine: CurvatureEngine,
+    micro_batch: int | None,
 ) -> PerSample | None:
     try:
         from curvplan_worker.curvature import per_sample as ps
@@ -1147,8 +1179,12 @@ def _per_sample(  # type: ignore[no-untyped-def]
     return out
 
 
-def _gradient_noise(  # type: ignore[no-untyped-def]
-    model, objective, data, opts, micro_batch
+def _gradient_noise(
+    model: torch.nn.Module,
+    objective: Objective,
+    data: Dataset,
+    opts: AnalysisOptions,
+    micro_batch: int | None,
 ) -> GradientNoiseEstimate | None:
     try:
         from curvplan_worker.curvature import gradient_noise as gn
@@ -1172,8 +1208,12 @@ def _gradient_noise(  # type: ignore[no-untyped-def]
     return GradientNoiseEstimate.model_validate(clean(stats))
 
 
-def _bounds(  # type: ignore[no-untyped-def]
-    model, source: ModelSource, data, opts, block_records: list[BlockSpectrum]
+def _bounds(
+    model: torch.nn.Module,
+    source: ModelSource,
+    data: Dataset,
+    opts: AnalysisOptions,
+    block_records: list[BlockSpectrum],
 ) -> ModelBounds | None:
     """The paper's block bounds where the model is in the theory's family; elsewhere every
     block says not applicable, with the reason."""
