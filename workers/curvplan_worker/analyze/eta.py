@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from curvplan.types.options import AnalysisOptions
 from curvplan.types.results import AttemptLimitsRecord, CostEstimate, MeasuredCost
 from curvplan_core import cost_model
 from curvplan_worker.curvature.limits import AttemptLimits
 from curvplan_worker.errors import JobError
+
+if TYPE_CHECKING:
+    from curvplan_worker.curvature.analyze import ProgressEvent
 
 #: Engine stages in the order ``analyze`` runs them (``curvature.analyze.ProgressEvent``).
 ORDER = (
@@ -65,11 +68,11 @@ class EtaTracker:
         self.last_eta: float | None = None
 
     # ----------------------------------------------------------------------- events
-    def update(self, event: Any) -> float | None:
+    def update(self, event: ProgressEvent) -> float | None:
         """Take one engine event; the ETA in seconds after it (None before the estimate)."""
         now = self.clock()
-        products = getattr(event, "products", None)
-        if event.stage == "cost" and getattr(event, "cost", None):
+        products = event.products
+        if event.stage == "cost" and event.cost:
             self._start(event.cost)
         if event.stage != self.stage:
             if self.stage is not None:
@@ -158,7 +161,7 @@ class EtaTracker:
         done = max((products or 0) - self.stage_products_at_start, 0)
         return max(sum(items.values()) - done, 0.0) * ms / 1000.0
 
-    def _eta(self, event: Any, now: float, products: int | None) -> float:
+    def _eta(self, event: ProgressEvent, now: float, products: int | None) -> float:
         assert self.estimate is not None
         current = event.stage
         if current in ("bounds", "done"):

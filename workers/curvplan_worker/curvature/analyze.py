@@ -188,7 +188,7 @@ class MeasuredBlocks:
 
     @classmethod
     def from_json(
-        cls, blocks: Sequence[Mapping[str, Any]], off_diagonal: Sequence[Mapping[str, Any]]
+        cls, blocks: Sequence[JsonObject], off_diagonal: Sequence[JsonObject]
     ) -> MeasuredBlocks:
         """The records of the children's result JSON, validated once."""
         return cls(
