@@ -209,3 +209,34 @@ def test_bulky_arrays_are_the_declared_fields_not_any_long_list() -> None:
     assert slim["gradient_noise"]["hessian_indices"] == [1, 2]  # sample-sized, short: inline
     assert slim["bounds"]["per_layer"] == long  # not declared: inline
     assert "bounds.per_layer" not in groups["arrays"]
+
+
+def test_the_stored_form_reads_back_as_the_same_models_with_array_references() -> None:
+    """split_bulky's slim result (what the job stores) validates as the engine's own model:
+    every bulky field, dense matrices included, holds an ArrayRef of the array's shape."""
+    from curvplan.types.results import ArrayRef
+
+    result = {
+        **_result(),
+        "dense": {
+            "n_parameters": 3,
+            "lambda_max": 2.0,
+            "block_names": ["a", "b"],
+            "block_norm_matrix": [[2.0, 0.5], [0.5, 1.0]],
+            "blocks": [{"name": "a", "lambda_max": 2.0}, {"name": "b", "lambda_max": 1.0}],
+        },
+    }
+    slim, groups = split_bulky(_typed(result))
+    stored = EngineMeasurements.model_validate(slim)
+    dense = stored.dense
+    assert dense is not None and isinstance(dense.block_norm_matrix, ArrayRef)
+    assert dense.block_norm_matrix.shape == [2, 2]
+    assert groups["dense"]["dense.block_norm_matrix"].tolist() == [[2.0, 0.5], [0.5, 1.0]]
+    assert dense.blocks is not None and [b.name for b in dense.blocks] == ["a", "b"]
+    per_sample = stored.per_sample
+    assert per_sample is not None and isinstance(per_sample.losses, ArrayRef)
+    assert per_sample.losses.shape == [40]
+    assert isinstance(per_sample.perturbed[0].losses, ArrayRef)
+    assert per_sample.perturbed[0].losses.shape == [4, 40]
+    # short sample-sized lists stay inline, as the engine wrote them
+    assert per_sample.hessian_norms is not None and per_sample.hessian_norms.norms == [1.5, 2.5]
