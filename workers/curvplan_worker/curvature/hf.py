@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -38,6 +38,9 @@ from curvplan_worker.curvature.checkpoint import (
     read_safetensors,
 )
 from curvplan_worker.curvature.objective import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from pydantic import JsonValue
 
 FLOAT32_INTERNALS = {
     "llama": "LlamaRMSNorm and the rotary embedding compute in float32 inside the model",
@@ -154,6 +157,16 @@ def _packed_class(cls: type) -> type:
     return _PACKED_CLASSES[cls]
 
 
+class PrecisionLimit(TypedDict):
+    """Whether a run's products reach its dtype's accuracy (a model computing parts in float32
+    does not reach float64's), why not, and the relative accuracy they reach instead (the
+    result's ``precision_limited``)."""
+
+    limited: bool
+    reason: str | None
+    reachable_relative_accuracy: float | None
+
+
 @dataclass
 class HFModel:
     """A built model source: the module and what the engine reports about it."""
@@ -161,7 +174,7 @@ class HFModel:
     module: nn.Module
     model_type: str
     architecture: str
-    config: dict[str, Any]
+    config: dict[str, JsonValue]  # the config.json object as given
     tied_embeddings: bool
     vocab_size: int
     max_positions: int
@@ -171,7 +184,7 @@ class HFModel:
     def precision_note(self) -> str | None:
         return FLOAT32_INTERNALS.get(self.model_type)
 
-    def precision_limited(self, dtype: torch.dtype) -> dict[str, Any]:
+    def precision_limited(self, dtype: torch.dtype) -> PrecisionLimit:
         """``{limited, reason, reachable_relative_accuracy}`` for a run in ``dtype``."""
         note = self.precision_note
         if note is None or dtype != torch.float64:
