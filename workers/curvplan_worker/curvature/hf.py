@@ -41,6 +41,7 @@ from curvplan_worker.curvature.objective import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from pydantic import JsonValue
+    from transformers import PretrainedConfig
 
 FLOAT32_INTERNALS = {
     "llama": "LlamaRMSNorm and the rotary embedding compute in float32 inside the model",
@@ -97,7 +98,7 @@ def check_config(config: Mapping[str, Any]) -> tuple[str, str]:
     return model_type, arch
 
 
-def _config_object(config: Mapping[str, Any]):
+def _config_object(config: Mapping[str, Any]) -> PretrainedConfig:
     from transformers import AutoConfig
 
     model_type, _ = check_config(config)
@@ -127,7 +128,8 @@ def _packed_forward(self: nn.Module, packed: Tensor) -> Tensor:
             return_dict=True,
         )
     )
-    return out.logits
+    logits: Tensor = out.logits
+    return logits
 
 
 def _additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -300,7 +302,7 @@ def map_checkpoint_names(
     return mapping, ignored, unexpected
 
 
-def _ignorable(name: str, candidates, tied_targets) -> bool:
+def _ignorable(name: str, candidates: list[str], tied_targets: set[str]) -> bool:
     if name.endswith("lm_head.weight") and any(c in tied_targets for c in candidates):
         return True  # a tied head saved anyway: the embedding is the tensor
     # known buffers only, matched exactly (the models' own ignore patterns are looser regexes:

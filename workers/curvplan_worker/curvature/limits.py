@@ -26,7 +26,10 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 from curvplan_core.cost_model import HOST_SAFETY, lanczos_basis_bytes, largest_basis_bytes
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pydantic import JsonValue
+    from torch import Tensor
 
 __all__ = [
     "HOST_SAFETY",
@@ -318,10 +321,10 @@ def time_spectra(
     gen = torch.Generator().manual_seed(1)
     counted = engine.n_hvp
 
-    def vector(names: list[str]):
+    def vector(names: list[str]) -> Tensor:
         return torch.randn(engine.layout(names).numel, generator=gen, dtype=torch.float64)
 
-    def timed(fn) -> float:
+    def timed(fn: Callable[[], object]) -> float:
         _synchronize(engine)
         start = time.perf_counter()
         fn()
@@ -353,7 +356,7 @@ def time_spectra(
         width = max(1, min(vectors_per_product, concurrent or len(items), len(items)))
         requests = [(rows, cols, vector(cols)) for _, rows, cols in items[:width]]
 
-        def median(requests) -> float:
+        def median(requests: list[tuple[list[str], list[str], Tensor]]) -> float:
             times = [timed(lambda: engine.multi_hvp(requests)) for _ in range(1 + repeats)]
             return sorted(times[1:])[len(times[1:]) // 2]
 
@@ -388,7 +391,9 @@ def _extend_step_ms(
     blocks' (``time_spectra``'s ``step_ms``, smallest and largest block), never below the
     smallest's."""
     steps = timing.get("step_ms") or {}
-    sizes = {key: engine.layout(cols).numel for key, rows, cols in items if rows == cols}
+    sizes: dict[str, int] = {
+        key: engine.layout(cols).numel for key, rows, cols in items if rows == cols
+    }
     points = sorted((sizes[k], steps[k]) for k in sizes if k in steps)
     if not points:
         return None

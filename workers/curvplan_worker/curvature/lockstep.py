@@ -25,7 +25,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 from torch import Tensor
@@ -34,6 +34,9 @@ from curvplan_worker.curvature.cancel import check_cancel
 from curvplan_worker.curvature.distributed import RankLost
 from curvplan_worker.curvature.memory import OutOfDeviceMemory
 from curvplan_worker.curvature.spectra import Product, ProductSteps
+
+if TYPE_CHECKING:
+    from curvplan_worker.curvature.operator import CurvatureEngine
 
 log = logging.getLogger("curvplan.engine.lockstep")
 
@@ -106,7 +109,7 @@ class Lockstep:
 
     def __init__(
         self,
-        engine,
+        engine: CurvatureEngine,
         *,
         vectors_per_product: int | None = None,
         basis_room: int | None = None,

@@ -176,7 +176,8 @@ def random_unit_directions(
     if dim < 1:
         raise ValueError("params: zero-dimensional parameter space")
     z = torch.randn(n, dim, generator=generator, dtype=torch.float64)
-    return z / torch.linalg.vector_norm(z, dim=1, keepdim=True)
+    directions: Tensor = z / torch.linalg.vector_norm(z, dim=1, keepdim=True)
+    return directions
 
 
 def random_subspace_directions(basis: Tensor, n: int, generator: torch.Generator) -> Tensor:
@@ -194,7 +195,8 @@ def random_subspace_directions(basis: Tensor, n: int, generator: torch.Generator
         raise ValueError("basis: rows must be orthonormal (‖UUᵀ − I‖ > 1e-6)")
     z = torch.randn(n, u.shape[0], generator=generator, dtype=torch.float64).to(u.device)
     d = z @ u
-    return d / torch.linalg.vector_norm(d, dim=1, keepdim=True)
+    directions: Tensor = d / torch.linalg.vector_norm(d, dim=1, keepdim=True)
+    return directions
 
 
 def _check_directions(directions: Tensor, dim: int) -> Tensor:

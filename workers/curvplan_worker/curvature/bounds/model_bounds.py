@@ -13,7 +13,7 @@ inequality ||(1/n) sum_i H_i|| <= (1/n) sum_i ||H_i||, so it is the mean of the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NotRequired, TypedDict
 
@@ -328,14 +328,14 @@ def _capture(model: nn.Module, n_layers: int, inputs: Tensor) -> dict[str, Tenso
     store: dict[str, Tensor] = {}
     handles = []
 
-    def pre(key: str):
-        def hook(_module: nn.Module, args: tuple) -> None:
+    def pre(key: str) -> Callable[[nn.Module, tuple[Tensor, ...]], None]:
+        def hook(_module: nn.Module, args: tuple[Tensor, ...]) -> None:
             store[key] = args[0].detach().to("cpu")
 
         return hook
 
-    def post(key: str):
-        def hook(_module: nn.Module, _args: tuple, output: Tensor) -> None:
+    def post(key: str) -> Callable[[nn.Module, tuple[Tensor, ...], Tensor], None]:
+        def hook(_module: nn.Module, _args: tuple[Tensor, ...], output: Tensor) -> None:
             store[key] = output.detach().to("cpu")
 
         return hook
@@ -367,7 +367,7 @@ def _capture(model: nn.Module, n_layers: int, inputs: Tensor) -> dict[str, Tenso
 
 
 def _ln_record(x: Tensor, eps: float, gamma: Tensor | None, sigma_min: str) -> LayerNormNorms:
-    jac_l4, hess_l4 = lemma4_bounds(x, eps, sigma_min)  # type: ignore[arg-type]
+    jac_l4, hess_l4 = lemma4_bounds(x, eps, sigma_min)
     return {
         "jacobian_norm": layernorm_jacobian_norm(x, eps, gamma),
         "hessian_norm": layernorm_hessian_norm(x, eps, gamma),
