@@ -71,6 +71,8 @@ def main() -> None:
             floor=opts.residual_floor,
         )
         full_seconds = time.perf_counter() - started
+    if not full["available"]:
+        raise SystemExit(f"whole model: {full['reason']}")
     out = {
         "n_parameters": full["n_params"],
         "blocks": len(blocks),

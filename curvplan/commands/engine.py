@@ -195,18 +195,18 @@ def example(
     if arch in ("gpt2", "llama"):
         from curvplan_worker.curvature.hf_example import write_hf_example
 
-        summary = write_hf_example(out, arch, steps=steps, seed=seed, save_steps=save_steps)
+        run = write_hf_example(out, arch, steps=steps, seed=seed, save_steps=save_steps)
         typer.echo(
-            f"trained a {arch} of {summary['n_parameters']} parameters for {summary['steps']} "
-            f"steps with the Hugging Face Trainer: eval loss {summary['eval_loss']:.4f} "
-            f"(entropy rate {summary['entropy_rate']:.4f}, uniform "
-            f"{summary['uniform_loss']:.4f})"
+            f"trained a {arch} of {run['n_parameters']} parameters for {run['steps']} "
+            f"steps with the Hugging Face Trainer: eval loss {run['eval_loss']:.4f} "
+            f"(entropy rate {run['entropy_rate']:.4f}, uniform "
+            f"{run['uniform_loss']:.4f})"
         )
         typer.echo(
-            f"wrote the run folder {out}: {', '.join(summary['checkpoints'])} (the Trainer's "
+            f"wrote the run folder {out}: {', '.join(run['checkpoints'])} (the Trainer's "
             f"saves, trainer_state.json in each), config.json + model.safetensors (the final "
             f"model), data.safetensors (input_ids, attention_mask), train.safetensors "
-            f"({summary['n_train']} sequences, for sweeps); try: curvplan analyze --model {out} "
+            f"({run['n_train']} sequences, for sweeps); try: curvplan analyze --model {out} "
             f"--data {out}/data.safetensors --wait"
         )
         return

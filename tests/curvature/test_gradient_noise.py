@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -399,5 +400,7 @@ def test_float32_model_agrees_with_float64() -> None:
     b = gn.gradient_noise_from_sample(model32, objective, x, y, n_grad=6, batch_size=4)
     for key in ("trace_sigma", "trace_h_sigma", "raw_grad_sq_norm"):
         assert b[key] == pytest.approx(a[key], rel=1e-4), key
+    by_name_a: Mapping[str, object] = a
+    by_name_b: Mapping[str, object] = b
     for key in ("grad_sq_norm", "gHg"):  # differences of large terms: absolute tolerance
-        assert b[key] == pytest.approx(a[key], abs=1e-4 * a["trace_sigma"]), key
+        assert by_name_b[key] == pytest.approx(by_name_a[key], abs=1e-4 * a["trace_sigma"]), key

@@ -8,6 +8,7 @@ unbiasedness and interval coverage (G, Σ known, so B_simple = tr Σ/|G|² is kn
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -213,7 +214,8 @@ def test_streamed_statistics_equal_the_gram_form_on_the_reference_model() -> Non
     ref = noise_estimates_from_gram(pg.grads @ pg.grads.T, forms)
     for key in ("grad_sq_norm", "trace_sigma", "gHg", "trace_h_sigma"):
         assert out[key] == pytest.approx(getattr(ref, key), rel=1e-10, abs=1e-14), key
-        assert out[f"{key}_se"] == pytest.approx(getattr(ref, f"{key}_se"), rel=1e-10), key
+        by_name: Mapping[str, object] = out
+        assert by_name[f"{key}_se"] == pytest.approx(getattr(ref, f"{key}_se"), rel=1e-10), key
     assert out["jackknife_groups"] == 12 and out["group_size"] == 1
     assert out["mean_count"] == pytest.approx(float(pg.counts.mean()))
     centred = pg.grads - pg.grads.mean(dim=0)

@@ -14,7 +14,7 @@ n_parameters × iterations float64 numbers on the host. When that basis would ex
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal, TypedDict
 
 import torch
 
@@ -28,6 +28,27 @@ FULL_BASIS_BYTES = 4 * 2**30
 """Host memory the whole-model Lanczos basis may take (float64, n × iterations)."""
 
 
+class FullModelLambdaMax(TypedDict):
+    """λ_max of H over every parameter (the result's ``full_model``)."""
+
+    available: Literal[True]
+    lambda_max: float
+    residual: float
+    converged: bool
+    n_products: int
+    iterations: int
+    n_params: int
+    operator: str
+
+
+class FullModelUnavailable(TypedDict):
+    """Why the whole-model λ_max was not measured (its basis would not fit)."""
+
+    available: Literal[False]
+    n_params: int
+    reason: str
+
+
 def full_model_lambda_max(
     engine: CurvatureEngine,
     *,
@@ -36,7 +57,7 @@ def full_model_lambda_max(
     max_iter: int | None,
     floor: float,
     basis_bytes: int = FULL_BASIS_BYTES,
-) -> dict[str, Any]:
+) -> FullModelLambdaMax | FullModelUnavailable:
     """λ_max of H over every parameter of ``engine`` (module docstring): a record with
     ``lambda_max``, ``residual``, ``converged``, ``n_products``, ``iterations``, ``n_params``;
     or ``{"available": False, "reason": …}`` when the basis would not fit ``basis_bytes``."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -355,9 +355,82 @@ def noise_estimates_from_gram(
 # ---------------------------------------------------------------------------------------------
 
 
+class TwoBatchSeries(TypedDict):
+    """McCandlish App. A's two-batch series (:func:`two_batch_series`): per disjoint big batch,
+    |G_B|² (and G_BᵀH G_B with the Hessian) at both sizes, and the App. A estimates."""
+
+    b_small: int
+    b_big: int
+    grad_sq_norm_small: list[float]
+    grad_sq_norm_big: list[float]
+    gHg_small: NotRequired[list[float]]
+    gHg_big: NotRequired[list[float]]
+    app_a_grad_sq_norm: float
+    app_a_trace_sigma: float
+
+
+class GradientNoiseStats(TypedDict):
+    """The gradient-noise statistics (:func:`gradient_noise_statistics`): |G|², tr Σ, GᵀHG,
+    tr(HΣ) with standard errors, B_simple, B_noise and their selection bias, |ḡ|, how the
+    sample was used; :func:`gradient_noise_from_sample` adds the split (seed and indices)."""
+
+    grad_sq_norm: float
+    grad_sq_norm_se: float | None
+    trace_sigma: float
+    trace_sigma_se: float | None
+    gHg: float | None
+    gHg_se: float | None
+    trace_h_sigma: float | None
+    trace_h_sigma_se: float | None
+    log_b_simple_se: float | None
+    log_b_noise_se: float | None
+    jackknife_groups: int | None
+    group_size: int
+    b_simple_p_defined: float | None
+    b_simple_median_ratio: float | None
+    b_noise_p_defined: float | None
+    b_noise_median_ratio: float | None
+    n_samples: int
+    n_available: int
+    stop_reason: str
+    n_hessian_samples: int
+    n_hessian_groups: int
+    hessian_se_includes_batch: bool
+    b_simple: float | None
+    b_noise: float | None
+    gradient_norm: float
+    raw_grad_sq_norm: float
+    rms_deviation: float
+    mean_count: float
+    n_parameters: int
+    n_hvp_products: int
+    gradient_method: str
+    series: TwoBatchSeries | None
+    seed: NotRequired[int]
+    grad_indices: NotRequired[list[int]]
+    hessian_indices: NotRequired[list[int]]
+
+
+def _batch_series(q: Tensor, n: int, b_small: int, b_big: int) -> tuple[list[float], list[float]]:
+    """(small, big) series of the quadratic form ``q`` over the disjoint big batches."""
+    per_big = b_big // b_small
+    small_series: list[float] = []
+    big_series: list[float] = []
+    for t in range(n // b_big):
+        start = t * b_big
+        big = slice(start, start + b_big)
+        big_series.append(float(q[big, big].sum()) / b_big**2)
+        smalls = [
+            float(q[s, s].sum()) / b_small**2
+            for s in (slice(start + j * b_small, start + (j + 1) * b_small) for j in range(per_big))
+        ]
+        small_series.append(sum(smalls) / len(smalls))
+    return small_series, big_series
+
+
 def two_batch_series(
     gram: Tensor, b_small: int, b_big: int, hessian_gram: Tensor | None = None
-) -> dict[str, Any]:
+) -> TwoBatchSeries:
     """The App. A series from disjoint micro-batches of the gradient sample (McCandlish 2018).
 
     Entry t uses the t-th disjoint big batch (b_big consecutive examples):
@@ -377,33 +450,31 @@ def two_batch_series(
         raise ValueError(f"b_small: must be smaller than b_big ({b_small} ≥ {b_big})")
     if b_big > n:
         raise ValueError(f"b_big: {b_big} exceeds the {n} gradient examples")
-    k = gram.to(torch.float64)
-    mats = {"grad_sq_norm": k}
-    if hessian_gram is not None:
-        mats["gHg"] = hessian_gram.to(torch.float64)
-    out: dict[str, Any] = {"b_small": b_small, "b_big": b_big}
-    per_big = b_big // b_small
-    for key, q in mats.items():
-        small_series: list[float] = []
-        big_series: list[float] = []
-        for t in range(n // b_big):
-            start = t * b_big
-            big = slice(start, start + b_big)
-            big_series.append(float(q[big, big].sum()) / b_big**2)
-            smalls = [
-                float(q[s, s].sum()) / b_small**2
-                for s in (
-                    slice(start + j * b_small, start + (j + 1) * b_small) for j in range(per_big)
-                )
-            ]
-            small_series.append(sum(smalls) / len(smalls))
-        out[f"{key}_small"] = small_series
-        out[f"{key}_big"] = big_series
-    small = sum(out["grad_sq_norm_small"]) / len(out["grad_sq_norm_small"])
-    big = sum(out["grad_sq_norm_big"]) / len(out["grad_sq_norm_big"])
-    out["app_a_grad_sq_norm"] = (b_big * big - b_small * small) / (b_big - b_small)
-    out["app_a_trace_sigma"] = (small - big) / (1.0 / b_small - 1.0 / b_big)
-    return out
+    grad_small, grad_big = _batch_series(gram.to(torch.float64), n, b_small, b_big)
+    small = sum(grad_small) / len(grad_small)
+    big = sum(grad_big) / len(grad_big)
+    app_a_grad_sq_norm = (b_big * big - b_small * small) / (b_big - b_small)
+    app_a_trace_sigma = (small - big) / (1.0 / b_small - 1.0 / b_big)
+    if hessian_gram is None:
+        return {
+            "b_small": b_small,
+            "b_big": b_big,
+            "grad_sq_norm_small": grad_small,
+            "grad_sq_norm_big": grad_big,
+            "app_a_grad_sq_norm": app_a_grad_sq_norm,
+            "app_a_trace_sigma": app_a_trace_sigma,
+        }
+    hessian_small, hessian_big = _batch_series(hessian_gram.to(torch.float64), n, b_small, b_big)
+    return {
+        "b_small": b_small,
+        "b_big": b_big,
+        "grad_sq_norm_small": grad_small,
+        "grad_sq_norm_big": grad_big,
+        "gHg_small": hessian_small,
+        "gHg_big": hessian_big,
+        "app_a_grad_sq_norm": app_a_grad_sq_norm,
+        "app_a_trace_sigma": app_a_trace_sigma,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -544,7 +615,7 @@ def gradient_noise_statistics(
     confidence: float = 0.95,
     bias_draws: int = 1000,
     seed: int = 0,
-) -> dict[str, Any]:
+) -> GradientNoiseStats:
     """|G|², tr Σ, GᵀHG, tr(HΣ) with standard errors, B_simple, B_noise, |ḡ| (JSON-able).
 
     McCandlish et al. 2018 §2.2 (B_simple = tr Σ/|G|², B_noise = tr(HΣ)/GᵀHG) and App. A (the
@@ -574,14 +645,14 @@ def gradient_noise_statistics(
     if (hessian_inputs is None) != (hessian_targets is None):
         raise ValueError("hessian_inputs/hessian_targets: give both or neither")
     simple_ok = simple_precise(confidence)
-    cached: dict[str, Any] = {}
+    cached: dict[tuple[int, int], HessianForms] = {}  # the forms at the latest (n, groups)
 
     def forms_for(acc: GroupedGradientSums) -> HessianForms:
         key = (acc.n, acc.n_groups)
-        if cached.get("key") != key:
+        if key not in cached:
             assert hessian_inputs is not None and hessian_targets is not None
-            cached["key"] = key
-            cached["forms"] = hessian_quadratic_forms(
+            cached.clear()
+            cached[key] = hessian_quadratic_forms(
                 model,
                 objective,
                 hessian_inputs,
@@ -591,7 +662,7 @@ def gradient_noise_statistics(
                 batch_size=batch_size,
                 n_groups=n_hessian_groups,
             )
-        return cached["forms"]
+        return cached[key]
 
     def both_precise(acc: GroupedGradientSums) -> bool:
         """B_simple's interval within the factor first (cheap); then B_noise's, whose
@@ -722,7 +793,7 @@ def gradient_noise_from_sample(
     adaptive: bool = False,
     max_examples: int | None = None,
     **kwargs: Any,
-) -> dict[str, Any]:
+) -> GradientNoiseStats:
     """``gradient_noise_statistics`` on a seeded disjoint split of one sample into A and B.
 
     Fixed size (default): A (gradients) gets ``n_grad`` examples, B (Hessian) the next

@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -38,6 +38,10 @@ from curvplan_worker.curvature.checkpoint import (
     read_safetensors,
 )
 from curvplan_worker.curvature.objective import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from pydantic import JsonValue
+    from transformers import PretrainedConfig
 
 FLOAT32_INTERNALS = {
     "llama": "LlamaRMSNorm and the rotary embedding compute in float32 inside the model",
@@ -94,7 +98,7 @@ def check_config(config: Mapping[str, Any]) -> tuple[str, str]:
     return model_type, arch
 
 
-def _config_object(config: Mapping[str, Any]):
+def _config_object(config: Mapping[str, Any]) -> PretrainedConfig:
     from transformers import AutoConfig
 
     model_type, _ = check_config(config)
@@ -124,7 +128,8 @@ def _packed_forward(self: nn.Module, packed: Tensor) -> Tensor:
             return_dict=True,
         )
     )
-    return out.logits
+    logits: Tensor = out.logits
+    return logits
 
 
 def _additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -154,6 +159,16 @@ def _packed_class(cls: type) -> type:
     return _PACKED_CLASSES[cls]
 
 
+class PrecisionLimit(TypedDict):
+    """Whether a run's products reach its dtype's accuracy (a model computing parts in float32
+    does not reach float64's), why not, and the relative accuracy they reach instead (the
+    result's ``precision_limited``)."""
+
+    limited: bool
+    reason: str | None
+    reachable_relative_accuracy: float | None
+
+
 @dataclass
 class HFModel:
     """A built model source: the module and what the engine reports about it."""
@@ -161,7 +176,7 @@ class HFModel:
     module: nn.Module
     model_type: str
     architecture: str
-    config: dict[str, Any]
+    config: dict[str, JsonValue]  # the config.json object as given
     tied_embeddings: bool
     vocab_size: int
     max_positions: int
@@ -171,7 +186,7 @@ class HFModel:
     def precision_note(self) -> str | None:
         return FLOAT32_INTERNALS.get(self.model_type)
 
-    def precision_limited(self, dtype: torch.dtype) -> dict[str, Any]:
+    def precision_limited(self, dtype: torch.dtype) -> PrecisionLimit:
         """``{limited, reason, reachable_relative_accuracy}`` for a run in ``dtype``."""
         note = self.precision_note
         if note is None or dtype != torch.float64:
@@ -287,7 +302,7 @@ def map_checkpoint_names(
     return mapping, ignored, unexpected
 
 
-def _ignorable(name: str, candidates, tied_targets) -> bool:
+def _ignorable(name: str, candidates: list[str], tied_targets: set[str]) -> bool:
     if name.endswith("lm_head.weight") and any(c in tied_targets for c in candidates):
         return True  # a tied head saved anyway: the embedding is the tensor
     # known buffers only, matched exactly (the models' own ignore patterns are looser regexes:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -79,6 +79,25 @@ class _LanguageStream(torch.utils.data.IterableDataset):
                 yield {"input_ids": seq, "attention_mask": torch.ones_like(seq), "labels": seq}
 
 
+class ExampleSummary(TypedDict):
+    """The run folder's ``example.json``: the run's settings, its checkpoints (the last is
+    the final model) and losses, and the Trainer's own ``log_history``."""
+
+    arch: str
+    checkpoints: list[str]
+    intermediate_checkpoints: list[str]
+    n_train: int
+    steps: int
+    first_train_loss: float
+    last_train_loss: float
+    eval_loss: float
+    entropy_rate: float
+    uniform_loss: float
+    n_parameters: int
+    seed: int
+    log_history: list[dict[str, float]]
+
+
 def write_hf_example(
     out_dir: str | Path,
     arch: str = "gpt2",
@@ -91,7 +110,7 @@ def write_hf_example(
     n_train: int = 4096,
     save_steps: int = 50,
     logging_steps: int = 10,
-) -> dict[str, Any]:
+) -> ExampleSummary:
     """Train the tiny ``arch`` model with the Hugging Face ``Trainer`` for ``steps`` steps
     (AdamW, cosine decay, a checkpoint every ``save_steps`` and at the end, the loss logged every
     ``logging_steps``) and write the run folder of the module docstring into ``out_dir``;
@@ -179,7 +198,7 @@ def write_hf_example(
         (p for p in out.iterdir() if p.is_dir() and p.name.startswith("checkpoint-")),
         key=lambda p: int(p.name.split("-", 1)[1]),
     )
-    summary = {
+    summary: ExampleSummary = {
         "arch": arch,
         "checkpoints": [p.name for p in checkpoints],
         "intermediate_checkpoints": [p.name for p in checkpoints[:-1]],

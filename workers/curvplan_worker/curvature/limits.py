@@ -21,17 +21,100 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from curvplan_core.cost_model import HOST_SAFETY, lanczos_basis_bytes, largest_basis_bytes
 
-__all__ = ["HOST_SAFETY", "AttemptLimits", "TooLarge", "lanczos_basis_bytes", "largest_basis_bytes"]
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pydantic import JsonValue
+    from torch import Tensor
+
+__all__ = [
+    "HOST_SAFETY",
+    "AttemptLimits",
+    "AttemptLimitsJson",
+    "CostInputs",
+    "MeasuredSpectraTiming",
+    "OneExampleTiming",
+    "SpectraTimingArgs",
+    "TooLarge",
+    "lanczos_basis_bytes",
+    "largest_basis_bytes",
+]
 
 SHRINK_OPTIONS = (
     "eval_batch_size (a smaller micro-batch), blocks (fewer or smaller blocks), max_iter (a "
     "shorter Lanczos basis), fewer or shorter examples in the dataset (tokens)"
 )
 """What a client changes to make an analysis need less memory or time."""
+
+
+class AttemptLimitsJson(TypedDict):
+    """:class:`AttemptLimits` as the worker's ETA record reports it (``limits``)."""
+
+    memory_limit_bytes: int | None
+    memory_limit_source: str | None
+    time_limit_seconds: float | None
+    micro_batch_factor: float
+
+
+SpectraItem = tuple[str, list[str], list[str]]
+"""``(key, rows, cols)`` of one block (rows = cols) or pair (key ``row|col``) of the spectra."""
+
+
+class SpectraTimingArgs(TypedDict):
+    """:func:`time_spectra`'s keyword arguments as :func:`cost_inputs` takes them: the
+    lockstep's items in its order and its plan."""
+
+    items: list[SpectraItem]
+    batched: bool
+    vectors_per_product: int
+    concurrent: int | None
+    basis_budget: NotRequired[int | None]
+
+
+class MeasuredSpectraTiming(TypedDict):
+    """What :func:`time_spectra` measured (``cost_model.SpectraTiming``'s fields that apply):
+    the batched round's figures with ``batched`` only, ``step_ms`` with the step overhead."""
+
+    item_ms: dict[str, float]
+    batched: bool
+    vectors_per_product: int
+    concurrent: int | None
+    round_vectors: NotRequired[int]
+    round_ms: NotRequired[float]
+    one_vector_ms: NotRequired[float]
+    step_ms: NotRequired[dict[str, float]]
+
+
+class OneExampleTiming(TypedDict):
+    """A one-example product over every parameter (:func:`time_one_example`), and in the cost
+    inputs the Lanczos iteration's own ms per product at that size (``step_ms``)."""
+
+    first_ms: float
+    warm_ms: float
+    step_ms: NotRequired[float]
+
+
+class CostInputs(TypedDict):
+    """What the worker's cost model needs, measured by :func:`cost_inputs` (the ``cost``
+    progress event)."""
+
+    spectra: MeasuredSpectraTiming | None
+    example: OneExampleTiming | None
+    ms_per_product: float
+    first_product_ms: float
+    blocks: dict[str, int]
+    pairs: list[list[str | int]]
+    n_params: int
+    n_examples: int
+    tokens: float
+    micro_batch: int
+    options: dict[str, JsonValue]
+    stages: list[str] | None
+    memory: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -54,7 +137,7 @@ class AttemptLimits:
         started = self.started_at if self.started_at is not None else time.monotonic()
         return self.time_limit_seconds - (time.monotonic() - started)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> AttemptLimitsJson:
         return {
             "memory_limit_bytes": self.memory_limit_bytes,
             "memory_limit_source": self.memory_limit_source or None,
@@ -207,7 +290,7 @@ def lanczos_step_ms(
 
 def time_spectra(
     engine: Any,
-    items: list[tuple[str, list[str], list[str]]],
+    items: list[SpectraItem],
     *,
     batched: bool,
     vectors_per_product: int,
@@ -215,7 +298,7 @@ def time_spectra(
     repeats: int = 3,
     basis_budget: int | None = None,
     step_overhead: bool = True,
-) -> dict[str, Any]:
+) -> MeasuredSpectraTiming:
     """The spectra's products priced as they will run (``cost_model.SpectraTiming``), after
     :func:`time_products` has built the cached graph.
 
@@ -238,10 +321,10 @@ def time_spectra(
     gen = torch.Generator().manual_seed(1)
     counted = engine.n_hvp
 
-    def vector(names: list[str]):
+    def vector(names: list[str]) -> Tensor:
         return torch.randn(engine.layout(names).numel, generator=gen, dtype=torch.float64)
 
-    def timed(fn) -> float:
+    def timed(fn: Callable[[], object]) -> float:
         _synchronize(engine)
         start = time.perf_counter()
         fn()
@@ -263,7 +346,7 @@ def time_spectra(
         if _elapsed_everywhere(engine, time.perf_counter() - started) > PASS_SECONDS:
             break  # products this long average the bursts out themselves
     item_ms = {key: sorted(t)[(len(t) - 1) // 2] for key, t in seen.items()}
-    out: dict[str, Any] = {
+    out: MeasuredSpectraTiming = {
         "item_ms": item_ms,
         "batched": bool(batched),
         "vectors_per_product": int(vectors_per_product),
@@ -273,7 +356,7 @@ def time_spectra(
         width = max(1, min(vectors_per_product, concurrent or len(items), len(items)))
         requests = [(rows, cols, vector(cols)) for _, rows, cols in items[:width]]
 
-        def median(requests) -> float:
+        def median(requests: list[tuple[list[str], list[str], Tensor]]) -> float:
             times = [timed(lambda: engine.multi_hvp(requests)) for _ in range(1 + repeats)]
             return sorted(times[1:])[len(times[1:]) // 2]
 
@@ -301,12 +384,16 @@ def time_spectra(
     return out
 
 
-def _extend_step_ms(engine: Any, items: list, timing: dict[str, Any], n: int) -> float | None:
+def _extend_step_ms(
+    engine: Any, items: list[SpectraItem], timing: MeasuredSpectraTiming, n: int
+) -> float | None:
     """The Lanczos iteration's own ms per product at ``n`` parameters: the line through the
     blocks' (``time_spectra``'s ``step_ms``, smallest and largest block), never below the
     smallest's."""
     steps = timing.get("step_ms") or {}
-    sizes = {key: engine.layout(cols).numel for key, rows, cols in items if rows == cols}
+    sizes: dict[str, int] = {
+        key: engine.layout(cols).numel for key, rows, cols in items if rows == cols
+    }
     points = sorted((sizes[k], steps[k]) for k in sizes if k in steps)
     if not points:
         return None
@@ -315,7 +402,7 @@ def _extend_step_ms(engine: Any, items: list, timing: dict[str, Any], n: int) ->
     return max(t0, t0 + slope * (n - n0))
 
 
-def time_one_example(model: Any, objective: Any, inputs: Any, targets: Any) -> dict[str, float]:
+def time_one_example(model: Any, objective: Any, inputs: Any, targets: Any) -> OneExampleTiming:
     """Milliseconds of a Hessian-vector product over every parameter on the first example
     alone, what the per-sample Hessian norms make (``per_sample.per_sample_hessian_norms``:
     one engine per example, its first product builds the example's graph): ``first_ms`` the
@@ -353,9 +440,9 @@ def cost_inputs(
     tokens: float,
     stages: list[str] | None,
     memory: dict[str, float],
-    spectra: dict[str, Any] | None = None,
-    example: dict[str, float] | None = None,
-) -> dict[str, Any]:
+    spectra: SpectraTimingArgs | None = None,
+    example: OneExampleTiming | None = None,
+) -> CostInputs:
     """What the worker's cost model needs, measured here: one product's milliseconds (on the
     first block to measure, else every parameter), the blocks and pairs, the sample size, and
     with ``spectra`` (:func:`time_spectra`'s keyword arguments: ``items``, ``batched``,

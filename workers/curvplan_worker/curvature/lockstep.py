@@ -24,8 +24,8 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 from torch import Tensor
@@ -34,6 +34,9 @@ from curvplan_worker.curvature.cancel import check_cancel
 from curvplan_worker.curvature.distributed import RankLost
 from curvplan_worker.curvature.memory import OutOfDeviceMemory
 from curvplan_worker.curvature.spectra import Product, ProductSteps
+
+if TYPE_CHECKING:
+    from curvplan_worker.curvature.operator import CurvatureEngine
 
 log = logging.getLogger("curvplan.engine.lockstep")
 
@@ -45,6 +48,21 @@ class Task:
     key: str
     steps: ProductSteps
     basis_bytes: int = 0
+
+
+class LockstepStatsJson(TypedDict):
+    """:class:`LockstepStats` as the result's ``lockstep`` record stores it."""
+
+    mode: str
+    fallback_reason: str | None
+    slow_batching_ops: list[str]
+    vectors_per_product: int
+    basis_room_bytes: int | None
+    products: int
+    backwards: int
+    rounds: int
+    max_running: int
+    seconds: float
 
 
 @dataclass
@@ -62,8 +80,19 @@ class LockstepStats:
     max_running: int = 0
     seconds: float = 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> LockstepStatsJson:
+        return {
+            "mode": self.mode,
+            "fallback_reason": self.fallback_reason,
+            "slow_batching_ops": list(self.slow_batching_ops),
+            "vectors_per_product": self.vectors_per_product,
+            "basis_room_bytes": self.basis_room_bytes,
+            "products": self.products,
+            "backwards": self.backwards,
+            "rounds": self.rounds,
+            "max_running": self.max_running,
+            "seconds": self.seconds,
+        }
 
 
 Done = Callable[[str, object, int, int], None]
@@ -80,7 +109,7 @@ class Lockstep:
 
     def __init__(
         self,
-        engine,
+        engine: CurvatureEngine,
         *,
         vectors_per_product: int | None = None,
         basis_room: int | None = None,

@@ -36,8 +36,8 @@ from __future__ import annotations
 import math
 import resource
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import NotRequired, TypedDict
 
 import torch
 
@@ -139,6 +139,46 @@ def default_budget(device: torch.device, configured: int | None) -> tuple[int | 
     return None, "unbounded (CPU without memory_budget)"
 
 
+class OutOfMemoryRetry(TypedDict):
+    """One retry of the operator after an out-of-memory error (``CurvatureEngine``): during
+    which stage, the micro-batch that failed and the one it retried with."""
+
+    during: str
+    from_micro_batch: int
+    to_micro_batch: int
+
+
+class KilledRetry(TypedDict):
+    """The retry of an attempt killed out of memory (``AttemptLimits.micro_batch_factor``):
+    the micro-batch it runs with."""
+
+    during: str
+    micro_batch: int
+
+
+class MemoryPlanJson(TypedDict):
+    """:class:`MemoryPlan` as the result's ``memory_plan`` stores it, with the later stages'
+    predicted peaks (:func:`later_stage_memory`) once the engine adds them."""
+
+    budget_bytes: int | None
+    budget_source: str
+    source: str
+    probe_examples: int
+    per_example_bytes: float
+    per_batch_bytes: float
+    gradient_bytes: int
+    product_factor: float
+    saved_bytes_probe: int
+    cuda_peak_bytes_probe: int | None
+    n_examples: int
+    configured_micro_batch: int
+    micro_batch: int
+    cache_graph: bool
+    predicted_peak_bytes: float
+    retries: list[OutOfMemoryRetry | KilledRetry]
+    stages: NotRequired[dict[str, float]]
+
+
 @dataclass
 class MemoryPlan:
     """The plan recorded in the result as ``memory_plan``."""
@@ -158,10 +198,27 @@ class MemoryPlan:
     micro_batch: int
     cache_graph: bool
     predicted_peak_bytes: float
-    retries: list[dict[str, Any]]
+    retries: list[OutOfMemoryRetry | KilledRetry]
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> MemoryPlanJson:
+        return {
+            "budget_bytes": self.budget_bytes,
+            "budget_source": self.budget_source,
+            "source": self.source,
+            "probe_examples": self.probe_examples,
+            "per_example_bytes": self.per_example_bytes,
+            "per_batch_bytes": self.per_batch_bytes,
+            "gradient_bytes": self.gradient_bytes,
+            "product_factor": self.product_factor,
+            "saved_bytes_probe": self.saved_bytes_probe,
+            "cuda_peak_bytes_probe": self.cuda_peak_bytes_probe,
+            "n_examples": self.n_examples,
+            "configured_micro_batch": self.configured_micro_batch,
+            "micro_batch": self.micro_batch,
+            "cache_graph": self.cache_graph,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "retries": [retry.copy() for retry in self.retries],
+        }
 
 
 def choose(
@@ -230,6 +287,22 @@ computes every row of the union while a block product prunes to its own. On CUDA
 product is always used (it removes the per-product launch costs)."""
 
 
+class LockstepPlanJson(TypedDict):
+    """:class:`LockstepPlan` as the result's ``memory_plan.lockstep.plan`` stores it."""
+
+    n_tasks: int
+    basis_bytes_total: int
+    basis_room_bytes: int | None
+    concurrent: int
+    vectors_per_product: int
+    graph_bytes: float
+    vector_bytes: float
+    predicted_peak_bytes: float
+    fits: bool
+    batched: bool
+    batched_reason: str
+
+
 @dataclass(frozen=True)
 class LockstepPlan:
     """How the lockstep spectra fit the budget (the result's ``memory_plan.lockstep``).
@@ -254,8 +327,20 @@ class LockstepPlan:
     batched: bool = True
     batched_reason: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> LockstepPlanJson:
+        return {
+            "n_tasks": self.n_tasks,
+            "basis_bytes_total": self.basis_bytes_total,
+            "basis_room_bytes": self.basis_room_bytes,
+            "concurrent": self.concurrent,
+            "vectors_per_product": self.vectors_per_product,
+            "graph_bytes": self.graph_bytes,
+            "vector_bytes": self.vector_bytes,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "fits": self.fits,
+            "batched": self.batched,
+            "batched_reason": self.batched_reason,
+        }
 
 
 def _batched_choice(device_type: str, vector: float) -> tuple[bool, str]:

@@ -47,7 +47,7 @@ from torch.func import functional_call, jvp
 from curvplan_core.blocks import parse_slice
 from curvplan_worker.curvature.cancel import check_cancel
 from curvplan_worker.curvature.device import eval_mode
-from curvplan_worker.curvature.memory import MemoryPlan, OutOfDeviceMemory
+from curvplan_worker.curvature.memory import MemoryPlan, OutOfDeviceMemory, OutOfMemoryRetry
 from curvplan_worker.curvature.objective import Objective
 
 # ---------------------------------------------------------------------------------------------
@@ -263,7 +263,7 @@ class CurvatureEngine:
         self.memory_plan: MemoryPlan | None = None  # set by memory_fit.fit_to_memory
         self.per_example_bytes: float | None = None
         self.memory_source: str | None = None
-        self.oom_retries: list[dict[str, Any]] = []
+        self.oom_retries: list[OutOfMemoryRetry] = []
         self._oom_at_one = 0
 
     # -- session ------------------------------------------------------------------------

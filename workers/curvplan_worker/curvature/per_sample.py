@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Literal, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -176,7 +176,8 @@ def random_unit_directions(
     if dim < 1:
         raise ValueError("params: zero-dimensional parameter space")
     z = torch.randn(n, dim, generator=generator, dtype=torch.float64)
-    return z / torch.linalg.vector_norm(z, dim=1, keepdim=True)
+    directions: Tensor = z / torch.linalg.vector_norm(z, dim=1, keepdim=True)
+    return directions
 
 
 def random_subspace_directions(basis: Tensor, n: int, generator: torch.Generator) -> Tensor:
@@ -194,7 +195,8 @@ def random_subspace_directions(basis: Tensor, n: int, generator: torch.Generator
         raise ValueError("basis: rows must be orthonormal (‖UUᵀ − I‖ > 1e-6)")
     z = torch.randn(n, u.shape[0], generator=generator, dtype=torch.float64).to(u.device)
     d = z @ u
-    return d / torch.linalg.vector_norm(d, dim=1, keepdim=True)
+    directions: Tensor = d / torch.linalg.vector_norm(d, dim=1, keepdim=True)
+    return directions
 
 
 def _check_directions(directions: Tensor, dim: int) -> Tensor:
@@ -252,6 +254,48 @@ def perturbed_losses(
     return out
 
 
+class PerturbedLossesJson(TypedDict):
+    """Losses at w* + r·u for P directions u (:func:`perturbed_losses_record`): the planner's
+    ``PerturbedLosses`` (``radius``, ``kind``, ``losses``) and the provenance."""
+
+    radius: float
+    kind: Literal["random", "top_eigenspace"]
+    losses: list[list[float]]
+    n_directions: int
+    seed: int | None
+    param_names: list[str]
+
+
+class HessianNormsJson(TypedDict):
+    """Per-example Hessian spectral norms and their Lanczos runs
+    (:func:`per_sample_hessian_norms`), with the summary the planner takes M from."""
+
+    indices: list[int]
+    norms: list[float]
+    lambda_max: list[float]
+    lambda_min: list[float]
+    residual_max: list[float]
+    residual_min: list[float]
+    converged: list[bool]
+    n_products: list[int]
+    iterations: list[int]
+    all_converged: bool
+    max: float
+    mean: float
+    quantiles: dict[str, float]
+    tol: float
+    seed: int
+    param_names: list[str]
+
+
+class PerSampleSection(TypedDict):
+    """The result JSON's ``per_sample`` section (:func:`per_sample_section`)."""
+
+    losses: list[float]
+    perturbed: list[PerturbedLossesJson]
+    hessian_norms: HessianNormsJson | None
+
+
 def perturbed_losses_record(
     model: nn.Module,
     objective: ExampleLossObjective,
@@ -260,11 +304,11 @@ def perturbed_losses_record(
     radius: float,
     directions: Tensor | int,
     *,
-    kind: str = "random",
+    kind: Literal["random", "top_eigenspace"] = "random",
     param_names: Sequence[str] | None = None,
     batch_size: int = 64,
     seed: int = 0,
-) -> dict[str, Any]:
+) -> PerturbedLossesJson:
     """JSON-able ``{radius, kind, losses[P][n], n_directions, seed, param_names}``.
 
     ``kind`` labels the directions as the planner's ``PerturbedLosses.kind`` does: "random"
@@ -314,7 +358,7 @@ def per_sample_hessian_norms(
     tol: float = 1e-6,
     max_iter: int | None = None,
     quantiles: Sequence[float] = DEFAULT_QUANTILES,
-) -> dict[str, Any]:
+) -> HessianNormsJson:
     """‖H_i(w*)‖₂ = max(|λ_max|, |λ_min|) of per-example Hessians; max → M of Theorem 7.
 
     Petrov et al. 2025, Theorem 7 assumes ‖H_i(w*)‖₂ ≤ M for all i; the
@@ -417,7 +461,7 @@ def per_sample_section(
     seed: int = 0,
     tol: float = 1e-6,
     max_iter: int | None = None,
-) -> dict[str, Any]:
+) -> PerSampleSection:
     """The result JSON's ``per_sample`` section: ``{losses, perturbed, hessian_norms}``.
 
     ``losses``: l_i(w*) for every example (Petrov et al. 2025 §3.3). ``perturbed``: with a
@@ -429,7 +473,7 @@ def per_sample_section(
     Theorem 7.
     """
     losses = per_example_losses(model, objective, inputs, targets, batch_size)
-    perturbed: list[dict[str, Any]] = []
+    perturbed: list[PerturbedLossesJson] = []
     if radius is not None:
         if not radius > 0:
             raise ValueError(f"radius: must be > 0, got {radius}")

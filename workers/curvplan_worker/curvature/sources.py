@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict
 
 import torch
 from torch import nn
@@ -23,7 +23,12 @@ from curvplan_worker.curvature.checkpoint import check_state, load_checkpoint
 from curvplan_worker.curvature.data import Dataset, load_dataset, validate_dataset
 from curvplan_worker.curvature.objective import CausalLMObjective, Objective, objective_for
 
-HF_SOURCE = "huggingface"
+if TYPE_CHECKING:
+    from pydantic import JsonValue
+
+    from curvplan_worker.curvature.hf import HFModel, PrecisionLimit
+
+HF_SOURCE: Final = "huggingface"
 
 ModelInput = ModelSpec | HuggingFaceModel | Mapping[str, Any]
 """What the engine's JSON-facing entry points (``analyze``, ``plan_blocks``) take: the
@@ -32,6 +37,17 @@ script), which :func:`parse_model` turns into the typed one once, at that entry.
 
 TypedModel = ModelSpec | HuggingFaceModel
 """The model source every engine stage takes: parsed, never reopened."""
+
+CheckpointPaths = str | Path | Sequence[str | Path] | None
+"""A checkpoint: one safetensors file, a list of shards, or none (the built weights)."""
+
+
+class HFModelJson(TypedDict):
+    """A Hugging Face model source in its JSON form, as :func:`read_model_dir` reads it."""
+
+    source: Literal["huggingface"]
+    config: dict[str, JsonValue]
+
 
 NOT_IN_THEORY_FAMILY = (
     "the paper's bounds (Petrov et al. 2025) are derived for the reference Transformer family "
@@ -73,6 +89,32 @@ def parse_model(model: ModelInput) -> TypedModel:
     return parse_spec(dict(model))
 
 
+class ReferenceDescription(TypedDict):
+    """What was built from a reference spec (the result's ``model``): the spec as parsed."""
+
+    source: Literal["reference"]
+    spec: dict[str, JsonValue]
+
+
+class HFDescription(TypedDict):
+    """What was built from a Hugging Face config (the result's ``model``)."""
+
+    source: Literal["huggingface"]
+    model_type: str
+    architecture: str
+    tied_embeddings: bool
+    vocab_size: int
+    precision_limited: PrecisionLimit
+
+
+REFERENCE_PRECISION: PrecisionLimit = {
+    "limited": False,
+    "reason": None,
+    "reachable_relative_accuracy": None,
+}
+"""The reference Transformer computes every part in the run's dtype."""
+
+
 @dataclass
 class ModelSource:
     """A built model at its checkpoint weights and the evaluation sample it is measured on."""
@@ -82,12 +124,12 @@ class ModelSource:
     objective: Objective
     data: Dataset | None
     default_blocks: dict[str, list[str]] | None
-    description: dict[str, Any]
+    description: ReferenceDescription | HFDescription
     spec: ModelSpec | None = None
-    precision: dict[str, Any] = field(default_factory=dict)
+    precision: PrecisionLimit = field(default_factory=lambda: REFERENCE_PRECISION.copy())
     bounds_reason: str | None = None  # None: the model is in the theory's family
     vocab_size: int | None = None
-    hf_model: Any = None  # the built Hugging Face model (hf.HFModel) of a huggingface source
+    hf_model: HFModel | None = None  # the built Hugging Face model of a huggingface source
 
     def read_data(self, path: str | Path) -> Dataset:
         """Another dataset of this model (e.g. a sweep's training or held-out data), read and
@@ -115,7 +157,7 @@ class ModelSource:
 
 def load_source(
     model: TypedModel,
-    checkpoint: str | Path | Sequence[str | Path] | None,
+    checkpoint: CheckpointPaths,
     data_path: str | Path | None,
     *,
     dtype: torch.dtype = torch.float32,
@@ -132,8 +174,14 @@ def load_source(
     return _load_reference(model, checkpoint, data_path, dtype, seed, built, data)
 
 
-def _load_reference(  # type: ignore[no-untyped-def]
-    spec: ModelSpec, checkpoint, data_path, dtype, seed, built, data
+def _load_reference(
+    spec: ModelSpec,
+    checkpoint: CheckpointPaths,
+    data_path: str | Path | None,
+    dtype: torch.dtype,
+    seed: int,
+    built: nn.Module | None,
+    data: Dataset | None,
 ) -> ModelSource:
     from curvplan_worker.curvature.model import build_model
 
@@ -168,14 +216,20 @@ def _load_reference(  # type: ignore[no-untyped-def]
         default_blocks=None,
         description={"source": "reference", "spec": spec.model_dump()},
         spec=spec,
-        precision={"limited": False, "reason": None, "reachable_relative_accuracy": None},
+        precision=REFERENCE_PRECISION.copy(),
         bounds_reason=None,
         vocab_size=getattr(task, "vocab_size", None) if task.type == "causal_lm" else None,
     )
 
 
-def _load_hf(  # type: ignore[no-untyped-def]
-    model: HuggingFaceModel, checkpoint, data_path, dtype, seed, built, data
+def _load_hf(
+    model: HuggingFaceModel,
+    checkpoint: CheckpointPaths,
+    data_path: str | Path | None,
+    dtype: torch.dtype,
+    seed: int,
+    built: nn.Module | None,
+    data: Dataset | None,
 ) -> ModelSource:
     from curvplan_worker.curvature import hf
     from curvplan_worker.curvature.checkpoint import read_safetensors
@@ -219,7 +273,7 @@ def _load_hf(  # type: ignore[no-untyped-def]
     )
 
 
-def read_model_dir(directory: str | Path) -> tuple[dict, list[str]]:
+def read_model_dir(directory: str | Path) -> tuple[HFModelJson, list[str]]:
     """A ``save_pretrained`` directory → (``{"source": "huggingface", "config": …}``, shard
     paths). Shards come from ``model.safetensors.index.json`` when present, else
     ``model.safetensors``."""

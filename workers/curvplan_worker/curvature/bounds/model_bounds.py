@@ -13,9 +13,9 @@ inequality ||(1/n) sum_i H_i|| <= (1/n) sum_i ||H_i||, so it is the mean of the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, NotRequired, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -110,6 +110,147 @@ def scope_reasons(spec: Any) -> list[str]:
     return reasons
 
 
+class BoundOptionsJson(TypedDict):
+    """:class:`BoundOptions` as the result records them (``bounds.options``)."""
+
+    mode: str
+    c_A: str
+    A_norm: str
+    ln_norms: str
+    sigma_min: str
+    max_dense_entries: int
+    max_samples: int | None
+
+
+class BlockBound(TypedDict):
+    """One block's bound: the mean of the per-sample bounds (``value``, a bound on the dataset
+    mean's block) and their max, the formula and corrections, or why it does not apply. The
+    LayerNorm blocks carry its norms, the paper's blocks their names in the paper."""
+
+    value: float | None
+    max_over_samples: float | None
+    formula: str | None
+    corrections: list[str]
+    applicable: bool
+    reason: str | None
+    paper_blocks: NotRequired[list[str]]
+    jacobian_norm: NotRequired[float | None]
+    hessian_norm: NotRequired[float | None]
+
+
+class PairBound(BlockBound):
+    """An off-diagonal block's bound, H[row, col]."""
+
+    row: str
+    col: str
+
+
+class LayerNormBounds(TypedDict):
+    """A LayerNorm's exact norms w.r.t. its input and Lemma 4's bounds, max over samples (when
+    the LayerNorm formulas apply)."""
+
+    applicable: bool
+    jacobian_norm: NotRequired[float]
+    hessian_norm: NotRequired[float]
+    hessian_norm_closed_form: NotRequired[float]
+    lemma4_jacobian_bound: NotRequired[float]
+    lemma4_hessian_bound: NotRequired[float]
+    reason: str | None
+
+
+class LayerNormNorms(TypedDict):
+    """One sample's LayerNorm norms (:func:`_ln_record`)."""
+
+    jacobian_norm: float
+    hessian_norm: float
+    hessian_norm_closed_form: float
+    lemma4_jacobian_bound: float
+    lemma4_hessian_bound: float
+
+
+class AttentionBounds(TypedDict):
+    """Max over samples of the attention-only bounds ||G_k|| and ||Phi_kl|| (App. B.6)."""
+
+    applicable: Literal[True]
+    reason: None
+    formula: str
+    G_V: float
+    G_Q: float
+    G_K: float
+    Phi_VV: float
+    Phi_VQ: float
+    Phi_VK: float
+    Phi_QV: float
+    Phi_KV: float
+    Phi_QQ: float
+    Phi_KK: float
+    Phi_QK: float
+    Phi_KQ: float
+
+
+class AttentionOutside(TypedDict):
+    """Why the attention sub-layer is outside the theory."""
+
+    applicable: Literal[False]
+    reason: str
+
+
+class LayerBounds(TypedDict):
+    """One layer's record: whether its bounds apply (and why not), its LayerNorms' norms, the
+    model-Hessian constants M_tr and M_SA (max over samples), its attention bounds and, where
+    the architecture is the paper's, Theorem 6's ingredients and ||H_tr|| per block pair."""
+
+    applicable: bool
+    reasons: list[str]
+    ln_norms: dict[str, LayerNormBounds]
+    M_tr: float | None
+    M_SA: float | None
+    attention: AttentionBounds | AttentionOutside
+    ingredients: NotRequired[dict[str, float]]
+    H_tr: NotRequired[dict[str, float]]
+    corrections: NotRequired[list[str]]
+    M_tr_mean: NotRequired[float]
+
+
+class ModelBounds(TypedDict):
+    """The paper's bounds on a model (:func:`block_bounds_for_model`): whether the whole model
+    is inside the theory (and why not), each block's and pair's bound, each layer's record,
+    and Theorem 7's M_tr and M_SA from the last layer."""
+
+    theory: str
+    options: BoundOptionsJson
+    applicable: bool
+    reasons: list[str]
+    M_tr_scope: str
+    n_samples: int
+    blocks: dict[str, BlockBound]
+    off_diagonal: list[PairBound]
+    layers: dict[str, LayerBounds]
+    M_tr: float | None
+    M_SA: float | None
+
+
+@dataclass(frozen=True)
+class _LayerResult:
+    """One layer's part of :class:`ModelBounds`."""
+
+    layer: LayerBounds
+    blocks: dict[str, BlockBound]
+    off_diagonal: list[PairBound]
+
+
+def _options_json(opts: BoundOptions) -> BoundOptionsJson:
+    return {
+        "mode": opts.mode,
+        "c_A": opts.c_A,
+        "A_norm": opts.A_norm,
+        "ln_norms": opts.ln_norms,
+        "sigma_min": opts.sigma_min,
+        "max_dense_entries": opts.max_dense_entries,
+        "max_samples": opts.max_samples,
+    }
+
+
 def attention_reasons(spec: Any) -> list[str]:
     """Why the attention sub-layer itself is outside the theory (then ||G_k||, ||Phi_kl||
     bounds of Petrov et al. 2025 App. B.6 do not hold either)."""
@@ -127,11 +268,11 @@ def attention_reasons(spec: Any) -> list[str]:
 
 def _attention_record(
     store: dict[str, Tensor], layer: int, weights: TheoryWeights, opts: BoundOptions
-) -> dict[str, Any]:
+) -> AttentionBounds:
     """Max over samples of the attention-only bounds ||G_k||, ||Phi_kl|| (App. B.6, Lemma 2),
     evaluated at the attention input (X for post-LN, LN(X) for pre-LN)."""
     inputs = store[f"{layer}.attn.in"]
-    per = []
+    per: list[dict[str, float]] = []
     for s in range(inputs.shape[0]):
         scal = attention_scalars(inputs[s], weights.W_Q, weights.W_K, weights.W_V, opts)
         g = attention_jacobian_bounds(scal)
@@ -142,12 +283,27 @@ def _attention_record(
                 **{f"Phi_{i}{j}": v for (i, j), v in phi.items()},
             }
         )
+
+    def worst(key: str) -> float:
+        return max(p[key] for p in per)
+
     return {
         "applicable": True,
         "reason": None,
         "formula": "bounds on ||dF/dW_k|| and ||d^2F/dW_k dW_l|| of the attention output "
         "(Petrov et al. 2025 App. B.6 / Lemma 2, corrected); max over samples",
-        **{k: max(p[k] for p in per) for k in per[0]},
+        "G_V": worst("G_V"),
+        "G_Q": worst("G_Q"),
+        "G_K": worst("G_K"),
+        "Phi_VV": worst("Phi_VV"),
+        "Phi_VQ": worst("Phi_VQ"),
+        "Phi_VK": worst("Phi_VK"),
+        "Phi_QV": worst("Phi_QV"),
+        "Phi_KV": worst("Phi_KV"),
+        "Phi_QQ": worst("Phi_QQ"),
+        "Phi_KK": worst("Phi_KK"),
+        "Phi_QK": worst("Phi_QK"),
+        "Phi_KQ": worst("Phi_KQ"),
     }
 
 
@@ -172,14 +328,14 @@ def _capture(model: nn.Module, n_layers: int, inputs: Tensor) -> dict[str, Tenso
     store: dict[str, Tensor] = {}
     handles = []
 
-    def pre(key: str):
-        def hook(_module: nn.Module, args: tuple) -> None:
+    def pre(key: str) -> Callable[[nn.Module, tuple[Tensor, ...]], None]:
+        def hook(_module: nn.Module, args: tuple[Tensor, ...]) -> None:
             store[key] = args[0].detach().to("cpu")
 
         return hook
 
-    def post(key: str):
-        def hook(_module: nn.Module, _args: tuple, output: Tensor) -> None:
+    def post(key: str) -> Callable[[nn.Module, tuple[Tensor, ...], Tensor], None]:
+        def hook(_module: nn.Module, _args: tuple[Tensor, ...], output: Tensor) -> None:
             store[key] = output.detach().to("cpu")
 
         return hook
@@ -210,8 +366,8 @@ def _capture(model: nn.Module, n_layers: int, inputs: Tensor) -> dict[str, Tenso
     return store
 
 
-def _ln_record(x: Tensor, eps: float, gamma: Tensor | None, sigma_min: str) -> dict[str, float]:
-    jac_l4, hess_l4 = lemma4_bounds(x, eps, sigma_min)  # type: ignore[arg-type]
+def _ln_record(x: Tensor, eps: float, gamma: Tensor | None, sigma_min: str) -> LayerNormNorms:
+    jac_l4, hess_l4 = lemma4_bounds(x, eps, sigma_min)
     return {
         "jacobian_norm": layernorm_jacobian_norm(x, eps, gamma),
         "hessian_norm": layernorm_hessian_norm(x, eps, gamma),
@@ -250,7 +406,7 @@ def block_bounds_for_model(
     inputs: Tensor,
     targets: Tensor | None,
     options: Mapping[str, Any] | BoundOptions | None = None,
-) -> dict:
+) -> ModelBounds:
     """The paper's theoretical block bounds for ``model`` at its current weights w*.
 
     Petrov et al. 2025, Theorems 5-6 (blocks W_1, W_2, W_K, W_Q, W_V of each post-LN layer),
@@ -289,12 +445,12 @@ def _assemble(
     arch: list[str],
     loss: list[str],
     n: int,
-) -> dict:
+) -> ModelBounds:
     eps = float(spec.ln_eps)
     scope = scope_reasons(spec)
-    result: dict[str, Any] = {
+    result: ModelBounds = {
         "theory": THEORY,
-        "options": asdict(opts),
+        "options": _options_json(opts),
         # the whole model inside the theory: every block bounded and M_tr bounds the full
         # per-sample Hessian (Theorem 7's M); block records keep their own `applicable`
         "applicable": not arch and not loss and not scope,
@@ -319,12 +475,12 @@ def _assemble(
         record = _layer_bounds(
             store, layer, spec, eps, opts, targets, params, model, arch, layer_loss
         )
-        result["layers"][name] = record["layer"]
-        result["blocks"].update(record["blocks"])
-        result["off_diagonal"].extend(record["off_diagonal"])
-        if last and record["layer"]["applicable"]:
-            result["M_tr"] = record["layer"]["M_tr"]
-            result["M_SA"] = record["layer"]["M_SA"]
+        result["layers"][name] = record.layer
+        result["blocks"].update(record.blocks)
+        result["off_diagonal"].extend(record.off_diagonal)
+        if last and record.layer["applicable"]:
+            result["M_tr"] = record.layer["M_tr"]
+            result["M_SA"] = record.layer["M_SA"]
     return result
 
 
@@ -339,28 +495,37 @@ def _layer_bounds(
     model: nn.Module,
     arch: list[str],
     loss: list[str],
-) -> dict:
+) -> _LayerResult:
     name = f"layers.{layer}"
     n = store[f"{layer}.X"].shape[0]
-    ln_records: dict[str, dict[str, Any]] = {}
+    ln_records: dict[str, LayerNormBounds] = {}
     for ln in ("ln1", "ln2"):
         gamma = params.get(f"{name}.{ln}.weight")
         gamma = gamma.detach().to("cpu", torch.float64) if gamma is not None else None
-        entry: dict[str, Any] = {"applicable": spec.norm == "layernorm"}
         if spec.norm != "layernorm":
-            entry["reason"] = "RMSNorm: the LayerNorm formulas do not apply"
-        else:
-            try:
-                per = [
-                    _ln_record(store[f"{layer}.{ln}.in"][s], eps, gamma, opts.sigma_min)
-                    for s in range(n)
-                ]
-                entry.update({k: max(p[k] for p in per) for k in per[0]})
-                entry["reason"] = None
-            except ValueError as exc:
-                entry.update({"applicable": False, "reason": str(exc)})
-        ln_records[ln] = entry
-    blocks: dict[str, dict[str, Any]] = {}
+            ln_records[ln] = {
+                "applicable": False,
+                "reason": "RMSNorm: the LayerNorm formulas do not apply",
+            }
+            continue
+        try:
+            per = [
+                _ln_record(store[f"{layer}.{ln}.in"][s], eps, gamma, opts.sigma_min)
+                for s in range(n)
+            ]
+        except ValueError as exc:
+            ln_records[ln] = {"applicable": False, "reason": str(exc)}
+            continue
+        ln_records[ln] = {
+            "applicable": True,
+            "jacobian_norm": max(p["jacobian_norm"] for p in per),
+            "hessian_norm": max(p["hessian_norm"] for p in per),
+            "hessian_norm_closed_form": max(p["hessian_norm_closed_form"] for p in per),
+            "lemma4_jacobian_bound": max(p["lemma4_jacobian_bound"] for p in per),
+            "lemma4_hessian_bound": max(p["lemma4_hessian_bound"] for p in per),
+            "reason": None,
+        }
+    blocks: dict[str, BlockBound] = {}
     for ln in ("ln1", "ln2"):
         blocks[f"{name}.{ln}"] = {
             "value": None,
@@ -374,27 +539,26 @@ def _layer_bounds(
             "jacobian_norm": ln_records[ln].get("jacobian_norm"),
             "hessian_norm": ln_records[ln].get("hessian_norm"),
         }
-    layer_rec: dict[str, Any] = {
+    att = attention_reasons(spec)
+    attention: AttentionBounds | AttentionOutside = (
+        {"applicable": False, "reason": "attention outside the theory: " + ", ".join(att)}
+        if att
+        else _attention_record(store, layer, _layer_weights(model, layer), opts)
+    )
+    layer_rec: LayerBounds = {
         "applicable": False,
         "reasons": arch + loss,
         "ln_norms": ln_records,
         "M_tr": None,
         "M_SA": None,
+        "attention": attention,
     }
-    off: list[dict[str, Any]] = []
-    att = attention_reasons(spec)
-    if att:
-        layer_rec["attention"] = {
-            "applicable": False,
-            "reason": "attention outside the theory: " + ", ".join(att),
-        }
-    else:
-        layer_rec["attention"] = _attention_record(store, layer, _layer_weights(model, layer), opts)
+    off: list[PairBound] = []
     if arch:
         reason = "; ".join(arch)
         for key in BLOCK_KEYS:
             blocks[f"{name}.{ENGINE_NAME[key]}"] = _not_applicable(reason)
-        return {"layer": layer_rec, "blocks": blocks, "off_diagonal": off}
+        return _LayerResult(layer_rec, blocks, off)
     weights = _layer_weights(model, layer)
     per_sample = []
     try:
@@ -416,7 +580,7 @@ def _layer_bounds(
         for key in BLOCK_KEYS:
             blocks[f"{name}.{ENGINE_NAME[key]}"] = _not_applicable(str(exc))
         layer_rec["reasons"] = [*layer_rec["reasons"], str(exc)]
-        return {"layer": layer_rec, "blocks": blocks, "off_diagonal": off}
+        return _LayerResult(layer_rec, blocks, off)
     corrections = per_sample[0]["corrections"]
     layer_rec["ingredients"] = {
         k: max(p["ingredients"][k] for p in per_sample) for k in per_sample[0]["ingredients"]
@@ -433,7 +597,7 @@ def _layer_bounds(
     for a, i in enumerate(BLOCK_KEYS):
         for j in BLOCK_KEYS[a:]:
             values = [p["blocks"][i + j]["value"] for p in per_sample] if loss_ok else [0.0]
-            rec = {
+            rec: BlockBound = {
                 "value": sum(values) / n if loss_ok else None,
                 "max_over_samples": max(values) if loss_ok else None,
                 "formula": _formula(i, j),
@@ -448,10 +612,10 @@ def _layer_bounds(
                 off.append(
                     {"row": f"{name}.{ENGINE_NAME[i]}", "col": f"{name}.{ENGINE_NAME[j]}", **rec}
                 )
-    return {"layer": layer_rec, "blocks": blocks, "off_diagonal": off}
+    return _LayerResult(layer_rec, blocks, off)
 
 
-def _not_applicable(reason: str) -> dict[str, Any]:
+def _not_applicable(reason: str) -> BlockBound:
     return {
         "value": None,
         "max_over_samples": None,
@@ -462,7 +626,7 @@ def _not_applicable(reason: str) -> dict[str, Any]:
     }
 
 
-def pair_bound(bounds: dict, a: str, b: str) -> dict[str, Any] | None:
+def pair_bound(bounds: ModelBounds, a: str, b: str) -> BlockBound | None:
     """The bound record of the block pair (a, b) in either order (||H_ab|| = ||H_ba||):
     ``bounds["blocks"][a]`` for a == b, else the matching ``off_diagonal`` entry."""
     if a == b:
@@ -473,7 +637,7 @@ def pair_bound(bounds: dict, a: str, b: str) -> dict[str, Any] | None:
     return None
 
 
-def tightness(bounds: dict, measured: Mapping[str, float]) -> dict[str, float | None]:
+def tightness(bounds: ModelBounds, measured: Mapping[str, float]) -> dict[str, float | None]:
     """bound / measured per block name (None where either is missing or measured is 0)."""
     out: dict[str, float | None] = {}
     for block, rec in bounds.get("blocks", {}).items():
