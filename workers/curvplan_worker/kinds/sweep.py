@@ -134,10 +134,7 @@ def plan_points(
             body,
             n_train,
             list(steps) if steps is not None else [None] * len(body.checkpoints),
-            lambda name, request: ChildJob(
-                request=SweepPointJobCreate.model_validate({"kind": "sweep_point", **request}),
-                name=name,
-            ),
+            lambda name, request: ChildJob(request=request, name=name),
         )
     if sweep.type == "batch":
         sizes = batch_ladder(sweep) if n_train is None else checked_batch_ladder(sweep, n_train)
