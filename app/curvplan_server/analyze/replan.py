@@ -130,8 +130,11 @@ def stored_planner_inputs(
         )
     try:
         inputs = _StoredResult.model_validate(row.result or {}).planner_inputs
-    except ValidationError:
-        inputs = None  # not a form a re-plan can read: said as for none at all
+    except ValidationError as exc:  # e.g. an array this version does not know how to read
+        raise conflict(
+            f"job {job_id}'s planner inputs cannot be read for a re-plan: {exc}"[:500],
+            job_status=row.status,
+        ) from None
     if inputs is None:
         raise conflict(f"job {job_id} holds no planner inputs to re-plan", job_status=row.status)
     return inputs
