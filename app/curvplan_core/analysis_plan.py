@@ -42,6 +42,7 @@ from curvplan_core.fanout_groups import (
     group_count,
     lpt_groups,
 )
+from curvplan_core.jobs.records import NewChild
 
 SPECTRA_STAGES = ("blocks", "off_diagonal")
 """The stages a fan-out's children run; the parent's fan-in runs the others."""
@@ -368,15 +369,15 @@ class PlannedChild:
     request: AnalyzeBlocksJobCreate
     eta_seconds: float
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> NewChild:
         """``{kind, name, request, eta_seconds}`` as ``lifecycle.insert_children`` inserts the
         child (the request's JSON)."""
-        return {
-            "kind": CHILD_KIND,
-            "name": self.name,
-            "request": self.request.model_dump(mode="json", exclude_none=True),
-            "eta_seconds": self.eta_seconds,
-        }
+        return NewChild(
+            kind=CHILD_KIND,
+            name=self.name,
+            request=self.request.model_dump(mode="json", exclude_none=True),
+            eta_seconds=self.eta_seconds,
+        )
 
 
 def child_requests(body: AnalyzeJobCreate, plan: AnalysisPlan) -> list[PlannedChild]:

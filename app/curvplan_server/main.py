@@ -10,11 +10,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
+from pydantic import JsonValue
 
 from curvplan.types.jobs import CLIENT_JOB_CREATE_ADAPTER
 from curvplan.types.problems import ProblemDocument
@@ -143,7 +143,7 @@ def _install_openapi(app: FastAPI) -> None:
     (every error answer, ``application/problem+json``) to the OpenAPI document."""
     default_openapi = app.openapi
 
-    def openapi() -> dict[str, Any]:
+    def openapi() -> dict[str, JsonValue]:  # the OpenAPI document: JSON
         if app.openapi_schema:
             return app.openapi_schema
         schema = default_openapi()

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import JsonValue
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 
@@ -301,8 +302,10 @@ _PROBLEM_DESCRIPTIONS = {
 }
 
 
-def problem_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
+def problem_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[str, JsonValue]]:
     """OpenAPI ``responses`` entries: each code answers an ``application/problem+json`` body.
+    Each entry is an OpenAPI Response Object, a fragment of the OpenAPI document: JSON, as
+    FastAPI's ``responses=`` takes it and merges it into the document.
 
     ``descriptions`` adds a code with its own description (``_409="already finished"``).
     """
@@ -318,6 +321,6 @@ def problem_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[
 
 
 #: The problems any authenticated route can answer.
-PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = problem_responses(
+PROBLEM_RESPONSES: dict[int | str, dict[str, JsonValue]] = problem_responses(
     400, 401, 404, 409, 413, 415, 422, 500, 503
 )

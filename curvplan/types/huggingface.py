@@ -353,14 +353,16 @@ class HuggingFaceModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     source: Literal["huggingface"] = Field(description="Where the model comes from.")
-    config: dict[str, Any] = Field(
+    # Arbitrary JSON on purpose: the config.json is kept exactly as sent and passed through to
+    # transformers; parse_hf_config reads the keys the engine needs (and refuses the rest).
+    config: dict[str, JsonValue] = Field(
         description="The content of the save_pretrained directory's config.json. Supported "
         "model_type (architecture): " + supported_text() + "."
     )
 
     @field_validator("config")
     @classmethod
-    def _supported(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def _supported(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
         try:
             _check_finite(value, ())
             parse_hf_config(value)

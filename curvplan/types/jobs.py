@@ -44,6 +44,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     TypeAdapter,
     UrlConstraints,
     ValidationInfo,
@@ -737,7 +738,9 @@ class JobOut(BaseModel):
         "sweep_point: SweepPointJobResult); null before."
     )
     error: JobError | None
-    request: dict[str, Any] | None = Field(
+    # The body as stored (any kind's create model as JSON; one stored by an older version
+    # may not validate as today's): passed through as JSON.
+    request: dict[str, JsonValue] | None = Field(
         default=None, description="The validated body (omitted in list pages)."
     )
     children: list[JobChild] | None = Field(

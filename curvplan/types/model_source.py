@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import JsonValue, PlainSerializer, PlainValidator, SerializationInfo
+from pydantic import JsonValue, PlainSerializer, PlainValidator
 
 from curvplan.types.huggingface import HuggingFaceModel
 from curvplan.types.spec import ModelSpec
@@ -35,16 +35,16 @@ def _model_source(value: Any) -> ModelSpec | HuggingFaceModel:
     return ModelSpec.model_validate(value)
 
 
-def _dump(value: ModelSpec | HuggingFaceModel, info: SerializationInfo) -> dict[str, Any]:
-    return value.model_dump(
-        mode=info.mode, exclude_unset=info.exclude_unset, exclude_none=info.exclude_none
-    )
+def _dump(value: ModelSpec | HuggingFaceModel) -> ModelSpec | HuggingFaceModel:
+    """The model as it is: serialized by its own model's schema (``return_type``), with the
+    caller's mode, exclude_unset and exclude_none."""
+    return value
 
 
 ModelSource = Annotated[
     ModelSpec | HuggingFaceModel,
     PlainValidator(_model_source, json_schema_input_type=ModelSpec | HuggingFaceModel),
-    PlainSerializer(_dump, return_type=dict[str, Any]),
+    PlainSerializer(_dump, return_type=ModelSpec | HuggingFaceModel),
 ]
 """The ``model`` field of an analyze request."""
 

@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictBool,
+    ValidationError,
+    model_validator,
+)
 
 
 class SpecError(ValueError):
@@ -170,8 +178,9 @@ def _pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
     return out
 
 
-def parse_spec(data: dict[str, Any] | ModelSpec) -> ModelSpec:
-    """Validate a spec dict; raise :class:`SpecError` naming each invalid field."""
+def parse_spec(data: dict[str, JsonValue] | ModelSpec) -> ModelSpec:
+    """Validate a spec given as JSON (a request's or a spec file's object); raise
+    :class:`SpecError` naming each invalid field. A ``ModelSpec`` is returned as is."""
     if isinstance(data, ModelSpec):
         return data
     try:

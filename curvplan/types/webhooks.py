@@ -12,7 +12,7 @@ any Standard Webhooks library.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Literal, TypedDict
 
 from pydantic import BaseModel, Field
 
@@ -50,6 +50,35 @@ class WebhookEvent(BaseModel):
         "(``curvplan.headline``, docs/integrations.md), e.g. ``budget.tokens``; null when "
         "the job has no recommendation.",
     )
+
+
+class StoredWebhookJob(TypedDict):
+    """``job`` of a stored event (:class:`WebhookJob` as JSON)."""
+
+    id: str
+    kind: str
+    name: str | None
+    status: Literal["succeeded", "failed", "cancelled"]
+    tags: dict[str, str]
+
+
+class StoredWebhookEvent(TypedDict):
+    """A :class:`WebhookEvent` as the outbox stores it (``webhook_delivery.payload``, written
+    by the database trigger ``job_webhook_outbox``): no ``budget`` yet, ``links`` (job,
+    recommendation, report) paths from the API's root; the sender adds both."""
+
+    id: str
+    type: Literal["job.succeeded", "job.failed", "job.cancelled"]
+    created_at: str
+    job: StoredWebhookJob
+    links: dict[str, str]
+
+
+class SentWebhookEvent(StoredWebhookEvent):
+    """The event as POSTed (:class:`WebhookEvent` as JSON): the stored one with ``budget``
+    and, given the service's public URL, absolute links."""
+
+    budget: dict[str, float] | None
 
 
 class WebhookAttemptOut(BaseModel):

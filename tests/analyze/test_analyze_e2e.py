@@ -3,6 +3,7 @@ real PostgreSQL, the real curvature engine on a tiny Transformer."""
 
 from __future__ import annotations
 
+import copy
 import time
 import uuid
 from collections.abc import Iterator
@@ -274,6 +275,31 @@ def test_analyze_over_http_matches_the_engine_and_plans(
     assert [t["tolerance"] for t in new] == [0.2, 0.1]
     latest = client.get("/v1/recommendations", params={"name": "tiny-lm"}).json()["items"]
     assert [item["job_id"] for item in latest] == [replan.json()["id"]]
+
+    # With the analysis's own targets and the seed its plan states, the re-plan is that plan:
+    # the measurements read back from the stored fields and artifacts are the ones it used.
+    same = client.post(
+        "/v1/jobs",
+        json={
+            "kind": "plan",
+            "from_job": job["id"],
+            "targets": {**TARGETS, "seed": recommendation["seed"]},
+        },
+    )
+    assert same.status_code == 202, same.text
+    again = wait_terminal(client, same.json()["id"], timeout=60)
+    assert again["status"] == "succeeded", (again["error"], service.logs())
+    assert _flagless(again["result"]["recommendation"]) == _flagless(recommendation)
+
+
+def _flagless(recommendation: dict[str, Any]) -> dict[str, Any]:
+    """The recommendation without the next-step command's file flags: an analysis's
+    commands name its uploaded files, a plan job's (no model, no data) the placeholders."""
+    out = copy.deepcopy(recommendation)
+    step = out["budget"]["data"]["next_step"]
+    assert step["command"].startswith("curvplan sweep --type data"), step
+    del step["command"], step["estimated_cost"]
+    return out
 
 
 def test_checkpoint_that_does_not_match_the_spec_fails_naming_the_tensor(

@@ -30,6 +30,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from pydantic import JsonValue
+
 from curvplan.types.jobs import JOB_CREATE_TYPES
 from curvplan.types.results import stored_result
 from curvplan_core.jobs.errors import error_dict
@@ -73,9 +75,10 @@ class ChildTask:
     limits: AttemptLimits | None = None
 
 
-def request_json(kind: str, stored: dict[str, Any]) -> str:
-    """A claimed job's stored request (JSONB, as the driver decoded it) as the JSON text of
-    its ``ChildTask``, with the row's ``kind`` (the column is authoritative)."""
+def request_json(kind: str, stored: dict[str, JsonValue]) -> str:
+    """A claimed job's stored request (JSONB, as the driver decoded it: ``ClaimedJob.request``)
+    as the JSON text of its ``ChildTask``, with the row's ``kind`` (the column is
+    authoritative). The child parses it with its kind's create model."""
     return json.dumps({**stored, "kind": kind}, allow_nan=False)
 
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -52,6 +52,20 @@ def rss_bytes(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+class SlotHealth(TypedDict):
+    """A worker slot in ``/healthz``: seconds since its last heartbeat, the job it runs."""
+
+    heartbeat_age_seconds: float
+    current_job_id: str | None
+
+
+class WorkerHealth(TypedDict):
+    """The ``/healthz`` body: ok while every slot's heartbeat is fresh."""
+
+    status: Literal["ok", "unhealthy"]
+    slots: dict[str, SlotHealth]
 
 
 class WorkerMetrics:
@@ -159,20 +173,18 @@ class WorkerMetrics:
             self.device_memory.labels(device, stat).set(value)
         return generate_latest(self.registry)
 
-    def health(self, stale_seconds: float) -> tuple[bool, dict[str, Any]]:
+    def health(self, stale_seconds: float) -> tuple[bool, WorkerHealth]:
         now = time.monotonic()
         with self._lock:
-            slots: dict[str, dict[str, Any]] = {
-                worker_id: {
-                    "heartbeat_age_seconds": round(now - at, 3),
-                    "current_job_id": self._jobs.get(worker_id),
-                }
+            slots = {
+                worker_id: SlotHealth(
+                    heartbeat_age_seconds=round(now - at, 3),
+                    current_job_id=self._jobs.get(worker_id),
+                )
                 for worker_id, at in self._beats.items()
             }
-        ok = bool(slots) and all(
-            float(s["heartbeat_age_seconds"]) < stale_seconds for s in slots.values()
-        )
-        return ok, {"status": "ok" if ok else "unhealthy", "slots": slots}
+        ok = bool(slots) and all(s["heartbeat_age_seconds"] < stale_seconds for s in slots.values())
+        return ok, WorkerHealth(status="ok" if ok else "unhealthy", slots=slots)
 
 
 def serve(metrics: WorkerMetrics, host: str, port: int, stale_seconds: float) -> Callable[[], None]:

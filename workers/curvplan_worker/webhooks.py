@@ -40,11 +40,13 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from pydantic import JsonValue
 from sqlalchemy import Engine, text
 
 from curvplan import __version__
 from curvplan.headline import headline_dict
 from curvplan.types.planner import Recommendation
+from curvplan.types.webhooks import SentWebhookEvent, StoredWebhookEvent
 from curvplan.webhooks import signature_headers
 from curvplan_core.webhooks.guard import AddressPolicy, WebhookRefused
 
@@ -222,8 +224,10 @@ def _claim(engine: Engine, batch: int, options: SenderOptions) -> list[Any]:
         )
 
 
-def budget_summary(recommendation: dict[str, Any] | None) -> dict[str, float] | None:
-    """The job's budget and main numbers (``curvplan.headline``'s stable names), or None."""
+def budget_summary(recommendation: dict[str, JsonValue] | None) -> dict[str, float] | None:
+    """The job's budget and main numbers (``curvplan.headline``'s stable names), or None.
+    ``recommendation``: the job's stored JSON, of whatever schema version stored it: parsed
+    here, and left out when it no longer parses."""
     if not recommendation:
         return None
     try:
@@ -234,12 +238,11 @@ def budget_summary(recommendation: dict[str, Any] | None) -> dict[str, float] | 
 
 
 def event_body(
-    payload: dict[str, Any], public_url: str | None, budget: dict[str, float] | None = None
+    payload: StoredWebhookEvent, public_url: str | None, budget: dict[str, float] | None = None
 ) -> bytes:
     """The exact bytes POSTed (and signed): links made absolute with ``public_url``, and the
     job's budget summary."""
-    event = dict(payload)
-    event["budget"] = budget
+    event = SentWebhookEvent(**payload, budget=budget)
     if public_url:
         base = public_url.rstrip("/")
         event["links"] = {k: base + v for k, v in (payload.get("links") or {}).items()}

@@ -48,7 +48,7 @@ from curvplan_core.jobs.fanout import (
     waiting_progress,
 )
 from curvplan_core.jobs.links import link_artifacts
-from curvplan_core.jobs.records import NewChild
+from curvplan_core.jobs.records import NewChild, QueuedRow
 from curvplan_core.jobs.store import (
     ACTIVE,
     FENCE,
@@ -170,7 +170,7 @@ def queue_job(
     request_hash: str,
     idempotency_key: str | None,
     max_attempts: int,
-) -> dict[str, Any] | None:
+) -> QueuedRow | None:
     """``(new) → queued``: insert a submitted job and link the artifacts its request names.
 
     Returns the new row's :data:`QUEUED_COLUMNS`, or None when ``idempotency_key`` was
@@ -201,7 +201,27 @@ def queue_job(
     if raw is None:
         return None
     link_artifacts(conn, project_id, [(job_id, kind, request)])
-    return dict(zip(QUEUED_COLUMNS, raw, strict=True))
+    (id_, parent, kind_, queue, status, name_, tags_, progress, attempt, attempts, cancel,
+     result, error, created, updated, started, finished) = raw  # fmt: skip
+    return QueuedRow(
+        id=id_,
+        parent_id=parent,
+        kind=kind_,
+        queue=queue,
+        status=status,
+        name=name_,
+        tags=tags_,
+        progress=progress,
+        attempt=attempt,
+        max_attempts=attempts,
+        cancel_requested=cancel,
+        result=result,
+        error=error,
+        created_at=created,
+        updated_at=updated,
+        started_at=started,
+        finished_at=finished,
+    )
 
 
 # --------------------------------------------------------------------------- cancel

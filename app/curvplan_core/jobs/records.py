@@ -8,6 +8,8 @@ queue and the worker in the shapes below, which ``curvplan.types.jobs.JobError``
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime
 from typing import NotRequired, TypedDict
 
 from pydantic import JsonValue
@@ -72,3 +74,28 @@ class ChildRecord(TypedDict):
     result: dict[str, JsonValue] | None
     error: ErrorRecord | None
     attempt: int
+
+
+class QueuedRow(TypedDict):
+    """A job row as the API answers it (``lifecycle.QUEUED_COLUMNS``, as psycopg reads them):
+    what :func:`curvplan_core.jobs.lifecycle.queue_job` returns, ``request`` added by the
+    caller (what it just stored)."""
+
+    id: uuid.UUID
+    parent_id: uuid.UUID | None
+    kind: str
+    queue: str
+    status: str
+    name: str | None
+    tags: dict[str, str] | None
+    progress: ProgressRecord | None
+    attempt: int
+    max_attempts: int
+    cancel_requested: bool
+    result: dict[str, JsonValue] | None
+    error: ErrorRecord | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    request: NotRequired[dict[str, JsonValue]]

@@ -33,6 +33,7 @@ from curvplan.types.jobs import (
 from curvplan.types.planner import Recommendation
 from curvplan_core.jobs import lifecycle
 from curvplan_core.jobs.models import Job
+from curvplan_core.jobs.records import QueuedRow
 from curvplan_server.problems import Problem, conflict, not_found, validation_problem
 
 JOB = cast(Table, Job.__table__)
@@ -62,7 +63,7 @@ _OUT_WITH_REQUEST = [*_OUT_COLUMNS, JOB.c.request, JOB.c.request_hash]
 class _RawRow:
     """A psycopg tuple as a mapping, so :func:`job_out` reads both kinds of rows."""
 
-    _mapping: dict[str, Any]
+    _mapping: QueuedRow
 
 
 def canonical_hash(body: Mapping[str, object]) -> str:
@@ -203,17 +204,26 @@ def original_response(row: Row[Any] | Any) -> JobOut:
     key-header §2.6). Everything in it is fixed at creation (id, kind, queue, name, tags,
     max_attempts, request, created_at) or was the initial state, so nothing needs storing.
     """
-    initial = dict(row._mapping)
-    initial.update(
+    m = row._mapping
+    initial = QueuedRow(
+        id=m["id"],
+        parent_id=m["parent_id"],
+        kind=m["kind"],
+        queue=m["queue"],
         status="queued",
+        name=m["name"],
+        tags=m["tags"],
         progress=None,
         attempt=0,
+        max_attempts=m["max_attempts"],
         cancel_requested=False,
         result=None,
         error=None,
-        updated_at=initial["created_at"],
+        created_at=m["created_at"],
+        updated_at=m["created_at"],
         started_at=None,
         finished_at=None,
+        request=m["request"],
     )
     return job_out(_RawRow(initial))
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import (
     CheckConstraint,
@@ -26,6 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
+from curvplan.types.webhooks import StoredWebhookEvent
 from curvplan_core.db import Base
 
 # A delivery's endpoint: its URL's ``scheme://host:port`` (lower case), the unit backed off.
@@ -68,7 +68,7 @@ class WebhookDelivery(Base):
         Text, Computed(ENDPOINT_EXPRESSION, persisted=True)
     )
     event_type: Mapped[str] = mapped_column(Text)
-    payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    payload: Mapped[StoredWebhookEvent] = mapped_column(JSONB)
     status: Mapped[str] = mapped_column(Text, server_default="pending")
     attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     next_attempt_at: Mapped[datetime | None] = mapped_column(

@@ -14,9 +14,12 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from curvplan.types.jobs import SweepJobCreate
+from curvplan.types.planner import LossPoint, StepsPoint
 from curvplan_worker.errors import JobError
 
 DATA_SETUP = ("batch_size", "epochs", "min_steps", "max_steps", "schedule", "cooldown_fraction")
@@ -27,7 +30,42 @@ batch size and the steps rule (epochs, floor, cap) and decayed schedule of every
 BATCH_SETUP = ("target_loss",)
 """The batch sweep's setting that changes its steps-to-target table: the target loss."""
 
-_TABLE = {"data": "loss_vs_data", "batch": "steps_to_target"}
+#: A sweep's request as stored, compared setting by setting (:func:`sweep_setup`): JSON on
+#: purpose, since a request an older version stored may no longer validate as SweepJobCreate.
+StoredRequest = dict[str, JsonValue]
+
+
+class LossRow(TypedDict):
+    """A point of the combined L(D) table (the planner's ``LossPoint``, as JSON)."""
+
+    n_samples: float
+    loss: float
+
+
+class StepsRow(TypedDict):
+    """A row of the combined steps-to-target table (the planner's ``StepsPoint``, as JSON)."""
+
+    batch_size: int
+    steps: float
+    steps_uncertainty: NotRequired[float | None]
+
+
+class SweepMeasurements(TypedDict, total=False):
+    """A sweep job's ``result.measurements``: the planner's ``Measurements`` fields it gives
+    an analysis that lists it in ``sweeps``, as JSON."""
+
+    loss_vs_data: list[LossRow]
+    steps_to_target: list[StepsRow]
+    # A branch sweep's BranchedCriticalBatch as JSON (its model_dump): passed through to the
+    # planner, whose Measurements validates it with the rest.
+    branched_critical_batch: dict[str, JsonValue]
+    tokens_per_example: float
+
+
+class SweepFields(SweepMeasurements, total=False):
+    """The planner's ``Measurements`` fields an analysis takes from its sweeps, as JSON."""
+
+    steps_to_target_loss: float
 
 
 @dataclass
@@ -35,10 +73,34 @@ class SweepInputs:
     """The planner fields the sweeps give, the target loss they imply, which sweep ids each
     table came from and notes for the analysis's result."""
 
-    fields: dict[str, Any] = field(default_factory=dict)
+    fields: SweepFields = field(default_factory=lambda: SweepFields())
     target_loss: float | None = None
     used: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+
+class _StoredSweep(BaseModel):
+    """What an analysis reads of a sweep job's ``result.sweep``."""
+
+    type: str | None = None
+    target_loss: float | None = None
+    tokens_per_example: float | None = None
+
+
+class _StoredMeasurements(BaseModel):
+    """A sweep job's ``result.measurements``: the planner measurements it gives an analysis
+    (the planner's own row models, as the sweep wrote them)."""
+
+    loss_vs_data: list[LossPoint] | None = None
+    steps_to_target: list[StepsPoint] | None = None
+    branched_critical_batch: dict[str, JsonValue] | None = None  # see SweepMeasurements
+
+
+class _StoredSweepResult(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    sweep: _StoredSweep = Field(default_factory=_StoredSweep)
+    measurements: _StoredMeasurements = Field(default_factory=_StoredMeasurements)
 
 
 @dataclass
@@ -46,9 +108,9 @@ class _Sweep:
     index: int
     job_id: str
     type: str
-    request: dict[str, Any]
-    measured: dict[str, Any]
-    sweep: dict[str, Any]
+    request: StoredRequest
+    measured: _StoredMeasurements
+    sweep: _StoredSweep
 
 
 def read_sweeps(engine: Any, project_id: uuid.UUID, sweeps: list[uuid.UUID]) -> SweepInputs:
@@ -59,39 +121,50 @@ def read_sweeps(engine: Any, project_id: uuid.UUID, sweeps: list[uuid.UUID]) -> 
     loss budget.data answers), else the last batch sweep's. Errors name ``sweeps.i``."""
     loaded = [_load(engine, project_id, i, sweep_id) for i, sweep_id in enumerate(sweeps)]
     out = SweepInputs()
-    for kind in ("batch", "data"):
-        group = [s for s in loaded if s.type == kind and _TABLE[kind] in s.measured]
-        if not group:
-            continue
-        _same_setup(group)
-        key = _TABLE[kind]
-        combine = combine_loss_vs_data if kind == "data" else combine_steps_to_target
-        table, repeated = combine(s.measured[key] for s in group)
-        out.fields[key] = table
-        out.used[key] = [s.job_id for s in group]
-        if len(group) > 1:
-            out.notes.append(
-                f"{key}: {len(table)} points combined from {len(group)} {kind} sweeps of one "
-                f"setup ({', '.join(f'sweeps.{s.index}' for s in group)})"
-                + (f"; measured twice or more, averaged: {repeated}" if repeated else "")
-            )
-    branch = [s for s in loaded if s.type == "branch" and "branched_critical_batch" in s.measured]
-    if branch:
-        out.fields["branched_critical_batch"] = branch[-1].measured["branched_critical_batch"]
+    batch = [s for s in loaded if s.type == "batch" and s.measured.steps_to_target is not None]
+    if batch:
+        _same_setup(batch)
+        steps, repeated = combine_steps_to_target(s.measured.steps_to_target or [] for s in batch)
+        out.fields["steps_to_target"] = steps
+        _combined(out, "steps_to_target", batch, len(steps), repeated)
+    data = [s for s in loaded if s.type == "data" and s.measured.loss_vs_data is not None]
+    if data:
+        _same_setup(data)
+        losses, repeated = combine_loss_vs_data(s.measured.loss_vs_data or [] for s in data)
+        out.fields["loss_vs_data"] = losses
+        _combined(out, "loss_vs_data", data, len(losses), repeated)
+    branch = [
+        s for s in loaded if s.type == "branch" and s.measured.branched_critical_batch is not None
+    ]
+    if branch and (branched := branch[-1].measured.branched_critical_batch) is not None:
+        out.fields["branched_critical_batch"] = branched
         out.used["branched_critical_batch"] = [branch[-1].job_id]
     for s in loaded:
-        if s.sweep.get("tokens_per_example"):
-            out.fields["tokens_per_example"] = s.sweep["tokens_per_example"]
-        swept = s.sweep.get("target_loss")
+        if s.sweep.tokens_per_example:
+            out.fields["tokens_per_example"] = s.sweep.tokens_per_example
+        swept = s.sweep.target_loss
         if swept is not None and s.type == "batch":
-            out.fields["steps_to_target_loss"] = float(swept)  # budget.batch answers this loss
+            out.fields["steps_to_target_loss"] = swept  # budget.batch answers this loss
         # budget.data answers the data sweep's target; the batch sweep's only without one
         if swept is not None and (out.target_loss is None or s.type == "data"):
-            out.target_loss = float(swept)
+            out.target_loss = swept
     return out
 
 
-def combine_loss_vs_data(tables: Iterable[list[dict[str, Any]]]) -> tuple[list[dict], list[int]]:
+def _combined(
+    out: SweepInputs, key: str, group: list[_Sweep], points: int, repeated: list[int]
+) -> None:
+    """Record which sweeps a table came from (and, when several, a note saying so)."""
+    out.used[key] = [s.job_id for s in group]
+    if len(group) > 1:
+        out.notes.append(
+            f"{key}: {points} points combined from {len(group)} {group[0].type} sweeps of one "
+            f"setup ({', '.join(f'sweeps.{s.index}' for s in group)})"
+            + (f"; measured twice or more, averaged: {repeated}" if repeated else "")
+        )
+
+
+def combine_loss_vs_data(tables: Iterable[list[LossPoint]]) -> tuple[list[LossRow], list[int]]:
     """One L(D) table from the tables of data sweeps of one setup, by size; a size measured
     by more than one sweep gets the mean of their losses (returned: those sizes).
 
@@ -103,31 +176,28 @@ def combine_loss_vs_data(tables: Iterable[list[dict[str, Any]]]) -> tuple[list[d
     by_size: dict[float, list[float]] = defaultdict(list)
     for table in tables:
         for point in table:
-            by_size[float(point["n_samples"])].append(float(point["loss"]))
-    combined = [{"n_samples": d, "loss": sum(v) / len(v)} for d, v in sorted(by_size.items())]
+            by_size[point.n_samples].append(point.loss)
+    combined = [LossRow(n_samples=d, loss=sum(v) / len(v)) for d, v in sorted(by_size.items())]
     return combined, [int(d) for d, v in sorted(by_size.items()) if len(v) > 1]
 
 
 def combine_steps_to_target(
-    tables: Iterable[list[dict[str, Any]]],
-) -> tuple[list[dict], list[int]]:
+    tables: Iterable[list[StepsPoint]],
+) -> tuple[list[StepsRow], list[int]]:
     """One steps-to-target table from batch sweeps of one setup and target loss, by batch
     size; a batch size measured more than once gets the mean of the steps (the same reason as
     :func:`combine_loss_vs_data`) and the largest ``steps_uncertainty`` given (returned:
     those batch sizes)."""
-    by_batch: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    by_batch: dict[int, list[StepsPoint]] = defaultdict(list)
     for table in tables:
         for point in table:
-            by_batch[int(point["batch_size"])].append(point)
-    combined = []
+            by_batch[point.batch_size].append(point)
+    combined: list[StepsRow] = []
     for batch, points in sorted(by_batch.items()):
-        row: dict[str, Any] = {
-            "batch_size": batch,
-            "steps": sum(float(p["steps"]) for p in points) / len(points),
-        }
-        spreads = [p["steps_uncertainty"] for p in points if p.get("steps_uncertainty")]
+        row = StepsRow(batch_size=batch, steps=sum(p.steps for p in points) / len(points))
+        spreads = [p.steps_uncertainty for p in points if p.steps_uncertainty]
         if spreads:
-            row["steps_uncertainty"] = max(float(s) for s in spreads)
+            row["steps_uncertainty"] = max(spreads)
         combined.append(row)
     return combined, [b for b, points in sorted(by_batch.items()) if len(points) > 1]
 
@@ -150,19 +220,31 @@ def _load(engine: Any, project_id: uuid.UUID, index: int, sweep_id: uuid.UUID) -
             "The sweep has not succeeded",
             f"sweeps.{index}: sweep job {sweep_id} is {row.status}",
         )
-    result = row.result or {}
-    sweep = result.get("sweep") or {}
+    try:
+        result = _StoredSweepResult.model_validate(row.result or {})
+    except ValidationError as exc:
+        raise JobError(
+            "invalid-request",
+            "The sweep's result cannot be read",
+            f"sweeps.{index}: sweep job {sweep_id}: {exc}"[:300],
+        ) from None
+    request: StoredRequest = row.request or {}
     return _Sweep(
         index=index,
         job_id=str(sweep_id),
-        type=str(sweep.get("type") or (row.request or {}).get("sweep", {}).get("type")),
-        request=row.request or {},
-        measured=result.get("measurements") or {},
-        sweep=sweep,
+        type=str(result.sweep.type or _object(request.get("sweep")).get("type")),
+        request=request,
+        measured=result.measurements,
+        sweep=result.sweep,
     )
 
 
-def _normalised(request: dict[str, Any]) -> dict[str, Any] | None:
+def _object(value: JsonValue) -> dict[str, JsonValue]:
+    """``value`` when it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def _normalised(request: StoredRequest) -> StoredRequest | None:
     """The request as the sweep ran it, defaults filled in (None: it no longer validates)."""
     try:
         return SweepJobCreate.model_validate(request).model_dump(mode="json")
@@ -170,18 +252,19 @@ def _normalised(request: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
-def sweep_setup(request: dict[str, Any], *, normalise: bool = True) -> dict[str, Any]:
+def sweep_setup(request: StoredRequest, *, normalise: bool = True) -> dict[str, JsonValue]:
     """What a sweep measured, by request field name: the runner, model, start checkpoint,
     training and evaluation data (an agent sweep has none: the service cannot see its
     command, so two agent sweeps compare on the rest), every optimizer setting (lr, lr rule,
     lr grid, …) and the type's own settings (:data:`DATA_SETUP`, :data:`BATCH_SETUP`),
     defaults filled in as the sweep ran."""
     body = (_normalised(request) if normalise else None) or request
-    settings = body.get("sweep") or {}
-    setup: dict[str, Any] = {"runner": body.get("runner", "builtin")}
+    settings = _object(body.get("sweep"))
+    # setting name → its value as stored (JSON): compared for equality, never interpreted
+    setup: dict[str, JsonValue] = {"runner": body.get("runner", "builtin")}
     for name in ("model", "checkpoint", "train_data", "eval_data"):  # none for an agent sweep
         setup[name] = body.get(name)
-    for name, value in sorted((body.get("optimizer") or {}).items()):
+    for name, value in sorted(_object(body.get("optimizer")).items()):
         setup[f"optimizer.{name}"] = value
     own = DATA_SETUP if settings.get("type") == "data" else BATCH_SETUP
     for name in own:

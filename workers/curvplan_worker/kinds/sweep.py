@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -54,6 +53,7 @@ from curvplan_core.planner.data_rounds import NextRound, next_round
 from curvplan_core.planner.gradient_noise import ratio_of_means_bootstrap, two_batch_estimates
 from curvplan_worker.analyze.artifacts import attempt_access
 from curvplan_worker.analyze.pipeline import checkpoint_step
+from curvplan_worker.analyze.sweep_inputs import LossRow, StepsRow, SweepMeasurements
 from curvplan_worker.errors import JobError
 from curvplan_worker.job_context import ChildJob, ChildOutcome, FanOut, JobContext
 from curvplan_worker.kinds.plan import seed_for_job
@@ -134,10 +134,7 @@ def plan_points(
             body,
             n_train,
             list(steps) if steps is not None else [None] * len(body.checkpoints),
-            lambda name, request: ChildJob(
-                request=SweepPointJobCreate.model_validate({"kind": "sweep_point", **request}),
-                name=name,
-            ),
+            lambda name, request: ChildJob(request=request, name=name),
         )
     if sweep.type == "batch":
         sizes = batch_ladder(sweep) if n_train is None else checked_batch_ladder(sweep, n_train)
@@ -350,7 +347,7 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> SweepJobResult | FanOut:
         points_used=0,
         failed_points=failed,
     )
-    measurements: dict[str, Any] = {}
+    measurements = SweepMeasurements()
     if sweep.type == "branch":
         answer.branch, branched = fit_branches(body, children, {o.job_id: o for o in outs}, tokens)
         answer.points_used = sum(o.used_in_fit for o in outs)
@@ -389,7 +386,10 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> SweepJobResult | FanOut:
             n_points=len(table),
         )
         answer.points_used = len(used)
-        measurements["steps_to_target"] = [p.model_dump() for p in table]
+        measurements["steps_to_target"] = [
+            StepsRow(batch_size=p.batch_size, steps=p.steps, steps_uncertainty=p.steps_uncertainty)
+            for p in table
+        ]
         answer.b_simple_at_target, answer.b_simple_trend = _noise_scales(
             [r for _, r in results if not r.censored] or [r for _, r in results],
             sweep.target_loss or 0.0,
@@ -458,14 +458,18 @@ def _fan_in(body: SweepJobCreate, ctx: JobContext) -> SweepJobResult | FanOut:
                 )
             )
         answer.points_used = len(good)
-        measurements["loss_vs_data"] = [p.model_dump() for p in loss_vs_data]
+        measurements["loss_vs_data"] = [
+            LossRow(n_samples=p.n_samples, loss=p.loss) for p in loss_vs_data
+        ]
     if failed:
         answer.notes.append(
             f"{len(failed)} point(s) failed and were left out: {', '.join(map(str, failed))}; "
             f"the fit uses the {answer.points_used} remaining"
         )
     ctx.report_progress(1.0, "done", "sweep fitted")
-    return SweepJobResult(sweep=answer, measurements=measurements, recommendation=recommendation)
+    return SweepJobResult(
+        sweep=answer, measurements=dict(measurements), recommendation=recommendation
+    )
 
 
 DataChildren = Sequence[ChildOutcome[SweepPointJobCreate, SweepPointJobResult]]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from curvplan.types.jobs import SweepJobCreate, SweepPointJobCreate
 from curvplan.types.planner import BranchedBatchPoint, BranchedCriticalBatch
@@ -133,14 +133,18 @@ def _warmup_steps(body: SweepJobCreate, batch_size: int, smallest: int) -> int:
     return 0 if steps == 0 else max(1, math.ceil(steps * smallest / batch_size))
 
 
-ChildFactory = Callable[[str, dict[str, Any]], Any]
+Child = TypeVar("Child")
 
 
 def plan_branches(
-    body: SweepJobCreate, n_train: int, steps: Sequence[int | None], child: ChildFactory
-) -> list[Any]:
+    body: SweepJobCreate,
+    n_train: int,
+    steps: Sequence[int | None],
+    child: Callable[[str, SweepPointJobCreate], Child],
+) -> list[Child]:
     """One child per (checkpoint, batch size[, lr multiplier]); ``child(name, request)``
-    builds the child job from its request (the parent's fields with this branch's)."""
+    builds the child job from its request (the parent's fields with this branch's), validated
+    from the JSON a client would send for it."""
     sweep, opt = body.sweep, body.optimizer
     sizes = checked_batch_ladder(sweep, n_train)
     window = branch_window(body, sizes)
@@ -148,7 +152,7 @@ def plan_branches(
         raise JobError("invalid-request", "Invalid sweep request", _window_refusal(body))
     common = body.model_dump(mode="json", include={"model", "train_data", "eval_data"})
     multipliers = opt.lr_grid if opt.lr_rule == "grid" else [1.0]
-    children = []
+    children: list[Child] = []
     states = body.optimizer_states or [None] * len(body.checkpoints)
     for i, (checkpoint, step) in enumerate(zip(body.checkpoints, steps, strict=True)):
         where = f"step {step}" if step is not None else f"checkpoint {i}"
@@ -177,7 +181,8 @@ def plan_branches(
                 if state is not None:
                     request["optimizer_state"] = str(state)
                 suffix = f", lr×{m:g}" if opt.lr_rule == "grid" else ""
-                children.append(child(f"{where}, B={b}{suffix}", request))
+                validated = SweepPointJobCreate.model_validate({"kind": "sweep_point", **request})
+                children.append(child(f"{where}, B={b}{suffix}", validated))
     return children
 
 
