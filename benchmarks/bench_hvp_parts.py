@@ -20,8 +20,9 @@ each timed on its own by calling the same steps the engine takes:
 Memory: ``torch.profiler`` memory events of one product (the CPU allocator's bytes), as the
 peak of live bytes above the start and the total bytes allocated.
 
-``--before REV`` imports the engine's operator as it is at git revision REV next to the
-working tree's one and times both products alternately (ratios to the same gradient).
+``--before REV`` imports the engine's operator and objective as they are at git revision REV
+next to the working tree's ones and times both products alternately (ratios to the same
+gradient).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_hvp_parts.py [--before main] [--repeats 9]
 """
@@ -51,6 +52,7 @@ from curvplan_worker.curvature.operator import CurvatureEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 OPERATOR = "workers/curvplan_worker/curvature/operator.py"
+OBJECTIVE = "workers/curvplan_worker/curvature/objective.py"
 
 
 def cpu_ms(fn: Callable[[], object], repeats: int, inner: int = 1) -> float:
@@ -194,16 +196,16 @@ def example_case():
     )
 
 
-def load_operator(rev: str):
-    """The operator module as it is at git revision ``rev``."""
+def load_at(rev: str, path: str, name: str):
+    """The module at ``path`` as it is at git revision ``rev``, imported as ``name``."""
     text = subprocess.run(
-        ["git", "show", f"{rev}:{OPERATOR}"], cwd=ROOT, check=True, capture_output=True, text=True
+        ["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True
     ).stdout
-    path = Path(tempfile.mkdtemp()) / "operator_before.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("operator_before", path)
+    file = Path(tempfile.mkdtemp()) / f"{name}.py"
+    file.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["operator_before"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -272,12 +274,12 @@ def parts(
 
 def run_case(case, before, repeats: int) -> None:
     title, module, x, y, block, (vocab, d_ff) = case
-    objective = CausalLMObjective()
     print(f"\n## {title}")
-    for label, eng_cls in [("after (working tree)", CurvatureEngine)] + (
-        [("before", before.CurvatureEngine)] if before else []
-    ):
-        with eng_cls(module, objective, [(x, y)]) as eng:
+    engines = [("after", CurvatureEngine, CausalLMObjective)]
+    if before:
+        engines.append(("before", before[0].CurvatureEngine, before[1].CausalLMObjective))
+    for label, eng_cls, objective_cls in engines:
+        with eng_cls(module, objective_cls(), [(x, y)]) as eng:
             n_all = eng.layout(eng.names).numel
             eng.hvp(eng.names, eng.names, torch.zeros(n_all))  # build the cache
             for what, names in (("whole model", eng.names), ("block", block)):
@@ -313,10 +315,7 @@ def run_case(case, before, repeats: int) -> None:
                     f"{cache_saved.mib:.1f} MiB ({cache_saved.mib / grad_saved.mib:.2f}x)"
                 )
     # side by side: gradient, product (cached) before/after, alternating
-    engines = [("after", CurvatureEngine)] + (
-        [("before", before.CurvatureEngine)] if before else []
-    )
-    opened = [(lab, cls(module, objective, [(x, y)])) for lab, cls in engines]
+    opened = [(lab, cls(module, obj(), [(x, y)])) for lab, cls, obj in engines]
     for _, e in opened:
         e.__enter__()
     try:
@@ -358,7 +357,12 @@ def main() -> None:
     ap.add_argument("--only", choices=["gpt2", "example"], default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    before = load_operator(args.before) if args.before else None
+    before = None
+    if args.before:  # the operator and the objective (the loss the products differentiate)
+        before = (
+            load_at(args.before, OPERATOR, "operator_before"),
+            load_at(args.before, OBJECTIVE, "objective_before"),
+        )
     print(
         f"# {torch.__version__}, {torch.get_num_threads()} thread, float32, CPU ms = median "
         f"process time; before = {args.before or '-'}"
