@@ -39,13 +39,23 @@ class CausalLMObjective:
     """Mean next-token cross-entropy; targets equal to -100 are ignored."""
 
     def output_losses(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """−log softmax(outputs)[target] per token (0 where ignored), summed per example.
+
+        The same numbers as ``F.cross_entropy(..., reduction="none")`` (the same log-softmax,
+        the same pick, bit for bit), written as a gather: the double backward of
+        ``nll_loss_backward`` materialises a zero tensor of the logits' size
+        (``zeros_like``, its derivative in the log-probabilities) and adds it in, per Hessian
+        product; a gather's backward is a scatter that does not depend on the log-probabilities,
+        so the second backward skips both (about 8 % of a product on the GPT-2 of
+        benchmarks/bench_hvp_parts.py).
+        """
         n, t, v = outputs.shape
-        per_token = F.cross_entropy(
-            outputs.reshape(n * t, v),
-            targets.reshape(n * t),
-            ignore_index=IGNORE_INDEX,
-            reduction="none",
-        ).view(n, t)
+        flat = targets.reshape(n * t)
+        keep = flat != IGNORE_INDEX
+        log_p = F.log_softmax(outputs.reshape(n * t, v), dim=-1)
+        # ignored tokens pick class 0 and are zeroed; any other out-of-range target still fails
+        picked = log_p.gather(1, flat.masked_fill(~keep, 0).unsqueeze(1)).squeeze(1)
+        per_token = torch.where(keep, -picked, outputs.new_zeros(())).view(n, t)
         counts = (targets != IGNORE_INDEX).sum(dim=1).to(outputs.dtype)
         return per_token.sum(dim=1), counts
 

@@ -121,11 +121,13 @@ class Layout:
     members: tuple[Member, ...] = ()
     full_shapes: tuple[torch.Size, ...] = ()
 
-    @property
+    # computed once per layout (the engine hands out one Layout per list of members, so a
+    # product's per-call bookkeeping does not redo them)
+    @functools.cached_property
     def sizes(self) -> list[int]:
         return [math.prod(s) for s in self.shapes]
 
-    @property
+    @functools.cached_property
     def numel(self) -> int:
         return sum(self.sizes)
 
@@ -142,7 +144,7 @@ class Layout:
         parts = torch.split(flat, self.sizes, dim=-1)
         return [p.reshape(*lead, *s) for p, s in zip(parts, self.shapes, strict=True)]
 
-    @property
+    @functools.cached_property
     def bases(self) -> list[str]:
         """The distinct parameter tensors the members live in, in first-use order."""
         return list(dict.fromkeys(m.name for m in self.members))
@@ -159,7 +161,8 @@ class Layout:
                 continue
             if member.name not in out:
                 out[member.name] = flat.new_zeros(*lead, *full_shape[member.name])
-            out[member.name] = out[member.name].clone()
+            else:  # may be a view of ``flat`` (a whole member): never write into the caller's
+                out[member.name] = out[member.name].clone()
             out[member.name][member.index()] += part
         return out
 
@@ -253,6 +256,7 @@ class CurvatureEngine:
         first = next(iter(self.params.values()))
         self.dtype, self.device = first.dtype, first.device
         self._cache: dict[int, dict[str, Tensor | None]] = {}
+        self._layouts: dict[tuple[str, ...], Layout] = {}
         self._mode_ctx = None
         self.n_hvp = 0
         self.total_count = 0.0
@@ -356,6 +360,15 @@ class CurvatureEngine:
 
     # -- layouts ------------------------------------------------------------------------
     def layout(self, names: Sequence[str]) -> Layout:
+        """The flat layout of ``names`` (made once per list of names: every product over the
+        same block reuses it)."""
+        key = tuple(names)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = self._make_layout(key)
+        return layout
+
+    def _make_layout(self, names: tuple[str, ...]) -> Layout:
         members = [parse_member(n) for n in names]
         unknown = [m.text for m in members if m.name not in self.params]
         if unknown:
