@@ -14,6 +14,7 @@ from safetensors.numpy import load as load_safetensors
 from safetensors.numpy import save as save_safetensors
 
 from curvplan.types.planner import Measurements, Targets
+from curvplan.types.results import EngineMeasurements, GradientNoiseEstimate
 from curvplan_core.planner import make_plan
 from curvplan_server.analyze.replan import (
     StoredPlannerInputs,
@@ -23,7 +24,6 @@ from curvplan_server.analyze.replan import (
 from curvplan_server.problems import Problem
 from curvplan_worker.analyze.measurements import planner_fields, split_bulky
 from curvplan_worker.analyze.pipeline import _inline_planner_inputs
-from curvplan_worker.curvature.measured import EngineMeasurements, GradientNoiseRecord
 
 N = 30
 
@@ -97,14 +97,14 @@ def _engine_result(*, groups: bool) -> EngineMeasurements:
 def _stored(result: EngineMeasurements) -> tuple[Measurements, StoredPlannerInputs, Any]:
     """(the Measurements the analysis plans with, its stored planner inputs read back from
     JSON, a loader of its artifacts by id) — each as the analyze job writes them."""
-    noise = [GradientNoiseRecord.model_validate({"grad_sq_norm": 4.0, "trace_sigma": 80.0})]
+    noise = [GradientNoiseEstimate.model_validate({"grad_sq_norm": 4.0, "trace_sigma": 80.0})]
     fields, _ = planner_fields(result, noise)
     planned = Measurements.model_validate(fields)  # the analyze job's own validation
     _, groups = split_bulky(result)
     ids = {name: uuid.uuid4() for name in groups}
     files = {ids[name]: save_safetensors(tensors) for name, tensors in groups.items()}
-    inline = _inline_planner_inputs(fields, {k: str(v) for k, v in ids.items()}, result)
-    stored = StoredPlannerInputs.model_validate(json.loads(json.dumps(inline)))  # JSONB
+    inline = _inline_planner_inputs(dict(fields), {k: str(v) for k, v in ids.items()}, result)
+    stored = StoredPlannerInputs.model_validate(json.loads(inline.model_dump_json()))  # JSONB
 
     def load(artifact_id: uuid.UUID) -> dict[str, np.ndarray]:
         return dict(load_safetensors(files[artifact_id]))
