@@ -303,7 +303,7 @@ def test_artifacts_and_analyze(api: curvplan.Client, tmp_path: Any) -> None:
     assert {"layers.0.q", "layers.0.k", "layers.0.v"} <= names
     assert isinstance(done.result, AnalyzeResult)
     off = done.result.measurements.off_diagonal or []
-    assert {(o["row"], o["col"]) for o in off} == {
+    assert {(o.row, o.col) for o in off} == {
         ("layers.0.q", "layers.0.k"),
         ("layers.0.k", "layers.0.v"),
     }
