@@ -36,8 +36,8 @@ from __future__ import annotations
 import math
 import resource
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import NotRequired, TypedDict
+from dataclasses import asdict, dataclass, replace
+from typing import NotRequired, TypedDict, cast
 
 import torch
 
@@ -201,24 +201,8 @@ class MemoryPlan:
     retries: list[OutOfMemoryRetry | KilledRetry]
 
     def as_dict(self) -> MemoryPlanJson:
-        return {
-            "budget_bytes": self.budget_bytes,
-            "budget_source": self.budget_source,
-            "source": self.source,
-            "probe_examples": self.probe_examples,
-            "per_example_bytes": self.per_example_bytes,
-            "per_batch_bytes": self.per_batch_bytes,
-            "gradient_bytes": self.gradient_bytes,
-            "product_factor": self.product_factor,
-            "saved_bytes_probe": self.saved_bytes_probe,
-            "cuda_peak_bytes_probe": self.cuda_peak_bytes_probe,
-            "n_examples": self.n_examples,
-            "configured_micro_batch": self.configured_micro_batch,
-            "micro_batch": self.micro_batch,
-            "cache_graph": self.cache_graph,
-            "predicted_peak_bytes": self.predicted_peak_bytes,
-            "retries": [retry.copy() for retry in self.retries],
-        }
+        # asdict writes exactly the fields above, in order, and copies each retry record
+        return cast(MemoryPlanJson, asdict(self))
 
 
 def choose(
